@@ -1,0 +1,47 @@
+# find_package for every dependency. scripts/install_deps.sh installs them on Debian 12.
+find_package(MPI REQUIRED COMPONENTS C CXX)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+
+set(HDF5_PREFER_PARALLEL TRUE)
+find_package(HDF5 REQUIRED COMPONENTS C)
+if(NOT HDF5_IS_PARALLEL)
+  message(FATAL_ERROR "hpctrain needs a parallel HDF5 (Debian: libhdf5-openmpi-dev); found a serial one at ${HDF5_INCLUDE_DIRS}")
+endif()
+
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_path(HPCT_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas x86_64-linux-gnu/openblas-pthread)
+
+# Debian's Kokkos (libtrilinos-kokkos-dev) exports an include dir of <prefix>/include, but the
+# headers live in <prefix>/include/trilinos: take Kokkos_INCLUDE_DIRS, which is right.
+find_package(Kokkos REQUIRED)
+if(Kokkos_INCLUDE_DIRS)
+  set_target_properties(Kokkos::kokkos PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${Kokkos_INCLUDE_DIRS}")
+endif()
+
+if(HPCT_ENABLE_ONEDNN)
+  find_package(dnnl QUIET CONFIG)
+  if(NOT dnnl_FOUND)
+    message(WARNING "oneDNN not found: bf16 GEMMs fall back to the fp32 path (install libdnnl-dev)")
+    set(HPCT_ENABLE_ONEDNN OFF)
+  endif()
+endif()
+
+if(HPCT_ENABLE_CUDA)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  find_library(HPCT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  find_path(HPCT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(NOT HPCT_NCCL_LIBRARY OR NOT HPCT_NCCL_INCLUDE_DIR)
+    message(FATAL_ERROR "HPCT_ENABLE_CUDA=ON but NCCL was not found next to the CUDA toolkit")
+  endif()
+  add_library(hpct_nccl INTERFACE)
+  target_link_libraries(hpct_nccl INTERFACE ${HPCT_NCCL_LIBRARY})
+  target_include_directories(hpct_nccl SYSTEM INTERFACE ${HPCT_NCCL_INCLUDE_DIR})
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
+endif()

@@ -1,0 +1,44 @@
+// Formatting of hpct::Error: one line, "[rank R] message (file: F, key: K) — hint: H".
+#include "hpct/core/error.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace hpct {
+namespace {
+int g_error_rank = -1;
+}
+
+void set_error_rank(int rank) { g_error_rank = rank; }
+int error_rank() { return g_error_rank; }
+
+Error::Error(const std::string& message, Context ctx)
+    : std::runtime_error(format(message, ctx, g_error_rank)), message_(message), ctx_(std::move(ctx)),
+      rank_(g_error_rank) {}
+
+std::string Error::format(const std::string& message, const Context& ctx, int rank) {
+  std::string s;
+  if (rank >= 0) s += "[rank " + std::to_string(rank) + "] ";
+  s += message;
+  std::string where;
+  if (!ctx.file.empty()) where += "file: " + ctx.file;
+  if (!ctx.key.empty()) where += std::string(where.empty() ? "" : ", ") + "key: " + ctx.key;
+  if (!where.empty()) s += " (" + where + ")";
+  if (!ctx.hint.empty()) s += "; hint: " + ctx.hint;
+  return s;
+}
+
+Error config_error(const std::string& key, const std::string& message, const std::string& hint) {
+  return Error(message, Error::Context{"", key, hint});
+}
+
+Error file_error(const std::string& file, const std::string& message, const std::string& hint) {
+  return Error(message, Error::Context{file, "", hint});
+}
+
+void throw_syscall_error(const char* call, const std::string& what, int err, const char* file, int line) {
+  std::string msg = what + ": " + std::strerror(err) + " [" + call + " at " + file + ":" + std::to_string(line) + "]";
+  throw Error(msg);
+}
+
+}  // namespace hpct

