@@ -22,10 +22,18 @@ if(Kokkos_INCLUDE_DIRS)
   set_target_properties(Kokkos::kokkos PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${Kokkos_INCLUDE_DIRS}")
 endif()
 
+# oneDNN: Debian's dnnl-config.cmake insists on OpenCL (its GPU runtime), which we never use;
+# find the library and header directly and wrap them in a target named like upstream's.
 if(HPCT_ENABLE_ONEDNN)
-  find_package(dnnl QUIET CONFIG)
-  if(NOT dnnl_FOUND)
-    message(WARNING "oneDNN not found: bf16 GEMMs fall back to the fp32 path (install libdnnl-dev)")
+  find_library(HPCT_DNNL_LIBRARY dnnl)
+  find_path(HPCT_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+  if(HPCT_DNNL_LIBRARY AND HPCT_DNNL_INCLUDE_DIR)
+    add_library(DNNL::dnnl INTERFACE IMPORTED)
+    set_target_properties(DNNL::dnnl PROPERTIES INTERFACE_LINK_LIBRARIES "${HPCT_DNNL_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${HPCT_DNNL_INCLUDE_DIR}")
+    set(dnnl_VERSION "${HPCT_DNNL_LIBRARY}")
+  else()
+    message(WARNING "oneDNN not found: bf16 GEMMs round inputs and use the fp32 path (install libdnnl-dev)")
     set(HPCT_ENABLE_ONEDNN OFF)
   endif()
 endif()

@@ -1,0 +1,104 @@
+// hpct/comm/mpi.hpp — MPI for host buffers: the environment, RAII communicators, typed collectives.
+//
+// Not here: NCCL (device buffers) lives beside this in nccl.hpp when built with CUDA. Every
+// function marked "Collective over comm" must be called by every rank of that communicator in the
+// same order; configs are validated identically on every rank so that all fail together.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hpct/core/error.hpp"
+
+/// Checked MPI call: throws hpct::Error with the MPI error string, the call and file:line.
+#define HPCT_CHECK_MPI(call)                                                  \
+  do {                                                                        \
+    int hpct_mpi_rc_ = (call);                                                \
+    if (hpct_mpi_rc_ != MPI_SUCCESS) ::hpct::comm::throw_mpi_error(hpct_mpi_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+namespace hpct::comm {
+
+[[noreturn]] void throw_mpi_error(int rc, const char* call, const char* file, int line);
+
+/// RAII MPI_Init_thread / MPI_Finalize; labels hpct::Error messages with the world rank.
+class Environment {
+ public:
+  Environment(int* argc, char*** argv);
+  ~Environment();
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+  /// Ends the whole job: used by an app's main only when other ranks would otherwise hang.
+  [[noreturn]] static void abort(int code);
+};
+
+/// A nonblocking operation. wait() is idempotent; the destructor waits, so a request never dangles.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(MPI_Request r) : r_(r) {}
+  Request(Request&& o) noexcept : r_(o.r_) { o.r_ = MPI_REQUEST_NULL; }
+  Request& operator=(Request&& o) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+  void wait();
+  /// Drives MPI progress; true when complete.
+  bool test();
+
+ private:
+  MPI_Request r_ = MPI_REQUEST_NULL;
+};
+
+/// An owned (or borrowed, for MPI_COMM_WORLD) communicator.
+class Communicator {
+ public:
+  static Communicator world();
+  /// This rank alone (MPI_COMM_SELF): a one-rank job inside a larger one, e.g. for reference runs.
+  static Communicator self();
+  Communicator() = default;
+  Communicator(Communicator&& o) noexcept;
+  Communicator& operator=(Communicator&& o) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm raw() const { return comm_; }
+
+  /// Collective over this comm: MPI_Comm_split.
+  Communicator split(int color, int key) const;
+  /// Collective over this comm.
+  void barrier() const;
+  /// Collective over this comm: in-place sum of n values.
+  void allreduce_sum(float* data, size_t n) const;
+  void allreduce_sum(double* data, size_t n) const;
+  /// Collective over this comm, nonblocking: in-place sum; n must be < 2^31.
+  Request iallreduce_sum(float* data, size_t n) const;
+  double allreduce_max(double v) const;
+  double allreduce_min(double v) const;
+  /// Collective over this comm: sum reduced into root's buffer only (other ranks' data untouched).
+  void reduce_sum(double* data, size_t n, int root) const;
+  /// Collective over this comm: broadcast n bytes from root.
+  void bcast_bytes(void* data, size_t n, int root) const;
+  void bcast_string(std::string& s, int root) const;
+  /// Collective over this comm: gathers one double from every rank on every rank.
+  std::vector<double> allgather(double v) const;
+
+ private:
+  Communicator(MPI_Comm c, bool owned);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+/// Collective over comm: true on every rank iff `ok` is true on every rank. Lets one rank's
+/// validation failure stop all ranks together instead of leaving the others in a collective.
+bool all_ok(const Communicator& comm, bool ok);
+
+}  // namespace hpct::comm

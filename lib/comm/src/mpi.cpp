@@ -1,0 +1,164 @@
+#include "hpct/comm/mpi.hpp"
+
+#include <climits>
+
+namespace hpct::comm {
+
+void throw_mpi_error(int rc, const char* call, const char* file, int line) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, buf, &len);
+  throw Error(std::string("MPI error: ") + std::string(buf, len) + " [" + call + " at " + file + ":" +
+              std::to_string(line) + "]");
+}
+
+Environment::Environment(int* argc, char*** argv) {
+  int provided = 0;
+  HPCT_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  // Errors come back as return codes so HPCT_CHECK_MPI can turn them into one clear line.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_error_rank(rank);
+}
+
+Environment::~Environment() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void Environment::abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+Communicator::Communicator(MPI_Comm c, bool owned) : comm_(c), owned_(owned) {
+  if (comm_ != MPI_COMM_NULL) {
+    HPCT_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+    HPCT_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  }
+}
+
+Communicator Communicator::world() { return Communicator(MPI_COMM_WORLD, false); }
+Communicator Communicator::self() { return Communicator(MPI_COMM_SELF, false); }
+
+Communicator::Communicator(Communicator&& o) noexcept
+    : comm_(o.comm_), owned_(o.owned_), rank_(o.rank_), size_(o.size_) {
+  o.comm_ = MPI_COMM_NULL;
+  o.owned_ = false;
+}
+
+Communicator& Communicator::operator=(Communicator&& o) noexcept {
+  if (this != &o) {
+    if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    comm_ = o.comm_;
+    owned_ = o.owned_;
+    rank_ = o.rank_;
+    size_ = o.size_;
+    o.comm_ = MPI_COMM_NULL;
+    o.owned_ = false;
+  }
+  return *this;
+}
+
+Communicator::~Communicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owned_ && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+Communicator Communicator::split(int color, int key) const {
+  MPI_Comm out;
+  HPCT_CHECK_MPI(MPI_Comm_split(comm_, color, key, &out));
+  MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+  return Communicator(out, true);
+}
+
+void Communicator::barrier() const { HPCT_CHECK_MPI(MPI_Barrier(comm_)); }
+
+// Large buffers are reduced in chunks below INT_MAX elements (MPI counts are int).
+template <typename T>
+static void allreduce_chunked(MPI_Comm comm, T* data, size_t n, MPI_Datatype type) {
+  const size_t chunk = size_t(1) << 30;
+  for (size_t off = 0; off < n; off += chunk) {
+    int cnt = static_cast<int>(std::min(chunk, n - off));
+    HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, type, MPI_SUM, comm));
+  }
+}
+
+void Communicator::allreduce_sum(float* data, size_t n) const {
+  if (size_ > 1) allreduce_chunked(comm_, data, n, MPI_FLOAT);
+}
+void Communicator::allreduce_sum(double* data, size_t n) const {
+  if (size_ > 1) allreduce_chunked(comm_, data, n, MPI_DOUBLE);
+}
+
+double Communicator::allreduce_max(double v) const {
+  HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm_));
+  return v;
+}
+double Communicator::allreduce_min(double v) const {
+  HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MIN, comm_));
+  return v;
+}
+
+void Communicator::reduce_sum(double* data, size_t n, int root) const {
+  if (rank_ == root)
+    HPCT_CHECK_MPI(MPI_Reduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, root, comm_));
+  else
+    HPCT_CHECK_MPI(MPI_Reduce(data, nullptr, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, root, comm_));
+}
+
+void Communicator::bcast_bytes(void* data, size_t n, int root) const {
+  HPCT_CHECK_MPI(MPI_Bcast(data, static_cast<int>(n), MPI_BYTE, root, comm_));
+}
+
+void Communicator::bcast_string(std::string& s, int root) const {
+  unsigned long long n = s.size();
+  HPCT_CHECK_MPI(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm_));
+  s.resize(n);
+  if (n) bcast_bytes(s.data(), n, root);
+}
+
+std::vector<double> Communicator::allgather(double v) const {
+  std::vector<double> out(size_);
+  HPCT_CHECK_MPI(MPI_Allgather(&v, 1, MPI_DOUBLE, out.data(), 1, MPI_DOUBLE, comm_));
+  return out;
+}
+
+Request& Request::operator=(Request&& o) noexcept {
+  if (this != &o) {
+    if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);
+    r_ = o.r_;
+    o.r_ = MPI_REQUEST_NULL;
+  }
+  return *this;
+}
+
+Request::~Request() {
+  if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);
+}
+
+void Request::wait() {
+  if (r_ != MPI_REQUEST_NULL) HPCT_CHECK_MPI(MPI_Wait(&r_, MPI_STATUS_IGNORE));
+}
+
+bool Request::test() {
+  if (r_ == MPI_REQUEST_NULL) return true;
+  int flag = 0;
+  HPCT_CHECK_MPI(MPI_Test(&r_, &flag, MPI_STATUS_IGNORE));
+  return flag != 0;
+}
+
+Request Communicator::iallreduce_sum(float* data, size_t n) const {
+  if (size_ == 1) return Request();
+  if (n >= (size_t(1) << 31)) throw Error("iallreduce_sum: " + std::to_string(n) + " elements exceed one MPI call");
+  MPI_Request r;
+  HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_, &r));
+  return Request(r);
+}
+
+bool all_ok(const Communicator& comm, bool ok) { return comm.allreduce_min(ok ? 1.0 : 0.0) > 0.5; }
+
+}  // namespace hpct::comm

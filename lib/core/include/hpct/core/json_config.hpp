@@ -1,0 +1,47 @@
+// hpct/core/json_config.hpp — strict, typed reading of JSON configs (ds_config.json, profiles).
+//
+// Every value is read through a JsonSection that knows its dotted path ("optimizer.params.lr") and
+// file, so a wrong type names the key, and finish() turns every key nobody asked for into an error
+// ("unknown key"), which is how typos in a config are caught before a week-long run starts.
+// Not a schema language: the typed config structs stay the source of truth.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "hpct/core/error.hpp"
+
+namespace hpct {
+
+class JsonSection {
+ public:
+  JsonSection(const nlohmann::json& j, std::string file, std::string path = "");
+
+  /// Loads a file; JSON parse errors name the file, line and column.
+  static nlohmann::json load_file(const std::string& path);
+
+  bool has(const std::string& key) const;
+  JsonSection section(const std::string& key);  // must be an object
+  std::optional<double> get_number(const std::string& key);
+  std::optional<long long> get_int(const std::string& key);  // rejects 1.5, accepts 2.0 and "auto"-free ints
+  std::optional<bool> get_bool(const std::string& key);
+  std::optional<std::string> get_string(const std::string& key);
+  /// Marks a key as known without reading it (accepted and ignored on purpose; documented by the caller).
+  void ignore(const std::string& key) { seen_.insert(key); }
+  /// Throws for the first key present in the object that was never read.
+  void finish() const;
+
+  std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const std::string& file() const { return file_; }
+
+ private:
+  const nlohmann::json* find(const std::string& key);
+  [[noreturn]] void type_error(const std::string& key, const char* want) const;
+  const nlohmann::json& j_;
+  std::string file_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace hpct

@@ -1,0 +1,32 @@
+// hpct/core/rng.hpp — deterministic random numbers that are identical on every platform.
+// std::normal_distribution and friends are implementation-defined, so weight init and data
+// shuffles use these instead: a checkpoint or a DP-equivalence test must not depend on libstdc++.
+#pragma once
+#include <cstdint>
+#include <random>
+
+namespace hpct {
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  uint64_t next_u64() { return gen_(); }
+  /// Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }
+  /// Uniform integer in [0, n) by rejection (no modulo bias).
+  uint64_t below(uint64_t n);
+  /// Standard normal by Box-Muller (one value per call; the pair's partner is cached).
+  double normal();
+  /// The full engine state, for checkpoints.
+  std::mt19937_64& engine() { return gen_; }
+
+ private:
+  std::mt19937_64 gen_;
+  bool has_spare_ = false;
+  double spare_ = 0;
+};
+
+/// Mixes several integers into one seed (splitmix64), e.g. (seed, rank, stream).
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0);
+
+}  // namespace hpct

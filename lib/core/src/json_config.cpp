@@ -1,0 +1,92 @@
+#include "hpct/core/json_config.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace hpct {
+
+JsonSection::JsonSection(const nlohmann::json& j, std::string file, std::string path)
+    : j_(j), file_(std::move(file)), path_(std::move(path)) {
+  if (!j_.is_object()) throw Error(path_.empty() ? "config must be a JSON object" : "'" + path_ + "' must be a JSON object",
+                                   Error::Context{file_, path_, ""});
+}
+
+nlohmann::json JsonSection::load_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw file_error(path, "cannot open config file", "check the path");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str(), nullptr, true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() carries "line L, column C"
+    std::string what = e.what();
+    auto p = what.find("parse error");
+    throw file_error(path, "invalid JSON: " + (p == std::string::npos ? what : what.substr(p)));
+  }
+}
+
+bool JsonSection::has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+const nlohmann::json* JsonSection::find(const std::string& key) {
+  seen_.insert(key);
+  auto it = j_.find(key);
+  if (it == j_.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+void JsonSection::type_error(const std::string& key, const char* want) const {
+  throw Error("'" + key_path(key) + "' must be " + want + ", got " + j_.at(key).dump(),
+              Error::Context{file_, key_path(key), ""});
+}
+
+JsonSection JsonSection::section(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  static const nlohmann::json empty = nlohmann::json::object();
+  if (!v) return JsonSection(empty, file_, key_path(key));
+  if (!v->is_object()) type_error(key, "an object");
+  return JsonSection(*v, file_, key_path(key));
+}
+
+std::optional<double> JsonSection::get_number(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) type_error(key, "a number");
+  return v->get<double>();
+}
+
+std::optional<long long> JsonSection::get_int(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  if (v->is_number_integer()) return v->get<long long>();
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<long long>(d);
+  }
+  type_error(key, "an integer");
+}
+
+std::optional<bool> JsonSection::get_bool(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) type_error(key, "true or false");
+  return v->get<bool>();
+}
+
+std::optional<std::string> JsonSection::get_string(const std::string& key) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) type_error(key, "a string");
+  return v->get<std::string>();
+}
+
+void JsonSection::finish() const {
+  for (auto it = j_.begin(); it != j_.end(); ++it) {
+    if (!seen_.count(it.key()))
+      throw Error("unknown key '" + key_path(it.key()) + "'", Error::Context{file_, key_path(it.key()),
+                  "remove it or check its spelling against docs/configuration.md"});
+  }
+}
+
+}  // namespace hpct
