@@ -1,0 +1,354 @@
+// preprocess_data — Megatron's tools/preprocess_data.py: documents in (JSONL with one {"text": ...}
+// per line, or plain text with documents separated by blank lines), token ids out as the indexed
+// dataset {prefix}_{key}_document.bin/.idx that pretrain_gpt --data-path reads.
+//
+// Not here: --split-sentences (it needs NLTK's punkt model), --partitions, tokenizers other than
+// GPT2BPETokenizer. Trade-off: a batch of documents is read, tokenized on --workers threads, then
+// written in input order; reading and writing wait while a batch is tokenized. Tokenizing dominates
+// by far, and this keeps the output order (and so the dataset) identical for any number of workers.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hpct/core/error.hpp"
+#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/indexed_dataset.hpp"
+
+using namespace hpct;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: preprocess_data --input FILE --output-prefix PREFIX --vocab-file FILE --merge-file FILE
+                       [--tokenizer-type GPT2BPETokenizer] [--json-keys KEY [KEY ...]] [--append-eod]
+                       [--workers N] [--log-interval N] [--input-format auto|json|text] [--dataset-impl mmap]
+
+Tokenizes documents into Megatron indexed datasets {PREFIX}_{KEY}_document.bin/.idx.
+
+  --input FILE          JSONL, one object per line whose KEY holds a string (or a list of strings,
+                        each stored as one item of the document); or plain text, one document per
+                        run of lines up to a blank line
+  --input-format F      auto (default: json for *.json/*.jsonl, else text), json or text
+  --output-prefix P     output path prefix; files are P_KEY_document.{bin,idx}
+  --vocab-file FILE     GPT-2 vocab.json
+  --merge-file FILE     GPT-2 merges.txt
+  --tokenizer-type T    GPT2BPETokenizer (the only one so far)
+  --json-keys KEY...    keys to extract (default: text); one dataset per key
+  --append-eod          append <|endoftext|> after each document
+  --workers N           tokenizer threads (default 1); the output is identical for any N
+  --log-interval N      report progress every N documents (default 1000)
+  --dataset-impl mmap   accepted for compatibility; mmap is the only format written
+  -h, --help            this text
+
+Exit status: 0 on success, 1 on any error (one line on stderr).
+)";
+
+struct Options {
+  std::string input, output_prefix, vocab_file, merge_file;
+  std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string input_format = "auto";
+  std::vector<std::string> json_keys = {"text"};
+  bool append_eod = false;
+  size_t workers = 1;
+  size_t log_interval = 1000;
+  bool help = false;
+};
+
+size_t parse_count(const std::string& flag, const std::string& v) {
+  size_t pos = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(v, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos != v.size() || v.empty() || v[0] == '-' || n == 0)
+    throw config_error(flag, flag + " expects a positive integer, got '" + v + "'");
+  return static_cast<size_t>(n);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], inline_value;
+    bool has_inline = false;
+    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_inline = true;
+    }
+    auto value = [&]() -> std::string {
+      if (has_inline) return inline_value;
+      if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) throw config_error(flag, flag + " needs a value");
+      return args[++i];
+    };
+    if (flag == "-h" || flag == "--help") o.help = true;
+    else if (flag == "--input") o.input = value();
+    else if (flag == "--output-prefix") o.output_prefix = value();
+    else if (flag == "--vocab-file") o.vocab_file = value();
+    else if (flag == "--merge-file") o.merge_file = value();
+    else if (flag == "--tokenizer-type") o.tokenizer_type = value();
+    else if (flag == "--input-format") o.input_format = value();
+    else if (flag == "--append-eod") o.append_eod = true;
+    else if (flag == "--workers") o.workers = parse_count(flag, value());
+    else if (flag == "--log-interval") o.log_interval = parse_count(flag, value());
+    else if (flag == "--dataset-impl") {
+      if (std::string v = value(); v != "mmap")
+        throw config_error(flag, flag + " '" + v + "' is not supported", "only mmap (MMIDIDX) datasets are written");
+    } else if (flag == "--json-keys") {
+      // argparse nargs='+': every word up to the next flag.
+      o.json_keys.clear();
+      if (has_inline) o.json_keys.push_back(inline_value);
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) o.json_keys.push_back(args[++i]);
+      if (o.json_keys.empty()) throw config_error(flag, flag + " needs at least one key");
+    } else if (flag == "--split-sentences" || flag == "--keep-newlines" || flag == "--partitions") {
+      throw config_error(flag, flag + " is not supported by this preprocess_data", "documents are stored whole");
+    } else {
+      throw config_error(flag, "unknown flag " + flag, "see preprocess_data --help");
+    }
+  }
+  if (o.help) return o;
+  if (o.input.empty()) throw config_error("--input", "missing --input");
+  if (o.output_prefix.empty()) throw config_error("--output-prefix", "missing --output-prefix");
+  if (o.tokenizer_type != "GPT2BPETokenizer") {
+    static const char* known[] = {"BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
+                                  "GPTSentencePieceTokenizer", "Llama2Tokenizer", "HFTokenizer", "NullTokenizer"};
+    bool is_known = std::find(std::begin(known), std::end(known), o.tokenizer_type) != std::end(known);
+    throw config_error("--tokenizer-type",
+                       "--tokenizer-type '" + o.tokenizer_type + (is_known ? "' is a Megatron tokenizer not supported yet" : "' is unknown"),
+                       "use GPT2BPETokenizer");
+  }
+  if (o.vocab_file.empty()) throw config_error("--vocab-file", "missing --vocab-file (GPT2BPETokenizer needs it)");
+  if (o.merge_file.empty()) throw config_error("--merge-file", "missing --merge-file (GPT2BPETokenizer needs it)");
+  if (o.input_format != "auto" && o.input_format != "json" && o.input_format != "text")
+    throw config_error("--input-format", "--input-format expects auto, json or text, got '" + o.input_format + "'");
+  if (o.input_format == "auto") {
+    auto ends_with = [&](const std::string& s) {
+      return o.input.size() >= s.size() && o.input.compare(o.input.size() - s.size(), s.size(), s) == 0;
+    };
+    o.input_format = ends_with(".json") || ends_with(".jsonl") ? "json" : "text";
+  }
+  if (o.input_format == "text" && o.json_keys.size() != 1)
+    throw config_error("--json-keys", "plain text input has one field: give --json-keys one key (it names the output)");
+  return o;
+}
+
+// One document as read, and what tokenizing it gave: per key, the items (one per string).
+struct Doc {
+  size_t line = 0;  // first line in the input, for messages
+  std::string raw;  // a JSON line, or the text itself
+  std::vector<std::vector<std::vector<int32_t>>> items;  // (keys, items, tokens)
+  std::exception_ptr error;
+};
+
+// Reads the next batch: stops after max_docs documents or max_bytes of input.
+class Reader {
+ public:
+  Reader(const std::string& path, bool json) : path_(path), json_(json), in_(path, std::ios::binary) {
+    if (!in_) throw file_error(path, "cannot open the input file");
+  }
+  bool next_batch(std::vector<Doc>& batch, size_t max_docs, size_t max_bytes) {
+    batch.clear();
+    size_t bytes = 0;
+    std::string line;
+    Doc cur;
+    bool in_doc = false;
+    while (batch.size() < max_docs && bytes < max_bytes && std::getline(in_, line)) {
+      ++line_no_;
+      bytes_read_ += line.size() + 1;
+      const bool blank = line.find_first_not_of(" \t\r\f\v") == std::string::npos;
+      if (json_) {
+        if (blank) continue;  // tolerate blank lines, e.g. at the end
+        batch.push_back(Doc{line_no_, std::move(line), {}, nullptr});
+        bytes += batch.back().raw.size();
+        continue;
+      }
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (blank) {
+        if (in_doc) {
+          bytes += cur.raw.size();
+          batch.push_back(std::move(cur));
+          cur = Doc{};
+          in_doc = false;
+        }
+        continue;
+      }
+      if (!in_doc) {
+        cur.line = line_no_;
+        in_doc = true;
+      } else {
+        cur.raw += '\n';
+      }
+      cur.raw += line;
+    }
+    // A text document in progress continues into the next batch only if we stopped early; keep it
+    // simple by finishing it here (it is at most one document over the limits).
+    if (in_doc) {
+      while (std::getline(in_, line)) {
+        ++line_no_;
+        bytes_read_ += line.size() + 1;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.find_first_not_of(" \t\r\f\v") == std::string::npos) break;
+        cur.raw += '\n';
+        cur.raw += line;
+      }
+      batch.push_back(std::move(cur));
+    }
+    if (in_.bad()) throw file_error(path_, "read error after line " + std::to_string(line_no_));
+    return !batch.empty();
+  }
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  std::string path_;
+  bool json_;
+  std::ifstream in_;
+  size_t line_no_ = 0;
+  uint64_t bytes_read_ = 0;
+};
+
+void tokenize(Doc& doc, const Options& o, const io::Gpt2Tokenizer& tok, bool json) {
+  const std::string where = "line " + std::to_string(doc.line) + ": ";
+  std::vector<std::vector<std::string>> texts(o.json_keys.size());
+  if (json) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(doc.raw);
+    } catch (const nlohmann::json::exception& e) {
+      std::string msg = e.what();
+      if (auto p = msg.find("] "); p != std::string::npos) msg = msg.substr(p + 2);  // drop "[json.exception...]"
+      if (msg.rfind("parse error at line 1, ", 0) == 0) msg = "parse error at " + msg.substr(23);  // our line is the line
+      throw file_error(o.input, where + "invalid JSON: " + msg);
+    }
+    if (!j.is_object()) throw file_error(o.input, where + "expected a JSON object");
+    for (size_t k = 0; k < o.json_keys.size(); ++k) {
+      auto it = j.find(o.json_keys[k]);
+      if (it == j.end()) throw file_error(o.input, where + "no key '" + o.json_keys[k] + "'", "check --json-keys");
+      if (it->is_string()) {
+        texts[k].push_back(it->get<std::string>());
+      } else if (it->is_array() && std::all_of(it->begin(), it->end(), [](const auto& x) { return x.is_string(); })) {
+        for (const auto& s : *it) texts[k].push_back(s.get<std::string>());
+      } else {
+        throw file_error(o.input, where + "'" + o.json_keys[k] + "' must be a string or a list of strings");
+      }
+    }
+  } else {
+    texts[0].push_back(std::move(doc.raw));
+  }
+  doc.raw.clear();
+  doc.raw.shrink_to_fit();
+  doc.items.resize(o.json_keys.size());
+  for (size_t k = 0; k < texts.size(); ++k) {
+    for (const std::string& s : texts[k]) {
+      std::vector<int32_t> ids = tok.encode(s);
+      if (!ids.empty()) doc.items[k].push_back(std::move(ids));  // Megatron drops empty sentences
+    }
+    if (o.append_eod && !doc.items[k].empty()) doc.items[k].back().push_back(tok.eod());
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  if (o.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto tok = io::Gpt2Tokenizer::from_files(o.vocab_file, o.merge_file);
+  const io::DType dtype = io::best_fitting_dtype(tok.vocab_size());
+  const bool json = o.input_format == "json";
+  Reader reader(o.input, json);
+
+  const auto parent = std::filesystem::path(o.output_prefix).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent))
+    throw file_error(o.output_prefix, "output directory " + parent.string() + " does not exist");
+  std::vector<std::string> outputs;
+  std::vector<std::unique_ptr<io::IndexedDatasetBuilder>> builders;
+  for (const std::string& key : o.json_keys) {
+    outputs.push_back(o.output_prefix + "_" + key + "_document");
+    builders.push_back(std::make_unique<io::IndexedDatasetBuilder>(outputs.back(), dtype));
+  }
+  std::printf("preprocess_data: %s -> %s_{%s}_document (%s, vocab %zu, dtype %s, %zu worker%s)\n", o.input.c_str(),
+              o.output_prefix.c_str(), [&] {
+                std::string s;
+                for (const auto& k : o.json_keys) s += (s.empty() ? "" : ",") + k;
+                return s;
+              }().c_str(),
+              json ? "jsonl" : "text", tok.vocab_size(), io::dtype_name(dtype), o.workers, o.workers == 1 ? "" : "s");
+  std::fflush(stdout);
+
+  const auto t_start = std::chrono::steady_clock::now();
+  std::vector<Doc> batch;
+  size_t docs = 0, next_log = o.log_interval;
+  // Enough per batch to keep every worker busy, small enough to report progress often.
+  const size_t max_docs = std::max<size_t>(64, 16 * o.workers), max_bytes = (size_t{2} << 20) * o.workers;
+  while (reader.next_batch(batch, max_docs, max_bytes)) {
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < batch.size();) {
+        try {
+          tokenize(batch[i], o, tok, json);
+        } catch (...) {
+          batch[i].error = std::current_exception();
+        }
+      }
+    };
+    if (o.workers == 1) {
+      work();
+    } else {
+      std::vector<std::thread> pool;
+      for (size_t w = 0; w < std::min(o.workers, batch.size()); ++w) pool.emplace_back(work);
+      for (auto& t : pool) t.join();
+    }
+    for (Doc& d : batch) {
+      if (d.error) std::rethrow_exception(d.error);  // the first bad document in input order
+      for (size_t k = 0; k < builders.size(); ++k) {
+        if (d.items[k].empty()) continue;  // as Megatron: an empty document is skipped
+        for (const auto& item : d.items[k]) builders[k]->add_item(item);
+        builders[k]->end_document();
+      }
+      if (++docs == next_log) {
+        const double s = seconds_since(t_start);
+        std::printf("processed %zu documents (%.1f docs/s, %.2f MB/s)\n", docs, docs / s,
+                    reader.bytes_read() / s / 1e6);
+        std::fflush(stdout);
+        next_log += o.log_interval;
+      }
+    }
+  }
+  for (auto& b : builders) b->finalize();
+  const double s = seconds_since(t_start);
+  for (size_t k = 0; k < builders.size(); ++k) {
+    std::printf("preprocess_data: done: %s.{bin,idx}: %zu documents (of %zu read), %llu tokens\n", outputs[k].c_str(),
+                builders[k]->num_documents(), docs, static_cast<unsigned long long>(builders[k]->num_tokens()));
+  }
+  std::printf("preprocess_data: %.2f s (%.2f s with startup), %.2f MB/s, %.0f tokens/s\n", s, seconds_since(t0),
+              reader.bytes_read() / s / 1e6, builders.empty() ? 0.0 : builders[0]->num_tokens() / s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const hpct::Error& e) {
+    std::fprintf(stderr, "preprocess_data: error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "preprocess_data: error: %s\n", e.what());
+  }
+  return 1;
+}

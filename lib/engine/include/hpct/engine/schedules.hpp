@@ -1,0 +1,31 @@
+// hpct/engine/schedules.hpp — learning-rate schedules (Megatron's and DeepSpeed's) and the fp16
+// dynamic loss scaler. Both are pure state machines over the optimizer step, so their state in a
+// checkpoint is a few numbers.
+#pragma once
+#include "hpct/engine/train_config.hpp"
+
+namespace hpct::engine {
+
+/// Learning rate for optimizer step `step` (0-based: the step about to be taken).
+double learning_rate(const TrainConfig& cfg, long long step);
+
+/// DeepSpeed/Megatron dynamic loss scaling: on overflow skip the step and (after `hysteresis`
+/// overflows) halve the scale; after `window` clean steps double it. A static scale never moves.
+class LossScaler {
+ public:
+  LossScaler() = default;
+  LossScaler(const LossScaleConfig& cfg, bool enabled);
+  double scale() const { return scale_; }
+  /// Reports the outcome of a step; returns false when the step must be skipped. Throws when the
+  /// scale would go below min_loss_scale (DeepSpeed: "Current loss scale already at minimum").
+  bool update(bool overflow);
+
+ private:
+  LossScaleConfig cfg_;
+  bool dynamic_ = false;
+  double scale_ = 1;
+  int good_steps_ = 0;
+  int hysteresis_left_ = 0;
+};
+
+}  // namespace hpct::engine

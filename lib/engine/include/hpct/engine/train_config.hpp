@@ -1,0 +1,71 @@
+// hpct/engine/train_config.hpp — everything a training run is told, as one typed struct.
+//
+// Filled from Megatron-style flags and/or a DeepSpeed ds_config.json (both write the same fields;
+// a value given both ways must agree), then validate() checks it identically on every rank and
+// names the offending flag or key. The library never sees argv: apps hand over the argument list.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "hpct/model/gpt.hpp"
+
+namespace hpct::engine {
+
+enum class PrecisionMode { fp32, bf16, fp16 };
+enum class LrStyle { constant, linear, cosine, inverse_square_root, ds_warmup, ds_warmup_decay, ds_warmup_cosine };
+
+struct LossScaleConfig {
+  double static_scale = 0;        // 0 = dynamic (DeepSpeed fp16.loss_scale)
+  int initial_scale_power = 16;   // DeepSpeed default; Megatron's --initial-loss-scale is 2^32
+  int window = 1000;              // overflow-free steps before the scale doubles
+  int hysteresis = 2;             // overflows tolerated before the scale halves
+  double min_scale = 1;
+};
+
+struct TrainConfig {
+  model::GptConfig model;
+  // batch (DeepSpeed's triple; dp is the data-parallel size known at run time)
+  int micro_batch = 0;
+  int global_batch = 0;
+  int grad_accum = 0;  // derived
+  // schedule
+  long long train_iters = 0;
+  double lr = 0;
+  double min_lr = 0;
+  long long lr_warmup_iters = 0;
+  long long lr_decay_iters = 0;  // 0 = train_iters
+  LrStyle lr_style = LrStyle::linear;
+  double ds_warmup_min_lr = 0, ds_warmup_max_lr = 0.001, ds_warmup_min_ratio = 0, ds_cos_min_ratio = 0.0001;
+  bool ds_warmup_log = true;
+  // optimizer
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01, clip_grad = 1.0;
+  PrecisionMode precision = PrecisionMode::fp32;
+  LossScaleConfig loss_scale;
+  bool recompute_activations = false;
+  int zero_stage = 0;
+  // data
+  std::vector<std::string> data_path;
+  std::string vocab_file, merge_file, split = "969,30,1";
+  bool mock_data = false;
+  unsigned long long seed = 1234;
+  // logging / eval
+  int log_interval = 100;
+  int eval_interval = 1000;
+  int eval_iters = 100;
+  std::string metrics_file;
+  std::string json_summary;
+  std::string ds_config_path;
+
+  /// Every rank calls it with the same dp; throws config_error naming the flag or key.
+  void finalize(int dp);
+};
+
+/// Parses Megatron-style flags (and --deepspeed_config FILE) into cfg. Unknown flags are errors.
+/// Returns false if --help was asked (help text printed to stdout by the caller via help_text()).
+bool parse_args(const std::vector<std::string>& args, TrainConfig& cfg);
+/// Applies a ds_config.json file: batch, optimizer, scheduler, fp16/bf16, gradient_clipping,
+/// steps_per_print, zero_optimization.stage. Unknown keys are errors naming the key.
+void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vector<std::string>& flags_given);
+std::string help_text(const std::string& prog);
+
+}  // namespace hpct::engine

@@ -1,0 +1,80 @@
+// hpct/engine/trainer.hpp — the training loop: data-parallel GPT training with AdamW.
+//
+// One Trainer per rank. Each optimizer step runs grad_accum micro-batches; on the last one the
+// gradients of each model block are all-reduced (nonblocking) as soon as backward finishes that
+// block, overlapping communication with the rest of backward. Then: fp16 overflow check, global
+// grad-norm clipping, AdamW with fp32 master weights. Progress lines follow Megatron's format;
+// the metrics file is JSON lines. Not here: ZeRO sharding and checkpoints (their own components).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hpct/comm/process_grid.hpp"
+#include "hpct/engine/schedules.hpp"
+#include "hpct/engine/train_config.hpp"
+#include "hpct/io/gpt_dataset.hpp"
+#include "hpct/model/gpt.hpp"
+
+namespace hpct::engine {
+
+struct StepRecord {
+  long long iteration = 0;  // 1-based, after the step
+  double lm_loss = 0;
+  double grad_norm = 0;
+  double learning_rate = 0;
+  double loss_scale = 1;
+  bool skipped = false;
+};
+
+struct TrainSummary {
+  std::vector<StepRecord> steps;
+  std::vector<std::pair<long long, double>> val_losses;  // (iteration, loss)
+  double seconds = 0;
+  double tokens_per_second = 0;
+  uint64_t peak_rss_bytes = 0;            // max over ranks
+  std::vector<double> peak_rss_per_rank;  // bytes, index = world rank
+  long long skipped_iterations = 0;
+};
+
+class Trainer {
+ public:
+  /// Collective over grid's world: builds the model and initialises parameters identically everywhere.
+  Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid);
+  ~Trainer();
+
+  /// Collective over the world. Trains cfg.train_iters steps; valid may be null (no evaluation).
+  TrainSummary train(const io::TokenDataset& train, const io::TokenDataset* valid);
+  /// Collective: mean token loss over eval_iters global batches of `data` from sample 0.
+  double evaluate(const io::TokenDataset& data);
+
+  const model::Gpt& model() const { return *model_; }
+  const std::vector<float>& params() const { return params_; }
+  /// Bytes this rank holds of parameters, gradients and optimizer states (all on the host here).
+  struct MemoryReport {
+    size_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  };
+  MemoryReport memory_report() const;
+
+ private:
+  class DpStore;
+  double step(const io::TokenDataset& data, long long iteration, StepRecord& rec);
+  kernels::Precision compute_precision() const;
+
+  TrainConfig cfg_;
+  const comm::ProcessGrid& grid_;
+  std::unique_ptr<model::Gpt> model_;
+  std::vector<float> params_, grads_, exp_avg_, exp_avg_sq_;
+  std::vector<char> decay_mask_;  // per block-tensor: whether weight decay applies
+  LossScaler scaler_;
+  long long adam_step_ = 0;
+  std::vector<int32_t> sample_buf_, tokens_, targets_;
+};
+
+/// Megatron's log line for one interval (printed by rank 0).
+std::string format_log_line(long long iteration, long long train_iters, long long consumed_samples,
+                            long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
+                            double loss_scale, double grad_norm, long long skipped, long long nan_iters,
+                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank);
+
+}  // namespace hpct::engine

@@ -1,0 +1,81 @@
+// Datasets of a run: mock tokens, or a Megatron indexed dataset split by documents into
+// train/valid (Megatron's --split), with a unigram baseline to judge what the model learned.
+#include "hpct/engine/data.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include "hpct/core/error.hpp"
+#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/indexed_dataset.hpp"
+
+namespace hpct::engine {
+
+double unigram_perplexity(const io::IndexedDataset& ds, std::pair<size_t, size_t> train_docs,
+                          std::pair<size_t, size_t> valid_docs, size_t vocab_size) {
+  std::vector<double> counts(vocab_size, 1.0);  // add-one smoothing: unseen tokens keep a finite loss
+  double total = (double)vocab_size;
+  std::vector<int32_t> buf;
+  auto for_each_token = [&](std::pair<size_t, size_t> docs, auto&& fn) {
+    auto doc_idx = ds.doc_idx();
+    auto sizes = ds.sizes();
+    for (size_t d = docs.first; d < docs.second; ++d) {
+      for (int64_t item = doc_idx[d]; item < doc_idx[d + 1]; ++item) {
+        buf.resize(sizes[item]);
+        ds.read(item, 0, sizes[item], buf.data());
+        for (int32_t t : buf) fn(t);
+      }
+    }
+  };
+  for_each_token(train_docs, [&](int32_t t) {
+    if (t >= 0 && (size_t)t < vocab_size) {
+      counts[t] += 1;
+      total += 1;
+    }
+  });
+  double nll = 0, n = 0;
+  for_each_token(valid_docs, [&](int32_t t) {
+    if (t >= 0 && (size_t)t < vocab_size) {
+      nll -= std::log(counts[t] / total);
+      n += 1;
+    }
+  });
+  return n > 0 ? std::exp(nll / n) : 0.0;
+}
+
+TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
+  TrainData out;
+  const size_t T = cfg.model.max_seq_length;
+  if (cfg.mock_data) {
+    out.train = std::make_shared<io::MockGptDataset>(cfg.model.vocab_size, T, cfg.seed);
+    // a different stream for validation: the model is judged on samples it did not train on
+    out.valid = std::make_shared<io::MockGptDataset>(cfg.model.vocab_size, T, cfg.seed + 1000003);
+    return out;
+  }
+  if (cfg.data_path.size() != 1)
+    throw config_error("--data-path", "blended datasets (several --data-path prefixes) are not supported yet",
+                       "give one prefix");
+  if (cfg.vocab_file.empty() || cfg.merge_file.empty())
+    throw config_error(cfg.vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
+  auto tok = io::Gpt2Tokenizer::from_files(cfg.vocab_file, cfg.merge_file);
+  cfg.model.vocab_size = (int)tok.vocab_size();
+  auto ds = std::make_shared<io::IndexedDataset>(io::IndexedDataset::open(cfg.data_path[0]));
+  auto ranges = io::split_document_ranges(cfg.split, ds->num_documents());
+  // Enough samples for every step (and the evaluations) without wrapping around.
+  long long gb = cfg.global_batch > 0 ? cfg.global_batch : (long long)cfg.micro_batch * dp * std::max(1, cfg.grad_accum);
+  size_t train_samples = (size_t)std::max(1LL, cfg.train_iters * gb);
+  size_t eval_samples = (size_t)std::max(1LL, (long long)cfg.eval_iters * gb);
+  if (ranges[0].second <= ranges[0].first)
+    throw config_error("--split", "the split '" + cfg.split + "' leaves no training documents");
+  out.train = std::make_shared<io::GptDataset>(ds, ranges[0], train_samples, T, cfg.seed);
+  if (ranges[1].second > ranges[1].first) {
+    out.valid = std::make_shared<io::GptDataset>(ds, ranges[1], eval_samples, T, cfg.seed);
+    out.unigram_ppl = unigram_perplexity(*ds, ranges[0], ranges[1], tok.vocab_size());
+  }
+  if (verbose)
+    std::printf("> dataset %s: %zu documents; train docs [%zu, %zu), valid docs [%zu, %zu)\n", cfg.data_path[0].c_str(),
+                ds->num_documents(), ranges[0].first, ranges[0].second, ranges[1].first, ranges[1].second);
+  return out;
+}
+
+}  // namespace hpct::engine

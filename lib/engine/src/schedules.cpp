@@ -1,0 +1,85 @@
+#include "hpct/engine/schedules.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "hpct/core/error.hpp"
+
+namespace hpct::engine {
+
+double learning_rate(const TrainConfig& c, long long step) {
+  const double W = (double)c.lr_warmup_iters;
+  const double t = (double)step;
+  switch (c.lr_style) {
+    case LrStyle::ds_warmup:
+    case LrStyle::ds_warmup_decay: {
+      // DeepSpeed WarmupLR / WarmupDecayLR (lr_schedules.py): warmup_num_steps is forced >= 2.
+      double Wd = std::max(2.0, W);
+      double gamma = 1.0;
+      if (t < Wd) gamma = c.ds_warmup_log ? std::log(t + 1) / std::log(Wd) : t / Wd;
+      else if (c.lr_style == LrStyle::ds_warmup_decay) {
+        double T = (double)c.lr_decay_iters;
+        gamma = std::max(0.0, (T - t) / std::max(1.0, T - Wd));
+      }
+      return c.ds_warmup_min_lr + (c.ds_warmup_max_lr - c.ds_warmup_min_lr) * gamma;
+    }
+    case LrStyle::ds_warmup_cosine: {
+      double Wd = std::max(2.0, W);
+      double ratio;
+      if (t < Wd) {
+        double gamma = c.ds_warmup_log ? std::log(t + 1) / std::log(Wd) : t / Wd;
+        ratio = c.ds_warmup_min_ratio + gamma * (1 - c.ds_warmup_min_ratio);
+      } else {
+        double s = t - Wd + 1, S = (double)c.lr_decay_iters - Wd;
+        ratio = std::max(0.0, c.ds_cos_min_ratio + (1 - c.ds_cos_min_ratio) * (1 + std::cos(M_PI * s / std::max(1.0, S))) / 2);
+      }
+      return c.lr * ratio;
+    }
+    default:
+      break;
+  }
+  // Megatron's OptimizerParamScheduler: linear warmup from 0, then decay to min_lr.
+  const double it = t + 1;  // Megatron counts the step being taken from 1
+  if (W > 0 && it <= W) return c.lr * it / W;
+  if (c.lr_style == LrStyle::constant) return c.lr;
+  const double D = (double)c.lr_decay_iters;
+  if (it > D) return c.min_lr;
+  if (c.lr_style == LrStyle::inverse_square_root) {
+    double w = std::max(1.0, W);
+    return std::max(c.min_lr, c.lr * std::sqrt(w) / std::sqrt(std::max(it, w)));
+  }
+  double ratio = (it - W) / std::max(1.0, D - W);
+  ratio = std::clamp(ratio, 0.0, 1.0);
+  double coeff = c.lr_style == LrStyle::cosine ? 0.5 * (std::cos(M_PI * ratio) + 1.0) : 1.0 - ratio;
+  return c.min_lr + coeff * (c.lr - c.min_lr);
+}
+
+LossScaler::LossScaler(const LossScaleConfig& cfg, bool enabled) : cfg_(cfg) {
+  if (!enabled) return;
+  dynamic_ = cfg.static_scale == 0;
+  scale_ = dynamic_ ? std::ldexp(1.0, cfg.initial_scale_power) : cfg.static_scale;
+  hysteresis_left_ = cfg.hysteresis;
+}
+
+bool LossScaler::update(bool overflow) {
+  if (!overflow) {
+    if (dynamic_ && ++good_steps_ >= cfg_.window) {
+      scale_ *= 2;
+      good_steps_ = 0;
+      hysteresis_left_ = cfg_.hysteresis;
+    }
+    return true;
+  }
+  if (!dynamic_) return false;  // a static scale skips the step and keeps its value
+  good_steps_ = 0;
+  if (--hysteresis_left_ > 0) return false;
+  if (scale_ <= cfg_.min_scale)
+    throw Error("Current loss scale already at minimum (" + std::to_string(cfg_.min_scale) +
+                "): the fp16 gradients overflow at every step", Error::Context{"", "fp16.min_loss_scale",
+                "lower --lr, use --bf16, or lower min_loss_scale"});
+  scale_ = std::max(cfg_.min_scale, scale_ / 2);
+  hysteresis_left_ = cfg_.hysteresis;
+  return false;
+}
+
+}  // namespace hpct::engine

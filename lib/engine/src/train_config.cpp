@@ -1,0 +1,344 @@
+// Megatron flags and ds_config.json -> TrainConfig, with errors that name the flag or key.
+#include "hpct/engine/train_config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <fstream>
+#include <sstream>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/json_config.hpp"
+
+namespace hpct::engine {
+namespace {
+
+long long to_int(const std::string& flag, const std::string& v) {
+  try {
+    size_t pos = 0;
+    double d = std::stod(v, &pos);  // accepts 1e9 as Megatron recipes write token counts
+    if (pos != v.size() || std::floor(d) != d) throw std::invalid_argument("x");
+    return static_cast<long long>(d);
+  } catch (const std::exception&) {
+    throw config_error(flag, flag + " expects an integer, got '" + v + "'");
+  }
+}
+
+double to_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t pos = 0;
+    double d = std::stod(v, &pos);
+    if (pos != v.size()) throw std::invalid_argument("x");
+    return d;
+  } catch (const std::exception&) {
+    throw config_error(flag, flag + " expects a number, got '" + v + "'");
+  }
+}
+
+LrStyle parse_style(const std::string& key, const std::string& v) {
+  if (v == "constant") return LrStyle::constant;
+  if (v == "linear") return LrStyle::linear;
+  if (v == "cosine") return LrStyle::cosine;
+  if (v == "inverse-square-root") return LrStyle::inverse_square_root;
+  throw config_error(key, "unknown learning-rate decay style '" + v + "'", "use constant, linear, cosine or inverse-square-root");
+}
+
+struct FlagSpec {
+  bool takes_value;
+  std::function<void(TrainConfig&, const std::string&)> apply;
+  const char* help;
+};
+
+const std::map<std::string, FlagSpec>& flag_table() {
+  static const std::map<std::string, FlagSpec> t = {
+      {"--num-layers", {true, [](TrainConfig& c, const std::string& v) { c.model.num_layers = (int)to_int("--num-layers", v); }, "transformer layers"}},
+      {"--hidden-size", {true, [](TrainConfig& c, const std::string& v) { c.model.hidden_size = (int)to_int("--hidden-size", v); }, "hidden size"}},
+      {"--num-attention-heads", {true, [](TrainConfig& c, const std::string& v) { c.model.num_heads = (int)to_int("--num-attention-heads", v); }, "attention heads"}},
+      {"--seq-length", {true, [](TrainConfig& c, const std::string& v) { c.model.max_seq_length = (int)to_int("--seq-length", v); }, "sequence length"}},
+      {"--max-position-embeddings", {true, [](TrainConfig& c, const std::string& v) { if ((int)to_int("--max-position-embeddings", v) < c.model.max_seq_length) throw config_error("--max-position-embeddings", "--max-position-embeddings is smaller than --seq-length"); }, "accepted; must be >= --seq-length"}},
+      {"--vocab-size", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_size = (int)to_int("--vocab-size", v); }, "vocabulary size for --mock-data"}},
+      {"--make-vocab-size-divisible-by", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_multiple = (int)to_int("--make-vocab-size-divisible-by", v); }, "pad the vocabulary (default 128)"}},
+      {"--init-method-std", {true, [](TrainConfig& c, const std::string& v) { c.model.init_std = to_double("--init-method-std", v); }, "weight init std (default 0.02)"}},
+      {"--micro-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.micro_batch = (int)to_int("--micro-batch-size", v); }, "samples per rank per micro-step"}},
+      {"--global-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.global_batch = (int)to_int("--global-batch-size", v); }, "samples per optimizer step"}},
+      {"--train-iters", {true, [](TrainConfig& c, const std::string& v) { c.train_iters = to_int("--train-iters", v); }, "optimizer steps"}},
+      {"--lr", {true, [](TrainConfig& c, const std::string& v) { c.lr = to_double("--lr", v); }, "peak learning rate"}},
+      {"--min-lr", {true, [](TrainConfig& c, const std::string& v) { c.min_lr = to_double("--min-lr", v); }, "final learning rate"}},
+      {"--lr-warmup-iters", {true, [](TrainConfig& c, const std::string& v) { c.lr_warmup_iters = to_int("--lr-warmup-iters", v); }, "linear warmup steps"}},
+      {"--lr-decay-iters", {true, [](TrainConfig& c, const std::string& v) { c.lr_decay_iters = to_int("--lr-decay-iters", v); }, "decay steps (default --train-iters)"}},
+      {"--lr-decay-style", {true, [](TrainConfig& c, const std::string& v) { c.lr_style = parse_style("--lr-decay-style", v); }, "constant|linear|cosine|inverse-square-root"}},
+      {"--clip-grad", {true, [](TrainConfig& c, const std::string& v) { c.clip_grad = to_double("--clip-grad", v); }, "global grad-norm clip (0 = off)"}},
+      {"--weight-decay", {true, [](TrainConfig& c, const std::string& v) { c.weight_decay = to_double("--weight-decay", v); }, "decoupled weight decay"}},
+      {"--adam-beta1", {true, [](TrainConfig& c, const std::string& v) { c.beta1 = to_double("--adam-beta1", v); }, "Adam beta1"}},
+      {"--adam-beta2", {true, [](TrainConfig& c, const std::string& v) { c.beta2 = to_double("--adam-beta2", v); }, "Adam beta2"}},
+      {"--adam-eps", {true, [](TrainConfig& c, const std::string& v) { c.eps = to_double("--adam-eps", v); }, "Adam epsilon"}},
+      {"--bf16", {false, [](TrainConfig& c, const std::string&) { c.precision = PrecisionMode::bf16; }, "bf16 mixed precision (fp32 master weights)"}},
+      {"--fp16", {false, [](TrainConfig& c, const std::string&) { c.precision = PrecisionMode::fp16; }, "fp16 mixed precision with dynamic loss scaling"}},
+      {"--loss-scale", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.static_scale = to_double("--loss-scale", v); }, "static loss scale (default dynamic)"}},
+      {"--initial-loss-scale", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.initial_scale_power = (int)std::lround(std::log2(to_double("--initial-loss-scale", v))); }, "initial dynamic scale"}},
+      {"--min-loss-scale", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.min_scale = to_double("--min-loss-scale", v); }, "floor of the dynamic scale"}},
+      {"--loss-scale-window", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.window = (int)to_int("--loss-scale-window", v); }, "steps before raising the scale"}},
+      {"--hysteresis", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.hysteresis = (int)to_int("--hysteresis", v); }, "overflows before lowering the scale"}},
+      {"--checkpoint-activations", {false, [](TrainConfig& c, const std::string&) { c.recompute_activations = true; }, "recompute each layer in backward"}},
+      {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero_stage = (int)to_int("--zero-stage", v); }, "ZeRO stage (only 0 in this release)"}},
+      {"--data-path", {true, [](TrainConfig& c, const std::string& v) { c.data_path.push_back(v); }, "indexed dataset prefix (.bin/.idx)"}},
+      {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
+      {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
+      {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
+      {"--mock-data", {false, [](TrainConfig& c, const std::string&) { c.mock_data = true; }, "synthetic tokens (needs --vocab-size)"}},
+      {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_int("--seed", v); }, "random seed"}},
+      {"--log-interval", {true, [](TrainConfig& c, const std::string& v) { c.log_interval = (int)to_int("--log-interval", v); }, "iterations between log lines"}},
+      {"--eval-interval", {true, [](TrainConfig& c, const std::string& v) { c.eval_interval = (int)to_int("--eval-interval", v); }, "iterations between evaluations"}},
+      {"--eval-iters", {true, [](TrainConfig& c, const std::string& v) { c.eval_iters = (int)to_int("--eval-iters", v); }, "batches per evaluation"}},
+      {"--metrics-file", {true, [](TrainConfig& c, const std::string& v) { c.metrics_file = v; }, "JSON-lines metrics file"}},
+      {"--json", {true, [](TrainConfig& c, const std::string& v) { c.json_summary = v; }, "JSON summary file"}},
+      {"--deepspeed_config", {true, [](TrainConfig& c, const std::string& v) { c.ds_config_path = v; }, "DeepSpeed ds_config.json"}},
+      {"--deepspeed", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts"}},
+  };
+  return t;
+}
+
+}  // namespace
+
+std::string help_text(const std::string& prog) {
+  std::ostringstream os;
+  os << "usage: " << prog << " [flags]\n\nTrains a GPT model with data parallelism over MPI ranks.\n"
+     << "Flags follow Megatron-DeepSpeed's pretrain_gpt.py; a ds_config.json may set the batch,\n"
+     << "optimizer, scheduler, precision and clipping (see docs/configuration.md).\n\n";
+  for (const auto& [name, spec] : flag_table())
+    os << "  " << name << (spec.takes_value ? " V" : "") << std::string(std::max<int>(2, 34 - (int)name.size() - (spec.takes_value ? 2 : 0)), ' ')
+       << spec.help << "\n";
+  os << "  --help                            this text\n";
+  return os.str();
+}
+
+// "@FILE" stands for the flags written in FILE (whitespace separated, '#' starts a comment), as
+// Python argparse's fromfile_prefix_chars: inputs/*.args hold model shapes this way.
+static std::vector<std::string> expand_arg_files(const std::vector<std::string>& in) {
+  std::vector<std::string> out;
+  for (const auto& a : in) {
+    if (a.size() < 2 || a[0] != '@') {
+      out.push_back(a);
+      continue;
+    }
+    std::ifstream f(a.substr(1));
+    if (!f) throw file_error(a.substr(1), "cannot open flags file", "give @PATH of a file such as inputs/gpt-tiny.args");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
+      std::istringstream is(line);
+      std::string tok;
+      while (is >> tok) out.push_back(tok);
+    }
+  }
+  return out;
+}
+
+bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg) {
+  const auto& table = flag_table();
+  const std::vector<std::string> args = expand_arg_files(raw_args);
+  std::vector<std::string> given;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--help" || a == "-h") return false;
+    std::string value;
+    bool has_inline = false;
+    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      has_inline = true;
+    }
+    if (a == "--deepspeed-config") a = "--deepspeed_config";
+    auto it = table.find(a);
+    if (it == table.end()) throw config_error(a, "unknown flag '" + a + "'", "see --help");
+    if (it->second.takes_value && !has_inline) {
+      if (i + 1 >= args.size()) throw config_error(a, a + " needs a value");
+      value = args[++i];
+    }
+    it->second.apply(cfg, value);
+    given.push_back(a);
+  }
+  if (!cfg.ds_config_path.empty()) apply_ds_config(cfg.ds_config_path, cfg, given);
+  return true;
+}
+
+void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vector<std::string>& flags_given) {
+  nlohmann::json j = JsonSection::load_file(path);
+  JsonSection root(j, path);
+  auto flag_given = [&](const char* f) { return std::find(flags_given.begin(), flags_given.end(), f) != flags_given.end(); };
+  // A value given as a flag and in the file must agree; otherwise the file fills it in.
+  auto merge_int = [&](std::optional<long long> v, int& field, const char* flag, const std::string& key) {
+    if (!v) return;
+    if (*v <= 0) throw Error("'" + key + "' must be positive", Error::Context{path, key, ""});
+    if (flag_given(flag) && field != *v)
+      throw Error("'" + key + "' = " + std::to_string(*v) + " disagrees with " + flag + " " + std::to_string(field),
+                  Error::Context{path, key, "give the value once, or make both agree"});
+    field = (int)*v;
+  };
+  merge_int(root.get_int("train_batch_size"), cfg.global_batch, "--global-batch-size", "train_batch_size");
+  merge_int(root.get_int("train_micro_batch_size_per_gpu"), cfg.micro_batch, "--micro-batch-size",
+            "train_micro_batch_size_per_gpu");
+  if (auto v = root.get_int("gradient_accumulation_steps")) {
+    if (*v <= 0) throw Error("'gradient_accumulation_steps' must be positive", Error::Context{path, "gradient_accumulation_steps", ""});
+    cfg.grad_accum = (int)*v;
+  }
+  if (auto v = root.get_number("gradient_clipping")) cfg.clip_grad = *v;
+  if (auto v = root.get_int("steps_per_print")) cfg.log_interval = (int)*v;
+  root.ignore("wall_clock_breakdown");
+  root.ignore("zero_allow_untested_optimizer");
+  root.ignore("prescale_gradients");
+  if (root.has("optimizer")) {
+    JsonSection opt = root.section("optimizer");
+    std::string type = opt.get_string("type").value_or("");
+    std::string lower = type;
+    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+    if (lower != "adam" && lower != "adamw")
+      throw Error("optimizer type '" + type + "' is not supported", Error::Context{path, "optimizer.type", "use Adam or AdamW"});
+    JsonSection p = opt.section("params");
+    if (auto v = p.get_number("lr")) cfg.lr = *v;
+    if (p.has("betas")) {
+      p.ignore("betas");
+      // read betas by hand: it is a 2-array
+      const auto& b = j["optimizer"]["params"]["betas"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+        throw Error("'optimizer.params.betas' must be an array of two numbers", Error::Context{path, "optimizer.params.betas", ""});
+      cfg.beta1 = b[0].get<double>();
+      cfg.beta2 = b[1].get<double>();
+    }
+    if (auto v = p.get_number("eps")) cfg.eps = *v;
+    if (auto v = p.get_number("weight_decay")) cfg.weight_decay = *v;
+    if (auto v = p.get_bool("adam_w_mode"); v && !*v)
+      throw Error("adam_w_mode false (L2-coupled Adam) is not supported", Error::Context{path, "optimizer.params.adam_w_mode", "use AdamW"});
+    if (auto v = p.get_number("max_grad_norm"); v && *v > 0) cfg.clip_grad = *v;  // DS moves it to gradient_clipping
+    p.ignore("torch_adam");
+    p.finish();
+    opt.finish();
+  }
+  if (root.has("scheduler")) {
+    JsonSection s = root.section("scheduler");
+    std::string type = s.get_string("type").value_or("");
+    JsonSection p = s.section("params");
+    auto wtype = [&] {
+      auto t = p.get_string("warmup_type").value_or("log");
+      if (t != "log" && t != "linear")
+        throw Error("warmup_type must be log or linear", Error::Context{path, "scheduler.params.warmup_type", ""});
+      cfg.ds_warmup_log = (t == "log");
+    };
+    if (type == "WarmupLR" || type == "WarmupDecayLR") {
+      cfg.lr_style = type == "WarmupLR" ? LrStyle::ds_warmup : LrStyle::ds_warmup_decay;
+      cfg.ds_warmup_min_lr = p.get_number("warmup_min_lr").value_or(0.0);
+      cfg.ds_warmup_max_lr = p.get_number("warmup_max_lr").value_or(0.001);
+      cfg.lr_warmup_iters = p.get_int("warmup_num_steps").value_or(1000);
+      wtype();
+      if (type == "WarmupDecayLR") {
+        auto t = p.get_int("total_num_steps");
+        if (!t) throw Error("WarmupDecayLR needs total_num_steps", Error::Context{path, "scheduler.params.total_num_steps", ""});
+        cfg.lr_decay_iters = *t;
+      }
+      cfg.lr = cfg.ds_warmup_max_lr;
+    } else if (type == "WarmupCosineLR") {
+      cfg.lr_style = LrStyle::ds_warmup_cosine;
+      auto t = p.get_int("total_num_steps");
+      if (!t) throw Error("WarmupCosineLR needs total_num_steps", Error::Context{path, "scheduler.params.total_num_steps", ""});
+      cfg.lr_decay_iters = *t;
+      cfg.ds_warmup_min_ratio = p.get_number("warmup_min_ratio").value_or(0.0);
+      cfg.ds_cos_min_ratio = p.get_number("cos_min_ratio").value_or(0.0001);
+      cfg.lr_warmup_iters = p.get_int("warmup_num_steps").value_or(1000);
+      wtype();
+    } else {
+      throw Error("scheduler type '" + type + "' is not supported", Error::Context{path, "scheduler.type",
+                  "use WarmupLR, WarmupDecayLR or WarmupCosineLR"});
+    }
+    p.finish();
+    s.finish();
+  }
+  bool fp16 = false, bf16 = false;
+  if (root.has("fp16")) {
+    JsonSection f = root.section("fp16");
+    fp16 = f.get_bool("enabled").value_or(false);
+    if (auto v = f.get_number("loss_scale")) cfg.loss_scale.static_scale = *v;
+    if (auto v = f.get_int("initial_scale_power")) cfg.loss_scale.initial_scale_power = (int)*v;
+    if (auto v = f.get_int("loss_scale_window")) cfg.loss_scale.window = (int)*v;
+    if (auto v = f.get_int("hysteresis")) cfg.loss_scale.hysteresis = (int)*v;
+    if (auto v = f.get_number("min_loss_scale")) cfg.loss_scale.min_scale = *v;
+    f.ignore("auto_cast");
+    f.ignore("consecutive_hysteresis");
+    f.finish();
+  }
+  for (const char* key : {"bf16", "bfloat16"}) {
+    if (root.has(key)) {
+      JsonSection b = root.section(key);
+      bf16 = bf16 || b.get_bool("enabled").value_or(false);
+      b.ignore("immediate_grad_update");
+      b.finish();
+    } else {
+      root.ignore(key);
+    }
+  }
+  if (fp16 && bf16) throw Error("fp16 and bf16 are both enabled", Error::Context{path, "fp16.enabled", "enable one"});
+  if (fp16) cfg.precision = PrecisionMode::fp16;
+  if (bf16) cfg.precision = PrecisionMode::bf16;
+  if (root.has("zero_optimization")) {
+    JsonSection z = root.section("zero_optimization");
+    if (auto v = z.get_int("stage")) cfg.zero_stage = (int)*v;
+    // The remaining ZeRO knobs belong to the ZeRO engine, which validates them when stage > 0.
+    for (const char* k : {"reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
+                          "reduce_scatter", "allgather_partitions"})
+      z.ignore(k);
+    z.finish();
+  }
+  root.finish();
+}
+
+void TrainConfig::finalize(int dp) {
+  model.validate();
+  if (mock_data) {
+    if (!data_path.empty()) throw config_error("--mock-data", "--mock-data and --data-path are exclusive");
+  } else if (data_path.empty()) {
+    throw config_error("--data-path", "no training data", "give --data-path PREFIX (see preprocess_data) or --mock-data");
+  } else if (vocab_file.empty() || merge_file.empty()) {
+    throw config_error(vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
+  }
+  // DeepSpeed's batch rule: train_batch = micro * grad_accum * dp; any two give the third.
+  const std::string where = ds_config_path.empty() ? "" : " (with " + ds_config_path + ")";
+  if (micro_batch <= 0 && global_batch > 0 && grad_accum > 0) {
+    if (global_batch % (grad_accum * dp)) throw config_error("--global-batch-size", "global batch " + std::to_string(global_batch) + " is not divisible by gradient_accumulation_steps*dp = " + std::to_string(grad_accum * dp) + where);
+    micro_batch = global_batch / (grad_accum * dp);
+  }
+  if (micro_batch <= 0) throw config_error("--micro-batch-size", "--micro-batch-size must be given and positive" + where);
+  if (global_batch <= 0) global_batch = micro_batch * dp * (grad_accum > 0 ? grad_accum : 1);
+  if (global_batch % (micro_batch * dp) != 0)
+    throw config_error("--global-batch-size", "--global-batch-size " + std::to_string(global_batch) +
+                                                  " is not divisible by --micro-batch-size " + std::to_string(micro_batch) +
+                                                  " x data-parallel size " + std::to_string(dp) + where,
+                       "use a multiple of " + std::to_string(micro_batch * dp));
+  int ga = global_batch / (micro_batch * dp);
+  if (grad_accum > 0 && grad_accum != ga)
+    throw config_error("gradient_accumulation_steps", "gradient_accumulation_steps " + std::to_string(grad_accum) +
+                                                          " does not match train_batch_size / (micro * dp) = " + std::to_string(ga) + where);
+  grad_accum = ga;
+  if (train_iters <= 0) throw config_error("--train-iters", "--train-iters must be positive");
+  if (lr_style < LrStyle::ds_warmup && !(lr > 0)) throw config_error("--lr", "--lr must be positive");
+  if (min_lr < 0 || (lr_style < LrStyle::ds_warmup && min_lr > lr)) throw config_error("--min-lr", "--min-lr must be in [0, --lr]");
+  if (lr_warmup_iters < 0) throw config_error("--lr-warmup-iters", "--lr-warmup-iters must be >= 0");
+  if (lr_decay_iters <= 0) lr_decay_iters = train_iters;
+  if (!(beta1 >= 0 && beta1 < 1)) throw config_error("--adam-beta1", "--adam-beta1 must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) throw config_error("--adam-beta2", "--adam-beta2 must be in [0, 1)");
+  if (!(eps > 0)) throw config_error("--adam-eps", "--adam-eps must be positive");
+  if (weight_decay < 0) throw config_error("--weight-decay", "--weight-decay must be >= 0");
+  if (clip_grad < 0) throw config_error("--clip-grad", "--clip-grad must be >= 0 (0 disables clipping)");
+  if (log_interval <= 0) throw config_error("--log-interval", "--log-interval must be positive");
+  if (eval_interval <= 0) throw config_error("--eval-interval", "--eval-interval must be positive");
+  if (eval_iters < 0) throw config_error("--eval-iters", "--eval-iters must be >= 0");
+  if (zero_stage < 0 || zero_stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
+  if (zero_stage > 0)
+    throw config_error("--zero-stage", "ZeRO stage " + std::to_string(zero_stage) + " is not available in this release",
+                       "use stage 0 (plain data parallelism)");
+  if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
+      (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
+    throw config_error("fp16", "loss_scale_window, hysteresis and min_loss_scale must be positive");
+}
+
+}  // namespace hpct::engine

@@ -1,0 +1,261 @@
+// The training loop. See trainer.hpp.
+#include "hpct/engine/trainer.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/sysinfo.hpp"
+#include "hpct/core/timer.hpp"
+#include "hpct/core/units.hpp"
+
+namespace hpct::engine {
+
+// Emulates fp16 gradient storage/communication: values beyond fp16's range become inf, which the
+// overflow check must then catch (as it would on a GPU with fp16 gradients).
+static void round_to_fp16(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
+}
+
+// Reads parameters from the flat replica and all-reduces each block's gradients over dp as soon
+// as backward has finished it, on the micro-step that ends an optimizer step.
+class Trainer::DpStore : public model::ParamStore {
+ public:
+  DpStore(const ParamLayout& layout, const float* params, float* grads, const comm::Communicator& dp, bool fp16)
+      : layout_(layout), p_(params), g_(grads), dp_(dp), fp16_(fp16) {}
+  const float* params(int block) override { return p_ + layout_.blocks()[block].offset; }
+  float* grads(int block) override { return g_ + layout_.blocks()[block].offset; }
+  void grads_ready(int block) override {
+    if (!reduce_now) return;
+    const auto& b = layout_.blocks()[block];
+    if (fp16_) round_to_fp16(g_ + b.offset, b.numel);
+    // Blocks are far below 2^31 elements for any model that fits a rank unsharded.
+    reqs_.push_back(dp_.iallreduce_sum(g_ + b.offset, b.numel));
+  }
+  void finish() {
+    for (auto& r : reqs_) r.wait();
+    reqs_.clear();
+  }
+  bool reduce_now = false;
+
+ private:
+  const ParamLayout& layout_;
+  const float* p_;
+  float* g_;
+  const comm::Communicator& dp_;
+  bool fp16_;
+  std::vector<comm::Request> reqs_;
+};
+
+Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(cfg), grid_(grid) {
+  model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations);
+  const size_t n = model_->layout().numel();
+  params_.assign(n, 0.0f);
+  grads_.assign(n, 0.0f);
+  exp_avg_.assign(n, 0.0f);
+  exp_avg_sq_.assign(n, 0.0f);
+  // Every rank initialises from the same seed: replicas are identical without a broadcast.
+  model_->init_params(params_.data(), cfg_.seed);
+  scaler_ = LossScaler(cfg_.loss_scale, cfg_.precision == PrecisionMode::fp16);
+  const int T = cfg_.model.max_seq_length;
+  sample_buf_.resize(T + 1);
+  tokens_.resize((size_t)cfg_.micro_batch * T);
+  targets_.resize((size_t)cfg_.micro_batch * T);
+}
+
+Trainer::~Trainer() = default;
+
+kernels::Precision Trainer::compute_precision() const {
+  switch (cfg_.precision) {
+    case PrecisionMode::bf16: return kernels::Precision::bf16;
+    case PrecisionMode::fp16: return kernels::Precision::fp16;
+    default: return kernels::Precision::fp32;
+  }
+}
+
+Trainer::MemoryReport Trainer::memory_report() const {
+  MemoryReport r;
+  r.params = params_.size() * sizeof(float);
+  r.grads = grads_.size() * sizeof(float);
+  r.optimizer = (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
+  r.activations = model_->activation_bytes();
+  return r;
+}
+
+double Trainer::step(const io::TokenDataset& data, long long iteration, StepRecord& rec) {
+  const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
+  const long long GB = cfg_.global_batch;
+  const double scale = scaler_.scale();
+  const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
+  std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+  DpStore store(model_->layout(), params_.data(), grads_.data(), grid_.dp(), cfg_.precision == PrecisionMode::fp16);
+  double loss_sum = 0;
+  for (int m = 0; m < cfg_.grad_accum; ++m) {
+    // Sample order is a function of (iteration, micro-step, dp rank) only: N ranks with k micro-steps
+    // see exactly the samples one rank sees with N*k micro-steps.
+    for (int j = 0; j < mb; ++j) {
+      size_t idx = (size_t)(iteration * GB + ((long long)m * dp + r) * mb + j);
+      data.get(idx % data.size(), sample_buf_.data());
+      std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
+      std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
+    }
+    store.reduce_now = (m == cfg_.grad_accum - 1);
+    loss_sum += model_->forward_backward(store, tokens_.data(), targets_.data(), mb, T, dloss);
+  }
+  store.finish();
+  grid_.dp().allreduce_sum(&loss_sum, 1);
+  rec.lm_loss = loss_sum / (double(GB) * T);
+  rec.loss_scale = scale;
+
+  double sumsq = kernels::sum_of_squares(grads_.data(), grads_.size());
+  bool overflow = !std::isfinite(sumsq);
+  // The gradients are identical on every rank after the all-reduce, so every rank decides alike.
+  bool ok = scaler_.update(overflow);
+  rec.grad_norm = overflow ? NAN : std::sqrt(sumsq) / scale;
+  if (!ok) {
+    rec.skipped = true;
+    rec.learning_rate = learning_rate(cfg_, adam_step_);
+    return rec.lm_loss;
+  }
+  double clip = 1.0;
+  if (cfg_.clip_grad > 0 && rec.grad_norm > cfg_.clip_grad) clip = cfg_.clip_grad / (rec.grad_norm + 1e-6);
+  const double lr = learning_rate(cfg_, adam_step_);
+  rec.learning_rate = lr;
+  ++adam_step_;
+  const float gscale = static_cast<float>(clip / scale);
+  for (const auto& t : model_->layout().tensors()) {
+    kernels::adamw_update(params_.data() + t.offset, grads_.data() + t.offset, exp_avg_.data() + t.offset,
+                          exp_avg_sq_.data() + t.offset, t.numel, (float)lr, (float)cfg_.beta1, (float)cfg_.beta2,
+                          (float)cfg_.eps, t.weight_decay ? (float)cfg_.weight_decay : 0.0f, (int)adam_step_, gscale);
+  }
+  return rec.lm_loss;
+}
+
+double Trainer::evaluate(const io::TokenDataset& data) {
+  const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
+  const long long GB = cfg_.global_batch;
+  model::FlatParamStore store(model_->layout(), params_.data(), grads_.data());
+  double sums[2] = {0, 0};  // loss sum, token count
+  for (int e = 0; e < cfg_.eval_iters; ++e) {
+    for (int m = 0; m < cfg_.grad_accum; ++m) {
+      for (int j = 0; j < mb; ++j) {
+        size_t idx = (size_t)(e * GB + ((long long)m * dp + r) * mb + j);
+        data.get(idx % data.size(), sample_buf_.data());
+        std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
+        std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
+      }
+      sums[0] += model_->forward_loss(store, tokens_.data(), targets_.data(), mb, T);
+      sums[1] += (double)mb * T;
+    }
+  }
+  grid_.dp().allreduce_sum(sums, 2);
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+std::string format_log_line(long long iteration, long long train_iters, long long consumed_samples,
+                            long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
+                            double loss_scale, double grad_norm, long long skipped, long long nan_iters,
+                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
+                "iteration (ms): %.1f | learning rate: %.3E | global batch size: %5d | lm loss: %.6E | loss scale: "
+                "%.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
+                "tokens per second: %.1f | tokens per gpu per second (tgs): %.1f | TFLOPs: %.2f |",
+                iteration, train_iters, consumed_samples, consumed_tokens, ms_per_iter, lr, global_batch, loss,
+                loss_scale, grad_norm, skipped, nan_iters, tokens_per_sec, tokens_per_sec_per_rank, tflops_per_rank);
+  return buf;
+}
+
+TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDataset* valid) {
+  const bool root = grid_.world_rank() == 0;
+  const int T = cfg_.model.max_seq_length;
+  const int world = grid_.world_size();
+  std::ofstream metrics;
+  if (root && !cfg_.metrics_file.empty()) {
+    metrics.open(cfg_.metrics_file);
+    if (!metrics) throw file_error(cfg_.metrics_file, "cannot write the metrics file");
+  }
+  TrainSummary sum;
+  Timer total, interval;
+  double loss_acc = 0;
+  int n_acc = 0, n_steps_in_interval = 0;
+  long long skipped = 0, nan_iters = 0;
+  const double flops_per_iter = model_->flops_per_iteration(cfg_.global_batch, T);
+  for (long long it = 0; it < cfg_.train_iters; ++it) {
+    StepRecord rec;
+    step(train, it, rec);
+    rec.iteration = it + 1;
+    if (rec.skipped) ++skipped;
+    if (!std::isfinite(rec.lm_loss)) ++nan_iters;
+    else {
+      loss_acc += rec.lm_loss;
+      ++n_acc;
+    }
+    ++n_steps_in_interval;
+    sum.steps.push_back(rec);
+    if ((it + 1) % cfg_.log_interval == 0 || it + 1 == cfg_.train_iters) {
+      double secs = interval.seconds() / n_steps_in_interval;
+      double tps = double(cfg_.global_batch) * T / secs;
+      double tflops = flops_per_iter / secs / world / 1e12;
+      double loss = n_acc ? loss_acc / n_acc : NAN;
+      if (root) {
+        std::cout << format_log_line(it + 1, cfg_.train_iters, (it + 1) * cfg_.global_batch,
+                                     (it + 1) * cfg_.global_batch * (long long)T, secs * 1e3, rec.learning_rate,
+                                     cfg_.global_batch, loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
+                                     tps / world, tflops)
+                  << std::endl;
+        if (metrics) {
+          nlohmann::json j = {{"type", "train"},
+                              {"iteration", it + 1},
+                              {"consumed_samples", (it + 1) * cfg_.global_batch},
+                              {"consumed_tokens", (it + 1) * cfg_.global_batch * (long long)T},
+                              {"elapsed_ms_per_iteration", secs * 1e3},
+                              {"learning_rate", rec.learning_rate},
+                              {"global_batch_size", cfg_.global_batch},
+                              {"lm_loss", loss},
+                              {"loss_scale", rec.loss_scale},
+                              {"grad_norm", std::isfinite(rec.grad_norm) ? nlohmann::json(rec.grad_norm) : nlohmann::json(nullptr)},
+                              {"skipped_iterations", skipped},
+                              {"nan_iterations", nan_iters},
+                              {"tokens_per_second", tps},
+                              {"tokens_per_second_per_rank", tps / world},
+                              {"tflops_per_rank", tflops}};
+          metrics << j.dump() << "\n" << std::flush;
+        }
+      }
+      loss_acc = 0;
+      n_acc = 0;
+      n_steps_in_interval = 0;
+      interval.reset();
+    }
+    if (valid && cfg_.eval_iters > 0 && ((it + 1) % cfg_.eval_interval == 0 || it + 1 == cfg_.train_iters)) {
+      double vl = evaluate(*valid);
+      sum.val_losses.emplace_back(it + 1, vl);
+      if (root) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
+                      it + 1, vl, std::exp(vl));
+        std::string line(std::strlen(buf), '-');
+        std::cout << line << "\n" << buf << "\n" << line << std::endl;
+        if (metrics)
+          metrics << nlohmann::json({{"type", "eval"}, {"iteration", it + 1}, {"val_loss", vl}, {"val_ppl", std::exp(vl)}}).dump()
+                  << "\n" << std::flush;
+      }
+      interval.reset();  // evaluation time is not training throughput
+    }
+  }
+  sum.seconds = total.seconds();
+  sum.skipped_iterations = skipped;
+  sum.tokens_per_second = double(cfg_.train_iters) * cfg_.global_batch * T / sum.seconds;
+  // Peak resident memory of every rank (measured, VmHWM), gathered everywhere for the summary.
+  sum.peak_rss_per_rank = grid_.world().allgather((double)peak_rss_bytes());
+  for (double v : sum.peak_rss_per_rank) sum.peak_rss_bytes = std::max<uint64_t>(sum.peak_rss_bytes, (uint64_t)v);
+  return sum;
+}
+
+}  // namespace hpct::engine

@@ -1,0 +1,57 @@
+// hpct/io/gpt2_tokenizer.hpp — GPT-2's byte-level BPE tokenizer (Megatron's GPT2BPETokenizer).
+//
+// It is: OpenAI's gpt-2 encoder.py in C++, reading the two files Megatron takes as --vocab-file
+// (vocab.json / encoder.json) and --merge-file (merges.txt / vocab.bpe) and giving the same ids.
+// It is not: a general tokenizer library. There is no special-token parsing ("<|endoftext|>" inside
+// the text is encoded as ordinary characters, as GPT-2 does; append eod() yourself), no added tokens
+// and no normalisation.
+// Trade-off: merges are looked up on token-id pairs in a flat table, not on string pairs as the
+// reference does. That is equivalent for any merges file whose symbols are all in the vocab (checked
+// when loading), and it means encoding never hashes a string except in the per-call piece cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hpct::io {
+
+namespace detail {
+struct Gpt2TokenizerTables;
+}
+
+/// Immutable after from_files(). Every const member is safe to call concurrently from many threads
+/// on one tokenizer (or on copies of it, which share the tables): the BPE cache and the regex match
+/// state live inside each call, so nothing is shared that is written.
+class Gpt2Tokenizer {
+ public:
+  /// Loads Megatron's --vocab-file (JSON object {"token": id}) and --merge-file (an optional
+  /// "#version" line, then one merge "a b" per line, highest priority first). Throws hpct::Error
+  /// naming the file for a missing/unreadable file, invalid JSON, a malformed merges line, or a
+  /// merge whose symbols are not in the vocab.
+  static Gpt2Tokenizer from_files(const std::string& vocab_path, const std::string& merges_path);
+
+  /// UTF-8 in, token ids out. Bytes that are not valid UTF-8 are not an error: each run of them is
+  /// encoded as its own piece, byte by byte, so decode(encode(s)) == s for every byte string.
+  std::vector<int32_t> encode(std::string_view text) const;
+  /// As encode(), appending to out (lets a caller build one document's ids without a copy).
+  void encode_append(std::string_view text, std::vector<int32_t>& out) const;
+
+  /// The exact bytes the ids stand for; no UTF-8 repair (a cut through a multi-byte character
+  /// stays cut). Throws hpct::Error naming the id for one that is not in the vocab.
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+  /// Id of "<|endoftext|>" (50256 for GPT-2); throws hpct::Error if the vocab has none.
+  int32_t eod() const;
+  /// Number of entries in the vocab file (50257 for GPT-2).
+  size_t vocab_size() const;
+
+ private:
+  explicit Gpt2Tokenizer(std::shared_ptr<const detail::Gpt2TokenizerTables> tables);
+  std::shared_ptr<const detail::Gpt2TokenizerTables> tables_;  // shared read-only by copies
+};
+
+}  // namespace hpct::io

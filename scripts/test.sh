@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The README's second command: installs what is missing, builds, fetches the default data and
+# runs the whole CTest suite.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bash "$root/scripts/install_deps.sh"
+bash "$root/scripts/build.sh"
+bash "$root/scripts/fetch_data.sh"
+cd "$root/build"
+ctest --output-on-failure -j "${HPCT_TEST_JOBS:-1}" "$@"

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Runs a command and checks what a user would see.
+
+run_check.py [--rc N | --rc-nonzero] [--regex R]... [--not-regex R]... [--metrics FILE --check NAME] -- CMD...
+--check names one of the assertions on a pretrain_gpt metrics file defined below."""
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+
+
+def check_loss_falls(recs):
+    train = [r for r in recs if r.get("type") == "train"]
+    evals = [r for r in recs if r.get("type") == "eval"]
+    summ = [r for r in recs if r.get("type") == "summary"]
+    assert len(train) >= 2, f"expected several train records, got {len(train)}"
+    first, last = train[0]["lm_loss"], train[-1]["lm_loss"]
+    assert last < first - 2.0, f"lm loss did not fall by 2 nats: {first} -> {last}"
+    assert evals, "no evaluation record"
+    assert math.isfinite(evals[-1]["val_loss"]) and evals[-1]["val_loss"] < first, evals[-1]
+    assert summ and summ[-1]["unigram_val_ppl"] > 1, "summary lacks the unigram baseline"
+    print(f"lm loss {first:.3f} -> {last:.3f}; val ppl {evals[-1]['val_ppl']:.1f}, unigram {summ[-1]['unigram_val_ppl']:.1f}")
+
+
+def check_schema(recs):
+    train = [r for r in recs if r.get("type") == "train"]
+    assert train, "no train records"
+    need = ["iteration", "consumed_samples", "lm_loss", "learning_rate", "grad_norm", "loss_scale",
+            "elapsed_ms_per_iteration", "tokens_per_second", "tflops_per_rank", "global_batch_size"]
+    for r in train:
+        for k in need:
+            assert k in r, f"train record lacks '{k}': {r}"
+    assert [r["iteration"] for r in train] == sorted(r["iteration"] for r in train)
+    summ = [r for r in recs if r.get("type") == "summary"]
+    assert summ, "no summary record"
+    s = summ[-1]
+    for k in ["peak_rss_bytes_per_rank", "total_seconds", "tokens_per_second"]:
+        assert k in s, f"summary lacks '{k}'"
+    assert len(s["peak_rss_bytes_per_rank"]) == s["world_size"] and min(s["peak_rss_bytes_per_rank"]) > 0
+    assert all(math.isfinite(r["lm_loss"]) for r in train)
+    print(f"{len(train)} train records; peak rss per rank {s['peak_rss_bytes_per_rank']}")
+
+
+CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema}
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--rc", type=int)
+ap.add_argument("--rc-nonzero", action="store_true")
+ap.add_argument("--regex", action="append", default=[])
+ap.add_argument("--not-regex", action="append", default=[])
+ap.add_argument("--metrics")
+ap.add_argument("--check", action="append", default=[])
+ap.add_argument("cmd", nargs=argparse.REMAINDER)
+a = ap.parse_args()
+cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
+p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+out = p.stdout
+sys.stdout.write(out[-6000:])
+ok = True
+if a.rc is not None and p.returncode != a.rc:
+    print(f"FAIL: exit code {p.returncode}, expected {a.rc}")
+    ok = False
+if a.rc_nonzero and p.returncode == 0:
+    print("FAIL: exit code 0, expected an error")
+    ok = False
+for r in a.regex:
+    if not re.search(r, out):
+        print(f"FAIL: output lacks /{r}/")
+        ok = False
+for r in a.not_regex:
+    if re.search(r, out):
+        print(f"FAIL: output has /{r}/")
+        ok = False
+if a.metrics:
+    recs = [json.loads(l) for l in open(a.metrics) if l.strip()]
+    for c in a.check:
+        try:
+            CHECKS[c](recs)
+        except AssertionError as e:
+            print(f"FAIL: {c}: {e}")
+            ok = False
+sys.exit(0 if ok else 1)

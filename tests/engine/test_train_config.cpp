@@ -1,0 +1,128 @@
+// Bad input must produce a clear error that names the flag or key. One assertion per case.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "hpct/core/error.hpp"
+#include "hpct/engine/train_config.hpp"
+
+using namespace hpct;
+using engine::TrainConfig;
+
+namespace {
+std::vector<std::string> base_args() {
+  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+          "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "10", "--lr", "1e-3",
+          "--mock-data", "--vocab-size", "100"};
+}
+
+// Runs parse + finalize(dp) and returns the error message ("" if none).
+std::string error_of(std::vector<std::string> args, int dp = 2) {
+  try {
+    TrainConfig c;
+    engine::parse_args(args, c);
+    c.finalize(dp);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string write_tmp(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<std::string> more) {
+  a.insert(a.end(), more);
+  return a;
+}
+}  // namespace
+
+TEST(TrainConfig, ValidConfigParses) {
+  TrainConfig c;
+  ASSERT_TRUE(engine::parse_args(base_args(), c));
+  c.finalize(2);
+  EXPECT_EQ(c.grad_accum, 2);
+  EXPECT_EQ(c.lr_decay_iters, 10);
+}
+
+TEST(TrainConfig, HelpReturnsFalse) {
+  TrainConfig c;
+  EXPECT_FALSE(engine::parse_args({"--help"}, c));
+  EXPECT_NE(engine::help_text("pretrain_gpt").find("--global-batch-size"), std::string::npos);
+}
+
+TEST(TrainConfig, UnknownFlag) { EXPECT_NE(error_of(with(base_args(), {"--num-layer", "3"})).find("unknown flag '--num-layer'"), std::string::npos); }
+TEST(TrainConfig, BadInteger) { EXPECT_NE(error_of(with(base_args(), {"--train-iters", "ten"})).find("--train-iters expects an integer, got 'ten'"), std::string::npos); }
+TEST(TrainConfig, MissingValue) { EXPECT_NE(error_of(with(base_args(), {"--lr"})).find("--lr needs a value"), std::string::npos); }
+TEST(TrainConfig, HeadsDoNotDivideHidden) {
+  EXPECT_NE(error_of(with(base_args(), {"--num-attention-heads", "5"})).find("not divisible by --num-attention-heads 5"), std::string::npos);
+}
+TEST(TrainConfig, InconsistentBatch) {
+  auto msg = error_of(with(base_args(), {"--global-batch-size", "6"}), 4);
+  EXPECT_NE(msg.find("--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 4"), std::string::npos) << msg;
+}
+TEST(TrainConfig, NoData) {
+  std::vector<std::string> a = base_args();
+  a.erase(a.begin() + 16, a.end());  // drop --mock-data --vocab-size
+  EXPECT_NE(error_of(a).find("no training data"), std::string::npos);
+}
+TEST(TrainConfig, BadDecayStyle) { EXPECT_NE(error_of(with(base_args(), {"--lr-decay-style", "cosin"})).find("unknown learning-rate decay style 'cosin'"), std::string::npos); }
+TEST(TrainConfig, MinLrAboveLr) { EXPECT_NE(error_of(with(base_args(), {"--min-lr", "1"})).find("--min-lr must be in [0, --lr]"), std::string::npos); }
+TEST(TrainConfig, ZeroStageNotYet) { EXPECT_NE(error_of(with(base_args(), {"--zero-stage", "2"})).find("ZeRO stage 2 is not available"), std::string::npos); }
+
+TEST(DsConfig, BatchTripleInfersMicro) {
+  auto p = write_tmp("ds_ok.json", R"({"train_batch_size": 16, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "gradient_clipping": 0.5, "bf16": {"enabled": true}, "steps_per_print": 5})");
+  TrainConfig c;
+  std::vector<std::string> a = base_args();
+  a.erase(a.begin() + 8, a.begin() + 12);  // drop micro/global batch flags
+  a.insert(a.end(), {"--deepspeed_config", p});
+  engine::parse_args(a, c);
+  c.finalize(4);
+  EXPECT_EQ(c.micro_batch, 2);
+  EXPECT_DOUBLE_EQ(c.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.clip_grad, 0.5);
+  EXPECT_EQ(c.log_interval, 5);
+  EXPECT_EQ(c.precision, engine::PrecisionMode::bf16);
+}
+TEST(DsConfig, UnknownKeyNamed) {
+  auto p = write_tmp("ds_unknown.json", R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decya": 0.1}}})");
+  auto msg = error_of(with(base_args(), {"--deepspeed_config", p}));
+  EXPECT_NE(msg.find("unknown key 'optimizer.params.weight_decya'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+}
+TEST(DsConfig, WrongTypeNamed) {
+  auto p = write_tmp("ds_type.json", R"({"train_micro_batch_size_per_gpu": "2"})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("'train_micro_batch_size_per_gpu' must be an integer"), std::string::npos);
+}
+TEST(DsConfig, DisagreesWithFlag) {
+  auto p = write_tmp("ds_dis.json", R"({"train_batch_size": 16})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("'train_batch_size' = 16 disagrees with --global-batch-size 8"), std::string::npos);
+}
+TEST(DsConfig, InconsistentTriple) {
+  auto p = write_tmp("ds_triple.json", R"({"gradient_accumulation_steps": 3})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("gradient_accumulation_steps 3 does not match"), std::string::npos);
+}
+TEST(DsConfig, InvalidJsonNamesFile) {
+  auto p = write_tmp("ds_bad.json", "{\"train_batch_size\": 8,,}");
+  auto msg = error_of(with(base_args(), {"--deepspeed_config", p}));
+  EXPECT_NE(msg.find("invalid JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ds_bad.json"), std::string::npos) << msg;
+}
+TEST(DsConfig, MissingFile) {
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", "/nonexistent/ds.json"})).find("cannot open config file (file: /nonexistent/ds.json)"), std::string::npos);
+}
+TEST(DsConfig, UnsupportedOptimizer) {
+  auto p = write_tmp("ds_opt.json", R"({"optimizer": {"type": "Lamb", "params": {}}})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("optimizer type 'Lamb' is not supported"), std::string::npos);
+}
+TEST(DsConfig, Fp16AndBf16Exclusive) {
+  auto p = write_tmp("ds_prec.json", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("fp16 and bf16 are both enabled"), std::string::npos);
+}
