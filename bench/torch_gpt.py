@@ -68,7 +68,7 @@ class GPT(nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = self.lnf(x) @ self.wte.weight.t()  # tied head
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 Vp = (a.vocab + 127) // 128 * 128

@@ -64,7 +64,7 @@ run_torch() {  # shape prec -> "tps rss"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["tokens_per_second"], d["peak_rss_bytes"])' "$tmp/t.json"
 }
 
-echo "# hpctrain vs PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') on $(nproc) cores, $(date -u +%F)"
+echo "# hpctrain vs PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') on $(nproc --all) cores, $(date -u +%F)"
 echo "# git $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown); rounds $rounds; $iters timed steps after $warm warm-up"
 printf "%-6s %-5s %14s %14s %8s %12s %12s %8s\n" shape prec hpct_tok/s torch_tok/s ratio hpct_MiB torch_MiB mem_ratio
 for shape in $shapes; do

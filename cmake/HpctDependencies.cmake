@@ -40,6 +40,9 @@ endif()
 
 if(HPCT_ENABLE_CUDA)
   enable_language(CUDA)
+  # CMake 3.25 does not know nvcc 13's C++20 flag; the .cu files need only C++17.
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
   find_library(HPCT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
   find_path(HPCT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
