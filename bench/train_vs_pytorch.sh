@@ -19,7 +19,8 @@ mpiflags=(--oversubscribe)
 if [[ $(id -u) -eq 0 ]]; then mpiflags+=(--allow-run-as-root); fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# shellcheck source=scripts/env.sh
+source "$root/scripts/env.sh"
 
 shape_args() {  # vocab layers hidden heads seq micro
   case "$1" in

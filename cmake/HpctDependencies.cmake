@@ -39,6 +39,11 @@ if(HPCT_ENABLE_ONEDNN)
 endif()
 
 if(HPCT_ENABLE_CUDA)
+  # Hopper (H100/H200) unless the site says otherwise; must be set before enable_language, which
+  # otherwise picks the compiler's default architecture.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
   enable_language(CUDA)
   # CMake 3.25 does not know nvcc 13's C++20 flag; the .cu files need only C++17.
   set(CMAKE_CUDA_STANDARD 17)
@@ -52,7 +57,4 @@ if(HPCT_ENABLE_CUDA)
   add_library(hpct_nccl INTERFACE)
   target_link_libraries(hpct_nccl INTERFACE ${HPCT_NCCL_LIBRARY})
   target_include_directories(hpct_nccl SYSTEM INTERFACE ${HPCT_NCCL_INCLUDE_DIR})
-  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES 90)
-  endif()
 endif()

@@ -17,3 +17,14 @@ if(_hpct_uid STREQUAL "0" AND NOT HPCT_MPIEXEC_EXTRA_FLAGS)
   set(HPCT_MPIEXEC_EXTRA_FLAGS "--allow-run-as-root" CACHE STRING "" FORCE)
 endif()
 set(HPCT_DATA_DIR "${PROJECT_SOURCE_DIR}/data" CACHE PATH "Where scripts/fetch_data.sh put the default data")
+# OpenBLAS 0.3.21 does not recognise every AVX-512 CPU (e.g. AMD Zen 5) and falls back to its AVX2
+# kernels at half the fp32 GEMM speed; OPENBLAS_CORETYPE=SkylakeX selects the AVX-512 ones. Only
+# where the CPU has AVX-512F, and never over a user's own setting. Tests get it through their
+# environment; scripts/env.sh does the same for the launch scripts.
+set(HPCT_TEST_OPENBLAS_ENV "")
+if(EXISTS /proc/cpuinfo AND NOT DEFINED ENV{OPENBLAS_CORETYPE})
+  file(STRINGS /proc/cpuinfo _hpct_avx512 REGEX "^flags.* avx512f" LIMIT_COUNT 1)
+  if(_hpct_avx512)
+    set(HPCT_TEST_OPENBLAS_ENV "OPENBLAS_CORETYPE=SkylakeX")
+  endif()
+endif()

@@ -9,7 +9,8 @@ bash "$root/scripts/build.sh"
 bash "$root/scripts/fetch_data.sh"
 mpiflags=(--oversubscribe)
 if [[ $(id -u) -eq 0 ]]; then mpiflags+=(--allow-run-as-root); fi
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# shellcheck source=scripts/env.sh
+source "$root/scripts/env.sh"
 mkdir -p "$root/runs"
 exec mpirun -np 2 "${mpiflags[@]}" "$root/build/apps/pretrain_gpt/pretrain_gpt" \
   @"$root/inputs/gpt-tiny.args" \

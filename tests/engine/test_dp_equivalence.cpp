@@ -8,9 +8,13 @@
 // differences at that level. We allow 1e-5 relative on losses and 2e-6 absolute on parameters
 // (the learning rate is 1e-3, so that is 0.2% of one step's update) after 4 steps; a real bug
 // (a sample seen twice, a missing 1/N) changes losses in the 3rd digit and parameters by ~1e-4.
-// bf16: the same reduction-order differences, amplified by Adam for parameters whose gradient is
-// near zero (m/sqrt(v) is then sign-sensitive) and by bf16-rounded GEMM inputs of slightly
-// different activations; measured up to 4e-6, so bf16 allows 1e-5 (1% of one step's update).
+// bf16 rounds GEMM inputs to 8 mantissa bits, a discontinuous function: once the two runs' parameters
+// differ by fp32 rounding (after step 1), an activation can round to a neighbouring bf16 value in
+// one run and not the other, a 2^-8 relative jump that Adam then turns into up to a full step's
+// update for parameters whose gradient is near zero. So bf16 is held to the fp32 tolerance for one
+// step (where both runs see identical parameters), and over 4 steps to losses within 1e-4 relative
+// (measured ~1e-6) and parameters within 3e-4 (measured 1e-4; a missing 1/N or a doubled sample
+// moves the loss in the 2nd-3rd digit, which the loss check catches).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -23,7 +27,7 @@
 using namespace hpct;
 
 namespace {
-engine::TrainConfig tiny(engine::PrecisionMode prec) {
+engine::TrainConfig tiny(engine::PrecisionMode prec, int iters) {
   engine::TrainConfig c;
   c.model.num_layers = 2;
   c.model.hidden_size = 32;
@@ -33,7 +37,7 @@ engine::TrainConfig tiny(engine::PrecisionMode prec) {
   c.model.vocab_multiple = 8;
   c.micro_batch = 1;
   c.global_batch = 12;  // divisible by every N in 1..4
-  c.train_iters = 4;
+  c.train_iters = iters;
   c.lr = 1e-3;
   c.min_lr = 1e-4;
   c.lr_warmup_iters = 1;
@@ -62,25 +66,26 @@ Run train(engine::TrainConfig c, const comm::Communicator& comm) {
   return r;
 }
 
-void check(engine::PrecisionMode prec, double ptol) {
+void check(engine::PrecisionMode prec, double ptol, int iters, double ltol = 1e-5) {
   auto world = comm::Communicator::world();
-  Run dp = train(tiny(prec), world);
+  Run dp = train(tiny(prec, iters), world);
   auto self = comm::Communicator::self();
-  Run ref = train(tiny(prec), self);
+  Run ref = train(tiny(prec, iters), self);
   ASSERT_EQ(dp.losses.size(), ref.losses.size());
   for (size_t i = 0; i < dp.losses.size(); ++i)
-    EXPECT_NEAR(dp.losses[i], ref.losses[i], 1e-5 * std::fabs(ref.losses[i])) << "step " << i << " on " << world.size() << " ranks";
+    EXPECT_NEAR(dp.losses[i], ref.losses[i], ltol * std::fabs(ref.losses[i])) << "step " << i << " on " << world.size() << " ranks";
   ASSERT_EQ(dp.params.size(), ref.params.size());
   double maxdiff = 0;
   for (size_t i = 0; i < dp.params.size(); ++i) maxdiff = std::max(maxdiff, (double)std::fabs(dp.params[i] - ref.params[i]));
   EXPECT_LE(maxdiff, ptol) << "max parameter difference on " << world.size() << " ranks";
   // the training really moved the parameters (the comparison is not between two untouched inits)
-  EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-3);
+  if (iters > 1) EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-3);
 }
 }  // namespace
 
-TEST(DpEquivalence, Fp32) { check(engine::PrecisionMode::fp32, 2e-6); }
-TEST(DpEquivalence, Bf16) { check(engine::PrecisionMode::bf16, 1e-5); }
+TEST(DpEquivalence, Fp32) { check(engine::PrecisionMode::fp32, 2e-6, 4); }
+TEST(DpEquivalence, Bf16OneStep) { check(engine::PrecisionMode::bf16, 2e-6, 1); }
+TEST(DpEquivalence, Bf16FourSteps) { check(engine::PrecisionMode::bf16, 3e-4, 4, 1e-4); }
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

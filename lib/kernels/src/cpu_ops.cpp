@@ -1,315 +1,520 @@
-// CPU forward/backward of the GPT ops. Element-wise and per-row loops run as Kokkos parallel
-// patterns on the host execution space (Serial in Debian's build: one rank per core); matrix work
-// goes through gemm(). See ops.hpp for the contract (backward accumulates).
+// CPU forward/backward of the GPT-2 ops (see ops.hpp for the contract: backward accumulates).
+//
+// What it is: element-wise and per-row loops as Kokkos parallel patterns on the host execution
+// space, matrix work through gemm(). What it is not: a second GEMM; attention is GEMMs plus a
+// row softmax, never a triple loop.
+// Trade-offs:
+// - Loops run over chunks (element ranges or row blocks) whose bodies are `omp simd` loops: on one
+//   core per rank (Kokkos Serial) the SIMD width is the parallelism that pays, and glibc's expf and
+//   tanhf do not vectorize without -ffast-math, so exp_simd() below is a branch-free polynomial.
+// - Reductions across rows (dweight, dbias of layernorm and matmul, dwte) never use atomics: each
+//   chunk of rows writes its own partial sum, summed afterwards in a fixed order, so results are
+//   race-free on any Kokkos backend and bitwise reproducible for a given shape.
+// - Causal attention computes Q K^T in blocks of kAttnBlock query rows against only the keys they
+//   can see: (1 + 1/blocks)/2 of the full T x T product instead of all of it (T=1024: 56%).
 #include <Kokkos_Core.hpp>
-#include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
-#include <mutex>
+#include <string>
 #include <vector>
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/ops.hpp"
 
-#if defined(HPCT_HAVE_ONEDNN)
-#include <oneapi/dnnl/dnnl.hpp>
-#endif
-
-extern "C" void openblas_set_num_threads(int);
-extern "C" char* openblas_get_config(void);
-
 namespace hpct::kernels {
+namespace {
 
 using Policy = Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>;
 
-namespace {
-std::mutex g_mu;
-int g_refs = 0;
-bool g_we_initialized = false;
+constexpr size_t kChunk = 8192;     // elements per SIMD chunk: amortises dispatch, still splits over threads
+constexpr int kRowsPerPartial = 64; // rows summed into one partial of a column reduction
+constexpr int kAttnBlock = 128;     // query rows per causal attention block
+constexpr float kLayerNormEps = 1e-5f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+
+void require_backend(const char* op) {
+  if (!Kokkos::is_initialized())
+    throw Error(std::string(op) + ": the kernel backend is not initialised",
+                Error::Context{"", "", "construct an hpct::kernels::BackendScope before calling kernels"});
+}
+
+void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw Error(std::string(op) + ": " + what);
+}
+
+// Bit reinterpretation through memcpy: GCC 12 vectorizes this, but not loops using std::bit_cast.
+template <typename To, typename From>
+inline To bits_as(From from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
+// e^x to 1.5 ulp for x in [-87, 88], 0 below, saturating at e^88 above; NaN stays NaN. Cephes'
+// expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, 2^n built in the exponent
+// bits. Branch-free, and n is rounded with the 1.5 * 2^23 shifter rather than std::floor, which
+// GCC does not vectorize without -fno-trapping-math: loops calling it become SIMD loops.
+inline float exp_simd(float x) {
+  float xc = x < -87.0f ? -87.0f : x;
+  xc = xc > 88.0f ? 88.0f : xc;
+  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
+  const float shifted = xc * 1.44269504088896341f + kShifter;
+  const float n = shifted - kShifter;
+  const int32_t ni = bits_as<int32_t>(shifted) - bits_as<int32_t>(kShifter);
+  float r = xc - n * 0.693359375f;  // ln2 split in two so n * ln2 is exact in the first part
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  const float two_n = bits_as<float>((ni + 127) << 23);
+  const float y = x < -87.0f ? 0.0f : two_n * er;
+  return x != x ? x : y;
+}
+
+// max(x[0..n)), NaN entries ignored. Written as `mx > x ? mx : x`, the one spelling that GCC 12
+// turns into a vmaxps reduction without -ffast-math (std::max and the other order stay scalar).
+inline float row_max(const float* x, int n) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int j = 0; j < n; ++j) mx = mx > x[j] ? mx : x[j];
+  return mx;
+}
+
+// Runs body(lo, hi) over [0, n) in chunks of kChunk elements; the body's loop is the SIMD loop.
+template <typename Body>
+void for_chunks(const char* name, size_t n, Body body) {
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  Kokkos::parallel_for(name, Policy(0, chunks), KOKKOS_LAMBDA(size_t ch) {
+    const size_t lo = ch * kChunk;
+    body(lo, std::min(n, lo + kChunk));
+  });
+}
+
+// dst (C) += sum over chunks of partials (chunks, C), one SIMD pass per chunk row, fixed order.
+void add_partials(float* dst, const float* partials, int chunks, int C, size_t partial_stride) {
+  for_chunks("add_partials", (size_t)C, [=](size_t lo, size_t hi) {
+    for (int ch = 0; ch < chunks; ++ch) {
+      const float* p = partials + ch * partial_stride;
+#pragma omp simd
+      for (size_t c = lo; c < hi; ++c) dst[c] += p[c];
+    }
+  });
+}
+
+// Scratch that grows to the largest request and is reused (no allocation per call in training).
+float* scratch(std::vector<float>& buf, size_t n) {
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// Row-wise causal softmax of rows r0 .. r0+rows-1 of the (T, T) matrix P, in place: row t keeps
+// columns 0..t and zeroes t+1..T-1 (the att buffer promises a zero upper triangle).
+void causal_softmax_rows(float* P /*(T,T)*/, int T, int r0, int rows) {
+  Kokkos::parallel_for("attention_softmax", Policy(0, rows), KOKKOS_LAMBDA(int i) {
+    const int t = r0 + i;
+    float* row = P + (size_t)t * T;
+    const float mx = row_max(row, t + 1);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= t; ++j) {
+      const float e = exp_simd(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j <= t; ++j) row[j] *= inv;
+    std::fill(row + t + 1, row + T, 0.0f);
+  });
+}
+
 }  // namespace
 
-BackendScope::BackendScope() {
-  std::lock_guard<std::mutex> lk(g_mu);
-  if (g_refs++ == 0) {
-    // One rank per core: BLAS and oneDNN's OpenMP must not spawn threads of their own unless the
-    // user asked for them explicitly.
-    if (!std::getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", "1", 0);
-    const char* bt = std::getenv("OPENBLAS_NUM_THREADS");
-    openblas_set_num_threads(bt ? std::atoi(bt) : 1);
-    if (!Kokkos::is_initialized()) {
-      Kokkos::InitArguments args;
-      args.num_threads = 1;
-      args.disable_warnings = true;
-      Kokkos::initialize(args);
-      g_we_initialized = true;
-    }
-  }
-}
-
-BackendScope::~BackendScope() {
-  std::lock_guard<std::mutex> lk(g_mu);
-  if (--g_refs == 0 && g_we_initialized && Kokkos::is_initialized()) {
-    Kokkos::finalize();
-    g_we_initialized = false;
-  }
-}
-
-std::string backend_description() {
-  std::string s = "cpu: Kokkos ";
-  s += Kokkos::DefaultHostExecutionSpace::name();
-  s += ", OpenBLAS (";
-  s += openblas_get_config();
-  s += ")";
-#if defined(HPCT_HAVE_ONEDNN)
-  auto v = dnnl::version();
-  s += ", oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + " for bf16";
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx512_core_amx: s += " (AMX)"; break;
-    case dnnl::cpu_isa::avx512_core_bf16: s += " (AVX512-BF16)"; break;
-    default: s += " (no native bf16 on this CPU)"; break;
-  }
-#else
-  s += ", bf16 emulated by rounding";
-#endif
-  return s;
-}
+// ---------------------------------------------------------------------------------------------
+// encoder
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
-  Kokkos::parallel_for("encoder_forward", Policy(0, (size_t)B * T), KOKKOS_LAMBDA(size_t bt) {
-    const size_t t = bt % T;
-    const float* e = wte + (size_t)tokens[bt] * C;
-    const float* p = wpe + t * C;
-    float* o = out + bt * C;
+  require_backend("encoder_forward");
+  require(B >= 0 && T >= 0 && C >= 0, "encoder_forward", "negative size");
+  const size_t BT = (size_t)B * T;
+  for (size_t i = 0; i < BT; ++i)
+    require(tokens[i] >= 0, "encoder_forward", "token id " + std::to_string(tokens[i]) + " at " + std::to_string(i));
+  Kokkos::parallel_for("encoder_forward", Policy(0, BT), KOKKOS_LAMBDA(size_t bt) {
+    const float* e = wte + (size_t)tokens[bt] * C;  // (C)
+    const float* p = wpe + (bt % T) * C;           // (C)
+    float* o = out + bt * C;                       // (C)
+#pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
   });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
-  // Scatter-add into rows chosen by the tokens: rows repeat, so this stays a serial loop.
-  for (size_t bt = 0; bt < (size_t)B * T; ++bt) {
-    const float* d = dout + bt * C;
-    float* e = dwte + (size_t)tokens[bt] * C;
-    float* p = dwpe + (bt % T) * C;
-    for (int c = 0; c < C; ++c) {
-      e[c] += d[c];
-      p[c] += d[c];
+  require_backend("encoder_backward");
+  require(B >= 0 && T >= 0 && C >= 0, "encoder_backward", "negative size");
+  const size_t BT = (size_t)B * T;
+  for (size_t i = 0; i < BT; ++i)
+    require(tokens[i] >= 0, "encoder_backward", "token id " + std::to_string(tokens[i]) + " at " + std::to_string(i));
+  // dwpe: position t collects its B rows, positions are independent.
+  Kokkos::parallel_for("encoder_backward_wpe", Policy(0, T), KOKKOS_LAMBDA(int t) {
+    float* dp = dwpe + (size_t)t * C;  // (C)
+    for (int b = 0; b < B; ++b) {
+      const float* d = dout + ((size_t)b * T + t) * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) dp[c] += d[c];
     }
-  }
+  });
+  // dwte: tokens repeat, so rows of dwte collide; split the columns instead (each block owns its
+  // columns of every dwte row) and keep the token order inside a block: no atomics, deterministic.
+  constexpr int kCols = 256;
+  const int blocks = (C + kCols - 1) / kCols;
+  Kokkos::parallel_for("encoder_backward_wte", Policy(0, blocks), KOKKOS_LAMBDA(int blk) {
+    const int lo = blk * kCols, hi = std::min(C, lo + kCols);
+    for (size_t bt = 0; bt < BT; ++bt) {
+      float* e = dwte + (size_t)tokens[bt] * C;
+      const float* d = dout + bt * C;
+#pragma omp simd
+      for (int c = lo; c < hi; ++c) e[c] += d[c];
+    }
+  });
 }
+
+// ---------------------------------------------------------------------------------------------
+// layernorm
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C) {
-  Kokkos::parallel_for("layernorm_forward", Policy(0, N), KOKKOS_LAMBDA(size_t i) {
-    const float* x = inp + i * C;
-    float m = 0;
-    for (int c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    float v = 0;
+  require_backend("layernorm_forward");
+  require(N >= 0 && C > 0, "layernorm_forward", "need N >= 0 and C > 0");
+  Kokkos::parallel_for("layernorm_forward", Policy(0, N), KOKKOS_LAMBDA(int i) {
+    const float* x = inp + (size_t)i * C;  // (C)
+    float* o = out + (size_t)i * C;        // (C)
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; ++c) s += x[c];
+    const float m = s / C;
+    float v = 0.0f;  // two passes: no cancellation when |mean| >> std
+#pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; ++c) {
-      float d = x[c] - m;
+      const float d = x[c] - m;
       v += d * d;
     }
-    v /= C;
-    float s = 1.0f / std::sqrt(v + 1e-5f);
-    float* o = out + i * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    const float rs = 1.0f / std::sqrt(v / C + kLayerNormEps);
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
     mean[i] = m;
-    rstd[i] = s;
+    rstd[i] = rs;
   });
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
-  // Rows are independent for dinp; dweight/dbias sum over rows (kept serial over rows for a fixed
-  // summation order, so results are bitwise reproducible).
-  for (int i = 0; i < N; ++i) {
-    const float* d = dout + (size_t)i * C;
-    const float* x = inp + (size_t)i * C;
-    float* dx = dinp + (size_t)i * C;
-    const float m = mean[i], s = rstd[i];
-    float dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (int c = 0; c < C; ++c) {
-      float n = (x[c] - m) * s;
-      float dn = weight[c] * d[c];
-      dnorm_mean += dn;
-      dnorm_norm_mean += dn * n;
+  require_backend("layernorm_backward");
+  require(N >= 0 && C > 0, "layernorm_backward", "need N >= 0 and C > 0");
+  if (N == 0) return;
+  // One pass over the rows: dinp row by row, dweight/dbias into per-chunk partials
+  // (chunks, 2, C), summed afterwards.
+  const int chunks = (N + kRowsPerPartial - 1) / kRowsPerPartial;
+  thread_local std::vector<float> partial_buf;
+  float* partials = scratch(partial_buf, (size_t)chunks * 2 * C);  // (chunks, 2, C)
+  Kokkos::parallel_for("layernorm_backward", Policy(0, chunks), KOKKOS_LAMBDA(int ch) {
+    float* pw = partials + (size_t)ch * 2 * C;  // (C) partial dweight
+    float* pb = pw + C;                         // (C) partial dbias
+    std::fill(pw, pw + 2 * C, 0.0f);
+    const int i1 = std::min(N, (ch + 1) * kRowsPerPartial);
+    for (int i = ch * kRowsPerPartial; i < i1; ++i) {
+      const float* d = dout + (size_t)i * C;  // (C)
+      const float* x = inp + (size_t)i * C;   // (C)
+      float* dx = dinp + (size_t)i * C;       // (C)
+      const float m = mean[i], rs = rstd[i];
+      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+      for (int c = 0; c < C; ++c) {
+        const float n = (x[c] - m) * rs;
+        const float dn = weight[c] * d[c];
+        dnorm_mean += dn;
+        dnorm_norm_mean += dn * n;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) {
+        const float n = (x[c] - m) * rs;
+        const float dn = weight[c] * d[c];
+        pb[c] += d[c];
+        pw[c] += n * d[c];
+        dx[c] += (dn - dnorm_mean - n * dnorm_norm_mean) * rs;
+      }
     }
-    dnorm_mean /= C;
-    dnorm_norm_mean /= C;
-    for (int c = 0; c < C; ++c) {
-      float n = (x[c] - m) * s;
-      float dn = weight[c] * d[c];
-      dbias[c] += d[c];
-      dweight[c] += n * d[c];
-      dx[c] += (dn - dnorm_mean - n * dnorm_norm_mean) * s;
-    }
-  }
+  });
+  add_partials(dweight, partials, chunks, C, 2 * (size_t)C);
+  add_partials(dbias, partials + C, chunks, C, 2 * (size_t)C);
 }
+
+// ---------------------------------------------------------------------------------------------
+// matmul (nn.Linear)
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                     Precision p) {
-  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, p);
+  require_backend("matmul_forward");
+  require(N >= 0 && C >= 0 && OC >= 0, "matmul_forward", "negative size");
+  if (N == 0 || OC == 0) return;
   if (bias) {
-    Kokkos::parallel_for("bias_add", Policy(0, N), KOKKOS_LAMBDA(size_t i) {
-      float* o = out + i * OC;
-      for (int j = 0; j < OC; ++j) o[j] += bias[j];
+    // Start from the bias and let the GEMM accumulate (beta = 1): one pass over out instead of
+    // the GEMM's zeroing pass plus a bias pass.
+    Kokkos::parallel_for("matmul_bias", Policy(0, N), KOKKOS_LAMBDA(int i) {
+      std::copy(bias, bias + OC, out + (size_t)i * OC);
     });
   }
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC, p);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, Precision p) {
-  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, p);
-  gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p);
-  if (dbias) {
-    for (int i = 0; i < N; ++i) {
-      const float* d = dout + (size_t)i * OC;
-      for (int j = 0; j < OC; ++j) dbias[j] += d[j];
-    }
+  require_backend("matmul_backward");
+  require(N >= 0 && C >= 0 && OC >= 0, "matmul_backward", "negative size");
+  require(dweight != nullptr, "matmul_backward", "dweight must not be null");
+  if (N == 0) return;
+  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, p);  // dinp += dout W
+  gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p);            // dW += dout^T inp
+  if (dbias && OC > 0) {
+    // Column sums of dout in fp32 whatever the GEMM precision (the bias gradient is cheap and
+    // small biases are sensitive to rounding).
+    const int chunks = (N + kRowsPerPartial - 1) / kRowsPerPartial;
+    thread_local std::vector<float> partial_buf;
+    float* partials = scratch(partial_buf, (size_t)chunks * OC);  // (chunks, OC)
+    Kokkos::parallel_for("matmul_backward_bias", Policy(0, chunks), KOKKOS_LAMBDA(int ch) {
+      float* pb = partials + (size_t)ch * OC;
+      std::fill(pb, pb + OC, 0.0f);
+      const int i1 = std::min(N, (ch + 1) * kRowsPerPartial);
+      for (int i = ch * kRowsPerPartial; i < i1; ++i) {
+        const float* d = dout + (size_t)i * OC;
+#pragma omp simd
+        for (int j = 0; j < OC; ++j) pb[j] += d[j];
+      }
+    });
+    add_partials(dbias, partials, chunks, OC, OC);
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// attention
+
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p) {
+  require_backend("attention_forward");
+  require(B >= 0 && T >= 0 && C > 0 && NH > 0 && C % NH == 0, "attention_forward",
+          "need C > 0 divisible by NH > 0 (C=" + std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
   const int HS = C / NH;
+  const int C3 = 3 * C;
   const float sc = 1.0f / std::sqrt((float)HS);
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const float* q = qkv + (size_t)b * T * 3 * C + h * HS;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* P = att + ((size_t)b * NH + h) * T * T;  // (T, T)
-      gemm(false, true, T, T, HS, sc, q, 3 * C, k, 3 * C, 0.0f, P, T, p);
-      Kokkos::parallel_for("causal_softmax", Policy(0, T), KOKKOS_LAMBDA(size_t t) {
-        float* row = P + t * T;
-        float mx = -INFINITY;
-        for (size_t j = 0; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
-        float sum = 0;
-        for (size_t j = 0; j <= t; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (size_t j = 0; j <= t; ++j) row[j] *= inv;
-        for (size_t j = t + 1; j < (size_t)T; ++j) row[j] = 0.0f;
-      });
-      gemm(false, false, T, HS, T, 1.0f, P, T, v, 3 * C, 0.0f, out + (size_t)b * T * C + h * HS, C, p);
+      const float* q = qkv + (size_t)b * T * C3 + h * HS;  // (T, HS), row stride 3C
+      const float* k = q + C;                              // (T, HS), row stride 3C
+      const float* v = q + 2 * C;                          // (T, HS), row stride 3C
+      float* P = att + ((size_t)b * NH + h) * T * T;       // (T, T)
+      float* o = out + (size_t)b * T * C + h * HS;         // (T, HS), row stride C
+      for (int r0 = 0; r0 < T; r0 += kAttnBlock) {
+        const int rows = std::min(kAttnBlock, T - r0), keys = r0 + rows;  // rows r0.. see keys 0..keys-1
+        gemm(false, true, rows, keys, HS, sc, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T, p);
+        causal_softmax_rows(P, T, r0, rows);
+        gemm(false, false, rows, HS, keys, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C, p);
+      }
     }
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
                         Precision p) {
+  require_backend("attention_backward");
+  require(B >= 0 && T >= 0 && C > 0 && NH > 0 && C % NH == 0, "attention_backward",
+          "need C > 0 divisible by NH > 0 (C=" + std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
   const int HS = C / NH;
+  const int C3 = 3 * C;
   const float sc = 1.0f / std::sqrt((float)HS);
-  thread_local std::vector<float> dP;
-  dP.resize((size_t)T * T);
+  thread_local std::vector<float> ds_buf;
+  float* dS = scratch(ds_buf, (size_t)std::min(T, kAttnBlock) * T);  // (rows, keys) of one block
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const size_t base = (size_t)b * T * 3 * C + h * HS;
-      const float* q = qkv + base;
+      const size_t base = (size_t)b * T * C3 + h * HS;
+      const float* q = qkv + base;  // (T, HS), row stride 3C; likewise k, v, dq, dk, dv
       const float* k = q + C;
       const float* v = q + 2 * C;
       float* dq = dqkv + base;
       float* dk = dq + C;
       float* dv = dq + 2 * C;
-      const float* P = att + ((size_t)b * NH + h) * T * T;
-      const float* dO = dout + (size_t)b * T * C + h * HS;
-      float* dS = dP.data();
-      gemm(false, true, T, T, HS, 1.0f, dO, C, v, 3 * C, 0.0f, dS, T, p);   // dP = dO V^T
-      gemm(true, false, T, HS, T, 1.0f, P, T, dO, C, 1.0f, dv, 3 * C, p);   // dV += P^T dO
-      Kokkos::parallel_for("softmax_backward", Policy(0, T), KOKKOS_LAMBDA(size_t t) {
-        const float* pr = P + t * T;
-        float* d = dS + t * T;
-        float dot = 0;
-        for (size_t j = 0; j <= t; ++j) dot += pr[j] * d[j];
-        for (size_t j = 0; j <= t; ++j) d[j] = pr[j] * (d[j] - dot);
-        for (size_t j = t + 1; j < (size_t)T; ++j) d[j] = 0.0f;
-      });
-      gemm(false, false, T, HS, T, sc, dS, T, k, 3 * C, 1.0f, dq, 3 * C, p);  // dQ += s dS K
-      gemm(true, false, T, HS, T, sc, dS, T, q, 3 * C, 1.0f, dk, 3 * C, p);   // dK += s dS^T Q
+      const float* P = att + ((size_t)b * NH + h) * T * T;  // (T, T)
+      const float* dO = dout + (size_t)b * T * C + h * HS;  // (T, HS), row stride C
+      for (int r0 = 0; r0 < T; r0 += kAttnBlock) {
+        const int rows = std::min(kAttnBlock, T - r0), keys = r0 + rows;
+        const float* Pb = P + (size_t)r0 * T;  // (rows, keys), row stride T
+        const float* dOb = dO + (size_t)r0 * C;
+        gemm(false, true, rows, keys, HS, 1.0f, dOb, C, v, C3, 0.0f, dS, keys, p);  // dP = dO V^T
+        gemm(true, false, keys, HS, rows, 1.0f, Pb, T, dOb, C, 1.0f, dv, C3, p);    // dV += P^T dO
+        // Softmax backward in place: dS = P * (dP - rowsum(P * dP)); the masked part stays 0.
+        Kokkos::parallel_for("attention_softmax_backward", Policy(0, rows), KOKKOS_LAMBDA(int i) {
+          const int t = r0 + i;
+          const float* pr = Pb + (size_t)i * T;
+          float* d = dS + (size_t)i * keys;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int j = 0; j <= t; ++j) dot += pr[j] * d[j];
+#pragma omp simd
+          for (int j = 0; j <= t; ++j) d[j] = pr[j] * (d[j] - dot);
+          std::fill(d + t + 1, d + keys, 0.0f);
+        });
+        gemm(false, false, rows, HS, keys, sc, dS, keys, k, C3, 1.0f, dq + (size_t)r0 * C3, C3, p);  // dQ += s dS K
+        gemm(true, false, keys, HS, rows, sc, dS, keys, q + (size_t)r0 * C3, C3, 1.0f, dk, C3, p);   // dK += s dS^T Q
+      }
     }
   }
 }
 
-static constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
+// ---------------------------------------------------------------------------------------------
+// element-wise
 
+// GELU(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). Computed through the identity
+// 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^{-2u}): one exp_simd, no cancellation near 0.
 void gelu_forward(float* out, const float* inp, size_t n) {
-  Kokkos::parallel_for("gelu_forward", Policy(0, n), KOKKOS_LAMBDA(size_t i) {
-    float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluS * (x + 0.044715f * x * x * x)));
+  require_backend("gelu_forward");
+  for_chunks("gelu_forward", n, [=](size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; ++i) {
+      const float x = inp[i];
+      const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+      out[i] = x / (1.0f + exp_simd(-2.0f * u));
+    }
   });
 }
 
+// d/dx = s + x * 2 s (1 - s) * du/dx with s = sigmoid(2u) (since sech^2(u) / 2 = 2 s (1 - s)).
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  Kokkos::parallel_for("gelu_backward", Policy(0, n), KOKKOS_LAMBDA(size_t i) {
-    float x = inp[i];
-    float u = kGeluS * (x + 0.044715f * x * x * x);
-    float th = std::tanh(u);
-    float sech2 = 1.0f - th * th;
-    float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += g * dout[i];
+  require_backend("gelu_backward");
+  for_chunks("gelu_backward", n, [=](size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; ++i) {
+      const float x = inp[i];
+      const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+      const float s = 1.0f / (1.0f + exp_simd(-2.0f * u));
+      const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+      dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+    }
   });
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
-  Kokkos::parallel_for("residual_forward", Policy(0, n), KOKKOS_LAMBDA(size_t i) { out[i] = a[i] + b[i]; });
-}
-
-void softmax_cross_entropy(float* logits, float* losses, const int32_t* targets, float dloss, int N, int V, int Vp) {
-  Kokkos::parallel_for("softmax_cross_entropy", Policy(0, N), KOKKOS_LAMBDA(size_t i) {
-    float* row = logits + i * Vp;
-    const int32_t tgt = targets[i];
-    if (tgt < 0) {
-      losses[i] = 0.0f;
-      for (int j = 0; j < Vp; ++j) row[j] = 0.0f;
-      return;
-    }
-    float mx = -INFINITY;
-    for (int j = 0; j < V; ++j) mx = row[j] > mx ? row[j] : mx;
-    double sum = 0;
-    for (int j = 0; j < V; ++j) {
-      float e = std::exp(row[j] - mx);
-      row[j] = e;
-      sum += e;
-    }
-    const float inv = (float)(1.0 / sum);
-    losses[i] = (float)(std::log(sum) - std::log((double)row[tgt]));
-    for (int j = 0; j < V; ++j) row[j] = row[j] * inv * dloss;
-    row[tgt] -= dloss;
-    for (int j = V; j < Vp; ++j) row[j] = 0.0f;
+  require_backend("residual_forward");
+  for_chunks("residual_forward", n, [=](size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// loss
+
+void softmax_cross_entropy(float* logits, float* losses, const int32_t* targets, float dloss, int N, int V, int Vp) {
+  require_backend("softmax_cross_entropy");
+  require(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy",
+          "need 0 < V <= Vp (V=" + std::to_string(V) + ", Vp=" + std::to_string(Vp) + ")");
+  for (int i = 0; i < N; ++i)
+    require(targets[i] < V, "softmax_cross_entropy",
+            "target " + std::to_string(targets[i]) + " of row " + std::to_string(i) + " is not below V=" +
+                std::to_string(V));
+  Kokkos::parallel_for("softmax_cross_entropy", Policy(0, N), KOKKOS_LAMBDA(int i) {
+    float* row = logits + (size_t)i * Vp;  // (Vp)
+    const int32_t tgt = targets[i];
+    if (tgt < 0) {
+      losses[i] = 0.0f;
+      std::fill(row, row + Vp, 0.0f);
+      return;
+    }
+    const float mx = row_max(row, V);
+    const float shifted_target = row[tgt] - mx;  // read before the row is overwritten
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < V; ++j) {
+      const float e = exp_simd(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    // -log p[tgt] = log(sum) - (logit[tgt] - max): no log of an underflowed probability.
+    losses[i] = (float)(std::log(sum) - (double)shifted_target);
+    const float g = (float)(dloss / sum);
+#pragma omp simd
+    for (int j = 0; j < V; ++j) row[j] *= g;
+    row[tgt] -= dloss;
+    std::fill(row + V, row + Vp, 0.0f);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// optimizer and reductions
+
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int step, float grad_scale) {
-  const float bc1 = 1.0f - std::pow(beta1, (float)step);
-  const float bc2 = 1.0f - std::pow(beta2, (float)step);
-  Kokkos::parallel_for("adamw", Policy(0, n), KOKKOS_LAMBDA(size_t i) {
-    float g = grad[i] * grad_scale;
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float mhat = mi / bc1;
-    float vhat = vi / bc2;
-    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+  require_backend("adamw_update");
+  require(step >= 1, "adamw_update", "step is 1-based, got " + std::to_string(step));
+  const float bc1 = (float)(1.0 - std::pow((double)beta1, step));
+  const float bc2 = (float)(1.0 - std::pow((double)beta2, step));
+  for_chunks("adamw_update", n, [=](size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; ++i) {
+      const float g = grad[i] * grad_scale;
+      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      const float mhat = mi / bc1, vhat = vi / bc2;
+      param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+    }
   });
 }
 
 double sum_of_squares(const float* x, size_t n) {
-  double s = 0;
-  Kokkos::parallel_reduce("sum_of_squares", Policy(0, n), KOKKOS_LAMBDA(size_t i, double& acc) {
-    acc += (double)x[i] * x[i];
-  }, s);
-  return s;
+  require_backend("sum_of_squares");
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  double total = 0.0;
+  Kokkos::parallel_reduce("sum_of_squares", Policy(0, chunks), KOKKOS_LAMBDA(size_t ch, double& acc) {
+    const size_t lo = ch * kChunk, hi = std::min(n, lo + kChunk);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = lo; i < hi; ++i) s += (double)x[i] * (double)x[i];
+    acc += s;
+  }, total);
+  return total;
 }
 
-bool all_finite(const float* x, size_t n) { return std::isfinite(sum_of_squares(x, n)); }
+// Looks at the exponent bits (all ones = inf or NaN) instead of summing: an integer OR-reduction
+// vectorizes without fast-math, and a sum could overflow to inf on large finite values.
+bool all_finite(const float* x, size_t n) {
+  require_backend("all_finite");
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  int bad = 0;
+  Kokkos::parallel_reduce("all_finite", Policy(0, chunks), KOKKOS_LAMBDA(size_t ch, int& acc) {
+    const size_t lo = ch * kChunk, hi = std::min(n, lo + kChunk);
+    uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+    for (size_t i = lo; i < hi; ++i) any |= (bits_as<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
+    acc += any ? 1 : 0;
+  }, bad);
+  return bad == 0;
+}
 
 void scale(float* x, float s, size_t n) {
-  Kokkos::parallel_for("scale", Policy(0, n), KOKKOS_LAMBDA(size_t i) { x[i] *= s; });
+  require_backend("scale");
+  for_chunks("scale", n, [=](size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; ++i) x[i] *= s;
+  });
 }
 
 }  // namespace hpct::kernels

@@ -1,73 +1,91 @@
-// hpct/kernels/ops.hpp — forward and backward of every GPT op, CPU backend.
+// hpct/kernels/ops.hpp — forward and backward of every GPT-2 op, CPU backend.
 //
-// Conventions as llm.c: row-major fp32 buffers, raw pointers, shapes in comments; every backward
-// ACCUMULATES (+=) into the gradients it writes, so the caller zeroes gradients once per step.
-// GEMMs go through gemm() with a compute Precision (bf16/fp16 round the inputs; accumulation and
-// outputs stay fp32). Element-wise and per-row work runs through Kokkos so it can move to other
-// Kokkos backends; the CUDA backend (cuda_ops.hpp) implements the same ops on device pointers.
-// Dimension letters: B batch, T sequence, C channels, NH heads, N rows (= B*T), OC output
-// channels, V vocabulary, Vp padded vocabulary.
+// What it is: llm.c's layer of kernels behind one C++ interface: row-major fp32 buffers, raw
+// pointers, shapes in comments. Every backward ACCUMULATES (+=) into each gradient it writes, so
+// the caller zeroes gradients once per step and shared weights (wte) need no special case.
+// What it is not: an autograd or a tensor library; nothing here allocates the caller's buffers.
+// Trade-off: GEMMs (OpenBLAS fp32, oneDNN bf16) carry the flops; element-wise and per-row work
+// runs as Kokkos patterns on the host execution space (Serial today: one rank per core) so the
+// same loops can move to other Kokkos backends; those loops are chunked so each chunk is a plain
+// SIMD loop, which matters more for speed on one core than the parallel pattern around it.
+//
+// Dimension letters: B batch, T sequence, C channels, NH heads, HS = C/NH head size, N rows
+// (= B*T), OC output channels, V vocabulary, Vp padded vocabulary (V rounded up for GEMM speed).
+// Input-dependent errors (bad sizes, token ids, targets) throw hpct::Error before any output is
+// written; an op other than gemm() called with no BackendScope alive throws too.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/precision.hpp"
+
 namespace hpct::kernels {
 
-enum class Precision { fp32, bf16, fp16 };
-
-/// Initialises Kokkos once per process (ref-counted) and pins OpenBLAS/OpenMP to one thread per
-/// rank (we run one MPI rank per core); finalizes at the last destruction.
-class BackendScope {
- public:
-  BackendScope();
-  ~BackendScope();
-  BackendScope(const BackendScope&) = delete;
-  BackendScope& operator=(const BackendScope&) = delete;
-};
-std::string backend_description();
-
-/// C = alpha * op(A) * op(B) + beta * C. fp32: OpenBLAS sgemm. bf16: inputs rounded to bfloat16
-/// (round to nearest even) and multiplied by oneDNN (AMX / AVX512-BF16), fp32 accumulation.
-/// fp16: inputs rounded to IEEE half (beyond 65504 -> inf), then sgemm.
+/// C = alpha * op(A) * op(B) + beta * C, op(X) = X^T when the flag is set; op(A) is (M, K),
+/// op(B) is (K, N), C is (M, N); lda/ldb/ldc are row strides of the stored matrices.
+/// fp32: OpenBLAS sgemm. bf16: inputs rounded to bfloat16 (nearest even), fp32 accumulation,
+/// by oneDNN's matmul when built with it and the CPU has native bf16 (AVX512-BF16 / AMX),
+/// otherwise rounded copies through sgemm. fp16: inputs rounded to IEEE half (|x| > 65504 becomes
+/// inf, which fp16 loss scaling must see), then sgemm. beta == 0 ignores C's old contents (NaN too).
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc, Precision p = Precision::fp32);
 
+/// out = wte[tokens] + wpe[t]. Tokens must be >= 0 (the caller guarantees < V).
 void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
                      const float* wpe /*(maxT,C)*/, int B, int T, int C);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
-/// eps = 1e-5; mean and rstd (N) are saved for backward.
-void layernorm_forward(float* out /*(N,C)*/, float* mean, float* rstd, const float* inp /*(N,C)*/, const float* weight,
-                       const float* bias, int N, int C);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C);
-/// out = inp @ weight^T + bias, weight (OC, C) as nn.Linear; bias may be null.
+void encoder_backward(float* dwte /*(V,C)*/, float* dwpe /*(maxT,C)*/, const float* dout /*(B,T,C)*/,
+                      const int32_t* tokens /*(B,T)*/, int B, int T, int C);
+
+/// eps = 1e-5 (GPT-2); mean and rstd are saved for backward.
+void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/,
+                       const float* weight /*(C)*/, const float* bias /*(C)*/, int N, int C);
+void layernorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, float* dbias /*(C)*/, const float* dout /*(N,C)*/,
+                        const float* inp /*(N,C)*/, const float* weight /*(C)*/, const float* mean /*(N)*/,
+                        const float* rstd /*(N)*/, int N, int C);
+
+/// out = inp @ weight^T + bias, weight (OC, C) as nn.Linear; bias may be nullptr.
 void matmul_forward(float* out /*(N,OC)*/, const float* inp /*(N,C)*/, const float* weight /*(OC,C)*/,
                     const float* bias /*(OC)*/, int N, int C, int OC, Precision p = Precision::fp32);
-/// dinp and dbias may be null (skipped).
+/// dinp and dbias may be nullptr (skipped).
 void matmul_backward(float* dinp /*(N,C)*/, float* dweight /*(OC,C)*/, float* dbias /*(OC)*/, const float* dout /*(N,OC)*/,
-                     const float* inp, const float* weight, int N, int C, int OC, Precision p = Precision::fp32);
-/// Causal multi-head attention; qkv (B,T,3C) holds q, k, v side by side; att (B,NH,T,T) saves the
-/// probabilities (upper triangle 0). Scale 1/sqrt(C/NH).
-void attention_forward(float* out /*(B,T,C)*/, float* att, const float* qkv, int B, int T, int C, int NH,
-                       Precision p = Precision::fp32);
-void attention_backward(float* dqkv /*(B,T,3C)*/, const float* dout /*(B,T,C)*/, const float* qkv, const float* att,
-                        int B, int T, int C, int NH, Precision p = Precision::fp32);
+                     const float* inp /*(N,C)*/, const float* weight /*(OC,C)*/, int N, int C, int OC,
+                     Precision p = Precision::fp32);
+
+/// Causal multi-head attention. qkv holds q, k, v side by side per token; head h uses columns
+/// h*HS..(h+1)*HS of each third. att saves the softmax probabilities for backward (upper triangle
+/// zero). Scale 1/sqrt(HS). C must be divisible by NH.
+void attention_forward(float* out /*(B,T,C)*/, float* att /*(B,NH,T,T)*/, const float* qkv /*(B,T,3C)*/, int B, int T,
+                       int C, int NH, Precision p = Precision::fp32);
+void attention_backward(float* dqkv /*(B,T,3C)*/, const float* dout /*(B,T,C)*/, const float* qkv /*(B,T,3C)*/,
+                        const float* att /*(B,NH,T,T)*/, int B, int T, int C, int NH, Precision p = Precision::fp32);
+
 /// GELU, tanh approximation (GPT-2).
-void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
-/// out = a + b (out may alias a or b).
-void residual_forward(float* out, const float* a, const float* b, size_t n);
-/// Fused softmax + cross-entropy, in place: logits (N,Vp) in, dlogits = (softmax - onehot) * dloss
-/// out (padding columns >= V ignored and set to 0); losses[i] = -log p[target]. target < 0: ignored
-/// (loss 0, gradient row 0).
-void softmax_cross_entropy(float* logits_inout, float* losses /*(N)*/, const int32_t* targets /*(N)*/, float dloss,
-                           int N, int V, int Vp);
-/// AdamW, decoupled weight decay; g = grad * grad_scale; step is 1-based (bias correction).
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int step, float grad_scale);
-double sum_of_squares(const float* x, size_t n);
-bool all_finite(const float* x, size_t n);
-void scale(float* x, float s, size_t n);
+void gelu_forward(float* out /*(n)*/, const float* inp /*(n)*/, size_t n);
+void gelu_backward(float* dinp /*(n)*/, const float* inp /*(n)*/, const float* dout /*(n)*/, size_t n);
+
+/// out = a + b; out may alias a or b.
+void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, size_t n);
+
+/// Fused softmax + cross-entropy, IN PLACE to save an (N, Vp) buffer: on entry logits; columns
+/// >= V are padding and ignored. On return losses[i] = -log softmax(logits[i])[targets[i]] and the
+/// buffer holds dlogits = (softmax - onehot(target)) * dloss, padding columns 0. targets[i] < 0
+/// means "ignore": loss 0, gradient row 0. targets[i] >= V throws. Max-subtracted, with the
+/// normaliser summed in double.
+void softmax_cross_entropy(float* logits_inout /*(N,Vp)*/, float* losses /*(N)*/, const int32_t* targets /*(N)*/,
+                           float dloss, int N, int V, int Vp);
+
+/// Decoupled-weight-decay AdamW: g = grad * grad_scale; m, v updated; bias-corrected with step
+/// (1-based); param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param).
+void adamw_update(float* param /*(n)*/, const float* grad /*(n)*/, float* m /*(n)*/, float* v /*(n)*/, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
+
+/// sum(x^2) accumulated in double, for the global gradient norm.
+double sum_of_squares(const float* x /*(n)*/, size_t n);
+/// False if any element is inf or NaN (fp16 overflow detection).
+bool all_finite(const float* x /*(n)*/, size_t n);
+/// x *= s.
+void scale(float* x /*(n)*/, float s, size_t n);
 
 }  // namespace hpct::kernels

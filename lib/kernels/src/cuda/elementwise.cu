@@ -1,0 +1,150 @@
+// CUDA twins of the element-wise and per-row ops in cpu_ops.cpp (declared in cuda_ops.hpp).
+//
+// What it is: gelu forward/backward, residual, AdamW and layernorm forward on device pointers,
+// with the same formulas as the CPU path (GELU through sigmoid(2u), two-pass layernorm variance,
+// bias corrections in double) so CPU and GPU runs agree to rounding. What it is not: tuned; no
+// vectorized float4 loads, no fusion. Trade-off: grid-stride loops over a capped grid, one warp
+// per layernorm row (C = 768 is 24 values per lane): simple, and these ops are bandwidth-bound.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/cuda_ops.hpp"
+
+namespace hpct::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 65535u * 8u;  // grid-stride beyond this: enough blocks to fill any GPU
+constexpr float kLayerNormEps = 1e-5f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+
+unsigned blocks_for(size_t n) {
+  const size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+// Launches are asynchronous: this catches bad configurations and earlier sticky errors, not
+// faults inside the kernel (those surface at the caller's next synchronisation).
+void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw Error(std::string("hpct::kernels::cuda::") + op + ": " + cudaGetErrorName(err) + ": " +
+                cudaGetErrorString(err));
+}
+
+__device__ __forceinline__ float gelu_sigmoid(float x) {  // 0.5 (1 + tanh(u)) = sigmoid(2u)
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float x = inp[i];
+    out[i] = x * gelu_sigmoid(x);
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float x = inp[i];
+    const float s = gelu_sigmoid(x);
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+  }
+}
+
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                             float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float g = grad[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + weight_decay * param[i]);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// One warp per row; the row is read three times (mean, variance, output), from L1/L2 after the
+// first: no cancellation in the variance, as on the CPU.
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                         const float* bias, int N, int C) {
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+    const float* x = inp + (size_t)row * C;  // (C)
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += x[c];
+    const float m = warp_sum(s) / C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+      const float d = x[c] - m;
+      var += d * d;
+    }
+    const float rs = rsqrtf(warp_sum(var) / C + kLayerNormEps);
+    float* o = out + (size_t)row * C;  // (C)
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
+    if (lane == 0) {
+      mean[row] = m;
+      rstd[row] = rs;
+    }
+  }
+}
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
+  check_launch("gelu_forward");
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
+  check_launch("gelu_backward");
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  residual_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  check_launch("residual_forward");
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int step, float grad_scale, cudaStream_t stream) {
+  if (step < 1) throw Error("hpct::kernels::cuda::adamw_update: step is 1-based, got " + std::to_string(step));
+  if (n == 0) return;
+  const float bc1 = (float)(1.0 - std::pow((double)beta1, step));
+  const float bc2 = (float)(1.0 - std::pow((double)beta2, step));
+  adamw_kernel<<<blocks_for(n), kThreads, 0, stream>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1,
+                                                      bc2, grad_scale);
+  check_launch("adamw_update");
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, cudaStream_t stream) {
+  if (N < 0 || C <= 0)
+    throw Error("hpct::kernels::cuda::layernorm_forward: need N >= 0 and C > 0 (N=" + std::to_string(N) +
+                ", C=" + std::to_string(C) + ")");
+  if (N == 0) return;
+  // 32 threads (one warp) per row.
+  layernorm_forward_kernel<<<blocks_for((size_t)N * 32), kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N,
+                                                                                C);
+  check_launch("layernorm_forward");
+}
+
+}  // namespace hpct::kernels::cuda
