@@ -79,7 +79,9 @@ void check(engine::PrecisionMode prec, double ptol, int iters, double ltol = 1e-
   for (size_t i = 0; i < dp.params.size(); ++i) maxdiff = std::max(maxdiff, (double)std::fabs(dp.params[i] - ref.params[i]));
   EXPECT_LE(maxdiff, ptol) << "max parameter difference on " << world.size() << " ranks";
   // the training really moved the parameters (the comparison is not between two untouched inits)
-  if (iters > 1) EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-3);
+  if (iters > 1) {
+    EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-3);
+  }
 }
 }  // namespace
 

@@ -86,6 +86,15 @@ Trainer::MemoryReport Trainer::memory_report() const {
   return r;
 }
 
+void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample) {
+  const int T = cfg_.model.max_seq_length;
+  for (int j = 0; j < cfg_.micro_batch; ++j) {
+    data.get((size_t)(first_sample + j) % data.size(), sample_buf_.data());  // (T+1) tokens
+    std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
+    std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
+  }
+}
+
 double Trainer::step(const io::TokenDataset& data, long long iteration, StepRecord& rec) {
   const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
   const long long GB = cfg_.global_batch;
@@ -97,12 +106,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   for (int m = 0; m < cfg_.grad_accum; ++m) {
     // Sample order is a function of (iteration, micro-step, dp rank) only: N ranks with k micro-steps
     // see exactly the samples one rank sees with N*k micro-steps.
-    for (int j = 0; j < mb; ++j) {
-      size_t idx = (size_t)(iteration * GB + ((long long)m * dp + r) * mb + j);
-      data.get(idx % data.size(), sample_buf_.data());
-      std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
-      std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
-    }
+    load_micro_batch(data, iteration * GB + ((long long)m * dp + r) * mb);
     store.reduce_now = (m == cfg_.grad_accum - 1);
     loss_sum += model_->forward_backward(store, tokens_.data(), targets_.data(), mb, T, dloss);
   }
@@ -142,12 +146,7 @@ double Trainer::evaluate(const io::TokenDataset& data) {
   double sums[2] = {0, 0};  // loss sum, token count
   for (int e = 0; e < cfg_.eval_iters; ++e) {
     for (int m = 0; m < cfg_.grad_accum; ++m) {
-      for (int j = 0; j < mb; ++j) {
-        size_t idx = (size_t)(e * GB + ((long long)m * dp + r) * mb + j);
-        data.get(idx % data.size(), sample_buf_.data());
-        std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
-        std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
-      }
+      load_micro_batch(data, e * GB + ((long long)m * dp + r) * mb);
       sums[0] += model_->forward_loss(store, tokens_.data(), targets_.data(), mb, T);
       sums[1] += (double)mb * T;
     }

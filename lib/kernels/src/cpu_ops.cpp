@@ -23,6 +23,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "bits.hpp"
 
 namespace hpct::kernels {
 namespace {
@@ -46,14 +47,7 @@ void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw Error(std::string(op) + ": " + what);
 }
 
-// Bit reinterpretation through memcpy: GCC 12 vectorizes this, but not loops using std::bit_cast.
-template <typename To, typename From>
-inline To bits_as(From from) {
-  static_assert(sizeof(To) == sizeof(From));
-  To to;
-  std::memcpy(&to, &from, sizeof(To));
-  return to;
-}
+using detail::bits_as;
 
 // e^x to 1.5 ulp for x in [-87, 88], 0 below, saturating at e^88 above; NaN stays NaN. Cephes'
 // expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, 2^n built in the exponent

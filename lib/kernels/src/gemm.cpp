@@ -24,6 +24,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "bits.hpp"
 
 #if defined(HPCT_HAVE_ONEDNN)
 #include <oneapi/dnnl/dnnl.hpp>
@@ -32,14 +33,7 @@
 namespace hpct::kernels {
 namespace {
 
-// Bit reinterpretation through memcpy: GCC 12 vectorizes this, but not loops using std::bit_cast.
-template <typename To, typename From>
-inline To bits_as(From from) {
-  static_assert(sizeof(To) == sizeof(From));
-  To to;
-  std::memcpy(&to, &from, sizeof(To));
-  return to;
-}
+using detail::bits_as;
 
 // fp32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN instead of carrying into inf.
 inline uint16_t bf16_bits(float f) {

@@ -59,6 +59,8 @@ class Trainer {
  private:
   class DpStore;
   double step(const io::TokenDataset& data, long long iteration, StepRecord& rec);
+  /// Fills tokens_/targets_ (micro_batch, T) with samples first_sample .. first_sample+micro_batch-1.
+  void load_micro_batch(const io::TokenDataset& data, long long first_sample);
   kernels::Precision compute_precision() const;
 
   TrainConfig cfg_;
