@@ -248,19 +248,29 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   return loss_sum;
 }
 
-double Gpt::forward_backward(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T,
-                             float dloss) {
+// Embedding and every layer's forward into the residual stream res[0..L]. With keep_acts each layer
+// saves its activations in its own set (for backward without recompute); otherwise all share set 0.
+// Returns the embedding block's parameters, still held (the tied head needs them).
+const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts) {
   ensure_workspace(B, T);
   Workspace& w = *ws_;
-  const int L = cfg_.num_layers, C = cfg_.hidden_size;
+  const int C = cfg_.hidden_size;
   const size_t NC = (size_t)B * T * C;
   const float* ep = store.params(0);
   kernels::encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
-  for (int l = 0; l < L; ++l) {
-    LayerActs& a = w.acts[recompute_ ? 0 : l];
-    layer_forward(l, store.params(l + 1), a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    layer_forward(l, store.params(l + 1), w.acts[keep_acts ? l : 0], w.res + l * NC, w.res + (l + 1) * NC, B, T);
     store.release(l + 1);
   }
+  return ep;
+}
+
+double Gpt::forward_backward(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T,
+                             float dloss) {
+  const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/!recompute_);
+  Workspace& w = *ws_;
+  const int L = cfg_.num_layers, C = cfg_.hidden_size;
+  const size_t NC = (size_t)B * T * C;
   const float* fp = store.params(L + 1);
   double loss = head(ep, store.grads(0), fp, store.grads(L + 1), w.res + L * NC, targets, B, T, dloss, true, w.dres);
   store.release(L + 1);
@@ -281,17 +291,11 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* tokens, const int
 }
 
 double Gpt::forward_loss(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T) {
-  ensure_workspace(B, T);
+  // evaluation keeps no activations for backward: every layer reuses the first set
+  const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/false);
   Workspace& w = *ws_;
-  const int L = cfg_.num_layers, C = cfg_.hidden_size;
-  const size_t NC = (size_t)B * T * C;
-  const float* ep = store.params(0);
-  kernels::encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
-  for (int l = 0; l < L; ++l) {
-    // evaluation keeps no activations for backward: reuse the first set for every layer
-    layer_forward(l, store.params(l + 1), w.acts[0], w.res + l * NC, w.res + (l + 1) * NC, B, T);
-    store.release(l + 1);
-  }
+  const int L = cfg_.num_layers;
+  const size_t NC = (size_t)B * T * cfg_.hidden_size;
   double loss = head(ep, nullptr, store.params(L + 1), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
   store.release(L + 1);
   store.release(0);

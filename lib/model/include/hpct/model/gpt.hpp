@@ -91,6 +91,7 @@ class Gpt {
   struct LayerActs;
   struct Workspace;
   void ensure_workspace(int B, int T);
+  const float* forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts);
   void layer_forward(int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T);
   void layer_backward(int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres, int B, int T);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
