@@ -5,6 +5,14 @@ find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
+# Async IO engine backends: io_uring (liburing-dev) and libaio (libaio-dev; no pkg-config file).
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+find_library(HPCT_AIO_LIBRARY aio REQUIRED)
+find_path(HPCT_AIO_INCLUDE_DIR libaio.h REQUIRED)
+add_library(hpct_libaio INTERFACE)
+target_link_libraries(hpct_libaio INTERFACE ${HPCT_AIO_LIBRARY})
+target_include_directories(hpct_libaio INTERFACE ${HPCT_AIO_INCLUDE_DIR})
+
 set(HDF5_PREFER_PARALLEL TRUE)
 find_package(HDF5 REQUIRED COMPONENTS C)
 if(NOT HDF5_IS_PARALLEL)
@@ -58,3 +66,4 @@ if(HPCT_ENABLE_CUDA)
   target_link_libraries(hpct_nccl INTERFACE ${HPCT_NCCL_LIBRARY})
   target_include_directories(hpct_nccl SYSTEM INTERFACE ${HPCT_NCCL_INCLUDE_DIR})
 endif()
+

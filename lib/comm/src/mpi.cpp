@@ -127,6 +127,24 @@ std::vector<double> Communicator::allgather(double v) const {
   return out;
 }
 
+std::vector<std::string> Communicator::allgather_string(const std::string& s) const {
+  HPCT_REQUIRE(s.size() < (1u << 30), "allgather_string: string too long");
+  int n = static_cast<int>(s.size());
+  std::vector<int> counts(size_), displs(size_);
+  HPCT_CHECK_MPI(MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_));
+  long total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs[r] = static_cast<int>(total);
+    total += counts[r];
+  }
+  HPCT_REQUIRE(total < (1L << 31), "allgather_string: strings too long in total");
+  std::string all(static_cast<size_t>(total), '\0');
+  HPCT_CHECK_MPI(MPI_Allgatherv(s.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, comm_));
+  std::vector<std::string> out(size_);
+  for (int r = 0; r < size_; ++r) out[r] = all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(counts[r]));
+  return out;
+}
+
 Request& Request::operator=(Request&& o) noexcept {
   if (this != &o) {
     if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);

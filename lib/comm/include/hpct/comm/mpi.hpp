@@ -88,6 +88,8 @@ class Communicator {
   void bcast_string(std::string& s, int root) const;
   /// Collective over this comm: gathers one double from every rank on every rank.
   std::vector<double> allgather(double v) const;
+  /// Collective over this comm: gathers one string (any length) from every rank on every rank.
+  std::vector<std::string> allgather_string(const std::string& s) const;
 
  private:
   Communicator(MPI_Comm c, bool owned);

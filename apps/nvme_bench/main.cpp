@@ -1,0 +1,620 @@
+// nvme_bench — storage bandwidth, IOPS and latency through hpctrain's async IO engine, per MPI rank
+// and aggregated: the figure ZeRO-Infinity offload and checkpointing will see on N nodes.
+// Thin: parse flags, validate the paths on every rank, run the grid of cases (lib/io/io_bench),
+// gather and report. fio-style flags; `--tune` writes the best case as a ds_config `aio` block.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
+#include "hpct/core/sysinfo.hpp"
+#include "hpct/core/units.hpp"
+#include "hpct/io/aio_config.hpp"
+#include "hpct/io/async_io.hpp"
+#include "hpct/io/io_bench.hpp"
+
+using namespace hpct;
+using hpct::io::AioConfig;
+using hpct::io::AioEngine;
+using hpct::io::IoMode;
+
+namespace {
+
+const char* kHelp = R"(usage: nvme_bench --path DIR[,DIR...] [options]
+
+Measures sequential write/read bandwidth (and, on request, random-read IOPS and latency
+percentiles) of a storage path through hpctrain's async IO engine (io_uring, libaio or psync),
+with O_DIRECT. Under MPI every rank works on its own file, DIR/nvme_bench.<node>.<rank>.dat,
+and rank 0 reports each rank and the aggregate (total bytes / slowest rank's time).
+Flags taking a LIST accept comma-separated values and run every combination.
+
+  -p, --path DIR[,DIR...]     directories to test; rank r uses the (local rank mod n)-th (required)
+  -m, --mode LIST             write, read, randread                      (default: write,read)
+  -s, --size SIZE             bytes per rank's file, K/M/G/T suffixes (binary)    (default: 1G)
+  -b, --block-size LIST       bytes per IO request                       (default: 1M)
+  -q, --queue-depth LIST      requests in flight per thread              (default: 8)
+  -t, --threads LIST          threads splitting each request (ds: intra_op_parallelism) (default: 1)
+  -e, --engine LIST           io_uring, libaio, psync                    (default: io_uring)
+      --single-submit         one submit call per request (ds: single_submit)
+      --no-overlap-events     submit a batch, wait for all of it, repeat (ds: overlap_events false)
+  -r, --runtime S             stop issuing IO in a case after S seconds  (default: no limit)
+      --loops N               run each case N times, report the median   (default: 1)
+      --latency               per-request latency percentiles for sequential modes too
+      --sweep                 sweep a grid: block 128K,1M,8M x depth 1,8,32 x threads 1,2 x
+                              the engines this machine runs x write,read (lists given override)
+      --tune                  run the sweep and write the best case (largest read + write GB/s,
+                              as ds_nvme_tune picks) as a ds_config "aio" block
+      --tune-output FILE      where --tune writes it                      (default: ds_aio_config.json)
+      --verify                read each written file back and compare with what was written
+      --keep                  keep the files (default: delete them at the end)
+      --buffered              go through the page cache instead of O_DIRECT (only when asked;
+                              reads drop the file's cached pages first)
+      --pin                   mlock the IO buffers (DeepSpeed's locked tensors)
+      --no-fsync              do not fdatasync before a write case's clock stops
+      --seed N                data pattern and random-offset seed       (default: 1)
+      --json FILE             machine-readable results (same fields as the table)
+  -h, --help                  this text
+
+Units: MB/s = 1e6 bytes/s, GB/s = 1e9 bytes/s; latency from submission to completion, in us.
+Exit status: 0 all cases ran (and verified), 1 bad input or an IO error (the message names the
+rank, file, offset and length).
+)";
+
+struct Options {
+  std::vector<std::string> paths;
+  std::vector<IoMode> modes{IoMode::write, IoMode::read};
+  uint64_t size = 1ull << 30;
+  std::vector<size_t> block_sizes{1 << 20};
+  std::vector<int> queue_depths{8};
+  std::vector<int> threads{1};
+  std::vector<AioEngine> engines{AioEngine::io_uring};
+  bool single_submit = false, overlap_events = true;
+  double runtime = 0;
+  int loops = 1;
+  bool latency = false, sweep = false, tune = false, verify = false, keep = false, buffered = false, pin = false;
+  bool fsync = true;
+  std::string tune_output = "ds_aio_config.json";
+  std::string json;
+  uint64_t seed = 1;
+  std::set<std::string> given;  // flags the user set (a sweep keeps those)
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+long long parse_int(const std::string& v, const std::string& flag, long long lo, long long hi) {
+  size_t pos = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  if (pos != v.size() || v.empty() || x < lo || x > hi)
+    throw config_error(flag, "'" + v + "' is not an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
+  return x;
+}
+
+// Returns false for --help.
+bool parse_args(const std::vector<std::string>& args, Options& o) {
+  const std::map<std::string, std::string> alias = {{"-p", "--path"},  {"-m", "--mode"},        {"-s", "--size"},
+                                                    {"-b", "--block-size"}, {"-q", "--queue-depth"}, {"-t", "--threads"},
+                                                    {"-e", "--engine"}, {"-r", "--runtime"},    {"-h", "--help"}};
+  const std::set<std::string> with_value = {"--path",    "--mode",   "--size",  "--block-size", "--queue-depth",
+                                            "--threads", "--engine", "--runtime", "--loops",    "--tune-output",
+                                            "--seed",    "--json"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (alias.count(flag)) {
+      flag = alias.at(flag);
+    }
+    if (flag == "--help") return false;
+    if (with_value.count(flag) && value.empty()) {
+      if (i + 1 >= args.size()) throw config_error(flag, "needs a value", "see --help");
+      value = args[++i];
+    }
+    o.given.insert(flag);
+    if (flag == "--path") {
+      o.paths = split_list(value);
+    } else if (flag == "--mode") {
+      o.modes.clear();
+      for (auto& m : split_list(value)) o.modes.push_back(io::parse_mode(m, flag));
+    } else if (flag == "--size") {
+      o.size = parse_size(value, flag);
+    } else if (flag == "--block-size") {
+      o.block_sizes.clear();
+      for (auto& b : split_list(value)) o.block_sizes.push_back(parse_size(b, flag));
+    } else if (flag == "--queue-depth") {
+      o.queue_depths.clear();
+      for (auto& q : split_list(value)) o.queue_depths.push_back(static_cast<int>(parse_int(q, flag, 1, 4096)));
+    } else if (flag == "--threads") {
+      o.threads.clear();
+      for (auto& t : split_list(value)) o.threads.push_back(static_cast<int>(parse_int(t, flag, 1, 256)));
+    } else if (flag == "--engine") {
+      o.engines.clear();
+      for (auto& e : split_list(value)) o.engines.push_back(io::parse_engine(e, flag));
+    } else if (flag == "--runtime") {
+      char* end = nullptr;
+      o.runtime = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end || !(o.runtime >= 0)) throw config_error(flag, "'" + value + "' is not a number of seconds >= 0");
+    } else if (flag == "--loops") {
+      o.loops = static_cast<int>(parse_int(value, flag, 1, 1000));
+    } else if (flag == "--seed") {
+      o.seed = static_cast<uint64_t>(parse_int(value, flag, 0, (1LL << 62)));
+    } else if (flag == "--tune-output") {
+      o.tune_output = value;
+    } else if (flag == "--json") {
+      o.json = value;
+    } else if (flag == "--single-submit") {
+      o.single_submit = true;
+    } else if (flag == "--no-overlap-events" || flag == "--sequential-requests") {
+      o.overlap_events = false;
+    } else if (flag == "--latency") {
+      o.latency = true;
+    } else if (flag == "--sweep") {
+      o.sweep = true;
+    } else if (flag == "--tune") {
+      o.tune = o.sweep = true;
+    } else if (flag == "--verify") {
+      o.verify = true;
+    } else if (flag == "--keep") {
+      o.keep = true;
+    } else if (flag == "--buffered") {
+      o.buffered = true;
+    } else if (flag == "--pin") {
+      o.pin = true;
+    } else if (flag == "--no-fsync") {
+      o.fsync = false;
+    } else {
+      throw config_error(flag, "unknown flag '" + flag + "'", "see --help");
+    }
+  }
+  if (o.paths.empty()) throw config_error("--path", "is required: the directory (or directories) to test", "see --help");
+  if (o.modes.empty()) throw config_error("--mode", "lists no mode");
+  if (o.block_sizes.empty() || o.queue_depths.empty() || o.threads.empty() || o.engines.empty())
+    throw config_error("--block-size/--queue-depth/--threads/--engine", "an empty list");
+  if (o.sweep) {
+    if (!o.given.count("--block-size")) o.block_sizes = {128 << 10, 1 << 20, 8 << 20};
+    if (!o.given.count("--queue-depth")) o.queue_depths = {1, 8, 32};
+    if (!o.given.count("--threads")) o.threads = {1, 2};
+    if (!o.given.count("--engine")) {
+      o.engines.clear();
+      for (AioEngine e : {AioEngine::io_uring, AioEngine::libaio})
+        if (io::engine_available(e)) o.engines.push_back(e);
+    }
+  }
+  if (o.tune) {
+    bool r = false, w = false;
+    for (auto m : o.modes) r |= m == IoMode::read, w |= m == IoMode::write;
+    if (!(r && w)) throw config_error("--mode", "--tune compares read + write bandwidth and needs both modes");
+  }
+  for (size_t bs : o.block_sizes) {
+    if (bs < 4096 || bs % 4096 != 0 || bs > (size_t{1} << 30))
+      throw config_error("--block-size", std::to_string(bs) + " bytes is not a multiple of 4096 in 4K..1G",
+                         "O_DIRECT needs requests aligned to the device's logical block size, e.g. 128K, 1M, 8M");
+  }
+  return true;
+}
+
+struct CaseSpec {
+  IoMode mode;
+  AioConfig aio;
+};
+
+struct RankFigures {
+  std::string node, path;
+  io::IoResult r;
+};
+
+struct CaseOutcome {
+  CaseSpec spec;
+  std::vector<RankFigures> ranks;
+  double agg_mb_per_s = 0, agg_iops = 0, seconds = 0, cpu_seconds = 0, bytes = 0;
+  double p50 = -1, p99 = -1, p999 = -1;  // worst rank's
+  std::string verified = "-";
+};
+
+std::string case_label(const CaseSpec& c) {
+  std::string s = std::string(io::mode_name(c.mode)) + " " + c.aio.describe();
+  return s;
+}
+
+// An error raised on some rank and now known to every rank: what() is the full line to print.
+struct SharedError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Collective over world: every rank passes its error ("" if fine); throws SharedError on every
+// rank if any failed, with the first failing rank's message.
+void check_all(const comm::Communicator& world, const std::string& err) {
+  auto errs = world.allgather_string(err);
+  for (int r = 0; r < world.size(); ++r)
+    if (!errs[r].empty()) {
+      if (errs[r].rfind("[rank", 0) == 0) throw SharedError(errs[r]);
+      throw SharedError("[rank " + std::to_string(r) + "] " + errs[r]);
+    }
+}
+
+template <class F>
+std::string capture(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int local_rank(const comm::Communicator& world) {
+  MPI_Comm local;
+  HPCT_CHECK_MPI(MPI_Comm_split_type(world.raw(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &local));
+  int r = 0;
+  MPI_Comm_rank(local, &r);
+  MPI_Comm_free(&local);
+  return r;
+}
+
+// Everything about the target that can be checked before any IO: exists, is a writable directory,
+// has room for every rank's file on it, takes O_DIRECT, and the block sizes fit its alignment.
+std::string check_target(const Options& o, const std::string& dir, int ranks_sharing) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    return "--path " + dir + ": does not exist (" + std::strerror(errno) + "); create it or choose another directory";
+  if (!S_ISDIR(st.st_mode)) return "--path " + dir + ": is not a directory";
+  if (::access(dir.c_str(), W_OK) != 0) return "--path " + dir + ": is not writable by this user";
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) != 0) return "--path " + dir + ": statvfs failed: " + std::strerror(errno);
+  double avail = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  double need = static_cast<double>(o.size) * ranks_sharing;
+  if (need > avail)
+    return "--path " + dir + ": --size " + format_bytes(static_cast<double>(o.size)) + " x " + std::to_string(ranks_sharing) +
+           " rank(s) on it needs " + format_bytes(need) + ", only " + format_bytes(avail) + " free; lower --size";
+  if (!o.buffered) {
+    std::string probe = dir + "/.nvme_bench_probe." + std::to_string(::getpid());
+    std::string err = capture([&] {
+      io::IoFile f = io::IoFile::open(probe, io::IoFile::Mode::write, true, true);
+      for (size_t bs : o.block_sizes)
+        if (bs % f.alignment() != 0)
+          throw config_error("--block-size", format_bytes(static_cast<double>(bs)) + " is not a multiple of the direct-IO alignment " +
+                                                 std::to_string(f.alignment()) + " of " + dir);
+    });
+    ::unlink(probe.c_str());
+    if (!err.empty()) {
+      if (err.find("does not support O_DIRECT") != std::string::npos)
+        return "--path " + dir + ": the filesystem does not support O_DIRECT; rerun with --buffered to measure through the page cache";
+      return err;
+    }
+  }
+  for (AioEngine e : o.engines) {
+    std::string why;
+    if (!io::engine_available(e, &why)) return std::string("--engine ") + io::engine_name(e) + ": not available here: " + why;
+  }
+  return "";
+}
+
+std::vector<CaseSpec> build_grid(const Options& o) {
+  std::vector<CaseSpec> out;
+  for (AioEngine e : o.engines)
+    for (size_t bs : o.block_sizes)
+      for (size_t qi = 0; qi < o.queue_depths.size(); ++qi)
+        for (int t : o.threads) {
+          int qd = o.queue_depths[qi];
+          if (e == AioEngine::psync) {  // one request at a time per thread: depth means nothing
+            if (qi > 0) continue;
+            qd = 1;
+          }
+          for (IoMode m : o.modes) {
+            CaseSpec c{m, AioConfig{}};
+            c.aio.engine = e;
+            c.aio.block_size = bs;
+            c.aio.queue_depth = qd;
+            c.aio.thread_count = t;
+            c.aio.single_submit = o.single_submit;
+            c.aio.overlap_events = o.overlap_events;
+            c.aio.direct = !o.buffered;
+            c.aio.pin_buffers = o.pin;
+            out.push_back(c);
+          }
+        }
+  return out;
+}
+
+nlohmann::json num_or_null(double v) { return v < 0 || !std::isfinite(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
+
+int run(int argc, char** argv) {
+  comm::Communicator world = comm::Communicator::world();
+  const bool root = world.rank() == 0;
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!parse_args(args, o)) {
+    if (root) std::cout << kHelp;
+    return 0;
+  }
+  ::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes an EFBIG error with the file named
+
+  const int lrank = local_rank(world);
+  const std::string node = node_name();
+  const std::string dir = o.paths[static_cast<size_t>(lrank) % o.paths.size()];
+  const std::string file = dir + "/nvme_bench." + node + "." + std::to_string(world.rank()) + ".dat";
+  // Ranks of this node that share this directory share its free space.
+  auto keys = world.allgather_string(node + "\n" + std::filesystem::weakly_canonical(dir).string());
+  int sharing = static_cast<int>(std::count(keys.begin(), keys.end(), keys[world.rank()]));
+  check_all(world, check_target(o, dir, sharing));
+
+  std::vector<CaseSpec> grid = build_grid(o);
+  Progress progress(static_cast<int>(grid.size()) * o.loops, 0, root ? stderr : nullptr);
+  if (root) {
+    std::fprintf(stderr, "nvme_bench: %zu case(s) x %d loop(s), %s per rank, %d rank(s), %s\n", grid.size(), o.loops,
+                 format_bytes(static_cast<double>(o.size)).c_str(), world.size(), o.buffered ? "buffered" : "O_DIRECT");
+  }
+
+  std::vector<CaseOutcome> outcomes;
+  // A file kept by an earlier run (--keep) with at least --size bytes is read as it is, so a read
+  // can run in its own process after a write, as fio's do (its pattern is that run's: --verify
+  // checks only what this run writes).
+  struct stat kept {};
+  bool file_full = ::stat(file.c_str(), &kept) == 0 && static_cast<uint64_t>(kept.st_size) >= o.size;
+  std::vector<std::string> failures;
+  auto cleanup = [&] {
+    if (!o.keep) ::unlink(file.c_str());
+  };
+  try {
+    for (const CaseSpec& spec : grid) {
+      if (spec.mode != IoMode::write && !file_full) {
+        check_all(world, capture([&] { io::prepare_file(file, o.size, spec.aio, o.seed + world.rank()); }));
+        file_full = true;
+      }
+      std::vector<io::IoResult> runs;
+      for (int loop = 0; loop < o.loops; ++loop) {
+        io::IoCase c;
+        c.mode = spec.mode;
+        c.aio = spec.aio;
+        c.size = o.size;
+        c.runtime = o.runtime;
+        c.record_latency = o.latency || spec.mode == IoMode::randread;
+        c.fsync = o.fsync;
+        c.seed = o.seed + world.rank();
+        io::IoResult r;
+        world.barrier();
+        std::string err = capture([&] { r = io::run_io_case(file, c); });
+        check_all(world, err);
+        runs.push_back(r);
+        if (spec.mode == IoMode::write) file_full = r.bytes == o.size;
+        if (loop + 1 < o.loops) progress.done(case_label(spec) + " loop " + std::to_string(loop + 1), 1.0);
+      }
+      // The loop with the median aggregate bandwidth represents the case.
+      std::vector<double> agg(runs.size());
+      CaseOutcome out;
+      out.spec = spec;
+      for (size_t l = 0; l < runs.size(); ++l) {
+        const auto& r = runs[l];
+        std::vector<double> b = world.allgather(static_cast<double>(r.bytes));
+        std::vector<double> s = world.allgather(r.seconds);
+        double tot = 0, mx = 0;
+        for (int k = 0; k < world.size(); ++k) tot += b[k], mx = std::max(mx, s[k]);
+        agg[l] = mx > 0 ? tot / mx : 0;
+      }
+      std::vector<size_t> idx(runs.size());
+      for (size_t l = 0; l < idx.size(); ++l) idx[l] = l;
+      std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return agg[a] < agg[b]; });
+      const io::IoResult& mine = runs[idx[idx.size() / 2]];
+      std::vector<double> bytes = world.allgather(static_cast<double>(mine.bytes));
+      std::vector<double> secs = world.allgather(mine.seconds);
+      std::vector<double> cpu = world.allgather(mine.cpu_seconds);
+      std::vector<double> reqs = world.allgather(static_cast<double>(mine.requests));
+      std::vector<double> p50 = world.allgather(mine.lat_p50_us);
+      std::vector<double> p99 = world.allgather(mine.lat_p99_us);
+      std::vector<double> p999 = world.allgather(mine.lat_p999_us);
+      std::vector<std::string> nodes = world.allgather_string(node);
+      std::vector<std::string> files = world.allgather_string(file);
+      double tot_bytes = 0, tot_reqs = 0, max_s = 0, tot_cpu = 0;
+      for (int k = 0; k < world.size(); ++k) {
+        RankFigures f;
+        f.node = nodes[k];
+        f.path = files[k];
+        f.r.bytes = static_cast<uint64_t>(bytes[k]);
+        f.r.seconds = secs[k];
+        f.r.cpu_seconds = cpu[k];
+        f.r.requests = static_cast<uint64_t>(reqs[k]);
+        f.r.lat_p50_us = p50[k];
+        f.r.lat_p99_us = p99[k];
+        f.r.lat_p999_us = p999[k];
+        out.ranks.push_back(f);
+        tot_bytes += bytes[k];
+        tot_reqs += reqs[k];
+        tot_cpu += cpu[k];
+        max_s = std::max(max_s, secs[k]);
+        out.p50 = std::max(out.p50, p50[k]);
+        out.p99 = std::max(out.p99, p99[k]);
+        out.p999 = std::max(out.p999, p999[k]);
+      }
+      out.seconds = max_s;
+      out.bytes = tot_bytes;
+      out.cpu_seconds = tot_cpu;
+      out.agg_mb_per_s = max_s > 0 ? tot_bytes / max_s / 1e6 : 0;
+      out.agg_iops = max_s > 0 ? tot_reqs / max_s : 0;
+      if (o.verify && spec.mode == IoMode::write) {
+        int64_t bad = -1;
+        uint64_t sum = 0;
+        check_all(world, capture([&] { bad = io::verify_file(file, mine.bytes, spec.aio, o.seed + world.rank(), &sum); }));
+        std::vector<double> bads = world.allgather(static_cast<double>(bad));
+        out.verified = "yes";
+        for (int k = 0; k < world.size(); ++k)
+          if (bads[k] >= 0) {
+            out.verified = "NO";
+            failures.push_back(case_label(spec) + ": rank " + std::to_string(k) + " read back different data at offset " +
+                               std::to_string(static_cast<int64_t>(bads[k])) + " of " + files[k]);
+          }
+      }
+      char line[160];
+      std::snprintf(line, sizeof line, "%s: %.1f MB/s%s", case_label(spec).c_str(), out.agg_mb_per_s,
+                    spec.mode == IoMode::randread ? (", " + std::to_string(static_cast<long long>(out.agg_iops)) + " IOPS").c_str() : "");
+      progress.done(line, 1.0);
+      outcomes.push_back(std::move(out));
+    }
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+
+  // Tune: the configuration with the largest read + write aggregate bandwidth (ds_nvme_tune's rule).
+  nlohmann::json best_json;
+  if (o.tune) {
+    std::map<std::string, std::pair<const CaseOutcome*, const CaseOutcome*>> by_cfg;  // write, read
+    for (const auto& c : outcomes) {
+      AioConfig k = c.spec.aio;
+      std::string key = k.describe();
+      if (c.spec.mode == IoMode::write) by_cfg[key].first = &c;
+      if (c.spec.mode == IoMode::read) by_cfg[key].second = &c;
+    }
+    const CaseOutcome *bw = nullptr, *br = nullptr;
+    for (const auto& [k, wr] : by_cfg) {
+      if (!wr.first || !wr.second) continue;
+      if (!bw || wr.first->agg_mb_per_s + wr.second->agg_mb_per_s > bw->agg_mb_per_s + br->agg_mb_per_s) {
+        bw = wr.first;
+        br = wr.second;
+      }
+    }
+    if (bw && root) {
+      nlohmann::json block = {{"aio", bw->spec.aio.to_ds_json()}};
+      write_json_file(o.tune_output, block);
+      std::printf("Best performance (GB/sec): read = %.2f, write = %.2f  [%s]\n", br->agg_mb_per_s / 1e3, bw->agg_mb_per_s / 1e3,
+                  bw->spec.aio.describe().c_str());
+      std::printf("ds_config aio block written to %s:\n%s\n", o.tune_output.c_str(), block.dump(2).c_str());
+      best_json = {{"config", bw->spec.aio.to_ds_json()},
+                   {"read_MBps", br->agg_mb_per_s},
+                   {"write_MBps", bw->agg_mb_per_s},
+                   {"file", o.tune_output}};
+    }
+  }
+
+  if (!root) return failures.empty() ? 0 : 1;
+
+  Provenance prov("nvme_bench");
+  prov.add("ranks", std::to_string(world.size()))
+      .add("paths", [&] {
+        std::string s;
+        for (auto& p : o.paths) s += (s.empty() ? "" : ",") + p;
+        return s;
+      }())
+      .add("size_per_rank", format_bytes(static_cast<double>(o.size)))
+      .add("io", o.buffered ? "buffered" : "O_DIRECT")
+      .add("loops", std::to_string(o.loops))
+      .add("fsync_in_write_time", o.fsync ? "yes" : "no");
+  ReportTable table({{"mode", ""},
+                     {"engine", ""},
+                     {"block", "bytes"},
+                     {"qd", ""},
+                     {"threads", ""},
+                     {"submit", ""},
+                     {"ranks", ""},
+                     {"bandwidth", "MB/s", 1},
+                     {"iops", "1/s", 0},
+                     {"lat_p50", "us", 1},
+                     {"lat_p99", "us", 1},
+                     {"lat_p99_9", "us", 1},
+                     {"cpu", "s", 2},
+                     {"verified", ""}});
+  ReportTable per_rank({{"case", ""}, {"rank", ""}, {"node", ""}, {"bandwidth", "MB/s", 1}, {"seconds", "s", 3}, {"cpu", "s", 2}, {"file", ""}});
+  nlohmann::json cases = nlohmann::json::array();
+  auto opt = [](double v) -> ReportTable::Cell { return v < 0 ? ReportTable::Cell{} : ReportTable::Cell{v}; };
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const auto& c = outcomes[i];
+    const AioConfig& a = c.spec.aio;
+    std::string submit = std::string(a.single_submit ? "single" : "batch") + (a.overlap_events ? "+overlap" : "+drain");
+    table.add_row({std::string(io::mode_name(c.spec.mode)), std::string(io::engine_name(a.engine)),
+                   static_cast<int64_t>(a.block_size), static_cast<int64_t>(a.queue_depth), static_cast<int64_t>(a.thread_count),
+                   submit, static_cast<int64_t>(world.size()), c.agg_mb_per_s, c.agg_iops, opt(c.p50), opt(c.p99), opt(c.p999),
+                   c.cpu_seconds, c.verified});
+    nlohmann::json ranks = nlohmann::json::array();
+    for (size_t k = 0; k < c.ranks.size(); ++k) {
+      const auto& f = c.ranks[k];
+      per_rank.add_row({static_cast<int64_t>(i), static_cast<int64_t>(k), f.node, f.r.mb_per_s(), f.r.seconds, f.r.cpu_seconds, f.path});
+      ranks.push_back({{"rank", k},
+                       {"node", f.node},
+                       {"file", f.path},
+                       {"bytes", f.r.bytes},
+                       {"seconds", f.r.seconds},
+                       {"bandwidth_MBps", f.r.mb_per_s()},
+                       {"iops", f.r.iops()},
+                       {"cpu_seconds", f.r.cpu_seconds},
+                       {"lat_p50_us", num_or_null(f.r.lat_p50_us)},
+                       {"lat_p99_us", num_or_null(f.r.lat_p99_us)},
+                       {"lat_p99_9_us", num_or_null(f.r.lat_p999_us)}});
+    }
+    nlohmann::json cj = {{"mode", io::mode_name(c.spec.mode)},
+                         {"aio", a.to_ds_json()},
+                         {"ranks", world.size()},
+                         {"bytes", static_cast<uint64_t>(c.bytes)},
+                         {"seconds", c.seconds},
+                         {"bandwidth_MBps", c.agg_mb_per_s},
+                         {"bandwidth_GBps", c.agg_mb_per_s / 1e3},
+                         {"iops", c.agg_iops},
+                         {"lat_p50_us", num_or_null(c.p50)},
+                         {"lat_p99_us", num_or_null(c.p99)},
+                         {"lat_p99_9_us", num_or_null(c.p999)},
+                         {"cpu_seconds", c.cpu_seconds},
+                         {"verified", c.verified == "-" ? nlohmann::json(nullptr) : nlohmann::json(c.verified == "yes")},
+                         {"per_rank", ranks}};
+    cases.push_back(cj);
+  }
+  std::cout << prov.text() << table.text();
+  if (world.size() > 1) std::cout << "#\n# per rank (case = row number above, from 0)\n" << per_rank.text();
+  std::cout << summary_footer(outcomes.size(), failures) << std::flush;
+  if (!o.json.empty()) {
+    nlohmann::json doc = {{"provenance", prov.json()},
+                          {"units", {{"bandwidth", "MB/s = 1e6 bytes/s, aggregate = total bytes / slowest rank's seconds"},
+                                     {"latency", "microseconds, submission to completion, worst rank's percentile"}}},
+                          {"cases", cases},
+                          {"result", failures.empty() ? "OK" : "FAILED"},
+                          {"failures", failures}};
+    if (!best_json.is_null()) doc["tune"] = best_json;
+    write_json_file(o.json, doc);
+  }
+  return failures.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::Environment env(&argc, &argv);
+  try {
+    return run(argc, argv);
+  } catch (const SharedError& e) {
+    if (comm::Communicator::world().rank() == 0) std::fprintf(stderr, "nvme_bench: error: %s\n", e.what());
+    return 1;
+  } catch (const Error& e) {
+    // Flag errors: every rank parses the same flags and fails alike, so all exit together.
+    if (comm::Communicator::world().rank() == 0) std::fprintf(stderr, "nvme_bench: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nvme_bench: error: [rank %d] %s\n", comm::Communicator::world().rank(), e.what());
+    comm::Environment::abort(1);
+  }
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# nvme_bench vs fio on the same disk, file size, block size, queue depth, threads and engine,
+# side by side, sequential write and read, O_DIRECT (DeepNVMe's blog used fio as its reference).
+#
+#   bench/nvme_vs_fio.sh [DIR] [ROUNDS] [SIZE] [ENGINES]     e.g. bench/nvme_vs_fio.sh /tmp 5 2G "libaio io_uring"
+#
+# Cases: (bs 1M, QD 1/8/32) and (bs 128K / 8M, QD 8), one thread. The programs alternate ROUNDS
+# times (this machine's timings swing 20-40% run to run) and the medians are compared; the bar is
+# every ratio within +-5%. Then `nvme_bench --tune` runs its sweep over bs {128K,1M,8M} x
+# QD {1,8,32} and fio runs the same grid; the bar is the tuned pick within 10% of fio's best.
+# fio: --direct=1 --end_fsync=1 (writes), numjobs = threads with one region each; nvme_bench
+# fdatasyncs before a write case's clock stops too. Each program writes a fresh, preallocated file
+# in one process and reads it back in the next (nvme_bench --keep), so both see the same gaps
+# between a write and the read after it (this VM's disk caches recent writes on the host). Needs `scripts/install_deps.sh --bench` (fio)
+# and a build in ./build.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${1:-$root/build/nvme_bench_scratch}
+rounds=${2:-5}
+size=${3:-2G}
+engines=${4:-"libaio io_uring"}
+nb="$root/build/apps/nvme_bench/nvme_bench"
+command -v fio >/dev/null || { echo "fio not found: run scripts/install_deps.sh --bench" >&2; exit 1; }
+[[ -x "$nb" ]] || { echo "$nb not built" >&2; exit 1; }
+mkdir -p "$dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; rm -f "$dir"/fio_bench.* "$dir"/nvme_bench.*' EXIT
+
+bytes() { python3 -c 'import sys; s=sys.argv[1]; m={"K":2**10,"M":2**20,"G":2**30}; print(int(float(s[:-1])*m[s[-1]]) if s[-1] in m else int(s))' "$1"; }
+median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
+size_b=$(bytes "$size")
+
+run_fio() {  # engine rw bs qd threads -> MB/s
+  local eng=$1 rw=$2 bs=$3 qd=$4 t=$5 extra=()
+  # Writes start from a fresh file, as nvme_bench's do (it deletes its file after each run): an
+  # overwrite of blocks already written lands in this VM's host cache at several GB/s.
+  if [[ $rw == write ]]; then extra+=(--end_fsync=1); rm -f "$dir/fio_bench.dat"; fi
+  fio --name=nvme_vs_fio --filename="$dir/fio_bench.dat" --ioengine="$eng" --direct=1 --rw="$rw" --bs="$bs" \
+    --iodepth="$qd" --numjobs="$t" --size=$((size_b / t)) --offset_increment=$((size_b / t)) --thread \
+    --group_reporting --output-format=json "${extra[@]}" >"$tmp/fio.json" 2>"$tmp/fio.err" || { cat "$tmp/fio.err" >&2; exit 1; }
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(j[sys.argv[2]]["bw_bytes"]/1e6)' "$tmp/fio.json" "$rw"
+}
+
+run_nb() {  # engine rw bs qd threads -> MB/s; one process per mode, as fio runs them
+  local eng=$1 rw=$2 bs=$3 qd=$4 t=$5
+  [[ $rw == write ]] && rm -f "$dir"/nvme_bench.*
+  "$nb" --path "$dir" --size "$size" --mode "$rw" --block-size "$bs" --queue-depth "$qd" --threads "$t" \
+    --engine "$eng" --keep --json "$tmp/nb.json" >"$tmp/nb.log" 2>&1 || { cat "$tmp/nb.log" >&2; exit 1; }
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cases"][0]["bandwidth_MBps"])' "$tmp/nb.json"
+}
+
+echo "# nvme_bench vs $(fio --version) on $dir ($(df -hT "$dir" | awk 'NR==2{print $2, $1}')), $(nproc) cores, $(date -u +%F)"
+echo "# git $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown); file $size; O_DIRECT; rounds $rounds (medians); 1 thread"
+printf "%-9s %-6s %6s %4s %14s %14s %7s\n" engine rw bs qd nvme_MB/s fio_MB/s ratio
+cases=("1M 1" "1M 8" "1M 32" "128K 8" "8M 8")
+fails=0
+for eng in $engines; do
+  for c in "${cases[@]}"; do
+    read -r bs qd <<<"$c"
+    nw=(); nr=(); fw=(); fr=()
+    for ((i = 1; i <= rounds; i++)); do
+      # write then read for each program; which program goes first alternates by round
+      if ((i % 2)); then
+        nw+=("$(run_nb "$eng" write "$bs" "$qd" 1)"); nr+=("$(run_nb "$eng" read "$bs" "$qd" 1)")
+        fw+=("$(run_fio "$eng" write "$bs" "$qd" 1)"); fr+=("$(run_fio "$eng" read "$bs" "$qd" 1)")
+      else
+        fw+=("$(run_fio "$eng" write "$bs" "$qd" 1)"); fr+=("$(run_fio "$eng" read "$bs" "$qd" 1)")
+        nw+=("$(run_nb "$eng" write "$bs" "$qd" 1)"); nr+=("$(run_nb "$eng" read "$bs" "$qd" 1)")
+      fi
+      echo "  round $i/$rounds $eng bs=$bs qd=$qd: write ${nw[-1]} vs ${fw[-1]}, read ${nr[-1]} vs ${fr[-1]} MB/s" >&2
+    done
+    for rw in write read; do
+      if [[ $rw == write ]]; then N=$(median "${nw[@]}"); F=$(median "${fw[@]}"); else N=$(median "${nr[@]}"); F=$(median "${fr[@]}"); fi
+      line=$(python3 -c 'import sys; n,f=float(sys.argv[5]),float(sys.argv[6]); r=n/f; print(f"{sys.argv[1]:<9} {sys.argv[2]:<6} {sys.argv[3]:>6} {sys.argv[4]:>4} {n:14.1f} {f:14.1f} {r:7.3f}" + ("" if abs(r-1)<=0.05 else "  outside +-5%"))' "$eng" "$rw" "$bs" "$qd" "$N" "$F")
+      echo "$line"
+      [[ $line == *outside* ]] && fails=$((fails + 1))
+    done
+  done
+done
+
+# --tune against fio over the same grid (first engine).
+eng=${engines%% *}
+echo "# tune: nvme_bench --tune vs fio over bs {128K,1M,8M} x qd {1,8,32}, $eng, 1 thread"
+"$nb" --path "$dir" --size "$size" --tune --block-size 128K,1M,8M --queue-depth 1,8,32 --threads 1 --engine "$eng" \
+  --tune-output "$tmp/aio.json" --json "$tmp/tune.json" >"$tmp/tune.log" 2>&1 || { cat "$tmp/tune.log" >&2; exit 1; }
+grep "Best performance" "$tmp/tune.log"
+best_sum=0; best_w=0; best_r=0; best_cfg=""
+for bs in 128K 1M 8M; do
+  for qd in 1 8 32; do
+    w=$(run_fio "$eng" write "$bs" "$qd" 1); r=$(run_fio "$eng" read "$bs" "$qd" 1)
+    echo "  fio $eng bs=$bs qd=$qd: write $w read $r MB/s" >&2
+    read -r best_sum best_w best_r best_cfg <<<"$(python3 -c 'import sys; s,w,r,c,nw,nr,nc=sys.argv[1:]; s=float(s); t=float(nw)+float(nr); print(*( (t,nw,nr,nc) if t>s else (s,w,r,c) ))' "$best_sum" "$best_w" "$best_r" "${best_cfg:-none}" "$w" "$r" "bs=$bs,qd=$qd")"
+  done
+done
+tune_rc=0
+python3 - "$tmp/tune.json" "$best_sum" "$best_w" "$best_r" "$best_cfg" <<'PY' || tune_rc=$?
+import json, sys
+d = json.load(open(sys.argv[1]))["tune"]
+fs, fw, fr, fc = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+ts = d["read_MBps"] + d["write_MBps"]
+c = d["config"]
+print(f"tuned pick bs={c['block_size']} qd={c['queue_depth']}: write {d['write_MBps']:.1f} + read {d['read_MBps']:.1f} = {ts:.1f} MB/s")
+print(f"fio best in the grid {fc}: write {fw:.1f} + read {fr:.1f} = {fs:.1f} MB/s")
+r = ts / fs
+print(f"ratio {r:.3f}" + ("" if r >= 0.9 else "  more than 10% below fio's best"))
+sys.exit(0 if r >= 0.9 else 3)
+PY
+echo "# $fails pair(s) outside +-5%; tune $([[ $tune_rc == 0 ]] && echo within || echo NOT within) 10% of fio's best"
