@@ -39,6 +39,8 @@ static int run(int argc, char** argv) {
   cfg.finalize(grid.dp().size());
 
   engine::Trainer trainer(cfg, grid);
+  // Loading is collective and its checks fail on every rank alike: still the setup phase.
+  trainer.load_checkpoint();
   g_setup_phase = false;
   if (root) {
     auto mem = trainer.memory_report();
@@ -56,15 +58,19 @@ static int run(int argc, char** argv) {
   engine::TrainSummary s = trainer.train(*data.train, data.valid.get());
   if (root) {
     double final_val = s.val_losses.empty() ? NAN : s.val_losses.back().second;
-    std::printf("> training done: %lld iterations in %.1f s, %.1f tokens/s, peak resident memory per rank %s\n",
-                cfg.train_iters, s.seconds, s.tokens_per_second, format_bytes((double)s.peak_rss_bytes).c_str());
+    std::printf("> training done: iterations %lld to %lld in %.1f s, %.1f tokens/s, peak resident memory per rank %s\n",
+                s.start_iteration, s.last_iteration, s.seconds, s.tokens_per_second,
+                format_bytes((double)s.peak_rss_bytes).c_str());
     if (!s.val_losses.empty()) {
       std::printf("> final validation loss %.4f, perplexity %.2f", final_val, std::exp(final_val));
       if (data.unigram_ppl > 0) std::printf(" (unigram baseline %.2f: %.2fx lower)", data.unigram_ppl, data.unigram_ppl / std::exp(final_val));
       std::printf("\n");
     }
     nlohmann::json summary = {{"type", "summary"},
-                              {"iterations", cfg.train_iters},
+                              {"iterations", s.last_iteration},
+                              {"start_iteration", s.start_iteration},
+                              {"exit_reason", s.exit_reason},
+                              {"checkpoints_saved", s.saved},
                               {"total_seconds", s.seconds},
                               {"tokens_per_second", s.tokens_per_second},
                               {"final_lm_loss", s.steps.empty() ? NAN : s.steps.back().lm_loss},
@@ -87,7 +93,8 @@ static int run(int argc, char** argv) {
       j << summary.dump(2) << "\n";
     }
   }
-  return 0;
+  // A stop on SIGUSR1/SIGTERM saved a checkpoint: a documented code tells the job script to requeue.
+  return s.exit_reason == "signal" ? engine::kExitSavedOnSignal : 0;
 }
 
 int main(int argc, char** argv) {

@@ -16,6 +16,11 @@ Error::Error(const std::string& message, Context ctx)
     : std::runtime_error(format(message, ctx, g_error_rank)), message_(message), ctx_(std::move(ctx)),
       rank_(g_error_rank) {}
 
+Error::Error(const std::string& full_line, RelayTag)
+    : std::runtime_error(full_line), message_(full_line), rank_(g_error_rank) {}
+
+Error Error::relayed(const std::string& full_line) { return Error(full_line, RelayTag{}); }
+
 std::string Error::format(const std::string& message, const Context& ctx, int rank) {
   std::string s;
   if (rank >= 0) s += "[rank " + std::to_string(rank) + "] ";

@@ -82,4 +82,15 @@ bool LossScaler::update(bool overflow) {
   return false;
 }
 
+nlohmann::json LossScaler::state() const {
+  return {{"scale", scale_}, {"good_steps", good_steps_}, {"hysteresis_left", hysteresis_left_}, {"dynamic", dynamic_}};
+}
+
+void LossScaler::restore(const nlohmann::json& st) {
+  if (st.is_null()) return;
+  scale_ = st.at("scale").get<double>();
+  good_steps_ = st.at("good_steps").get<int>();
+  hysteresis_left_ = st.at("hysteresis_left").get<int>();
+}
+
 }  // namespace hpct::engine

@@ -95,6 +95,11 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--metrics-file", {true, [](TrainConfig& c, const std::string& v) { c.metrics_file = v; }, "JSON-lines metrics file"}},
       {"--json", {true, [](TrainConfig& c, const std::string& v) { c.json_summary = v; }, "JSON summary file"}},
       {"--deepspeed_config", {true, [](TrainConfig& c, const std::string& v) { c.ds_config_path = v; }, "DeepSpeed ds_config.json"}},
+      {"--save", {true, [](TrainConfig& c, const std::string& v) { c.save_dir = v; }, "checkpoint directory to save into"}},
+      {"--load", {true, [](TrainConfig& c, const std::string& v) { c.load_path = v; }, "checkpoint directory (its latest) or file to resume from"}},
+      {"--save-interval", {true, [](TrainConfig& c, const std::string& v) { c.save_interval = to_int("--save-interval", v); }, "iterations between checkpoints"}},
+      {"--exit-interval", {true, [](TrainConfig& c, const std::string& v) { c.exit_interval = to_int("--exit-interval", v); }, "save and exit after this iteration"}},
+      {"--keep-last", {true, [](TrainConfig& c, const std::string& v) { c.keep_last = (int)to_int("--keep-last", v); }, "keep only the newest K checkpoints (0: all)"}},
       {"--deepspeed", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts"}},
   };
   return t;
@@ -332,6 +337,10 @@ void TrainConfig::finalize(int dp) {
   if (log_interval <= 0) throw config_error("--log-interval", "--log-interval must be positive");
   if (eval_interval <= 0) throw config_error("--eval-interval", "--eval-interval must be positive");
   if (eval_iters < 0) throw config_error("--eval-iters", "--eval-iters must be >= 0");
+  if (save_interval < 0) throw config_error("--save-interval", "--save-interval must be >= 0");
+  if (save_interval > 0 && save_dir.empty()) throw config_error("--save-interval", "--save-interval needs --save DIR");
+  if (exit_interval < 0) throw config_error("--exit-interval", "--exit-interval must be >= 0");
+  if (keep_last < 0) throw config_error("--keep-last", "--keep-last must be >= 0");
   if (zero_stage < 0 || zero_stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   if (zero_stage > 0)
     throw config_error("--zero-stage", "ZeRO stage " + std::to_string(zero_stage) + " is not available in this release",
@@ -339,6 +348,49 @@ void TrainConfig::finalize(int dp) {
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
     throw config_error("fp16", "loss_scale_window, hysteresis and min_loss_scale must be positive");
+}
+
+nlohmann::json config_to_json(const TrainConfig& c) {
+  const char* prec = c.precision == PrecisionMode::fp32 ? "fp32" : c.precision == PrecisionMode::bf16 ? "bf16" : "fp16";
+  return {{"model",
+           {{"num_layers", c.model.num_layers},
+            {"hidden_size", c.model.hidden_size},
+            {"num_attention_heads", c.model.num_heads},
+            {"seq_length", c.model.max_seq_length},
+            {"vocab_size", c.model.vocab_size},
+            {"padded_vocab_size", c.model.padded_vocab()},
+            {"init_method_std", c.model.init_std}}},
+          {"micro_batch_size", c.micro_batch},
+          {"global_batch_size", c.global_batch},
+          {"gradient_accumulation_steps", c.grad_accum},
+          {"train_iters", c.train_iters},
+          {"lr", c.lr},
+          {"min_lr", c.min_lr},
+          {"lr_warmup_iters", c.lr_warmup_iters},
+          {"lr_decay_iters", c.lr_decay_iters},
+          {"lr_style", static_cast<int>(c.lr_style)},
+          {"adam_beta1", c.beta1},
+          {"adam_beta2", c.beta2},
+          {"adam_eps", c.eps},
+          {"weight_decay", c.weight_decay},
+          {"clip_grad", c.clip_grad},
+          {"precision", prec},
+          {"loss_scale", {{"static", c.loss_scale.static_scale}, {"initial_power", c.loss_scale.initial_scale_power},
+                          {"window", c.loss_scale.window}, {"hysteresis", c.loss_scale.hysteresis},
+                          {"min", c.loss_scale.min_scale}}},
+          {"recompute_activations", c.recompute_activations},
+          {"zero_stage", c.zero_stage},
+          {"data_path", c.data_path},
+          {"vocab_file", c.vocab_file},
+          {"merge_file", c.merge_file},
+          {"split", c.split},
+          {"mock_data", c.mock_data},
+          {"seed", c.seed},
+          {"save", c.save_dir},
+          {"load", c.load_path},
+          {"save_interval", c.save_interval},
+          {"keep_last", c.keep_last},
+          {"deepspeed_config", c.ds_config_path}};
 }
 
 }  // namespace hpct::engine

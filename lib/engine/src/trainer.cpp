@@ -1,7 +1,11 @@
 // The training loop. See trainer.hpp.
 #include "hpct/engine/trainer.hpp"
 
+#include <sys/stat.h>
+
+#include <csignal>
 #include <cmath>
+#include <iomanip>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -12,6 +16,7 @@
 #include "hpct/core/sysinfo.hpp"
 #include "hpct/core/timer.hpp"
 #include "hpct/core/units.hpp"
+#include "hpct/engine/checkpointer.hpp"
 
 namespace hpct::engine {
 
@@ -106,7 +111,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   for (int m = 0; m < cfg_.grad_accum; ++m) {
     // Sample order is a function of (iteration, micro-step, dp rank) only: N ranks with k micro-steps
     // see exactly the samples one rank sees with N*k micro-steps.
-    load_micro_batch(data, iteration * GB + ((long long)m * dp + r) * mb);
+    load_micro_batch(data, sample_base_ + iteration * GB + ((long long)m * dp + r) * mb);
     store.reduce_now = (m == cfg_.grad_accum - 1);
     loss_sum += model_->forward_backward(store, tokens_.data(), targets_.data(), mb, T, dloss);
   }
@@ -170,6 +175,123 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
   return buf;
 }
 
+namespace {
+volatile std::sig_atomic_t g_stop_flag = 0;
+extern "C" void hpct_on_stop_signal(int) { g_stop_flag = 1; }
+
+// FNV-1a 64 of a file's bytes, for the tokenizer's identity in checkpoints.
+std::string file_fingerprint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "unreadable";
+  uint64_t h = 1469598103934665603ull;
+  char buf[65536];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) {
+    for (std::streamsize i = 0; i < f.gcount(); ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
+  }
+  char out[32];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+}  // namespace
+
+int install_save_on_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = hpct_on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  return kExitSavedOnSignal;
+}
+
+CheckpointMeta Trainer::checkpoint_meta() const {
+  CheckpointMeta m;
+  m.config = config_to_json(cfg_);
+  const auto& mc = cfg_.model;
+  m.architecture = {{"model", "gpt"},
+                    {"num_layers", mc.num_layers},
+                    {"hidden_size", mc.hidden_size},
+                    {"num_attention_heads", mc.num_heads},
+                    {"seq_length", mc.max_seq_length},
+                    {"padded_vocab_size", mc.padded_vocab()}};
+  m.tokenizer = cfg_.mock_data ? "mock (vocab " + std::to_string(mc.vocab_size) + ")"
+                                : "gpt2-bpe vocab:fnv1a64:" + file_fingerprint(cfg_.vocab_file) +
+                                      " merges:fnv1a64:" + file_fingerprint(cfg_.merge_file);
+  m.layout = {{"world_size", grid_.world_size()},
+              {"dp", grid_.dp().size()},
+              {"tp", grid_.tp().size()},
+              {"ep", grid_.ep().size()},
+              {"zero_stage", cfg_.zero_stage}};
+  m.seed = cfg_.seed;
+  return m;
+}
+
+std::string Trainer::save_checkpoint() {
+  const bool root = grid_.world_rank() == 0;
+  TrainingState st;
+  st.iteration = iteration_;
+  st.consumed_samples = sample_base_ + iteration_ * cfg_.global_batch;
+  st.adam_step = adam_step_;
+  st.skipped_iterations = skipped_;
+  st.nan_iterations = nan_iters_;
+  st.loss_scaler = scaler_.state();
+  TensorSet t{&model_->layout(), params_.data(), exp_avg_.data(), exp_avg_sq_.data()};
+  if (root) std::cout << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << cfg_.save_dir << std::endl;
+  Timer timer;
+  Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
+  std::string file = ck.save(t, st, checkpoint_meta());
+  if (root) {
+    double bytes = 3.0 * params_.size() * sizeof(float), secs = timer.seconds();
+    std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s, %.2f GB/s)\n", iteration_,
+                file.c_str(), format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
+    std::fflush(stdout);
+  }
+  return file;
+}
+
+std::string Trainer::load_checkpoint() {
+  if (cfg_.load_path.empty()) return "";
+  const bool root = grid_.world_rank() == 0;
+  // Rank 0 resolves `latest` and tells everyone, so all ranks load the same file.
+  std::string file, err;
+  if (root) {
+    try {
+      file = Checkpointer::resolve(cfg_.load_path);
+      struct stat st {};
+      if (file.empty() && ::stat(cfg_.load_path.c_str(), &st) != 0 && cfg_.load_path != cfg_.save_dir)
+        err = config_error("--load", "'" + cfg_.load_path + "' does not exist", "give a checkpoint directory or file").what();
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  grid_.world().bcast_string(err, 0);
+  if (!err.empty()) throw Error(err);
+  grid_.world().bcast_string(file, 0);
+  if (file.empty()) {
+    if (root) std::cout << "> no checkpoint in " << cfg_.load_path << " yet: starting from iteration 0" << std::endl;
+    return "";
+  }
+  if (root) std::cout << "loading checkpoint from " << file << std::endl;
+  Timer timer;
+  TrainingState st;
+  TensorSet t{&model_->layout(), params_.data(), exp_avg_.data(), exp_avg_sq_.data()};
+  Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
+  ck.load(file, t, st, checkpoint_meta());
+  iteration_ = st.iteration;
+  adam_step_ = st.adam_step;
+  skipped_ = st.skipped_iterations;
+  nan_iters_ = st.nan_iterations;
+  sample_base_ = st.consumed_samples - st.iteration * cfg_.global_batch;
+  scaler_.restore(st.loss_scaler);
+  if (root) {
+    double bytes = 3.0 * params_.size() * sizeof(float), secs = timer.seconds();
+    std::printf("  successfully loaded checkpoint from %s at iteration %lld (%s in %.2f s, %.2f GB/s)\n", file.c_str(),
+                iteration_, format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
+    std::fflush(stdout);
+  }
+  return file;
+}
+
 TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDataset* valid) {
   const bool root = grid_.world_rank() == 0;
   const int T = cfg_.model.max_seq_length;
@@ -183,12 +305,18 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   Timer total, interval;
   double loss_acc = 0;
   int n_acc = 0, n_steps_in_interval = 0;
-  long long skipped = 0, nan_iters = 0;
+  long long& skipped = skipped_;
+  long long& nan_iters = nan_iters_;
   const double flops_per_iter = model_->flops_per_iteration(cfg_.global_batch, T);
-  for (long long it = 0; it < cfg_.train_iters; ++it) {
+  const bool saving = !cfg_.save_dir.empty();
+  if (saving) install_save_on_signal_handlers();
+  sum.start_iteration = iteration_;
+  long long it = iteration_;
+  for (; it < cfg_.train_iters; ++it) {
     StepRecord rec;
     step(train, it, rec);
     rec.iteration = it + 1;
+    iteration_ = it + 1;
     if (rec.skipped) ++skipped;
     if (!std::isfinite(rec.lm_loss)) ++nan_iters;
     else {
@@ -247,10 +375,27 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       }
       interval.reset();  // evaluation time is not training throughput
     }
+    // Save and stop decisions are taken together by all ranks (a signal may reach only some).
+    bool signalled = saving && grid_.world().allreduce_max(g_stop_flag ? 1.0 : 0.0) > 0;
+    bool exit_now = signalled || (cfg_.exit_interval > 0 && (it + 1) % cfg_.exit_interval == 0);
+    bool last = it + 1 == cfg_.train_iters;
+    if (saving && ((cfg_.save_interval > 0 && (it + 1) % cfg_.save_interval == 0) || exit_now || last)) {
+      sum.saved.push_back(save_checkpoint());
+      interval.reset();  // saving is not training throughput either
+    }
+    if (exit_now) {
+      sum.exit_reason = signalled ? "signal" : "exit_interval";
+      if (root)
+        std::cout << (signalled ? "> stop requested by a signal: " : "> exit interval reached: ")
+                  << "exiting after iteration " << it + 1 << std::endl;
+      ++it;
+      break;
+    }
   }
+  sum.last_iteration = it;
   sum.seconds = total.seconds();
   sum.skipped_iterations = skipped;
-  sum.tokens_per_second = double(cfg_.train_iters) * cfg_.global_batch * T / sum.seconds;
+  sum.tokens_per_second = double(it - sum.start_iteration) * cfg_.global_batch * T / sum.seconds;
   // Peak resident memory of every rank (measured, VmHWM), gathered everywhere for the summary.
   sum.peak_rss_per_rank = grid_.world().allgather((double)peak_rss_bytes());
   for (double v : sum.peak_rss_per_rank) sum.peak_rss_bytes = std::max<uint64_t>(sum.peak_rss_bytes, (uint64_t)v);

@@ -26,11 +26,17 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : Error(message, Context{}) {}
   Error(const std::string& message, Context ctx);
 
+  /// An error raised on one rank and passed on by another (e.g. after an all-gather of errors):
+  /// `full_line` already says where it happened ("[rank 3] ..."), so no rank prefix is added.
+  static Error relayed(const std::string& full_line);
+
   const std::string& message() const { return message_; }
   const Context& context() const { return ctx_; }
   int rank() const { return rank_; }
 
  private:
+  struct RelayTag {};
+  Error(const std::string& full_line, RelayTag);
   static std::string format(const std::string& message, const Context& ctx, int rank);
   std::string message_;
   Context ctx_;

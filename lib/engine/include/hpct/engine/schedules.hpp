@@ -2,6 +2,7 @@
 // dynamic loss scaler. Both are pure state machines over the optimizer step, so their state in a
 // checkpoint is a few numbers.
 #pragma once
+#include <nlohmann/json.hpp>
 #include "hpct/engine/train_config.hpp"
 
 namespace hpct::engine {
@@ -19,6 +20,9 @@ class LossScaler {
   /// Reports the outcome of a step; returns false when the step must be skipped. Throws when the
   /// scale would go below min_loss_scale (DeepSpeed: "Current loss scale already at minimum").
   bool update(bool overflow);
+  /// The evolving part (scale, good steps, hysteresis left) for checkpoints.
+  nlohmann::json state() const;
+  void restore(const nlohmann::json& state);
 
  private:
   LossScaleConfig cfg_;

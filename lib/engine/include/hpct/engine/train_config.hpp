@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "hpct/model/gpt.hpp"
 
 namespace hpct::engine {
@@ -55,6 +57,12 @@ struct TrainConfig {
   std::string metrics_file;
   std::string json_summary;
   std::string ds_config_path;
+  // checkpoints (Megatron's flags; see docs/checkpoints.md)
+  std::string save_dir;        // --save DIR
+  std::string load_path;       // --load DIR (its `latest`) or FILE
+  long long save_interval = 0; // --save-interval N: save every N iterations (0: only at the end / on signal)
+  long long exit_interval = 0; // --exit-interval N: save and stop after iteration N (Megatron)
+  int keep_last = 0;           // --keep-last K: keep the newest K checkpoints (0: all)
 
   /// Every rank calls it with the same dp; throws config_error naming the flag or key.
   void finalize(int dp);
@@ -67,5 +75,7 @@ bool parse_args(const std::vector<std::string>& args, TrainConfig& cfg);
 /// steps_per_print, zero_optimization.stage. Unknown keys are errors naming the key.
 void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vector<std::string>& flags_given);
 std::string help_text(const std::string& prog);
+/// The resolved config as JSON (stored in checkpoints; every field, after finalize()).
+nlohmann::json config_to_json(const TrainConfig& cfg);
 
 }  // namespace hpct::engine

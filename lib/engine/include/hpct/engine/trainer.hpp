@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hpct/comm/process_grid.hpp"
+#include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/schedules.hpp"
 #include "hpct/engine/train_config.hpp"
 #include "hpct/io/gpt_dataset.hpp"
@@ -35,7 +36,17 @@ struct TrainSummary {
   uint64_t peak_rss_bytes = 0;            // max over ranks
   std::vector<double> peak_rss_per_rank;  // bytes, index = world rank
   long long skipped_iterations = 0;
+  long long start_iteration = 0;       // > 0 when resumed from a checkpoint
+  long long last_iteration = 0;        // the iteration training stopped after
+  std::string exit_reason = "completed";  // "completed", "exit_interval", "signal"
+  std::vector<std::string> saved;      // checkpoint files written, in order
 };
+
+/// Installs SIGUSR1/SIGTERM handlers that ask a training run to save and stop at the next
+/// iteration boundary (how a Slurm job survives its time limit). Returns the documented exit code
+/// an app uses after such a stop.
+int install_save_on_signal_handlers();
+inline constexpr int kExitSavedOnSignal = 75;  // EX_TEMPFAIL: saved; requeue and resume with --load
 
 class Trainer {
  public:
@@ -43,7 +54,17 @@ class Trainer {
   Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid);
   ~Trainer();
 
-  /// Collective over the world. Trains cfg.train_iters steps; valid may be null (no evaluation).
+  /// Collective over the world. If cfg.load_path names a checkpoint (a file, or a directory with a
+  /// `latest`), loads it and training continues from its iteration. Returns the file loaded, or ""
+  /// for a fresh start (a --load directory without a checkpoint yet, e.g. the first job of a chain).
+  std::string load_checkpoint();
+  /// Collective over the world: saves the current state into cfg.save_dir (atomic). Returns the file.
+  std::string save_checkpoint();
+  long long iteration() const { return iteration_; }
+
+  /// Collective over the world. Trains up to cfg.train_iters steps (from the loaded iteration);
+  /// saves every save_interval, at exit_interval, at the end, and on SIGUSR1/SIGTERM when --save is
+  /// set. valid may be null (no evaluation).
   TrainSummary train(const io::TokenDataset& train, const io::TokenDataset* valid);
   /// Collective: mean token loss over eval_iters global batches of `data` from sample 0.
   double evaluate(const io::TokenDataset& data);
@@ -62,6 +83,7 @@ class Trainer {
   /// Fills tokens_/targets_ (micro_batch, T) with samples first_sample .. first_sample+micro_batch-1.
   void load_micro_batch(const io::TokenDataset& data, long long first_sample);
   kernels::Precision compute_precision() const;
+  CheckpointMeta checkpoint_meta() const;
 
   TrainConfig cfg_;
   const comm::ProcessGrid& grid_;
@@ -70,6 +92,9 @@ class Trainer {
   std::vector<char> decay_mask_;  // per block-tensor: whether weight decay applies
   LossScaler scaler_;
   long long adam_step_ = 0;
+  long long iteration_ = 0;          // optimizer steps taken, including skipped ones
+  long long sample_base_ = 0;        // consumed samples - iteration * global batch (batch size changes)
+  long long skipped_ = 0, nan_iters_ = 0;
   std::vector<int32_t> sample_buf_, tokens_, targets_;
 };
 

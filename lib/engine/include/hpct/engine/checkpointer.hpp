@@ -1,0 +1,97 @@
+// hpct/engine/checkpointer.hpp — parallel HDF5 checkpoints: one file per checkpoint, every logical
+// tensor a dataset with its full shape, written by all ranks at once; atomic; verified on load.
+//
+// Layout of <save>/iter_0000050.h5:
+//   /model/<tensor name with '.' -> '/'>        fp32 weights (the master copy)
+//   /optimizer/exp_avg/<...>, /optimizer/exp_avg_sq/<...>   AdamW moments
+//   attributes on "/": format version, iteration, consumed samples, optimizer step, skipped
+//   iterations, loss-scaler state, the resolved config (JSON), model architecture (JSON), tokenizer
+//   identity, software version and git commit, the parallel layout it was written with, seed.
+//   attribute "checksum" on every dataset: a sum over elements of mix(index, bits) mod 2^64 —
+//   a function of the logical content only, so it is the same whatever the layout that wrote it.
+//
+// Atomic: the file is written as <name>.h5.tmp, flushed, closed, fsynced, renamed; then the
+// `latest` pointer (a one-line text file, as Megatron's latest_checkpointed_iteration.txt) is
+// replaced the same way; only then are checkpoints beyond --keep-last deleted. A crash at any
+// point leaves the previous checkpoint and a `latest` that names a complete file.
+//
+// Universal: with stage-0 data parallelism every rank holds a full replica; each rank writes an
+// equal flat share of every tensor, and on load reads an equal share and all-gathers, so any rank
+// count loads any other's checkpoint. ZeRO shards will write their own ranges through the same
+// H5File::write (a shard is a flat range). Not here yet: async save, offloaded state, TP/EP slices.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/core/param_layout.hpp"
+
+namespace hpct::engine {
+
+/// Everything besides tensors that the next step depends on.
+struct TrainingState {
+  long long iteration = 0;         // optimizer steps taken (including skipped ones)
+  long long consumed_samples = 0;
+  long long adam_step = 0;
+  long long skipped_iterations = 0;
+  long long nan_iterations = 0;
+  nlohmann::json loss_scaler;      // LossScaler::state()
+};
+
+/// What a checkpoint is written with and checked against on load.
+struct CheckpointMeta {
+  nlohmann::json config;        // resolved TrainConfig
+  nlohmann::json architecture;  // GptConfig: a different one is refused
+  std::string tokenizer;        // "gpt2-bpe sha256:<vocab>,<merges>" or "mock"
+  nlohmann::json layout;        // {"world_size", "dp", "tp", "ep", "zero_stage"}
+  unsigned long long seed = 0;
+};
+
+/// The tensors of a run: a flat buffer each, laid out by `layout`.
+struct TensorSet {
+  const ParamLayout* layout = nullptr;
+  float* params = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+};
+
+/// Test-only fault injection (documented in docs/checkpoints.md): when the environment variable
+/// HPCT_FAULT_CKPT="<rank>:<point>[:<iteration>]" is set, that rank SIGKILLs itself at <point> of
+/// a save (of that iteration only, if given): "after_tensors" (data written, file not closed),
+/// "before_rename", "before_latest" (the last two happen on rank 0).
+class Checkpointer {
+ public:
+  Checkpointer(const comm::Communicator& world, std::string dir, int keep_last);
+
+  /// Collective over world. Writes iter_<iteration>.h5 atomically, points `latest` at it, prunes.
+  /// Returns the path written. Throws (on every rank) if any rank failed; the previous checkpoint
+  /// and `latest` are then untouched and the partial file removed.
+  std::string save(const TensorSet& t, const TrainingState& s, const CheckpointMeta& meta);
+
+  /// The checkpoint file `path` names: a file, or a directory's `latest`. Empty when a directory
+  /// has no checkpoint yet (a fresh run). Throws for a `latest` naming a missing file.
+  static std::string resolve(const std::string& path);
+
+  /// Collective over world. Loads tensors and state; checks architecture (first mismatching
+  /// tensor named with both shapes) and every dataset's checksum (the tensor named).
+  void load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta) const;
+
+  /// Checksum of flat elements [begin, end) of a tensor whose first element has global index 0.
+  static uint64_t checksum(const float* data, uint64_t begin, uint64_t end);
+  /// "/model/layers/3/attention/dense/weight" for "layers.3.attention.dense.weight".
+  static std::string dataset_name(const std::string& group, const std::string& tensor);
+
+ private:
+  const comm::Communicator& world_;
+  std::string dir_;
+  int keep_last_;
+};
+
+/// File name for an iteration: iter_0000050.h5
+std::string checkpoint_file_name(long long iteration);
+
+}  // namespace hpct::engine

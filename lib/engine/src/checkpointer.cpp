@@ -1,0 +1,414 @@
+// Parallel HDF5 checkpoints (see checkpointer.hpp).
+#include "hpct/engine/checkpointer.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
+#include "hpct/core/units.hpp"
+#include "hpct/io/h5_file.hpp"
+
+namespace hpct::engine {
+
+namespace {
+
+constexpr const char* kFormat = "hpctrain-checkpoint/1";
+const char* kGroups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// This rank's equal share [begin, end) of n elements.
+std::pair<uint64_t, uint64_t> share(uint64_t n, int rank, int size) {
+  return {n * rank / size, n * (rank + 1) / size};
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// An error on some ranks, now known to all (the message is already complete).
+[[noreturn]] void throw_shared(const std::vector<std::string>& errs) {
+  for (size_t r = 0; r < errs.size(); ++r)
+    if (!errs[r].empty())
+      throw Error::relayed(errs[r].rfind("[rank", 0) == 0 ? errs[r] : "[rank " + std::to_string(r) + "] " + errs[r]);
+  throw Error("checkpoint: unknown error");
+}
+
+void check_all(const comm::Communicator& world, const std::string& err) {
+  auto errs = world.allgather_string(err);
+  for (const auto& e : errs)
+    if (!e.empty()) throw_shared(errs);
+}
+
+template <class F>
+std::string capture(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Test-only: HPCT_FAULT_CKPT="<rank>:<point>[:<iteration>]" makes that rank die (SIGKILL) at that
+// point of a save (of that iteration's checkpoint, or of any).
+void maybe_fault(int rank, const char* point, long long iteration) {
+  const char* spec = std::getenv("HPCT_FAULT_CKPT");
+  if (!spec) return;
+  std::vector<std::string> f;
+  std::stringstream ss(spec);
+  for (std::string x; std::getline(ss, x, ':');) f.push_back(x);
+  if (f.size() < 2) return;
+  bool at_iter = f.size() < 3 || std::atoll(f[2].c_str()) == iteration;
+  if (std::atoi(f[0].c_str()) == rank && f[1] == point && at_iter) {
+    std::fprintf(stderr, "[rank %d] HPCT_FAULT_CKPT: killing this rank at '%s' of a checkpoint save\n", rank, point);
+    std::fflush(stderr);
+    ::raise(SIGKILL);
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw file_error(path, std::string("cannot open to fsync: ") + std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) throw file_error(path, std::string("fsync failed: ") + std::strerror(err));
+}
+
+void mkdirs(const std::string& dir) {
+  std::string p;
+  std::stringstream ss(dir);
+  std::string part;
+  if (!dir.empty() && dir[0] == '/') p = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    p += part + "/";
+    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
+      throw file_error(dir, std::string("cannot create the checkpoint directory: ") + std::strerror(errno));
+  }
+}
+
+// Writes `text` to dir/name atomically (tmp + fsync + rename + fsync dir).
+void write_atomic(const std::string& dir, const std::string& name, const std::string& text) {
+  std::string final_path = dir + "/" + name, tmp = final_path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw file_error(tmp, "cannot write (disk full?)");
+  }
+  fsync_path(tmp, false);
+  if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
+    throw file_error(final_path, std::string("cannot rename into place: ") + std::strerror(errno));
+  fsync_path(dir, true);
+}
+
+long long iteration_of(const std::string& name) {
+  // iter_0000050.h5
+  if (name.size() < 9 || name.rfind("iter_", 0) != 0 || name.substr(name.size() - 3) != ".h5") return -1;
+  std::string digits = name.substr(5, name.size() - 8);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::atoll(digits.c_str());
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string checkpoint_file_name(long long iteration) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "iter_%07lld.h5", iteration);
+  return buf;
+}
+
+std::string Checkpointer::dataset_name(const std::string& group, const std::string& tensor) {
+  std::string t = tensor;
+  std::replace(t.begin(), t.end(), '.', '/');
+  return "/" + group + "/" + t;
+}
+
+uint64_t Checkpointer::checksum(const float* data, uint64_t begin, uint64_t end) {
+  uint64_t h = 0;
+  for (uint64_t i = begin; i < end; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, data + i, 4);
+    h += splitmix(i * 0x100000001B3ull ^ bits);
+  }
+  return h;
+}
+
+Checkpointer::Checkpointer(const comm::Communicator& world, std::string dir, int keep_last)
+    : world_(world), dir_(std::move(dir)), keep_last_(keep_last) {}
+
+std::string Checkpointer::resolve(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  if (S_ISREG(st.st_mode)) return path;
+  std::string latest = path + "/latest";
+  std::ifstream f(latest);
+  if (!f) return "";
+  std::string name;
+  std::getline(f, name);
+  std::string file = path + "/" + name;
+  if (name.empty() || ::stat(file.c_str(), &st) != 0)
+    throw file_error(latest, "names checkpoint '" + name + "', which does not exist",
+                     "pass a checkpoint file to --load explicitly");
+  return file;
+}
+
+std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const CheckpointMeta& meta) {
+  const int rank = world_.rank(), size = world_.size();
+  const std::string final_path = dir_ + "/" + checkpoint_file_name(s.iteration);
+  const std::string tmp = final_path + ".tmp";
+  const auto& tensors = t.layout->tensors();
+  const float* bufs[3] = {t.params, t.exp_avg, t.exp_avg_sq};
+
+  // Rank 0 prepares the directory and clears leftovers of a save that died.
+  std::string err;
+  if (rank == 0) {
+    err = capture([&] {
+      mkdirs(dir_);
+      for (const auto& n : list_dir(dir_))
+        if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp") ::unlink((dir_ + "/" + n).c_str());
+    });
+  }
+  check_all(world_, err);
+
+  // Checksums of the logical content: each rank sums its share, one all-reduce for all tensors.
+  std::vector<uint64_t> sums(3 * tensors.size(), 0);
+  for (int g = 0; g < 3; ++g)
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto [b, e] = share(tensors[i].numel, rank, size);
+      sums[g * tensors.size() + i] = checksum(bufs[g] + tensors[i].offset, b, e);
+    }
+  HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
+
+  {
+    io::H5File f = io::H5File::open(tmp, io::H5File::Mode::create, world_.raw());
+    // Collective metadata: datasets, attributes (every rank passes identical values).
+    err = capture([&] {
+      for (int g = 0; g < 3; ++g)
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          std::string name = dataset_name(kGroups[g], tensors[i].name);
+          f.create_dataset(name, tensors[i].shape);
+          f.set_attr(name, "checksum", sums[g * tensors.size() + i]);
+        }
+      f.set_attr("/", "format", std::string(kFormat));
+      f.set_attr("/", "iteration", static_cast<int64_t>(s.iteration));
+      f.set_attr("/", "consumed_samples", static_cast<int64_t>(s.consumed_samples));
+      f.set_attr("/", "optimizer_step", static_cast<int64_t>(s.adam_step));
+      f.set_attr("/", "skipped_iterations", static_cast<int64_t>(s.skipped_iterations));
+      f.set_attr("/", "nan_iterations", static_cast<int64_t>(s.nan_iterations));
+      f.set_attr("/", "loss_scaler", s.loss_scaler.dump());
+      f.set_attr("/", "config", meta.config.dump());
+      f.set_attr("/", "architecture", meta.architecture.dump());
+      f.set_attr("/", "tokenizer", meta.tokenizer);
+      f.set_attr("/", "parallel_layout", meta.layout.dump());
+      f.set_attr("/", "seed", static_cast<uint64_t>(meta.seed));
+      f.set_attr("/", "software", std::string("hpctrain ") + hpct_version() + " (git " + hpct_git_sha() + ")");
+      f.set_attr("/", "rng", std::string("no random state is consumed during training (no dropout); data order and "
+                                         "initialisation are pure functions of 'seed' and the sample index"));
+    });
+    check_all(world_, err);  // metadata calls are collective: they fail on every rank alike
+    // Reserve the whole file now, so a full filesystem is found before any data moves and the
+    // collective close never meets ENOSPC (where ranks could wait on each other forever).
+    if (rank == 0) {
+      err = capture([&] {
+        // The end of the last dataset's data, plus room for the metadata written at close.
+        uint64_t bytes = 0;
+        for (int g = 0; g < 3; ++g)
+          for (const auto& ts : tensors)
+            bytes = std::max<uint64_t>(bytes, f.dataset_file_offset(dataset_name(kGroups[g], ts.name)) + 4 * ts.numel);
+        bytes += 256 << 10;
+        int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd < 0) throw file_error(tmp, std::string("cannot open to reserve space: ") + std::strerror(errno));
+        // KEEP_SIZE: reserve blocks without moving the end of file HDF5 checks on open.
+        int rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+        ::close(fd);
+        if (rc == ENOSPC)
+          throw file_error(tmp, "No space left on device: the checkpoint needs " + format_bytes(static_cast<double>(bytes)),
+                           "free space on the checkpoint filesystem or lower --keep-last");
+        if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
+          throw file_error(tmp, std::string("cannot reserve space: ") + std::strerror(rc));
+      });
+    }
+    {
+      auto reserve_errs = world_.allgather_string(err);
+      if (!reserve_errs[0].empty()) {
+        f.abandon();
+        if (rank == 0) ::unlink(tmp.c_str());
+        world_.barrier();
+        throw_shared(reserve_errs);
+      }
+    }
+    // Data: each rank its share of every tensor, independent IO.
+    err = capture([&] {
+      for (int g = 0; g < 3; ++g)
+        for (const auto& ts : tensors) {
+          auto [b, e] = share(ts.numel, rank, size);
+          f.write(dataset_name(kGroups[g], ts.name), b, bufs[g] + ts.offset + b, e - b);
+        }
+    });
+    maybe_fault(rank, "after_tensors", s.iteration);
+    std::string close_err = capture([&] { f.close(); });  // collective
+    if (err.empty()) err = close_err;
+  }
+  auto errs = world_.allgather_string(err);
+  bool failed = std::any_of(errs.begin(), errs.end(), [](const std::string& e) { return !e.empty(); });
+  if (failed) {
+    if (rank == 0) ::unlink(tmp.c_str());
+    world_.barrier();
+    throw_shared(errs);
+  }
+
+  // Publish: fsync, rename, fsync dir; then `latest`; then prune. Rank 0 alone touches names.
+  if (rank == 0) {
+    err = capture([&] {
+      fsync_path(tmp, false);
+      maybe_fault(rank, "before_rename", s.iteration);
+      if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
+        throw file_error(final_path, std::string("cannot rename the finished checkpoint into place: ") + std::strerror(errno));
+      fsync_path(dir_, true);
+      maybe_fault(rank, "before_latest", s.iteration);
+      write_atomic(dir_, "latest", checkpoint_file_name(s.iteration) + "\n");
+      if (keep_last_ > 0) {
+        std::vector<std::pair<long long, std::string>> all;
+        for (const auto& n : list_dir(dir_))
+          if (long long it = iteration_of(n); it >= 0) all.emplace_back(it, n);
+        std::sort(all.begin(), all.end());
+        for (size_t i = 0; i + static_cast<size_t>(keep_last_) < all.size(); ++i)
+          if (all[i].first != s.iteration) ::unlink((dir_ + "/" + all[i].second).c_str());
+      }
+    });
+    if (!err.empty()) ::unlink(tmp.c_str());
+  }
+  check_all(world_, err);
+  return final_path;
+}
+
+void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta) const {
+  const int rank = world_.rank(), size = world_.size();
+  const auto& tensors = t.layout->tensors();
+  float* bufs[3] = {t.params, t.exp_avg, t.exp_avg_sq};
+  io::H5File f = io::H5File::open(file, io::H5File::Mode::read, world_.raw());
+
+  // Identity and architecture, checked alike on every rank (collective metadata reads).
+  std::string err = capture([&] {
+    auto fmt = f.attr_string("/", "format");
+    if (!fmt || *fmt != kFormat)
+      throw file_error(file, "is not an hpctrain checkpoint (no '" + std::string(kFormat) + "' format attribute)");
+    for (int g = 0; g < 3; ++g)
+      for (const auto& ts : tensors) {
+        std::string name = dataset_name(kGroups[g], ts.name);
+        if (!f.has_dataset(name))
+          throw file_error(file, "has no tensor " + name + " that this model needs (shape " + shape_text(ts.shape) +
+                                     "): it was written for another architecture");
+        auto shp = f.dataset_shape(name);
+        if (shp != ts.shape)
+          throw file_error(file, "tensor " + name + " has shape " + shape_text(shp) + " in the checkpoint, this model needs " +
+                                     shape_text(ts.shape) + ": it was written for another architecture");
+      }
+    size_t expected = 3 * tensors.size();
+    auto all = f.list_datasets();
+    if (all.size() != expected) {
+      for (const auto& n : all) {
+        bool known = false;
+        for (int g = 0; g < 3 && !known; ++g)
+          for (const auto& ts : tensors)
+            if (dataset_name(kGroups[g], ts.name) == n) known = true;
+        if (!known) throw file_error(file, "has tensor " + n + ", which this model does not: it was written for another architecture");
+      }
+    }
+    auto arch = f.attr_string("/", "architecture");
+    if (arch) {
+      nlohmann::json a = nlohmann::json::parse(*arch);
+      for (auto it = meta.architecture.begin(); it != meta.architecture.end(); ++it)
+        if (a.contains(it.key()) && a[it.key()] != it.value())
+          throw file_error(file, "architecture differs: " + it.key() + " is " + a[it.key()].dump() +
+                                     " in the checkpoint, " + it.value().dump() + " here");
+    }
+  });
+  check_all(world_, err);
+
+  // Data: each rank reads its share, checksums it; then all-gather the replicas.
+  std::vector<uint64_t> sums(3 * tensors.size(), 0);
+  err = capture([&] {
+    for (int g = 0; g < 3; ++g)
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const auto& ts = tensors[i];
+        auto [b, e] = share(ts.numel, rank, size);
+        f.read(dataset_name(kGroups[g], ts.name), b, bufs[g] + ts.offset + b, e - b);
+        sums[g * tensors.size() + i] = checksum(bufs[g] + ts.offset, b, e);
+      }
+  });
+  check_all(world_, err);
+  HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
+  err = capture([&] {
+    for (int g = 0; g < 3; ++g)
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        std::string name = dataset_name(kGroups[g], tensors[i].name);
+        auto want = f.attr_uint(name, "checksum");
+        if (!want) throw file_error(file, "tensor " + name + " has no checksum attribute");
+        if (*want != sums[g * tensors.size() + i])
+          throw file_error(file, "tensor " + name + " fails its checksum: the checkpoint is corrupt",
+                           "load an earlier checkpoint (pass its file to --load)");
+      }
+    auto geti = [&](const char* k) {
+      auto v = f.attr_int("/", k);
+      if (!v) throw file_error(file, std::string("lacks the '") + k + "' attribute");
+      return static_cast<long long>(*v);
+    };
+    s.iteration = geti("iteration");
+    s.consumed_samples = geti("consumed_samples");
+    s.adam_step = geti("optimizer_step");
+    s.skipped_iterations = geti("skipped_iterations");
+    s.nan_iterations = geti("nan_iterations");
+    auto ls = f.attr_string("/", "loss_scaler");
+    s.loss_scaler = ls ? nlohmann::json::parse(*ls) : nlohmann::json();
+  });
+  check_all(world_, err);
+  f.close();
+  if (size > 1) {
+    std::vector<int> counts(size), displs(size);
+    for (int g = 0; g < 3; ++g)
+      for (const auto& ts : tensors) {
+        for (int r = 0; r < size; ++r) {
+          auto [b, e] = share(ts.numel, r, size);
+          counts[r] = static_cast<int>(e - b);
+          displs[r] = static_cast<int>(b);
+        }
+        HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, bufs[g] + ts.offset, counts.data(), displs.data(),
+                                      MPI_FLOAT, world_.raw()));
+      }
+  }
+}
+
+}  // namespace hpct::engine

@@ -1,0 +1,84 @@
+// hpct/io/h5_file.hpp — a parallel HDF5 file (MPI-IO driver) seen as named float tensors with
+// attributes: what the checkpointer needs and no more.
+//
+// Every logical tensor is one dataset with its full, unsharded shape; a rank writes or reads any
+// flat (row-major) element range of it, which becomes a union of hyperslabs — so a ZeRO shard
+// that starts mid-row, a tensor-parallel slice or a whole replica are all the same call. Datasets
+// are created collectively; data moves with independent MPI-IO (each rank's range is large and
+// contiguous in the file, and independent IO lets ranks with nothing to write skip the call).
+//
+// Not here: chunking, compression, variable-length types; the file layout policy (checkpointer).
+// HDF5's own error printing is switched off: failures come back as hpct::Error naming the file
+// and the object, with HDF5's innermost message.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hpct::io {
+
+/// A box of a row-major array: offset and count per dimension.
+struct Box {
+  std::vector<uint64_t> offset, count;
+};
+/// The boxes that cover flat elements [begin, end) of an array of `shape`, in order (at most
+/// 2 * ndim - 1 of them). Exposed for tests.
+std::vector<Box> flat_range_boxes(const std::vector<int64_t>& shape, uint64_t begin, uint64_t end);
+
+class H5File {
+ public:
+  enum class Mode { create, read };
+  /// Collective over comm. create truncates; read opens read-only and fails with a clear message
+  /// for a missing, truncated or non-HDF5 file.
+  static H5File open(const std::string& path, Mode mode, MPI_Comm comm);
+  H5File() = default;
+  H5File(H5File&& o) noexcept;
+  H5File& operator=(H5File&& o) noexcept;
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+  ~H5File();  // closes (collective: every rank must destroy its H5File together)
+
+  /// Collective. Flushes and closes; errors (e.g. ENOSPC while flushing metadata) throw.
+  void close();
+  const std::string& path() const { return path_; }
+  /// Local: forgets the file without flushing or closing it, for a file that is being deleted
+  /// after a failure (closing would try to write and, with the disk full, could leave ranks
+  /// waiting on each other). The MPI-IO handle is released at MPI_Finalize.
+  void abandon() { file_ = -1; }
+
+  /// Collective: creates a float32 dataset `name` ("/model/layers/3/attn/qkv/weight"; groups are
+  /// created as needed) of the given shape, allocated now.
+  void create_dataset(const std::string& name, const std::vector<int64_t>& shape);
+  bool has_dataset(const std::string& name) const;
+  /// Shape of an existing dataset; throws naming it if absent.
+  std::vector<int64_t> dataset_shape(const std::string& name) const;
+  /// Byte offset of a dataset's data in the file (contiguous layout): for inspection tools and tests.
+  uint64_t dataset_file_offset(const std::string& name) const;
+  /// Every dataset in the file, full paths, sorted.
+  std::vector<std::string> list_datasets() const;
+
+  /// Independent: flat elements [start, start + n) of the dataset, row-major.
+  void write(const std::string& name, uint64_t start, const float* data, uint64_t n);
+  void read(const std::string& name, uint64_t start, float* data, uint64_t n) const;
+
+  /// Attributes on an object ("/" for the file, or a dataset path). Setting is collective (every
+  /// rank passes the same value); getting is local.
+  void set_attr(const std::string& obj, const std::string& key, const std::string& value);
+  void set_attr(const std::string& obj, const std::string& key, int64_t value);
+  void set_attr(const std::string& obj, const std::string& key, uint64_t value);
+  void set_attr(const std::string& obj, const std::string& key, double value);
+  std::optional<std::string> attr_string(const std::string& obj, const std::string& key) const;
+  std::optional<int64_t> attr_int(const std::string& obj, const std::string& key) const;
+  std::optional<uint64_t> attr_uint(const std::string& obj, const std::string& key) const;
+  std::optional<double> attr_double(const std::string& obj, const std::string& key) const;
+
+ private:
+  int64_t open_dataset(const std::string& name) const;  // hid_t; caller closes
+  std::string path_;
+  int64_t file_ = -1;  // hid_t
+};
+
+}  // namespace hpct::io

@@ -1,0 +1,397 @@
+// Parallel HDF5 file as named float tensors (see h5_file.hpp).
+#include "hpct/io/h5_file.hpp"
+
+#include <hdf5.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
+#include "hpct/core/error.hpp"
+
+namespace hpct::io {
+
+namespace {
+
+// The most specific message of HDF5's current error stack ("" if none).
+herr_t take_first(unsigned n, const H5E_error2_t* e, void* out) {
+  auto* s = static_cast<std::string*>(out);
+  if (n == 0 && e && e->desc) *s = std::string(e->func_name ? e->func_name : "") + ": " + e->desc;
+  return 0;
+}
+
+std::string h5_message() {
+  std::string s;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_first, &s);
+  H5Eclear2(H5E_DEFAULT);
+  return s;
+}
+
+// HDF5 does not pass on the system error of a failed write (ENOSPC, EIO): MPI-IO leaves it in errno.
+[[noreturn]] void h5_fail(const std::string& path, const std::string& what, int err = 0) {
+  std::string detail = h5_message();
+  if (!err) {
+    // HDF5 loses errno on the way up; a full filesystem is the common cause, so look.
+    std::string dir = path.substr(0, path.find_last_of('/') + 1);
+    struct statvfs v {};
+    if (::statvfs(dir.empty() ? "." : dir.c_str(), &v) == 0 && v.f_bavail * v.f_frsize < (1u << 20)) err = ENOSPC;
+  }
+  std::string sys = err ? std::string(": ") + std::strerror(err) : "";
+  std::string hint = err == ENOSPC ? "free space on the checkpoint filesystem or lower --keep-last" : "";
+  throw file_error(path, what + sys + (detail.empty() ? "" : " (HDF5: " + detail + ")"), hint);
+}
+
+
+struct Quiet {
+  Quiet() {
+    // A file whose close failed (disk full) stays in HDF5's table; its atexit handler would close
+    // it again after MPI_Finalize and crash. The process is ending anyway: no atexit cleanup.
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+};
+const Quiet g_quiet;  // HDF5 prints nothing itself; we report
+
+// RAII for hid_t with the right close function.
+struct Hid {
+  hid_t id = -1;
+  herr_t (*closer)(hid_t) = nullptr;
+  Hid(hid_t i, herr_t (*c)(hid_t)) : id(i), closer(c) {}
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  ~Hid() {
+    if (id >= 0 && closer) closer(id);
+  }
+  operator hid_t() const { return id; }
+};
+
+std::vector<std::string> split_path(const std::string& name) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i < name.size()) {
+    size_t j = name.find('/', i);
+    if (j == std::string::npos) j = name.size();
+    if (j > i) parts.push_back(name.substr(i, j - i));
+    i = j + 1;
+  }
+  return parts;
+}
+
+void decompose(const std::vector<int64_t>& shape, size_t dim, std::vector<uint64_t> prefix, uint64_t a, uint64_t b,
+               std::vector<Box>& out) {
+  if (a >= b) return;
+  const size_t nd = shape.size();
+  uint64_t inner = 1;
+  for (size_t d = dim + 1; d < nd; ++d) inner *= static_cast<uint64_t>(shape[d]);
+  auto box = [&](uint64_t row0, uint64_t rows) {
+    Box bx;
+    bx.offset = prefix;
+    bx.count.assign(prefix.size(), 1);
+    bx.offset.push_back(row0);
+    bx.count.push_back(rows);
+    for (size_t d = dim + 1; d < nd; ++d) {
+      bx.offset.push_back(0);
+      bx.count.push_back(static_cast<uint64_t>(shape[d]));
+    }
+    out.push_back(std::move(bx));
+  };
+  if (dim + 1 == nd) {
+    box(a, b - a);
+    return;
+  }
+  uint64_t ra = a / inner, rb = b / inner;
+  auto sub = [&](uint64_t row, uint64_t lo, uint64_t hi) {
+    std::vector<uint64_t> p = prefix;
+    p.push_back(row);
+    decompose(shape, dim + 1, std::move(p), lo, hi, out);
+  };
+  if (ra == rb) {
+    sub(ra, a - ra * inner, b - ra * inner);
+    return;
+  }
+  if (a % inner != 0) {
+    sub(ra, a % inner, inner);
+    ++ra;
+  }
+  if (rb > ra) box(ra, rb - ra);
+  if (b % inner != 0) sub(rb, 0, b % inner);
+}
+
+}  // namespace
+
+std::vector<Box> flat_range_boxes(const std::vector<int64_t>& shape, uint64_t begin, uint64_t end) {
+  std::vector<Box> out;
+  if (shape.empty()) {
+    if (begin < end) out.push_back(Box{{}, {}});
+    return out;
+  }
+  decompose(shape, 0, {}, begin, end, out);
+  return out;
+}
+
+H5File H5File::open(const std::string& path, Mode mode, MPI_Comm comm) {
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (fapl < 0) h5_fail(path, "H5Pcreate failed");
+  if (H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) < 0) h5_fail(path, "cannot use the MPI-IO driver");
+  // Collective metadata: one rank reads/writes it and broadcasts, instead of every rank hitting it.
+  H5Pset_all_coll_metadata_ops(fapl, true);
+  H5Pset_coll_metadata_write(fapl, true);
+  // Large datasets start on 1 MiB boundaries: full-stripe, page-aligned IO on parallel filesystems.
+  H5Pset_alignment(fapl, 64 << 10, 1 << 20);
+  H5File f;
+  f.path_ = path;
+  if (mode == Mode::create) {
+    f.file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (f.file_ < 0) h5_fail(path, "cannot create the checkpoint file (directory missing or not writable?)");
+  } else {
+    f.file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+    if (f.file_ < 0) h5_fail(path, "cannot open as an HDF5 file (missing, truncated or not a checkpoint)");
+  }
+  return f;
+}
+
+H5File::H5File(H5File&& o) noexcept : path_(std::move(o.path_)), file_(o.file_) { o.file_ = -1; }
+
+H5File& H5File::operator=(H5File&& o) noexcept {
+  if (this != &o) {
+    if (file_ >= 0) H5Fclose(file_);
+    path_ = std::move(o.path_);
+    file_ = o.file_;
+    o.file_ = -1;
+  }
+  return *this;
+}
+
+H5File::~H5File() {
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+void H5File::close() {
+  if (file_ < 0) return;
+  hid_t f = file_;
+  file_ = -1;
+  errno = 0;
+  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) {
+    int err = errno;
+    std::string msg = h5_message();
+    H5Fclose(f);
+    H5Eclear2(H5E_DEFAULT);
+    throw file_error(path_, "flushing the file failed" + (err ? std::string(": ") + std::strerror(err) : "") +
+                                (msg.empty() ? "" : " (HDF5: " + msg + ")"));
+  }
+  errno = 0;
+  if (H5Fclose(f) < 0) h5_fail(path_, "closing the file failed", errno);
+}
+
+void H5File::create_dataset(const std::string& name, const std::vector<int64_t>& shape) {
+  auto parts = split_path(name);
+  HPCT_REQUIRE(!parts.empty(), "H5File::create_dataset: empty name");
+  std::string group;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    group += "/" + parts[i];
+    htri_t exists = H5Lexists(file_, group.c_str(), H5P_DEFAULT);
+    if (exists < 0) h5_fail(path_, "cannot look up group " + group);
+    if (!exists) {
+      Hid g(H5Gcreate2(file_, group.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      if (g < 0) h5_fail(path_, "cannot create group " + group);
+    }
+  }
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Hid space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);  // every element is written; do not write zeros first
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  std::string full = "/" + name.substr(name.find_first_not_of('/'));
+  Hid ds(H5Dcreate2(file_, full.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+  if (ds < 0) h5_fail(path_, "cannot create dataset " + full);
+}
+
+bool H5File::has_dataset(const std::string& name) const {
+  // H5Lexists needs every intermediate link to exist: walk them.
+  std::string p;
+  for (const auto& part : split_path(name)) {
+    p += "/" + part;
+    htri_t e = H5Lexists(file_, p.c_str(), H5P_DEFAULT);
+    if (e <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+  }
+  H5O_info_t info;
+  if (H5Oget_info_by_name(file_, p.c_str(), &info, H5P_DEFAULT) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return false;
+  }
+  return info.type == H5O_TYPE_DATASET;
+}
+
+int64_t H5File::open_dataset(const std::string& name) const {
+  hid_t ds = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
+  if (ds < 0) h5_fail(path_, "no dataset " + name);
+  return ds;
+}
+
+std::vector<int64_t> H5File::dataset_shape(const std::string& name) const {
+  Hid ds(open_dataset(name), H5Dclose);
+  Hid space(H5Dget_space(ds), H5Sclose);
+  int nd = H5Sget_simple_extent_ndims(space);
+  if (nd < 0) h5_fail(path_, "cannot read the shape of " + name);
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+uint64_t H5File::dataset_file_offset(const std::string& name) const {
+  Hid ds(open_dataset(name), H5Dclose);
+  haddr_t a = H5Dget_offset(ds);
+  if (a == HADDR_UNDEF) h5_fail(path_, "dataset " + name + " has no contiguous storage");
+  return static_cast<uint64_t>(a);
+}
+
+namespace {
+herr_t collect(hid_t, const char* name, const H5O_info_t* info, void* out) {
+  if (info->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(out)->push_back(std::string("/") + name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> H5File::list_datasets() const {
+  std::vector<std::string> out;
+  if (H5Ovisit(file_, H5_INDEX_NAME, H5_ITER_INC, collect, &out) < 0) h5_fail(path_, "cannot list the datasets");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+// Selects flat range [start, start+n) of ds in a file dataspace; returns (file space, memory space).
+std::pair<hid_t, hid_t> select_range(hid_t ds, uint64_t start, uint64_t n, const std::string& path,
+                                     const std::string& name) {
+  hid_t fspace = H5Dget_space(ds);
+  int nd = H5Sget_simple_extent_ndims(fspace);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
+  H5Sget_simple_extent_dims(fspace, dims.data(), nullptr);
+  std::vector<int64_t> shape(dims.begin(), dims.end());
+  uint64_t total = 1;
+  for (auto d : dims) total *= d;
+  if (start + n > total) {
+    H5Sclose(fspace);
+    throw file_error(path, "range [" + std::to_string(start) + ", " + std::to_string(start + n) + ") is outside dataset " +
+                               name + " of " + std::to_string(total) + " elements");
+  }
+  H5Sselect_none(fspace);
+  for (const Box& b : flat_range_boxes(shape, start, start + n)) {
+    std::vector<hsize_t> off(b.offset.begin(), b.offset.end()), cnt(b.count.begin(), b.count.end());
+    if (H5Sselect_hyperslab(fspace, H5S_SELECT_OR, off.data(), nullptr, cnt.data(), nullptr) < 0) {
+      H5Sclose(fspace);
+      h5_fail(path, "cannot select a range of " + name);
+    }
+  }
+  hsize_t m = n;
+  hid_t mspace = H5Screate_simple(1, &m, nullptr);
+  return {fspace, mspace};
+}
+}  // namespace
+
+void H5File::write(const std::string& name, uint64_t start, const float* data, uint64_t n) {
+  if (n == 0) return;
+  Hid ds(open_dataset(name), H5Dclose);
+  auto [fs, ms] = select_range(ds, start, n, path_, name);
+  Hid fspace(fs, H5Sclose), mspace(ms, H5Sclose);
+  Hid dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_INDEPENDENT);
+  errno = 0;
+  if (H5Dwrite(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0)
+    h5_fail(path_, "writing " + std::to_string(n) + " elements of " + name + " failed", errno);
+}
+
+void H5File::read(const std::string& name, uint64_t start, float* data, uint64_t n) const {
+  if (n == 0) return;
+  Hid ds(open_dataset(name), H5Dclose);
+  auto [fs, ms] = select_range(ds, start, n, path_, name);
+  Hid fspace(fs, H5Sclose), mspace(ms, H5Sclose);
+  Hid dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_INDEPENDENT);
+  if (H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0)
+    h5_fail(path_, "reading " + std::to_string(n) + " elements of " + name + " failed (file truncated?)");
+}
+
+namespace {
+void write_attr(hid_t file, const std::string& path, const std::string& obj, const std::string& key, hid_t type,
+                const void* value) {
+  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
+  if (H5Aexists_by_name(file, obj.c_str(), key.c_str(), H5P_DEFAULT) > 0) H5Adelete_by_name(file, obj.c_str(), key.c_str(), H5P_DEFAULT);
+  Hid a(H5Acreate_by_name(file, obj.c_str(), key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (a < 0) h5_fail(path, "cannot create attribute " + key + " on " + obj);
+  if (H5Awrite(a, type, value) < 0) h5_fail(path, "cannot write attribute " + key + " on " + obj);
+}
+
+bool open_attr(hid_t file, const std::string& obj, const std::string& key, hid_t* out) {
+  htri_t e = H5Aexists_by_name(file, obj.c_str(), key.c_str(), H5P_DEFAULT);
+  if (e <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return false;
+  }
+  *out = H5Aopen_by_name(file, obj.c_str(), key.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+  return *out >= 0;
+}
+}  // namespace
+
+void H5File::set_attr(const std::string& obj, const std::string& key, const std::string& value) {
+  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type, std::max<size_t>(value.size(), 1));
+  H5Tset_strpad(type, H5T_STR_NULLPAD);
+  std::string v = value.empty() ? std::string(1, '\0') : value;
+  write_attr(file_, path_, obj, key, type, v.data());
+}
+void H5File::set_attr(const std::string& obj, const std::string& key, int64_t value) {
+  write_attr(file_, path_, obj, key, H5T_NATIVE_INT64, &value);
+}
+void H5File::set_attr(const std::string& obj, const std::string& key, uint64_t value) {
+  write_attr(file_, path_, obj, key, H5T_NATIVE_UINT64, &value);
+}
+void H5File::set_attr(const std::string& obj, const std::string& key, double value) {
+  write_attr(file_, path_, obj, key, H5T_NATIVE_DOUBLE, &value);
+}
+
+std::optional<std::string> H5File::attr_string(const std::string& obj, const std::string& key) const {
+  hid_t a;
+  if (!open_attr(file_, obj, key, &a)) return std::nullopt;
+  Hid attr(a, H5Aclose);
+  Hid type(H5Aget_type(attr), H5Tclose);
+  if (H5Tget_class(type) != H5T_STRING) return std::nullopt;
+  size_t n = H5Tget_size(type);
+  std::string s(n, '\0');
+  Hid mtype(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(mtype, n);
+  H5Tset_strpad(mtype, H5T_STR_NULLPAD);
+  if (H5Aread(attr, mtype, s.data()) < 0) h5_fail(path_, "cannot read attribute " + key + " of " + obj);
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+namespace {
+template <class T>
+std::optional<T> read_scalar(hid_t file, const std::string& path, const std::string& obj, const std::string& key,
+                             hid_t mtype) {
+  hid_t a;
+  if (!open_attr(file, obj, key, &a)) return std::nullopt;
+  Hid attr(a, H5Aclose);
+  T v{};
+  if (H5Aread(attr, mtype, &v) < 0) h5_fail(path, "cannot read attribute " + key + " of " + obj);
+  return v;
+}
+}  // namespace
+
+std::optional<int64_t> H5File::attr_int(const std::string& obj, const std::string& key) const {
+  return read_scalar<int64_t>(file_, path_, obj, key, H5T_NATIVE_INT64);
+}
+std::optional<uint64_t> H5File::attr_uint(const std::string& obj, const std::string& key) const {
+  return read_scalar<uint64_t>(file_, path_, obj, key, H5T_NATIVE_UINT64);
+}
+std::optional<double> H5File::attr_double(const std::string& obj, const std::string& key) const {
+  return read_scalar<double>(file_, path_, obj, key, H5T_NATIVE_DOUBLE);
+}
+
+}  // namespace hpct::io

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""pretrain_gpt checkpoints as a user meets them, with 2 MPI ranks and the tiny model on mock data.
+
+ckpt_app_check.py SCENARIO --gpt PRETRAIN_GPT --args ARGS_FILE --workdir DIR --mpi "MPIEXEC -n 2 ..."
+
+kill   : a rank is SIGKILLed in the middle of the second save (after its tensors are written; and,
+         in a second round, after the file is renamed but before `latest` moves). The previous
+         checkpoint stays intact and `latest` names it; the next run resumes from it and reaches
+         the uninterrupted run's final loss exactly.
+signal : SIGUSR1 to a running job: it saves at the next iteration boundary and exits with code 75;
+         the next run resumes there.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("scenario", choices=["kill", "signal"])
+ap.add_argument("--gpt", required=True)
+ap.add_argument("--args", required=True)
+ap.add_argument("--workdir", required=True)
+ap.add_argument("--mpi", required=True)
+a = ap.parse_args()
+mpi = a.mpi.split()
+base = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--micro-batch-size", "4", "--global-batch-size", "8",
+        "--log-interval", "1", "--eval-iters", "0"]
+errors = []
+
+
+def run(extra, env_extra=None, expect_rc=0, tag=""):
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    p = subprocess.run(mpi + base + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
+    ok = (p.returncode == expect_rc) if expect_rc is not None else (p.returncode != 0)
+    if not ok:
+        print(p.stdout[-4000:])
+        errors.append(f"{tag}: exit code {p.returncode}, expected {'non-zero' if expect_rc is None else expect_rc}")
+    return p.stdout
+
+
+def losses(metrics):
+    return {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(metrics)) if r.get("type") == "train"}
+
+
+def latest(d):
+    with open(os.path.join(d, "latest")) as f:
+        return f.read().strip()
+
+
+shutil.rmtree(a.workdir, ignore_errors=True)
+os.makedirs(a.workdir)
+w = a.workdir
+
+if a.scenario == "kill":
+    ref = os.path.join(w, "ref.jsonl")
+    run(["--train-iters", "10", "--metrics-file", ref], tag="uninterrupted")
+    want = losses(ref)
+    for point, rank in [("after_tensors", "1"), ("before_latest", "0")]:
+        d = os.path.join(w, "ckpt_" + point)
+        m1 = os.path.join(w, point + "_1.jsonl")
+        out = run(["--train-iters", "10", "--save", d, "--save-interval", "5", "--metrics-file", m1],
+                  env_extra={"HPCT_FAULT_CKPT": f"{rank}:{point}:10"}, expect_rc=None, tag=f"killed at {point}")
+        if "HPCT_FAULT_CKPT: killing this rank" not in out:
+            errors.append(f"{point}: the fault was not injected")
+        if latest(d) != "iter_0000005.h5":
+            errors.append(f"{point}: latest is {latest(d)!r} after the crash, expected iter_0000005.h5")
+        if not os.path.exists(os.path.join(d, "iter_0000005.h5")):
+            errors.append(f"{point}: the previous checkpoint is gone")
+        m2 = os.path.join(w, point + "_2.jsonl")
+        out = run(["--train-iters", "10", "--save", d, "--load", d, "--metrics-file", m2], tag=f"resume after {point}")
+        if not re.search(r"successfully loaded checkpoint from .*iter_0000005\.h5 at iteration 5", out):
+            errors.append(f"{point}: the resumed run did not load iteration 5")
+        got = losses(m2)
+        if sorted(got) != list(range(6, 11)):
+            errors.append(f"{point}: resumed run logged iterations {sorted(got)}, expected 6..10")
+        for it in range(6, 11):
+            if got.get(it) != want[it]:
+                errors.append(f"{point}: iteration {it} loss {got.get(it)} != uninterrupted {want[it]}")
+        if latest(d) != "iter_0000010.h5":
+            errors.append(f"{point}: latest is {latest(d)!r} after the resumed run, expected iter_0000010.h5")
+        print(f"{point}: crash left latest=iter_0000005.h5; resume matched the uninterrupted losses 6..10 exactly")
+else:
+    d = os.path.join(w, "ckpt")
+    summary = os.path.join(w, "summary.json")
+    cmd = mpi + base + ["--train-iters", "100000", "--save", d, "--json", summary]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, t0 = "", time.time()
+    while time.time() - t0 < 120:
+        line = p.stdout.readline()
+        if not line:
+            break
+        out += line
+        if re.search(r"iteration +3/", line):
+            p.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
+            break
+    rest, _ = p.communicate(timeout=300)
+    out += rest
+    print(out[-3000:])
+    if p.returncode != 75:
+        errors.append(f"signal: exit code {p.returncode}, expected 75")
+    if "stop requested by a signal" not in out:
+        errors.append("signal: no 'stop requested by a signal' line")
+    try:
+        s = json.load(open(summary))
+        k = s["iterations"]
+        if s["exit_reason"] != "signal" or k < 3:
+            errors.append(f"signal: summary says {s['exit_reason']} after {k} iterations")
+        if latest(d) != f"iter_{k:07d}.h5":
+            errors.append(f"signal: latest is {latest(d)!r}, expected iteration {k}")
+        out2 = run(["--train-iters", str(k + 2), "--save", d, "--load", d], tag="resume after signal")
+        if f"at iteration {k}" not in out2 or not re.search(rf"iteration +{k + 2}/", out2):
+            errors.append(f"signal: the resumed run did not continue from {k} to {k + 2}")
+        print(f"signal: saved at iteration {k}, exit 75, resumed to {k + 2}")
+    except (OSError, KeyError, ValueError) as e:
+        errors.append(f"signal: {e}")
+
+for e in errors:
+    print("FAIL:", e)
+sys.exit(1 if errors else 0)

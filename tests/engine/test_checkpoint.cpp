@@ -1,0 +1,342 @@
+// Parallel HDF5 checkpoints (lib/engine/checkpointer, lib/io/h5_file), run under 1..3 ranks:
+// exact resume (N straight steps == k + save + load + N-k, bitwise), universal load (a checkpoint
+// written by N ranks loads on one and vice versa: parameters bitwise equal, training continues
+// within the data-parallel tolerance of test_dp_equivalence), keep-last pruning, and refusal of a
+// corrupted tensor, a truncated file and another architecture with a message naming the tensor or
+// file. A full filesystem (a tiny tmpfs; root only, else skipped) fails the save cleanly and
+// leaves the previous checkpoint and `latest` intact.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "hpct/comm/process_grid.hpp"
+#include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/trainer.hpp"
+#include "hpct/io/h5_file.hpp"
+#include "hpct/kernels/backend.hpp"
+
+using namespace hpct;
+namespace fs = std::filesystem;
+
+namespace {
+
+engine::TrainConfig tiny(int iters, int hidden = 32) {
+  engine::TrainConfig c;
+  c.model.num_layers = 2;
+  c.model.hidden_size = hidden;
+  c.model.num_heads = 4;
+  c.model.max_seq_length = 16;
+  c.model.vocab_size = 101;
+  c.model.vocab_multiple = 8;
+  c.micro_batch = 1;
+  c.global_batch = 6;  // divisible by 1, 2, 3
+  c.train_iters = iters;
+  c.lr = 1e-3;
+  c.min_lr = 1e-4;
+  c.lr_warmup_iters = 1;
+  c.lr_style = engine::LrStyle::cosine;
+  c.mock_data = true;
+  c.eval_iters = 0;
+  c.log_interval = 1000;
+  return c;
+}
+
+struct RunOut {
+  std::vector<double> losses;  // per iteration trained in this run
+  std::vector<float> params;
+  std::string loaded;
+};
+
+RunOut train(engine::TrainConfig c, const comm::Communicator& comm) {
+  comm::ProcessGrid grid(comm, 1, 1);
+  c.finalize(grid.dp().size());
+  io::MockGptDataset data(c.model.vocab_size, c.model.max_seq_length, 7);
+  engine::Trainer t(c, grid);
+  RunOut r;
+  r.loaded = t.load_checkpoint();
+  auto s = t.train(data, nullptr);
+  for (const auto& st : s.steps) r.losses.push_back(st.lm_loss);
+  r.params = t.params();
+  return r;
+}
+
+// A scratch directory shared by all ranks of `comm` (named by rank 0's pid), removed at the end.
+std::string shared_dir(const comm::Communicator& comm, const std::string& tag) {
+  std::string d;
+  if (comm.rank() == 0) {
+    d = (fs::temp_directory_path() / ("hpct_ckpt_" + std::to_string(::getpid()) + "_" + tag)).string();
+    fs::remove_all(d);
+    fs::create_directories(d);
+  }
+  comm.bcast_string(d, 0);
+  return d;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+const comm::Communicator& world() {
+  static comm::Communicator w = comm::Communicator::world();
+  return w;
+}
+
+}  // namespace
+
+TEST(H5Boxes, FlatRangesCoverExactlyTheirElements) {
+  std::vector<std::vector<int64_t>> shapes = {{7}, {3, 5}, {2, 3, 4}, {4, 1, 3, 2}};
+  for (const auto& shape : shapes) {
+    uint64_t n = 1;
+    for (auto d : shape) n *= d;
+    for (uint64_t a = 0; a <= n; ++a)
+      for (uint64_t b = a; b <= n; ++b) {
+        std::vector<int> hit(n, 0);
+        auto boxes = io::flat_range_boxes(shape, a, b);
+        EXPECT_LE(boxes.size(), 2 * shape.size());
+        uint64_t last = a;
+        for (const auto& bx : boxes) {
+          // enumerate the box row-major; it must continue the flat sequence
+          std::vector<uint64_t> idx(shape.size(), 0);
+          uint64_t cnt = 1;
+          for (auto c : bx.count) cnt *= c;
+          for (uint64_t k = 0; k < cnt; ++k) {
+            uint64_t rem = k, flat = 0;
+            for (size_t d = shape.size(); d-- > 0;) {
+              idx[d] = bx.offset[d] + rem % bx.count[d];
+              rem /= bx.count[d];
+            }
+            for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + idx[d];
+            ASSERT_EQ(flat, last) << "box out of order";
+            ++last;
+            ++hit[flat];
+          }
+        }
+        ASSERT_EQ(last, b);
+      }
+  }
+}
+
+// 8 steps straight == 4 steps + save + a new process state loading it + 4 steps, bitwise.
+TEST(Checkpoint, ExactResumeIsBitwise) {
+  const auto& w = world();
+  std::string d = shared_dir(w, "exact");
+  RunOut straight = train(tiny(8), w);
+  auto c1 = tiny(8);
+  c1.save_dir = d;
+  c1.exit_interval = 4;
+  RunOut first = train(c1, w);
+  ASSERT_EQ(first.losses.size(), 4u);
+  EXPECT_TRUE(fs::exists(d + "/iter_0000004.h5"));
+  auto c2 = tiny(8);
+  c2.save_dir = d;
+  c2.load_path = d;
+  RunOut second = train(c2, w);
+  EXPECT_EQ(second.loaded, d + "/iter_0000004.h5");
+  ASSERT_EQ(second.losses.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(first.losses[i], straight.losses[i]) << "iteration " << i + 1;
+    EXPECT_EQ(second.losses[i], straight.losses[4 + i]) << "iteration " << 5 + i;
+  }
+  ASSERT_EQ(second.params.size(), straight.params.size());
+  EXPECT_EQ(std::memcmp(second.params.data(), straight.params.data(), straight.params.size() * 4), 0)
+      << "final weights differ after resume";
+  // The final save at iteration 8 and `latest` pointing at it.
+  std::ifstream latest(d + "/latest");
+  std::string name;
+  std::getline(latest, name);
+  EXPECT_EQ(name, "iter_0000008.h5");
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
+}
+
+// Written by the N-rank world, loaded by each rank alone (and the other way round).
+TEST(Checkpoint, LoadsOnAnotherRankCount) {
+  const auto& w = world();
+  const comm::Communicator self = comm::Communicator::self();
+  std::string d = shared_dir(w, "universal");
+  auto c = tiny(4);
+  c.save_dir = d;
+  RunOut saved = train(c, w);  // saves iteration 4
+  auto cont = tiny(8);
+  cont.load_path = d;
+  RunOut world_cont = train(cont, w);  // N ranks continue 5..8
+  // Each rank alone (1 rank) loads the N-rank checkpoint: same weights, bitwise; then continues.
+  auto one = tiny(4);
+  one.load_path = d;
+  RunOut loaded_alone = train(one, self);  // train_iters 4 = nothing more to do
+  EXPECT_EQ(loaded_alone.losses.size(), 0u);
+  EXPECT_EQ(std::memcmp(loaded_alone.params.data(), saved.params.data(), saved.params.size() * 4), 0);
+  auto one_cont = tiny(8);
+  one_cont.load_path = d;
+  RunOut alone_cont = train(one_cont, self);
+  ASSERT_EQ(alone_cont.losses.size(), world_cont.losses.size());
+  for (size_t i = 0; i < alone_cont.losses.size(); ++i)
+    EXPECT_NEAR(alone_cont.losses[i], world_cont.losses[i], 1e-5 * std::abs(world_cont.losses[i])) << i;
+  // And back: rank 0 alone writes, the N-rank world loads.
+  std::string d1 = shared_dir(w, "universal_one");
+  RunOut one_saved;
+  if (w.rank() == 0) {
+    auto s1 = tiny(3);
+    s1.save_dir = d1;
+    one_saved = train(s1, self);
+  }
+  w.barrier();
+  auto lw = tiny(3);
+  lw.load_path = d1;
+  RunOut world_loaded = train(lw, w);
+  if (w.rank() == 0) {
+    EXPECT_EQ(std::memcmp(world_loaded.params.data(), one_saved.params.data(), one_saved.params.size() * 4), 0);
+  }
+  w.barrier();
+  if (w.rank() == 0) {
+    fs::remove_all(d);
+    fs::remove_all(d1);
+  }
+}
+
+TEST(Checkpoint, KeepLastPrunesOldest) {
+  const auto& w = world();
+  std::string d = shared_dir(w, "keep");
+  auto c = tiny(8);
+  c.save_dir = d;
+  c.save_interval = 2;
+  c.keep_last = 2;
+  train(c, w);
+  w.barrier();
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(d)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"iter_0000006.h5", "iter_0000008.h5", "latest"}));
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
+}
+
+TEST(Checkpoint, CorruptTruncatedAndForeignAreRefused) {
+  const auto& w = world();
+  std::string d = shared_dir(w, "refuse");
+  auto c = tiny(2);
+  c.save_dir = d;
+  train(c, w);
+  std::string file = d + "/iter_0000002.h5";
+  std::string victim = "/model/layers/1/mlp/dense_h_to_4h/weight";
+  // Another architecture: hidden 48 instead of 32; the first mismatching tensor is named with both shapes.
+  auto other = tiny(2, 48);
+  other.load_path = file;
+  std::string e1 = error_of([&] { train(other, w); });
+  EXPECT_NE(e1.find("/model/embedding/word_embeddings/weight"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("[104, 32]"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("[104, 48]"), std::string::npos) << e1;
+  // Flip bytes inside one tensor's data: the load names that tensor.
+  uint64_t off = 0;
+  {
+    io::H5File f = io::H5File::open(file, io::H5File::Mode::read, w.raw());
+    ASSERT_TRUE(f.has_dataset(victim)) << "dataset names changed; update the test";
+    off = f.dataset_file_offset(victim);
+  }
+  std::string copy = d + "/corrupt.h5";
+  if (w.rank() == 0) {
+    fs::copy_file(file, copy);
+    std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(off + 40));
+    char junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    f.write(junk, 8);
+  }
+  w.barrier();
+  auto load_corrupt = tiny(2);
+  load_corrupt.load_path = copy;
+  std::string e2 = error_of([&] { train(load_corrupt, w); });
+  EXPECT_NE(e2.find(victim), std::string::npos) << e2;
+  EXPECT_NE(e2.find("checksum"), std::string::npos) << e2;
+  // A truncated file (a copy cut in half) is refused naming the file.
+  std::string cut = d + "/truncated.h5";
+  if (w.rank() == 0) {
+    fs::copy_file(file, cut);
+    fs::resize_file(cut, fs::file_size(cut) / 2);
+  }
+  w.barrier();
+  auto load_cut = tiny(2);
+  load_cut.load_path = cut;
+  std::string e3 = error_of([&] { train(load_cut, w); });
+  EXPECT_NE(e3.find(cut), std::string::npos) << e3;
+  // A `latest` naming a missing file.
+  if (w.rank() == 0) {
+    std::ofstream(d + "/latest") << "iter_0000099.h5\n";
+  }
+  w.barrier();
+  auto load_missing = tiny(2);
+  load_missing.load_path = d;
+  std::string e4 = error_of([&] { train(load_missing, w); });
+  EXPECT_NE(e4.find("iter_0000099.h5"), std::string::npos) << e4;
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
+}
+
+// A save that runs out of space fails on every rank, removes its partial file, and leaves the
+// previous checkpoint and `latest` as they were.
+TEST(Checkpoint, FullDiskKeepsPreviousCheckpoint) {
+  const auto& w = world();
+  std::string d = shared_dir(w, "full");
+  int mounted = 0;
+  std::string mnt = d + "/tmpfs";
+  if (w.rank() == 0) {
+    fs::create_directories(mnt);
+    // One checkpoint of the tiny model is ~0.5 MB; 800 KiB holds one, not two.
+    mounted = ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=800k") == 0 ? 1 : 0;
+  }
+  HPCT_CHECK_MPI(MPI_Bcast(&mounted, 1, MPI_INT, 0, w.raw()));
+  if (!mounted) {
+    if (w.rank() == 0) fs::remove_all(d);
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  }
+  auto c = tiny(2);
+  c.save_dir = mnt;
+  train(c, w);  // iteration 2 fits
+  auto more = tiny(4);
+  more.save_dir = mnt;
+  more.load_path = mnt;
+  std::string e = error_of([&] { train(more, w); });
+  EXPECT_NE(e.find("No space left on device"), std::string::npos) << e;
+  w.barrier();
+  if (w.rank() == 0) {
+    std::ifstream latest(mnt + "/latest");
+    std::string name;
+    std::getline(latest, name);
+    EXPECT_EQ(name, "iter_0000002.h5");
+    EXPECT_FALSE(fs::exists(mnt + "/iter_0000004.h5.tmp"));
+    EXPECT_FALSE(fs::exists(mnt + "/iter_0000004.h5"));
+  }
+  w.barrier();
+  // The previous checkpoint still loads.
+  auto again = tiny(2);
+  again.load_path = mnt;
+  RunOut r = train(again, w);
+  EXPECT_EQ(r.loaded, mnt + "/iter_0000002.h5");
+  w.barrier();
+  if (w.rank() == 0) {
+    ::umount2(mnt.c_str(), MNT_DETACH);
+    fs::remove_all(d);
+  }
+}
+
+int main(int argc, char** argv) {
+  comm::Environment env(&argc, &argv);
+  kernels::BackendScope backend;
+  ::testing::InitGoogleTest(&argc, argv);
+  if (world().rank() != 0) ::testing::GTEST_FLAG(output) = "";
+  int rc = RUN_ALL_TESTS();
+  // Any rank's failure fails the run.
+  int all = rc;
+  MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return all;
+}
