@@ -67,3 +67,11 @@ if(HPCT_ENABLE_CUDA)
   target_include_directories(hpct_nccl SYSTEM INTERFACE ${HPCT_NCCL_INCLUDE_DIR})
 endif()
 
+# UCX (UCP + UCT, libucx-dev) for ib_healthcheck's direct fabric probes. Optional: without it
+# hpct::comm still builds and the UCX checks report that they were not built.
+pkg_check_modules(UCX IMPORTED_TARGET ucx)
+if(UCX_FOUND)
+  message(STATUS "  [x] UCX ${UCX_VERSION} (ib_healthcheck UCP probes)")
+else()
+  message(STATUS "  [ ] UCX not found (ib_healthcheck UCP probes disabled; Debian: libucx-dev)")
+endif()

@@ -15,6 +15,7 @@ pkgs=(
   libopenblas-dev                       # fp32 GEMM
   libdnnl-dev                           # oneDNN: bf16 GEMM on AVX512-BF16 / AMX
   liburing-dev libaio-dev               # async NVMe engine backends
+  libucx-dev                            # UCP point-to-point probes of ib_healthcheck
   nlohmann-json3-dev                    # ds_config / JSON summaries
   libpcre2-dev                          # GPT-2 pre-tokenizer regex (\p{L}, \p{N}, lookahead)
   libgtest-dev                          # unit tests under CTest

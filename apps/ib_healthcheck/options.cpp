@@ -1,0 +1,189 @@
+// Command-line parsing for ib_healthcheck: short and long flags, sizes with suffixes, one-line errors.
+#include "options.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/units.hpp"
+
+namespace hpct::healthcheck {
+namespace {
+
+int parse_int(const std::string& v, const std::string& flag, int lo) {
+  char* end = nullptr;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo || x > 1000000000)
+    throw config_error(flag, "'" + v + "' is not an integer >= " + std::to_string(lo));
+  return static_cast<int>(x);
+}
+
+double parse_seconds(const std::string& v, const std::string& flag) {
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(x > 0) || x > 86400)
+    throw config_error(flag, "'" + v + "' is not a number of seconds in (0, 86400]");
+  return x;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t p = s.find(sep, start);
+    out.push_back(s.substr(start, p == std::string::npos ? std::string::npos : p - start));
+    if (p == std::string::npos) break;
+    start = p + 1;
+  }
+  return out;
+}
+
+Fault parse_fault(const std::string& spec) {
+  const std::string flag = "--inject-fault";
+  const std::string hint = "write KIND:RANK:CHECK[:FACTOR], KIND one of slow, lossy, hang, die; CHECK one of "
+                           "mpi_p2p, ucx_p2p, allreduce, alltoall";
+  auto parts = split(spec, ':');
+  if (parts.size() < 3 || parts.size() > 4) throw config_error(flag, "bad fault '" + spec + "'", hint);
+  Fault f;
+  if (parts[0] == "slow") f.kind = Fault::Kind::slow;
+  else if (parts[0] == "lossy") f.kind = Fault::Kind::lossy;
+  else if (parts[0] == "hang") f.kind = Fault::Kind::hang;
+  else if (parts[0] == "die") f.kind = Fault::Kind::die;
+  else throw config_error(flag, "unknown fault kind '" + parts[0] + "'", hint);
+  f.rank = parse_int(parts[1], flag, 0);
+  f.check = parts[2];
+  if (f.check == "node" || std::find(kAllChecks.begin(), kAllChecks.end(), f.check) == kAllChecks.end())
+    throw config_error(flag, "fault check '" + f.check + "' is not a fabric check", hint);
+  if (parts.size() == 4) {
+    if (f.kind != Fault::Kind::slow) throw config_error(flag, "only a slow fault takes a FACTOR", hint);
+    f.factor = parse_seconds(parts[3], flag);
+    if (f.factor < 1) throw config_error(flag, "slow FACTOR must be >= 1", hint);
+  }
+  return f;
+}
+
+}  // namespace
+
+std::string describe(const Fault& f) {
+  const char* k = f.kind == Fault::Kind::slow ? "slow" : f.kind == Fault::Kind::lossy ? "lossy"
+                  : f.kind == Fault::Kind::hang ? "hang" : "die";
+  std::string s = std::string(k) + ":" + std::to_string(f.rank) + ":" + f.check;
+  if (f.kind == Fault::Kind::slow) s += ":" + std::to_string(static_cast<int>(f.factor));
+  return s;
+}
+
+Options parse_args(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], value;
+    bool has_inline = false;
+    if (a.rfind("--", 0) == 0) {
+      auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        value = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        has_inline = true;
+      }
+    }
+    auto next = [&]() -> std::string {
+      if (has_inline) return value;
+      if (i + 1 >= args.size()) throw config_error(a, "flag '" + a + "' needs a value", "see --help");
+      return args[++i];
+    };
+    if (a == "-h" || a == "--help") o.help = true;
+    else if (a == "-p" || a == "--profile") o.profile = next();
+    else if (a == "-c" || a == "--checks") {
+      o.checks = split(next(), ',');
+      for (const auto& c : o.checks)
+        if (std::find(kAllChecks.begin(), kAllChecks.end(), c) == kAllChecks.end())
+          throw config_error(a, "unknown check '" + c + "'", "choose from node, mpi_p2p, ucx_p2p, allreduce, alltoall");
+    } else if (a == "--node-local") o.node_local = true;
+    else if (a == "--lat-size") o.lat_size = parse_size(next(), a);
+    else if (a == "-s" || a == "--bw-size") o.bw_size = parse_size(next(), a);
+    else if (a == "-b" || a == "--min-size") o.min_size = parse_size(next(), a);
+    else if (a == "-e" || a == "--max-size") o.max_size = parse_size(next(), a);
+    else if (a == "-t" || a == "--timeout") o.timeout_s = parse_seconds(next(), a);
+    else if (a == "-r" || a == "--rounds") o.rounds = parse_int(next(), a, 1);
+    else if (a == "--lat-iters") o.lat_iters = parse_int(next(), a, 1);
+    else if (a == "--bw-iters") o.bw_iters = parse_int(next(), a, 1);
+    else if (a == "-w" || a == "--window") o.window = parse_int(next(), a, 1);
+    else if (a == "-n" || a == "--iters") o.coll_iters = parse_int(next(), a, 1);
+    else if (a == "-j" || a == "--json") o.json_file = next();
+    else if (a == "-x" || a == "--exclude-file") o.exclude_file = next();
+    else if (a == "--drain") o.drain = true;
+    else if (a == "--drain-execute") o.drain = o.drain_execute = true;
+    else if (a == "-q" || a == "--quiet") o.quiet = true;
+    else if (a == "--emulate-nodes") o.emulate_nodes = true;
+    else if (a == "--inject-fault") o.faults.push_back(parse_fault(next()));
+    else throw config_error(a, "unknown flag '" + a + "'", "see --help");
+    if (has_inline && (a == "--node-local" || a == "--drain" || a == "--drain-execute" || a == "--quiet" ||
+                       a == "--help" || a == "--emulate-nodes"))
+      throw config_error(a, "flag '" + a + "' takes no value");
+  }
+  if (!o.help && o.profile.empty())
+    throw config_error("--profile", "no profile given", "pass --profile local or --profile FILE.json (see --help)");
+  if (o.min_size && o.max_size && *o.min_size > *o.max_size)
+    throw config_error("--min-size", "--min-size is larger than --max-size");
+  if (o.lat_size && *o.lat_size == 0) throw config_error("--lat-size", "size must be at least 1 byte");
+  if (o.bw_size && *o.bw_size == 0) throw config_error("--bw-size", "size must be at least 1 byte");
+  if (o.min_size && *o.min_size < 8) throw config_error("--min-size", "collective sizes start at 8 bytes (2 floats)");
+  return o;
+}
+
+std::string help_text() {
+  return R"(ib_healthcheck — find the bad node or link of an allocation before a training run does.
+
+Usage:
+  srun --ntasks-per-node=1 ib_healthcheck --profile azure-ndv4 [options]   # the allocation
+  ib_healthcheck --node-local --profile azure-ndv4                          # this node, no MPI
+  mpirun -np 4 ib_healthcheck --profile local --emulate-nodes               # tests, one host
+
+Runs node-local checks (CPU, memory, hugepages, InfiniBand/RoCE ports in /sys/class/infiniband and as
+UCX sees them, GPUs, free disk), then fabric checks: point-to-point latency and uni-/bidirectional
+bandwidth over MPI and over UCX (UCP) for pairings that give every node several partners, and MPI
+all-reduce and all-to-all (algbw/busbw as nccl-tests defines them). One MPI rank per node.
+
+Options:
+  -p, --profile FILE|NAME   expected values and thresholds (inputs/healthcheck/NAME.json)   [required]
+  -c, --checks LIST         comma list of node,mpi_p2p,ucx_p2p,allreduce,alltoall           [all]
+      --node-local          node checks only, without MPI (fits Slurm's HealthCheckProgram)
+      --lat-size SIZE       point-to-point latency message size                             [profile, 8]
+  -s, --bw-size SIZE        point-to-point bandwidth message size                           [profile, 4M]
+  -b, --min-size SIZE       smallest collective size (sizes double from here)               [profile, 8]
+  -e, --max-size SIZE       largest collective size; thresholds apply at this size          [profile, 256M]
+  -r, --rounds N            partners per node (round-robin pairings, at most nodes-1)       [profile, 5]
+  -t, --timeout SECONDS     limit on every communication; a silent rank is named after it   [profile, 30]
+      --lat-iters N         ping-pongs per pair                                             [1000]
+      --bw-iters N          windows per direction and pair                                  [20]
+  -w, --window N            messages in flight per bandwidth window                         [16]
+  -n, --iters N             most iterations per collective size                             [20]
+  -j, --json FILE           write the report as JSON too
+  -x, --exclude-file FILE   write failed nodes, comma-separated, for sbatch --exclude
+      --drain               print 'scontrol update NodeName=N State=DRAIN Reason="ib_healthcheck: ..."'
+                            for each failed node (dry run)
+      --drain-execute       run those scontrol commands
+  -q, --quiet               no progress lines
+  -h, --help                this text
+
+Sizes take K, M, G suffixes (binary: 4M = 4194304). GB/s = 1e9 bytes/s.
+
+Nodes are named by SLURMD_NODENAME when set, else the host name.
+
+For tests only (never on a production allocation):
+      --emulate-nodes       rank r is node "node<r>" (all ranks on one host)
+      --inject-fault KIND:RANK:CHECK[:FACTOR]
+                            slow  — that rank takes FACTOR (20) x as long for each operation
+                            lossy — that rank corrupts the data it sends
+                            hang  — that rank stops responding (sleeps) at the start of CHECK
+                            die   — that rank exits at the start of CHECK (under mpirun the launcher
+                                    then ends the whole job: no report can be written)
+                            CHECK: mpi_p2p, ucx_p2p, allreduce, alltoall
+
+Exit codes:
+  0  healthy: every check passed
+  1  unhealthy: a node, link or collective failed, or a rank stopped responding (named in the report)
+  2  could not run: usage, profile or setup error
+)";
+}
+
+}  // namespace hpct::healthcheck
