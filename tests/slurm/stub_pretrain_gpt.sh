@@ -1,0 +1,44 @@
+#!/bin/bash
+# stub_pretrain_gpt.sh - stands in for pretrain_gpt in the test of pretrain_gpt.sbatch's
+# time-limit logic (trap -> forward USR1 -> save -> requeue -> resume), which the real app cannot
+# (quickly, and including the crash-loop limit) with the protocol of docs/checkpoints.md: --save DIR
+# writes DIR/latest when USR1 arrives and exits 75 ("saved; requeue me"), --load DIR resumes from
+# DIR/latest, --json FILE is written when all iterations are done. It tests the script, not
+# training: slurm_requeue_resume_e2e runs the real pretrain_gpt through the same path.
+set -euo pipefail
+iters=10 save="" load="" json=""
+while (($#)); do
+  case "$1" in
+    --train-iters) iters=$2; shift ;;
+    --save) save=$2; shift ;;
+    --load) load=$2; shift ;;
+    --json) json=$2; shift ;;
+  esac
+  shift
+done
+rank=${SLURM_PROCID:-0}
+it=0
+if [[ -n "${load}" ]]; then
+  it=$(<"${load}/latest")
+  it=${it#iter_}
+  if ((rank == 0)); then echo "stub: resumed from ${load}/latest at iteration ${it}"; fi
+fi
+start=${it}
+# shellcheck disable=SC2317  # reached through the trap
+on_usr1() {
+  if ((rank == 0)) && [[ -n "${save}" ]]; then echo "iter_${it}" >"${save}/latest"; fi
+  if ((rank == 0)); then echo "stub: USR1 at iteration ${it}: checkpoint saved, exiting"; fi
+  exit 75
+}
+trap on_usr1 USR1
+while ((it < iters)); do
+  # srun signals the whole task, sleep included: a sleep killed by USR1 must not end the stub
+  # (set -e) before bash runs the trap.
+  sleep 0.5 || true
+  it=$((it + 1))
+  if ((rank == 0)); then echo "stub: iteration ${it}/${iters}"; fi
+done
+if ((rank == 0)) && [[ -n "${json}" ]]; then
+  echo "{\"iterations\": ${iters}, \"resumed_from\": ${start}, \"restart\": ${SLURM_RESTART_COUNT:-0}}" >"${json}"
+fi
+exit 0
