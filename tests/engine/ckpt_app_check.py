@@ -9,6 +9,8 @@ kill   : a rank is SIGKILLed in the middle of the second save (after its tensors
          the uninterrupted run's final loss exactly.
 signal : SIGUSR1 to a running job: it saves at the next iteration boundary and exits with code 75;
          the next run resumes there.
+tool   : hpct_ckpt list / verify on a saved checkpoint; a flipped byte in one tensor fails verify
+         naming that tensor.
 """
 import argparse
 import json
@@ -21,7 +23,8 @@ import sys
 import time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("scenario", choices=["kill", "signal"])
+ap.add_argument("scenario", choices=["kill", "signal", "tool"])
+ap.add_argument("--tool")
 ap.add_argument("--gpt", required=True)
 ap.add_argument("--args", required=True)
 ap.add_argument("--workdir", required=True)
@@ -85,6 +88,33 @@ if a.scenario == "kill":
         if latest(d) != "iter_0000010.h5":
             errors.append(f"{point}: latest is {latest(d)!r} after the resumed run, expected iter_0000010.h5")
         print(f"{point}: crash left latest=iter_0000005.h5; resume matched the uninterrupted losses 6..10 exactly")
+elif a.scenario == "tool":
+    d = os.path.join(w, "ckpt")
+    run(["--train-iters", "3", "--save", d], tag="save")
+    t = subprocess.run([a.tool, "verify", d, "--json", os.path.join(w, "v.json")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    print(t.stdout[-2500:])
+    if t.returncode != 0 or "# Result: OK" not in t.stdout:
+        errors.append(f"tool: verify of a good checkpoint failed (exit {t.returncode})")
+    v = json.load(open(os.path.join(w, "v.json")))
+    if v.get("iteration") != 3 or len(v.get("tensors", [])) < 3 or v.get("result") != "OK":
+        errors.append(f"tool: JSON lacks the iteration, tensors or result: {str(v)[:300]}")
+    victim = "/model/final_layernorm/weight"
+    if not any(x["name"] == victim for x in v.get("tensors", [])):
+        errors.append(f"tool: no {victim} listed")
+    # Flip bytes inside one tensor's data (its file offset is in the tool's JSON), then verify again.
+    off = next(x["offset"] for x in v["tensors"] if x["name"] == victim)
+    f = os.path.join(d, "iter_0000003.h5")
+    data = bytearray(open(f, "rb").read())
+    data[off + 8:off + 16] = bytes(b ^ 0xFF for b in data[off + 8:off + 16])
+    bad = os.path.join(w, "bad.h5")
+    open(bad, "wb").write(bytes(data))
+    t2 = subprocess.run([a.tool, "verify", bad], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(t2.stdout[-1500:])
+    want_line = "FAILED (1 of " + str(len(v["tensors"])) + " cases: " + victim + ": checksum FAILED)"
+    if t2.returncode != 1 or want_line not in t2.stdout:
+        errors.append(f"tool: a corrupted tensor was not named by verify (exit {t2.returncode})")
+    print("tool: verify OK on a good checkpoint, names the one corrupted tensor in a bad copy")
 else:
     d = os.path.join(w, "ckpt")
     summary = os.path.join(w, "summary.json")
