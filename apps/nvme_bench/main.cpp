@@ -244,30 +244,12 @@ std::string case_label(const CaseSpec& c) {
   return s;
 }
 
-// An error raised on some rank and now known to every rank: what() is the full line to print.
-struct SharedError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// Collective over world: every rank passes its error ("" if fine); throws SharedError on every
-// rank if any failed, with the first failing rank's message.
-void check_all(const comm::Communicator& world, const std::string& err) {
-  auto errs = world.allgather_string(err);
-  for (int r = 0; r < world.size(); ++r)
-    if (!errs[r].empty()) {
-      if (errs[r].rfind("[rank", 0) == 0) throw SharedError(errs[r]);
-      throw SharedError("[rank " + std::to_string(r) + "] " + errs[r]);
-    }
-}
+// Collective over world: one rank's error stops every rank, with that rank's message.
+void check_all(const comm::Communicator& world, const std::string& err) { comm::throw_if_any(world, err); }
 
 template <class F>
 std::string capture(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
+  return comm::error_text_of(std::forward<F>(f));
 }
 
 int local_rank(const comm::Communicator& world) {
@@ -606,11 +588,9 @@ int main(int argc, char** argv) {
   comm::Environment env(&argc, &argv);
   try {
     return run(argc, argv);
-  } catch (const SharedError& e) {
-    if (comm::Communicator::world().rank() == 0) std::fprintf(stderr, "nvme_bench: error: %s\n", e.what());
-    return 1;
   } catch (const Error& e) {
-    // Flag errors: every rank parses the same flags and fails alike, so all exit together.
+    // Flag errors (every rank parses the same flags) and errors shared by check_all: every rank
+    // has it, so all exit together and rank 0 says it once.
     if (comm::Communicator::world().rank() == 0) std::fprintf(stderr, "nvme_bench: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {

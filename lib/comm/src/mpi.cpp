@@ -179,4 +179,11 @@ Request Communicator::iallreduce_sum(float* data, size_t n) const {
 
 bool all_ok(const Communicator& comm, bool ok) { return comm.allreduce_min(ok ? 1.0 : 0.0) > 0.5; }
 
+void throw_if_any(const Communicator& comm, const std::string& error) {
+  auto errs = comm.allgather_string(error);
+  for (int r = 0; r < comm.size(); ++r)
+    if (!errs[r].empty())
+      throw Error::relayed(errs[r].rfind("[rank", 0) == 0 ? errs[r] : "[rank " + std::to_string(r) + "] " + errs[r]);
+}
+
 }  // namespace hpct::comm

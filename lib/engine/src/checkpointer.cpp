@@ -54,20 +54,11 @@ std::string shape_text(const std::vector<int64_t>& s) {
   throw Error("checkpoint: unknown error");
 }
 
-void check_all(const comm::Communicator& world, const std::string& err) {
-  auto errs = world.allgather_string(err);
-  for (const auto& e : errs)
-    if (!e.empty()) throw_shared(errs);
-}
+void check_all(const comm::Communicator& world, const std::string& err) { comm::throw_if_any(world, err); }
 
 template <class F>
 std::string capture(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
+  return comm::error_text_of(std::forward<F>(f));
 }
 
 // Test-only: HPCT_FAULT_CKPT="<rank>:<point>[:<iteration>]" makes that rank die (SIGKILL) at that

@@ -101,6 +101,13 @@ void drop_file_cache(const std::string& path) {
 
 namespace {
 
+void set_percentiles(IoResult& r, std::vector<uint64_t> lat_ns) {
+  r.lat_p50_us = percentile(lat_ns, 0.50) / 1e3;
+  r.lat_p99_us = percentile(lat_ns, 0.99) / 1e3;
+  r.lat_p999_us = percentile(lat_ns, 0.999) / 1e3;
+  r.lat_max_us = percentile(lat_ns, 1.0) / 1e3;
+}
+
 IoResult run_stream(const std::string& path, const IoCase& c) {
   const bool write = c.mode == IoMode::write;
   AsyncIo io(c.aio);
@@ -156,13 +163,7 @@ IoResult run_stream(const std::string& path, const IoCase& c) {
   if (write && c.fsync) f.sync();
   r.seconds = now_s() - t0;
   r.cpu_seconds = cpu_s() - cpu0;
-  if (c.record_latency) {
-    auto lat = io.take_latencies_ns();
-    r.lat_p50_us = percentile(lat, 0.50) / 1e3;
-    r.lat_p99_us = percentile(lat, 0.99) / 1e3;
-    r.lat_p999_us = percentile(lat, 0.999) / 1e3;
-    r.lat_max_us = percentile(lat, 1.0) / 1e3;
-  }
+  if (c.record_latency) set_percentiles(r, io.take_latencies_ns());
   return r;
 }
 
@@ -207,11 +208,7 @@ IoResult run_randread(const std::string& path, const IoCase& c) {
   }
   r.seconds = now_s() - t0;
   r.cpu_seconds = cpu_s() - cpu0;
-  auto lat = io.take_latencies_ns();
-  r.lat_p50_us = percentile(lat, 0.50) / 1e3;
-  r.lat_p99_us = percentile(lat, 0.99) / 1e3;
-  r.lat_p999_us = percentile(lat, 0.999) / 1e3;
-  r.lat_max_us = percentile(lat, 1.0) / 1e3;
+  set_percentiles(r, io.take_latencies_ns());
   return r;
 }
 

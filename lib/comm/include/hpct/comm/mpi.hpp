@@ -103,4 +103,21 @@ class Communicator {
 /// validation failure stop all ranks together instead of leaving the others in a collective.
 bool all_ok(const Communicator& comm, bool ok);
 
+/// Collective over comm: every rank passes its error text ("" if none). If any rank has one,
+/// every rank throws the first failing rank's, labelled "[rank r]", as Error::relayed — so a
+/// failure on one rank stops all of them at the same point instead of leaving peers in a collective.
+void throw_if_any(const Communicator& comm, const std::string& error);
+
+/// Runs f; returns the text of the std::exception it throws, "" if none. With throw_if_any it
+/// turns one rank's failure into everyone's.
+template <class F>
+std::string error_text_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace hpct::comm
