@@ -111,7 +111,9 @@ void set_percentiles(IoResult& r, std::vector<uint64_t> lat_ns) {
 IoResult run_stream(const std::string& path, const IoCase& c) {
   const bool write = c.mode == IoMode::write;
   AsyncIo io(c.aio);
-  IoFile f = IoFile::open(path, write ? IoFile::Mode::write : IoFile::Mode::read, c.aio.direct);
+  // A write case starts from an empty file (truncated, then preallocated), as fio's job does: an
+  // overwrite of blocks already written measures something else (and virtual disks cache it).
+  IoFile f = IoFile::open(path, write ? IoFile::Mode::write : IoFile::Mode::read, c.aio.direct, /*truncate=*/write);
   if (write) {
     f.allocate(c.size);
   } else if (f.size() < c.size) {
