@@ -244,14 +244,6 @@ std::string case_label(const CaseSpec& c) {
   return s;
 }
 
-// Collective over world: one rank's error stops every rank, with that rank's message.
-void check_all(const comm::Communicator& world, const std::string& err) { comm::throw_if_any(world, err); }
-
-template <class F>
-std::string capture(F&& f) {
-  return comm::error_text_of(std::forward<F>(f));
-}
-
 int local_rank(const comm::Communicator& world) {
   MPI_Comm local;
   HPCT_CHECK_MPI(MPI_Comm_split_type(world.raw(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &local));
@@ -278,7 +270,7 @@ std::string check_target(const Options& o, const std::string& dir, int ranks_sha
            " rank(s) on it needs " + format_bytes(need) + ", only " + format_bytes(avail) + " free; lower --size";
   if (!o.buffered) {
     std::string probe = dir + "/.nvme_bench_probe." + std::to_string(::getpid());
-    std::string err = capture([&] {
+    std::string err = comm::error_text_of([&] {
       io::IoFile f = io::IoFile::open(probe, io::IoFile::Mode::write, true, true);
       for (size_t bs : o.block_sizes)
         if (bs % f.alignment() != 0)
@@ -346,7 +338,7 @@ int run(int argc, char** argv) {
   // Ranks of this node that share this directory share its free space.
   auto keys = world.allgather_string(node + "\n" + std::filesystem::weakly_canonical(dir).string());
   int sharing = static_cast<int>(std::count(keys.begin(), keys.end(), keys[world.rank()]));
-  check_all(world, check_target(o, dir, sharing));
+  comm::throw_if_any(world, check_target(o, dir, sharing));
 
   std::vector<CaseSpec> grid = build_grid(o);
   Progress progress(static_cast<int>(grid.size()) * o.loops, 0, root ? stderr : nullptr);
@@ -368,7 +360,7 @@ int run(int argc, char** argv) {
   try {
     for (const CaseSpec& spec : grid) {
       if (spec.mode != IoMode::write && !file_full) {
-        check_all(world, capture([&] { io::prepare_file(file, o.size, spec.aio, o.seed + world.rank()); }));
+        comm::throw_if_any(world, comm::error_text_of([&] { io::prepare_file(file, o.size, spec.aio, o.seed + world.rank()); }));
         file_full = true;
       }
       std::vector<io::IoResult> runs;
@@ -383,8 +375,8 @@ int run(int argc, char** argv) {
         c.seed = o.seed + world.rank();
         io::IoResult r;
         world.barrier();
-        std::string err = capture([&] { r = io::run_io_case(file, c); });
-        check_all(world, err);
+        std::string err = comm::error_text_of([&] { r = io::run_io_case(file, c); });
+        comm::throw_if_any(world, err);
         runs.push_back(r);
         if (spec.mode == IoMode::write) file_full = r.bytes == o.size;
         if (loop + 1 < o.loops) progress.done(case_label(spec) + " loop " + std::to_string(loop + 1), 1.0);
@@ -443,7 +435,7 @@ int run(int argc, char** argv) {
       if (o.verify && spec.mode == IoMode::write) {
         int64_t bad = -1;
         uint64_t sum = 0;
-        check_all(world, capture([&] { bad = io::verify_file(file, mine.bytes, spec.aio, o.seed + world.rank(), &sum); }));
+        comm::throw_if_any(world, comm::error_text_of([&] { bad = io::verify_file(file, mine.bytes, spec.aio, o.seed + world.rank(), &sum); }));
         std::vector<double> bads = world.allgather(static_cast<double>(bad));
         out.verified = "yes";
         for (int k = 0; k < world.size(); ++k)
@@ -589,7 +581,7 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const Error& e) {
-    // Flag errors (every rank parses the same flags) and errors shared by check_all: every rank
+    // Flag errors (every rank parses the same flags) and errors shared by comm::throw_if_any: every rank
     // has it, so all exit together and rank 0 says it once.
     if (comm::Communicator::world().rank() == 0) std::fprintf(stderr, "nvme_bench: error: %s\n", e.what());
     return 1;

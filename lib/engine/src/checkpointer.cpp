@@ -18,6 +18,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/report.hpp"
+#include "hpct/core/rng.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/io/h5_file.hpp"
 
@@ -28,13 +29,6 @@ namespace {
 constexpr const char* kFormat = "hpctrain-checkpoint/1";
 const char* kGroups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // This rank's equal share [begin, end) of n elements.
 std::pair<uint64_t, uint64_t> share(uint64_t n, int rank, int size) {
   return {n * rank / size, n * (rank + 1) / size};
@@ -44,21 +38,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "[";
   for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
   return t + "]";
-}
-
-// An error on some ranks, now known to all (the message is already complete).
-[[noreturn]] void throw_shared(const std::vector<std::string>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r)
-    if (!errs[r].empty())
-      throw Error::relayed(errs[r].rfind("[rank", 0) == 0 ? errs[r] : "[rank " + std::to_string(r) + "] " + errs[r]);
-  throw Error("checkpoint: unknown error");
-}
-
-void check_all(const comm::Communicator& world, const std::string& err) { comm::throw_if_any(world, err); }
-
-template <class F>
-std::string capture(F&& f) {
-  return comm::error_text_of(std::forward<F>(f));
 }
 
 // Test-only: HPCT_FAULT_CKPT="<rank>:<point>[:<iteration>]" makes that rank die (SIGKILL) at that
@@ -151,7 +130,7 @@ uint64_t Checkpointer::checksum(const float* data, uint64_t begin, uint64_t end)
   for (uint64_t i = begin; i < end; ++i) {
     uint32_t bits;
     std::memcpy(&bits, data + i, 4);
-    h += splitmix(i * 0x100000001B3ull ^ bits);
+    h += splitmix64(i * 0x100000001B3ull ^ bits);
   }
   return h;
 }
@@ -185,13 +164,13 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
   // Rank 0 prepares the directory and clears leftovers of a save that died.
   std::string err;
   if (rank == 0) {
-    err = capture([&] {
+    err = comm::error_text_of([&] {
       mkdirs(dir_);
       for (const auto& n : list_dir(dir_))
         if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp") ::unlink((dir_ + "/" + n).c_str());
     });
   }
-  check_all(world_, err);
+  comm::throw_if_any(world_, err);
 
   // Checksums of the logical content: each rank sums its share, one all-reduce for all tensors.
   std::vector<uint64_t> sums(3 * tensors.size(), 0);
@@ -205,7 +184,7 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
   {
     io::H5File f = io::H5File::open(tmp, io::H5File::Mode::create, world_.raw());
     // Collective metadata: datasets, attributes (every rank passes identical values).
-    err = capture([&] {
+    err = comm::error_text_of([&] {
       for (int g = 0; g < 3; ++g)
         for (size_t i = 0; i < tensors.size(); ++i) {
           std::string name = dataset_name(kGroups[g], tensors[i].name);
@@ -228,11 +207,11 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
       f.set_attr("/", "rng", std::string("no random state is consumed during training (no dropout); data order and "
                                          "initialisation are pure functions of 'seed' and the sample index"));
     });
-    check_all(world_, err);  // metadata calls are collective: they fail on every rank alike
+    comm::throw_if_any(world_, err);  // metadata calls are collective: they fail on every rank alike
     // Reserve the whole file now, so a full filesystem is found before any data moves and the
     // collective close never meets ENOSPC (where ranks could wait on each other forever).
     if (rank == 0) {
-      err = capture([&] {
+      err = comm::error_text_of([&] {
         // The end of the last dataset's data, plus room for the metadata written at close.
         uint64_t bytes = 0;
         for (int g = 0; g < 3; ++g)
@@ -252,16 +231,16 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
       });
     }
     {
-      auto reserve_errs = world_.allgather_string(err);
-      if (!reserve_errs[0].empty()) {
+      int failed = err.empty() ? 0 : 1;
+      HPCT_CHECK_MPI(MPI_Bcast(&failed, 1, MPI_INT, 0, world_.raw()));
+      if (failed) {
         f.abandon();
         if (rank == 0) ::unlink(tmp.c_str());
-        world_.barrier();
-        throw_shared(reserve_errs);
+        comm::throw_if_any(world_, err);
       }
     }
     // Data: each rank its share of every tensor, independent IO.
-    err = capture([&] {
+    err = comm::error_text_of([&] {
       for (int g = 0; g < 3; ++g)
         for (const auto& ts : tensors) {
           auto [b, e] = share(ts.numel, rank, size);
@@ -269,20 +248,17 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
         }
     });
     maybe_fault(rank, "after_tensors", s.iteration);
-    std::string close_err = capture([&] { f.close(); });  // collective
+    std::string close_err = comm::error_text_of([&] { f.close(); });  // collective
     if (err.empty()) err = close_err;
   }
-  auto errs = world_.allgather_string(err);
-  bool failed = std::any_of(errs.begin(), errs.end(), [](const std::string& e) { return !e.empty(); });
-  if (failed) {
+  if (!comm::all_ok(world_, err.empty())) {
     if (rank == 0) ::unlink(tmp.c_str());
-    world_.barrier();
-    throw_shared(errs);
+    comm::throw_if_any(world_, err);
   }
 
   // Publish: fsync, rename, fsync dir; then `latest`; then prune. Rank 0 alone touches names.
   if (rank == 0) {
-    err = capture([&] {
+    err = comm::error_text_of([&] {
       fsync_path(tmp, false);
       maybe_fault(rank, "before_rename", s.iteration);
       if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
@@ -301,7 +277,7 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
     });
     if (!err.empty()) ::unlink(tmp.c_str());
   }
-  check_all(world_, err);
+  comm::throw_if_any(world_, err);
   return final_path;
 }
 
@@ -312,7 +288,7 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, world_.raw());
 
   // Identity and architecture, checked alike on every rank (collective metadata reads).
-  std::string err = capture([&] {
+  std::string err = comm::error_text_of([&] {
     auto fmt = f.attr_string("/", "format");
     if (!fmt || *fmt != kFormat)
       throw file_error(file, "is not an hpctrain checkpoint (no '" + std::string(kFormat) + "' format attribute)");
@@ -347,11 +323,11 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
                                      " in the checkpoint, " + it.value().dump() + " here");
     }
   });
-  check_all(world_, err);
+  comm::throw_if_any(world_, err);
 
   // Data: each rank reads its share, checksums it; then all-gather the replicas.
   std::vector<uint64_t> sums(3 * tensors.size(), 0);
-  err = capture([&] {
+  err = comm::error_text_of([&] {
     for (int g = 0; g < 3; ++g)
       for (size_t i = 0; i < tensors.size(); ++i) {
         const auto& ts = tensors[i];
@@ -360,9 +336,9 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
         sums[g * tensors.size() + i] = checksum(bufs[g] + ts.offset, b, e);
       }
   });
-  check_all(world_, err);
+  comm::throw_if_any(world_, err);
   HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
-  err = capture([&] {
+  err = comm::error_text_of([&] {
     for (int g = 0; g < 3; ++g)
       for (size_t i = 0; i < tensors.size(); ++i) {
         std::string name = dataset_name(kGroups[g], tensors[i].name);
@@ -385,7 +361,7 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
     auto ls = f.attr_string("/", "loss_scaler");
     s.loss_scaler = ls ? nlohmann::json::parse(*ls) : nlohmann::json();
   });
-  check_all(world_, err);
+  comm::throw_if_any(world_, err);
   f.close();
   if (size > 1) {
     std::vector<int> counts(size), displs(size);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/rng.hpp"
 #include "hpct/core/sysinfo.hpp"
 #include "hpct/core/timer.hpp"
 #include "hpct/core/units.hpp"
@@ -183,11 +184,9 @@ extern "C" void hpct_on_stop_signal(int) { g_stop_flag = 1; }
 std::string file_fingerprint(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return "unreadable";
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnv1aBasis;
   char buf[65536];
-  while (f.read(buf, sizeof buf) || f.gcount() > 0) {
-    for (std::streamsize i = 0; i < f.gcount(); ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
-  }
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) h = fnv1a64(buf, static_cast<size_t>(f.gcount()), h);
   char out[32];
   std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
   return out;

@@ -5,6 +5,8 @@
 // what matches is the structure (epochs, sample boundaries, overlap, lengths).
 #include "hpct/io/gpt_dataset.hpp"
 
+#include "hpct/core/rng.hpp"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -32,13 +34,6 @@ void fisher_yates(std::mt19937_64& gen, int64_t* v, size_t n) {
     size_t j = static_cast<size_t>(below(gen, i));
     std::swap(v[i - 1], v[j]);
   }
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 std::string trim(const std::string& s) {

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/rng.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/io/async_io.hpp"
 
@@ -36,14 +37,7 @@ IoMode parse_mode(const std::string& text, const std::string& key) {
 
 namespace {
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-uint64_t stamp_word(uint64_t off, uint64_t seed) { return off ^ splitmix(seed ^ 0x5354414d50ull); }
+uint64_t stamp_word(uint64_t off, uint64_t seed) { return off ^ splitmix64(seed ^ 0x5354414d50ull); }
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -60,7 +54,7 @@ uint64_t gcd(uint64_t a, uint64_t b) { return b ? gcd(b, a % b) : a; }
 void fill_pattern(char* dst, size_t len, uint64_t off, uint64_t seed) {
   HPCT_REQUIRE(off % 4096 == 0, "fill_pattern: offset must be a multiple of 4096");
   for (size_t i = 0; i < len; i += 8) {
-    uint64_t w = splitmix(seed + ((off + i) % kPatternPeriod) / 8);
+    uint64_t w = splitmix64(seed + ((off + i) % kPatternPeriod) / 8);
     std::memcpy(dst + i, &w, std::min<size_t>(8, len - i));
   }
   stamp_pattern(dst, len, off, seed);
@@ -238,13 +232,13 @@ int64_t verify_file(const std::string& path, uint64_t bytes, const AioConfig& ai
   IoFile f = IoFile::open(path, IoFile::Mode::read, aio.direct);
   const uint64_t chunk = std::min<uint64_t>(stream_chunk_bytes(aio, bytes), 64ull << 20);
   AlignedBuffer got(chunk), want(chunk);
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnv1aBasis;
   int64_t bad = -1;
   for (uint64_t off = 0; off < bytes; off += chunk) {
     uint64_t len = std::min(chunk, bytes - off);
     io.read(f, got.data(), len, off);
     fill_pattern(want.data(), len, off, seed);
-    for (uint64_t i = 0; i < len; ++i) h = (h ^ static_cast<unsigned char>(got.data()[i])) * 1099511628211ull;
+    h = fnv1a64(got.data(), len, h);
     if (bad < 0 && std::memcmp(got.data(), want.data(), len) != 0) {
       for (uint64_t i = 0; i < len; ++i)
         if (got.data()[i] != want.data()[i]) {

@@ -26,6 +26,12 @@ class Rng {
   double spare_ = 0;
 };
 
+/// The splitmix64 finaliser: a fixed, well-mixed 64-bit hash of x (used for seeds, data patterns
+/// and checksums, so the results are the same on every platform and in every file format).
+uint64_t splitmix64(uint64_t x);
+/// FNV-1a over n bytes, continuing from h (default: the FNV offset basis): cheap content identity.
+inline constexpr uint64_t kFnv1aBasis = 1469598103934665603ull;
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1aBasis);
 /// Mixes several integers into one seed (splitmix64), e.g. (seed, rank, stream).
 uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0);
 
