@@ -24,10 +24,26 @@ if [[ -n "${load}" ]]; then
   if ((rank == 0)); then echo "stub: resumed from ${load}/latest at iteration ${it}"; fi
 fi
 start=${it}
+# Like the real save, the ranks leave it together: rank 0 publishes `latest`, the others wait for
+# that (the real checkpointer ends the save with a collective). HPCT_STUB_RANK0_EXIT_DELAY=S keeps
+# rank 0 alive S seconds after the save, so a peer's exit 75 makes srun end it (exit 143): the
+# script must still requeue, since the checkpoint was published.
+done_mark=${save:-/nonexistent}/.stub_saved.${SLURM_JOB_ID:-0}.${SLURM_RESTART_COUNT:-0}
 # shellcheck disable=SC2317  # reached through the trap
 on_usr1() {
-  if ((rank == 0)) && [[ -n "${save}" ]]; then echo "iter_${it}" >"${save}/latest"; fi
-  if ((rank == 0)); then echo "stub: USR1 at iteration ${it}: checkpoint saved, exiting"; fi
+  if ((rank == 0)); then
+    if [[ -n "${save}" ]]; then
+      echo "iter_${it}" >"${save}/latest.tmp" && mv "${save}/latest.tmp" "${save}/latest"
+    fi
+    echo "stub: USR1 at iteration ${it}: checkpoint saved, exiting"
+    if [[ -n "${save}" ]]; then touch "${done_mark}"; fi
+    sleep "${HPCT_STUB_RANK0_EXIT_DELAY:-0}" || true
+  elif [[ -n "${save}" ]]; then
+    for ((w = 0; w < 200; w++)); do
+      [[ -e "${done_mark}" ]] && break
+      sleep 0.1 || true
+    done
+  fi
   exit 75
 }
 trap on_usr1 USR1
