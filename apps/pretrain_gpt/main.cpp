@@ -1,5 +1,6 @@
 // pretrain_gpt — trains a GPT model over MPI ranks (data parallel), Megatron-DeepSpeed style.
 // Thin: parse flags, build datasets, hand over to hpct::engine::Trainer, write the summary.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -9,11 +10,13 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
 #include "hpct/core/sysinfo.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/data.hpp"
 #include "hpct/engine/trainer.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/parallel/memory_estimate.hpp"
 
 using namespace hpct;
 
@@ -21,6 +24,38 @@ using namespace hpct;
 // every rank fails together and can exit normally. After that, an error may be one rank's alone
 // and its peers would wait forever in a collective: then the job is aborted.
 static bool g_setup_phase = true;
+
+// --estimate-memory: arithmetic only (no data, no model, no collectives). Every rank computes it
+// alike, so a bad flag fails on all of them; rank 0 prints the table and writes --json.
+static int estimate_memory(engine::TrainConfig cfg, bool root) {
+  if (!cfg.vocab_size_given) cfg.model.vocab_size = 50257;  // what a real run's GPT-2 tokenizer sets
+  const auto& e = cfg.estimate;
+  auto bytes = [](double gb) { return static_cast<uint64_t>(std::llround(gb * 1e9)); };
+  parallel::ClusterShape c;
+  if (e.cpu_memory_gb < 0 || e.nvme_gb < 0) c = parallel::local_cluster_shape(e.gpus_per_node, ".");
+  c.nodes = e.nodes;
+  c.devices_per_node = e.gpus_per_node;
+  c.device_bytes = bytes(e.gpu_memory_gb);
+  if (e.cpu_memory_gb >= 0) c.host_bytes = bytes(e.cpu_memory_gb);
+  if (e.nvme_gb >= 0) c.nvme_bytes = bytes(e.nvme_gb);
+  const auto prec = cfg.precision == engine::PrecisionMode::fp32 ? parallel::StatePrecision::fp32
+                                                                 : parallel::StatePrecision::mixed;
+  parallel::MemoryEstimate est = parallel::estimate_memory(cfg.model, prec, c);
+  if (!root) return 0;
+  Provenance prov("pretrain_gpt --estimate-memory");
+  std::string fitting;
+  for (const auto& p : est.plans)
+    if (p.fits()) fitting += (fitting.empty() ? "" : ", ") + std::to_string(p.stage) + "/" + parallel::offload_name(p.offload);
+  std::cout << prov.text() << est.header_text() << est.table().text()
+            << "# fits (stage/offload): " << (fitting.empty() ? "none of the " + std::to_string(est.plans.size()) + " choices" : fitting)
+            << "\n" << std::flush;
+  if (!cfg.json_summary.empty()) {
+    nlohmann::json doc = est.json();
+    doc["provenance"] = prov.json();
+    write_json_file(cfg.json_summary, doc);
+  }
+  return 0;
+}
 
 static int run(int argc, char** argv) {
   comm::Communicator world = comm::Communicator::world();
@@ -30,6 +65,7 @@ static int run(int argc, char** argv) {
     if (world.rank() == 0) std::cout << engine::help_text("pretrain_gpt");
     return 0;
   }
+  if (cfg.estimate.enabled) return estimate_memory(cfg, world.rank() == 0);
   kernels::BackendScope backend;
   comm::ProcessGrid grid(world, 1, 1);
   const bool root = world.rank() == 0;
@@ -42,21 +78,36 @@ static int run(int argc, char** argv) {
   // Loading is collective and its checks fail on every rank alike: still the setup phase.
   trainer.load_checkpoint();
   g_setup_phase = false;
+  // Model states each rank holds (ZeRO partitions them), gathered so rank 0 can report every rank.
+  auto mem = trainer.memory_report();
+  const std::vector<double> held = world.allgather(double(mem.params + mem.grads + mem.optimizer + mem.grad_shard));
   if (root) {
-    auto mem = trainer.memory_report();
     std::cout << "> " << cfg.model.describe() << "\n"
               << "> parameters: " << trainer.model().layout().numel() << "  (" << grid.describe() << ")\n"
               << "> backend: " << kernels::backend_description() << "\n"
               << "> precision: " << (cfg.precision == engine::PrecisionMode::fp32 ? "fp32" : cfg.precision == engine::PrecisionMode::bf16 ? "bf16 mixed (fp32 master)" : "fp16 mixed (fp32 master, dynamic loss scale)")
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
               << cfg.grad_accum << "\n"
-              << "> memory per rank (host): parameters " << format_bytes(mem.params) << ", gradients "
-              << format_bytes(mem.grads) << ", optimizer states " << format_bytes(mem.optimizer) << "\n";
+              << "> ZeRO stage " << cfg.zero.stage << " over " << grid.dp().size()
+              << " data-parallel ranks; model states on rank 0 (host memory; nothing on NVMe): parameters "
+              << format_bytes(mem.params) << ", gradients " << format_bytes(mem.grads + mem.grad_shard)
+              << ", optimizer states " << format_bytes(mem.optimizer) << "; per rank "
+              << format_bytes(*std::min_element(held.begin(), held.end())) << " to "
+              << format_bytes(*std::max_element(held.begin(), held.end())) << "\n";
     if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
     std::cout << std::flush;
   }
   engine::TrainSummary s = trainer.train(*data.train, data.valid.get());
+  mem = trainer.memory_report();  // working buffers have their high-water mark now
+  nlohmann::json host = {{"parameters", world.allgather(double(mem.params))},
+                         {"gradients", world.allgather(double(mem.grads + mem.grad_shard))},
+                         {"optimizer_states", world.allgather(double(mem.optimizer))},
+                         {"working_buffers_peak", world.allgather(double(mem.working_peak))},
+                         {"activations", world.allgather(double(mem.activations))}};
+  const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
   if (root) {
+    std::printf("> data-parallel traffic: %s sent per step per rank (ring volume of the collectives issued; %.2f x parameters x 4 B)\n",
+                format_bytes(sent[0]).c_str(), sent[0] / (4.0 * trainer.model().layout().numel()));
     double final_val = s.val_losses.empty() ? NAN : s.val_losses.back().second;
     std::printf("> training done: iterations %lld to %lld in %.1f s, %.1f tokens/s, peak resident memory per rank %s\n",
                 s.start_iteration, s.last_iteration, s.seconds, s.tokens_per_second,
@@ -77,7 +128,12 @@ static int run(int argc, char** argv) {
                               {"skipped_iterations", s.skipped_iterations},
                               {"world_size", world.size()},
                               {"peak_rss_bytes_per_rank", s.peak_rss_per_rank},
-                              {"parameters", trainer.model().layout().numel()}};
+                              {"parameters", trainer.model().layout().numel()},
+                              {"zero_stage", cfg.zero.stage},
+                              // bytes each rank holds, per tier (index = rank); the CPU backend's
+                              // device memory is host memory, and nothing is offloaded to NVMe yet
+                              {"memory_per_rank", {{"host", host}, {"device", nullptr}, {"nvme", {{"total", std::vector<double>(world.size(), 0.0)}}}}},
+                              {"comm_bytes_per_step_per_rank", sent}};
     if (!s.val_losses.empty()) {
       summary["final_val_loss"] = final_val;
       summary["final_val_ppl"] = std::exp(final_val);

@@ -62,7 +62,7 @@ RunOut train(engine::TrainConfig c, const comm::Communicator& comm) {
   r.loaded = t.load_checkpoint();
   auto s = t.train(data, nullptr);
   for (const auto& st : s.steps) r.losses.push_back(st.lm_loss);
-  r.params = t.params();
+  r.params = t.gather_params();
   return r;
 }
 

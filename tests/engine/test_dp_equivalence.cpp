@@ -62,7 +62,7 @@ Run train(engine::TrainConfig c, const comm::Communicator& comm) {
   auto s = t.train(data, nullptr);
   Run r;
   for (auto& st : s.steps) r.losses.push_back(st.lm_loss);
-  r.params = t.params();
+  r.params = t.gather_params();
   return r;
 }
 

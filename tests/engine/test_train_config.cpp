@@ -72,7 +72,33 @@ TEST(TrainConfig, NoData) {
 }
 TEST(TrainConfig, BadDecayStyle) { EXPECT_NE(error_of(with(base_args(), {"--lr-decay-style", "cosin"})).find("unknown learning-rate decay style 'cosin'"), std::string::npos); }
 TEST(TrainConfig, MinLrAboveLr) { EXPECT_NE(error_of(with(base_args(), {"--min-lr", "1"})).find("--min-lr must be in [0, --lr]"), std::string::npos); }
-TEST(TrainConfig, ZeroStageNotYet) { EXPECT_NE(error_of(with(base_args(), {"--zero-stage", "2"})).find("ZeRO stage 2 is not available"), std::string::npos); }
+TEST(TrainConfig, ZeroStageRange) { EXPECT_NE(error_of(with(base_args(), {"--zero-stage", "4"})).find("ZeRO stage must be 0, 1, 2 or 3"), std::string::npos); }
+
+TEST(DsConfig, ZeroOptimizationKnobs) {
+  auto p = write_tmp("ds_zero.json", R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": 2e6, "overlap_comm": false,
+    "stage3_prefetch_bucket_size": 1e6, "stage3_param_persistence_threshold": 1e4, "stage3_max_live_parameters": 3e7,
+    "contiguous_gradients": true, "offload_optimizer": {"device": "none"}}})");
+  TrainConfig c;
+  engine::parse_args(with(base_args(), {"--deepspeed_config", p}), c);
+  c.finalize(1);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_DOUBLE_EQ(c.zero.reduce_bucket_size, 2e6);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_DOUBLE_EQ(c.zero.prefetch_bucket_size, 1e6);
+  EXPECT_DOUBLE_EQ(c.zero.param_persistence_threshold, 1e4);
+  EXPECT_DOUBLE_EQ(c.zero.max_live_parameters, 3e7);
+  // the flag and the file must agree
+  auto msg = error_of(with(base_args(), {"--zero-stage", "2", "--deepspeed_config", p}));
+  EXPECT_NE(msg.find("'zero_optimization.stage' = 3 disagrees with --zero-stage 2"), std::string::npos) << msg;
+}
+TEST(DsConfig, ZeroBadKnobsNamed) {
+  auto p = write_tmp("ds_zero_bad.json", R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 0}})");
+  auto msg = error_of(with(base_args(), {"--deepspeed_config", p}));
+  EXPECT_NE(msg.find("zero_optimization.reduce_bucket_size"), std::string::npos) << msg;
+  auto q = write_tmp("ds_zero_off.json", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
+  msg = error_of(with(base_args(), {"--deepspeed_config", q}));
+  EXPECT_NE(msg.find("zero_optimization.offload_optimizer.device 'nvme' is not available"), std::string::npos) << msg;
+}
 
 TEST(DsConfig, BatchTripleInfersMicro) {
   auto p = write_tmp("ds_ok.json", R"({"train_batch_size": 16, "gradient_accumulation_steps": 2,

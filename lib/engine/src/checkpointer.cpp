@@ -29,9 +29,17 @@ namespace {
 constexpr const char* kFormat = "hpctrain-checkpoint/1";
 const char* kGroups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
 
-// This rank's equal share [begin, end) of n elements.
-std::pair<uint64_t, uint64_t> share(uint64_t n, int rank, int size) {
-  return {n * rank / size, n * (rank + 1) / size};
+// Calls f(begin, end, pointer-to-element-begin) for each part of tensor ts this rank owns: the
+// intersections of its pieces with the tensor, in tensor-local element indices. g: 0 params,
+// 1 exp_avg, 2 exp_avg_sq.
+template <class F>
+void for_owned(const TensorSet& t, const TensorSpec& ts, int g, F&& f) {
+  for (const auto& p : t.pieces) {
+    const size_t lo = std::max(p.begin, ts.offset), hi = std::min(p.begin + p.count, ts.offset + ts.numel);
+    if (lo >= hi) continue;
+    float* base = g == 0 ? p.params : g == 1 ? p.exp_avg : p.exp_avg_sq;
+    f(static_cast<uint64_t>(lo - ts.offset), static_cast<uint64_t>(hi - ts.offset), base + (lo - p.begin));
+  }
 }
 
 std::string shape_text(const std::vector<int64_t>& s) {
@@ -125,11 +133,11 @@ std::string Checkpointer::dataset_name(const std::string& group, const std::stri
   return "/" + group + "/" + t;
 }
 
-uint64_t Checkpointer::checksum(const float* data, uint64_t begin, uint64_t end) {
+uint64_t Checkpointer::checksum_at(const float* first, uint64_t begin, uint64_t end) {
   uint64_t h = 0;
   for (uint64_t i = begin; i < end; ++i) {
     uint32_t bits;
-    std::memcpy(&bits, data + i, 4);
+    std::memcpy(&bits, first + (i - begin), 4);
     h += splitmix64(i * 0x100000001B3ull ^ bits);
   }
   return h;
@@ -155,11 +163,10 @@ std::string Checkpointer::resolve(const std::string& path) {
 }
 
 std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const CheckpointMeta& meta) {
-  const int rank = world_.rank(), size = world_.size();
+  const int rank = world_.rank();
   const std::string final_path = dir_ + "/" + checkpoint_file_name(s.iteration);
   const std::string tmp = final_path + ".tmp";
   const auto& tensors = t.layout->tensors();
-  const float* bufs[3] = {t.params, t.exp_avg, t.exp_avg_sq};
 
   // Rank 0 prepares the directory and clears leftovers of a save that died.
   std::string err;
@@ -175,10 +182,8 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
   // Checksums of the logical content: each rank sums its share, one all-reduce for all tensors.
   std::vector<uint64_t> sums(3 * tensors.size(), 0);
   for (int g = 0; g < 3; ++g)
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      auto [b, e] = share(tensors[i].numel, rank, size);
-      sums[g * tensors.size() + i] = checksum(bufs[g] + tensors[i].offset, b, e);
-    }
+    for (size_t i = 0; i < tensors.size(); ++i)
+      for_owned(t, tensors[i], g, [&](uint64_t b, uint64_t e, const float* p) { sums[g * tensors.size() + i] += checksum_at(p, b, e); });
   HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
 
   {
@@ -242,10 +247,8 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
     // Data: each rank its share of every tensor, independent IO.
     err = comm::error_text_of([&] {
       for (int g = 0; g < 3; ++g)
-        for (const auto& ts : tensors) {
-          auto [b, e] = share(ts.numel, rank, size);
-          f.write(dataset_name(kGroups[g], ts.name), b, bufs[g] + ts.offset + b, e - b);
-        }
+        for (const auto& ts : tensors)
+          for_owned(t, ts, g, [&](uint64_t b, uint64_t e, const float* p) { f.write(dataset_name(kGroups[g], ts.name), b, p, e - b); });
     });
     maybe_fault(rank, "after_tensors", s.iteration);
     std::string close_err = comm::error_text_of([&] { f.close(); });  // collective
@@ -282,9 +285,7 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
 }
 
 void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta) const {
-  const int rank = world_.rank(), size = world_.size();
   const auto& tensors = t.layout->tensors();
-  float* bufs[3] = {t.params, t.exp_avg, t.exp_avg_sq};
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, world_.raw());
 
   // Identity and architecture, checked alike on every rank (collective metadata reads).
@@ -325,16 +326,15 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   });
   comm::throw_if_any(world_, err);
 
-  // Data: each rank reads its share, checksums it; then all-gather the replicas.
+  // Data: each rank reads the ranges it owns and checksums them (the caller re-replicates).
   std::vector<uint64_t> sums(3 * tensors.size(), 0);
   err = comm::error_text_of([&] {
     for (int g = 0; g < 3; ++g)
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        const auto& ts = tensors[i];
-        auto [b, e] = share(ts.numel, rank, size);
-        f.read(dataset_name(kGroups[g], ts.name), b, bufs[g] + ts.offset + b, e - b);
-        sums[g * tensors.size() + i] = checksum(bufs[g] + ts.offset, b, e);
-      }
+      for (size_t i = 0; i < tensors.size(); ++i)
+        for_owned(t, tensors[i], g, [&](uint64_t b, uint64_t e, float* p) {
+          f.read(dataset_name(kGroups[g], tensors[i].name), b, p, e - b);
+          sums[g * tensors.size() + i] += checksum_at(p, b, e);
+        });
   });
   comm::throw_if_any(world_, err);
   HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
@@ -363,19 +363,6 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   });
   comm::throw_if_any(world_, err);
   f.close();
-  if (size > 1) {
-    std::vector<int> counts(size), displs(size);
-    for (int g = 0; g < 3; ++g)
-      for (const auto& ts : tensors) {
-        for (int r = 0; r < size; ++r) {
-          auto [b, e] = share(ts.numel, r, size);
-          counts[r] = static_cast<int>(e - b);
-          displs[r] = static_cast<int>(b);
-        }
-        HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, bufs[g] + ts.offset, counts.data(), displs.data(),
-                                      MPI_FLOAT, world_.raw()));
-      }
-  }
 }
 
 }  // namespace hpct::engine

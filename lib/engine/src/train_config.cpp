@@ -58,7 +58,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--num-attention-heads", {true, [](TrainConfig& c, const std::string& v) { c.model.num_heads = (int)to_int("--num-attention-heads", v); }, "attention heads"}},
       {"--seq-length", {true, [](TrainConfig& c, const std::string& v) { c.model.max_seq_length = (int)to_int("--seq-length", v); }, "sequence length"}},
       {"--max-position-embeddings", {true, [](TrainConfig& c, const std::string& v) { if ((int)to_int("--max-position-embeddings", v) < c.model.max_seq_length) throw config_error("--max-position-embeddings", "--max-position-embeddings is smaller than --seq-length"); }, "accepted; must be >= --seq-length"}},
-      {"--vocab-size", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_size = (int)to_int("--vocab-size", v); }, "vocabulary size for --mock-data"}},
+      {"--vocab-size", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_size = (int)to_int("--vocab-size", v); c.vocab_size_given = true; }, "vocabulary size for --mock-data"}},
       {"--make-vocab-size-divisible-by", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_multiple = (int)to_int("--make-vocab-size-divisible-by", v); }, "pad the vocabulary (default 128)"}},
       {"--init-method-std", {true, [](TrainConfig& c, const std::string& v) { c.model.init_std = to_double("--init-method-std", v); }, "weight init std (default 0.02)"}},
       {"--micro-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.micro_batch = (int)to_int("--micro-batch-size", v); }, "samples per rank per micro-step"}},
@@ -82,7 +82,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--loss-scale-window", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.window = (int)to_int("--loss-scale-window", v); }, "steps before raising the scale"}},
       {"--hysteresis", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.hysteresis = (int)to_int("--hysteresis", v); }, "overflows before lowering the scale"}},
       {"--checkpoint-activations", {false, [](TrainConfig& c, const std::string&) { c.recompute_activations = true; }, "recompute each layer in backward"}},
-      {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero_stage = (int)to_int("--zero-stage", v); }, "ZeRO stage (only 0 in this release)"}},
+      {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero.stage = (int)to_int("--zero-stage", v); }, "ZeRO stage: 0 replicated, 1 optimizer states, 2 + gradients, 3 + parameters partitioned"}},
       {"--data-path", {true, [](TrainConfig& c, const std::string& v) { c.data_path.push_back(v); }, "indexed dataset prefix (.bin/.idx)"}},
       {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
@@ -101,6 +101,13 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--exit-interval", {true, [](TrainConfig& c, const std::string& v) { c.exit_interval = to_int("--exit-interval", v); }, "save and exit after this iteration"}},
       {"--keep-last", {true, [](TrainConfig& c, const std::string& v) { c.keep_last = (int)to_int("--keep-last", v); }, "keep only the newest K checkpoints (0: all)"}},
       {"--deepspeed", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts"}},
+      // --estimate-memory and its cluster shape (docs/zero.md); a bad value names its flag.
+      {"--estimate-memory", {false, [](TrainConfig& c, const std::string&) { c.estimate.enabled = true; }, "print memory per device/host/NVMe for ZeRO stages 0-3 and offloads, then exit"}},
+      {"--estimate-nodes", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nodes = (int)to_int("--estimate-nodes", v); if (c.estimate.nodes <= 0) throw config_error("--estimate-nodes", "--estimate-nodes must be positive, got " + v); }, "estimate: nodes (default 1)"}},
+      {"--estimate-gpus-per-node", {true, [](TrainConfig& c, const std::string& v) { c.estimate.gpus_per_node = (int)to_int("--estimate-gpus-per-node", v); if (c.estimate.gpus_per_node <= 0) throw config_error("--estimate-gpus-per-node", "--estimate-gpus-per-node must be positive, got " + v); }, "estimate: devices (ranks) per node (default 2)"}},
+      {"--estimate-gpu-memory", {true, [](TrainConfig& c, const std::string& v) { c.estimate.gpu_memory_gb = to_double("--estimate-gpu-memory", v); if (!(c.estimate.gpu_memory_gb >= 0)) throw config_error("--estimate-gpu-memory", "--estimate-gpu-memory must be >= 0 GB, got " + v); }, "estimate: GB per device (default 0: ranks are host processes)"}},
+      {"--estimate-cpu-memory", {true, [](TrainConfig& c, const std::string& v) { c.estimate.cpu_memory_gb = to_double("--estimate-cpu-memory", v); if (!(c.estimate.cpu_memory_gb > 0)) throw config_error("--estimate-cpu-memory", "--estimate-cpu-memory must be positive GB, got " + v); }, "estimate: CPU GB per node (default: this machine's)"}},
+      {"--estimate-nvme", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nvme_gb = to_double("--estimate-nvme", v); if (!(c.estimate.nvme_gb >= 0)) throw config_error("--estimate-nvme", "--estimate-nvme must be >= 0 GB, got " + v); }, "estimate: NVMe GB per node (default: free disk here)"}},
   };
   return t;
 }
@@ -287,11 +294,30 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   if (bf16) cfg.precision = PrecisionMode::bf16;
   if (root.has("zero_optimization")) {
     JsonSection z = root.section("zero_optimization");
-    if (auto v = z.get_int("stage")) cfg.zero_stage = (int)*v;
-    // The remaining ZeRO knobs belong to the ZeRO engine, which validates them when stage > 0.
-    for (const char* k : {"reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
-                          "reduce_scatter", "allgather_partitions"})
+    merge_int(z.get_int("stage"), cfg.zero.stage, "--zero-stage", "zero_optimization.stage");
+    if (auto v = z.get_number("reduce_bucket_size")) cfg.zero.reduce_bucket_size = *v;
+    if (auto v = z.get_bool("overlap_comm")) cfg.zero.overlap_comm = *v;
+    if (auto v = z.get_number("stage3_prefetch_bucket_size")) cfg.zero.prefetch_bucket_size = *v;
+    if (auto v = z.get_number("stage3_param_persistence_threshold")) cfg.zero.param_persistence_threshold = *v;
+    if (auto v = z.get_number("stage3_max_live_parameters")) cfg.zero.max_live_parameters = *v;
+    // What these choose is how we always work: reduce-scatter and all-gather, contiguous buffers;
+    // allgather buckets are one block each.
+    for (const char* k : {"allgather_bucket_size", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
+                          "stage3_max_reuse_distance", "sub_group_size", "stage3_gather_16bit_weights_on_model_save"})
       z.ignore(k);
+    for (const char* k : {"offload_optimizer", "offload_param"}) {
+      if (!z.has(k)) continue;
+      JsonSection o = z.section(k);
+      std::string dev = o.get_string("device").value_or("none");
+      for (const char* ok : {"nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
+                             "pipeline_write", "fast_init", "ratio"})
+        o.ignore(ok);
+      o.finish();
+      if (dev != "none")
+        throw Error(std::string("zero_optimization.") + k + ".device '" + dev + "' is not available in this release",
+                    Error::Context{path, std::string("zero_optimization.") + k + ".device",
+                                   "use \"none\"; CPU/NVMe offload is the next step of the ZeRO work"});
+    }
     z.finish();
   }
   root.finish();
@@ -341,10 +367,8 @@ void TrainConfig::finalize(int dp) {
   if (save_interval > 0 && save_dir.empty()) throw config_error("--save-interval", "--save-interval needs --save DIR");
   if (exit_interval < 0) throw config_error("--exit-interval", "--exit-interval must be >= 0");
   if (keep_last < 0) throw config_error("--keep-last", "--keep-last must be >= 0");
-  if (zero_stage < 0 || zero_stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
-  if (zero_stage > 0)
-    throw config_error("--zero-stage", "ZeRO stage " + std::to_string(zero_stage) + " is not available in this release",
-                       "use stage 0 (plain data parallelism)");
+  if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
+  zero.validate();
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
     throw config_error("fp16", "loss_scale_window, hysteresis and min_loss_scale must be positive");
@@ -379,7 +403,13 @@ nlohmann::json config_to_json(const TrainConfig& c) {
                           {"window", c.loss_scale.window}, {"hysteresis", c.loss_scale.hysteresis},
                           {"min", c.loss_scale.min_scale}}},
           {"recompute_activations", c.recompute_activations},
-          {"zero_stage", c.zero_stage},
+          {"zero_stage", c.zero.stage},
+          {"zero_optimization", {{"stage", c.zero.stage},
+                                 {"reduce_bucket_size", c.zero.reduce_bucket_size},
+                                 {"overlap_comm", c.zero.overlap_comm},
+                                 {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
+                                 {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
+                                 {"stage3_max_live_parameters", c.zero.max_live_parameters}}},
           {"data_path", c.data_path},
           {"vocab_file", c.vocab_file},
           {"merge_file", c.merge_file},

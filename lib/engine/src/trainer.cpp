@@ -21,51 +21,13 @@
 
 namespace hpct::engine {
 
-// Emulates fp16 gradient storage/communication: values beyond fp16's range become inf, which the
-// overflow check must then catch (as it would on a GPU with fp16 gradients).
-static void round_to_fp16(float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
-}
-
-// Reads parameters from the flat replica and all-reduces each block's gradients over dp as soon
-// as backward has finished it, on the micro-step that ends an optimizer step.
-class Trainer::DpStore : public model::ParamStore {
- public:
-  DpStore(const ParamLayout& layout, const float* params, float* grads, const comm::Communicator& dp, bool fp16)
-      : layout_(layout), p_(params), g_(grads), dp_(dp), fp16_(fp16) {}
-  const float* params(int block) override { return p_ + layout_.blocks()[block].offset; }
-  float* grads(int block) override { return g_ + layout_.blocks()[block].offset; }
-  void grads_ready(int block) override {
-    if (!reduce_now) return;
-    const auto& b = layout_.blocks()[block];
-    if (fp16_) round_to_fp16(g_ + b.offset, b.numel);
-    // Blocks are far below 2^31 elements for any model that fits a rank unsharded.
-    reqs_.push_back(dp_.iallreduce_sum(g_ + b.offset, b.numel));
-  }
-  void finish() {
-    for (auto& r : reqs_) r.wait();
-    reqs_.clear();
-  }
-  bool reduce_now = false;
-
- private:
-  const ParamLayout& layout_;
-  const float* p_;
-  float* g_;
-  const comm::Communicator& dp_;
-  bool fp16_;
-  std::vector<comm::Request> reqs_;
-};
-
 Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(cfg), grid_(grid) {
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations);
-  const size_t n = model_->layout().numel();
-  params_.assign(n, 0.0f);
-  grads_.assign(n, 0.0f);
-  exp_avg_.assign(n, 0.0f);
-  exp_avg_sq_.assign(n, 0.0f);
-  // Every rank initialises from the same seed: replicas are identical without a broadcast.
-  model_->init_params(params_.data(), cfg_.seed);
+  zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(),
+                                                 cfg_.precision == PrecisionMode::fp16);
+  // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
+  // (and shards) are consistent without a broadcast.
+  zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });
   scaler_ = LossScaler(cfg_.loss_scale, cfg_.precision == PrecisionMode::fp16);
   const int T = cfg_.model.max_seq_length;
   sample_buf_.resize(T + 1);
@@ -85,9 +47,12 @@ kernels::Precision Trainer::compute_precision() const {
 
 Trainer::MemoryReport Trainer::memory_report() const {
   MemoryReport r;
-  r.params = params_.size() * sizeof(float);
-  r.grads = grads_.size() * sizeof(float);
-  r.optimizer = (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
+  auto z = zero_->memory();
+  r.params = z.params;
+  r.grads = z.grads;
+  r.optimizer = z.optimizer;
+  r.grad_shard = z.grad_shard;
+  r.working_peak = z.working_peak;
   r.activations = model_->activation_bytes();
   return r;
 }
@@ -106,29 +71,31 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   const long long GB = cfg_.global_batch;
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
-  std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
-  DpStore store(model_->layout(), params_.data(), grads_.data(), grid_.dp(), cfg_.precision == PrecisionMode::fp16);
+  const double sent0 = zero_->bytes_sent();
+  zero_->begin_step();
   double loss_sum = 0;
   for (int m = 0; m < cfg_.grad_accum; ++m) {
     // Sample order is a function of (iteration, micro-step, dp rank) only: N ranks with k micro-steps
     // see exactly the samples one rank sees with N*k micro-steps.
     load_micro_batch(data, sample_base_ + iteration * GB + ((long long)m * dp + r) * mb);
-    store.reduce_now = (m == cfg_.grad_accum - 1);
-    loss_sum += model_->forward_backward(store, tokens_.data(), targets_.data(), mb, T, dloss);
+    zero_->begin_micro_step(m == cfg_.grad_accum - 1);
+    loss_sum += model_->forward_backward(*zero_, tokens_.data(), targets_.data(), mb, T, dloss);
+    zero_->end_micro_step();
   }
-  store.finish();
   grid_.dp().allreduce_sum(&loss_sum, 1);
   rec.lm_loss = loss_sum / (double(GB) * T);
   rec.loss_scale = scale;
 
-  double sumsq = kernels::sum_of_squares(grads_.data(), grads_.size());
+  double sumsq = zero_->grad_sumsq();
   bool overflow = !std::isfinite(sumsq);
-  // The gradients are identical on every rank after the all-reduce, so every rank decides alike.
+  // The sum of squares is the same on every rank (all-reduced), so every rank decides alike.
   bool ok = scaler_.update(overflow);
   rec.grad_norm = overflow ? NAN : std::sqrt(sumsq) / scale;
   if (!ok) {
     rec.skipped = true;
     rec.learning_rate = learning_rate(cfg_, adam_step_);
+    comm_bytes_ += zero_->bytes_sent() - sent0;
+    ++comm_steps_;
     return rec.lm_loss;
   }
   double clip = 1.0;
@@ -136,19 +103,24 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   const double lr = learning_rate(cfg_, adam_step_);
   rec.learning_rate = lr;
   ++adam_step_;
-  const float gscale = static_cast<float>(clip / scale);
-  for (const auto& t : model_->layout().tensors()) {
-    kernels::adamw_update(params_.data() + t.offset, grads_.data() + t.offset, exp_avg_.data() + t.offset,
-                          exp_avg_sq_.data() + t.offset, t.numel, (float)lr, (float)cfg_.beta1, (float)cfg_.beta2,
-                          (float)cfg_.eps, t.weight_decay ? (float)cfg_.weight_decay : 0.0f, (int)adam_step_, gscale);
-  }
+  parallel::AdamParams ap;
+  ap.lr = (float)lr;
+  ap.beta1 = (float)cfg_.beta1;
+  ap.beta2 = (float)cfg_.beta2;
+  ap.eps = (float)cfg_.eps;
+  ap.weight_decay = (float)cfg_.weight_decay;
+  ap.step = (int)adam_step_;
+  ap.grad_scale = static_cast<float>(clip / scale);
+  zero_->adam_step(ap);
+  comm_bytes_ += zero_->bytes_sent() - sent0;
+  ++comm_steps_;
   return rec.lm_loss;
 }
 
 double Trainer::evaluate(const io::TokenDataset& data) {
   const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
   const long long GB = cfg_.global_batch;
-  model::FlatParamStore store(model_->layout(), params_.data(), grads_.data());
+  model::ParamStore& store = *zero_;  // forward only: parameters gathered as in training
   double sums[2] = {0, 0};  // loss sum, token count
   for (int e = 0; e < cfg_.eval_iters; ++e) {
     for (int m = 0; m < cfg_.grad_accum; ++m) {
@@ -220,7 +192,7 @@ CheckpointMeta Trainer::checkpoint_meta() const {
               {"dp", grid_.dp().size()},
               {"tp", grid_.tp().size()},
               {"ep", grid_.ep().size()},
-              {"zero_stage", cfg_.zero_stage}};
+              {"zero_stage", cfg_.zero.stage}};
   m.seed = cfg_.seed;
   return m;
 }
@@ -234,13 +206,13 @@ std::string Trainer::save_checkpoint() {
   st.skipped_iterations = skipped_;
   st.nan_iterations = nan_iters_;
   st.loss_scaler = scaler_.state();
-  TensorSet t{&model_->layout(), params_.data(), exp_avg_.data(), exp_avg_sq_.data()};
+  TensorSet t{&model_->layout(), zero_->pieces()};
   if (root) std::cout << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << cfg_.save_dir << std::endl;
   Timer timer;
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   std::string file = ck.save(t, st, checkpoint_meta());
   if (root) {
-    double bytes = 3.0 * params_.size() * sizeof(float), secs = timer.seconds();
+    double bytes = 3.0 * model_->layout().numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s, %.2f GB/s)\n", iteration_,
                 file.c_str(), format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
     std::fflush(stdout);
@@ -273,9 +245,10 @@ std::string Trainer::load_checkpoint() {
   if (root) std::cout << "loading checkpoint from " << file << std::endl;
   Timer timer;
   TrainingState st;
-  TensorSet t{&model_->layout(), params_.data(), exp_avg_.data(), exp_avg_sq_.data()};
+  TensorSet t{&model_->layout(), zero_->pieces()};
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   ck.load(file, t, st, checkpoint_meta());
+  zero_->after_load();  // re-replicate what every rank holds whole
   iteration_ = st.iteration;
   adam_step_ = st.adam_step;
   skipped_ = st.skipped_iterations;
@@ -283,7 +256,7 @@ std::string Trainer::load_checkpoint() {
   sample_base_ = st.consumed_samples - st.iteration * cfg_.global_batch;
   scaler_.restore(st.loss_scaler);
   if (root) {
-    double bytes = 3.0 * params_.size() * sizeof(float), secs = timer.seconds();
+    double bytes = 3.0 * model_->layout().numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully loaded checkpoint from %s at iteration %lld (%s in %.2f s, %.2f GB/s)\n", file.c_str(),
                 iteration_, format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
     std::fflush(stdout);

@@ -108,10 +108,17 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute)
 Gpt::~Gpt() = default;
 
 void Gpt::init_params(float* params, uint64_t seed) const {
+  for (size_t b = 0; b < layout_.blocks().size(); ++b)
+    init_block(static_cast<int>(b), params + layout_.blocks()[b].offset, seed);
+}
+
+void Gpt::init_block(int block, float* dst, uint64_t seed) const {
   const double std_w = cfg_.init_std;
   const double std_out = cfg_.init_std / std::sqrt(2.0 * cfg_.num_layers);
+  const size_t base = layout_.blocks()[block].offset;
   for (const auto& t : layout_.tensors()) {
-    float* p = params + t.offset;
+    if (t.block != block) continue;
+    float* p = dst + (t.offset - base);
     // One stream per tensor, keyed by its index: init does not depend on how others are laid out.
     Rng rng(mix_seed(seed, std::hash<std::string>{}(t.name) & 0xffffffffu, 0x1417));
     bool is_norm_weight = t.name.find("layernorm.weight") != std::string::npos;

@@ -15,10 +15,10 @@
 // replaced the same way; only then are checkpoints beyond --keep-last deleted. A crash at any
 // point leaves the previous checkpoint and a `latest` that names a complete file.
 //
-// Universal: with stage-0 data parallelism every rank holds a full replica; each rank writes an
-// equal flat share of every tensor, and on load reads an equal share and all-gathers, so any rank
-// count loads any other's checkpoint. ZeRO shards will write their own ranges through the same
-// H5File::write (a shard is a flat range). Not here yet: async save, offloaded state, TP/EP slices.
+// Universal: every rank writes the flat ranges it owns (its ZeRO slices; at stage 0 an equal slice
+// of its replica) into the full-shape datasets, and on load reads the ranges it owns under the
+// layout it runs with (the caller re-replicates), so any rank count and ZeRO stage loads any
+// other's checkpoint. Not here yet: async save, offloaded state, TP/EP slices.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,6 +29,7 @@
 
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
+#include "hpct/parallel/zero.hpp"
 
 namespace hpct::engine {
 
@@ -51,12 +52,11 @@ struct CheckpointMeta {
   unsigned long long seed = 0;
 };
 
-/// The tensors of a run: a flat buffer each, laid out by `layout`.
+/// The tensors of a run, laid out by `layout`, as this rank's pieces of the flat state (its ZeRO
+/// slices; at stage 0 an equal slice of a replica). The pieces of all ranks cover every element once.
 struct TensorSet {
   const ParamLayout* layout = nullptr;
-  float* params = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  std::vector<parallel::StatePiece> pieces;
 };
 
 /// Test-only fault injection (documented in docs/checkpoints.md): when the environment variable
@@ -76,12 +76,14 @@ class Checkpointer {
   /// has no checkpoint yet (a fresh run). Throws for a `latest` naming a missing file.
   static std::string resolve(const std::string& path);
 
-  /// Collective over world. Loads tensors and state; checks architecture (first mismatching
+  /// Collective over world. Loads this rank's pieces and the state; checks architecture (first mismatching
   /// tensor named with both shapes) and every dataset's checksum (the tensor named).
   void load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta) const;
 
   /// Checksum of flat elements [begin, end) of a tensor whose first element has global index 0.
-  static uint64_t checksum(const float* data, uint64_t begin, uint64_t end);
+  static uint64_t checksum(const float* data, uint64_t begin, uint64_t end) { return checksum_at(data + begin, begin, end); }
+  /// The same, with `first` pointing at element `begin`.
+  static uint64_t checksum_at(const float* first, uint64_t begin, uint64_t end);
   /// "/model/layers/3/attention/dense/weight" for "layers.3.attention.dense.weight".
   static std::string dataset_name(const std::string& group, const std::string& tensor);
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpct/model/gpt.hpp"
+#include "hpct/parallel/zero.hpp"
 
 namespace hpct::engine {
 
@@ -44,7 +45,7 @@ struct TrainConfig {
   PrecisionMode precision = PrecisionMode::fp32;
   LossScaleConfig loss_scale;
   bool recompute_activations = false;
-  int zero_stage = 0;
+  parallel::ZeroConfig zero;  // ds_config zero_optimization; stage also --zero-stage
   // data
   std::vector<std::string> data_path;
   std::string vocab_file, merge_file, split = "969,30,1";
@@ -63,6 +64,17 @@ struct TrainConfig {
   long long save_interval = 0; // --save-interval N: save every N iterations (0: only at the end / on signal)
   long long exit_interval = 0; // --exit-interval N: save and stop after iteration N (Megatron)
   int keep_last = 0;           // --keep-last K: keep the newest K checkpoints (0: all)
+  // --estimate-memory: print the ZeRO memory plan for a cluster shape and exit (docs/zero.md).
+  // Sizes in GB (1e9 bytes); -1 = this machine (MemTotal, free disk); GPU memory 0 = ranks are host processes.
+  struct MemoryEstimateFlags {
+    bool enabled = false;
+    int nodes = 1;
+    int gpus_per_node = 2;
+    double gpu_memory_gb = 0;
+    double cpu_memory_gb = -1;
+    double nvme_gb = -1;
+  } estimate;
+  bool vocab_size_given = false;  // --vocab-size was given (the estimate otherwise assumes GPT-2's 50257)
 
   /// Every rank calls it with the same dp; throws config_error naming the flag or key.
   void finalize(int dp);
@@ -72,7 +84,7 @@ struct TrainConfig {
 /// Returns false if --help was asked (help text printed to stdout by the caller via help_text()).
 bool parse_args(const std::vector<std::string>& args, TrainConfig& cfg);
 /// Applies a ds_config.json file: batch, optimizer, scheduler, fp16/bf16, gradient_clipping,
-/// steps_per_print, zero_optimization.stage. Unknown keys are errors naming the key.
+/// steps_per_print, zero_optimization. Unknown keys are errors naming the key.
 void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vector<std::string>& flags_given);
 std::string help_text(const std::string& prog);
 /// The resolved config as JSON (stored in checkpoints; every field, after finalize()).

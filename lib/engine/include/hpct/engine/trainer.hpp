@@ -1,10 +1,11 @@
 // hpct/engine/trainer.hpp — the training loop: data-parallel GPT training with AdamW.
 //
-// One Trainer per rank. Each optimizer step runs grad_accum micro-batches; on the last one the
-// gradients of each model block are all-reduced (nonblocking) as soon as backward finishes that
-// block, overlapping communication with the rest of backward. Then: fp16 overflow check, global
-// grad-norm clipping, AdamW with fp32 master weights. Progress lines follow Megatron's format;
-// the metrics file is JSON lines. Not here: ZeRO sharding and checkpoints (their own components).
+// One Trainer per rank. Each optimizer step runs grad_accum micro-batches through the ZeRO engine
+// (parallel/zero.hpp), which is the model's ParamStore: it reduces each block's gradients as soon
+// as backward finishes that block (all-reduce at stage 0, reduce-scatter into shards at 1-3) and,
+// at stage 3, gathers each block's parameters just in time. Then: fp16 overflow check, global
+// grad-norm clipping, AdamW on this rank's shard. Progress lines follow Megatron's format; the
+// metrics file is JSON lines. Checkpoints: engine/checkpointer.hpp.
 #pragma once
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "hpct/engine/train_config.hpp"
 #include "hpct/io/gpt_dataset.hpp"
 #include "hpct/model/gpt.hpp"
+#include "hpct/parallel/zero.hpp"
 
 namespace hpct::engine {
 
@@ -70,15 +72,19 @@ class Trainer {
   double evaluate(const io::TokenDataset& data);
 
   const model::Gpt& model() const { return *model_; }
-  const std::vector<float>& params() const { return params_; }
-  /// Bytes this rank holds of parameters, gradients and optimizer states (all on the host here).
+  /// Collective: the full flat parameters (gathered from the shards at ZeRO stage 3).
+  std::vector<float> gather_params() { return zero_->gather_params(); }
+  const parallel::ZeroEngine& zero() const { return *zero_; }
+  /// Bytes this rank holds of parameters, gradients and optimizer states (all on the host here),
+  /// the ZeRO working buffers' high-water mark, and activations.
   struct MemoryReport {
-    size_t params = 0, grads = 0, optimizer = 0, activations = 0;
+    size_t params = 0, grads = 0, optimizer = 0, grad_shard = 0, working_peak = 0, activations = 0;
   };
   MemoryReport memory_report() const;
+  /// Bytes this rank sent in collectives per optimizer step, averaged over the steps trained so far.
+  double comm_bytes_per_step() const { return comm_steps_ ? comm_bytes_ / comm_steps_ : 0; }
 
  private:
-  class DpStore;
   double step(const io::TokenDataset& data, long long iteration, StepRecord& rec);
   /// Fills tokens_/targets_ (micro_batch, T) with samples first_sample .. first_sample+micro_batch-1.
   void load_micro_batch(const io::TokenDataset& data, long long first_sample);
@@ -88,8 +94,9 @@ class Trainer {
   TrainConfig cfg_;
   const comm::ProcessGrid& grid_;
   std::unique_ptr<model::Gpt> model_;
-  std::vector<float> params_, grads_, exp_avg_, exp_avg_sq_;
-  std::vector<char> decay_mask_;  // per block-tensor: whether weight decay applies
+  std::unique_ptr<parallel::ZeroEngine> zero_;
+  double comm_bytes_ = 0;
+  long long comm_steps_ = 0;
   LossScaler scaler_;
   long long adam_step_ = 0;
   long long iteration_ = 0;          // optimizer steps taken, including skipped ones

@@ -73,6 +73,9 @@ class Gpt {
   /// GPT-2 / Megatron init: N(0, std) weights, output projections N(0, std/sqrt(2L)), zero biases,
   /// unit norm weights. Deterministic in the seed, independent of the rank layout.
   void init_params(float* params, uint64_t seed) const;
+  /// The same values for one block only: dst receives the block's elements (as at its layout
+  /// offset in init_params), so a sharded store initialises without a full copy.
+  void init_block(int block, float* dst, uint64_t seed) const;
 
   /// Forward and backward of one micro-batch. tokens/targets are (B, T); a target < 0 is ignored.
   /// Gradients are ACCUMULATED into the store with d(loss)/d(logit) scaled by dloss (so the caller

@@ -1,0 +1,200 @@
+// hpct/parallel/zero.hpp — ZeRO: data-parallel training with model states partitioned over the N
+// ranks of a data-parallel group, so nothing is stored N times (Rajbhandari et al., arXiv 1910.02054).
+//
+// The engine is the model's ParamStore: the model code is the same for every stage.
+//   stage 0  every rank holds all parameters, gradients and Adam moments; gradients are all-reduced
+//            block by block as backward finishes each block.
+//   stage 1  the Adam moments (and the update) are partitioned: full gradients are accumulated
+//            over micro-steps, reduce-scattered on the last one into each owner's shard, each rank
+//            updates its shard, and the updated parameters are all-gathered.
+//   stage 2  the gradients too: a block's gradient lives in a working buffer only while backward
+//            writes it, is reduce-scattered into the owners' shards as soon as the block is done
+//            (every micro-step, overlapped with the rest of backward), and the buffer is reused.
+//   stage 3  the parameters too: each block is all-gathered just before its forward or backward
+//            and released after; the next blocks (in the order recorded on the first micro-step)
+//            are prefetched up to prefetch_bucket_size elements; blocks under
+//            param_persistence_threshold elements stay whole on every rank; at most
+//            max_live_parameters gathered elements are live besides the one in use.
+//
+// Partition (ShardLayout): every block is cut into N equal slices, the last ones padded, rank r
+// owning slice r. It is a pure function of (ParamLayout, N), so a checkpoint written with one N is
+// read with another (the checkpoint stores full tensors; each rank reads its slices).
+//
+// Precision of the stored states: fp32 parameters (which are also the master copy), fp32 gradients,
+// fp32 Adam moments: 4+4+8 bytes per parameter (docs/zero.md has the formulas). GEMMs may still run
+// in bf16 (kernels::Precision); 16-bit parameter/gradient storage (2+2+12) is not implemented yet.
+// Not here yet: CPU/NVMe offload (io::SwapStore will hold the shards), tensor/expert parallel groups.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/core/param_layout.hpp"
+#include "hpct/io/async_io.hpp"
+#include "hpct/model/gpt.hpp"
+
+namespace hpct::parallel {
+
+/// ds_config zero_optimization knobs this engine uses (DeepSpeed's names and source defaults).
+struct ZeroConfig {
+  int stage = 0;
+  double reduce_bucket_size = 5e8;             // gradient elements in flight before the oldest reduction is waited for
+  bool overlap_comm = true;                    // reduce during backward (false: each reduction completes before backward goes on)
+  double prefetch_bucket_size = 5e7;           // stage3_prefetch_bucket_size: elements gathered ahead of use
+  double param_persistence_threshold = 1e5;    // stage3_param_persistence_threshold: smaller blocks are not partitioned
+  double max_live_parameters = 1e9;            // stage3_max_live_parameters: cap on gathered elements held
+  /// Throws config_error naming "zero_optimization.<key>" for a value out of range.
+  void validate() const;
+};
+
+/// Every block of a ParamLayout cut into N equal slices (ceil(numel/N) elements, the tail padded).
+class ShardLayout {
+ public:
+  ShardLayout(const ParamLayout& layout, int n);
+  int ranks() const { return n_; }
+  size_t slice(int block) const { return slice_[block]; }            // padded slice length
+  size_t local_offset(int block) const { return local_off_[block]; }  // slice's place in a rank's shard
+  size_t local_numel() const { return local_numel_; }                 // one rank's shard, padded
+  /// Rank r's real (unpadded) elements of block b: global flat indices [begin, begin + count).
+  size_t begin(int block, int r) const;
+  size_t count(int block, int r) const;
+
+ private:
+  const ParamLayout& layout_;
+  int n_;
+  std::vector<size_t> slice_, local_off_;
+  size_t local_numel_ = 0;
+};
+
+struct AdamParams {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  int step = 1;            // 1-based, after increment
+  float grad_scale = 1;    // multiplies gradients (unscaling and clipping)
+};
+
+/// One rank's piece of the flat (unpadded) state: elements [begin, begin + count) of the global
+/// buffers; the pointers address element `begin`. Pieces of all ranks cover every element once.
+struct StatePiece {
+  size_t begin = 0, count = 0;
+  float* params = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+};
+
+/// Bytes this rank holds, by kind. "Model states" are the persistent arrays the ZeRO formulas count;
+/// working buffers (gathered blocks, gradient blocks in flight) are reported apart, as a high-water mark.
+struct ZeroMemory {
+  size_t params = 0, grads = 0, optimizer = 0;  // persistent, on the host tier
+  size_t grad_shard = 0;                        // stage 1: the reduced-gradient shard besides the full gradients
+  size_t working_peak = 0;                      // high-water mark of gather/reduce buffers
+  size_t model_states() const { return params + grads + optimizer; }
+};
+
+class ZeroEngine final : public model::ParamStore {
+ public:
+  /// Collective over dp. `fp16_grads` rounds gradients to fp16 before they are reduced (as fp16
+  /// gradients would be on a GPU), so the overflow check sees what fp16 training would.
+  ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp, bool fp16_grads);
+  ~ZeroEngine() override;
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  int stage() const { return cfg_.stage; }
+  const ShardLayout& shards() const { return shards_; }
+
+  /// Initialises the parameters block by block: init(block, dst) writes the whole block into dst.
+  /// Every rank calls it alike; each keeps what it holds (no full copy for stage 3).
+  void init_params(const std::function<void(int block, float* dst)>& init);
+
+  // ---- ParamStore ----
+  const float* params(int block) override;
+  float* grads(int block) override;
+  void release(int block) override;
+  void grads_ready(int block) override;
+
+  /// Before the first micro-step of an optimizer step: clears gradients.
+  void begin_step();
+  /// Before each micro-step; `last` = the micro-step that ends the step (stages 0/1 reduce on it).
+  void begin_micro_step(bool last);
+  /// After each micro-step's backward: waits for its reductions.
+  void end_micro_step();
+  /// Collective: sum of squares of the reduced gradient (every rank gets the same value).
+  double grad_sumsq();
+  /// AdamW on this rank's shard (per-tensor weight decay from the layout), then re-replication of
+  /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
+  void adam_step(const AdamParams& a);
+
+  /// This rank's pieces of (params, exp_avg, exp_avg_sq), for checkpoints. Stage 0: an equal share
+  /// of every tensor (all ranks hold everything; each writes a part).
+  std::vector<StatePiece> pieces();
+  /// After the pieces were filled (checkpoint load): rebuild what every rank must hold. Collective.
+  void after_load();
+  /// Collective: the full flat parameters on every rank (tests, export). Not for large models.
+  std::vector<float> gather_params();
+
+  ZeroMemory memory() const;
+  /// Bytes this rank sent in collectives since the last reset, counted as the ring algorithms move
+  /// them: all-reduce 2(N-1)/N, reduce-scatter and all-gather (N-1)/N of the buffer.
+  double bytes_sent() const { return bytes_sent_; }
+  void reset_bytes_sent() { bytes_sent_ = 0; }
+  /// Gathers issued (stage 3), for tests of prefetch and reuse.
+  long long gathers() const { return gathers_; }
+
+ private:
+  struct Gathered;
+  struct Reduction;
+  bool resident(int b) const { return resident_[b]; }
+  float* master(int b);  // this rank's slice of block b's parameters (fp32 master)
+  void start_gather(int b);
+  void wait_gather(int b);
+  void prefetch();
+  void start_reduction(int b);
+  void finish_reduction(Reduction& r);
+  void drain_reductions(size_t keep_elems);
+  void all_gather_resident(int b);
+  void note_working();
+  void poll();
+
+  const ParamLayout& layout_;
+  ZeroConfig cfg_;
+  const comm::Communicator& dp_;
+  bool fp16_;
+  int n_, rank_;
+  ShardLayout shards_;
+  std::vector<char> resident_;                    // block kept whole on every rank
+  std::vector<size_t> res_off_;                   // resident block's offset in full_params_
+  std::vector<std::vector<int>> counts_, displs_; // per block: MPI counts/displacements (elements)
+
+  // persistent state
+  std::vector<float> full_params_;   // stage 0-2: all parameters (layout offsets); stage 3: resident blocks only
+  std::vector<float> full_grads_;    // stage 0-1: all gradients
+  std::vector<float> shard_params_;  // stage 3: this rank's slices of non-resident blocks
+  std::vector<float> grad_shard_;    // stage 1-3: reduced gradients of this rank's slices
+  std::vector<float> exp_avg_, exp_avg_sq_;  // stage 0: full; 1-3: this rank's slices
+
+  // working buffers
+  io::BufferPool pool_;
+  std::map<int, Gathered*> gathered_;        // stage 3: blocks gathered or being gathered
+  std::map<int, io::BufferPool::Lease> grad_blocks_;  // stage 2/3: gradient blocks being written
+  std::vector<Reduction*> reductions_;       // in flight, oldest first
+  size_t reducing_elems_ = 0;
+  bool last_micro_ = true, first_micro_ = true;
+  size_t working_peak_ = 0;
+
+  // stage-3 prefetch trace: the order of params() calls on the first micro-step
+  enum class TraceState { none, recording, ready };
+  std::vector<int> trace_;
+  TraceState trace_state_ = TraceState::none;
+  long trace_pos_ = -1;  // next expected index in trace_, -1 = off track
+
+  double bytes_sent_ = 0;
+  long long gathers_ = 0;
+};
+
+}  // namespace hpct::parallel

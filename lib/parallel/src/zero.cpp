@@ -1,0 +1,444 @@
+// ZeRO stages 0-3 (see zero.hpp).
+#include "hpct/parallel/zero.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/ops.hpp"
+
+namespace hpct::parallel {
+
+namespace {
+// Emulates fp16 gradient storage/communication: values beyond fp16's range become inf, which the
+// overflow check must then catch (as it would on a GPU with fp16 gradients).
+void round_to_fp16(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
+}
+
+int as_count(size_t n, const char* what) {
+  if (n >= (size_t(1) << 31))
+    throw Error(std::string(what) + ": a block of " + std::to_string(n) +
+                " elements exceeds one MPI call (2^31); the model needs smaller blocks");
+  return static_cast<int>(n);
+}
+}  // namespace
+
+void ZeroConfig::validate() const {
+  if (stage < 0 || stage > 3)
+    throw config_error("zero_optimization.stage", "ZeRO stage must be 0, 1, 2 or 3, not " + std::to_string(stage));
+  auto pos = [](double v, const char* key) {
+    if (!(v > 0)) throw config_error(std::string("zero_optimization.") + key, "must be a positive number of elements");
+  };
+  pos(reduce_bucket_size, "reduce_bucket_size");
+  pos(prefetch_bucket_size, "stage3_prefetch_bucket_size");
+  pos(max_live_parameters, "stage3_max_live_parameters");
+  if (param_persistence_threshold < 0)
+    throw config_error("zero_optimization.stage3_param_persistence_threshold", "must be >= 0 elements");
+}
+
+// ---------------------------------------------------------------------------------------------
+ShardLayout::ShardLayout(const ParamLayout& layout, int n) : layout_(layout), n_(n) {
+  const auto& blocks = layout.blocks();
+  slice_.resize(blocks.size());
+  local_off_.resize(blocks.size());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    slice_[b] = (blocks[b].numel + n - 1) / n;
+    local_off_[b] = local_numel_;
+    local_numel_ += slice_[b];
+  }
+}
+
+size_t ShardLayout::begin(int block, int r) const {
+  const auto& b = layout_.blocks()[block];
+  return b.offset + std::min(b.numel, slice_[block] * r);
+}
+
+size_t ShardLayout::count(int block, int r) const {
+  const auto& b = layout_.blocks()[block];
+  size_t lo = std::min(b.numel, slice_[block] * r), hi = std::min(b.numel, slice_[block] * (r + 1));
+  return hi - lo;
+}
+
+// ---------------------------------------------------------------------------------------------
+struct ZeroEngine::Gathered {
+  io::BufferPool::Lease buf;
+  MPI_Request req = MPI_REQUEST_NULL;
+  size_t numel = 0;
+  float* data() { return reinterpret_cast<float*>(buf.data()); }
+};
+
+struct ZeroEngine::Reduction {
+  int block = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  io::BufferPool::Lease send, recv;  // stage 2/3: the gradient block and the received slice
+  size_t numel = 0;
+};
+
+ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp, bool fp16_grads)
+    : layout_(layout), cfg_(cfg), dp_(dp), fp16_(fp16_grads), n_(dp.size()), rank_(dp.rank()), shards_(layout, dp.size()) {
+  cfg_.validate();
+  const auto& blocks = layout.blocks();
+  const size_t nb = blocks.size();
+  resident_.assign(nb, 1);
+  res_off_.assign(nb, 0);
+  counts_.assign(nb, std::vector<int>(n_));
+  displs_.assign(nb, std::vector<int>(n_));
+  size_t full = 0;
+  for (size_t b = 0; b < nb; ++b) {
+    as_count(blocks[b].numel, "ZeRO");
+    for (int r = 0; r < n_; ++r) {
+      counts_[b][r] = static_cast<int>(shards_.count((int)b, r));
+      displs_[b][r] = static_cast<int>(shards_.begin((int)b, r) - blocks[b].offset);
+    }
+    if (cfg_.stage == 3 && static_cast<double>(blocks[b].numel) >= cfg_.param_persistence_threshold) resident_[b] = 0;
+    if (resident_[b]) {
+      res_off_[b] = full;
+      full += blocks[b].numel;
+    }
+  }
+  // Stages 0-2 keep every block, at its layout offset (full == numel): the flat layout stays.
+  full_params_.assign(full, 0.0f);
+  const size_t L = shards_.local_numel();
+  switch (cfg_.stage) {
+    case 0:
+      full_grads_.assign(layout.numel(), 0.0f);
+      exp_avg_.assign(layout.numel(), 0.0f);
+      exp_avg_sq_.assign(layout.numel(), 0.0f);
+      break;
+    case 1:
+      full_grads_.assign(layout.numel(), 0.0f);
+      [[fallthrough]];
+    default:
+      grad_shard_.assign(L, 0.0f);
+      exp_avg_.assign(L, 0.0f);
+      exp_avg_sq_.assign(L, 0.0f);
+      if (cfg_.stage == 3) {
+        // Only the slices of partitioned blocks live here; resident blocks' slices are in full_params_.
+        size_t need = 0;
+        for (size_t b = 0; b < nb; ++b)
+          if (!resident_[b]) need = shards_.local_offset((int)b) + shards_.slice((int)b);
+        shard_params_.assign(need, 0.0f);
+      }
+  }
+}
+
+ZeroEngine::~ZeroEngine() {
+  for (auto* r : reductions_) {
+    MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+    delete r;
+  }
+  for (auto& [b, g] : gathered_) {
+    MPI_Wait(&g->req, MPI_STATUS_IGNORE);
+    delete g;
+  }
+}
+
+float* ZeroEngine::master(int b) {
+  if (resident_[b]) return full_params_.data() + res_off_[b] + displs_[b][rank_];
+  return shard_params_.data() + shards_.local_offset(b);
+}
+
+void ZeroEngine::init_params(const std::function<void(int, float*)>& init) {
+  const auto& blocks = layout_.blocks();
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (resident_[b]) {
+      init((int)b, full_params_.data() + res_off_[b]);
+      continue;
+    }
+    auto tmp = pool_.acquire(blocks[b].numel * sizeof(float));
+    float* t = reinterpret_cast<float*>(tmp.data());
+    init((int)b, t);
+    std::memcpy(master((int)b), t + displs_[b][rank_], counts_[b][rank_] * sizeof(float));
+  }
+}
+
+void ZeroEngine::note_working() { working_peak_ = std::max(working_peak_, pool_.allocated_bytes()); }
+
+void ZeroEngine::poll() {
+  // Open MPI progresses nonblocking collectives only inside MPI calls: nudge them between blocks.
+  for (auto* r : reductions_) {
+    int done = 0;
+    MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
+  }
+}
+
+// ---- stage 3: gather / release ----------------------------------------------------------------
+void ZeroEngine::start_gather(int b) {
+  const size_t numel = layout_.blocks()[b].numel;
+  auto* g = new Gathered;
+  g->numel = numel;
+  g->buf = pool_.acquire(numel * sizeof(float));
+  note_working();
+  HPCT_CHECK_MPI(MPI_Iallgatherv(master(b), counts_[b][rank_], MPI_FLOAT, g->data(), counts_[b].data(),
+                                 displs_[b].data(), MPI_FLOAT, dp_.raw(), &g->req));
+  gathered_[b] = g;
+  bytes_sent_ += double(n_ - 1) / n_ * numel * sizeof(float);
+  ++gathers_;
+}
+
+void ZeroEngine::wait_gather(int b) { HPCT_CHECK_MPI(MPI_Wait(&gathered_.at(b)->req, MPI_STATUS_IGNORE)); }
+
+void ZeroEngine::prefetch() {
+  if (trace_pos_ < 0) return;
+  size_t ahead = 0, live = 0;
+  for (auto& [b, g] : gathered_) live += g->numel;
+  for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
+    int u = trace_[j];
+    if (resident_[u]) continue;
+    size_t numel = layout_.blocks()[u].numel;
+    if (gathered_.count(u)) {
+      ahead += numel;
+      continue;
+    }
+    if (double(ahead + numel) > cfg_.prefetch_bucket_size || double(live + numel) > cfg_.max_live_parameters) break;
+    start_gather(u);
+    ahead += numel;
+    live += numel;
+  }
+}
+
+const float* ZeroEngine::params(int b) {
+  if (trace_state_ == TraceState::recording) {
+    trace_.push_back(b);
+  } else if (trace_state_ == TraceState::ready && trace_pos_ >= 0) {
+    if (static_cast<size_t>(trace_pos_) < trace_.size() && trace_[trace_pos_] == b) ++trace_pos_;
+    else trace_pos_ = -1;  // another order (evaluation): no prefetch until the next micro-step
+  }
+  if (resident_[b]) return full_params_.data() + res_off_[b];
+  poll();
+  if (!gathered_.count(b)) start_gather(b);
+  wait_gather(b);
+  float* p = gathered_[b]->data();
+  prefetch();
+  return p;
+}
+
+void ZeroEngine::release(int b) {
+  if (resident_[b]) return;
+  auto it = gathered_.find(b);
+  if (it == gathered_.end()) return;
+  // Keep it when it is needed again within the prefetch window (it would be gathered right back).
+  if (trace_state_ == TraceState::ready && trace_pos_ >= 0) {
+    size_t ahead = 0;
+    for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
+      int u = trace_[j];
+      if (u == b) return;
+      if (resident_[u]) continue;
+      ahead += layout_.blocks()[u].numel;
+      if (double(ahead) > cfg_.prefetch_bucket_size) break;
+    }
+  }
+  MPI_Wait(&it->second->req, MPI_STATUS_IGNORE);
+  delete it->second;
+  gathered_.erase(it);
+}
+
+// ---- gradients ---------------------------------------------------------------------------------
+float* ZeroEngine::grads(int b) {
+  const auto& blk = layout_.blocks()[b];
+  if (cfg_.stage <= 1) return full_grads_.data() + blk.offset;
+  auto it = grad_blocks_.find(b);
+  if (it == grad_blocks_.end()) {
+    auto lease = pool_.acquire(blk.numel * sizeof(float));
+    std::memset(lease.data(), 0, blk.numel * sizeof(float));
+    note_working();
+    it = grad_blocks_.emplace(b, std::move(lease)).first;
+  }
+  return reinterpret_cast<float*>(it->second.data());
+}
+
+void ZeroEngine::start_reduction(int b) {
+  const auto& blk = layout_.blocks()[b];
+  auto* r = new Reduction;
+  r->block = b;
+  r->numel = blk.numel;
+  if (cfg_.stage == 0) {
+    float* g = full_grads_.data() + blk.offset;
+    if (fp16_) round_to_fp16(g, blk.numel);
+    HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, g, (int)blk.numel, MPI_FLOAT, MPI_SUM, dp_.raw(), &r->req));
+    bytes_sent_ += 2.0 * (n_ - 1) / n_ * blk.numel * sizeof(float);
+  } else {
+    float* send;
+    float* recv;
+    if (cfg_.stage == 1) {
+      send = full_grads_.data() + blk.offset;
+      recv = grad_shard_.data() + shards_.local_offset(b);  // stage 1 reduces once per step: write in place
+    } else {
+      r->send = std::move(grad_blocks_.at(b));
+      grad_blocks_.erase(b);
+      r->recv = pool_.acquire(shards_.slice(b) * sizeof(float));
+      note_working();
+      send = reinterpret_cast<float*>(r->send.data());
+      recv = reinterpret_cast<float*>(r->recv.data());
+    }
+    if (fp16_) round_to_fp16(send, blk.numel);
+    HPCT_CHECK_MPI(MPI_Ireduce_scatter(send, recv, counts_[b].data(), MPI_FLOAT, MPI_SUM, dp_.raw(), &r->req));
+    bytes_sent_ += double(n_ - 1) / n_ * blk.numel * sizeof(float);
+  }
+  reductions_.push_back(r);
+  reducing_elems_ += blk.numel;
+}
+
+void ZeroEngine::finish_reduction(Reduction& r) {
+  HPCT_CHECK_MPI(MPI_Wait(&r.req, MPI_STATUS_IGNORE));
+  if (cfg_.stage >= 2) {
+    // Accumulate over micro-steps into the shard (the first one adds to zeros: exact).
+    float* dst = grad_shard_.data() + shards_.local_offset(r.block);
+    const float* src = reinterpret_cast<const float*>(r.recv.data());
+    const size_t c = static_cast<size_t>(counts_[r.block][rank_]);
+    for (size_t i = 0; i < c; ++i) dst[i] += src[i];
+  }
+  reducing_elems_ -= r.numel;
+}
+
+void ZeroEngine::drain_reductions(size_t keep_elems) {
+  while (!reductions_.empty() && reducing_elems_ > keep_elems) {
+    Reduction* r = reductions_.front();
+    reductions_.erase(reductions_.begin());
+    finish_reduction(*r);
+    delete r;
+  }
+}
+
+void ZeroEngine::grads_ready(int b) {
+  const bool reduce = cfg_.stage >= 2 || last_micro_;
+  if (!reduce) return;
+  start_reduction(b);
+  if (!cfg_.overlap_comm) drain_reductions(0);
+  else drain_reductions(static_cast<size_t>(cfg_.reduce_bucket_size));
+  poll();
+}
+
+void ZeroEngine::begin_step() {
+  if (!full_grads_.empty()) std::memset(full_grads_.data(), 0, full_grads_.size() * sizeof(float));
+  if (!grad_shard_.empty()) std::memset(grad_shard_.data(), 0, grad_shard_.size() * sizeof(float));
+}
+
+void ZeroEngine::begin_micro_step(bool last) {
+  last_micro_ = last;
+  if (trace_state_ == TraceState::none) {
+    trace_.clear();
+    trace_state_ = TraceState::recording;
+  } else if (trace_state_ == TraceState::ready) {
+    trace_pos_ = 0;
+  }
+}
+
+void ZeroEngine::end_micro_step() {
+  drain_reductions(0);
+  if (!grad_blocks_.empty())
+    throw Error("ZeRO: gradients of block '" + layout_.blocks()[grad_blocks_.begin()->first].name +
+                "' were written but never reported ready (model bug)");
+  if (trace_state_ == TraceState::recording) trace_state_ = TraceState::ready;
+  trace_pos_ = -1;
+}
+
+double ZeroEngine::grad_sumsq() {
+  if (cfg_.stage == 0) return kernels::sum_of_squares(full_grads_.data(), full_grads_.size());  // identical everywhere
+  double s = kernels::sum_of_squares(grad_shard_.data(), grad_shard_.size());  // padding is zero
+  dp_.allreduce_sum(&s, 1);
+  return s;
+}
+
+void ZeroEngine::all_gather_resident(int b) {
+  const auto& blk = layout_.blocks()[b];
+  HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, full_params_.data() + res_off_[b], counts_[b].data(),
+                                displs_[b].data(), MPI_FLOAT, dp_.raw()));
+  bytes_sent_ += double(n_ - 1) / n_ * blk.numel * sizeof(float);
+}
+
+void ZeroEngine::adam_step(const AdamParams& a) {
+  // Gathered copies of the old parameters are stale after the update.
+  for (auto& [b, g] : gathered_) {
+    MPI_Wait(&g->req, MPI_STATUS_IGNORE);
+    delete g;
+  }
+  gathered_.clear();
+  const auto& blocks = layout_.blocks();
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    // This rank's range of the block: everything at stage 0, its slice otherwise.
+    const size_t lo = cfg_.stage == 0 ? blocks[b].offset : shards_.begin(b, rank_);
+    const size_t cnt = cfg_.stage == 0 ? blocks[b].numel : static_cast<size_t>(counts_[b][rank_]);
+    if (cnt == 0) continue;
+    float* p = cfg_.stage == 0 ? full_params_.data() + lo : master(b);
+    const float* g = cfg_.stage == 0 ? full_grads_.data() + lo : grad_shard_.data() + shards_.local_offset(b);
+    float* m = cfg_.stage == 0 ? exp_avg_.data() + lo : exp_avg_.data() + shards_.local_offset(b);
+    float* v = cfg_.stage == 0 ? exp_avg_sq_.data() + lo : exp_avg_sq_.data() + shards_.local_offset(b);
+    for (const auto& t : layout_.tensors()) {
+      if (t.block != b) continue;
+      const size_t s = std::max(lo, t.offset), e = std::min(lo + cnt, t.offset + t.numel);
+      if (s >= e) continue;
+      const size_t k = s - lo;
+      kernels::adamw_update(p + k, g + k, m + k, v + k, e - s, a.lr, a.beta1, a.beta2, a.eps,
+                            t.weight_decay ? a.weight_decay : 0.0f, a.step, a.grad_scale);
+    }
+  }
+  if (cfg_.stage == 0) return;  // every rank updated everything alike
+  for (size_t b = 0; b < blocks.size(); ++b)
+    if (resident_[b]) all_gather_resident((int)b);
+}
+
+std::vector<StatePiece> ZeroEngine::pieces() {
+  std::vector<StatePiece> out;
+  const auto& blocks = layout_.blocks();
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    StatePiece p;
+    p.begin = shards_.begin(b, rank_);
+    p.count = static_cast<size_t>(counts_[b][rank_]);
+    if (p.count == 0) continue;
+    p.params = master(b);
+    if (cfg_.stage == 0) {
+      p.exp_avg = exp_avg_.data() + p.begin;
+      p.exp_avg_sq = exp_avg_sq_.data() + p.begin;
+    } else {
+      p.exp_avg = exp_avg_.data() + shards_.local_offset(b);
+      p.exp_avg_sq = exp_avg_sq_.data() + shards_.local_offset(b);
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+void ZeroEngine::after_load() {
+  const auto& blocks = layout_.blocks();
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (resident_[b]) all_gather_resident((int)b);
+    if (cfg_.stage == 0) {
+      for (float* buf : {exp_avg_.data(), exp_avg_sq_.data()})
+        HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf + blocks[b].offset, counts_[b].data(),
+                                      displs_[b].data(), MPI_FLOAT, dp_.raw()));
+    }
+  }
+  bytes_sent_ = 0;
+}
+
+std::vector<float> ZeroEngine::gather_params() {
+  const auto& blocks = layout_.blocks();
+  std::vector<float> out(layout_.numel());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    float* dst = out.data() + blocks[b].offset;
+    if (resident_[b]) {
+      std::memcpy(dst, full_params_.data() + res_off_[b], blocks[b].numel * sizeof(float));
+    } else {
+      HPCT_CHECK_MPI(MPI_Allgatherv(master((int)b), counts_[b][rank_], MPI_FLOAT, dst, counts_[b].data(),
+                                    displs_[b].data(), MPI_FLOAT, dp_.raw()));
+    }
+  }
+  return out;
+}
+
+ZeroMemory ZeroEngine::memory() const {
+  ZeroMemory m;
+  m.params = (full_params_.size() + shard_params_.size()) * sizeof(float);
+  m.grads = full_grads_.size() * sizeof(float);
+  if (cfg_.stage >= 2) m.grads += grad_shard_.size() * sizeof(float);
+  else m.grad_shard = grad_shard_.size() * sizeof(float);
+  m.optimizer = (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
+  m.working_peak = working_peak_;
+  return m;
+}
+
+}  // namespace hpct::parallel

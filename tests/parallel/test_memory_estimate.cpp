@@ -1,0 +1,216 @@
+// The memory planner against the ZeRO paper's formulas and published anchors, and Ψ against the
+// model's own parameter table.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "hpct/core/error.hpp"
+#include "hpct/model/gpt.hpp"
+#include "hpct/parallel/memory_estimate.hpp"
+
+using namespace hpct;
+using namespace hpct::parallel;
+
+namespace {
+
+// A GptSize with a chosen Ψ (the paper's anchors are stated for Ψ alone).
+GptSize size_of(uint64_t psi, uint64_t largest = 1000) {
+  GptSize s;
+  s.params = psi;
+  s.largest_block = largest;
+  s.largest_block_name = "layer";
+  return s;
+}
+
+ClusterShape gpus(int nodes, int per_node, double gpu_gb, double cpu_gb = 1e6, double nvme_gb = 1e6) {
+  ClusterShape c;
+  c.nodes = nodes;
+  c.devices_per_node = per_node;
+  c.device_bytes = (uint64_t)(gpu_gb * 1e9);
+  c.host_bytes = (uint64_t)(cpu_gb * 1e9);
+  c.nvme_bytes = (uint64_t)(nvme_gb * 1e9);
+  return c;
+}
+
+model::GptConfig shape(int L, int C, int NH, int T, int V) {
+  model::GptConfig g;
+  g.num_layers = L;
+  g.hidden_size = C;
+  g.num_heads = NH;
+  g.max_seq_length = T;
+  g.vocab_size = V;
+  return g;
+}
+
+}  // namespace
+
+TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
+  for (auto g : {shape(2, 64, 2, 64, 256), shape(4, 128, 4, 128, 512), shape(3, 96, 3, 40, 1000),
+                 shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77)}) {
+    model::Gpt m(g, kernels::Precision::fp32, false);
+    const GptSize s = gpt_size(g);
+    EXPECT_EQ(s.params, m.layout().numel()) << g.describe();
+    const auto& blocks = m.layout().blocks();
+    ASSERT_EQ(blocks.size(), (size_t)g.num_layers + 2);
+    EXPECT_EQ(s.embedding, blocks.front().numel);
+    EXPECT_EQ(s.layer, blocks[1].numel);
+    EXPECT_EQ(s.final_norm, blocks.back().numel);
+    size_t largest = 0;
+    for (const auto& b : blocks) largest = std::max(largest, b.numel);
+    EXPECT_EQ(s.largest_block, largest) << g.describe();
+  }
+}
+
+TEST(MemoryEstimate, GptNamesComeOutNearTheirSizes) {
+  // GPT-2 vocabulary, padded to 50304 as a real run does.
+  EXPECT_NEAR(gpt_size(shape(96, 12288, 96, 2048, 50257)).params / 1e9, 174.6, 0.1);
+  EXPECT_NEAR(gpt_size(shape(105, 20480, 128, 2048, 50257)).params / 1e9, 529.6, 0.1);
+  EXPECT_NEAR(gpt_size(shape(128, 25600, 160, 1024, 50257)).params / 1e12, 1.008, 0.001);
+  EXPECT_NEAR(gpt_size(shape(160, 32768, 256, 2048, 50257)).params / 1e12, 2.063, 0.001);
+  EXPECT_EQ(gpt_size(shape(96, 12288, 96, 2048, 50257)).largest_block_name, "layer");
+  EXPECT_EQ(gpt_size(shape(2, 64, 2, 64, 50257)).largest_block_name, "embedding");
+}
+
+// ZeRO paper Fig. 1 / reference §3.1: Ψ = 7.5B, N = 64, K = 12.
+TEST(MemoryEstimate, ZeroPaperAnchors) {
+  const GptSize s = size_of(7500000000ull);
+  const ClusterShape c = gpus(8, 8, 80);
+  auto dev = [&](int stage) { return plan_memory(s, StatePrecision::mixed, stage, Offload::none, c).device_states; };
+  EXPECT_EQ(dev(0), 120000000000ull);  // (2+2+K)Ψ = 120 GB
+  EXPECT_EQ(dev(1), 31406250000ull);   // (2+2)Ψ + KΨ/N = 31.4 GB
+  EXPECT_EQ(dev(2), 16640625000ull);   // 2Ψ + (2+K)Ψ/N = 16.6 GB
+  EXPECT_EQ(dev(3), 1875000000ull);    // (2+2+K)Ψ/N = 1.9 GB
+  EXPECT_NEAR(dev(1) / 1e9, 31.4, 0.05);
+  EXPECT_NEAR(dev(2) / 1e9, 16.6, 0.05);
+  EXPECT_NEAR(dev(3) / 1e9, 1.9, 0.05);
+}
+
+// DeepSpeed ZeRO tutorial: Adam states (K = 12) of a 1.5B GPT-2 are 18 GB; ZeRO-1 over 8 ranks 2.25 GB.
+TEST(MemoryEstimate, DeepSpeedTutorialAnchor) {
+  const GptSize s = size_of(1500000000ull);
+  const auto p0 = plan_memory(s, StatePrecision::mixed, 0, Offload::none, gpus(1, 8, 80));
+  const auto p1 = plan_memory(s, StatePrecision::mixed, 1, Offload::none, gpus(1, 8, 80));
+  EXPECT_EQ(state_bytes(StatePrecision::mixed).optimizer * s.params, 18000000000ull);
+  EXPECT_EQ(p0.device_states - p1.device_states + 2250000000ull, 18000000000ull);  // only the optimizer shrank
+  EXPECT_EQ(p1.device_states - 4 * s.params, 2250000000ull);
+}
+
+TEST(MemoryEstimate, FormulasBothPrecisions) {
+  const uint64_t psi = 1000003;  // not a multiple of N: partitions round up
+  const GptSize s = size_of(psi, 5000);
+  const ClusterShape c = gpus(2, 4, 80);
+  const uint64_t N = 8, part = (psi + N - 1) / N;
+  for (auto prec : {StatePrecision::mixed, StatePrecision::fp32}) {
+    const StateBytes b = state_bytes(prec);
+    if (prec == StatePrecision::mixed) {
+      EXPECT_EQ(b.param + b.grad + b.optimizer, 2u + 2u + 12u);
+    } else {
+      EXPECT_EQ(b.param, 4u);
+      EXPECT_EQ(b.grad, 4u);
+      EXPECT_EQ(b.optimizer, 8u);
+    }
+    auto plan = [&](int st, Offload o) { return plan_memory(s, prec, st, o, c); };
+    EXPECT_EQ(plan(0, Offload::none).device_states, (b.param + b.grad + b.optimizer) * psi);
+    EXPECT_EQ(plan(1, Offload::none).device_states, (b.param + b.grad) * psi + b.optimizer * part);
+    EXPECT_EQ(plan(2, Offload::none).device_states, b.param * psi + (b.grad + b.optimizer) * part);
+    EXPECT_EQ(plan(3, Offload::none).device_states, (b.param + b.grad + b.optimizer) * part);
+    // Offloaded optimizer: the CPU step's 16 bytes per partitioned parameter go to the host.
+    EXPECT_EQ(plan(1, Offload::optimizer_cpu).device_states, (b.param + b.grad) * psi);
+    EXPECT_EQ(plan(2, Offload::optimizer_cpu).device_states, b.param * psi);
+    EXPECT_EQ(plan(3, Offload::optimizer_cpu).device_states, b.param * part);
+    EXPECT_EQ(plan(2, Offload::optimizer_cpu).host_states_per_rank, 16 * part);
+    EXPECT_EQ(plan(2, Offload::optimizer_cpu).host_per_node, 4 * 16 * part);
+    // NVMe takes the 3 fp32 optimizer arrays (12 bytes); the fp32 gradient (4) stays on the host.
+    EXPECT_EQ(plan(3, Offload::optimizer_nvme).nvme_per_node, 4 * 12 * part);
+    EXPECT_EQ(plan(3, Offload::optimizer_nvme).host_states_per_rank, 4 * part);
+    EXPECT_EQ(plan(3, Offload::optimizer_nvme).host_buffers_per_rank, 4 * 3 * 4 * std::min<uint64_t>(1 << 20, part));
+    EXPECT_EQ(plan(3, Offload::optimizer_param_cpu).device_states, 0u);
+    const uint64_t params_too = prec == StatePrecision::mixed ? 2 : 0;  // fp32: the master is the parameter
+    EXPECT_EQ(plan(3, Offload::optimizer_param_cpu).host_states_per_rank, (16 + params_too) * part);
+    EXPECT_EQ(plan(3, Offload::optimizer_param_nvme).nvme_per_rank, (12 + params_too) * part);
+    EXPECT_EQ(plan(3, Offload::optimizer_param_nvme).host_states_per_rank, 4 * part);
+    // Stated working buffers: stage 2 one bucket (Ψ here is under reduce_bucket_size), stage 3
+    // two gathered blocks + a prefetch of min(5e7, Ψ), at most Ψ in all, + one block's gradient.
+    EXPECT_EQ(plan(2, Offload::none).device_buffers, b.grad * psi);
+    EXPECT_EQ(plan(3, Offload::none).device_buffers, b.param * psi + b.grad * 5000);
+    EXPECT_EQ(plan(0, Offload::none).device_buffers, 0u);
+  }
+}
+
+TEST(MemoryEstimate, OffloadChoicesFollowDeepSpeed) {
+  EXPECT_FALSE(offload_allowed(0, Offload::optimizer_cpu));
+  EXPECT_TRUE(offload_allowed(1, Offload::optimizer_cpu));
+  EXPECT_FALSE(offload_allowed(2, Offload::optimizer_nvme));
+  EXPECT_FALSE(offload_allowed(2, Offload::optimizer_param_cpu));
+  EXPECT_TRUE(offload_allowed(3, Offload::optimizer_param_nvme));
+  EXPECT_THROW(plan_memory(size_of(1000), StatePrecision::mixed, 2, Offload::optimizer_nvme, gpus(1, 1, 1)), Error);
+  EXPECT_THROW(plan_memory(size_of(1000), StatePrecision::mixed, 4, Offload::none, gpus(1, 1, 1)), Error);
+  auto e = estimate_memory(shape(2, 64, 2, 64, 256), StatePrecision::fp32, gpus(1, 2, 1));
+  EXPECT_EQ(e.plans.size(), 4u + 3u + 3u);  // none x4, optimizer:cpu x3, stage-3 nvme / param x3
+}
+
+TEST(MemoryEstimate, DeepSpeedEstimatorsSideBySide) {
+  // Ψ = 7.5B with a largest layer of 1e8 on 8 nodes x 8 GPUs; 16-bit training only.
+  const GptSize s = size_of(7500000000ull, 100000000ull);
+  const ClusterShape c = gpus(8, 8, 80);
+  const double P = 7.5e9, N = 64, L = 1e8;
+  auto ds = [&](int st, Offload o) { return plan_memory(s, StatePrecision::mixed, st, o, c); };
+  EXPECT_DOUBLE_EQ(ds(2, Offload::none).ds_device, 4 * P + 16 * P / N);
+  EXPECT_DOUBLE_EQ(ds(2, Offload::optimizer_cpu).ds_device, 2 * P);
+  EXPECT_DOUBLE_EQ(ds(2, Offload::optimizer_cpu).ds_host_per_node, P * 4 * N * 1.5);
+  EXPECT_DOUBLE_EQ(ds(3, Offload::none).ds_device, 4 * L + 18 * P / N);
+  EXPECT_DOUBLE_EQ(ds(3, Offload::optimizer_cpu).ds_device, 4 * L + 2 * P / N);
+  EXPECT_DOUBLE_EQ(ds(3, Offload::optimizer_param_cpu).ds_device, 4 * L);
+  EXPECT_DOUBLE_EQ(ds(3, Offload::optimizer_param_cpu).ds_host_per_node, 18 * P / 8 * 1.5);
+  EXPECT_LT(ds(1, Offload::none).ds_device, 0);  // DeepSpeed has no stage-1 estimator
+  EXPECT_LT(plan_memory(s, StatePrecision::fp32, 3, Offload::none, c).ds_device, 0);
+  EXPECT_EQ(ds(3, Offload::none).device_states, 16 * 7500000000ull / 64);  // ours: the paper's 16Ψ/N
+}
+
+TEST(MemoryEstimate, FitsFlipsWithTheCluster) {
+  // 175B, mixed precision, 8 nodes x 8 GPUs of 80 GB: stage 3 fits, stage 2 (2Ψ = 349 GB) does not.
+  const auto g = shape(96, 12288, 96, 2048, 50257);
+  auto e = estimate_memory(g, StatePrecision::mixed, gpus(8, 8, 80, 1000, 0));
+  auto find = [&](const MemoryEstimate& est, int st, Offload o) {
+    for (const auto& p : est.plans)
+      if (p.stage == st && p.offload == o) return p;
+    throw std::runtime_error("plan missing");
+  };
+  EXPECT_FALSE(find(e, 0, Offload::none).fits());
+  EXPECT_FALSE(find(e, 2, Offload::none).fits());
+  EXPECT_TRUE(find(e, 3, Offload::none).fits());
+  EXPECT_FALSE(find(e, 3, Offload::optimizer_nvme).fits_nvme);  // no NVMe given
+  EXPECT_EQ(find(e, 3, Offload::optimizer_nvme).fit_text(), "no (nvme)");
+  // On one node the device no longer holds stage 3's 16Ψ/8, but parameter offload to NVMe fits.
+  auto one = estimate_memory(g, StatePrecision::mixed, gpus(1, 8, 80, 1000, 30000));
+  EXPECT_FALSE(find(one, 3, Offload::none).fits_device);
+  EXPECT_FALSE(find(one, 3, Offload::optimizer_param_cpu).fits_host);
+  EXPECT_TRUE(find(one, 3, Offload::optimizer_param_nvme).fits());
+}
+
+TEST(MemoryEstimate, HostProcessesShareHostMemory) {
+  // CPU backend: device_bytes 0, two ranks; their device states count against the node's memory.
+  const auto g = shape(4, 128, 4, 128, 512);
+  ClusterShape c = gpus(1, 2, 0, 1, 0);
+  auto e = estimate_memory(g, StatePrecision::fp32, c);
+  const auto& p0 = e.plans.front();
+  EXPECT_TRUE(p0.fits_device);
+  EXPECT_EQ(p0.host_per_node, 2 * p0.device_total());
+  EXPECT_TRUE(p0.fits());
+  c.host_bytes = p0.host_per_node - 1;
+  EXPECT_FALSE(estimate_memory(g, StatePrecision::fp32, c).plans.front().fits_host);
+}
+
+TEST(MemoryEstimate, BadClusterNamesTheFlag) {
+  ClusterShape c = gpus(0, 8, 80);
+  try {
+    c.validate();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--estimate-nodes"), std::string::npos) << e.what();
+  }
+  c = gpus(1, 8, 80, 0);
+  EXPECT_THROW(c.validate(), Error);
+  auto bad = shape(2, 65, 2, 64, 256);  // hidden not divisible by heads
+  EXPECT_THROW(gpt_size(bad), Error);
+}
