@@ -89,11 +89,14 @@ static int run(int argc, char** argv) {
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
               << cfg.grad_accum << "\n"
               << "> ZeRO stage " << cfg.zero.stage << " over " << grid.dp().size()
-              << " data-parallel ranks; model states on rank 0 (host memory; nothing on NVMe): parameters "
+              << " data-parallel ranks; model states in host memory on rank 0: parameters "
               << format_bytes(mem.params) << ", gradients " << format_bytes(mem.grads + mem.grad_shard)
               << ", optimizer states " << format_bytes(mem.optimizer) << "; per rank "
               << format_bytes(*std::min_element(held.begin(), held.end())) << " to "
               << format_bytes(*std::max_element(held.begin(), held.end())) << "\n";
+    if (trainer.zero().offloaded())
+      std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << "): parameters "
+                << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer) << "\n";
     if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
     std::cout << std::flush;
   }
@@ -105,7 +108,27 @@ static int run(int argc, char** argv) {
                          {"working_buffers_peak", world.allgather(double(mem.working_peak))},
                          {"activations", world.allgather(double(mem.activations))}};
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
+  const auto& tr = trainer.zero().swap_traffic();
+  const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));
+  nlohmann::json nvme = {{"parameters", world.allgather(double(mem.nvme_params))},
+                         {"optimizer_states", world.allgather(double(mem.nvme_optimizer))},
+                         {"file_bytes", world.allgather(double(mem.nvme_file))}};
+  nlohmann::json offload = {{"bytes_read", world.allgather(tr.bytes_read)},
+                            {"bytes_written", world.allgather(tr.bytes_written)},
+                            {"optimizer_sweep_bytes_per_step", world.allgather(tr.optimizer_bytes / steps)},
+                            {"optimizer_sweep_seconds_per_step", world.allgather(tr.optimizer_seconds / steps)},
+                            {"optimizer_io_wait_seconds_per_step", world.allgather(tr.optimizer_io_wait / steps)},
+                            {"param_read_seconds_per_step", world.allgather(tr.param_read_seconds / steps)}};
   if (root) {
+    if (trainer.zero().offloaded()) {
+      double opt_bytes = 0, opt_secs = 0;
+      for (double v : offload["optimizer_sweep_bytes_per_step"]) opt_bytes += v;
+      for (double v : offload["optimizer_sweep_seconds_per_step"]) opt_secs = std::max(opt_secs, v);
+      std::printf("> NVMe offload: optimizer sweep moves %s per step over all ranks in %.2f s (%.2f GB/s aggregate); "
+                  "rank 0 waited %.2f s per step for parameter slices\n",
+                  format_bytes(opt_bytes).c_str(), opt_secs, opt_secs > 0 ? opt_bytes / opt_secs / 1e9 : 0.0,
+                  tr.param_read_seconds / steps);
+    }
     std::printf("> data-parallel traffic: %s sent per step per rank (ring volume of the collectives issued; %.2f x parameters x 4 B)\n",
                 format_bytes(sent[0]).c_str(), sent[0] / (4.0 * trainer.model().layout().numel()));
     double final_val = s.val_losses.empty() ? NAN : s.val_losses.back().second;
@@ -131,8 +154,9 @@ static int run(int argc, char** argv) {
                               {"parameters", trainer.model().layout().numel()},
                               {"zero_stage", cfg.zero.stage},
                               // bytes each rank holds, per tier (index = rank); the CPU backend's
-                              // device memory is host memory, and nothing is offloaded to NVMe yet
-                              {"memory_per_rank", {{"host", host}, {"device", nullptr}, {"nvme", {{"total", std::vector<double>(world.size(), 0.0)}}}}},
+                              // device memory is host memory
+                              {"memory_per_rank", {{"host", host}, {"device", nullptr}, {"nvme", nvme}}},
+                              {"nvme_offload", offload},
                               {"comm_bytes_per_step_per_rank", sent}};
     if (!s.val_losses.empty()) {
       summary["final_val_loss"] = final_val;

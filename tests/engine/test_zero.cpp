@@ -26,6 +26,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
+
+#include "hpct/core/error.hpp"
 
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/engine/trainer.hpp"
@@ -220,6 +223,70 @@ TEST(ZeroCheckpoint, MovesBetweenStages) {
   }
   world.barrier();
   if (world.rank() == 0) std::system(("rm -rf " + dir).c_str());
+}
+std::string shared_tmpdir(const comm::Communicator& world, const char* name) {
+  std::string dir;
+  if (world.rank() == 0) {
+    std::string tmpl = std::string("/tmp/") + name + "_XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    dir = ::mkdtemp(buf.data());
+  }
+  world.bcast_string(dir, 0);
+  return dir;
+}
+
+// ZeRO-Infinity: the Adam moments (and at stage 3 the parameter shard) in each rank's swap file on
+// disk, updated by a pipelined sweep in tiles. The update is element-wise and the reductions are
+// the same, so the run must equal the in-memory run of the same stage bitwise; the tiles are made
+// small (sub_group_size) so the sweep really has many tiles in flight.
+TEST(ZeroOffload, NvmeEqualsInMemory) {
+  auto world = comm::Communicator::world();
+  const std::string dir = shared_tmpdir(world, "hpct_zero_nvme");
+  for (auto [stage, params] : {std::pair{2, false}, std::pair{3, false}, std::pair{3, true}}) {
+    Result mem = train(tiny(stage, 3), world);
+    auto c = tiny(stage, 3);
+    c.zero.sub_group_size = 5000;
+    c.zero.offload_optimizer.device = "nvme";
+    c.zero.offload_optimizer.nvme_path = dir;
+    if (params) {
+      c.zero.offload_param.device = "nvme";
+      c.zero.offload_param.nvme_path = dir;
+    }
+    Result off = train(c, world);
+    ASSERT_EQ(off.losses.size(), mem.losses.size());
+    for (size_t i = 0; i < off.losses.size(); ++i) EXPECT_EQ(off.losses[i], mem.losses[i]) << "stage " << stage << " step " << i;
+    EXPECT_EQ(max_diff(off.params, mem.params), 0.0) << "stage " << stage << (params ? " + params" : "") << " on NVMe";
+    // The moments left host memory (and the parameter shard with offload_param).
+    EXPECT_EQ(off.mem.optimizer, 0u);
+    EXPECT_GT(off.mem.nvme_optimizer, 0u);
+    EXPECT_NEAR(double(off.mem.nvme_optimizer), 8.0 * off.numel / world.size(), 0.05 * 8.0 * off.numel / world.size());
+    if (params) {
+      EXPECT_NEAR(double(off.mem.nvme_params), 4.0 * off.numel / world.size(), 0.05 * 4.0 * off.numel / world.size());
+      EXPECT_LT(off.mem.params, mem.mem.params);
+    }
+  }
+  world.barrier();
+  if (world.rank() == 0) std::system(("rm -rf " + dir).c_str());
+}
+
+// A bad nvme_path is refused before step 1, on every rank, with the path and the fix named.
+TEST(ZeroOffload, BadPathRefusedEverywhere) {
+  auto world = comm::Communicator::world();
+  auto c = tiny(3, 1);
+  c.zero.offload_optimizer.device = "nvme";
+  c.zero.offload_optimizer.nvme_path = "/nonexistent/hpct_nvme";
+  comm::ProcessGrid grid(world, 1, 1);
+  c.finalize(grid.dp().size());
+  std::string msg;
+  try {
+    engine::Trainer t(c, grid);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("/nonexistent/hpct_nvme"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offload_optimizer.nvme_path"), std::string::npos) << msg;
 }
 }  // namespace
 

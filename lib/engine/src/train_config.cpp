@@ -292,9 +292,19 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   if (fp16 && bf16) throw Error("fp16 and bf16 are both enabled", Error::Context{path, "fp16.enabled", "enable one"});
   if (fp16) cfg.precision = PrecisionMode::fp16;
   if (bf16) cfg.precision = PrecisionMode::bf16;
+  if (root.has("aio")) {
+    JsonSection a = root.section("aio");
+    cfg.zero.aio = io::AioConfig::from_json(a);
+  }
   if (root.has("zero_optimization")) {
     JsonSection z = root.section("zero_optimization");
-    merge_int(z.get_int("stage"), cfg.zero.stage, "--zero-stage", "zero_optimization.stage");
+    if (auto v = z.get_int("stage")) {
+      if (flag_given("--zero-stage") && cfg.zero.stage != *v)
+        throw Error("'zero_optimization.stage' = " + std::to_string(*v) + " disagrees with --zero-stage " +
+                        std::to_string(cfg.zero.stage),
+                    Error::Context{path, "zero_optimization.stage", "give the value once, or make both agree"});
+      cfg.zero.stage = (int)*v;
+    }
     if (auto v = z.get_number("reduce_bucket_size")) cfg.zero.reduce_bucket_size = *v;
     if (auto v = z.get_bool("overlap_comm")) cfg.zero.overlap_comm = *v;
     if (auto v = z.get_number("stage3_prefetch_bucket_size")) cfg.zero.prefetch_bucket_size = *v;
@@ -303,20 +313,24 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
     // What these choose is how we always work: reduce-scatter and all-gather, contiguous buffers;
     // allgather buckets are one block each.
     for (const char* k : {"allgather_bucket_size", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
-                          "stage3_max_reuse_distance", "sub_group_size", "stage3_gather_16bit_weights_on_model_save"})
+                          "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save"})
       z.ignore(k);
+    if (auto v = z.get_number("sub_group_size")) cfg.zero.sub_group_size = *v;
     for (const char* k : {"offload_optimizer", "offload_param"}) {
       if (!z.has(k)) continue;
       JsonSection o = z.section(k);
-      std::string dev = o.get_string("device").value_or("none");
-      for (const char* ok : {"nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
-                             "pipeline_write", "fast_init", "ratio"})
-        o.ignore(ok);
+      parallel::OffloadConfig& oc = std::string(k) == "offload_optimizer" ? cfg.zero.offload_optimizer : cfg.zero.offload_param;
+      if (auto v = o.get_string("device")) oc.device = *v;
+      if (auto v = o.get_string("nvme_path")) oc.nvme_path = *v;
+      if (auto v = o.get_bool("pin_memory")) oc.pin_memory = *v;
+      if (auto v = o.get_int("buffer_count")) oc.buffer_count = (int)*v;
+      // The swap pipeline always reads ahead and writes behind (pipeline_read/write on); tiles are
+      // sized by sub_group_size; the rest has no effect here.
+      for (const char* ok : {"buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init"}) o.ignore(ok);
+      if (auto r = o.get_number("ratio"); r && *r != 1.0)
+        throw Error(std::string("zero_optimization.") + k + ".ratio " + std::to_string(*r) + " (partial offload) is not supported",
+                    Error::Context{path, std::string("zero_optimization.") + k + ".ratio", "use 1.0"});
       o.finish();
-      if (dev != "none")
-        throw Error(std::string("zero_optimization.") + k + ".device '" + dev + "' is not available in this release",
-                    Error::Context{path, std::string("zero_optimization.") + k + ".device",
-                                   "use \"none\"; CPU/NVMe offload is the next step of the ZeRO work"});
     }
     z.finish();
   }
@@ -369,6 +383,10 @@ void TrainConfig::finalize(int dp) {
   if (keep_last < 0) throw config_error("--keep-last", "--keep-last must be >= 0");
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
+  if ((zero.offload_optimizer.nvme() || zero.offload_param.nvme()) && (!save_dir.empty() || !load_path.empty()))
+    throw config_error(save_dir.empty() ? "--load" : "--save",
+                       "checkpoints of NVMe-offloaded ZeRO states are not implemented yet",
+                       "train without --save/--load, or with zero_optimization.offload_*.device none or cpu");
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
     throw config_error("fp16", "loss_scale_window, hysteresis and min_loss_scale must be positive");

@@ -53,6 +53,9 @@ Trainer::MemoryReport Trainer::memory_report() const {
   r.optimizer = z.optimizer;
   r.grad_shard = z.grad_shard;
   r.working_peak = z.working_peak;
+  r.nvme_params = z.nvme_params;
+  r.nvme_optimizer = z.nvme_optimizer;
+  r.nvme_file = z.nvme_file;
   r.activations = model_->activation_bytes();
   return r;
 }

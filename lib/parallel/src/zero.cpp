@@ -2,9 +2,11 @@
 #include "hpct/parallel/zero.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/timer.hpp"
 #include "hpct/kernels/ops.hpp"
 
 namespace hpct::parallel {
@@ -35,6 +37,25 @@ void ZeroConfig::validate() const {
   pos(max_live_parameters, "stage3_max_live_parameters");
   if (param_persistence_threshold < 0)
     throw config_error("zero_optimization.stage3_param_persistence_threshold", "must be >= 0 elements");
+  pos(sub_group_size, "sub_group_size");
+  for (const auto* o : {&offload_optimizer, &offload_param}) {
+    const std::string key = std::string("zero_optimization.") + (o == &offload_optimizer ? "offload_optimizer" : "offload_param");
+    if (o->device != "none" && o->device != "cpu" && o->device != "nvme")
+      throw config_error(key + ".device", "'" + o->device + "' is not a device: use none, cpu or nvme");
+    if (o->nvme() && o->nvme_path.empty())
+      throw config_error(key + ".nvme_path", "device nvme needs nvme_path: a directory on the NVMe drive");
+    if (o->buffer_count < 2)
+      throw config_error(key + ".buffer_count", "must be >= 2 (one tile computed while the next is read)");
+  }
+  if (offload_optimizer.device != "none" && stage == 0)
+    throw config_error("zero_optimization.offload_optimizer.device", "offloading the optimizer needs ZeRO stage 1, 2 or 3");
+  if (offload_param.device != "none" && stage != 3)
+    throw config_error("zero_optimization.offload_param.device", "offloading parameters needs ZeRO stage 3");
+  if (offload_optimizer.nvme() && offload_param.nvme() && offload_optimizer.nvme_path != offload_param.nvme_path)
+    throw config_error("zero_optimization.offload_param.nvme_path",
+                       "must equal offload_optimizer.nvme_path ('" + offload_optimizer.nvme_path +
+                           "'): one swap file per rank holds both");
+  if (offload_optimizer.nvme() || offload_param.nvme()) aio.validate("aio");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -63,6 +84,9 @@ size_t ShardLayout::count(int block, int r) const {
 // ---------------------------------------------------------------------------------------------
 struct ZeroEngine::Gathered {
   io::BufferPool::Lease buf;
+  io::BufferPool::Lease send;  // this rank's slice read from the swap file (parameter offload)
+  io::PendingRead reading;     // that read, while in flight: the gather starts when it is done
+  bool started = false;        // the all-gather has been posted
   MPI_Request req = MPI_REQUEST_NULL;
   size_t numel = 0;
   float* data() { return reinterpret_cast<float*>(buf.data()); }
@@ -111,9 +135,11 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
       [[fallthrough]];
     default:
       grad_shard_.assign(L, 0.0f);
-      exp_avg_.assign(L, 0.0f);
-      exp_avg_sq_.assign(L, 0.0f);
-      if (cfg_.stage == 3) {
+      if (!cfg_.offload_optimizer.nvme()) {
+        exp_avg_.assign(L, 0.0f);
+        exp_avg_sq_.assign(L, 0.0f);
+      }
+      if (cfg_.stage == 3 && !cfg_.offload_param.nvme()) {
         // Only the slices of partitioned blocks live here; resident blocks' slices are in full_params_.
         size_t need = 0;
         for (size_t b = 0; b < nb; ++b)
@@ -121,6 +147,75 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
         shard_params_.assign(need, 0.0f);
       }
   }
+  setup_swap();
+  // The runs of this rank's shard inside each tensor (weight decay per tensor), for the sweeps.
+  if (cfg_.stage >= 1) {
+    for (size_t bi = 0; bi < nb; ++bi) {
+      const int b = static_cast<int>(bi);
+      const size_t lo = shards_.begin(b, rank_), cnt = static_cast<size_t>(counts_[b][rank_]);
+      for (const auto& t : layout.tensors()) {
+        if (t.block != b) continue;
+        const size_t s0 = std::max(lo, t.offset), e0 = std::min(lo + cnt, t.offset + t.numel);
+        if (s0 >= e0) continue;
+        Segment seg;
+        seg.local = shards_.local_offset(b) + (s0 - lo);
+        seg.count = e0 - s0;
+        seg.block = b;
+        seg.decay = t.weight_decay;
+        seg.param = (resident_[b] || k_param_ < 0) ? master(b) + (s0 - lo) : nullptr;
+        segments_.push_back(seg);
+      }
+    }
+  }
+}
+
+void ZeroEngine::setup_swap() {
+  const bool opt = cfg_.offload_optimizer.nvme(), par = cfg_.offload_param.nvme();
+  if (!opt && !par) return;
+  int k = 0;
+  if (par) k_param_ = k++;
+  if (opt) {
+    k_m_ = k++;
+    k_v_ = k++;
+  }
+  const OffloadConfig& oc = opt ? cfg_.offload_optimizer : cfg_.offload_param;
+  io::SwapStoreConfig sc;
+  sc.nvme_path = oc.nvme_path;
+  sc.tag = "zero.dp" + std::to_string(rank_);
+  sc.num_arrays = k;
+  sc.elems = shards_.local_numel();
+  // Tiles: sub_group_size, but at least 4 per sweep (so reads, updates and writes overlap) and at
+  // most 16M elements (64 MiB per array and slot) so the swap buffers stay small next to the states.
+  const double quarter = std::ceil(double(sc.elems) / 4.0);
+  sc.chunk_elems = static_cast<size_t>(std::max(4096.0, std::min({cfg_.sub_group_size, quarter, double(1 << 24)})));
+  sc.buffer_count = oc.buffer_count;
+  sc.pin_memory = oc.pin_memory;
+  sc.aio = cfg_.aio;
+  sc.config_key = std::string("zero_optimization.") + (opt ? "offload_optimizer" : "offload_param") + ".nvme_path";
+  // Ranks of one node share its drive: each checks room for all of them, so none fails mid-run.
+  MPI_Comm node;
+  HPCT_CHECK_MPI(MPI_Comm_split_type(dp_.raw(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  int node_ranks = 1;
+  MPI_Comm_size(node, &node_ranks);
+  MPI_Comm_free(&node);
+  std::string err = comm::error_text_of([&] {
+    const uint64_t mine = io::SwapStore::file_bytes(k, sc.elems);
+    io::SwapStore::check_path(sc.nvme_path, mine * static_cast<uint64_t>(node_ranks), sc.aio.direct, sc.config_key);
+    swap_ = std::make_unique<io::SwapStore>(sc);
+  });
+  comm::throw_if_any(dp_, err);
+}
+
+void ZeroEngine::read_slice(int b, float* dst) {
+  const size_t c = static_cast<size_t>(counts_[b][rank_]);
+  if (resident_[b] || k_param_ < 0) {
+    std::memcpy(dst, master(b), c * sizeof(float));
+    return;
+  }
+  Timer t;
+  swap_->read(k_param_, shards_.local_offset(b), c, dst);
+  traffic_.param_read_seconds += t.seconds();
+  traffic_.bytes_read += double(c) * sizeof(float);
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -149,11 +244,27 @@ void ZeroEngine::init_params(const std::function<void(int, float*)>& init) {
     auto tmp = pool_.acquire(blocks[b].numel * sizeof(float));
     float* t = reinterpret_cast<float*>(tmp.data());
     init((int)b, t);
-    std::memcpy(master((int)b), t + displs_[b][rank_], counts_[b][rank_] * sizeof(float));
+    if (k_param_ >= 0) {
+      swap_->write(k_param_, shards_.local_offset((int)b), t + displs_[b][rank_], counts_[b][rank_]);
+      traffic_.bytes_written += double(counts_[b][rank_]) * sizeof(float);
+    } else {
+      std::memcpy(master((int)b), t + displs_[b][rank_], counts_[b][rank_] * sizeof(float));
+    }
   }
+  if (k_m_ >= 0) {  // Adam moments start at zero
+    const io::ArrayMask mv = (1u << k_m_) | (1u << k_v_);
+    auto st = swap_->sweep(0, mv, [&](const io::SweepChunk& c) {
+      std::memset(c.array(k_m_), 0, c.count * sizeof(float));
+      std::memset(c.array(k_v_), 0, c.count * sizeof(float));
+    });
+    traffic_.bytes_written += double(st.bytes_written);
+  }
+  note_working();
 }
 
-void ZeroEngine::note_working() { working_peak_ = std::max(working_peak_, pool_.allocated_bytes()); }
+void ZeroEngine::note_working() {
+  working_peak_ = std::max(working_peak_, pool_.allocated_bytes() + (swap_ ? swap_->host_bytes() : 0));
+}
 
 void ZeroEngine::poll() {
   // Open MPI progresses nonblocking collectives only inside MPI calls: nudge them between blocks.
@@ -169,15 +280,42 @@ void ZeroEngine::start_gather(int b) {
   auto* g = new Gathered;
   g->numel = numel;
   g->buf = pool_.acquire(numel * sizeof(float));
-  note_working();
-  HPCT_CHECK_MPI(MPI_Iallgatherv(master(b), counts_[b][rank_], MPI_FLOAT, g->data(), counts_[b].data(),
-                                 displs_[b].data(), MPI_FLOAT, dp_.raw(), &g->req));
   gathered_[b] = g;
-  bytes_sent_ += double(n_ - 1) / n_ * numel * sizeof(float);
   ++gathers_;
+  if (k_param_ >= 0 && !resident_[b]) {
+    // The slice lives in the swap file: start reading it now (a prefetch overlaps the read with
+    // compute); the all-gather is posted once it has arrived (post_gather).
+    const size_t c = static_cast<size_t>(counts_[b][rank_]);
+    g->send = pool_.acquire(c * sizeof(float));
+    g->reading = swap_->start_read(k_param_, shards_.local_offset(b), c, reinterpret_cast<float*>(g->send.data()));
+    traffic_.bytes_read += double(c) * sizeof(float);
+    note_working();
+    return;
+  }
+  note_working();
+  post_gather(b);
 }
 
-void ZeroEngine::wait_gather(int b) { HPCT_CHECK_MPI(MPI_Wait(&gathered_.at(b)->req, MPI_STATUS_IGNORE)); }
+void ZeroEngine::post_gather(int b) {
+  Gathered* g = gathered_.at(b);
+  if (g->started) return;
+  const float* mine = master(b);
+  if (g->reading.active() || g->send.data()) {
+    Timer t;
+    swap_->finish_read(g->reading);
+    traffic_.param_read_seconds += t.seconds();
+    mine = reinterpret_cast<const float*>(g->send.data());
+  }
+  HPCT_CHECK_MPI(MPI_Iallgatherv(mine, counts_[b][rank_], MPI_FLOAT, g->data(), counts_[b].data(),
+                                 displs_[b].data(), MPI_FLOAT, dp_.raw(), &g->req));
+  g->started = true;
+  bytes_sent_ += double(n_ - 1) / n_ * g->numel * sizeof(float);
+}
+
+void ZeroEngine::wait_gather(int b) {
+  post_gather(b);
+  HPCT_CHECK_MPI(MPI_Wait(&gathered_.at(b)->req, MPI_STATUS_IGNORE));
+}
 
 void ZeroEngine::prefetch() {
   if (trace_pos_ < 0) return;
@@ -356,6 +494,12 @@ void ZeroEngine::adam_step(const AdamParams& a) {
   }
   gathered_.clear();
   const auto& blocks = layout_.blocks();
+  if (swap_) {
+    swept_adam(a);
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (resident_[b]) all_gather_resident((int)b);
+    return;
+  }
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const int b = static_cast<int>(bi);
     // This rank's range of the block: everything at stage 0, its slice otherwise.
@@ -380,7 +524,39 @@ void ZeroEngine::adam_step(const AdamParams& a) {
     if (resident_[b]) all_gather_resident((int)b);
 }
 
+// The update with states in the swap file: one pipelined pass over this rank's shard (tile i+1
+// read and tile i-1 written while tile i is updated). Element-wise, so tiles change nothing.
+void ZeroEngine::swept_adam(const AdamParams& a) {
+  io::ArrayMask mask = 0;
+  for (int k : {k_param_, k_m_, k_v_})
+    if (k >= 0) mask |= 1u << k;
+  size_t first = 0;
+  auto st = swap_->sweep(mask, mask, [&](const io::SweepChunk& c) {
+    const size_t cb = c.begin, ce = c.begin + c.count;
+    while (first < segments_.size() && segments_[first].local + segments_[first].count <= cb) ++first;
+    for (size_t i = first; i < segments_.size() && segments_[i].local < ce; ++i) {
+      const Segment& sg = segments_[i];
+      const size_t s0 = std::max(sg.local, cb), e0 = std::min(sg.local + sg.count, ce);
+      if (s0 >= e0) continue;
+      float* p = sg.param ? sg.param + (s0 - sg.local) : c.array(k_param_) + (s0 - cb);
+      float* m = k_m_ >= 0 ? c.array(k_m_) + (s0 - cb) : exp_avg_.data() + s0;
+      float* v = k_v_ >= 0 ? c.array(k_v_) + (s0 - cb) : exp_avg_sq_.data() + s0;
+      kernels::adamw_update(p, grad_shard_.data() + s0, m, v, e0 - s0, a.lr, a.beta1, a.beta2, a.eps,
+                            sg.decay ? a.weight_decay : 0.0f, a.step, a.grad_scale);
+    }
+  });
+  traffic_.bytes_read += double(st.bytes_read);
+  traffic_.bytes_written += double(st.bytes_written);
+  traffic_.optimizer_bytes += double(st.bytes_read + st.bytes_written);
+  traffic_.optimizer_seconds += st.wall_seconds;
+  traffic_.optimizer_io_wait += st.io_wait_seconds;
+  note_working();
+}
+
 std::vector<StatePiece> ZeroEngine::pieces() {
+  if (swap_)
+    throw config_error("--save", "checkpoints of NVMe-offloaded ZeRO states are not implemented yet",
+                       "train without --save/--load, or with offload device none");
   std::vector<StatePiece> out;
   const auto& blocks = layout_.blocks();
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
@@ -423,7 +599,9 @@ std::vector<float> ZeroEngine::gather_params() {
     if (resident_[b]) {
       std::memcpy(dst, full_params_.data() + res_off_[b], blocks[b].numel * sizeof(float));
     } else {
-      HPCT_CHECK_MPI(MPI_Allgatherv(master((int)b), counts_[b][rank_], MPI_FLOAT, dst, counts_[b].data(),
+      std::vector<float> mine(static_cast<size_t>(counts_[b][rank_]));
+      read_slice((int)b, mine.data());
+      HPCT_CHECK_MPI(MPI_Allgatherv(mine.data(), counts_[b][rank_], MPI_FLOAT, dst, counts_[b].data(),
                                     displs_[b].data(), MPI_FLOAT, dp_.raw()));
     }
   }
@@ -438,6 +616,12 @@ ZeroMemory ZeroEngine::memory() const {
   else m.grad_shard = grad_shard_.size() * sizeof(float);
   m.optimizer = (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
   m.working_peak = working_peak_;
+  if (swap_) {
+    const size_t L = shards_.local_numel() * sizeof(float);
+    m.nvme_params = k_param_ >= 0 ? L : 0;
+    m.nvme_optimizer = k_m_ >= 0 ? 2 * L : 0;
+    m.nvme_file = io::SwapStore::file_bytes(swap_->num_arrays(), swap_->elems(), swap_->alignment());
+  }
   return m;
 }
 

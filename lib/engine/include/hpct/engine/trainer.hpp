@@ -79,6 +79,7 @@ class Trainer {
   /// the ZeRO working buffers' high-water mark, and activations.
   struct MemoryReport {
     size_t params = 0, grads = 0, optimizer = 0, grad_shard = 0, working_peak = 0, activations = 0;
+    size_t nvme_params = 0, nvme_optimizer = 0, nvme_file = 0;  // in this rank's swap file (ZeRO offload)
   };
   MemoryReport memory_report() const;
   /// Bytes this rank sent in collectives per optimizer step, averaged over the steps trained so far.

@@ -23,7 +23,12 @@
 // Precision of the stored states: fp32 parameters (which are also the master copy), fp32 gradients,
 // fp32 Adam moments: 4+4+8 bytes per parameter (docs/zero.md has the formulas). GEMMs may still run
 // in bf16 (kernels::Precision); 16-bit parameter/gradient storage (2+2+12) is not implemented yet.
-// Not here yet: CPU/NVMe offload (io::SwapStore will hold the shards), tensor/expert parallel groups.
+// Offload (ZeRO-Infinity): offload_optimizer.device nvme keeps this rank's Adam moments in its own
+// swap file (io::SwapStore) and runs the update as a pipelined sweep (read tile i+1, update tile i,
+// write tile i-1); offload_param.device nvme (stage 3) keeps the parameter shard there too, read
+// slice by slice for each gather. Gradients stay in host memory. device cpu: on the CPU backend the
+// states already live in host memory, so it places nothing differently (reported as the host tier).
+// Not here yet: tensor/expert parallel groups, checkpoints of NVMe-resident states.
 #pragma once
 #include <mpi.h>
 
@@ -31,15 +36,26 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
 #include "hpct/io/async_io.hpp"
+#include "hpct/io/swap_store.hpp"
 #include "hpct/model/gpt.hpp"
 
 namespace hpct::parallel {
+
+/// ds_config zero_optimization.offload_optimizer / offload_param (DeepSpeed's names and defaults).
+struct OffloadConfig {
+  std::string device = "none";  // none | cpu | nvme
+  std::string nvme_path;        // directory on the NVMe device (device nvme)
+  bool pin_memory = false;      // mlock the swap buffers
+  int buffer_count = 4;         // swap slots: tiles in flight (read ahead, compute, write behind)
+  bool nvme() const { return device == "nvme"; }
+};
 
 /// ds_config zero_optimization knobs this engine uses (DeepSpeed's names and source defaults).
 struct ZeroConfig {
@@ -49,6 +65,9 @@ struct ZeroConfig {
   double prefetch_bucket_size = 5e7;           // stage3_prefetch_bucket_size: elements gathered ahead of use
   double param_persistence_threshold = 1e5;    // stage3_param_persistence_threshold: smaller blocks are not partitioned
   double max_live_parameters = 1e9;            // stage3_max_live_parameters: cap on gathered elements held
+  double sub_group_size = 1e9;                 // elements per optimizer tile when the states are swapped (capped, see zero.md)
+  OffloadConfig offload_optimizer, offload_param;
+  io::AioConfig aio;                           // ds_config `aio` block, for NVMe offload
   /// Throws config_error naming "zero_optimization.<key>" for a value out of range.
   void validate() const;
 };
@@ -90,10 +109,21 @@ struct StatePiece {
 /// Bytes this rank holds, by kind. "Model states" are the persistent arrays the ZeRO formulas count;
 /// working buffers (gathered blocks, gradient blocks in flight) are reported apart, as a high-water mark.
 struct ZeroMemory {
-  size_t params = 0, grads = 0, optimizer = 0;  // persistent, on the host tier
+  size_t params = 0, grads = 0, optimizer = 0;  // persistent, in host memory
   size_t grad_shard = 0;                        // stage 1: the reduced-gradient shard besides the full gradients
-  size_t working_peak = 0;                      // high-water mark of gather/reduce buffers
+  size_t working_peak = 0;                      // high-water mark of gather/reduce/swap buffers
+  size_t nvme_params = 0, nvme_optimizer = 0;   // in this rank's swap file (payload bytes)
+  size_t nvme_file = 0;                         // the swap file's size (payload + alignment padding)
   size_t model_states() const { return params + grads + optimizer; }
+};
+
+/// NVMe traffic of the swap store since construction.
+struct SwapTraffic {
+  double bytes_read = 0, bytes_written = 0;
+  double optimizer_seconds = 0;  // wall time of the optimizer sweeps
+  double optimizer_io_wait = 0;  // of which the update waited for IO
+  double optimizer_bytes = 0;    // read + written by the sweeps
+  double param_read_seconds = 0; // time spent waiting for parameter slices
 };
 
 class ZeroEngine final : public model::ParamStore {
@@ -145,6 +175,8 @@ class ZeroEngine final : public model::ParamStore {
   void reset_bytes_sent() { bytes_sent_ = 0; }
   /// Gathers issued (stage 3), for tests of prefetch and reuse.
   long long gathers() const { return gathers_; }
+  bool offloaded() const { return swap_ != nullptr; }
+  const SwapTraffic& swap_traffic() const { return traffic_; }
 
  private:
   struct Gathered;
@@ -153,6 +185,7 @@ class ZeroEngine final : public model::ParamStore {
   float* master(int b);  // this rank's slice of block b's parameters (fp32 master)
   void start_gather(int b);
   void wait_gather(int b);
+  void post_gather(int b);
   void prefetch();
   void start_reduction(int b);
   void finish_reduction(Reduction& r);
@@ -160,6 +193,16 @@ class ZeroEngine final : public model::ParamStore {
   void all_gather_resident(int b);
   void note_working();
   void poll();
+  void setup_swap();
+  void swept_adam(const AdamParams& a);
+  void read_slice(int b, float* dst);  // this rank's slice of block b's parameters, wherever it lives
+  struct Segment {                     // a run of this rank's shard inside one tensor
+    size_t local = 0, count = 0;       // local shard index, length
+    int block = 0;
+    bool decay = true;
+    float* param = nullptr;            // in memory (nullptr: in the swap file at `local`)
+  };
+  std::vector<Segment> segments_;
 
   const ParamLayout& layout_;
   ZeroConfig cfg_;
@@ -195,6 +238,11 @@ class ZeroEngine final : public model::ParamStore {
 
   double bytes_sent_ = 0;
   long long gathers_ = 0;
+
+  // NVMe swap: arrays of this rank's shard (local indices), roles below (-1 = in memory)
+  std::unique_ptr<io::SwapStore> swap_;
+  int k_param_ = -1, k_m_ = -1, k_v_ = -1;
+  SwapTraffic traffic_;
 };
 
 }  // namespace hpct::parallel
