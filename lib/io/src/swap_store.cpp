@@ -450,14 +450,18 @@ void SwapStore::write(int k, uint64_t begin, const float* src, size_t count) {
         io_->wait(t);
         t = 0;
       }
-  } catch (const Error& e) {
-    for (auto t : ticket) {
+  } catch (...) {
+    for (auto t : ticket) {  // no bounce buffer goes back to the pool under the kernel
       try {
         if (t) io_->wait(t);
       } catch (...) {
       }
     }
-    throw rethrow(e);
+    try {
+      throw;
+    } catch (const Error& e) {
+      throw rethrow(e);
+    }
   }
 }
 
