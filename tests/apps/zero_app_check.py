@@ -66,6 +66,46 @@ nv, lognv = run("stage3_nvme", {"stage": 3, "stage3_param_persistence_threshold"
                                 "offload_param": {"device": "nvme", "nvme_path": swap}})
 _, logbad = run("bad_path", {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent/nvme"}},
                 expect_rc=1)
+# An IO error mid-run (the swap files cut to nothing under a running job, as a failing drive would
+# leave them): training stops with an error naming the file, on a bounded time, no hang.
+def io_error_mid_run():
+    d = os.path.join(a.workdir, "swap_fail")
+    os.makedirs(d, exist_ok=True)
+    cfg = os.path.join(a.workdir, "fail.ds.json")
+    with open(cfg, "w") as f:
+        json.dump({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                         "offload_optimizer": {"device": "nvme", "nvme_path": d},
+                                         "offload_param": {"device": "nvme", "nvme_path": d}}}, f)
+    cmd = shlex.split(a.mpi) + [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "1000000",
+                                "--log-interval", "1", "--eval-iters", "0", "--micro-batch-size", "2",
+                                "--global-batch-size", "4", "--deepspeed_config", cfg]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    cut = False
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if not cut and re.search(r"iteration +2/", line):
+                for n in os.listdir(d):
+                    if n.startswith("hpct_swap."):
+                        os.truncate(os.path.join(d, n), 0)
+                cut = True
+        rc = p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        check(False, "IO error mid-run: the job did not end within 120 s")
+        return
+    log = "".join(lines)
+    with open(os.path.join(a.workdir, "io_error.log"), "w") as f:
+        f.write(log)
+    check(cut, "IO error mid-run: the job reached iteration 2 before the files were cut")
+    check(rc != 0, f"IO error mid-run: non-zero exit ({rc})")
+    errs = [l for l in log.splitlines() if "pretrain_gpt: error" in l]
+    check(any("hpct_swap.zero.dp" in l and "offset" in l for l in errs),
+          "IO error mid-run: the error line names the swap file and the offset: " + (errs[0][:200] if errs else "none"))
+
+
+io_error_mid_run()
 if not (s0 and s3 and nv):
     sys.exit(1)
 
