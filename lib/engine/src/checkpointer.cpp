@@ -29,16 +29,18 @@ namespace {
 constexpr const char* kFormat = "hpctrain-checkpoint/1";
 const char* kGroups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
 
-// Calls f(begin, end, pointer-to-element-begin) for each part of tensor ts this rank owns: the
-// intersections of its pieces with the tensor, in tensor-local element indices. g: 0 params,
-// 1 exp_avg, 2 exp_avg_sq.
+// For each tensor part inside piece p: f(group, tensor index, begin, end, pointer to element begin),
+// with begin/end in tensor-local element indices. g: 0 params, 1 exp_avg, 2 exp_avg_sq.
 template <class F>
-void for_owned(const TensorSet& t, const TensorSpec& ts, int g, F&& f) {
-  for (const auto& p : t.pieces) {
+void for_parts(const std::vector<TensorSpec>& tensors, const parallel::StatePiece& p, F&& f) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& ts = tensors[i];
     const size_t lo = std::max(p.begin, ts.offset), hi = std::min(p.begin + p.count, ts.offset + ts.numel);
     if (lo >= hi) continue;
-    float* base = g == 0 ? p.params : g == 1 ? p.exp_avg : p.exp_avg_sq;
-    f(static_cast<uint64_t>(lo - ts.offset), static_cast<uint64_t>(hi - ts.offset), base + (lo - p.begin));
+    for (int g = 0; g < 3; ++g) {
+      float* base = g == 0 ? p.params : g == 1 ? p.exp_avg : p.exp_avg_sq;
+      f(g, i, static_cast<uint64_t>(lo - ts.offset), static_cast<uint64_t>(hi - ts.offset), base + (lo - p.begin));
+    }
   }
 }
 
@@ -121,6 +123,15 @@ std::vector<std::string> list_dir(const std::string& dir) {
 
 }  // namespace
 
+TensorSet TensorSet::of(const ParamLayout& layout, std::vector<parallel::StatePiece> pieces) {
+  TensorSet t;
+  t.layout = &layout;
+  t.visit = [pieces = std::move(pieces)](bool, const PieceFn& fn) {
+    for (const auto& p : pieces) fn(p);
+  };
+  return t;
+}
+
 std::string checkpoint_file_name(long long iteration) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "iter_%07lld.h5", iteration);
@@ -179,13 +190,8 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
   }
   comm::throw_if_any(world_, err);
 
-  // Checksums of the logical content: each rank sums its share, one all-reduce for all tensors.
+  // Checksums of the logical content: each rank sums what it writes; one all-reduce after the data.
   std::vector<uint64_t> sums(3 * tensors.size(), 0);
-  for (int g = 0; g < 3; ++g)
-    for (size_t i = 0; i < tensors.size(); ++i)
-      for_owned(t, tensors[i], g, [&](uint64_t b, uint64_t e, const float* p) { sums[g * tensors.size() + i] += checksum_at(p, b, e); });
-  HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
-
   {
     io::H5File f = io::H5File::open(tmp, io::H5File::Mode::create, world_.raw());
     // Collective metadata: datasets, attributes (every rank passes identical values).
@@ -194,7 +200,6 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
         for (size_t i = 0; i < tensors.size(); ++i) {
           std::string name = dataset_name(kGroups[g], tensors[i].name);
           f.create_dataset(name, tensors[i].shape);
-          f.set_attr(name, "checksum", sums[g * tensors.size() + i]);
         }
       f.set_attr("/", "format", std::string(kFormat));
       f.set_attr("/", "iteration", static_cast<int64_t>(s.iteration));
@@ -244,13 +249,24 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
         comm::throw_if_any(world_, err);
       }
     }
-    // Data: each rank its share of every tensor, independent IO.
+    // Data: each rank the pieces it owns, independent IO, checksummed as written.
     err = comm::error_text_of([&] {
-      for (int g = 0; g < 3; ++g)
-        for (const auto& ts : tensors)
-          for_owned(t, ts, g, [&](uint64_t b, uint64_t e, const float* p) { f.write(dataset_name(kGroups[g], ts.name), b, p, e - b); });
+      t.visit(false, [&](const parallel::StatePiece& p) {
+        for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, const float* x) {
+          f.write(dataset_name(kGroups[g], tensors[i].name), b, x, e - b);
+          sums[g * tensors.size() + i] += checksum_at(x, b, e);
+        });
+      });
     });
     maybe_fault(rank, "after_tensors", s.iteration);
+    // Every rank takes part in the sum and the (collective) attribute writes, failed or not.
+    HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
+    std::string attr_err = comm::error_text_of([&] {
+      for (int g = 0; g < 3; ++g)
+        for (size_t i = 0; i < tensors.size(); ++i)
+          f.set_attr(dataset_name(kGroups[g], tensors[i].name), "checksum", sums[g * tensors.size() + i]);
+    });
+    if (err.empty()) err = attr_err;
     std::string close_err = comm::error_text_of([&] { f.close(); });  // collective
     if (err.empty()) err = close_err;
   }
@@ -329,12 +345,12 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   // Data: each rank reads the ranges it owns and checksums them (the caller re-replicates).
   std::vector<uint64_t> sums(3 * tensors.size(), 0);
   err = comm::error_text_of([&] {
-    for (int g = 0; g < 3; ++g)
-      for (size_t i = 0; i < tensors.size(); ++i)
-        for_owned(t, tensors[i], g, [&](uint64_t b, uint64_t e, float* p) {
-          f.read(dataset_name(kGroups[g], tensors[i].name), b, p, e - b);
-          sums[g * tensors.size() + i] += checksum_at(p, b, e);
-        });
+    t.visit(true, [&](const parallel::StatePiece& p) {
+      for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, float* x) {
+        f.read(dataset_name(kGroups[g], tensors[i].name), b, x, e - b);
+        sums[g * tensors.size() + i] += checksum_at(x, b, e);
+      });
+    });
   });
   comm::throw_if_any(world_, err);
   HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));

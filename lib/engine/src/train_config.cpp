@@ -383,10 +383,7 @@ void TrainConfig::finalize(int dp) {
   if (keep_last < 0) throw config_error("--keep-last", "--keep-last must be >= 0");
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
-  if ((zero.offload_optimizer.nvme() || zero.offload_param.nvme()) && (!save_dir.empty() || !load_path.empty()))
-    throw config_error(save_dir.empty() ? "--load" : "--save",
-                       "checkpoints of NVMe-offloaded ZeRO states are not implemented yet",
-                       "train without --save/--load, or with zero_optimization.offload_*.device none or cpu");
+
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
     throw config_error("fp16", "loss_scale_window, hysteresis and min_loss_scale must be positive");

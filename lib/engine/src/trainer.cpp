@@ -209,7 +209,9 @@ std::string Trainer::save_checkpoint() {
   st.skipped_iterations = skipped_;
   st.nan_iterations = nan_iters_;
   st.loss_scaler = scaler_.state();
-  TensorSet t{&model_->layout(), zero_->pieces()};
+  TensorSet t;
+  t.layout = &model_->layout();
+  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
   if (root) std::cout << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << cfg_.save_dir << std::endl;
   Timer timer;
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
@@ -248,7 +250,9 @@ std::string Trainer::load_checkpoint() {
   if (root) std::cout << "loading checkpoint from " << file << std::endl;
   Timer timer;
   TrainingState st;
-  TensorSet t{&model_->layout(), zero_->pieces()};
+  TensorSet t;
+  t.layout = &model_->layout();
+  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   ck.load(file, t, st, checkpoint_meta());
   zero_->after_load();  // re-replicate what every rank holds whole

@@ -553,10 +553,54 @@ void ZeroEngine::swept_adam(const AdamParams& a) {
   note_working();
 }
 
+void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {
+  if (!swap_) {
+    for (const auto& p : pieces()) fn(p);
+    return;
+  }
+  const auto& blocks = layout_.blocks();
+  std::vector<float> pbuf, mbuf, vbuf;
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    StatePiece p;
+    p.begin = shards_.begin(b, rank_);
+    p.count = static_cast<size_t>(counts_[b][rank_]);
+    if (p.count == 0) continue;
+    const uint64_t local = shards_.local_offset(b);
+    const bool param_on_nvme = k_param_ >= 0 && !resident_[b];
+    if (param_on_nvme) {
+      pbuf.resize(p.count);
+      p.params = pbuf.data();
+      if (!load) swap_->read(k_param_, local, p.count, p.params);
+    } else {
+      p.params = master(b);
+    }
+    if (k_m_ >= 0) {
+      mbuf.resize(p.count);
+      vbuf.resize(p.count);
+      p.exp_avg = mbuf.data();
+      p.exp_avg_sq = vbuf.data();
+      if (!load) {
+        swap_->read(k_m_, local, p.count, p.exp_avg);
+        swap_->read(k_v_, local, p.count, p.exp_avg_sq);
+      }
+    } else {
+      p.exp_avg = exp_avg_.data() + local;
+      p.exp_avg_sq = exp_avg_sq_.data() + local;
+    }
+    fn(p);
+    if (load) {
+      if (param_on_nvme) swap_->write(k_param_, local, p.params, p.count);
+      if (k_m_ >= 0) {
+        swap_->write(k_m_, local, p.exp_avg, p.count);
+        swap_->write(k_v_, local, p.exp_avg_sq, p.count);
+      }
+    }
+  }
+}
+
 std::vector<StatePiece> ZeroEngine::pieces() {
-  if (swap_)
-    throw config_error("--save", "checkpoints of NVMe-offloaded ZeRO states are not implemented yet",
-                       "train without --save/--load, or with offload device none");
+  if (swap_) throw Error("ZeroEngine::pieces: the states live on NVMe; use visit_pieces");
   std::vector<StatePiece> out;
   const auto& blocks = layout_.blocks();
   for (size_t bi = 0; bi < blocks.size(); ++bi) {

@@ -18,7 +18,8 @@
 // Universal: every rank writes the flat ranges it owns (its ZeRO slices; at stage 0 an equal slice
 // of its replica) into the full-shape datasets, and on load reads the ranges it owns under the
 // layout it runs with (the caller re-replicates), so any rank count and ZeRO stage loads any
-// other's checkpoint. Not here yet: async save, offloaded state, TP/EP slices.
+// other's checkpoint. State offloaded to NVMe is staged piece by piece through the same path.
+// Not here yet: async save, TP/EP slices.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -54,9 +55,15 @@ struct CheckpointMeta {
 
 /// The tensors of a run, laid out by `layout`, as this rank's pieces of the flat state (its ZeRO
 /// slices; at stage 0 an equal slice of a replica). The pieces of all ranks cover every element once.
+/// visit(load, fn) calls fn on each piece in turn, in increasing flat order; its pointers are valid
+/// during the call only, so state that lives on NVMe is staged one piece at a time. With load, fn
+/// fills the piece and the owner keeps what it was given.
 struct TensorSet {
+  using PieceFn = std::function<void(const parallel::StatePiece&)>;
   const ParamLayout* layout = nullptr;
-  std::vector<parallel::StatePiece> pieces;
+  std::function<void(bool load, const PieceFn& fn)> visit;
+  /// A set over pieces already in memory.
+  static TensorSet of(const ParamLayout& layout, std::vector<parallel::StatePiece> pieces);
 };
 
 /// Test-only fault injection (documented in docs/checkpoints.md): when the environment variable

@@ -28,7 +28,7 @@
 // write tile i-1); offload_param.device nvme (stage 3) keeps the parameter shard there too, read
 // slice by slice for each gather. Gradients stay in host memory. device cpu: on the CPU backend the
 // states already live in host memory, so it places nothing differently (reported as the host tier).
-// Not here yet: tensor/expert parallel groups, checkpoints of NVMe-resident states.
+// Not here yet: tensor/expert parallel groups.
 #pragma once
 #include <mpi.h>
 
@@ -160,9 +160,13 @@ class ZeroEngine final : public model::ParamStore {
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
   void adam_step(const AdamParams& a);
 
-  /// This rank's pieces of (params, exp_avg, exp_avg_sq), for checkpoints. Stage 0: an equal share
-  /// of every tensor (all ranks hold everything; each writes a part).
+  /// This rank's pieces of (params, exp_avg, exp_avg_sq), for checkpoints: its slice of each block
+  /// (stage 0 too: every rank holds everything and writes its part). Throws when states live on
+  /// NVMe (use visit_pieces).
   std::vector<StatePiece> pieces();
+  /// Calls fn on each piece in block order. States in the swap file are staged through host
+  /// buffers one block slice at a time; with load, what fn wrote is stored back.
+  void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
   /// After the pieces were filled (checkpoint load): rebuild what every rank must hold. Collective.
   void after_load();
   /// Collective: the full flat parameters on every rank (tests, export). Not for large models.
