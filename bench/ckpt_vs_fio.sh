@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Checkpoint save and load bandwidth next to fio's sequential write and read on the same disk, in
+# the same run, alternated ROUNDS times; medians compared. The bar (checkpoint issue): >= 80% of fio.
+#
+#   bench/ckpt_vs_fio.sh [DIR] [ROUNDS]          e.g. bench/ckpt_vs_fio.sh /tmp/ckbench 3
+#
+# Checkpoint: GPT-2 medium shape (24 layers, hidden 1024, vocab 50257: 355 M parameters; fp32
+# weights + Adam m and v = 4.26 GB in one HDF5 file), 2 ranks at ZeRO stage 3, each writing and
+# reading its own slices through parallel HDF5 (MPI-IO); the save's clock includes the fsync, the
+# rename and `latest`; the load's includes the checksum check of every tensor. fio: 2 jobs, each
+# half the checkpoint's bytes, bs 1M, iodepth 8, libaio, O_DIRECT, end_fsync for writes. Page
+# cache is dropped before each read (root only; without root the reads may come from memory and the
+# script says so). Needs fio (scripts/install_deps.sh --bench) and a build in ./build.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${1:-$root/build/ckpt_bench_scratch}
+rounds=${2:-3}
+bin="$root/build/apps/pretrain_gpt/pretrain_gpt"
+command -v fio >/dev/null || { echo "fio not found: run scripts/install_deps.sh --bench" >&2; exit 1; }
+[[ -x "$bin" ]] || { echo "$bin not built" >&2; exit 1; }
+mkdir -p "$dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp" "$dir/ckpt" "$dir"/fio_ckpt.*' EXIT
+mpi=(mpirun --oversubscribe -np 2)
+[[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
+drop() {
+  sync
+  if [[ -w /proc/sys/vm/drop_caches ]]; then echo 1 >/proc/sys/vm/drop_caches; else echo "# (not root: page cache not dropped)"; fi
+}
+median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
+model=(--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 128 --micro-batch-size 1
+  --global-batch-size 2 --mock-data --vocab-size 50257 --lr 1e-4 --eval-iters 0 --log-interval 1 --zero-stage 3)
+
+ck_save=() ck_load=() fio_w=() fio_r=()
+for ((r = 1; r <= rounds; r++)); do
+  # ---- checkpoint: one step, save at its end; then a second job loads it ----
+  rm -rf "$dir/ckpt"
+  "${mpi[@]}" "$bin" "${model[@]}" --train-iters 1 --save "$dir/ckpt" >"$tmp/save.log" 2>&1 || { cat "$tmp/save.log"; exit 1; }
+  bytes=$(stat -c %s "$dir"/ckpt/iter_*.h5)
+  s=$(sed -n 's/.*successfully saved checkpoint.* in \([0-9.]*\) s,.*/\1/p' "$tmp/save.log")
+  drop
+  "${mpi[@]}" "$bin" "${model[@]}" --train-iters 1 --load "$dir/ckpt" >"$tmp/load.log" 2>&1 || { cat "$tmp/load.log"; exit 1; }
+  l=$(sed -n 's/.*successfully loaded checkpoint.* in \([0-9.]*\) s,.*/\1/p' "$tmp/load.log")
+  ck_save+=("$(python3 -c "print($bytes / $s / 1e6)")")
+  ck_load+=("$(python3 -c "print($bytes / $l / 1e6)")")
+  rm -rf "$dir/ckpt"
+  # ---- fio: the same bytes, 2 jobs ----
+  half=$((bytes / 2 / 1048576 * 1048576))
+  rm -f "$dir"/fio_ckpt.*
+  fio --name=ckpt --directory="$dir" --filename_format='fio_ckpt.$jobnum' --ioengine=libaio --direct=1 --rw=write \
+    --bs=1M --iodepth=8 --numjobs=2 --size="$half" --end_fsync=1 --group_reporting --output-format=json >"$tmp/fw.json"
+  drop
+  fio --name=ckpt --directory="$dir" --filename_format='fio_ckpt.$jobnum' --ioengine=libaio --direct=1 --rw=read \
+    --bs=1M --iodepth=8 --numjobs=2 --size="$half" --group_reporting --output-format=json >"$tmp/fr.json"
+  fio_w+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["write"]["bw_bytes"]/1e6)' "$tmp/fw.json")")
+  fio_r+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["read"]["bw_bytes"]/1e6)' "$tmp/fr.json")")
+  rm -f "$dir"/fio_ckpt.*
+  printf "# round %d/%d: checkpoint %.2f GB: save %.0f MB/s, load %.0f MB/s | fio write %.0f MB/s, read %.0f MB/s\n" \
+    "$r" "$rounds" "$(python3 -c "print($bytes/1e9)")" "${ck_save[-1]}" "${ck_load[-1]}" "${fio_w[-1]}" "${fio_r[-1]}"
+done
+sm=$(median "${ck_save[@]}") lm=$(median "${ck_load[@]}") wm=$(median "${fio_w[@]}") rm_=$(median "${fio_r[@]}")
+python3 - "$sm" "$lm" "$wm" "$rm_" <<'EOF'
+import sys
+s, l, w, r = map(float, sys.argv[1:])
+print(f"medians: save {s:.0f} MB/s vs fio write {w:.0f} MB/s = {s/w:.0%}; load {l:.0f} MB/s vs fio read {r:.0f} MB/s = {l/r:.0%} (bar >= 80%)")
+EOF
