@@ -10,7 +10,9 @@
 # rename and `latest`; the load's includes the checksum check of every tensor. fio: 2 jobs, each
 # half the checkpoint's bytes, bs 1M, iodepth 8, libaio, O_DIRECT, end_fsync for writes. Page
 # cache is dropped before each read (root only; without root the reads may come from memory and the
-# script says so). Needs fio (scripts/install_deps.sh --bench) and a build in ./build.
+# script says so). Then --async-save: the training stall of a background save against the
+# synchronous save of the same state (bar: <= 10%). Needs fio (scripts/install_deps.sh --bench)
+# and a build in ./build.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$root/build/ckpt_bench_scratch}
@@ -47,9 +49,11 @@ for ((r = 1; r <= rounds; r++)); do
   # ---- fio: the same bytes, 2 jobs ----
   half=$((bytes / 2 / 1048576 * 1048576))
   rm -f "$dir"/fio_ckpt.*
+  # shellcheck disable=SC2016  # $jobnum is fio's, not the shell's
   fio --name=ckpt --directory="$dir" --filename_format='fio_ckpt.$jobnum' --ioengine=libaio --direct=1 --rw=write \
     --bs=1M --iodepth=8 --numjobs=2 --size="$half" --end_fsync=1 --group_reporting --output-format=json >"$tmp/fw.json"
   drop
+  # shellcheck disable=SC2016
   fio --name=ckpt --directory="$dir" --filename_format='fio_ckpt.$jobnum' --ioengine=libaio --direct=1 --rw=read \
     --bs=1M --iodepth=8 --numjobs=2 --size="$half" --group_reporting --output-format=json >"$tmp/fr.json"
   fio_w+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["write"]["bw_bytes"]/1e6)' "$tmp/fw.json")")
@@ -58,6 +62,33 @@ for ((r = 1; r <= rounds; r++)); do
   printf "# round %d/%d: checkpoint %.2f GB: save %.0f MB/s, load %.0f MB/s | fio write %.0f MB/s, read %.0f MB/s\n" \
     "$r" "$rounds" "$(python3 -c "print($bytes/1e9)")" "${ck_save[-1]}" "${ck_load[-1]}" "${fio_w[-1]}" "${fio_r[-1]}"
 done
+# ---- --async-save: the training stall per save vs the synchronous save of the same state ----
+# 6 iterations, a save every 2: iterations 2 and 4 are saved in the background (the first also
+# allocates the host copy), iteration 6 (the final save) synchronously; the summary records each
+# save's stall.
+rm -rf "$dir/ckpt"
+"${mpi[@]}" "$bin" "${model[@]}" --train-iters 6 --save "$dir/ckpt" --save-interval 2 --async-save \
+  --json "$tmp/async.json" >"$tmp/async.log" 2>&1 || { cat "$tmp/async.log"; exit 1; }
+grep -E "saving checkpoint|successfully saved" "$tmp/async.log"
+# The same run with synchronous saves: what the background writer costs the training around it
+# (it shares the rank's core: a stall is not the whole story on a machine without spare cores).
+rm -rf "$dir/ckpt"
+"${mpi[@]}" "$bin" "${model[@]}" --train-iters 6 --save "$dir/ckpt" --save-interval 2 \
+  --json "$tmp/sync.json" >"$tmp/sync.log" 2>&1 || { cat "$tmp/sync.log"; exit 1; }
+python3 - "$tmp/async.json" "$tmp/sync.json" <<'EOF2'
+import json, sys
+j = json.load(open(sys.argv[1])); js = json.load(open(sys.argv[2]))
+print(f"6 iterations with a save every 2: {j['total_seconds']:.1f} s with --async-save, {js['total_seconds']:.1f} s with "
+      f"synchronous saves")
+s = j["checkpoint_saves"]
+a = [x for x in s if x["async"]]; y = [x for x in s if not x["async"]][0]
+for x, what in zip(a, ["first save", "second save"]):
+    print(f"--async-save, {what}: training stalled {x['stall_seconds']:.3f} s at iteration {x['iteration']} (written in the "
+          f"background in {x['seconds']:.2f} s) vs {y['stall_seconds']:.2f} s for the synchronous save of iteration "
+          f"{y['iteration']}: {x['stall_seconds']/y['stall_seconds']:.1%} (bar <= 10%)")
+EOF2
+rm -rf "$dir/ckpt"
+
 sm=$(median "${ck_save[@]}") lm=$(median "${ck_load[@]}") wm=$(median "${fio_w[@]}") rm_=$(median "${fio_r[@]}")
 python3 - "$sm" "$lm" "$wm" "$rm_" <<'EOF'
 import sys

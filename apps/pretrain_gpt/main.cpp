@@ -145,6 +145,13 @@ static int run(int argc, char** argv) {
                               {"start_iteration", s.start_iteration},
                               {"exit_reason", s.exit_reason},
                               {"checkpoints_saved", s.saved},
+                              {"checkpoint_saves", [&] {
+                                 nlohmann::json a = nlohmann::json::array();
+                                 for (const auto& v : s.saves)
+                                   a.push_back({{"iteration", v.iteration}, {"async", v.async}, {"stall_seconds", v.stall_seconds},
+                                                {"seconds", v.seconds}, {"bytes", v.bytes}});
+                                 return a;
+                               }()},
                               {"total_seconds", s.seconds},
                               {"tokens_per_second", s.tokens_per_second},
                               {"final_lm_loss", s.steps.empty() ? NAN : s.steps.back().lm_loss},

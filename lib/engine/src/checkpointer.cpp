@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -174,10 +175,24 @@ std::string Checkpointer::resolve(const std::string& path) {
 }
 
 std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const CheckpointMeta& meta) {
+  auto p = begin_save(*t.layout, s, meta);
+  write_pieces(*p, t);
+  return finish_save(*p);
+}
+
+std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamLayout& layout, const TrainingState& s,
+                                                                     const CheckpointMeta& meta) {
   const int rank = world_.rank();
-  const std::string final_path = dir_ + "/" + checkpoint_file_name(s.iteration);
-  const std::string tmp = final_path + ".tmp";
-  const auto& tensors = t.layout->tensors();
+  auto pending = std::make_unique<PendingSave>();
+  PendingSave& ps = *pending;
+  ps.iteration = s.iteration;
+  ps.layout = &layout;
+  ps.final_path = dir_ + "/" + checkpoint_file_name(s.iteration);
+  ps.tmp = ps.final_path + ".tmp";
+  const std::string& tmp = ps.tmp;
+  const auto& tensors = layout.tensors();
+  ps.sums.assign(3 * tensors.size(), 0);
+  ps.offsets.assign(3 * tensors.size(), 0);
 
   // Rank 0 prepares the directory and clears leftovers of a save that died.
   std::string err;
@@ -190,10 +205,8 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
   }
   comm::throw_if_any(world_, err);
 
-  // Checksums of the logical content: each rank sums what it writes; one all-reduce after the data.
-  std::vector<uint64_t> sums(3 * tensors.size(), 0);
-  {
-    io::H5File f = io::H5File::open(tmp, io::H5File::Mode::create, world_.raw());
+  ps.file = io::H5File::open(tmp, io::H5File::Mode::create, world_.raw());
+  io::H5File& f = ps.file;
     // Collective metadata: datasets, attributes (every rank passes identical values).
     err = comm::error_text_of([&] {
       for (int g = 0; g < 3; ++g)
@@ -249,22 +262,55 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
         comm::throw_if_any(world_, err);
       }
     }
-    // Data: each rank the pieces it owns, independent IO, checksummed as written.
-    err = comm::error_text_of([&] {
-      t.visit(false, [&](const parallel::StatePiece& p) {
-        for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, const float* x) {
-          f.write(dataset_name(kGroups[g], tensors[i].name), b, x, e - b);
-          sums[g * tensors.size() + i] += checksum_at(x, b, e);
-        });
+    // Where each dataset's bytes live: the data phase writes them without HDF5 (any thread).
+  err = comm::error_text_of([&] {
+    for (int g = 0; g < 3; ++g)
+      for (size_t i = 0; i < tensors.size(); ++i)
+        ps.offsets[g * tensors.size() + i] = f.dataset_file_offset(dataset_name(kGroups[g], tensors[i].name));
+  });
+  if (!comm::all_ok(world_, err.empty())) {
+    f.abandon();
+    if (rank == 0) ::unlink(tmp.c_str());
+    comm::throw_if_any(world_, err);
+  }
+  return pending;
+}
+
+void Checkpointer::write_pieces(PendingSave& ps, const TensorSet& t) {
+  const auto& tensors = ps.layout->tensors();
+  ps.error = comm::error_text_of([&] {
+    io::RawFileWriter w(ps.tmp);
+    t.visit(false, [&](const parallel::StatePiece& p) {
+      for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, const float* x) {
+        const size_t k = g * tensors.size() + i;
+        w.write(ps.offsets[k] + b * sizeof(float), x, (e - b) * sizeof(float),
+                std::to_string(e - b) + " elements of " + dataset_name(kGroups[g], tensors[i].name));
+        ps.sums[k] += checksum_at(x, b, e);
       });
     });
-    maybe_fault(rank, "after_tensors", s.iteration);
+    w.sync();  // on stable storage before the (collective) close
+  });
+  ps.written.store(true);
+}
+
+bool Checkpointer::written(const PendingSave& ps) { return ps.written.load(); }
+
+std::string Checkpointer::finish_save(PendingSave& ps) {
+  const int rank = world_.rank();
+  const auto& tensors = ps.layout->tensors();
+  const std::string& tmp = ps.tmp;
+  const std::string& final_path = ps.final_path;
+  std::string err = ps.error;
+  {
+    io::H5File f = std::move(ps.file);
+    maybe_fault(rank, "after_tensors", ps.iteration);
     // Every rank takes part in the sum and the (collective) attribute writes, failed or not.
-    HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
+    HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ps.sums.data(), static_cast<int>(ps.sums.size()), MPI_UINT64_T, MPI_SUM,
+                                 world_.raw()));
     std::string attr_err = comm::error_text_of([&] {
       for (int g = 0; g < 3; ++g)
         for (size_t i = 0; i < tensors.size(); ++i)
-          f.set_attr(dataset_name(kGroups[g], tensors[i].name), "checksum", sums[g * tensors.size() + i]);
+          f.set_attr(dataset_name(kGroups[g], tensors[i].name), "checksum", ps.sums[g * tensors.size() + i]);
     });
     if (err.empty()) err = attr_err;
     std::string close_err = comm::error_text_of([&] { f.close(); });  // collective
@@ -279,19 +325,19 @@ std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const
   if (rank == 0) {
     err = comm::error_text_of([&] {
       fsync_path(tmp, false);
-      maybe_fault(rank, "before_rename", s.iteration);
+      maybe_fault(rank, "before_rename", ps.iteration);
       if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
         throw file_error(final_path, std::string("cannot rename the finished checkpoint into place: ") + std::strerror(errno));
       fsync_path(dir_, true);
-      maybe_fault(rank, "before_latest", s.iteration);
-      write_atomic(dir_, "latest", checkpoint_file_name(s.iteration) + "\n");
+      maybe_fault(rank, "before_latest", ps.iteration);
+      write_atomic(dir_, "latest", checkpoint_file_name(ps.iteration) + "\n");
       if (keep_last_ > 0) {
         std::vector<std::pair<long long, std::string>> all;
         for (const auto& n : list_dir(dir_))
           if (long long it = iteration_of(n); it >= 0) all.emplace_back(it, n);
         std::sort(all.begin(), all.end());
         for (size_t i = 0; i + static_cast<size_t>(keep_last_) < all.size(); ++i)
-          if (all[i].first != s.iteration) ::unlink((dir_ + "/" + all[i].second).c_str());
+          if (all[i].first != ps.iteration) ::unlink((dir_ + "/" + all[i].second).c_str());
       }
     });
     if (!err.empty()) ::unlink(tmp.c_str());

@@ -100,6 +100,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--save-interval", {true, [](TrainConfig& c, const std::string& v) { c.save_interval = to_int("--save-interval", v); }, "iterations between checkpoints"}},
       {"--exit-interval", {true, [](TrainConfig& c, const std::string& v) { c.exit_interval = to_int("--exit-interval", v); }, "save and exit after this iteration"}},
       {"--keep-last", {true, [](TrainConfig& c, const std::string& v) { c.keep_last = (int)to_int("--keep-last", v); }, "keep only the newest K checkpoints (0: all)"}},
+      {"--async-save", {false, [](TrainConfig& c, const std::string&) { c.async_save = true; }, "interval saves: copy the state to host memory and write it in the background while training goes on"}},
       {"--deepspeed", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts"}},
       // --estimate-memory and its cluster shape (docs/zero.md); a bad value names its flag.
       {"--estimate-memory", {false, [](TrainConfig& c, const std::string&) { c.estimate.enabled = true; }, "print memory per device/host/NVMe for ZeRO stages 0-3 and offloads, then exit"}},
@@ -435,6 +436,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"load", c.load_path},
           {"save_interval", c.save_interval},
           {"keep_last", c.keep_last},
+          {"async_save", c.async_save},
           {"deepspeed_config", c.ds_config_path}};
 }
 

@@ -1,12 +1,16 @@
 // The training loop. See trainer.hpp.
 #include "hpct/engine/trainer.hpp"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
+
+#include <thread>
 
 #include <csignal>
 #include <cmath>
 #include <iomanip>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -28,6 +32,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(c
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });
+  if (cfg_.async_save && !cfg_.save_dir.empty()) map_staging();
   scaler_ = LossScaler(cfg_.loss_scale, cfg_.precision == PrecisionMode::fp16);
   const int T = cfg_.model.max_seq_length;
   sample_buf_.resize(T + 1);
@@ -35,7 +40,6 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(c
   targets_.resize((size_t)cfg_.micro_batch * T);
 }
 
-Trainer::~Trainer() = default;
 
 kernels::Precision Trainer::compute_precision() const {
   switch (cfg_.precision) {
@@ -200,8 +204,7 @@ CheckpointMeta Trainer::checkpoint_meta() const {
   return m;
 }
 
-std::string Trainer::save_checkpoint() {
-  const bool root = grid_.world_rank() == 0;
+TrainingState Trainer::training_state() const {
   TrainingState st;
   st.iteration = iteration_;
   st.consumed_samples = sample_base_ + iteration_ * cfg_.global_batch;
@@ -209,6 +212,96 @@ std::string Trainer::save_checkpoint() {
   st.skipped_iterations = skipped_;
   st.nan_iterations = nan_iters_;
   st.loss_scaler = scaler_.state();
+  return st;
+}
+
+// An asynchronous save in flight: the copied state, the file begun, the thread writing it.
+struct Trainer::AsyncSave {
+  std::unique_ptr<Checkpointer> ck;
+  std::unique_ptr<Checkpointer::PendingSave> pending;
+  std::thread thread;
+  Timer since_start;
+  TrainSummary::Save record;
+  ~AsyncSave() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+void Trainer::map_staging() {
+  const size_t bytes = 3 * zero_->shards().local_numel() * sizeof(float);
+  if (staging_ || bytes == 0) return;
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (mem == MAP_FAILED)
+    throw Error("--async-save: cannot map " + format_bytes(double(bytes)) + " of host memory for the state's copy: " +
+                    std::strerror(errno),
+                Error::Context{"", "--async-save", "save synchronously (drop --async-save) or free memory"});
+  staging_ = static_cast<float*>(mem);
+  staging_bytes_ = bytes;
+}
+
+void Trainer::start_async_save() {
+  finish_async_save(/*wait=*/true);  // the next save waits for the previous one
+  const bool root = grid_.world_rank() == 0;
+  auto a = std::make_unique<AsyncSave>();
+  Timer stall;
+  // Copy this rank's pieces to host memory (from the swap file when the states are offloaded),
+  // into a buffer kept from one save to the next: only the first save pays for its page faults.
+  map_staging();
+  float* const staging = staging_;
+  std::vector<parallel::StatePiece> pieces;
+  size_t at = 0;
+  zero_->visit_pieces(false, [&](const parallel::StatePiece& p) {
+    parallel::StatePiece q = p;
+    float* dst[3] = {staging + at, staging + at + p.count, staging + at + 2 * p.count};
+    const float* src[3] = {p.params, p.exp_avg, p.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) std::memcpy(dst[k], src[k], p.count * sizeof(float));
+    q.params = dst[0];
+    q.exp_avg = dst[1];
+    q.exp_avg_sq = dst[2];
+    at += 3 * p.count;
+    pieces.push_back(q);
+  });
+  a->ck = std::make_unique<Checkpointer>(grid_.world(), cfg_.save_dir, cfg_.keep_last);
+  a->pending = a->ck->begin_save(model_->layout(), training_state(), checkpoint_meta());  // collective
+  Checkpointer::PendingSave* ps = a->pending.get();
+  a->thread = std::thread([ps, t = TensorSet::of(model_->layout(), std::move(pieces))] { Checkpointer::write_pieces(*ps, t); });
+  a->record.iteration = iteration_;
+  a->record.async = true;
+  a->record.bytes = 3.0 * model_->layout().numel() * sizeof(float);
+  a->record.stall_seconds = grid_.world().allreduce_max(stall.seconds());
+  if (root) {
+    std::printf("saving checkpoint at iteration %7lld to %s in the background (state copied in %.3f s)\n", iteration_,
+                cfg_.save_dir.c_str(), a->record.stall_seconds);
+    std::fflush(stdout);
+  }
+  async_ = std::move(a);
+}
+
+bool Trainer::finish_async_save(bool wait, TrainSummary::Save* done, std::string* file) {
+  if (!async_) return false;
+  // Decided together: every rank's background write must have returned before the collective end.
+  const bool mine = Checkpointer::written(*async_->pending);
+  if (!wait && grid_.world().allreduce_min(mine ? 1.0 : 0.0) < 0.5) return false;
+  async_->thread.join();
+  std::string f = async_->ck->finish_save(*async_->pending);
+  async_->record.seconds = async_->since_start.seconds();
+  if (grid_.world_rank() == 0) {
+    const auto& r = async_->record;
+    std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s in the background; training "
+                "stalled %.3f s)\n",
+                r.iteration, f.c_str(), format_bytes(r.bytes).c_str(), r.seconds, r.stall_seconds);
+    std::fflush(stdout);
+  }
+  if (done) *done = async_->record;
+  if (file) *file = f;
+  async_.reset();
+  return true;
+}
+
+std::string Trainer::save_checkpoint() {
+  finish_async_save(/*wait=*/true);
+  const bool root = grid_.world_rank() == 0;
+  TrainingState st = training_state();
   TensorSet t;
   t.layout = &model_->layout();
   t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
@@ -358,9 +451,29 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     bool signalled = saving && grid_.world().allreduce_max(g_stop_flag ? 1.0 : 0.0) > 0;
     bool exit_now = signalled || (cfg_.exit_interval > 0 && (it + 1) % cfg_.exit_interval == 0);
     bool last = it + 1 == cfg_.train_iters;
-    if (saving && ((cfg_.save_interval > 0 && (it + 1) % cfg_.save_interval == 0) || exit_now || last)) {
-      sum.saved.push_back(save_checkpoint());
-      interval.reset();  // saving is not training throughput either
+    if (async_) {  // a background save finished? (one tiny all-reduce per iteration while one runs)
+      TrainSummary::Save rec;
+      std::string file;
+      if (finish_async_save(/*wait=*/exit_now || last, &rec, &file)) {
+        sum.saved.push_back(file);
+        sum.saves.push_back(rec);
+      }
+    }
+    const bool interval_save = cfg_.save_interval > 0 && (it + 1) % cfg_.save_interval == 0;
+    if (saving && (interval_save || exit_now || last)) {
+      if (cfg_.async_save && !exit_now && !last) {
+        start_async_save();  // the final and the stop-on-signal saves stay synchronous: they must be done at exit
+        interval.reset();
+      } else {
+        Timer t;
+        sum.saved.push_back(save_checkpoint());
+        TrainSummary::Save rec;
+        rec.iteration = it + 1;
+        rec.stall_seconds = rec.seconds = t.seconds();
+        rec.bytes = 3.0 * model_->layout().numel() * sizeof(float);
+        sum.saves.push_back(rec);
+        interval.reset();  // saving is not training throughput either
+      }
     }
     if (exit_now) {
       sum.exit_reason = signalled ? "signal" : "exit_interval";
@@ -369,6 +482,14 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                   << "exiting after iteration " << it + 1 << std::endl;
       ++it;
       break;
+    }
+  }
+  if (async_) {  // the loop ended without a final save (e.g. train_iters reached at an interval save)
+    TrainSummary::Save rec;
+    std::string file;
+    if (finish_async_save(/*wait=*/true, &rec, &file)) {
+      sum.saved.push_back(file);
+      sum.saves.push_back(rec);
     }
   }
   sum.last_iteration = it;
@@ -381,4 +502,11 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   return sum;
 }
 
+}  // namespace hpct::engine
+
+namespace hpct::engine {
+Trainer::~Trainer() {  // here, where AsyncSave is complete
+  async_.reset();      // joins a background writer still running (an error path)
+  if (staging_) ::munmap(staging_, staging_bytes_);
+}
 }  // namespace hpct::engine

@@ -162,9 +162,83 @@ namespace {
 constexpr size_t kBounceBytes = 16 << 20;
 }
 
+RawFileWriter::~RawFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  std::free(bounce_);
+}
+
+void RawFileWriter::pwrite_all(int fd, const char* p, uint64_t off, uint64_t len, const std::string& what) {
+  while (len > 0) {
+    ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(len, 1u << 30), static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      throw file_error(path_, "writing " + what + " at byte " + std::to_string(off) + " (" + std::to_string(len) +
+                                  " bytes) failed: " + std::strerror(w < 0 ? errno : EIO));
+    p += w;
+    off += static_cast<uint64_t>(w);
+    len -= static_cast<uint64_t>(w);
+  }
+}
+
+void RawFileWriter::write(uint64_t off, const void* data, uint64_t len, const std::string& what) {
+  if (len == 0) return;
+  if (fd_ < 0) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) throw file_error(path_, std::string("cannot open for writing tensor data: ") + std::strerror(errno));
+    direct_fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: buffered only
+    if (direct_fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&bounce_), 4096, kBounceBytes) != 0) {
+      ::close(direct_fd_);
+      direct_fd_ = -1;
+    }
+  }
+  const char* p = static_cast<const char*>(data);
+  const uint64_t A = 4096;  // a multiple of every direct-IO alignment met in practice (512, 4096)
+  const uint64_t a0 = (off + A - 1) / A * A, a1 = (off + len) / A * A;
+  if (direct_fd_ < 0 || a1 <= a0) {
+    pwrite_all(fd_, p, off, len, what);
+    return;
+  }
+  pwrite_all(fd_, p, off, a0 - off, what);
+  for (uint64_t o = a0; o < a1; o += kBounceBytes) {
+    const uint64_t m = std::min<uint64_t>(kBounceBytes, a1 - o);
+    if (direct_fd_ < 0) {
+      pwrite_all(fd_, p + (o - off), o, m, what);
+      continue;
+    }
+    std::memcpy(bounce_, p + (o - off), m);
+    ssize_t w = ::pwrite(direct_fd_, bounce_, m, static_cast<off_t>(o));
+    if (w < 0 && errno == EINVAL) {  // a device with a coarser direct-IO alignment: go buffered
+      ::close(direct_fd_);
+      direct_fd_ = -1;
+      pwrite_all(fd_, p + (o - off), o, m, what);
+    } else if (w != static_cast<ssize_t>(m)) {
+      const uint64_t done = w > 0 ? static_cast<uint64_t>(w) : 0;
+      if (w < 0 && errno != EINTR)
+        throw file_error(path_, "writing " + what + " at byte " + std::to_string(o) + " (" + std::to_string(m) +
+                                    " bytes) failed: " + std::strerror(errno));
+      pwrite_all(fd_, p + (o - off) + done, o + done, m - done, what);  // the rest, buffered
+    }
+  }
+  pwrite_all(fd_, p + (a1 - off), a1, off + len - a1, what);
+}
+
+void RawFileWriter::sync() {
+  int rc = 0;
+  for (int* fd : {&direct_fd_, &fd_}) {
+    if (*fd < 0) continue;
+    if (::fdatasync(*fd) != 0 && rc == 0) rc = errno;
+    ::close(*fd);
+    *fd = -1;
+  }
+  std::free(bounce_);
+  bounce_ = nullptr;
+  if (rc != 0) throw file_error(path_, std::string("flushing the tensor data failed: ") + std::strerror(rc));
+}
+
 H5File::H5File(H5File&& o) noexcept
-    : path_(std::move(o.path_)), file_(o.file_), raw_fd_(o.raw_fd_), direct_fd_(o.direct_fd_),
-      direct_align_(o.direct_align_), bounce_(o.bounce_), writable_(o.writable_) {
+    : path_(std::move(o.path_)), file_(o.file_), writer_(std::move(o.writer_)), raw_fd_(o.raw_fd_),
+      direct_fd_(o.direct_fd_), direct_align_(o.direct_align_), bounce_(o.bounce_), writable_(o.writable_) {
   o.file_ = -1;
   o.raw_fd_ = o.direct_fd_ = -1;
   o.bounce_ = nullptr;
@@ -172,10 +246,12 @@ H5File::H5File(H5File&& o) noexcept
 
 H5File& H5File::operator=(H5File&& o) noexcept {
   if (this != &o) {
+    const hid_t f = file_;
     abandon();
-    if (file_ >= 0) H5Fclose(file_);
+    if (f >= 0) H5Fclose(f);
     path_ = std::move(o.path_);
     file_ = o.file_;
+    writer_ = std::move(o.writer_);
     raw_fd_ = o.raw_fd_;
     direct_fd_ = o.direct_fd_;
     direct_align_ = o.direct_align_;
@@ -195,6 +271,7 @@ H5File::~H5File() {
 }
 
 void H5File::abandon() {
+  writer_.reset();
   if (raw_fd_ >= 0) ::close(raw_fd_);
   if (direct_fd_ >= 0) ::close(direct_fd_);
   std::free(bounce_);
@@ -204,28 +281,14 @@ void H5File::abandon() {
 }
 
 void H5File::close_raw() {
-  int rc = 0;
-  for (int* fd : {&direct_fd_, &raw_fd_}) {
-    if (*fd < 0) continue;
-    if (::fdatasync(*fd) != 0 && rc == 0) rc = errno;
-    ::close(*fd);
-    *fd = -1;
-  }
+  if (raw_fd_ >= 0) ::close(raw_fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
   std::free(bounce_);
+  raw_fd_ = direct_fd_ = -1;
   bounce_ = nullptr;
-  if (rc != 0) throw file_error(path_, std::string("flushing the tensor data failed: ") + std::strerror(rc));
-}
-
-void H5File::raw_pwrite(int fd, const char* p, uint64_t off, uint64_t len, const std::string& name) {
-  while (len > 0) {
-    ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(len, 1u << 30), static_cast<off_t>(off));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      throw file_error(path_, "writing " + name + " at byte " + std::to_string(off) + " (" + std::to_string(len) +
-                                  " bytes) failed: " + std::strerror(w < 0 ? errno : EIO));
-    p += w;
-    off += static_cast<uint64_t>(w);
-    len -= static_cast<uint64_t>(w);
+  if (writer_) {
+    auto w = std::move(writer_);
+    w->sync();
   }
 }
 
@@ -373,47 +436,9 @@ void H5File::write(const std::string& name, uint64_t start, const float* data, u
                                   ") is outside dataset " + name + " of " + std::to_string(total) + " elements");
     const haddr_t base = H5Dget_offset(ds);
     if (base != HADDR_UNDEF) {
-      if (raw_fd_ < 0) {
-        raw_fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-        if (raw_fd_ < 0) throw file_error(path_, std::string("cannot open for writing tensor data: ") + std::strerror(errno));
-        direct_fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: buffered only
-        if (direct_fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&bounce_), 4096, kBounceBytes) != 0) {
-          ::close(direct_fd_);
-          direct_fd_ = -1;
-        }
-      }
-      const char* p = reinterpret_cast<const char*>(data);
-      const uint64_t off = static_cast<uint64_t>(base) + start * sizeof(float), len = n * sizeof(float);
-      const uint64_t A = direct_align_;
-      const uint64_t a0 = (off + A - 1) / A * A, a1 = (off + len) / A * A;
-      if (direct_fd_ < 0 || a1 <= a0) {
-        raw_pwrite(raw_fd_, p, off, len, name);
-        return;
-      }
-      // Edges buffered (they may share a block with a neighbour rank's range or HDF5 metadata,
-      // which the page cache merges), the aligned body direct through the bounce buffer.
-      raw_pwrite(raw_fd_, p, off, a0 - off, name);
-      for (uint64_t o = a0; o < a1; o += kBounceBytes) {
-        const uint64_t m = std::min<uint64_t>(kBounceBytes, a1 - o);
-        if (direct_fd_ < 0) {
-          raw_pwrite(raw_fd_, p + (o - off), o, m, name);
-          continue;
-        }
-        std::memcpy(bounce_, p + (o - off), m);
-        ssize_t w = ::pwrite(direct_fd_, bounce_, m, static_cast<off_t>(o));
-        if (w < 0 && errno == EINVAL) {  // a device with a coarser direct-IO alignment: go buffered
-          ::close(direct_fd_);
-          direct_fd_ = -1;
-          raw_pwrite(raw_fd_, p + (o - off), o, m, name);
-        } else if (w != static_cast<ssize_t>(m)) {
-          const uint64_t done = w > 0 ? static_cast<uint64_t>(w) : 0;
-          if (w < 0 && errno != EINTR)
-            throw file_error(path_, "writing " + name + " at byte " + std::to_string(o) + " (" + std::to_string(m) +
-                                        " bytes) failed: " + std::strerror(errno));
-          raw_pwrite(raw_fd_, p + (o - off) + done, o + done, m - done, name);  // the rest, buffered
-        }
-      }
-      raw_pwrite(raw_fd_, p + (a1 - off), a1, off + len - a1, name);
+      if (!writer_) writer_ = std::make_unique<RawFileWriter>(path_);
+      writer_->write(static_cast<uint64_t>(base) + start * sizeof(float), data, n * sizeof(float),
+                     std::to_string(n) + " elements of " + name);
       return;
     }
   }

@@ -21,8 +21,10 @@
 // other's checkpoint. State offloaded to NVMe is staged piece by piece through the same path.
 // Not here yet: async save, TP/EP slices.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,7 @@
 
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
+#include "hpct/io/h5_file.hpp"
 #include "hpct/parallel/zero.hpp"
 
 namespace hpct::engine {
@@ -78,6 +81,25 @@ class Checkpointer {
   /// Returns the path written. Throws (on every rank) if any rank failed; the previous checkpoint
   /// and `latest` are then untouched and the partial file removed.
   std::string save(const TensorSet& t, const TrainingState& s, const CheckpointMeta& meta);
+
+  /// The same save in three parts, for --async-save. begin_save (collective) creates the file, its
+  /// metadata and space; write_pieces (local, any thread: no MPI, no HDF5) writes this rank's pieces
+  /// straight to the datasets' bytes and syncs them; written() says it has returned; finish_save
+  /// (collective, after every rank's write_pieces) stores the checksums, closes and publishes.
+  struct PendingSave {
+    long long iteration = 0;
+    std::string final_path, tmp;
+    const ParamLayout* layout = nullptr;
+    io::H5File file;
+    std::vector<uint64_t> offsets;  // (group, tensor) -> byte offset of the dataset's data
+    std::vector<uint64_t> sums;     // (group, tensor) -> this rank's part of the checksum
+    std::string error;              // the data phase's failure on this rank, if any
+    std::atomic<bool> written{false};
+  };
+  std::unique_ptr<PendingSave> begin_save(const ParamLayout& layout, const TrainingState& s, const CheckpointMeta& meta);
+  static void write_pieces(PendingSave& p, const TensorSet& t);
+  static bool written(const PendingSave& p);
+  std::string finish_save(PendingSave& p);
 
   /// The checkpoint file `path` names: a file, or a directory's `latest`. Empty when a directory
   /// has no checkpoint yet (a fresh run). Throws for a `latest` naming a missing file.

@@ -15,10 +15,34 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace hpct::io {
+
+/// Writes byte ranges of one existing file, the way checkpoint tensors are written: the
+/// direct-IO-aligned body with O_DIRECT through a 16 MiB aligned bounce buffer, the unaligned edges
+/// through a buffered descriptor (they may share a block with a neighbour's range or HDF5 metadata,
+/// which the page cache merges); buffered throughout where O_DIRECT is refused. No HDF5 and no MPI:
+/// an asynchronous save runs it on a thread of its own.
+class RawFileWriter {
+ public:
+  explicit RawFileWriter(std::string path) : path_(std::move(path)) {}
+  ~RawFileWriter();
+  RawFileWriter(const RawFileWriter&) = delete;
+  RawFileWriter& operator=(const RawFileWriter&) = delete;
+  /// Throws hpct::Error naming the file, `what`, the offset and the errno text.
+  void write(uint64_t offset, const void* data, uint64_t len, const std::string& what);
+  /// fdatasync and close; throws naming the file. Idempotent.
+  void sync();
+
+ private:
+  void pwrite_all(int fd, const char* p, uint64_t off, uint64_t len, const std::string& what);
+  std::string path_;
+  int fd_ = -1, direct_fd_ = -1;
+  char* bounce_ = nullptr;
+};
 
 /// A box of a row-major array: offset and count per dimension.
 struct Box {
@@ -85,12 +109,12 @@ class H5File {
   int64_t open_dataset(const std::string& name) const;  // hid_t; caller closes
   std::string path_;
   int64_t file_ = -1;  // hid_t
-  int raw_fd_ = -1;    // this rank's buffered descriptor for raw data writes (created files only)
+  std::unique_ptr<RawFileWriter> writer_;  // tensor data of a file being created
+  int raw_fd_ = -1;    // reads: this rank's buffered descriptor for tensor data
   int direct_fd_ = -1; // and its O_DIRECT one (-1 when the filesystem refuses O_DIRECT)
   size_t direct_align_ = 4096;
-  char* bounce_ = nullptr;  // aligned staging buffer for direct writes
+  char* bounce_ = nullptr;  // aligned staging buffer for direct reads
   bool writable_ = false;
-  void raw_pwrite(int fd, const char* p, uint64_t off, uint64_t len, const std::string& name);
   void close_raw();    // fdatasync + close raw_fd_; throws naming the file
 };
 
