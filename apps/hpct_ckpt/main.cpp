@@ -1,8 +1,12 @@
 // hpct_ckpt — lists and verifies hpctrain checkpoints (one process; no MPI launcher needed).
 // Thin: resolve the file (a directory's `latest`), read attributes and datasets through
 // hpct::io::H5File, recompute each dataset's checksum with the checkpointer's definition.
-// Not here yet: export to / import from safetensors.
+// export writes a GPT checkpoint's weights as safetensors with the GPT-2 (Hugging Face) tensor
+// names and layouts; import turns such a file into a checkpoint at iteration 0 (Adam moments zero)
+// that pretrain_gpt --load continues from.
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -15,19 +19,189 @@
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/io/h5_file.hpp"
+#include "hpct/model/gpt.hpp"
 
 using namespace hpct;
 
 namespace {
 
 const char* kHelp = R"(usage: hpct_ckpt list|verify PATH [--json FILE]
+       hpct_ckpt export PATH OUT.safetensors
+       hpct_ckpt import IN.safetensors DIR [--num-attention-heads N] [--make-vocab-size-divisible-by M]
 
 PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` is used).
   list     the run state and provenance attributes and every tensor with its shape
   verify   also reads every tensor and recomputes its checksum (exit 1 if any differs)
+  export   the model weights as safetensors with GPT-2's names (wte.weight, h.0.attn.c_attn.weight,
+           ...; linear weights as (in, out), as GPT-2's Conv1D stores them; the vocabulary
+           padding rows dropped), fp32
+  import   a GPT-2 safetensors file (those names) into DIR/iter_0000000.h5 + DIR/latest, Adam
+           moments zero; `pretrain_gpt --load DIR` then continues from those weights. Heads cannot
+           be read from the weights: --num-attention-heads (default hidden/64, GPT-2's)
   --json FILE   the same as JSON
 Exit status: 0 fine, 1 a tensor fails its checksum or the file cannot be read, 2 usage.
 )";
+
+// GPT-2 name <-> ours, and whether the weight is stored transposed ((in, out) in GPT-2's Conv1D).
+struct NameMap {
+  std::string ours, theirs;
+  bool transpose;
+};
+std::vector<NameMap> gpt2_names(int layers) {
+  std::vector<NameMap> m = {{"embedding.word_embeddings.weight", "wte.weight", false},
+                            {"embedding.position_embeddings.weight", "wpe.weight", false}};
+  for (int l = 0; l < layers; ++l) {
+    const std::string o = "layers." + std::to_string(l) + ".", t = "h." + std::to_string(l) + ".";
+    m.push_back({o + "input_layernorm.weight", t + "ln_1.weight", false});
+    m.push_back({o + "input_layernorm.bias", t + "ln_1.bias", false});
+    m.push_back({o + "attention.query_key_value.weight", t + "attn.c_attn.weight", true});
+    m.push_back({o + "attention.query_key_value.bias", t + "attn.c_attn.bias", false});
+    m.push_back({o + "attention.dense.weight", t + "attn.c_proj.weight", true});
+    m.push_back({o + "attention.dense.bias", t + "attn.c_proj.bias", false});
+    m.push_back({o + "post_attention_layernorm.weight", t + "ln_2.weight", false});
+    m.push_back({o + "post_attention_layernorm.bias", t + "ln_2.bias", false});
+    m.push_back({o + "mlp.dense_h_to_4h.weight", t + "mlp.c_fc.weight", true});
+    m.push_back({o + "mlp.dense_h_to_4h.bias", t + "mlp.c_fc.bias", false});
+    m.push_back({o + "mlp.dense_4h_to_h.weight", t + "mlp.c_proj.weight", true});
+    m.push_back({o + "mlp.dense_4h_to_h.bias", t + "mlp.c_proj.bias", false});
+  }
+  m.push_back({"final_layernorm.weight", "ln_f.weight", false});
+  m.push_back({"final_layernorm.bias", "ln_f.bias", false});
+  return m;
+}
+
+std::vector<float> transposed(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::vector<float> y(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
+  return y;
+}
+
+int export_safetensors(const std::string& path, const std::string& out) {
+  std::string file = engine::Checkpointer::resolve(path);
+  if (file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
+  io::H5File f = io::H5File::open(file, io::H5File::Mode::read, MPI_COMM_SELF);
+  auto arch_s = f.attr_string("/", "architecture");
+  auto cfg_s = f.attr_string("/", "config");
+  if (!arch_s || !cfg_s) throw file_error(file, "has no architecture/config attributes: not an hpctrain GPT checkpoint");
+  auto arch = nlohmann::json::parse(*arch_s);
+  const int layers = arch.at("num_layers").get<int>();
+  const int64_t vocab = nlohmann::json::parse(*cfg_s).at("model").at("vocab_size").get<int64_t>();
+  nlohmann::json header = {{"__metadata__", {{"format", "pt"}, {"source", file}, {"software", hpct_version()}}}};
+  std::vector<std::vector<float>> data;
+  uint64_t off = 0;
+  for (const auto& nm : gpt2_names(layers)) {
+    const std::string ds = engine::Checkpointer::dataset_name("model", nm.ours);
+    auto shape = f.dataset_shape(ds);
+    uint64_t n = 1;
+    for (auto d : shape) n *= static_cast<uint64_t>(d);
+    std::vector<float> x(n);
+    f.read(ds, 0, x.data(), n);
+    if (nm.theirs == "wte.weight") {  // drop the padding rows
+      x.resize(static_cast<size_t>(vocab * shape[1]));
+      shape[0] = vocab;
+    }
+    if (nm.transpose) {
+      x = transposed(x, shape[0], shape[1]);
+      std::swap(shape[0], shape[1]);
+    }
+    const uint64_t bytes = x.size() * sizeof(float);
+    header[nm.theirs] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+    data.push_back(std::move(x));
+  }
+  f.close();
+  std::string h = header.dump();
+  while ((8 + h.size()) % 8) h.push_back(' ');  // data starts 8-byte aligned
+  std::ofstream o(out, std::ios::binary | std::ios::trunc);
+  if (!o) throw file_error(out, "cannot write");
+  uint64_t hl = h.size();
+  o.write(reinterpret_cast<const char*>(&hl), 8);  // little-endian (x86, aarch64)
+  o.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (const auto& x : data) o.write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(x.size() * 4));
+  o.close();
+  if (!o) throw file_error(out, "writing failed (disk full?)");
+  std::printf("# %s: %zu tensors, %s, GPT-2 names, from %s\n", out.c_str(), data.size(), format_bytes(double(off)).c_str(),
+              file.c_str());
+  return 0;
+}
+
+int import_safetensors(const std::string& in, const std::string& dir, int heads, int vocab_multiple) {
+  std::ifstream i(in, std::ios::binary);
+  if (!i) throw file_error(in, "cannot open");
+  uint64_t hl = 0;
+  i.read(reinterpret_cast<char*>(&hl), 8);
+  if (!i || hl > (100u << 20)) throw file_error(in, "is not a safetensors file (bad header length)");
+  std::string h(hl, ' ');
+  i.read(h.data(), static_cast<std::streamsize>(hl));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(h);
+  } catch (const std::exception& e) {
+    throw file_error(in, std::string("has a header that is not JSON: ") + e.what());
+  }
+  const std::streamoff base = static_cast<std::streamoff>(8 + hl);
+  auto get = [&](const std::string& name) -> std::pair<std::vector<int64_t>, std::vector<float>> {
+    if (!header.contains(name)) throw file_error(in, "has no tensor '" + name + "' (GPT-2 names expected)");
+    const auto& t = header[name];
+    if (t.at("dtype") != "F32") throw file_error(in, "tensor " + name + " is " + t.at("dtype").get<std::string>() + ", only F32 is read");
+    auto shape = t.at("shape").get<std::vector<int64_t>>();
+    auto offs = t.at("data_offsets").get<std::vector<uint64_t>>();
+    std::vector<float> x((offs[1] - offs[0]) / 4);
+    i.seekg(base + static_cast<std::streamoff>(offs[0]));
+    i.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(offs[1] - offs[0]));
+    if (!i) throw file_error(in, "is truncated in tensor " + name);
+    return {shape, x};
+  };
+  int layers = 0;
+  while (header.contains("h." + std::to_string(layers) + ".ln_1.weight")) ++layers;
+  auto [wte_shape, wte] = get("wte.weight");
+  auto [wpe_shape, wpe] = get("wpe.weight");
+  model::GptConfig mc;
+  mc.num_layers = layers;
+  mc.hidden_size = static_cast<int>(wte_shape[1]);
+  mc.num_heads = heads > 0 ? heads : std::max(1, mc.hidden_size / 64);
+  mc.max_seq_length = static_cast<int>(wpe_shape[0]);
+  mc.vocab_size = static_cast<int>(wte_shape[0]);
+  mc.vocab_multiple = vocab_multiple;
+  model::Gpt gpt(mc, kernels::Precision::fp32, false);
+  const auto& layout = gpt.layout();
+  std::vector<float> params(layout.numel(), 0.0f), zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
+  for (const auto& nm : gpt2_names(layers)) {
+    auto [shape, x] = nm.theirs == "wte.weight" ? std::make_pair(wte_shape, wte)
+                      : nm.theirs == "wpe.weight" ? std::make_pair(wpe_shape, wpe) : get(nm.theirs);
+    const auto& ts = layout.find(nm.ours);
+    if (nm.transpose) {
+      x = transposed(x, shape[0], shape[1]);
+      std::swap(shape[0], shape[1]);
+    }
+    if (nm.theirs == "wte.weight") shape[0] = ts.shape[0];  // pad rows stay zero
+    if (shape != ts.shape)
+      throw file_error(in, "tensor " + nm.theirs + " has a shape that does not fit " + nm.ours + " of this GPT");
+    std::copy(x.begin(), x.end(), params.begin() + static_cast<std::ptrdiff_t>(ts.offset));
+  }
+  parallel::StatePiece piece;
+  piece.begin = 0;
+  piece.count = layout.numel();
+  piece.params = params.data();
+  piece.exp_avg = zeros.data();
+  piece.exp_avg_sq = zeros2.data();
+  engine::TrainingState st;
+  engine::CheckpointMeta meta;
+  meta.architecture = {{"model", "gpt"}, {"num_layers", mc.num_layers}, {"hidden_size", mc.hidden_size},
+                       {"num_attention_heads", mc.num_heads}, {"seq_length", mc.max_seq_length},
+                       {"padded_vocab_size", mc.padded_vocab()}};
+  meta.config = {{"imported_from", in}, {"model", {{"vocab_size", mc.vocab_size}}}};
+  meta.tokenizer = "imported from safetensors (GPT-2 names)";
+  meta.layout = {{"world_size", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}, {"zero_stage", 0}};
+  comm::Communicator self = comm::Communicator::self();
+  engine::Checkpointer ck(self, dir, 0);
+  std::string file = ck.save(engine::TensorSet::of(layout, {piece}), st, meta);
+  std::printf("# %s: %s (%d layers, hidden %d, %d heads, seq %d, vocab %d) from %s\n", file.c_str(),
+              format_bytes(4.0 * double(layout.numel())).c_str(), mc.num_layers, mc.hidden_size, mc.num_heads,
+              mc.max_seq_length, mc.vocab_size, in.c_str());
+  return 0;
+}
 
 std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "[";
@@ -41,7 +215,21 @@ int run(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::string cmd = args[0];
-  if (cmd != "list" && cmd != "verify") throw config_error(cmd, "unknown command '" + cmd + "'", "use list or verify");
+  if (cmd == "export") {
+    if (args.size() != 3) throw config_error(cmd, "export needs PATH and OUT.safetensors", "see --help");
+    return export_safetensors(args[1], args[2]);
+  }
+  if (cmd == "import") {
+    if (args.size() < 3) throw config_error(cmd, "import needs IN.safetensors and DIR", "see --help");
+    int heads = 0, mult = 128;
+    for (size_t i = 3; i < args.size(); ++i) {
+      if (args[i] == "--num-attention-heads" && i + 1 < args.size()) heads = std::stoi(args[++i]);
+      else if (args[i] == "--make-vocab-size-divisible-by" && i + 1 < args.size()) mult = std::stoi(args[++i]);
+      else throw config_error(args[i], "unknown argument '" + args[i] + "'", "see --help");
+    }
+    return import_safetensors(args[1], args[2], heads, mult);
+  }
+  if (cmd != "list" && cmd != "verify") throw config_error(cmd, "unknown command '" + cmd + "'", "use list, verify, export or import");
   if (args.size() < 2) throw config_error(cmd, "needs a checkpoint file or directory");
   std::string json_out;
   for (size_t i = 2; i < args.size(); ++i) {
@@ -83,6 +271,7 @@ int run(const std::vector<std::string>& args) {
     }
     table.add_row({name, shape_text(shape), static_cast<int64_t>(n), state});
     tensors.push_back({{"name", name}, {"shape", shape}, {"elements", n}, {"checksum", state},
+                       {"stored_checksum", stored ? nlohmann::json(std::to_string(*stored)) : nlohmann::json(nullptr)},
                        {"offset", f.dataset_file_offset(name)}});
   }
   std::cout << table.text();

@@ -86,7 +86,10 @@ echo "after load: PATH=$PATH"
 [[ "$(command -v pretrain_gpt)" == "$prefix/bin/pretrain_gpt" ]] || fail "pretrain_gpt is $(command -v pretrain_gpt), not from $prefix"
 [[ "${HPCTRAIN_HOME:-}" == "$prefix" ]] || fail "HPCTRAIN_HOME=${HPCTRAIN_HOME:-unset}"
 [[ -d "$HPCTRAIN_HOME/share/hpctrain/slurm" ]] || fail "no slurm templates under HPCTRAIN_HOME"
-pretrain_gpt --help | grep -q -- --global-batch-size || fail "pretrain_gpt --help does not list --global-batch-size"
+# Captured first: `grep -q` quits at the first match, and a help text longer than one pipe write
+# then dies of SIGPIPE, which pipefail reports as a failure.
+help_text=$(pretrain_gpt --help)
+grep -q -- --global-batch-size <<<"${help_text}" || fail "pretrain_gpt --help does not list --global-batch-size"
 module whatis hpctrain 2>&1 | grep -q "MPI-native training" || fail "module whatis lacks the description"
 module help hpctrain 2>&1 | grep -q "job templates" || fail "module help lacks the help text"
 
