@@ -18,6 +18,7 @@
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/trainer.hpp"
+#include "tiny_gpt.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/kernels/backend.hpp"
 
@@ -27,23 +28,7 @@ namespace fs = std::filesystem;
 namespace {
 
 engine::TrainConfig tiny(int iters, int hidden = 32) {
-  engine::TrainConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = hidden;
-  c.model.num_heads = 4;
-  c.model.max_seq_length = 16;
-  c.model.vocab_size = 101;
-  c.model.vocab_multiple = 8;
-  c.micro_batch = 1;
-  c.global_batch = 6;  // divisible by 1, 2, 3
-  c.train_iters = iters;
-  c.lr = 1e-3;
-  c.min_lr = 1e-4;
-  c.lr_warmup_iters = 1;
-  c.lr_style = engine::LrStyle::cosine;
-  c.mock_data = true;
-  c.eval_iters = 0;
-  c.log_interval = 1000;
+  engine::TrainConfig c = test::tiny_gpt(iters, 2, 6, hidden);  // 6: divisible by 1, 2, 3
   return c;
 }
 

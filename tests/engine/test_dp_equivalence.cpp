@@ -22,29 +22,14 @@
 
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/engine/trainer.hpp"
+#include "tiny_gpt.hpp"
 #include "hpct/kernels/ops.hpp"
 
 using namespace hpct;
 
 namespace {
 engine::TrainConfig tiny(engine::PrecisionMode prec, int iters) {
-  engine::TrainConfig c;
-  c.model.num_layers = 2;
-  c.model.hidden_size = 32;
-  c.model.num_heads = 4;
-  c.model.max_seq_length = 16;
-  c.model.vocab_size = 101;
-  c.model.vocab_multiple = 8;
-  c.micro_batch = 1;
-  c.global_batch = 12;  // divisible by every N in 1..4
-  c.train_iters = iters;
-  c.lr = 1e-3;
-  c.min_lr = 1e-4;
-  c.lr_warmup_iters = 1;
-  c.lr_style = engine::LrStyle::cosine;
-  c.mock_data = true;
-  c.eval_iters = 0;
-  c.log_interval = 1000;
+  engine::TrainConfig c = test::tiny_gpt(iters, 2, 12);  // 12: divisible by every N in 1..4
   c.precision = prec;
   return c;
 }
