@@ -22,6 +22,7 @@
 
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/engine/trainer.hpp"
+#include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"
 #include "hpct/kernels/ops.hpp"
 
@@ -74,19 +75,4 @@ TEST(DpEquivalence, Fp32) { check(engine::PrecisionMode::fp32, 2e-6, 4); }
 TEST(DpEquivalence, Bf16OneStep) { check(engine::PrecisionMode::bf16, 2e-6, 1); }
 TEST(DpEquivalence, Bf16FourSteps) { check(engine::PrecisionMode::bf16, 3e-4, 4, 1e-4); }
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  comm::Environment env(&argc, &argv);
-  kernels::BackendScope backend;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& l = ::testing::UnitTest::GetInstance()->listeners();
-    delete l.Release(l.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  // a failure on any rank fails the test binary on every rank
-  int any = rc;
-  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any;
-}
+int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -554,12 +554,8 @@ void ZeroEngine::swept_adam(const AdamParams& a) {
 }
 
 void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {
-  if (!swap_) {
-    for (const auto& p : pieces()) fn(p);
-    return;
-  }
   const auto& blocks = layout_.blocks();
-  std::vector<float> pbuf, mbuf, vbuf;
+  std::vector<float> pbuf, mbuf, vbuf;  // staging for what lives in the swap file
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const int b = static_cast<int>(bi);
     StatePiece p;
@@ -585,8 +581,9 @@ void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePie
         swap_->read(k_v_, local, p.count, p.exp_avg_sq);
       }
     } else {
-      p.exp_avg = exp_avg_.data() + local;
-      p.exp_avg_sq = exp_avg_sq_.data() + local;
+      const size_t at = cfg_.stage == 0 ? p.begin : local;  // stage 0 keeps full moments
+      p.exp_avg = exp_avg_.data() + at;
+      p.exp_avg_sq = exp_avg_sq_.data() + at;
     }
     fn(p);
     if (load) {
@@ -597,29 +594,6 @@ void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePie
       }
     }
   }
-}
-
-std::vector<StatePiece> ZeroEngine::pieces() {
-  if (swap_) throw Error("ZeroEngine::pieces: the states live on NVMe; use visit_pieces");
-  std::vector<StatePiece> out;
-  const auto& blocks = layout_.blocks();
-  for (size_t bi = 0; bi < blocks.size(); ++bi) {
-    const int b = static_cast<int>(bi);
-    StatePiece p;
-    p.begin = shards_.begin(b, rank_);
-    p.count = static_cast<size_t>(counts_[b][rank_]);
-    if (p.count == 0) continue;
-    p.params = master(b);
-    if (cfg_.stage == 0) {
-      p.exp_avg = exp_avg_.data() + p.begin;
-      p.exp_avg_sq = exp_avg_sq_.data() + p.begin;
-    } else {
-      p.exp_avg = exp_avg_.data() + shards_.local_offset(b);
-      p.exp_avg_sq = exp_avg_sq_.data() + shards_.local_offset(b);
-    }
-    out.push_back(p);
-  }
-  return out;
 }
 
 void ZeroEngine::after_load() {

@@ -160,12 +160,10 @@ class ZeroEngine final : public model::ParamStore {
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
   void adam_step(const AdamParams& a);
 
-  /// This rank's pieces of (params, exp_avg, exp_avg_sq), for checkpoints: its slice of each block
-  /// (stage 0 too: every rank holds everything and writes its part). Throws when states live on
-  /// NVMe (use visit_pieces).
-  std::vector<StatePiece> pieces();
-  /// Calls fn on each piece in block order. States in the swap file are staged through host
-  /// buffers one block slice at a time; with load, what fn wrote is stored back.
+  /// Calls fn on each of this rank's pieces of (params, exp_avg, exp_avg_sq), for checkpoints: its
+  /// slice of each block, in block order (stage 0 too: every rank holds everything and writes its
+  /// part). States in the swap file are staged through host buffers one block slice at a time;
+  /// with load, what fn wrote is stored back.
   void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
   /// After the pieces were filled (checkpoint load): rebuild what every rank must hold. Collective.
   void after_load();

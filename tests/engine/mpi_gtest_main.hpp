@@ -1,0 +1,28 @@
+// main() of an engine test run under mpirun: MPI and the compute backend up, gtest's printer on
+// rank 0 only, and a failure on any rank failing the binary on every rank.
+#pragma once
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/kernels/backend.hpp"
+
+namespace hpct::test {
+
+inline int mpi_gtest_main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  comm::Environment env(&argc, &argv);
+  kernels::BackendScope backend;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& l = ::testing::UnitTest::GetInstance()->listeners();
+    delete l.Release(l.default_result_printer());
+  }
+  int rc = RUN_ALL_TESTS();
+  int any = rc;
+  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any;
+}
+
+}  // namespace hpct::test
