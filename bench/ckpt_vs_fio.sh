@@ -75,9 +75,17 @@ grep -E "saving checkpoint|successfully saved" "$tmp/async.log"
 rm -rf "$dir/ckpt"
 "${mpi[@]}" "$bin" "${model[@]}" --train-iters 6 --save "$dir/ckpt" --save-interval 2 \
   --json "$tmp/sync.json" >"$tmp/sync.log" 2>&1 || { cat "$tmp/sync.log"; exit 1; }
-python3 - "$tmp/async.json" "$tmp/sync.json" <<'EOF2'
-import json, sys
+python3 - "$tmp/async.json" "$tmp/sync.json" "$tmp/async.log" "$tmp/sync.log" <<'EOF2'
+import json, re, sys
 j = json.load(open(sys.argv[1])); js = json.load(open(sys.argv[2]))
+def iter_ms(log):
+    return {int(m.group(1)): float(m.group(2)) for m in
+            re.finditer(r"iteration +(\d+)/ +\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+)", open(log).read())}
+ia, isy = iter_ms(sys.argv[3]), iter_ms(sys.argv[4])
+# What the background writer costs the iterations it overlaps (3 and 5) on a machine without spare cores.
+for i in (3, 5):
+    print(f"iteration {i} (overlapping a background save): {ia[i]/1e3:.2f} s with --async-save, {isy[i]/1e3:.2f} s "
+          f"without: {(ia[i]-isy[i])/1e3:+.2f} s")
 print(f"6 iterations with a save every 2: {j['total_seconds']:.1f} s with --async-save, {js['total_seconds']:.1f} s with "
       f"synchronous saves")
 s = j["checkpoint_saves"]

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -149,15 +150,20 @@ TEST(Checkpoint, ExactResumeIsBitwise) {
 // must hold the state of its own iteration (the copy is taken at the boundary, training then moves
 // the weights on): resuming from the iteration-2 and iteration-4 files and training to 6 must
 // equal 6 straight iterations bitwise; the final save (6) is synchronous; `latest` names it.
-TEST(Checkpoint, AsyncSaveHoldsItsIteration) {
+// A background save holds the state of the iteration it was started at. The copy runs beside the
+// next forward and backward; the optimizer step waits for it. With the copy held back (test-only
+// delay), that step reaches the fence first: without the fence the file would hold a later state.
+static void check_async_saves(const char* tag, int copy_delay_ms) {
   const auto& w = world();
-  std::string d = shared_dir(w, "async");
+  std::string d = shared_dir(w, tag);
   RunOut straight = train(tiny(6), w);
   auto c = tiny(6);
   c.save_dir = d;
   c.save_interval = 2;
   c.async_save = true;
+  if (copy_delay_ms > 0) ::setenv("HPCT_TEST_ASYNC_COPY_DELAY_MS", std::to_string(copy_delay_ms).c_str(), 1);
   RunOut run = train(c, w);
+  ::unsetenv("HPCT_TEST_ASYNC_COPY_DELAY_MS");
   EXPECT_EQ(std::memcmp(run.params.data(), straight.params.data(), straight.params.size() * 4), 0)
       << "training with background saves differs";
   for (const char* f : {"/iter_0000002.h5", "/iter_0000004.h5", "/iter_0000006.h5"}) EXPECT_TRUE(fs::exists(d + f)) << f;
@@ -175,6 +181,9 @@ TEST(Checkpoint, AsyncSaveHoldsItsIteration) {
   w.barrier();
   if (w.rank() == 0) fs::remove_all(d);
 }
+
+TEST(Checkpoint, AsyncSaveHoldsItsIteration) { check_async_saves("async", 0); }
+TEST(Checkpoint, AsyncSaveCopyBehindTheNextStep) { check_async_saves("async_late", 300); }
 
 // Written by the N-rank world, loaded by each rank alone (and the other way round).
 TEST(Checkpoint, LoadsOnAnotherRankCount) {

@@ -4,6 +4,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <csignal>
@@ -118,6 +121,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   ap.weight_decay = (float)cfg_.weight_decay;
   ap.step = (int)adam_step_;
   ap.grad_scale = static_cast<float>(clip / scale);
+  snapshot_fence();  // a background save may still be copying the state this step changes
   zero_->adam_step(ap);
   comm_bytes_ += zero_->bytes_sent() - sent0;
   ++comm_steps_;
@@ -215,13 +219,17 @@ TrainingState Trainer::training_state() const {
   return st;
 }
 
-// An asynchronous save in flight: the copied state, the file begun, the thread writing it.
+// An asynchronous save in flight: the file begun, the thread copying and writing this rank's state.
 struct Trainer::AsyncSave {
   std::unique_ptr<Checkpointer> ck;
   std::unique_ptr<Checkpointer::PendingSave> pending;
   std::thread thread;
   Timer since_start;
   TrainSummary::Save record;
+  double stall = 0;  // this rank's: the collective start, plus any wait at the snapshot fence
+  std::mutex mu;
+  std::condition_variable cv;
+  bool copied = false;
   ~AsyncSave() {
     if (thread.joinable()) thread.join();
   }
@@ -244,37 +252,73 @@ void Trainer::start_async_save() {
   const bool root = grid_.world_rank() == 0;
   auto a = std::make_unique<AsyncSave>();
   Timer stall;
-  // Copy this rank's pieces to host memory (from the swap file when the states are offloaded),
-  // into a buffer kept from one save to the next: only the first save pays for its page faults.
+  // This rank's pieces and where their copies go, in a host buffer kept from one save to the next
+  // (only the first save pays for its page faults). States in memory are copied by the background
+  // thread; states in the swap file are read into the buffer now (the swap store is not shared with
+  // a second thread, and training would move them under its feet).
   map_staging();
   float* const staging = staging_;
-  std::vector<parallel::StatePiece> pieces;
+  const bool copy_now = zero_->offloaded();
+  std::vector<parallel::StatePiece> live, copies;
   size_t at = 0;
   zero_->visit_pieces(false, [&](const parallel::StatePiece& p) {
     parallel::StatePiece q = p;
-    float* dst[3] = {staging + at, staging + at + p.count, staging + at + 2 * p.count};
-    const float* src[3] = {p.params, p.exp_avg, p.exp_avg_sq};
-    for (int k = 0; k < 3; ++k) std::memcpy(dst[k], src[k], p.count * sizeof(float));
-    q.params = dst[0];
-    q.exp_avg = dst[1];
-    q.exp_avg_sq = dst[2];
+    q.params = staging + at;
+    q.exp_avg = staging + at + p.count;
+    q.exp_avg_sq = staging + at + 2 * p.count;
     at += 3 * p.count;
-    pieces.push_back(q);
+    if (copy_now) {
+      std::memcpy(q.params, p.params, p.count * sizeof(float));
+      std::memcpy(q.exp_avg, p.exp_avg, p.count * sizeof(float));
+      std::memcpy(q.exp_avg_sq, p.exp_avg_sq, p.count * sizeof(float));
+    } else {
+      live.push_back(p);
+    }
+    copies.push_back(q);
   });
+  a->copied = copy_now;
   a->ck = std::make_unique<Checkpointer>(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   a->pending = a->ck->begin_save(model_->layout(), training_state(), checkpoint_meta());  // collective
   Checkpointer::PendingSave* ps = a->pending.get();
-  a->thread = std::thread([ps, t = TensorSet::of(model_->layout(), std::move(pieces))] { Checkpointer::write_pieces(*ps, t); });
+  AsyncSave* self = a.get();
+  // Test-only (docs/checkpoints.md): HPCT_TEST_ASYNC_COPY_DELAY_MS holds the copy back, so that the
+  // next optimizer step reaches the fence before the copy is done.
+  const char* delay_env = std::getenv("HPCT_TEST_ASYNC_COPY_DELAY_MS");
+  const int delay_ms = delay_env ? std::atoi(delay_env) : 0;
+  a->thread = std::thread([self, ps, delay_ms, live = std::move(live), copies, t = TensorSet::of(model_->layout(), copies)] {
+    if (!live.empty()) {
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      for (size_t i = 0; i < live.size(); ++i) {
+        std::memcpy(copies[i].params, live[i].params, live[i].count * sizeof(float));
+        std::memcpy(copies[i].exp_avg, live[i].exp_avg, live[i].count * sizeof(float));
+        std::memcpy(copies[i].exp_avg_sq, live[i].exp_avg_sq, live[i].count * sizeof(float));
+      }
+      std::lock_guard<std::mutex> lk(self->mu);
+      self->copied = true;
+      self->cv.notify_all();
+    }
+    Checkpointer::write_pieces(*ps, t);
+  });
   a->record.iteration = iteration_;
   a->record.async = true;
   a->record.bytes = 3.0 * model_->layout().numel() * sizeof(float);
-  a->record.stall_seconds = grid_.world().allreduce_max(stall.seconds());
+  a->stall = stall.seconds();
+  const double started = grid_.world().allreduce_max(a->stall);
   if (root) {
-    std::printf("saving checkpoint at iteration %7lld to %s in the background (state copied in %.3f s)\n", iteration_,
-                cfg_.save_dir.c_str(), a->record.stall_seconds);
+    std::printf("saving checkpoint at iteration %7lld to %s in the background (started in %.3f s; %s)\n", iteration_,
+                cfg_.save_dir.c_str(), started,
+                copy_now ? "the offloaded state copied to host memory" : "the state is copied before the next optimizer step");
     std::fflush(stdout);
   }
   async_ = std::move(a);
+}
+
+void Trainer::snapshot_fence() {
+  if (!async_) return;
+  Timer wait;
+  std::unique_lock<std::mutex> lk(async_->mu);
+  async_->cv.wait(lk, [&] { return async_->copied; });
+  async_->stall += wait.seconds();
 }
 
 bool Trainer::finish_async_save(bool wait, TrainSummary::Save* done, std::string* file) {
@@ -285,6 +329,7 @@ bool Trainer::finish_async_save(bool wait, TrainSummary::Save* done, std::string
   async_->thread.join();
   std::string f = async_->ck->finish_save(*async_->pending);
   async_->record.seconds = async_->since_start.seconds();
+  async_->record.stall_seconds = grid_.world().allreduce_max(async_->stall);
   if (grid_.world_rank() == 0) {
     const auto& r = async_->record;
     std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s in the background; training "

@@ -19,7 +19,7 @@
 // of its replica) into the full-shape datasets, and on load reads the ranges it owns under the
 // layout it runs with (the caller re-replicates), so any rank count and ZeRO stage loads any
 // other's checkpoint. State offloaded to NVMe is staged piece by piece through the same path.
-// Not here yet: async save, TP/EP slices.
+// Not here yet: TP/EP slices (async save: begin_save / write_pieces / finish_save below).
 #pragma once
 #include <atomic>
 #include <cstdint>

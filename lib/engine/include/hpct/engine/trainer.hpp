@@ -70,8 +70,11 @@ class Trainer {
   std::string load_checkpoint();
   /// Collective over the world: saves the current state into cfg.save_dir (atomic). Returns the file.
   std::string save_checkpoint();
-  /// Collective: starts an asynchronous save (the state is copied to host memory, a background
-  /// thread writes it); a previous one is finished first. Returns at once after the copy.
+  /// Collective: starts an asynchronous save; a previous one is finished first. The file and its
+  /// datasets are created at once (collective); a background thread then copies the state to host
+  /// memory and writes it. The state does not change until the next optimizer step, so the copy
+  /// overlaps the next forward and backward, and that step waits for it (snapshot_fence). State
+  /// that lives in a swap file (NVMe offload) is copied here instead, before returning.
   void start_async_save();
   /// Collective: finishes a pending asynchronous save when every rank has written its part (or,
   /// with wait, after waiting for them). Returns the record of the save finished, if any.
@@ -118,6 +121,8 @@ class Trainer {
   float* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   void map_staging();
+  /// Before the state changes (the optimizer step): waits until a background save's copy is done.
+  void snapshot_fence();
   TrainingState training_state() const;
   double comm_bytes_ = 0;
   long long comm_steps_ = 0;
