@@ -11,6 +11,7 @@ pkgs=(
   build-essential cmake pkg-config git
   openmpi-bin libopenmpi-dev            # MPI (host buffers)
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 checkpoints, h5dump/h5ls
+  python3-h5py                          # tests: h5py reads our checkpoints (what users open them with)
   libtrilinos-kokkos-dev                # Kokkos (Serial backend) for element-wise kernels
   libopenblas-dev                       # fp32 GEMM
   libdnnl-dev                           # oneDNN: bf16 GEMM on AVX512-BF16 / AMX

@@ -10,7 +10,9 @@ kill   : a rank is SIGKILLed in the middle of the second save (after its tensors
 signal : SIGUSR1 to a running job: it saves at the next iteration boundary and exits with code 75;
          the next run resumes there.
 tool   : hpct_ckpt list / verify on a saved checkpoint; a flipped byte in one tensor fails verify
-         naming that tensor.
+         naming that tensor. The standard tools read the same file: `h5ls -r` lists every tensor
+         with its full shape, `h5dump -H` shows the attributes, and h5py reads every dataset, whose
+         values give back the checksum hpctrain stored (recomputed here with numpy).
 """
 import argparse
 import json
@@ -99,12 +101,39 @@ elif a.scenario == "tool":
     v = json.load(open(os.path.join(w, "v.json")))
     if v.get("iteration") != 3 or len(v.get("tensors", [])) < 3 or v.get("result") != "OK":
         errors.append(f"tool: JSON lacks the iteration, tensors or result: {str(v)[:300]}")
+    f = os.path.join(d, "iter_0000003.h5")
+    # ---- the standard HDF5 tools read it ----
+    ls = subprocess.run(["h5ls", "-r", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    listed = {m.group(1): [int(x) for x in m.group(2).split(", ")]
+              for m in re.finditer(r"^(\S+)\s+Dataset \{([0-9, ]+)\}$", ls.stdout, re.M)}
+    for x in v["tensors"]:
+        if listed.get(x["name"]) != x["shape"]:
+            errors.append(f"h5ls -r: {x['name']} listed as {listed.get(x['name'])}, expected {x['shape']}")
+    dump = subprocess.run(["h5dump", "-H", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if dump.returncode != 0 or not re.search(r'ATTRIBUTE "iteration" \{\s*DATATYPE\s+H5T_STD_I64LE', dump.stdout):
+        errors.append(f"h5dump -H: exit {dump.returncode}, no 64-bit integer iteration attribute")
+    it = subprocess.run(["h5dump", "-a", "/iteration", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if it.returncode != 0 or not re.search(r"\(0\): 3\s", it.stdout):
+        errors.append(f"h5dump -a /iteration: exit {it.returncode}, not 3: {it.stdout[-300:]}")
+    # h5py is Debian's python3-h5py (scripts/install_deps.sh), in the system interpreter, which
+    # may not be the one running this script (e.g. under pyenv).
+    here = os.path.dirname(os.path.abspath(__file__))
+    for py in [sys.executable, "/usr/bin/python3"]:
+        if subprocess.run([py, "-c", "import h5py, numpy"], capture_output=True).returncode == 0:
+            hp = subprocess.run([py, os.path.join(here, "h5py_read_check.py"), f, os.path.join(w, "v.json")],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            print(hp.stdout[-2000:])
+            if hp.returncode != 0:
+                errors.append("h5py: " + (hp.stdout.strip().splitlines() or ["failed"])[-1])
+            break
+    else:
+        errors.append("h5py: not importable (scripts/install_deps.sh installs python3-h5py)")
+    print(f"tool: h5ls -r and h5dump -H list all {len(v['tensors'])} tensors and the attributes; h5dump -a /iteration reads 3")
     victim = "/model/final_layernorm/weight"
     if not any(x["name"] == victim for x in v.get("tensors", [])):
         errors.append(f"tool: no {victim} listed")
     # Flip bytes inside one tensor's data (its file offset is in the tool's JSON), then verify again.
     off = next(x["offset"] for x in v["tensors"] if x["name"] == victim)
-    f = os.path.join(d, "iter_0000003.h5")
     data = bytearray(open(f, "rb").read())
     data[off + 8:off + 16] = bytes(b ^ 0xFF for b in data[off + 8:off + 16])
     bad = os.path.join(w, "bad.h5")
