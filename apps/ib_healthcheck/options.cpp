@@ -175,8 +175,8 @@ For tests only (never on a production allocation):
                             slow  — that rank takes FACTOR (20) x as long for each operation
                             lossy — that rank corrupts the data it sends
                             hang  — that rank stops responding (sleeps) at the start of CHECK
-                            die   — that rank exits at the start of CHECK (under mpirun the launcher
-                                    then ends the whole job: no report can be written)
+                            die   — that rank exits at the start of CHECK (under srun the others name
+                                    it; under mpirun the launcher ends the whole job: no report)
                             CHECK: mpi_p2p, ucx_p2p, allreduce, alltoall
 
 Exit codes:

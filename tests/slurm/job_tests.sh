@@ -163,6 +163,22 @@ case "${case_name}" in
     echo "n2 drained with reason: $(sinfo -h -R -n n2 -o %E)"
     ;;
 
+  healthcheck_dying_rank)
+    # 3 emulated nodes, rank 1 (node n2) exits in the middle of mpi_p2p. srun keeps the other
+    # tasks running; they time out on it, rank 0 names n2 in the report and the job fails (exit
+    # 1) instead of hanging. (Under mpirun, Open MPI 4.1 ends the whole job at once: no report.)
+    [[ -x "${PREFIX}/bin/ib_healthcheck" ]] || skip "ib_healthcheck is not built"
+    id=$(as_user sbatch --parsable --nodes=3 "${SLURM_DIR}/ib_healthcheck.sbatch" \
+      --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K -t 3 --inject-fault die:1:mpi_p2p)
+    st=$(wait_job "${id}" 180)
+    out=${WORK}/ib_healthcheck-${id}.out
+    show_log "${out}"
+    [[ "${st}" == FAILED ]] || fail "job ${id} ended ${st:-in no state}: expected FAILED (exit 1: a node failed)"
+    expect_in "${out}" "n2 +UNHEALTHY +mpi_p2p: stopped responding"
+    expect_in "${out}" "ib_healthcheck exited with 1; failed nodes: n2$"
+    json_check "${WORK}/ib_healthcheck-${id}/report.json" '"n2" in str(j)'
+    ;;
+
   healthcheck_then_train)
     [[ -x "${PREFIX}/bin/ib_healthcheck" ]] || skip "ib_healthcheck is not built"
     # 1) n2 fails the check: the training runs after it, with n2 excluded.
