@@ -164,8 +164,8 @@ case "${case_name}" in
     ;;
 
   healthcheck_dying_rank)
-    # 3 emulated nodes, rank 1 (node n2) exits in the middle of mpi_p2p. srun keeps the other
-    # tasks running; they time out on it, rank 0 names n2 in the report and the job fails (exit
+    # 3 nodes, rank 1 (the allocation's second node) exits in the middle of mpi_p2p. srun keeps the other
+    # tasks running; they time out on it, rank 0 names that node in the report and the job fails (exit
     # 1) instead of hanging. (Under mpirun, Open MPI 4.1 ends the whole job at once: no report.)
     [[ -x "${PREFIX}/bin/ib_healthcheck" ]] || skip "ib_healthcheck is not built"
     id=$(as_user sbatch --parsable --nodes=3 "${SLURM_DIR}/ib_healthcheck.sbatch" \
@@ -174,9 +174,12 @@ case "${case_name}" in
     out=${WORK}/ib_healthcheck-${id}.out
     show_log "${out}"
     [[ "${st}" == FAILED ]] || fail "job ${id} ended ${st:-in no state}: expected FAILED (exit 1: a node failed)"
-    expect_in "${out}" "n2 +UNHEALTHY +mpi_p2p: stopped responding"
-    expect_in "${out}" "ib_healthcheck exited with 1; failed nodes: n2$"
-    json_check "${WORK}/ib_healthcheck-${id}/report.json" '"n2" in str(j)'
+    # Rank 1 runs on the allocation's second node (which nodes Slurm gives depends on their state).
+    dead=$(sed -n 's/^# nodes 3: [^ ]* \([^ ]*\) [^ ]*$/\1/p' "${out}")
+    [[ -n "${dead}" ]] || fail "no '# nodes 3: ...' line in ${out}"
+    expect_in "${out}" "${dead} +UNHEALTHY +mpi_p2p: stopped responding"
+    expect_in "${out}" "ib_healthcheck exited with 1; failed nodes: ${dead}$"
+    json_check "${WORK}/ib_healthcheck-${id}/report.json" "'${dead}' in str(j)"
     ;;
 
   healthcheck_then_train)
