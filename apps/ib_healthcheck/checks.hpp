@@ -34,8 +34,9 @@ struct ExpectedRow {
 std::vector<ExpectedRow> expected_p2p_rows(const std::vector<std::vector<int>>& rounds,
                                            const std::vector<std::string>& nodes);
 
-/// "allreduce" (MPI_Iallreduce, float sum) or "alltoall" (MPI_Ialltoall, float) over every size,
-/// verified first, then timed; each rank reports its time per operation.
+/// "allreduce" (MPI_Iallreduce, float sum) or "alltoall" (MPI_Ialltoall, float) on host buffers,
+/// or "nccl_allreduce" / "nccl_alltoall" on device buffers (NCCL, one GPU per rank), over every
+/// size, verified first, then timed; each rank reports its time per operation.
 nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const std::vector<uint64_t>& sizes,
                               int max_iters, Progress* progress, bool& timed_out);
 
@@ -46,6 +47,8 @@ double collective_weight(uint64_t bytes, int max_iters);
 
 /// Sizes from lo to hi, doubling (hi included even when not a power-of-two step from lo).
 std::vector<uint64_t> size_sweep(uint64_t lo, uint64_t hi);
+/// The collective checks (MPI and NCCL).
+bool is_collective(const std::string& check);
 /// nccl-tests' bus bandwidth factor: allreduce 2(n-1)/n, alltoall (n-1)/n.
 double busbw_factor(const std::string& kind, int n);
 /// Bytes a collective case of nominal size moves per rank as nccl-tests counts them (alltoall

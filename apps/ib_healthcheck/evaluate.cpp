@@ -151,7 +151,10 @@ std::string Evaluation::add_p2p(const std::string& check, const nlohmann::json& 
 
 std::string Evaluation::add_collective(const std::string& kind, const nlohmann::json& rows, const std::vector<int>& silent_ranks) {
   const int n = static_cast<int>(nodes_.size());
-  const Threshold& th = kind == "allreduce" ? profile_.allreduce_busbw_GBps : profile_.alltoall_busbw_GBps;
+  const Threshold& th = kind == "allreduce"        ? profile_.allreduce_busbw_GBps
+                        : kind == "alltoall"       ? profile_.alltoall_busbw_GBps
+                        : kind == "nccl_allreduce" ? profile_.nccl_allreduce_busbw_GBps
+                                                   : profile_.nccl_alltoall_busbw_GBps;
   std::vector<uint64_t> sizes;
   for (const auto& r : rows) {
     uint64_t s = r["size"];
@@ -160,6 +163,7 @@ std::string Evaluation::add_collective(const std::string& kind, const nlohmann::
   std::sort(sizes.begin(), sizes.end());
   ReportTable t({{"size", "B"}, {"count", "elements"}, {"time", "us"}, {"algbw", "GB/s"}, {"busbw", "GB/s"},
                  {"wrong", ""}, {"limit", "GB/s"}, {"result", ""}, {"note", ""}});
+  std::string last_error;
   for (uint64_t s : sizes) {
     double time = NAN;
     int64_t wrong = 0, count = 0;
@@ -193,10 +197,13 @@ std::string Evaluation::add_collective(const std::string& kind, const nlohmann::
         notes_.push_back(kind + ": relative limit not applied (no mpi_p2p bandwidth median in this run)");
     }
     if (wrong > 0 || !error.empty()) result = "FAIL";
-    if (result == "FAIL")
+    // One reason per distinct failure: the sizes after a timeout or a failed NCCL start repeat it.
+    const bool repeated = !error.empty() && (error == last_error || error.find("not run after an earlier timeout") != std::string::npos);
+    if (result == "FAIL" && !repeated)
       allocation_reasons_.push_back(kind + " at " + std::to_string(s) + " B: " +
                                     (!error.empty() ? error : wrong > 0 ? std::to_string(wrong) + " wrong elements"
                                                                         : "busbw " + fmt(busbw) + " GB/s (limit " + limit + ")"));
+    if (!error.empty()) last_error = error;
     auto cell = [](double v) { return std::isfinite(v) ? ReportTable::Cell(v) : ReportTable::Cell(std::monostate{}); };
     t.add_row({static_cast<int64_t>(s), count, cell(time * 1e6), cell(algbw), cell(busbw),
                static_cast<int64_t>(wrong), limit, result, error});

@@ -34,6 +34,7 @@ struct FabricContext {
   MPI_Comm ctl = MPI_COMM_NULL;    // control: results and decisions, never measurements
   MPI_Comm data = MPI_COMM_NULL;   // measurements of the current check (a fresh MPI_Comm_idup each)
   int rank = 0, size = 1;
+  int local_rank = 0;              // among the ranks on this host (picks the GPU of NCCL checks)
   std::vector<std::string> nodes;  // node name per rank
   double timeout_s = 30;
   comm::PollPolicy poll;

@@ -13,6 +13,7 @@
 #include "evaluate.hpp"
 #include "fabric.hpp"
 #include "hpct/comm/mpi.hpp"
+#include "hpct/comm/gpu.hpp"
 #include "hpct/comm/ucx.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/sysinfo.hpp"
@@ -24,10 +25,13 @@ extern char** environ;
 namespace hpct::healthcheck {
 namespace {
 
-std::vector<std::string> selected_checks(const Options& o) {
+std::vector<std::string> selected_checks(const Options& o, const Profile& p) {
   std::vector<std::string> out;
-  for (const auto& c : kAllChecks)
-    if (o.checks.empty() || std::find(o.checks.begin(), o.checks.end(), c) != o.checks.end()) out.push_back(c);
+  for (const auto& c : kAllChecks) {
+    const bool wanted = o.checks.empty() ? (c.rfind("nccl_", 0) != 0 || p.gpu_count > 0)
+                                         : std::find(o.checks.begin(), o.checks.end(), c) != o.checks.end();
+    if (wanted) out.push_back(c);
+  }
   return out;
 }
 
@@ -50,11 +54,12 @@ Provenance provenance(const Options& o, const Profile& p, const std::vector<std:
       .add("profile", p.name + " (" + p.file + ")")
       .add("ranks", std::to_string(nodes.size()))
       .add("nodes", nodelist)
-      .add("checks", join(selected_checks(o), ","))
+      .add("checks", join(selected_checks(o, p), ","))
       .add("sizes", "latency " + std::to_string(p.lat_size) + " B, bandwidth " + std::to_string(p.bw_size) +
                         " B, collectives " + std::to_string(p.coll_min) + ".." + std::to_string(p.coll_max) + " B")
       .add("timeout_s", format_seconds(p.timeout_s))
-      .add("ucx", comm::ucx_available() ? comm::ucx_version() : "not built");
+      .add("ucx", comm::ucx_available() ? comm::ucx_version() : "not built")
+      .add("cuda_nccl", comm::gpu_support_built() ? "built" : "not built");
   for (const auto& f : o.faults) prov.add("fault_injection", describe(f) + " (test only)");
   return prov;
 }
@@ -162,13 +167,14 @@ int run_allocation(const Options& o, const Profile& p) {
   }
   // More ranks than cores on this host (tests): give the core away while polling.
   long on_host = std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(ctx.rank)]);
+  ctx.local_rank = static_cast<int>(std::count(hosts.begin(), hosts.begin() + ctx.rank, hosts[static_cast<size_t>(ctx.rank)]));
   ctx.poll.yield = on_host > sysconf(_SC_NPROCESSORS_ONLN);
 
   HPCT_CHECK_MPI(MPI_Comm_idup(ctx.world, &ctx.ctl, &req));
   if (!comm::wait_all_until(&req, 1, ctx.deadline(), ctx.poll)) throw SilentPeer("the control communicator timed out");
   MPI_Comm_set_errhandler(ctx.ctl, MPI_ERRORS_RETURN);
 
-  const auto checks = selected_checks(o);
+  const auto checks = selected_checks(o, p);
   const auto rounds = pairings(ctx.size, p.rounds);
   const auto sizes = size_sweep(p.coll_min, p.coll_max);
   P2pConfig p2p{p.lat_size, p.bw_size, o.lat_iters, o.bw_iters, o.window};
@@ -189,7 +195,7 @@ int run_allocation(const Options& o, const Profile& p) {
       if (c == "node") cases += 1, weight += 1e6;
       if (c == "mpi_p2p" || c == "ucx_p2p")
         cases += static_cast<int>(rounds.size()), weight += p2p_round_weight(p2p) * static_cast<double>(rounds.size());
-      if (c == "allreduce" || c == "alltoall")
+      if (is_collective(c))
         for (uint64_t s : sizes) ++cases, weight += collective_weight(collective_bytes(c, s, ctx.size), o.coll_iters);
     }
     progress = std::make_unique<Progress>(cases, weight, o.quiet ? nullptr : stderr);

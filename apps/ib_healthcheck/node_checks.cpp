@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "hpct/comm/gpu.hpp"
 #include "hpct/comm/ucx.hpp"
 #include "hpct/core/units.hpp"
 
@@ -151,11 +152,22 @@ nlohmann::json run_node_checks(const Profile& p, const std::string& node) {
   long long gpus = static_cast<long long>(list_dir("/proc/driver/nvidia/gpus").size());
   rows.push_back(row(node, "gpu_count", gpus, "== " + std::to_string(p.gpu_count), gpus == p.gpu_count));
   if (p.gpu_min_memory > 0) {
-    // TODO(healthcheck): read per-GPU memory with cudaMemGetInfo in a CUDA build (and NCCL all-reduce).
-    auto r = row(node, "gpu_memory", nullptr, ">= " + format_bytes(static_cast<double>(p.gpu_min_memory)), false,
-                 "not measured: needs the CUDA build's GPU probe, not implemented yet");
-    r["result"] = "SKIP";
-    rows.push_back(r);
+    // Each GPU's memory from the CUDA runtime (a CUDA build); the limit is per GPU.
+    const std::string limit = ">= " + format_bytes(static_cast<double>(p.gpu_min_memory));
+    std::string why;
+    auto list = comm::list_gpus(&why);
+    if (!comm::gpu_support_built()) {
+      auto r = row(node, "gpu_memory", nullptr, limit, false, "not measured: " + why);
+      r["result"] = "SKIP";
+      rows.push_back(r);
+    } else if (list.empty()) {
+      rows.push_back(row(node, "gpu_memory", nullptr, limit, false, why));
+    } else {
+      for (const auto& g : list)
+        rows.push_back(row(node, "gpu" + std::to_string(g.index) + "_memory", format_bytes(static_cast<double>(g.total_bytes)),
+                           limit, g.total_bytes >= p.gpu_min_memory,
+                           g.name + " " + g.pci_bus_id + ", " + format_bytes(static_cast<double>(g.free_bytes)) + " free"));
+    }
   }
 
   struct statvfs vfs{};

@@ -41,7 +41,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 Fault parse_fault(const std::string& spec) {
   const std::string flag = "--inject-fault";
   const std::string hint = "write KIND:RANK:CHECK[:FACTOR], KIND one of slow, lossy, hang, die; CHECK one of "
-                           "mpi_p2p, ucx_p2p, allreduce, alltoall";
+                           "mpi_p2p, ucx_p2p, allreduce, alltoall, nccl_allreduce, nccl_alltoall";
   auto parts = split(spec, ':');
   if (parts.size() < 3 || parts.size() > 4) throw config_error(flag, "bad fault '" + spec + "'", hint);
   Fault f;
@@ -96,7 +96,7 @@ Options parse_args(const std::vector<std::string>& args) {
       o.checks = split(next(), ',');
       for (const auto& c : o.checks)
         if (std::find(kAllChecks.begin(), kAllChecks.end(), c) == kAllChecks.end())
-          throw config_error(a, "unknown check '" + c + "'", "choose from node, mpi_p2p, ucx_p2p, allreduce, alltoall");
+          throw config_error(a, "unknown check '" + c + "'", "choose from node, mpi_p2p, ucx_p2p, allreduce, alltoall, nccl_allreduce, nccl_alltoall");
     } else if (a == "--node-local") o.node_local = true;
     else if (a == "--lat-size") o.lat_size = parse_size(next(), a);
     else if (a == "-s" || a == "--bw-size") o.bw_size = parse_size(next(), a);
@@ -145,7 +145,9 @@ all-reduce and all-to-all (algbw/busbw as nccl-tests defines them). One MPI rank
 
 Options:
   -p, --profile FILE|NAME   expected values and thresholds (inputs/healthcheck/NAME.json)   [required]
-  -c, --checks LIST         comma list of node,mpi_p2p,ucx_p2p,allreduce,alltoall           [all]
+  -c, --checks LIST         comma list of node,mpi_p2p,ucx_p2p,allreduce,alltoall,
+                            nccl_allreduce,nccl_alltoall (device buffers: CUDA builds;
+                            in the default set when the profile expects GPUs)      [all]
       --node-local          node checks only, without MPI (fits Slurm's HealthCheckProgram)
       --lat-size SIZE       point-to-point latency message size                             [profile, 8]
   -s, --bw-size SIZE        point-to-point bandwidth message size                           [profile, 4M]
@@ -177,7 +179,8 @@ For tests only (never on a production allocation):
                             hang  — that rank stops responding (sleeps) at the start of CHECK
                             die   — that rank exits at the start of CHECK (under srun the others name
                                     it; under mpirun the launcher ends the whole job: no report)
-                            CHECK: mpi_p2p, ucx_p2p, allreduce, alltoall
+                            CHECK: mpi_p2p, ucx_p2p, allreduce, alltoall, nccl_allreduce,
+                                   nccl_alltoall
 
 Exit codes:
   0  healthy: every check passed

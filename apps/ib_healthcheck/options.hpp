@@ -10,7 +10,11 @@
 namespace hpct::healthcheck {
 
 /// The fabric checks, in the order they run; "node" (node-local) always runs first.
-inline const std::vector<std::string> kAllChecks = {"node", "mpi_p2p", "ucx_p2p", "allreduce", "alltoall"};
+/// In the order they run. The nccl_ ones (device buffers, CUDA builds) are in the default set only
+/// when the profile expects GPUs.
+inline const std::vector<std::string> kAllChecks = {"node",     "mpi_p2p",        "ucx_p2p",
+                                                    "allreduce", "alltoall",      "nccl_allreduce",
+                                                    "nccl_alltoall"};
 
 /// Fault injection, for tests only: make one rank misbehave in one check.
 struct Fault {

@@ -179,6 +179,8 @@ Profile load_profile(const std::string& name_or_file) {
   p.p2p_bibw_GBps = get_threshold(fab, "p2p_bidir_bandwidth_GBps", true);
   p.allreduce_busbw_GBps = get_threshold(fab, "allreduce_busbw_GBps", true);
   p.alltoall_busbw_GBps = get_threshold(fab, "alltoall_busbw_GBps", true);
+  p.nccl_allreduce_busbw_GBps = get_threshold(fab, "nccl_allreduce_busbw_GBps", true);
+  p.nccl_alltoall_busbw_GBps = get_threshold(fab, "nccl_alltoall_busbw_GBps", true);
   finish(fab);
   JsonSection sizes = root.section("sizes");
   p.lat_size = get_size(sizes, "latency", p.lat_size);

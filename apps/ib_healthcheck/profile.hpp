@@ -41,6 +41,7 @@ struct Profile {
   // fabric thresholds
   Threshold p2p_latency_us{false, {}, {}};
   Threshold p2p_bw_GBps, p2p_bibw_GBps, allreduce_busbw_GBps, alltoall_busbw_GBps;
+  Threshold nccl_allreduce_busbw_GBps, nccl_alltoall_busbw_GBps;  // device buffers, one GPU per node
   // sweep and limits
   uint64_t lat_size = 8, bw_size = 4u << 20, coll_min = 8, coll_max = 256u << 20;
   int rounds = 5;

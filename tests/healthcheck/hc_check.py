@@ -45,7 +45,7 @@ def check_schema(j, rc):
             assert set(r) == cols[kind], f"{name} row has keys {sorted(r)}"
             assert r["result"] in ("PASS", "FAIL", "SKIP", "-"), r
         if kind == "coll" and c["rows"]:
-            f = 2 * (n - 1) / n if name == "allreduce" else (n - 1) / n
+            f = 2 * (n - 1) / n if name in ("allreduce", "nccl_allreduce") else (n - 1) / n
             assert abs(c["busbw_factor"] - f) < 1e-12, (name, c["busbw_factor"], f)
             for r in c["rows"]:
                 if r["algbw"] is not None:

@@ -1,0 +1,241 @@
+// The node's GPUs (CUDA runtime) and NCCL on device buffers, deadline-bounded (see gpu.hpp).
+#include "hpct/comm/gpu.hpp"
+
+#include "hpct/comm/deadline.hpp"
+
+#ifdef HPCT_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+namespace hpct::comm {
+
+#ifndef HPCT_HAVE_NCCL
+
+namespace {
+const char* kNotBuilt = "built without CUDA + NCCL (configure with -DHPCT_ENABLE_CUDA=ON where nvcc and NCCL are installed)";
+bool not_built(std::string* why) {
+  if (why) *why = kNotBuilt;
+  return false;
+}
+}  // namespace
+
+struct NcclComm::Impl {};
+bool gpu_support_built() { return false; }
+std::vector<GpuInfo> list_gpus(std::string* why) {
+  not_built(why);
+  return {};
+}
+std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm, int, double, std::string* why) {
+  not_built(why);
+  return nullptr;
+}
+NcclComm::~NcclComm() = default;
+bool NcclComm::resize(size_t, std::string* why) { return not_built(why); }
+bool NcclComm::upload(const float*, size_t, std::string* why) { return not_built(why); }
+bool NcclComm::download(float*, size_t, std::string* why) { return not_built(why); }
+bool NcclComm::start_allreduce(size_t, std::string* why) { return not_built(why); }
+bool NcclComm::start_alltoall(size_t, std::string* why) { return not_built(why); }
+bool NcclComm::wait(double, std::string* why) { return not_built(why); }
+
+#else
+
+namespace {
+bool cuda_ok(cudaError_t e, const char* what, std::string* why) {
+  if (e == cudaSuccess) return true;
+  if (why) *why = std::string(what) + ": " + cudaGetErrorString(e);
+  return false;
+}
+}  // namespace
+
+struct NcclComm::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  float* in = nullptr;
+  float* out = nullptr;
+  size_t capacity = 0;  // floats in each buffer
+  int rank = 0, size = 1;
+  bool aborted = false;
+
+  bool fail(const std::string& what, std::string* why) {
+    if (why) *why = what;
+    if (comm && !aborted) ncclCommAbort(comm);  // never blocks on the peers
+    aborted = true;
+    return false;
+  }
+  bool enqueued(ncclResult_t r, const char* what, std::string* why) {
+    if (r == ncclSuccess || r == ncclInProgress) return true;  // nonblocking: progress is polled in wait()
+    return fail(std::string(what) + ": " + ncclGetErrorString(r), why);
+  }
+};
+
+bool gpu_support_built() { return true; }
+
+std::vector<GpuInfo> list_gpus(std::string* why) {
+  int n = 0;
+  if (!cuda_ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount", why)) return {};
+  if (n == 0) {
+    if (why) *why = "the CUDA runtime sees no GPU";
+    return {};
+  }
+  std::vector<GpuInfo> out;
+  for (int i = 0; i < n; ++i) {
+    GpuInfo g;
+    g.index = i;
+    cudaDeviceProp prop{};
+    if (!cuda_ok(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties", why)) return {};
+    g.name = prop.name;
+    g.total_bytes = prop.totalGlobalMem;
+    char bus[32] = {0};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, i) == cudaSuccess) g.pci_bus_id = bus;
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm comm, int local_rank, double deadline, std::string* why) {
+  std::unique_ptr<NcclComm> c(new NcclComm());
+  c->impl_ = std::make_unique<Impl>();
+  Impl& m = *c->impl_;
+  MPI_Comm_rank(comm, &m.rank);
+  MPI_Comm_size(comm, &m.size);
+  // Every rank must have a GPU before anyone enters NCCL's initialisation (which would wait for
+  // the missing ones): agree first, over MPI, with a deadline.
+  std::string local_why;
+  int ngpu = 0;
+  int ok = cuda_ok(cudaGetDeviceCount(&ngpu), "cudaGetDeviceCount", &local_why) ? 1 : 0;
+  if (ok && ngpu == 0) {
+    ok = 0;
+    local_why = "the CUDA runtime sees no GPU";
+  }
+  if (ok) {
+    c->device_ = local_rank % ngpu;
+    ok = cuda_ok(cudaSetDevice(c->device_), "cudaSetDevice", &local_why) ? 1 : 0;
+  }
+  int all_ok = 0;
+  MPI_Request req;
+  MPI_Iallreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm, &req);
+  if (!wait_all_until(&req, 1, deadline, {})) {
+    if (why) *why = "ranks did not agree on their GPUs before the deadline";
+    return nullptr;
+  }
+  if (!all_ok) {
+    if (why) *why = ok ? "another rank has no usable GPU" : local_why;
+    return nullptr;
+  }
+  struct {
+    ncclUniqueId id;
+    ncclResult_t made;
+  } root{};
+  if (m.rank == 0) root.made = ncclGetUniqueId(&root.id);
+  MPI_Ibcast(&root, static_cast<int>(sizeof root), MPI_BYTE, 0, comm, &req);
+  if (!wait_all_until(&req, 1, deadline, {})) {
+    if (why) *why = "NCCL's unique id did not arrive from rank 0 before the deadline";
+    return nullptr;
+  }
+  if (root.made != ncclSuccess) {
+    if (why) *why = std::string("ncclGetUniqueId on rank 0: ") + ncclGetErrorString(root.made);
+    return nullptr;
+  }
+  const ncclUniqueId& id = root.id;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;  // initialisation returns at once; its progress is polled below
+  ncclResult_t r = ncclCommInitRankConfig(&m.comm, m.size, id, m.rank, &cfg);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (why) *why = std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r);
+    return nullptr;
+  }
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) {
+    if (ncclCommGetAsyncError(m.comm, &state) != ncclSuccess) break;
+    if (state == ncclInProgress && steady_seconds() > deadline) {
+      m.fail("NCCL initialisation did not complete before the deadline", why);
+      return nullptr;
+    }
+  }
+  if (state != ncclSuccess) {
+    m.fail(std::string("NCCL initialisation: ") + ncclGetErrorString(state), why);
+    return nullptr;
+  }
+  if (!cuda_ok(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", why)) {
+    m.fail(why ? *why : "cudaStreamCreateWithFlags", nullptr);
+    return nullptr;
+  }
+  return c;
+}
+
+NcclComm::~NcclComm() {
+  if (!impl_) return;
+  Impl& m = *impl_;
+  if (m.comm && !m.aborted) ncclCommAbort(m.comm);  // local teardown; no collective needed
+  if (m.in) cudaFree(m.in);
+  if (m.out) cudaFree(m.out);
+  if (m.stream) cudaStreamDestroy(m.stream);
+}
+
+bool NcclComm::resize(size_t count, std::string* why) {
+  Impl& m = *impl_;
+  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (count <= m.capacity) return true;
+  if (m.in) cudaFree(m.in);
+  if (m.out) cudaFree(m.out);
+  m.in = m.out = nullptr;
+  m.capacity = 0;
+  if (!cuda_ok(cudaMalloc(reinterpret_cast<void**>(&m.in), count * sizeof(float)), "cudaMalloc", why) ||
+      !cuda_ok(cudaMalloc(reinterpret_cast<void**>(&m.out), count * sizeof(float)), "cudaMalloc", why))
+    return false;
+  m.capacity = count;
+  return true;
+}
+
+bool NcclComm::upload(const float* host, size_t count, std::string* why) {
+  Impl& m = *impl_;
+  return count <= m.capacity && cuda_ok(cudaMemcpy(m.in, host, count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy", why);
+}
+
+bool NcclComm::download(float* host, size_t count, std::string* why) {
+  Impl& m = *impl_;
+  return count <= m.capacity && cuda_ok(cudaMemcpy(host, m.out, count * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy", why);
+}
+
+bool NcclComm::start_allreduce(size_t count, std::string* why) {
+  Impl& m = *impl_;
+  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  return m.enqueued(ncclAllReduce(m.in, m.out, count, ncclFloat, ncclSum, m.comm, m.stream), "ncclAllReduce", why);
+}
+
+bool NcclComm::start_alltoall(size_t count, std::string* why) {
+  Impl& m = *impl_;
+  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  const size_t per = count / static_cast<size_t>(m.size);
+  if (!m.enqueued(ncclGroupStart(), "ncclGroupStart", why)) return false;
+  for (int p = 0; p < m.size; ++p) {
+    if (!m.enqueued(ncclSend(m.in + p * per, per, ncclFloat, p, m.comm, m.stream), "ncclSend", why)) return false;
+    if (!m.enqueued(ncclRecv(m.out + p * per, per, ncclFloat, p, m.comm, m.stream), "ncclRecv", why)) return false;
+  }
+  return m.enqueued(ncclGroupEnd(), "ncclGroupEnd", why);
+}
+
+bool NcclComm::wait(double deadline, std::string* why) {
+  Impl& m = *impl_;
+  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(m.comm, &state);
+    if (r != ncclSuccess) return m.fail(std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r), why);
+    if (state != ncclSuccess && state != ncclInProgress)
+      return m.fail(std::string("NCCL: ") + ncclGetErrorString(state), why);
+    if (state == ncclSuccess) {
+      cudaError_t q = cudaStreamQuery(m.stream);
+      if (q == cudaSuccess) return true;
+      if (q != cudaErrorNotReady) return m.fail(std::string("cudaStreamQuery: ") + cudaGetErrorString(q), why);
+    }
+    if (steady_seconds() > deadline) return m.fail("timeout: the NCCL operation did not complete before the deadline", why);
+  }
+}
+
+#endif
+
+}  // namespace hpct::comm
