@@ -45,6 +45,12 @@ if(NOT _hpct_module_version)
   set(_hpct_module_version "${PROJECT_VERSION}-${_hpct_compiler_tag}-${_hpct_mpi_tag}")
 endif()
 
+# Installed binaries keep the run path to the libraries they were linked against outside the build
+# tree (a site's CUDA, NCCL, MPI, HDF5 from modules), as Spack builds do: they start without
+# LD_LIBRARY_PATH.
+if(NOT DEFINED CMAKE_INSTALL_RPATH_USE_LINK_PATH)
+  set(CMAKE_INSTALL_RPATH_USE_LINK_PATH ON)
+endif()
 # Shared libraries: installed to lib/ and found by RPATH (LD_LIBRARY_PATH in the modulefile too,
 # for tools that dlopen). Static (the default): nothing is needed at run time.
 set(_hpct_module_libdir "")
