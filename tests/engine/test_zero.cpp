@@ -256,19 +256,22 @@ TEST(ZeroOffload, NvmeEqualsInMemory) {
   if (world.rank() == 0) std::system(("rm -rf " + dir).c_str());
 }
 
+// Stage 3 with optimizer and parameters in swap files under dir, small sweep tiles.
+engine::TrainConfig nvme_stage3(const std::string& dir, int iters) {
+  auto c = tiny(3, iters);
+  c.zero.sub_group_size = 5000;
+  c.zero.offload_optimizer.device = c.zero.offload_param.device = "nvme";
+  c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = dir;
+  return c;
+}
+
 // Checkpoints of NVMe-resident states: staged block slice by block slice through the same files.
 // 2 steps with optimizer + parameters on NVMe, save; resume on NVMe for 2 more == 4 straight steps
 // on NVMe, bitwise; and the same checkpoint resumes in memory at stage 1 (within the stage tolerance).
 TEST(ZeroOffload, CheckpointOfNvmeStates) {
   auto world = comm::Communicator::world();
   const std::string dir = shared_tmpdir(world, "hpct_zero_nvme_ckpt");
-  auto nvme = [&](int iters) {
-    auto c = tiny(3, iters);
-    c.zero.sub_group_size = 5000;
-    c.zero.offload_optimizer.device = c.zero.offload_param.device = "nvme";
-    c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = dir;
-    return c;
-  };
+  auto nvme = [&](int iters) { return nvme_stage3(dir, iters); };
   Result straight = train(nvme(4), world);
   auto c1 = nvme(4);
   c1.save_dir = dir + "/ckpt";
@@ -295,13 +298,7 @@ TEST(ZeroOffload, CheckpointOfNvmeStates) {
 TEST(ZeroOffload, AsyncSaveOfNvmeStates) {
   auto world = comm::Communicator::world();
   const std::string dir = shared_tmpdir(world, "hpct_zero_nvme_async");
-  auto nvme = [&](int iters) {
-    auto c = tiny(3, iters);
-    c.zero.sub_group_size = 5000;
-    c.zero.offload_optimizer.device = c.zero.offload_param.device = "nvme";
-    c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = dir;
-    return c;
-  };
+  auto nvme = [&](int iters) { return nvme_stage3(dir, iters); };
   Result straight = train(nvme(6), world);
   auto c1 = nvme(6);
   c1.save_dir = dir + "/ckpt";
