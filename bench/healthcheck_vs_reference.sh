@@ -14,8 +14,11 @@
 # ib_healthcheck measured at the same size in the same run. Prints every round, the medians, the
 # ratios and PASS/MISS per bar; exits 0 when every bar is met, 1 otherwise.
 #
-# Definitions compared (docs/healthcheck.md): latency = median half round trip (ucx_perftest's
-# 50%ile column; NetPIPE's usec column is its mean half round trip over its repeats); bandwidth:
+# Definitions compared (docs/healthcheck.md): ib_healthcheck's latency is the median over batches
+# of 50 ping-pongs of the batch's mean half round trip, a mean; it is held against ucx_perftest's
+# "avg" column (mean half round trip over all iterations) and NetPIPE's usec column (the best of
+# its trials' mean half round trips); ucx_perftest's 50%ile (median of per-iteration samples) is
+# printed beside it, without a bar; bandwidth:
 # ucx_perftest tag_bw average MB/s (a stream of sends), NetPIPE -s (streaming, one direction),
 # ib_healthcheck's window scheme (OSU's; bytes of a window / median window time) one direction,
 # median of the two directions.
@@ -60,7 +63,8 @@ ucx_pair() {  # test size iters warmup column
   wait "$spid" || true
   echo "$line" | awk -v c="$5" '{print $c}'
 }
-ucx_lat() { ucx_pair tag_lat 8 "$LAT_ITERS" 2000 2; }                                  # us
+ucx_lat() { ucx_pair tag_lat 8 "$LAT_ITERS" 2000 2; }                                  # us, 50%ile
+ucx_lat_avg() { ucx_pair tag_lat 8 "$LAT_ITERS" 2000 3; }                              # us, average
 ucx_bw() { ucx_pair tag_bw "$BW_BYTES" 2000 100 5 | awk '{printf "%.3f\n", $1 * 1e6 / 1e9}'; }  # GB/s
 # NetPIPE: one size (-l = -u), no perturbation; output file: bytes, Mbps, seconds (half round trip).
 np_run() {  # extra-flags size column
@@ -97,9 +101,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
   if ((r % 2 == 1)); then order="ref hc"; else order="hc ref"; fi
   for who in $order; do
     if [[ $who == ref ]]; then
-      a=$(ucx_lat); b=$(ucx_bw); c=$(np_lat); d=$(np_bw)
-      add ucx_lat_ref "$a"; add ucx_bw_ref "$b"; add mpi_lat_ref "$c"; add mpi_bw_ref "$d"
-      echo "round $r reference: ucx_perftest lat $a us, bw $b GB/s; NPmpi lat $c us, bw $d GB/s"
+      a=$(ucx_lat); a2=$(ucx_lat_avg); b=$(ucx_bw); c=$(np_lat); d=$(np_bw)
+      add ucx_lat_ref "$a"; add ucx_lat_avg_ref "$a2"; add ucx_bw_ref "$b"; add mpi_lat_ref "$c"; add mpi_bw_ref "$d"
+      echo "round $r reference: ucx_perftest lat $a us (50%ile), $a2 us (avg), bw $b GB/s; NPmpi lat $c us, bw $d GB/s"
     else
       read -r ml mb ul ub < <(hc_p2p)
       read -r arb p2p < <(hc_ar)
@@ -115,12 +119,13 @@ done
 python3 - "$ROUNDS" <<PY
 import statistics as st
 F = {k: [float(x) for x in v.split()] for k, v in {
-  "ucx_lat_ref": "${F[ucx_lat_ref]}", "ucx_bw_ref": "${F[ucx_bw_ref]}", "mpi_lat_ref": "${F[mpi_lat_ref]}",
+  "ucx_lat_ref": "${F[ucx_lat_ref]}", "ucx_lat_avg_ref": "${F[ucx_lat_avg_ref]}", "ucx_bw_ref": "${F[ucx_bw_ref]}", "mpi_lat_ref": "${F[mpi_lat_ref]}",
   "mpi_bw_ref": "${F[mpi_bw_ref]}", "mpi_lat_hc": "${F[mpi_lat_hc]}", "mpi_bw_hc": "${F[mpi_bw_hc]}",
   "ucx_lat_hc": "${F[ucx_lat_hc]}", "ucx_bw_hc": "${F[ucx_bw_hc]}", "ar_busbw": "${F[ar_busbw]}", "ar_p2p": "${F[ar_p2p]}"}.items()}
 med = {k: st.median(v) for k, v in F.items()}
 rows = [
-  ("UCX latency 8 B (us)", "ucx_perftest tag_lat 50%ile", med["ucx_lat_hc"], med["ucx_lat_ref"], "lat"),
+  ("UCX latency 8 B (us)", "ucx_perftest tag_lat avg (a mean, as ours)", med["ucx_lat_hc"], med["ucx_lat_avg_ref"], "lat"),
+  ("UCX latency 8 B (us)", "ucx_perftest tag_lat 50%ile (per-iteration median; not a bar)", med["ucx_lat_hc"], med["ucx_lat_ref"], "info"),
   ("UCX bandwidth $BW_BYTES B (GB/s)", "ucx_perftest tag_bw", med["ucx_bw_hc"], med["ucx_bw_ref"], "bw"),
   ("MPI latency 8 B (us)", "NPmpi", med["mpi_lat_hc"], med["mpi_lat_ref"], "lat"),
   ("MPI bandwidth $BW_BYTES B (GB/s)", "NPmpi -s", med["mpi_bw_hc"], med["mpi_bw_ref"], "bw"),
@@ -134,9 +139,11 @@ for name, tool, ours, ref, kind in rows:
     ratio = ours / ref
     if kind == "lat": bar, good = "<= 1.10", ratio <= 1.10
     elif kind == "bw": bar, good = ">= 0.90", ratio >= 0.90
+    elif kind == "info": bar, good = "-", True
     else: bar, good = ">= 0.80", ratio >= 0.80
     ok = ok and good
-    print(f"| {name} | {ours:.3f} | {ref:.3f} | {tool} | {ratio:.2f} | {bar} | {'PASS' if good else 'MISS'} |")
+    res = "-" if kind == "info" else "PASS" if good else "MISS"
+    print(f"| {name} | {ours:.3f} | {ref:.3f} | {tool} | {ratio:.2f} | {bar} | {res} |")
 print("# Result:", "OK" if ok else "FAILED (a bar was missed)")
 raise SystemExit(0 if ok else 1)
 PY
