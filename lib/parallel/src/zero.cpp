@@ -267,10 +267,21 @@ void ZeroEngine::note_working() {
 }
 
 void ZeroEngine::poll() {
-  // Open MPI progresses nonblocking collectives only inside MPI calls: nudge them between blocks.
-  for (auto* r : reductions_) {
+  // Open MPI progresses nonblocking collectives only inside MPI calls: nudge them between blocks,
+  // and finish those that are done at once, so their gradient buffers go back to the pool now
+  // rather than when reduce_bucket_size forces a wait. Each reduction adds into its own block's
+  // shard (disjoint), so finishing them in any order gives the same bits.
+  for (size_t i = 0; i < reductions_.size();) {
     int done = 0;
-    MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
+    HPCT_CHECK_MPI(MPI_Test(&reductions_[i]->req, &done, MPI_STATUS_IGNORE));
+    if (!done) {
+      ++i;
+      continue;
+    }
+    Reduction* r = reductions_[i];
+    reductions_.erase(reductions_.begin() + static_cast<std::ptrdiff_t>(i));
+    finish_reduction(*r);  // MPI_Wait on the completed (now null) request returns at once
+    delete r;
   }
 }
 
