@@ -8,7 +8,9 @@ kill   : a rank is SIGKILLed in the middle of the second save (after its tensors
          checkpoint stays intact and `latest` names it; the next run resumes from it and reaches
          the uninterrupted run's final loss exactly.
 signal : SIGUSR1 to a running job: it saves at the next iteration boundary and exits with code 75;
-         the next run resumes there.
+         the next run resumes there. Again with --async-save and a save every 2 iterations: every
+         background save started before the signal is complete and verifies (hpct_ckpt, when
+         --tool is given), and `latest` names the stop save.
 tool   : hpct_ckpt list / verify on a saved checkpoint; a flipped byte in one tensor fails verify
          naming that tensor. The standard tools read the same file: `h5ls -r` lists every tensor
          with its full shape, `h5dump -H` shows the attributes, and h5py reads every dataset, whose
@@ -145,39 +147,58 @@ elif a.scenario == "tool":
         errors.append(f"tool: a corrupted tensor was not named by verify (exit {t2.returncode})")
     print("tool: verify OK on a good checkpoint, names the one corrupted tensor in a bad copy")
 else:
-    d = os.path.join(w, "ckpt")
-    summary = os.path.join(w, "summary.json")
-    cmd = mpi + base + ["--train-iters", "100000", "--save", d, "--json", summary]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, t0 = "", time.time()
-    while time.time() - t0 < 120:
-        line = p.stdout.readline()
-        if not line:
-            break
-        out += line
-        if re.search(r"iteration +3/", line):
-            p.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
-            break
-    rest, _ = p.communicate(timeout=300)
-    out += rest
-    print(out[-3000:])
-    if p.returncode != 75:
-        errors.append(f"signal: exit code {p.returncode}, expected 75")
-    if "stop requested by a signal" not in out:
-        errors.append("signal: no 'stop requested by a signal' line")
-    try:
-        s = json.load(open(summary))
-        k = s["iterations"]
-        if s["exit_reason"] != "signal" or k < 3:
-            errors.append(f"signal: summary says {s['exit_reason']} after {k} iterations")
-        if latest(d) != f"iter_{k:07d}.h5":
-            errors.append(f"signal: latest is {latest(d)!r}, expected iteration {k}")
-        out2 = run(["--train-iters", str(k + 2), "--save", d, "--load", d], tag="resume after signal")
-        if f"at iteration {k}" not in out2 or not re.search(rf"iteration +{k + 2}/", out2):
-            errors.append(f"signal: the resumed run did not continue from {k} to {k + 2}")
-        print(f"signal: saved at iteration {k}, exit 75, resumed to {k + 2}")
-    except (OSError, KeyError, ValueError) as e:
-        errors.append(f"signal: {e}")
+    # Twice: plain, and with background saves every 2 iterations in flight when the signal lands
+    # (the stop save is synchronous and waits for the background one: both must be complete).
+    for tag, extra in [("signal", []), ("signal+async", ["--async-save", "--save-interval", "2"])]:
+        d = os.path.join(w, "ckpt_" + tag.replace("+", "_"))
+        summary = os.path.join(w, tag.replace("+", "_") + "_summary.json")
+        cmd = mpi + base + ["--train-iters", "100000", "--save", d, "--json", summary] + extra
+        # With background saves, hold each one's copy back (test-only) so one is still in flight
+        # at the next iteration boundaries, where the signal may land.
+        env = dict(os.environ, **({"HPCT_TEST_ASYNC_COPY_DELAY_MS": "300"} if extra else {}))
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        out, t0 = "", time.time()
+        while time.time() - t0 < 120:
+            line = p.stdout.readline()
+            if not line:
+                break
+            out += line
+            if re.search(r"iteration +5/", line):
+                p.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
+                break
+        rest, _ = p.communicate(timeout=300)
+        out += rest
+        print(out[-3000:])
+        if p.returncode != 75:
+            errors.append(f"{tag}: exit code {p.returncode}, expected 75")
+        if "stop requested by a signal" not in out:
+            errors.append(f"{tag}: no 'stop requested by a signal' line")
+        try:
+            s = json.load(open(summary))
+            k = s["iterations"]
+            if s["exit_reason"] != "signal" or k < 5:
+                errors.append(f"{tag}: summary says {s['exit_reason']} after {k} iterations")
+            if latest(d) != f"iter_{k:07d}.h5":
+                errors.append(f"{tag}: latest is {latest(d)!r}, expected iteration {k}")
+            if extra:
+                # Every background save started before the signal was published, whole.
+                saved = sorted(f for f in os.listdir(d) if f.endswith(".h5"))
+                want = [f"iter_{i:07d}.h5" for i in range(2, k + 1, 2)] + ([f"iter_{k:07d}.h5"] if k % 2 else [])
+                if saved != want:
+                    errors.append(f"{tag}: checkpoints {saved}, expected {want}")
+                if any(f.endswith(".tmp") for f in os.listdir(d)):
+                    errors.append(f"{tag}: a temporary file was left: {os.listdir(d)}")
+                for f in saved:
+                    v = subprocess.run([a.tool, "verify", os.path.join(d, f)], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True) if a.tool else None
+                    if v is not None and v.returncode != 0:
+                        errors.append(f"{tag}: {f} does not verify: {v.stdout[-300:]}")
+            out2 = run(["--train-iters", str(k + 2), "--save", d, "--load", d], tag=f"{tag}: resume")
+            if f"at iteration {k}" not in out2 or not re.search(rf"iteration +{k + 2}/", out2):
+                errors.append(f"{tag}: the resumed run did not continue from {k} to {k + 2}")
+            print(f"{tag}: saved at iteration {k}, exit 75, resumed to {k + 2}")
+        except (OSError, KeyError, ValueError) as e:
+            errors.append(f"{tag}: {e}")
 
 for e in errors:
     print("FAIL:", e)
