@@ -4,7 +4,8 @@ and layouts (linear weights (in, out), vocabulary padding dropped) in a well-for
 little-endian header length, JSON header, contiguous data offsets covering the rest of the file);
 importing it gives a checkpoint whose model tensors carry the same checksums as the original
 (every value, through both transposes), exporting that again gives the same bytes, and
-pretrain_gpt --load continues from it.
+pretrain_gpt --load continues from it. And GPT-2's forward as Hugging Face defines it, written in
+numpy (gpt2_numpy_loss.py), computes pretrain_gpt's loss from the exported weights.
 
 safetensors_check.py --gpt BIN --tool HPCT_CKPT --args FILE --workdir DIR
 """
@@ -100,5 +101,30 @@ check(open(st1, "rb").read()[8 + hl:] == open(st2, "rb").read()[-(len(raw) - 8 -
 
 out = run([a.gpt, *common, "--train-iters", "2", "--load", d2])
 check("loading checkpoint from" in out and "iteration        2/" in out, "pretrain_gpt --load continues from the import")
+
+# What the export means, read independently: GPT-2's forward as Hugging Face defines it, in numpy
+# (gpt2_numpy_loss.py), on the exported weights, gives the loss pretrain_gpt logs with the same
+# weights on the same sample. One step is saved; the run resumed from it logs iteration 2's loss,
+# computed with those weights on mock sample 1 (global batch 1). Vocabulary 512 has no padding
+# rows (with padding, GPT-2's softmax would lack the padding logits hpctrain has).
+d3, st3, m3 = (os.path.join(a.workdir, x) for x in ("fwd", "fwd.safetensors", "fwd.jsonl"))
+fwd = ["@" + a.args, "--mock-data", "--vocab-size", "512", "--seq-length", "32", "--micro-batch-size", "1",
+       "--global-batch-size", "1", "--eval-iters", "0", "--log-interval", "1"]
+run([a.gpt, *fwd, "--train-iters", "1", "--save", d3])
+run([a.gpt, *fwd, "--train-iters", "2", "--load", d3, "--metrics-file", m3])
+run([a.tool, "export", d3, st3])
+ours = [r["lm_loss"] for r in map(json.loads, open(m3)) if r.get("type") == "train" and r.get("iteration") == 2]
+here = os.path.dirname(os.path.abspath(__file__))
+ref = None
+for py in [sys.executable, "/usr/bin/python3"]:  # numpy comes with Debian's python3-h5py (install_deps.sh)
+    if subprocess.run([py, "-c", "import numpy"], capture_output=True).returncode == 0:
+        ref = float(run([py, os.path.join(here, "gpt2_numpy_loss.py"), st3, "4", "1234", "512", "32", "1"]))
+        break
+check(ref is not None, "numpy is available for the reference forward (scripts/install_deps.sh)")
+if ref is not None and ours:
+    print(f"loss with the checkpoint's weights on sample 1: pretrain_gpt {ours[0]:.9f}, GPT-2 in numpy {ref:.9f}")
+    check(abs(ours[0] - ref) <= 1e-5 * abs(ref), "GPT-2's forward (numpy, float64) on the export gives pretrain_gpt's loss (1e-5)")
+else:
+    check(False, "pretrain_gpt logged iteration 2's loss")
 print(f"{len(fails)} failed")
 sys.exit(1 if fails else 0)
