@@ -74,7 +74,7 @@ nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const
   std::unique_ptr<comm::NcclComm> dev;
   std::string setup_error;  // NCCL could not start: every size reports it
   if (nccl) {
-    dev = comm::NcclComm::create(ctx.data, ctx.local_rank, ctx.deadline(), &setup_error);
+    dev = comm::NcclComm::create(ctx.data, ctx.local_rank, ctx.deadline(), ctx.poll, &setup_error);
     if (!dev && setup_error.find("deadline") != std::string::npos) timed_out = true;
   }
   for (size_t si = 0; si < sizes.size(); ++si) {

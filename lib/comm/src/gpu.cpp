@@ -3,9 +3,14 @@
 
 #include "hpct/comm/deadline.hpp"
 
+#include <algorithm>
+
 #ifdef HPCT_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <sched.h>
+
+#include <deque>
 #endif
 
 namespace hpct::comm {
@@ -26,7 +31,7 @@ std::vector<GpuInfo> list_gpus(std::string* why) {
   not_built(why);
   return {};
 }
-std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm, int, double, std::string* why) {
+std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm, int, double, PollPolicy, std::string* why) {
   not_built(why);
   return nullptr;
 }
@@ -48,14 +53,35 @@ bool cuda_ok(cudaError_t e, const char* what, std::string* why) {
 }
 }  // namespace
 
+// What the MPI handshake of create() hands to MPI. On a timeout its requests stay pending inside
+// MPI, which may still write here: such handshakes are kept until the process ends.
+struct Handshake {
+  int ok = 0, all_ok = 0;
+  struct {
+    ncclUniqueId id;
+    ncclResult_t made;
+  } root{};
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+std::deque<std::unique_ptr<Handshake>>& abandoned_handshakes() {
+  static std::deque<std::unique_ptr<Handshake>> g;
+  return g;
+}
+
 struct NcclComm::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   float* in = nullptr;
   float* out = nullptr;
   size_t capacity = 0;  // floats in each buffer
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, device = 0;
   bool aborted = false;
+  double timeout_s = 30;  // for the teardown: the window create() was given
+  PollPolicy poll;
+
+  void yield() const {
+    if (poll.yield) sched_yield();  // more ranks than cores: leave room for NCCL's own threads
+  }
 
   bool fail(const std::string& what, std::string* why) {
     if (why) *why = what;
@@ -78,6 +104,10 @@ std::vector<GpuInfo> list_gpus(std::string* why) {
     if (why) *why = "the CUDA runtime sees no GPU";
     return {};
   }
+  // cudaSetDevice creates each GPU's primary context (needed for cudaMemGetInfo); the current
+  // device is put back afterwards.
+  int current = 0;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess;
   std::vector<GpuInfo> out;
   for (int i = 0; i < n; ++i) {
     GpuInfo g;
@@ -92,59 +122,57 @@ std::vector<GpuInfo> list_gpus(std::string* why) {
     if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
     out.push_back(std::move(g));
   }
+  if (restore) cudaSetDevice(current);
   return out;
 }
 
-std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm comm, int local_rank, double deadline, std::string* why) {
+std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm comm, int local_rank, double deadline, PollPolicy poll,
+                                           std::string* why) {
   std::unique_ptr<NcclComm> c(new NcclComm());
   c->impl_ = std::make_unique<Impl>();
   Impl& m = *c->impl_;
+  m.poll = poll;
+  m.timeout_s = std::max(1.0, deadline - steady_seconds());
   MPI_Comm_rank(comm, &m.rank);
   MPI_Comm_size(comm, &m.size);
+  auto hs = std::make_unique<Handshake>();
+  auto wait = [&](const char* what) {
+    if (wait_all_until(&hs->req, 1, deadline, poll)) return true;
+    if (why) *why = what;
+    abandoned_handshakes().push_back(std::move(hs));  // MPI may still write into it
+    return false;
+  };
   // Every rank must have a GPU before anyone enters NCCL's initialisation (which would wait for
   // the missing ones): agree first, over MPI, with a deadline.
   std::string local_why;
   int ngpu = 0;
-  int ok = cuda_ok(cudaGetDeviceCount(&ngpu), "cudaGetDeviceCount", &local_why) ? 1 : 0;
-  if (ok && ngpu == 0) {
-    ok = 0;
+  hs->ok = cuda_ok(cudaGetDeviceCount(&ngpu), "cudaGetDeviceCount", &local_why) ? 1 : 0;
+  if (hs->ok && ngpu == 0) {
+    hs->ok = 0;
     local_why = "the CUDA runtime sees no GPU";
   }
-  if (ok) {
-    c->device_ = local_rank % ngpu;
-    ok = cuda_ok(cudaSetDevice(c->device_), "cudaSetDevice", &local_why) ? 1 : 0;
+  if (hs->ok) {
+    c->device_ = m.device = local_rank % ngpu;
+    hs->ok = cuda_ok(cudaSetDevice(c->device_), "cudaSetDevice", &local_why) ? 1 : 0;
   }
-  int all_ok = 0;
-  MPI_Request req;
-  MPI_Iallreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm, &req);
-  if (!wait_all_until(&req, 1, deadline, {})) {
-    if (why) *why = "ranks did not agree on their GPUs before the deadline";
+  MPI_Iallreduce(&hs->ok, &hs->all_ok, 1, MPI_INT, MPI_MIN, comm, &hs->req);
+  if (!wait("ranks did not agree on their GPUs before the deadline")) return nullptr;
+  if (!hs->all_ok) {
+    if (why) *why = hs->ok ? "another rank has no usable GPU" : local_why;
     return nullptr;
   }
-  if (!all_ok) {
-    if (why) *why = ok ? "another rank has no usable GPU" : local_why;
+  if (m.rank == 0) hs->root.made = ncclGetUniqueId(&hs->root.id);
+  MPI_Ibcast(&hs->root, static_cast<int>(sizeof hs->root), MPI_BYTE, 0, comm, &hs->req);
+  if (!wait("NCCL's unique id did not arrive from rank 0 before the deadline")) return nullptr;
+  if (hs->root.made != ncclSuccess) {
+    if (why) *why = std::string("ncclGetUniqueId on rank 0: ") + ncclGetErrorString(hs->root.made);
     return nullptr;
   }
-  struct {
-    ncclUniqueId id;
-    ncclResult_t made;
-  } root{};
-  if (m.rank == 0) root.made = ncclGetUniqueId(&root.id);
-  MPI_Ibcast(&root, static_cast<int>(sizeof root), MPI_BYTE, 0, comm, &req);
-  if (!wait_all_until(&req, 1, deadline, {})) {
-    if (why) *why = "NCCL's unique id did not arrive from rank 0 before the deadline";
-    return nullptr;
-  }
-  if (root.made != ncclSuccess) {
-    if (why) *why = std::string("ncclGetUniqueId on rank 0: ") + ncclGetErrorString(root.made);
-    return nullptr;
-  }
-  const ncclUniqueId& id = root.id;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;  // initialisation returns at once; its progress is polled below
-  ncclResult_t r = ncclCommInitRankConfig(&m.comm, m.size, id, m.rank, &cfg);
+  ncclResult_t r = ncclCommInitRankConfig(&m.comm, m.size, hs->root.id, m.rank, &cfg);
   if (r != ncclSuccess && r != ncclInProgress) {
-    if (why) *why = std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r);
+    m.fail(std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r), why);  // frees a half-made one
     return nullptr;
   }
   ncclResult_t state = ncclInProgress;
@@ -154,13 +182,15 @@ std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm comm, int local_rank, double
       m.fail("NCCL initialisation did not complete before the deadline", why);
       return nullptr;
     }
+    m.yield();
   }
   if (state != ncclSuccess) {
     m.fail(std::string("NCCL initialisation: ") + ncclGetErrorString(state), why);
     return nullptr;
   }
-  if (!cuda_ok(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", why)) {
-    m.fail(why ? *why : "cudaStreamCreateWithFlags", nullptr);
+  std::string stream_why;
+  if (!cuda_ok(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", &stream_why)) {
+    m.fail(stream_why, why);
     return nullptr;
   }
   return c;
@@ -169,7 +199,29 @@ std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm comm, int local_rank, double
 NcclComm::~NcclComm() {
   if (!impl_) return;
   Impl& m = *impl_;
-  if (m.comm && !m.aborted) ncclCommAbort(m.comm);  // local teardown; no collective needed
+  // After a failure the device may hold a kernel that never ends: cudaFree or cudaStreamDestroy
+  // could wait for it. Leave the memory to the process's end (the job is being ended anyway).
+  if (m.aborted) return;
+  if (m.comm) {
+    // A healthy communicator is finalized (its last sends to the peers are flushed) before it is
+    // destroyed; aborting it could cut off a slower peer's last operation. Bounded by the window
+    // create() was given; past it, abort.
+    const double deadline = steady_seconds() + m.timeout_s;
+    ncclResult_t state = ncclCommFinalize(m.comm);
+    if (state == ncclSuccess || state == ncclInProgress) {
+      do {
+        if (ncclCommGetAsyncError(m.comm, &state) != ncclSuccess) state = ncclInternalError;
+        if (state == ncclInProgress) m.yield();
+      } while (state == ncclInProgress && steady_seconds() < deadline);
+    }
+    if (state == ncclSuccess) {
+      ncclCommDestroy(m.comm);
+    } else {
+      ncclCommAbort(m.comm);
+      return;
+    }
+  }
+  cudaSetDevice(m.device);
   if (m.in) cudaFree(m.in);
   if (m.out) cudaFree(m.out);
   if (m.stream) cudaStreamDestroy(m.stream);
@@ -179,6 +231,7 @@ bool NcclComm::resize(size_t count, std::string* why) {
   Impl& m = *impl_;
   if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
   if (count <= m.capacity) return true;
+  if (!cuda_ok(cudaSetDevice(m.device), "cudaSetDevice", why)) return false;
   if (m.in) cudaFree(m.in);
   if (m.out) cudaFree(m.out);
   m.in = m.out = nullptr;
@@ -192,12 +245,16 @@ bool NcclComm::resize(size_t count, std::string* why) {
 
 bool NcclComm::upload(const float* host, size_t count, std::string* why) {
   Impl& m = *impl_;
-  return count <= m.capacity && cuda_ok(cudaMemcpy(m.in, host, count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy", why);
+  if (count > m.capacity) return m.fail("upload of more floats than resize() allocated (a caller bug)", why);
+  return cuda_ok(cudaSetDevice(m.device), "cudaSetDevice", why) &&
+         cuda_ok(cudaMemcpy(m.in, host, count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy", why);
 }
 
 bool NcclComm::download(float* host, size_t count, std::string* why) {
   Impl& m = *impl_;
-  return count <= m.capacity && cuda_ok(cudaMemcpy(host, m.out, count * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy", why);
+  if (count > m.capacity) return m.fail("download of more floats than resize() allocated (a caller bug)", why);
+  return cuda_ok(cudaSetDevice(m.device), "cudaSetDevice", why) &&
+         cuda_ok(cudaMemcpy(host, m.out, count * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy", why);
 }
 
 bool NcclComm::start_allreduce(size_t count, std::string* why) {
@@ -211,11 +268,19 @@ bool NcclComm::start_alltoall(size_t count, std::string* why) {
   if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
   const size_t per = count / static_cast<size_t>(m.size);
   if (!m.enqueued(ncclGroupStart(), "ncclGroupStart", why)) return false;
-  for (int p = 0; p < m.size; ++p) {
-    if (!m.enqueued(ncclSend(m.in + p * per, per, ncclFloat, p, m.comm, m.stream), "ncclSend", why)) return false;
-    if (!m.enqueued(ncclRecv(m.out + p * per, per, ncclFloat, p, m.comm, m.stream), "ncclRecv", why)) return false;
+  ncclResult_t bad = ncclSuccess;
+  const char* what = "";
+  for (int p = 0; p < m.size && bad == ncclSuccess; ++p) {
+    ncclResult_t r = ncclSend(m.in + p * per, per, ncclFloat, p, m.comm, m.stream);
+    if (r != ncclSuccess && r != ncclInProgress) bad = r, what = "ncclSend";
+    else if ((r = ncclRecv(m.out + p * per, per, ncclFloat, p, m.comm, m.stream)) != ncclSuccess && r != ncclInProgress)
+      bad = r, what = "ncclRecv";
   }
-  return m.enqueued(ncclGroupEnd(), "ncclGroupEnd", why);
+  // The group is always closed, even after a failed call: a thread left inside a group would
+  // queue every later NCCL call behind a group end that never comes.
+  ncclResult_t end = ncclGroupEnd();
+  if (bad != ncclSuccess) return m.enqueued(bad, what, why);
+  return m.enqueued(end, "ncclGroupEnd", why);
 }
 
 bool NcclComm::wait(double deadline, std::string* why) {
@@ -233,6 +298,7 @@ bool NcclComm::wait(double deadline, std::string* why) {
       if (q != cudaErrorNotReady) return m.fail(std::string("cudaStreamQuery: ") + cudaGetErrorString(q), why);
     }
     if (steady_seconds() > deadline) return m.fail("timeout: the NCCL operation did not complete before the deadline", why);
+    m.yield();
   }
 }
 

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "hpct/comm/deadline.hpp"
+
 namespace hpct::comm {
 
 struct GpuInfo {
@@ -37,7 +39,11 @@ class NcclComm {
   /// Collective over `comm`: picks the device, shares NCCL's unique id from rank 0 over MPI and
   /// initialises the communicator, all before `deadline` (steady_seconds()). Returns null with
   /// *why set on any failure; every rank must call it.
-  static std::unique_ptr<NcclComm> create(MPI_Comm comm, int local_rank, double deadline, std::string* why);
+  /// `poll.yield` gives the core away while polling (more ranks than cores).
+  static std::unique_ptr<NcclComm> create(MPI_Comm comm, int local_rank, double deadline, PollPolicy poll,
+                                          std::string* why);
+  /// A healthy communicator is finalized (bounded by create()'s window) and destroyed; one that
+  /// failed was aborted and its device memory is left to the process's end.
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
