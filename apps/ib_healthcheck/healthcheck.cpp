@@ -23,7 +23,6 @@
 extern char** environ;
 
 namespace hpct::healthcheck {
-namespace {
 
 std::vector<std::string> selected_checks(const Options& o, const Profile& p) {
   std::vector<std::string> out;
@@ -33,6 +32,19 @@ std::vector<std::string> selected_checks(const Options& o, const Profile& p) {
     if (wanted) out.push_back(c);
   }
   return out;
+}
+
+namespace {
+
+std::string mpi_thread_level() {
+  int initialized = 0, level = MPI_THREAD_SINGLE;
+  MPI_Initialized(&initialized);
+  if (!initialized) return "none (node-local)";
+  MPI_Query_thread(&level);
+  return level == MPI_THREAD_SINGLE       ? "single"
+         : level == MPI_THREAD_FUNNELED   ? "funneled"
+         : level == MPI_THREAD_SERIALIZED ? "serialized"
+                                          : "multiple";
 }
 
 std::string format_seconds(double s) {
@@ -59,7 +71,8 @@ Provenance provenance(const Options& o, const Profile& p, const std::vector<std:
                         " B, collectives " + std::to_string(p.coll_min) + ".." + std::to_string(p.coll_max) + " B")
       .add("timeout_s", format_seconds(p.timeout_s))
       .add("ucx", comm::ucx_available() ? comm::ucx_version() : "not built")
-      .add("cuda_nccl", comm::gpu_support_built() ? "built" : "not built");
+      .add("cuda_nccl", comm::gpu_support_built() ? "built" : "not built")
+      .add("mpi_threads", mpi_thread_level());
   for (const auto& f : o.faults) prov.add("fault_injection", describe(f) + " (test only)");
   return prov;
 }

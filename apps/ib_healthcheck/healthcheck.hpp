@@ -12,6 +12,10 @@ namespace hpct::healthcheck {
 /// hpct::Error for combinations that cannot run.
 void apply_overrides(const Options& o, Profile& p);
 
+/// The checks this run performs, in order: the ones asked for with -c, or all (the nccl_ ones only
+/// when the profile expects GPUs).
+std::vector<std::string> selected_checks(const Options& o, const Profile& p);
+
 /// Collective over MPI_COMM_WORLD (one rank per node). Returns the exit code (same on every rank).
 /// When a rank stopped responding or an operation timed out, rank 0 reports and then ends the job
 /// with MPI_Abort(exit code): Open MPI cannot finalize beside a hung rank. Never returns then.

@@ -36,7 +36,12 @@ int main(int argc, char** argv) {
     if (print) std::fprintf(stderr, "ib_healthcheck: error: %s\n", e.what());
     return kExitCouldNotRun;
   }
-  comm::Environment env(&argc, &argv);
+  // MPI_THREAD_SINGLE unless NCCL's checks run (NCCL's proxy threads make the process
+  // multi-threaded): Open MPI 4.1 locks every call from FUNNELED up, which the latency probes
+  // would measure (docs/healthcheck.md).
+  bool nccl = false;
+  for (const auto& c : selected_checks(o, p)) nccl = nccl || c.rfind("nccl_", 0) == 0;
+  comm::Environment env(&argc, &argv, nccl ? comm::Threads::funneled : comm::Threads::single);
   try {
     return run_allocation(o, p);
   } catch (const SilentPeer& e) {

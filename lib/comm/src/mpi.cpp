@@ -12,9 +12,10 @@ void throw_mpi_error(int rc, const char* call, const char* file, int line) {
               std::to_string(line) + "]");
 }
 
-Environment::Environment(int* argc, char*** argv) {
+Environment::Environment(int* argc, char*** argv, Threads threads) {
   int provided = 0;
-  HPCT_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  HPCT_CHECK_MPI(MPI_Init_thread(argc, argv, threads == Threads::single ? MPI_THREAD_SINGLE : MPI_THREAD_FUNNELED,
+                                 &provided));
   // Errors come back as return codes so HPCT_CHECK_MPI can turn them into one clear line.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int rank = 0;

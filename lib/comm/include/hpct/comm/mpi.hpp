@@ -24,10 +24,18 @@ namespace hpct::comm {
 
 [[noreturn]] void throw_mpi_error(int rc, const char* call, const char* file, int line);
 
+/// What the process promises MPI about threads. `funneled` (MPI_THREAD_FUNNELED): other threads
+/// exist and only the main thread calls MPI (the trainer: background checkpoint writers, OpenMP).
+/// `single` (MPI_THREAD_SINGLE): nothing but the main thread of the program runs (helper threads
+/// of libraries that never call MPI aside, as with MPI_Init). Open MPI 4.1 takes a lock in every
+/// call from funneled up, about 40-60 ns per small message here (bench/mpi_pingpong_modes.c):
+/// latency probes ask for single.
+enum class Threads { single, funneled };
+
 /// RAII MPI_Init_thread / MPI_Finalize; labels hpct::Error messages with the world rank.
 class Environment {
  public:
-  Environment(int* argc, char*** argv);
+  Environment(int* argc, char*** argv, Threads threads = Threads::funneled);
   ~Environment();
   Environment(const Environment&) = delete;
   Environment& operator=(const Environment&) = delete;
