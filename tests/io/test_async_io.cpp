@@ -19,41 +19,16 @@
 #include "hpct/core/json_config.hpp"
 #include "hpct/io/aio_config.hpp"
 #include "hpct/io/async_io.hpp"
+#include "io_test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace hpct::io;
 
 namespace {
 
-class AsyncIoTest : public ::testing::Test {
+class AsyncIoTest : public hpct::io::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (auto& c : name)
-      if (c == '/') c = '_';
-    dir_ = fs::temp_directory_path() / ("hpct_aio_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    for (const auto& m : mounts_) ::umount2(m.c_str(), MNT_DETACH);
-    fs::remove_all(dir_);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  // Mounts a filesystem under dir_ (root only); returns "" and sets why on failure.
-  std::string mount_fs(const char* type, const char* opts, std::string* why) {
-    fs::path m = dir_ / type;
-    fs::create_directories(m);
-    if (::mount(type, m.c_str(), type, 0, opts) != 0) {
-      *why = std::string("cannot mount a ") + type + " (" + std::strerror(errno) + "); needs root";
-      return "";
-    }
-    mounts_.push_back(m.string());
-    return m.string();
-  }
-  fs::path dir_;
-  std::vector<std::string> mounts_;
+  AsyncIoTest() : ScratchDirTest("hpct_aio") {}
 };
 
 void fill_random(char* p, size_t n, uint64_t seed) {
@@ -66,15 +41,7 @@ void fill_random(char* p, size_t n, uint64_t seed) {
   for (; i < n; ++i) p[i] = static_cast<char>(g());
 }
 
-std::vector<AioEngine> available_engines() {
-  std::vector<AioEngine> out;
-  for (AioEngine e : {AioEngine::io_uring, AioEngine::libaio, AioEngine::psync}) {
-    std::string why;
-    if (engine_available(e, &why)) out.push_back(e);
-    else std::printf("[ note ] engine %s unavailable here: %s\n", engine_name(e), why.c_str());
-  }
-  return out;
-}
+using hpct::io::testing::available_engines;
 
 struct Knobs {
   size_t block;

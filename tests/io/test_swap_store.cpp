@@ -26,21 +26,14 @@
 #include "hpct/core/units.hpp"
 #include "hpct/io/async_io.hpp"
 #include "hpct/io/swap_store.hpp"
+#include "io_test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace hpct::io;
 
 namespace {
 
-std::vector<AioEngine> available_engines() {
-  std::vector<AioEngine> out;
-  for (AioEngine e : {AioEngine::io_uring, AioEngine::libaio, AioEngine::psync}) {
-    std::string why;
-    if (engine_available(e, &why)) out.push_back(e);
-    else std::printf("[ note ] engine %s unavailable here: %s\n", engine_name(e), why.c_str());
-  }
-  return out;
-}
+using hpct::io::testing::available_engines;
 
 // The ds_config default (io_uring) where this kernel runs it, else the next one that runs.
 AioEngine default_engine() {
@@ -48,32 +41,9 @@ AioEngine default_engine() {
   return e;
 }
 
-class SwapStoreTest : public ::testing::Test {
+class SwapStoreTest : public hpct::io::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (auto& c : name)
-      if (c == '/') c = '_';
-    dir_ = fs::temp_directory_path() / ("hpct_swap_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    for (auto it = mounts_.rbegin(); it != mounts_.rend(); ++it) ::umount2(it->c_str(), MNT_DETACH);
-    fs::remove_all(dir_);
-  }
-  // Mounts a filesystem under dir_ (root only); returns "" and sets why on failure.
-  std::string mount_fs(const char* type, const char* opts, std::string* why) {
-    fs::path m = dir_ / type;
-    fs::create_directories(m);
-    if (::mount(type, m.c_str(), type, 0, opts) != 0) {
-      *why = std::string("cannot mount a ") + type + " (" + std::strerror(errno) + "); needs root";
-      return "";
-    }
-    mounts_.push_back(m.string());
-    return m.string();
-  }
+  SwapStoreTest() : ScratchDirTest("hpct_swap") {}
   SwapStoreConfig config(int K, uint64_t n, size_t chunk = 1 << 20, int buffers = 4) const {
     SwapStoreConfig c;
     c.nvme_path = dir_.string();
@@ -85,8 +55,6 @@ class SwapStoreTest : public ::testing::Test {
     c.aio.engine = default_engine();
     return c;
   }
-  fs::path dir_;
-  std::vector<std::string> mounts_;
 };
 
 std::vector<float> random_floats(size_t n, uint64_t seed) {
