@@ -185,6 +185,26 @@ static void check_async_saves(const char* tag, int copy_delay_ms) {
 TEST(Checkpoint, AsyncSaveHoldsItsIteration) { check_async_saves("async", 0); }
 TEST(Checkpoint, AsyncSaveCopyBehindTheNextStep) { check_async_saves("async_late", 300); }
 
+// Rank 0 alone trains and saves with `save`; the whole world loads that checkpoint with `load`
+// (its load_path set here) and must hold the same weights, bitwise.
+static void saved_alone_loaded_by_world(const comm::Communicator& w, const char* tag, engine::TrainConfig save,
+                                        engine::TrainConfig load) {
+  std::string d = shared_dir(w, tag);
+  RunOut one_saved;
+  if (w.rank() == 0) {
+    save.save_dir = d;
+    one_saved = train(save, comm::Communicator::self());
+  }
+  w.barrier();
+  load.load_path = d;
+  RunOut world_loaded = train(load, w);
+  if (w.rank() == 0) {
+    EXPECT_EQ(std::memcmp(world_loaded.params.data(), one_saved.params.data(), one_saved.params.size() * 4), 0);
+  }
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
+}
+
 // Written by the N-rank world, loaded by each rank alone (and the other way round).
 TEST(Checkpoint, LoadsOnAnotherRankCount) {
   const auto& w = world();
@@ -209,25 +229,9 @@ TEST(Checkpoint, LoadsOnAnotherRankCount) {
   for (size_t i = 0; i < alone_cont.losses.size(); ++i)
     EXPECT_NEAR(alone_cont.losses[i], world_cont.losses[i], 1e-5 * std::abs(world_cont.losses[i])) << i;
   // And back: rank 0 alone writes, the N-rank world loads.
-  std::string d1 = shared_dir(w, "universal_one");
-  RunOut one_saved;
-  if (w.rank() == 0) {
-    auto s1 = tiny(3);
-    s1.save_dir = d1;
-    one_saved = train(s1, self);
-  }
+  saved_alone_loaded_by_world(w, "universal_one", tiny(3), tiny(3));
   w.barrier();
-  auto lw = tiny(3);
-  lw.load_path = d1;
-  RunOut world_loaded = train(lw, w);
-  if (w.rank() == 0) {
-    EXPECT_EQ(std::memcmp(world_loaded.params.data(), one_saved.params.data(), one_saved.params.size() * 4), 0);
-  }
-  w.barrier();
-  if (w.rank() == 0) {
-    fs::remove_all(d);
-    fs::remove_all(d1);
-  }
+  if (w.rank() == 0) fs::remove_all(d);
 }
 
 // Across rank counts and ZeRO stages at once: the N-rank world at stage 3 (every block partitioned)
@@ -247,28 +251,14 @@ TEST(Checkpoint, LoadsAcrossRankCountsAndStages) {
   one.load_path = d;
   RunOut alone = train(one, self);
   EXPECT_EQ(std::memcmp(alone.params.data(), saved.params.data(), saved.params.size() * 4), 0);
-  std::string d1 = shared_dir(w, "stages_one");
-  RunOut one_saved;
-  if (w.rank() == 0) {
-    auto s1 = tiny(2);
-    s1.zero.stage = 2;
-    s1.save_dir = d1;
-    one_saved = train(s1, self);
-  }
-  w.barrier();
+  auto s1 = tiny(2);
+  s1.zero.stage = 2;
   auto lw = tiny(2);
   lw.zero.stage = 3;
   lw.zero.param_persistence_threshold = 0;
-  lw.load_path = d1;
-  RunOut world_loaded = train(lw, w);
-  if (w.rank() == 0) {
-    EXPECT_EQ(std::memcmp(world_loaded.params.data(), one_saved.params.data(), one_saved.params.size() * 4), 0);
-  }
+  saved_alone_loaded_by_world(w, "stages_one", s1, lw);
   w.barrier();
-  if (w.rank() == 0) {
-    fs::remove_all(d);
-    fs::remove_all(d1);
-  }
+  if (w.rank() == 0) fs::remove_all(d);
 }
 
 TEST(Checkpoint, KeepLastPrunesOldest) {
