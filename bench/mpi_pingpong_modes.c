@@ -2,17 +2,23 @@
 // ping-pong between 2 ranks with blocking MPI_Send/MPI_Recv (what NetPIPE's NPmpi does; cannot
 // time out on a dead peer) against the nonblocking, pollable forms a deadline needs.
 //
-//   mpicc -O2 bench/mpi_pingpong_modes.c -o /tmp/pp && mpirun -np 2 --bind-to core --map-by core /tmp/pp
+//   mpicc -O2 bench/mpi_pingpong_modes.c -o /tmp/pp && mpirun -np 2 --bind-to core --map-by core /tmp/pp [funneled]
+//
+// With "funneled" MPI is initialised with MPI_Init_thread(MPI_THREAD_FUNNELED) instead of MPI_Init
+// (single): Open MPI 4.1 then takes a lock in every call. Alternate the two launches to compare.
 //
 // Each mode runs twice; each run is 21 trials of 20000 round trips; prints the median and the
 // minimum over trials of the mean half round trip.
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 // 8-byte ping-pong, three ways; prints median over 20 trials of (trial mean half RTT) in ns
 static int cmp(const void* a, const void* b) { double x = *(double*)a, y = *(double*)b; return x < y ? -1 : x > y; }
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;
+  const int funneled = argc > 1 && strcmp(argv[1], "funneled") == 0;
+  MPI_Init_thread(&argc, &argv, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_SINGLE, &provided);
   int r; MPI_Comm_rank(MPI_COMM_WORLD, &r);
   char s[8] = {0}, b[8];
   const int N = 20000, T = 21;
@@ -46,7 +52,7 @@ int main(int argc, char** argv) {
       res[t] = (MPI_Wtime() - t0) / N / 2 * 1e9;
     }
     qsort(res, T, sizeof(double), cmp);
-    if (r == 0) printf("mode %d (%s): median %.1f ns, min %.1f ns\n", mode, mode == 0 ? "Send/Recv (blocking: cannot time out)" : mode == 1 ? "Irecv+Send+Test" : mode == 2 ? "Irecv+Isend+Testall (ib_healthcheck)" : mode == 3 ? "Send+Iprobe+Recv" : "Send+Improbe+Mrecv", res[T / 2], res[0]);
+    if (r == 0) printf("%s mode %d (%s): median %.1f ns, min %.1f ns\n", funneled ? "funneled" : "single", mode, mode == 0 ? "Send/Recv (blocking: cannot time out)" : mode == 1 ? "Irecv+Send+Test" : mode == 2 ? "Irecv+Isend+Testall (ib_healthcheck)" : mode == 3 ? "Send+Iprobe+Recv" : "Send+Improbe+Mrecv", res[T / 2], res[0]);
   }
   MPI_Finalize();
 }
