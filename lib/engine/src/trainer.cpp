@@ -247,6 +247,13 @@ void Trainer::map_staging() {
   staging_bytes_ = bytes;
 }
 
+// The three arrays of one piece, from where the state lives into the save's host copy.
+static void copy_piece(const parallel::StatePiece& from, const parallel::StatePiece& to) {
+  std::memcpy(to.params, from.params, from.count * sizeof(float));
+  std::memcpy(to.exp_avg, from.exp_avg, from.count * sizeof(float));
+  std::memcpy(to.exp_avg_sq, from.exp_avg_sq, from.count * sizeof(float));
+}
+
 void Trainer::start_async_save() {
   finish_async_save(/*wait=*/true);  // the next save waits for the previous one
   const bool root = grid_.world_rank() == 0;
@@ -267,13 +274,8 @@ void Trainer::start_async_save() {
     q.exp_avg = staging + at + p.count;
     q.exp_avg_sq = staging + at + 2 * p.count;
     at += 3 * p.count;
-    if (copy_now) {
-      std::memcpy(q.params, p.params, p.count * sizeof(float));
-      std::memcpy(q.exp_avg, p.exp_avg, p.count * sizeof(float));
-      std::memcpy(q.exp_avg_sq, p.exp_avg_sq, p.count * sizeof(float));
-    } else {
-      live.push_back(p);
-    }
+    if (copy_now) copy_piece(p, q);
+    else live.push_back(p);
     copies.push_back(q);
   });
   a->copied = copy_now;
@@ -288,11 +290,7 @@ void Trainer::start_async_save() {
   a->thread = std::thread([self, ps, delay_ms, live = std::move(live), copies, t = TensorSet::of(model_->layout(), copies)] {
     if (!live.empty()) {
       if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-      for (size_t i = 0; i < live.size(); ++i) {
-        std::memcpy(copies[i].params, live[i].params, live[i].count * sizeof(float));
-        std::memcpy(copies[i].exp_avg, live[i].exp_avg, live[i].count * sizeof(float));
-        std::memcpy(copies[i].exp_avg_sq, live[i].exp_avg_sq, live[i].count * sizeof(float));
-      }
+      for (size_t i = 0; i < live.size(); ++i) copy_piece(live[i], copies[i]);
       std::lock_guard<std::mutex> lk(self->mu);
       self->copied = true;
       self->cv.notify_all();
