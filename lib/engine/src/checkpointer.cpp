@@ -279,7 +279,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
 void Checkpointer::write_pieces(PendingSave& ps, const TensorSet& t) {
   const auto& tensors = ps.layout->tensors();
   ps.error = comm::error_text_of([&] {
-    io::RawFileWriter w(ps.tmp);
+    io::RawFile w(ps.tmp, io::RawFile::Access::write);
     t.visit(false, [&](const parallel::StatePiece& p) {
       for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, const float* x) {
         const size_t k = g * tensors.size() + i;

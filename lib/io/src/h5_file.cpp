@@ -162,72 +162,95 @@ namespace {
 constexpr size_t kBounceBytes = 16 << 20;
 }
 
-RawFileWriter::~RawFileWriter() {
+RawFile::~RawFile() {
   if (fd_ >= 0) ::close(fd_);
   if (direct_fd_ >= 0) ::close(direct_fd_);
   std::free(bounce_);
 }
 
-void RawFileWriter::pwrite_all(int fd, const char* p, uint64_t off, uint64_t len, const std::string& what) {
-  while (len > 0) {
-    ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(len, 1u << 30), static_cast<off_t>(off));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      throw file_error(path_, "writing " + what + " at byte " + std::to_string(off) + " (" + std::to_string(len) +
-                                  " bytes) failed: " + std::strerror(w < 0 ? errno : EIO));
-    p += w;
-    off += static_cast<uint64_t>(w);
-    len -= static_cast<uint64_t>(w);
+void RawFile::open_fds() {
+  const bool wr = access_ == Access::write;
+  fd_ = ::open(path_.c_str(), (wr ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
+  if (fd_ < 0)
+    throw file_error(path_, std::string(wr ? "cannot open for writing tensor data: " : "cannot open for reading tensor data: ") +
+                                std::strerror(errno));
+  direct_fd_ = ::open(path_.c_str(), (wr ? O_WRONLY : O_RDONLY) | O_CLOEXEC | O_DIRECT);  // -1: buffered only
+  if (direct_fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&bounce_), 4096, kBounceBytes) != 0) {
+    ::close(direct_fd_);
+    direct_fd_ = -1;
   }
 }
 
-void RawFileWriter::write(uint64_t off, const void* data, uint64_t len, const std::string& what) {
-  if (len == 0) return;
-  if (fd_ < 0) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd_ < 0) throw file_error(path_, std::string("cannot open for writing tensor data: ") + std::strerror(errno));
-    direct_fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: buffered only
-    if (direct_fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&bounce_), 4096, kBounceBytes) != 0) {
-      ::close(direct_fd_);
-      direct_fd_ = -1;
-    }
+void RawFile::buffered(char* p, uint64_t off, uint64_t len, const std::string& what) {
+  const bool wr = access_ == Access::write;
+  while (len > 0) {
+    const size_t m = std::min<uint64_t>(len, 1u << 30);
+    ssize_t n = wr ? ::pwrite(fd_, p, m, static_cast<off_t>(off)) : ::pread(fd_, p, m, static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw file_error(path_, std::string(wr ? "writing " : "reading ") + what + " at byte " + std::to_string(off) + " (" +
+                                  std::to_string(len) + " bytes) failed: " +
+                                  (n < 0 ? std::strerror(errno) : wr ? std::strerror(EIO) : "end of file (truncated?)"));
+    p += n;
+    off += static_cast<uint64_t>(n);
+    len -= static_cast<uint64_t>(n);
   }
-  const char* p = static_cast<const char*>(data);
+}
+
+void RawFile::transfer(char* p, uint64_t off, uint64_t len, const std::string& what) {
+  if (len == 0) return;
+  if (fd_ < 0) open_fds();
+  const bool wr = access_ == Access::write;
   const uint64_t A = 4096;  // a multiple of every direct-IO alignment met in practice (512, 4096)
   const uint64_t a0 = (off + A - 1) / A * A, a1 = (off + len) / A * A;
   if (direct_fd_ < 0 || a1 <= a0) {
-    pwrite_all(fd_, p, off, len, what);
+    buffered(p, off, len, what);
     return;
   }
-  pwrite_all(fd_, p, off, a0 - off, what);
+  buffered(p, off, a0 - off, what);
   for (uint64_t o = a0; o < a1; o += kBounceBytes) {
     const uint64_t m = std::min<uint64_t>(kBounceBytes, a1 - o);
+    char* q = p + (o - off);
     if (direct_fd_ < 0) {
-      pwrite_all(fd_, p + (o - off), o, m, what);
+      buffered(q, o, m, what);
       continue;
     }
-    std::memcpy(bounce_, p + (o - off), m);
+    if (!wr) {
+      ssize_t r = ::pread(direct_fd_, bounce_, m, static_cast<off_t>(o));
+      if (r == static_cast<ssize_t>(m)) std::memcpy(q, bounce_, m);
+      else buffered(q, o, m, what);  // short or refused: buffered (names the failure)
+      continue;
+    }
+    std::memcpy(bounce_, q, m);
     ssize_t w = ::pwrite(direct_fd_, bounce_, m, static_cast<off_t>(o));
     if (w < 0 && errno == EINVAL) {  // a device with a coarser direct-IO alignment: go buffered
       ::close(direct_fd_);
       direct_fd_ = -1;
-      pwrite_all(fd_, p + (o - off), o, m, what);
+      buffered(q, o, m, what);
     } else if (w != static_cast<ssize_t>(m)) {
       const uint64_t done = w > 0 ? static_cast<uint64_t>(w) : 0;
       if (w < 0 && errno != EINTR)
         throw file_error(path_, "writing " + what + " at byte " + std::to_string(o) + " (" + std::to_string(m) +
                                     " bytes) failed: " + std::strerror(errno));
-      pwrite_all(fd_, p + (o - off) + done, o + done, m - done, what);  // the rest, buffered
+      buffered(q + done, o + done, m - done, what);  // the rest, buffered
     }
   }
-  pwrite_all(fd_, p + (a1 - off), a1, off + len - a1, what);
+  buffered(p + (a1 - off), a1, off + len - a1, what);
 }
 
-void RawFileWriter::sync() {
+void RawFile::write(uint64_t off, const void* data, uint64_t len, const std::string& what) {
+  transfer(const_cast<char*>(static_cast<const char*>(data)), off, len, what);  // only read from
+}
+
+void RawFile::read(uint64_t off, void* data, uint64_t len, const std::string& what) {
+  transfer(static_cast<char*>(data), off, len, what);
+}
+
+void RawFile::sync() {
   int rc = 0;
   for (int* fd : {&direct_fd_, &fd_}) {
     if (*fd < 0) continue;
-    if (::fdatasync(*fd) != 0 && rc == 0) rc = errno;
+    if (access_ == Access::write && ::fdatasync(*fd) != 0 && rc == 0) rc = errno;
     ::close(*fd);
     *fd = -1;
   }
@@ -237,11 +260,8 @@ void RawFileWriter::sync() {
 }
 
 H5File::H5File(H5File&& o) noexcept
-    : path_(std::move(o.path_)), file_(o.file_), writer_(std::move(o.writer_)), raw_fd_(o.raw_fd_),
-      direct_fd_(o.direct_fd_), direct_align_(o.direct_align_), bounce_(o.bounce_), writable_(o.writable_) {
+    : path_(std::move(o.path_)), file_(o.file_), raw_(std::move(o.raw_)), writable_(o.writable_) {
   o.file_ = -1;
-  o.raw_fd_ = o.direct_fd_ = -1;
-  o.bounce_ = nullptr;
 }
 
 H5File& H5File::operator=(H5File&& o) noexcept {
@@ -251,15 +271,9 @@ H5File& H5File::operator=(H5File&& o) noexcept {
     if (f >= 0) H5Fclose(f);
     path_ = std::move(o.path_);
     file_ = o.file_;
-    writer_ = std::move(o.writer_);
-    raw_fd_ = o.raw_fd_;
-    direct_fd_ = o.direct_fd_;
-    direct_align_ = o.direct_align_;
-    bounce_ = o.bounce_;
+    raw_ = std::move(o.raw_);
     writable_ = o.writable_;
     o.file_ = -1;
-    o.raw_fd_ = o.direct_fd_ = -1;
-    o.bounce_ = nullptr;
   }
   return *this;
 }
@@ -271,24 +285,14 @@ H5File::~H5File() {
 }
 
 void H5File::abandon() {
-  writer_.reset();
-  if (raw_fd_ >= 0) ::close(raw_fd_);
-  if (direct_fd_ >= 0) ::close(direct_fd_);
-  std::free(bounce_);
-  raw_fd_ = direct_fd_ = -1;
-  bounce_ = nullptr;
+  raw_.reset();
   file_ = -1;
 }
 
 void H5File::close_raw() {
-  if (raw_fd_ >= 0) ::close(raw_fd_);
-  if (direct_fd_ >= 0) ::close(direct_fd_);
-  std::free(bounce_);
-  raw_fd_ = direct_fd_ = -1;
-  bounce_ = nullptr;
-  if (writer_) {
-    auto w = std::move(writer_);
-    w->sync();
+  if (raw_) {
+    auto r = std::move(raw_);
+    r->sync();
   }
 }
 
@@ -436,8 +440,8 @@ void H5File::write(const std::string& name, uint64_t start, const float* data, u
                                   ") is outside dataset " + name + " of " + std::to_string(total) + " elements");
     const haddr_t base = H5Dget_offset(ds);
     if (base != HADDR_UNDEF) {
-      if (!writer_) writer_ = std::make_unique<RawFileWriter>(path_);
-      writer_->write(static_cast<uint64_t>(base) + start * sizeof(float), data, n * sizeof(float),
+      if (!raw_) raw_ = std::make_unique<RawFile>(path_, RawFile::Access::write);
+      raw_->write(static_cast<uint64_t>(base) + start * sizeof(float), data, n * sizeof(float),
                      std::to_string(n) + " elements of " + name);
       return;
     }
@@ -461,44 +465,9 @@ void H5File::read(const std::string& name, uint64_t start, float* data, uint64_t
     const hssize_t total = H5Sget_simple_extent_npoints(space);
     const haddr_t base = H5Dget_offset(ds);
     if (total >= 0 && start + n <= static_cast<uint64_t>(total) && base != HADDR_UNDEF) {
-      auto* self = const_cast<H5File*>(this);
-      if (self->raw_fd_ < 0) {
-        self->raw_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-        if (self->raw_fd_ < 0) throw file_error(path_, std::string("cannot open for reading tensor data: ") + std::strerror(errno));
-        self->direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (self->direct_fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&self->bounce_), 4096, kBounceBytes) != 0) {
-          ::close(self->direct_fd_);
-          self->direct_fd_ = -1;
-        }
-      }
-      char* p = reinterpret_cast<char*>(data);
-      const uint64_t off = static_cast<uint64_t>(base) + start * sizeof(float), len = n * sizeof(float);
-      const uint64_t A = direct_align_;
-      uint64_t a0 = (off + A - 1) / A * A, a1 = (off + len) / A * A;
-      if (direct_fd_ < 0 || a1 <= a0) a0 = a1 = off + len;  // all buffered
-      auto pread_all = [&](int fd, char* dst, uint64_t o, uint64_t m) {
-        while (m > 0) {
-          ssize_t r = ::pread(fd, dst, std::min<uint64_t>(m, 1u << 30), static_cast<off_t>(o));
-          if (r < 0 && errno == EINTR) continue;
-          if (r <= 0)
-            throw file_error(path_, "reading " + name + " at byte " + std::to_string(o) + " (" + std::to_string(m) +
-                                        " bytes) failed: " + (r < 0 ? std::strerror(errno) : "end of file (truncated?)"));
-          dst += r;
-          o += static_cast<uint64_t>(r);
-          m -= static_cast<uint64_t>(r);
-        }
-      };
-      pread_all(raw_fd_, p, off, std::min(a0, off + len) - off);
-      for (uint64_t o = a0; o < a1; o += kBounceBytes) {
-        const uint64_t m = std::min<uint64_t>(kBounceBytes, a1 - o);
-        ssize_t r = direct_fd_ >= 0 ? ::pread(direct_fd_, bounce_, m, static_cast<off_t>(o)) : -1;
-        if (r == static_cast<ssize_t>(m)) {
-          std::memcpy(p + (o - off), bounce_, m);
-        } else {
-          pread_all(raw_fd_, p + (o - off), o, m);  // short or refused: buffered (names the failure)
-        }
-      }
-      if (a1 < off + len) pread_all(raw_fd_, p + (a1 - off), a1, off + len - a1);
+      auto* self = const_cast<H5File*>(this);  // the descriptors are a cache of this const read
+      if (!self->raw_) self->raw_ = std::make_unique<RawFile>(path_, RawFile::Access::read);
+      self->raw_->read(static_cast<uint64_t>(base) + start * sizeof(float), data, n * sizeof(float), name);
       return;
     }
   }

@@ -21,25 +21,31 @@
 
 namespace hpct::io {
 
-/// Writes byte ranges of one existing file, the way checkpoint tensors are written: the
+/// Reads or writes byte ranges of one existing file, the way checkpoint tensors move: the
 /// direct-IO-aligned body with O_DIRECT through a 16 MiB aligned bounce buffer, the unaligned edges
 /// through a buffered descriptor (they may share a block with a neighbour's range or HDF5 metadata,
 /// which the page cache merges); buffered throughout where O_DIRECT is refused. No HDF5 and no MPI:
 /// an asynchronous save runs it on a thread of its own.
-class RawFileWriter {
+class RawFile {
  public:
-  explicit RawFileWriter(std::string path) : path_(std::move(path)) {}
-  ~RawFileWriter();
-  RawFileWriter(const RawFileWriter&) = delete;
-  RawFileWriter& operator=(const RawFileWriter&) = delete;
-  /// Throws hpct::Error naming the file, `what`, the offset and the errno text.
+  enum class Access { read, write };
+  RawFile(std::string path, Access access) : path_(std::move(path)), access_(access) {}
+  ~RawFile();  // closes without syncing
+  RawFile(const RawFile&) = delete;
+  RawFile& operator=(const RawFile&) = delete;
+  /// Throw hpct::Error naming the file, `what`, the offset and the errno text (a read past the end
+  /// says the file may be truncated).
   void write(uint64_t offset, const void* data, uint64_t len, const std::string& what);
-  /// fdatasync and close; throws naming the file. Idempotent.
+  void read(uint64_t offset, void* data, uint64_t len, const std::string& what);
+  /// Writes: fdatasync, then close; throws naming the file. Reads: close. Idempotent.
   void sync();
 
  private:
-  void pwrite_all(int fd, const char* p, uint64_t off, uint64_t len, const std::string& what);
+  void open_fds();
+  void transfer(char* p, uint64_t off, uint64_t len, const std::string& what);
+  void buffered(char* p, uint64_t off, uint64_t len, const std::string& what);
   std::string path_;
+  Access access_;
   int fd_ = -1, direct_fd_ = -1;
   char* bounce_ = nullptr;
 };
@@ -109,13 +115,9 @@ class H5File {
   int64_t open_dataset(const std::string& name) const;  // hid_t; caller closes
   std::string path_;
   int64_t file_ = -1;  // hid_t
-  std::unique_ptr<RawFileWriter> writer_;  // tensor data of a file being created
-  int raw_fd_ = -1;    // reads: this rank's buffered descriptor for tensor data
-  int direct_fd_ = -1; // and its O_DIRECT one (-1 when the filesystem refuses O_DIRECT)
-  size_t direct_align_ = 4096;
-  char* bounce_ = nullptr;  // aligned staging buffer for direct reads
+  std::unique_ptr<RawFile> raw_;  // this rank's tensor bytes: written (file being created) or read
   bool writable_ = false;
-  void close_raw();    // fdatasync + close raw_fd_; throws naming the file
+  void close_raw();  // syncs and closes raw_ (fdatasync for writes); throws naming the file
 };
 
 }  // namespace hpct::io
