@@ -8,13 +8,14 @@
 // differences at that level. We allow 1e-5 relative on losses and 2e-6 absolute on parameters
 // (the learning rate is 1e-3, so that is 0.2% of one step's update) after 4 steps; a real bug
 // (a sample seen twice, a missing 1/N) changes losses in the 3rd digit and parameters by ~1e-4.
-// bf16 rounds GEMM inputs to 8 mantissa bits, a discontinuous function: once the two runs' parameters
-// differ by fp32 rounding (after step 1), an activation can round to a neighbouring bf16 value in
-// one run and not the other, a 2^-8 relative jump that Adam then turns into up to a full step's
-// update for parameters whose gradient is near zero. So bf16 is held to the fp32 tolerance for one
-// step (where both runs see identical parameters), and over 4 steps to losses within 1e-4 relative
-// (measured ~1e-6) and parameters within 3e-4 (measured 1e-4; a missing 1/N or a doubled sample
-// moves the loss in the 2nd-3rd digit, which the loss check catches).
+// bf16 and fp16 runs store gradients in 16 bits (DeepSpeed's default grad_accum_dtype: the model's):
+// each rank folds its micro-steps into a 16-bit accumulator, one rounding per micro-step, so N ranks
+// with k micro-steps round different partial sums than one rank with N*k. Adam divides by sqrt(v),
+// so an element whose micro-step gradients nearly cancel can then step by a full lr either way;
+// and GEMM inputs are rounded to 8 (bf16) or 11 (fp16) mantissa bits, a discontinuous function once
+// the parameters differ. So 16-bit runs are held to: losses within 1e-4 relative (measured <= 1e-5),
+// at most 1% of parameters more than 1e-4 apart (measured <= 0.4%), none more than 2 x steps x lr (+1% for weight decay).
+// A sample seen twice or a missing 1/N moves the loss in the 2nd-3rd digit and every parameter.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -52,7 +53,9 @@ Run train(engine::TrainConfig c, const comm::Communicator& comm) {
   return r;
 }
 
-void check(engine::PrecisionMode prec, double ptol, int iters, double ltol = 1e-5) {
+void check(engine::PrecisionMode prec, int iters) {
+  const bool half = prec != engine::PrecisionMode::fp32;
+  const double ltol = half ? 1e-4 : 1e-5;
   auto world = comm::Communicator::world();
   Run dp = train(tiny(prec, iters), world);
   auto self = comm::Communicator::self();
@@ -62,8 +65,24 @@ void check(engine::PrecisionMode prec, double ptol, int iters, double ltol = 1e-
     EXPECT_NEAR(dp.losses[i], ref.losses[i], ltol * std::fabs(ref.losses[i])) << "step " << i << " on " << world.size() << " ranks";
   ASSERT_EQ(dp.params.size(), ref.params.size());
   double maxdiff = 0;
-  for (size_t i = 0; i < dp.params.size(); ++i) maxdiff = std::max(maxdiff, (double)std::fabs(dp.params[i] - ref.params[i]));
-  EXPECT_LE(maxdiff, ptol) << "max parameter difference on " << world.size() << " ranks";
+  size_t off = 0;
+  for (size_t i = 0; i < dp.params.size(); ++i) {
+    const double d = std::fabs(double(dp.params[i]) - ref.params[i]);
+    maxdiff = std::max(maxdiff, d);
+    off += d > 1e-4;
+  }
+  if (half) {
+    EXPECT_LE(double(off), 0.01 * dp.params.size()) << "parameters more than 1e-4 apart on " << world.size() << " ranks";
+    EXPECT_LE(maxdiff, 2 * iters * 1e-3 * 1.01) << "max parameter difference on " << world.size() << " ranks";
+  } else {
+    EXPECT_LE(maxdiff, 2e-6) << "max parameter difference on " << world.size() << " ranks";
+  }
+  if (world.rank() == 0)
+    std::printf("[ %s, %d steps, %d ranks ] max |param - 1 rank| = %.3g, %zu of %zu more than 1e-4 apart\n",
+                kernels::precision_name(half ? (prec == engine::PrecisionMode::bf16 ? kernels::Precision::bf16
+                                                                                   : kernels::Precision::fp16)
+                                             : kernels::Precision::fp32),
+                iters, world.size(), maxdiff, off, dp.params.size());
   // the training really moved the parameters (the comparison is not between two untouched inits)
   if (iters > 1) {
     EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-3);
@@ -71,8 +90,9 @@ void check(engine::PrecisionMode prec, double ptol, int iters, double ltol = 1e-
 }
 }  // namespace
 
-TEST(DpEquivalence, Fp32) { check(engine::PrecisionMode::fp32, 2e-6, 4); }
-TEST(DpEquivalence, Bf16OneStep) { check(engine::PrecisionMode::bf16, 2e-6, 1); }
-TEST(DpEquivalence, Bf16FourSteps) { check(engine::PrecisionMode::bf16, 3e-4, 4, 1e-4); }
+TEST(DpEquivalence, Fp32) { check(engine::PrecisionMode::fp32, 4); }
+TEST(DpEquivalence, Bf16OneStep) { check(engine::PrecisionMode::bf16, 1); }
+TEST(DpEquivalence, Bf16FourSteps) { check(engine::PrecisionMode::bf16, 4); }
+TEST(DpEquivalence, Fp16FourSteps) { check(engine::PrecisionMode::fp16, 4); }
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -30,8 +30,7 @@ namespace hpct::engine {
 
 Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(cfg), grid_(grid) {
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations);
-  zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(),
-                                                 cfg_.precision == PrecisionMode::fp16);
+  zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(), compute_precision());
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });

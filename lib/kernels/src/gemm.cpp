@@ -35,14 +35,8 @@ namespace {
 
 using detail::bits_as;
 
-// fp32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN instead of carrying into inf.
-inline uint16_t bf16_bits(float f) {
-  const uint32_t u = bits_as<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
-}
-inline float bf16_round(float f) { return bits_as<float>(static_cast<uint32_t>(bf16_bits(f)) << 16); }
+using detail::bf16_bits;
+using detail::bf16_round;
 // IEEE half, round to nearest even; beyond 65504 (+ half an ulp) becomes inf, as on a GPU.
 inline float fp16_round(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
 

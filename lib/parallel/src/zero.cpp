@@ -7,6 +7,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/timer.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
 
 namespace hpct::parallel {
@@ -24,6 +25,8 @@ int as_count(size_t n, const char* what) {
                 " elements exceeds one MPI call (2^31); the model needs smaller blocks");
   return static_cast<int>(n);
 }
+
+constexpr size_t kTile = 1 << 16;  // elements of a widened gradient tile in the update
 }  // namespace
 
 void ZeroConfig::validate() const {
@@ -83,10 +86,13 @@ size_t ShardLayout::count(int block, int r) const {
 
 // ---------------------------------------------------------------------------------------------
 struct ZeroEngine::Gathered {
-  io::BufferPool::Lease buf;
-  io::BufferPool::Lease send;  // this rank's slice read from the swap file (parameter offload)
-  io::PendingRead reading;     // that read, while in flight: the gather starts when it is done
-  bool started = false;        // the all-gather has been posted
+  io::BufferPool::Lease buf;     // the block in fp32, what params() returns
+  io::BufferPool::Lease buf16;   // 16-bit runs: the gathered 16-bit block, widened into buf when it arrives
+  io::BufferPool::Lease send;    // this rank's slice read from the swap file (parameter offload)
+  io::BufferPool::Lease send16;  // 16-bit runs: that slice rounded, what the gather sends
+  io::PendingRead reading;       // that read, while in flight: the gather starts when it is done
+  bool started = false;          // the all-gather has been posted
+  bool ready = false;            // buf holds the block
   MPI_Request req = MPI_REQUEST_NULL;
   size_t numel = 0;
   float* data() { return reinterpret_cast<float*>(buf.data()); }
@@ -99,8 +105,10 @@ struct ZeroEngine::Reduction {
   size_t numel = 0;
 };
 
-ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp, bool fp16_grads)
-    : layout_(layout), cfg_(cfg), dp_(dp), fp16_(fp16_grads), n_(dp.size()), rank_(dp.rank()), shards_(layout, dp.size()) {
+ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
+                       kernels::Precision precision)
+    : layout_(layout), cfg_(cfg), dp_(dp), prec_(precision), half_(precision != kernels::Precision::fp32),
+      fp16_(precision == kernels::Precision::fp16), n_(dp.size()), rank_(dp.rank()), shards_(layout, dp.size()) {
   cfg_.validate();
   const auto& blocks = layout.blocks();
   const size_t nb = blocks.size();
@@ -122,29 +130,39 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
     }
   }
   // Stages 0-2 keep every block, at its layout offset (full == numel): the flat layout stays.
-  full_params_.assign(full, 0.0f);
+  if (half_) full16_.assign(full, 0);
+  else full_params_.assign(full, 0.0f);
   const size_t L = shards_.local_numel();
+  auto full_grads = [&] {  // stages 0-1: every rank holds every gradient
+    if (half_) grads16_.assign(layout.numel(), 0);
+    else full_grads_.assign(layout.numel(), 0.0f);
+  };
   switch (cfg_.stage) {
     case 0:
-      full_grads_.assign(layout.numel(), 0.0f);
+      full_grads();
       exp_avg_.assign(layout.numel(), 0.0f);
       exp_avg_sq_.assign(layout.numel(), 0.0f);
+      if (half_) master32_.assign(layout.numel(), 0.0f);
       break;
     case 1:
-      full_grads_.assign(layout.numel(), 0.0f);
+      full_grads();
       [[fallthrough]];
     default:
-      grad_shard_.assign(L, 0.0f);
+      if (half_) grad_shard16_.assign(L, 0);
+      else grad_shard_.assign(L, 0.0f);
       if (!cfg_.offload_optimizer.nvme()) {
         exp_avg_.assign(L, 0.0f);
         exp_avg_sq_.assign(L, 0.0f);
       }
+      // 16-bit runs keep the fp32 masters with the moments: in the swap file when either is offloaded.
+      if (half_ && !cfg_.offload_optimizer.nvme() && !cfg_.offload_param.nvme()) master32_.assign(L, 0.0f);
       if (cfg_.stage == 3 && !cfg_.offload_param.nvme()) {
         // Only the slices of partitioned blocks live here; resident blocks' slices are in full_params_.
         size_t need = 0;
         for (size_t b = 0; b < nb; ++b)
           if (!resident_[b]) need = shards_.local_offset((int)b) + shards_.slice((int)b);
-        shard_params_.assign(need, 0.0f);
+        if (half_) shard16_.assign(need, 0);
+        else shard_params_.assign(need, 0.0f);
       }
   }
   setup_swap();
@@ -162,7 +180,7 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
         seg.count = e0 - s0;
         seg.block = b;
         seg.decay = t.weight_decay;
-        seg.param = (resident_[b] || k_param_ < 0) ? master(b) + (s0 - lo) : nullptr;
+        seg.param = master_in_swap(b) ? nullptr : master(b) + (s0 - lo);
         segments_.push_back(seg);
       }
     }
@@ -170,7 +188,9 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
 }
 
 void ZeroEngine::setup_swap() {
-  const bool opt = cfg_.offload_optimizer.nvme(), par = cfg_.offload_param.nvme();
+  // The parameter array holds fp32 parameters (fp32 runs: only with offload_param) or, in 16-bit
+  // runs, the fp32 masters (with either offload: they are optimizer state, read by the sweep).
+  const bool opt = cfg_.offload_optimizer.nvme(), par = cfg_.offload_param.nvme() || (half_ && opt);
   if (!opt && !par) return;
   int k = 0;
   if (par) k_param_ = k++;
@@ -208,7 +228,7 @@ void ZeroEngine::setup_swap() {
 
 void ZeroEngine::read_slice(int b, float* dst) {
   const size_t c = static_cast<size_t>(counts_[b][rank_]);
-  if (resident_[b] || k_param_ < 0) {
+  if (!master_in_swap(b)) {
     std::memcpy(dst, master(b), c * sizeof(float));
     return;
   }
@@ -230,21 +250,41 @@ ZeroEngine::~ZeroEngine() {
 }
 
 float* ZeroEngine::master(int b) {
+  if (half_) {
+    if (cfg_.stage == 0) return master32_.data() + layout_.blocks()[b].offset + displs_[b][rank_];
+    return master32_.data() + shards_.local_offset(b);
+  }
   if (resident_[b]) return full_params_.data() + res_off_[b] + displs_[b][rank_];
   return shard_params_.data() + shards_.local_offset(b);
+}
+
+uint16_t* ZeroEngine::home16(int b) {
+  if (resident_[b]) return full16_.data() + res_off_[b] + displs_[b][rank_];
+  return shard16_.empty() ? nullptr : shard16_.data() + shards_.local_offset(b);
+}
+
+void ZeroEngine::publish(int b, const float* slice) {
+  if (uint16_t* h = half_ ? home16(b) : nullptr) kernels::to_half(slice, h, static_cast<size_t>(counts_[b][rank_]), prec_);
 }
 
 void ZeroEngine::init_params(const std::function<void(int, float*)>& init) {
   const auto& blocks = layout_.blocks();
   for (size_t b = 0; b < blocks.size(); ++b) {
-    if (resident_[b]) {
+    if (resident_[b] && !half_) {
       init((int)b, full_params_.data() + res_off_[b]);
       continue;
     }
     auto tmp = pool_.acquire(blocks[b].numel * sizeof(float));
     float* t = reinterpret_cast<float*>(tmp.data());
     init((int)b, t);
-    if (k_param_ >= 0) {
+    if (half_ && cfg_.stage == 0) {  // every rank keeps every master
+      std::memcpy(master32_.data() + blocks[b].offset, t, blocks[b].numel * sizeof(float));
+      kernels::to_half(t, full16_.data() + res_off_[b], blocks[b].numel, prec_);
+      continue;
+    }
+    if (half_ && resident_[b]) kernels::to_half(t, full16_.data() + res_off_[b], blocks[b].numel, prec_);
+    else publish((int)b, t + displs_[b][rank_]);
+    if (master_in_swap((int)b)) {
       swap_->write(k_param_, shards_.local_offset((int)b), t + displs_[b][rank_], counts_[b][rank_]);
       traffic_.bytes_written += double(counts_[b][rank_]) * sizeof(float);
     } else {
@@ -263,7 +303,8 @@ void ZeroEngine::init_params(const std::function<void(int, float*)>& init) {
 }
 
 void ZeroEngine::note_working() {
-  working_peak_ = std::max(working_peak_, pool_.allocated_bytes() + (swap_ ? swap_->host_bytes() : 0));
+  working_peak_ = std::max(working_peak_, pool_.allocated_bytes() + (swap_ ? swap_->host_bytes() : 0) +
+                                              tile_.capacity() * sizeof(float));
 }
 
 void ZeroEngine::poll() {
@@ -291,9 +332,10 @@ void ZeroEngine::start_gather(int b) {
   auto* g = new Gathered;
   g->numel = numel;
   g->buf = pool_.acquire(numel * sizeof(float));
+  if (half_) g->buf16 = pool_.acquire(numel * sizeof(uint16_t));
   gathered_[b] = g;
   ++gathers_;
-  if (k_param_ >= 0 && !resident_[b]) {
+  if (master_in_swap(b)) {
     // The slice lives in the swap file: start reading it now (a prefetch overlaps the read with
     // compute); the all-gather is posted once it has arrived (post_gather).
     const size_t c = static_cast<size_t>(counts_[b][rank_]);
@@ -310,22 +352,43 @@ void ZeroEngine::start_gather(int b) {
 void ZeroEngine::post_gather(int b) {
   Gathered* g = gathered_.at(b);
   if (g->started) return;
-  const float* mine = master(b);
+  const int c = counts_[b][rank_];
+  const void* mine = half_ ? static_cast<const void*>(home16(b)) : master(b);
   if (g->reading.active() || g->send.data()) {
     Timer t;
     swap_->finish_read(g->reading);
     traffic_.param_read_seconds += t.seconds();
-    mine = reinterpret_cast<const float*>(g->send.data());
+    mine = g->send.data();
+    if (half_) {  // the swap file holds the fp32 master: round what is sent
+      g->send16 = pool_.acquire(static_cast<size_t>(c) * sizeof(uint16_t));
+      kernels::to_half(reinterpret_cast<const float*>(g->send.data()), reinterpret_cast<uint16_t*>(g->send16.data()),
+                       static_cast<size_t>(c), prec_);
+      mine = g->send16.data();
+      note_working();
+    }
   }
-  HPCT_CHECK_MPI(MPI_Iallgatherv(mine, counts_[b][rank_], MPI_FLOAT, g->data(), counts_[b].data(),
-                                 displs_[b].data(), MPI_FLOAT, dp_.raw(), &g->req));
+  const MPI_Datatype type = half_ ? MPI_UINT16_T : MPI_FLOAT;
+  void* recv = half_ ? static_cast<void*>(g->buf16.data()) : g->buf.data();
+  HPCT_CHECK_MPI(MPI_Iallgatherv(mine, c, type, recv, counts_[b].data(), displs_[b].data(), type, dp_.raw(), &g->req));
   g->started = true;
-  bytes_sent_ += double(n_ - 1) / n_ * g->numel * sizeof(float);
+  bytes_sent_ += double(n_ - 1) / n_ * g->numel * (half_ ? sizeof(uint16_t) : sizeof(float));
+}
+
+void ZeroEngine::finish_gather(Gathered& g) {
+  HPCT_CHECK_MPI(MPI_Wait(&g.req, MPI_STATUS_IGNORE));
+  if (g.ready) return;
+  if (half_) {  // widen, and give the 16-bit buffers back now
+    kernels::from_half(reinterpret_cast<const uint16_t*>(g.buf16.data()), g.data(), g.numel, prec_);
+    g.buf16 = {};
+    g.send16 = {};
+  }
+  g.send = {};
+  g.ready = true;
 }
 
 void ZeroEngine::wait_gather(int b) {
   post_gather(b);
-  HPCT_CHECK_MPI(MPI_Wait(&gathered_.at(b)->req, MPI_STATUS_IGNORE));
+  finish_gather(*gathered_.at(b));
 }
 
 void ZeroEngine::prefetch() {
@@ -354,7 +417,20 @@ const float* ZeroEngine::params(int b) {
     if (static_cast<size_t>(trace_pos_) < trace_.size() && trace_[trace_pos_] == b) ++trace_pos_;
     else trace_pos_ = -1;  // another order (evaluation): no prefetch until the next micro-step
   }
-  if (resident_[b]) return full_params_.data() + res_off_[b];
+  if (resident_[b]) {
+    if (!half_) return full_params_.data() + res_off_[b];
+    // 16-bit runs: the block widened into a working buffer until release (no communication).
+    auto it = gathered_.find(b);
+    if (it != gathered_.end()) return it->second->data();
+    auto* g = new Gathered;
+    g->numel = layout_.blocks()[b].numel;
+    g->buf = pool_.acquire(g->numel * sizeof(float));
+    kernels::from_half(full16_.data() + res_off_[b], g->data(), g->numel, prec_);
+    g->started = g->ready = true;
+    gathered_[b] = g;
+    note_working();
+    return g->data();
+  }
   poll();
   if (!gathered_.count(b)) start_gather(b);
   wait_gather(b);
@@ -364,11 +440,12 @@ const float* ZeroEngine::params(int b) {
 }
 
 void ZeroEngine::release(int b) {
-  if (resident_[b]) return;
+  if (resident_[b] && !half_) return;
   auto it = gathered_.find(b);
   if (it == gathered_.end()) return;
-  // Keep it when it is needed again within the prefetch window (it would be gathered right back).
-  if (trace_state_ == TraceState::ready && trace_pos_ >= 0) {
+  // Keep it when it is needed again within the prefetch window (it would be gathered right back);
+  // a widened resident block is cheap to widen again.
+  if (!resident_[b] && trace_state_ == TraceState::ready && trace_pos_ >= 0) {
     size_t ahead = 0;
     for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
       int u = trace_[j];
@@ -386,7 +463,7 @@ void ZeroEngine::release(int b) {
 // ---- gradients ---------------------------------------------------------------------------------
 float* ZeroEngine::grads(int b) {
   const auto& blk = layout_.blocks()[b];
-  if (cfg_.stage <= 1) return full_grads_.data() + blk.offset;
+  if (cfg_.stage <= 1 && !half_) return full_grads_.data() + blk.offset;
   auto it = grad_blocks_.find(b);
   if (it == grad_blocks_.end()) {
     auto lease = pool_.acquire(blk.numel * sizeof(float));
@@ -403,14 +480,21 @@ void ZeroEngine::start_reduction(int b) {
   r->block = b;
   r->numel = blk.numel;
   if (cfg_.stage == 0) {
-    float* g = full_grads_.data() + blk.offset;
+    float* g;
+    if (half_) {  // reduce the working buffer in fp32; finish_reduction rounds the sum into grads16_
+      r->send = std::move(grad_blocks_.at(b));
+      grad_blocks_.erase(b);
+      g = reinterpret_cast<float*>(r->send.data());
+    } else {
+      g = full_grads_.data() + blk.offset;
+    }
     if (fp16_) round_to_fp16(g, blk.numel);
     HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, g, (int)blk.numel, MPI_FLOAT, MPI_SUM, dp_.raw(), &r->req));
     bytes_sent_ += 2.0 * (n_ - 1) / n_ * blk.numel * sizeof(float);
   } else {
     float* send;
     float* recv;
-    if (cfg_.stage == 1) {
+    if (cfg_.stage == 1 && !half_) {
       send = full_grads_.data() + blk.offset;
       recv = grad_shard_.data() + shards_.local_offset(b);  // stage 1 reduces once per step: write in place
     } else {
@@ -431,12 +515,20 @@ void ZeroEngine::start_reduction(int b) {
 
 void ZeroEngine::finish_reduction(Reduction& r) {
   HPCT_CHECK_MPI(MPI_Wait(&r.req, MPI_STATUS_IGNORE));
-  if (cfg_.stage >= 2) {
-    // Accumulate over micro-steps into the shard (the first one adds to zeros: exact).
-    float* dst = grad_shard_.data() + shards_.local_offset(r.block);
+  if (cfg_.stage == 0 && half_) {
+    kernels::to_half(reinterpret_cast<const float*>(r.send.data()), grads16_.data() + layout_.blocks()[r.block].offset,
+                     r.numel, prec_);
+  } else if (cfg_.stage >= 2 || (cfg_.stage == 1 && half_)) {
+    // Accumulate over micro-steps into the shard (the first one adds to zeros: exact in fp32, one
+    // rounding in 16 bits). Stage 1 reduces once per step, onto zeros.
+    const size_t off = shards_.local_offset(r.block), c = static_cast<size_t>(counts_[r.block][rank_]);
     const float* src = reinterpret_cast<const float*>(r.recv.data());
-    const size_t c = static_cast<size_t>(counts_[r.block][rank_]);
-    for (size_t i = 0; i < c; ++i) dst[i] += src[i];
+    if (half_) {
+      kernels::accumulate_half(src, grad_shard16_.data() + off, c, prec_);
+    } else {
+      float* dst = grad_shard_.data() + off;
+      for (size_t i = 0; i < c; ++i) dst[i] += src[i];
+    }
   }
   reducing_elems_ -= r.numel;
 }
@@ -452,6 +544,20 @@ void ZeroEngine::drain_reductions(size_t keep_elems) {
 
 void ZeroEngine::grads_ready(int b) {
   const bool reduce = cfg_.stage >= 2 || last_micro_;
+  if (half_ && cfg_.stage <= 1) {
+    // The micro-step's fp32 gradient meets the 16-bit accumulator of the earlier micro-steps:
+    // folded into it (one rounding), or, on the last micro-step, added to it for the reduction.
+    auto it = grad_blocks_.find(b);
+    if (it == grad_blocks_.end()) throw Error("ZeRO: block '" + layout_.blocks()[b].name + "' reported ready without gradients");
+    const auto& blk = layout_.blocks()[b];
+    float* work = reinterpret_cast<float*>(it->second.data());
+    if (!reduce) {
+      kernels::accumulate_half(work, grads16_.data() + blk.offset, blk.numel, prec_);
+      grad_blocks_.erase(it);
+      return;
+    }
+    kernels::add_from_half(grads16_.data() + blk.offset, work, blk.numel, prec_);
+  }
   if (!reduce) return;
   start_reduction(b);
   if (!cfg_.overlap_comm) drain_reductions(0);
@@ -462,6 +568,8 @@ void ZeroEngine::grads_ready(int b) {
 void ZeroEngine::begin_step() {
   if (!full_grads_.empty()) std::memset(full_grads_.data(), 0, full_grads_.size() * sizeof(float));
   if (!grad_shard_.empty()) std::memset(grad_shard_.data(), 0, grad_shard_.size() * sizeof(float));
+  std::fill(grads16_.begin(), grads16_.end(), uint16_t(0));  // +0 in bf16 and fp16
+  std::fill(grad_shard16_.begin(), grad_shard16_.end(), uint16_t(0));
 }
 
 void ZeroEngine::begin_micro_step(bool last) {
@@ -484,17 +592,49 @@ void ZeroEngine::end_micro_step() {
 }
 
 double ZeroEngine::grad_sumsq() {
-  if (cfg_.stage == 0) return kernels::sum_of_squares(full_grads_.data(), full_grads_.size());  // identical everywhere
-  double s = kernels::sum_of_squares(grad_shard_.data(), grad_shard_.size());  // padding is zero
+  auto sumsq16 = [&](const std::vector<uint16_t>& g) {  // widened tile by tile
+    double s = 0;
+    tile_.resize(kTile);
+    for (size_t i = 0; i < g.size(); i += kTile) {
+      const size_t t = std::min(kTile, g.size() - i);
+      kernels::from_half(g.data() + i, tile_.data(), t, prec_);
+      s += kernels::sum_of_squares(tile_.data(), t);
+    }
+    return s;
+  };
+  if (cfg_.stage == 0)  // identical everywhere
+    return half_ ? sumsq16(grads16_) : kernels::sum_of_squares(full_grads_.data(), full_grads_.size());
+  double s = half_ ? sumsq16(grad_shard16_) : kernels::sum_of_squares(grad_shard_.data(), grad_shard_.size());  // padding is zero
   dp_.allreduce_sum(&s, 1);
   return s;
 }
 
 void ZeroEngine::all_gather_resident(int b) {
   const auto& blk = layout_.blocks()[b];
-  HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, full_params_.data() + res_off_[b], counts_[b].data(),
-                                displs_[b].data(), MPI_FLOAT, dp_.raw()));
-  bytes_sent_ += double(n_ - 1) / n_ * blk.numel * sizeof(float);
+  const MPI_Datatype type = half_ ? MPI_UINT16_T : MPI_FLOAT;
+  void* buf = half_ ? static_cast<void*>(full16_.data() + res_off_[b]) : full_params_.data() + res_off_[b];
+  HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, type, buf, counts_[b].data(), displs_[b].data(), type, dp_.raw()));
+  bytes_sent_ += double(n_ - 1) / n_ * blk.numel * (half_ ? sizeof(uint16_t) : sizeof(float));
+}
+
+// AdamW on n elements: the gradient is g (fp32) or g16 (16-bit, widened tile by tile); then, in
+// 16-bit runs, the updated masters are rounded into pub (the copy the model computes with).
+void ZeroEngine::update(float* p, const float* g, const uint16_t* g16, float* m, float* v, size_t n, float weight_decay,
+                        const AdamParams& a, uint16_t* pub) {
+  auto adam = [&](size_t i, size_t t, const float* gi) {
+    kernels::adamw_update(p + i, gi, m + i, v + i, t, a.lr, a.beta1, a.beta2, a.eps, weight_decay, a.step, a.grad_scale);
+  };
+  if (!g16) {
+    adam(0, n, g);
+  } else {
+    tile_.resize(kTile);
+    for (size_t i = 0; i < n; i += kTile) {
+      const size_t t = std::min(kTile, n - i);
+      kernels::from_half(g16 + i, tile_.data(), t, prec_);
+      adam(i, t, tile_.data());
+    }
+  }
+  if (pub) kernels::to_half(p, pub, n, prec_);
 }
 
 void ZeroEngine::adam_step(const AdamParams& a) {
@@ -513,21 +653,25 @@ void ZeroEngine::adam_step(const AdamParams& a) {
   }
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const int b = static_cast<int>(bi);
-    // This rank's range of the block: everything at stage 0, its slice otherwise.
-    const size_t lo = cfg_.stage == 0 ? blocks[b].offset : shards_.begin(b, rank_);
-    const size_t cnt = cfg_.stage == 0 ? blocks[b].numel : static_cast<size_t>(counts_[b][rank_]);
+    // This rank's range of the block: everything at stage 0, its slice otherwise. Offsets into the
+    // full (stage 0) or the shard (stage 1-3) arrays; 16-bit runs read 16-bit gradients and write
+    // the rounded result into the 16-bit parameters.
+    const bool s0 = cfg_.stage == 0;
+    const size_t lo = s0 ? blocks[b].offset : shards_.begin(b, rank_);
+    const size_t cnt = s0 ? blocks[b].numel : static_cast<size_t>(counts_[b][rank_]);
     if (cnt == 0) continue;
-    float* p = cfg_.stage == 0 ? full_params_.data() + lo : master(b);
-    const float* g = cfg_.stage == 0 ? full_grads_.data() + lo : grad_shard_.data() + shards_.local_offset(b);
-    float* m = cfg_.stage == 0 ? exp_avg_.data() + lo : exp_avg_.data() + shards_.local_offset(b);
-    float* v = cfg_.stage == 0 ? exp_avg_sq_.data() + lo : exp_avg_sq_.data() + shards_.local_offset(b);
+    const size_t at = s0 ? lo : shards_.local_offset(b);
+    float* p = s0 ? (half_ ? master32_.data() : full_params_.data()) + lo : master(b);
+    const float* g = half_ ? nullptr : (s0 ? full_grads_.data() : grad_shard_.data()) + at;
+    const uint16_t* g16 = half_ ? (s0 ? grads16_.data() : grad_shard16_.data()) + at : nullptr;
+    uint16_t* pub = !half_ ? nullptr : s0 ? full16_.data() + lo : home16(b);
     for (const auto& t : layout_.tensors()) {
       if (t.block != b) continue;
       const size_t s = std::max(lo, t.offset), e = std::min(lo + cnt, t.offset + t.numel);
       if (s >= e) continue;
       const size_t k = s - lo;
-      kernels::adamw_update(p + k, g + k, m + k, v + k, e - s, a.lr, a.beta1, a.beta2, a.eps,
-                            t.weight_decay ? a.weight_decay : 0.0f, a.step, a.grad_scale);
+      update(p + k, g ? g + k : nullptr, g16 ? g16 + k : nullptr, exp_avg_.data() + at + k, exp_avg_sq_.data() + at + k,
+             e - s, t.weight_decay ? a.weight_decay : 0.0f, a, pub ? pub + k : nullptr);
     }
   }
   if (cfg_.stage == 0) return;  // every rank updated everything alike
@@ -552,8 +696,10 @@ void ZeroEngine::swept_adam(const AdamParams& a) {
       float* p = sg.param ? sg.param + (s0 - sg.local) : c.array(k_param_) + (s0 - cb);
       float* m = k_m_ >= 0 ? c.array(k_m_) + (s0 - cb) : exp_avg_.data() + s0;
       float* v = k_v_ >= 0 ? c.array(k_v_) + (s0 - cb) : exp_avg_sq_.data() + s0;
-      kernels::adamw_update(p, grad_shard_.data() + s0, m, v, e0 - s0, a.lr, a.beta1, a.beta2, a.eps,
-                            sg.decay ? a.weight_decay : 0.0f, a.step, a.grad_scale);
+      uint16_t* pub = half_ ? home16(sg.block) : nullptr;  // nullptr: the slice is gathered from the master
+      if (pub) pub += s0 - shards_.local_offset(sg.block);
+      update(p, half_ ? nullptr : grad_shard_.data() + s0, half_ ? grad_shard16_.data() + s0 : nullptr, m, v, e0 - s0,
+             sg.decay ? a.weight_decay : 0.0f, a, pub);
     }
   });
   traffic_.bytes_read += double(st.bytes_read);
@@ -574,7 +720,7 @@ void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePie
     p.count = static_cast<size_t>(counts_[b][rank_]);
     if (p.count == 0) continue;
     const uint64_t local = shards_.local_offset(b);
-    const bool param_on_nvme = k_param_ >= 0 && !resident_[b];
+    const bool param_on_nvme = master_in_swap(b);
     if (param_on_nvme) {
       pbuf.resize(p.count);
       p.params = pbuf.data();
@@ -609,8 +755,21 @@ void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePie
 
 void ZeroEngine::after_load() {
   const auto& blocks = layout_.blocks();
+  std::vector<float> slice;
   for (size_t b = 0; b < blocks.size(); ++b) {
-    if (resident_[b]) all_gather_resident((int)b);
+    if (half_ && cfg_.stage == 0) {  // every rank's masters whole, then the 16-bit copy of them all
+      float* m = master32_.data() + blocks[b].offset;
+      HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, m, counts_[b].data(), displs_[b].data(), MPI_FLOAT,
+                                    dp_.raw()));
+      kernels::to_half(m, full16_.data() + blocks[b].offset, blocks[b].numel, prec_);
+    } else if (half_) {  // this rank's loaded masters, rounded into its 16-bit slices
+      slice.resize(static_cast<size_t>(counts_[b][rank_]));
+      read_slice((int)b, slice.data());
+      publish((int)b, slice.data());
+      if (resident_[b]) all_gather_resident((int)b);
+    } else if (resident_[b]) {
+      all_gather_resident((int)b);
+    }
     if (cfg_.stage == 0) {
       for (float* buf : {exp_avg_.data(), exp_avg_sq_.data()})
         HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf + blocks[b].offset, counts_[b].data(),
@@ -625,7 +784,9 @@ std::vector<float> ZeroEngine::gather_params() {
   std::vector<float> out(layout_.numel());
   for (size_t b = 0; b < blocks.size(); ++b) {
     float* dst = out.data() + blocks[b].offset;
-    if (resident_[b]) {
+    if (half_ && cfg_.stage == 0) {  // the fp32 masters (16-bit runs gather masters, not their copies)
+      std::memcpy(dst, master32_.data() + blocks[b].offset, blocks[b].numel * sizeof(float));
+    } else if (resident_[b] && !half_) {
       std::memcpy(dst, full_params_.data() + res_off_[b], blocks[b].numel * sizeof(float));
     } else {
       std::vector<float> mine(static_cast<size_t>(counts_[b][rank_]));
@@ -639,16 +800,19 @@ std::vector<float> ZeroEngine::gather_params() {
 
 ZeroMemory ZeroEngine::memory() const {
   ZeroMemory m;
-  m.params = (full_params_.size() + shard_params_.size()) * sizeof(float);
-  m.grads = full_grads_.size() * sizeof(float);
-  if (cfg_.stage >= 2) m.grads += grad_shard_.size() * sizeof(float);
-  else m.grad_shard = grad_shard_.size() * sizeof(float);
-  m.optimizer = (exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float);
+  const size_t h = sizeof(uint16_t), f = sizeof(float);
+  m.params = (full_params_.size() + shard_params_.size()) * f + (full16_.size() + shard16_.size()) * h;
+  m.grads = full_grads_.size() * f + grads16_.size() * h;
+  const size_t shard = grad_shard_.size() * f + grad_shard16_.size() * h;
+  if (cfg_.stage >= 2) m.grads += shard;
+  else m.grad_shard = shard;
+  m.optimizer = (master32_.size() + exp_avg_.size() + exp_avg_sq_.size()) * f;
   m.working_peak = working_peak_;
   if (swap_) {
     const size_t L = shards_.local_numel() * sizeof(float);
-    m.nvme_params = k_param_ >= 0 ? L : 0;
-    m.nvme_optimizer = k_m_ >= 0 ? 2 * L : 0;
+    // 16-bit runs: the parameter array holds the fp32 masters, optimizer state by the paper's count.
+    m.nvme_params = k_param_ >= 0 && !half_ ? L : 0;
+    m.nvme_optimizer = (k_m_ >= 0 ? 2 * L : 0) + (k_param_ >= 0 && half_ ? L : 0);
     m.nvme_file = io::SwapStore::file_bytes(swap_->num_arrays(), swap_->elems(), swap_->alignment());
   }
   return m;

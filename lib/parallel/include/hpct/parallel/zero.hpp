@@ -20,13 +20,22 @@
 // owning slice r. It is a pure function of (ParamLayout, N), so a checkpoint written with one N is
 // read with another (the checkpoint stores full tensors; each rank reads its slices).
 //
-// Precision of the stored states: fp32 parameters (which are also the master copy), fp32 gradients,
-// fp32 Adam moments: 4+4+8 bytes per parameter (docs/zero.md has the formulas). GEMMs may still run
-// in bf16 (kernels::Precision); 16-bit parameter/gradient storage (2+2+12) is not implemented yet.
+// Precision of the stored states (docs/zero.md has the formulas):
+//   fp32 runs: fp32 parameters (which are also the master copy), fp32 gradients, fp32 Adam moments:
+//     4+4+8 bytes per parameter.
+//   bf16/fp16 runs (mixed precision, the paper's K = 12): 16-bit parameters (the copy the model
+//     computes with: replicated at stages 0-2, this rank's slices at stage 3), 16-bit gradients, and
+//     fp32 master weights + Adam moments for what this rank updates: 2+2+12. params(block) widens a
+//     block into an fp32 working buffer (stage 3: after a 16-bit all-gather) until release(block);
+//     grads(block) is an fp32 working buffer that grads_ready(block) folds into the 16-bit gradient
+//     (one rounding per micro-step, as a GPU's 16-bit .grad accumulates). Reductions add in fp32
+//     and round the result; parameter all-gathers move 16-bit values.
 // Offload (ZeRO-Infinity): offload_optimizer.device nvme keeps this rank's Adam moments in its own
 // swap file (io::SwapStore) and runs the update as a pipelined sweep (read tile i+1, update tile i,
 // write tile i-1); offload_param.device nvme (stage 3) keeps the parameter shard there too, read
-// slice by slice for each gather. Gradients stay in host memory. device cpu: on the CPU backend the
+// slice by slice for each gather. In bf16/fp16 runs the swap file holds the fp32 master slices
+// instead, and a gather rounds the slice it reads (no separate 16-bit copy is stored). Gradients
+// stay in host memory. device cpu: on the CPU backend the
 // states already live in host memory, so it places nothing differently (reported as the host tier).
 // Not here yet: tensor/expert parallel groups.
 #pragma once
@@ -44,6 +53,7 @@
 #include "hpct/core/param_layout.hpp"
 #include "hpct/io/async_io.hpp"
 #include "hpct/io/swap_store.hpp"
+#include "hpct/kernels/precision.hpp"
 #include "hpct/model/gpt.hpp"
 
 namespace hpct::parallel {
@@ -108,11 +118,13 @@ struct StatePiece {
 
 /// Bytes this rank holds, by kind. "Model states" are the persistent arrays the ZeRO formulas count;
 /// working buffers (gathered blocks, gradient blocks in flight) are reported apart, as a high-water mark.
+/// In bf16/fp16 runs `params` and `grads` are the 16-bit copies and `optimizer` counts the fp32
+/// master weights with the moments (K = 12, as the ZeRO paper counts them).
 struct ZeroMemory {
   size_t params = 0, grads = 0, optimizer = 0;  // persistent, in host memory
   size_t grad_shard = 0;                        // stage 1: the reduced-gradient shard besides the full gradients
   size_t working_peak = 0;                      // high-water mark of gather/reduce/swap buffers
-  size_t nvme_params = 0, nvme_optimizer = 0;   // in this rank's swap file (payload bytes)
+  size_t nvme_params = 0, nvme_optimizer = 0;   // in this rank's swap file (payload bytes; fp32 masters count as optimizer)
   size_t nvme_file = 0;                         // the swap file's size (payload + alignment padding)
   size_t model_states() const { return params + grads + optimizer; }
 };
@@ -128,14 +140,18 @@ struct SwapTraffic {
 
 class ZeroEngine final : public model::ParamStore {
  public:
-  /// Collective over dp. `fp16_grads` rounds gradients to fp16 before they are reduced (as fp16
-  /// gradients would be on a GPU), so the overflow check sees what fp16 training would.
-  ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp, bool fp16_grads);
+  /// Collective over dp. `precision` is the training precision: fp32 stores fp32 states; bf16 and
+  /// fp16 store 16-bit parameters and gradients beside fp32 masters (see above). fp16 also rounds
+  /// every gradient to fp16 before it is reduced, so the overflow check sees what fp16 training would.
+  ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
+             kernels::Precision precision);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
 
   int stage() const { return cfg_.stage; }
+  /// bf16/fp16 runs: parameters and gradients are stored in 16 bits.
+  bool half() const { return half_; }
   const ShardLayout& shards() const { return shards_; }
 
   /// Initialises the parameters block by block: init(block, dst) writes the whole block into dst.
@@ -184,7 +200,13 @@ class ZeroEngine final : public model::ParamStore {
   struct Gathered;
   struct Reduction;
   bool resident(int b) const { return resident_[b]; }
-  float* master(int b);  // this rank's slice of block b's parameters (fp32 master)
+  float* master(int b);  // this rank's slice of block b's fp32 master (in memory)
+  bool master_in_swap(int b) const { return k_param_ >= 0 && (half_ || !resident_[b]); }
+  uint16_t* home16(int b);                    // 16-bit runs: this rank's slice's 16-bit copy (nullptr: none stored)
+  void publish(int b, const float* slice);    // 16-bit runs: round this rank's updated slice into home16
+  void update(float* p, const float* g, const uint16_t* g16, float* m, float* v, size_t n, float weight_decay,
+              const AdamParams& a, uint16_t* pub);
+  void finish_gather(Gathered& g);
   void start_gather(int b);
   void wait_gather(int b);
   void post_gather(int b);
@@ -209,7 +231,8 @@ class ZeroEngine final : public model::ParamStore {
   const ParamLayout& layout_;
   ZeroConfig cfg_;
   const comm::Communicator& dp_;
-  bool fp16_;
+  kernels::Precision prec_;
+  bool half_, fp16_;
   int n_, rank_;
   ShardLayout shards_;
   std::vector<char> resident_;                    // block kept whole on every rank
@@ -222,6 +245,10 @@ class ZeroEngine final : public model::ParamStore {
   std::vector<float> shard_params_;  // stage 3: this rank's slices of non-resident blocks
   std::vector<float> grad_shard_;    // stage 1-3: reduced gradients of this rank's slices
   std::vector<float> exp_avg_, exp_avg_sq_;  // stage 0: full; 1-3: this rank's slices
+  // 16-bit runs instead of full_params_/shard_params_/full_grads_/grad_shard_ (same layouts):
+  std::vector<uint16_t> full16_, shard16_, grads16_, grad_shard16_;
+  std::vector<float> master32_;      // fp32 masters: stage 0 all (layout offsets); 1-3 this rank's slices
+  std::vector<float> tile_;          // widened gradient tile for the update
 
   // working buffers
   io::BufferPool pool_;
