@@ -154,6 +154,21 @@ TEST(DsConfig, UnsupportedOptimizer) {
   auto p = write_tmp("ds_opt.json", R"({"optimizer": {"type": "Lamb", "params": {}}})");
   EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("optimizer type 'Lamb' is not supported"), std::string::npos);
 }
+TEST(DsConfig, CommunicationDataType) {
+  // default: the training dtype (16-bit reductions); "fp32" reduces in fp32; another 16-bit type is refused
+  TrainConfig c;
+  auto bf16 = write_tmp("ds_comm_default.json", R"({"bf16": {"enabled": true}})");
+  ASSERT_TRUE(engine::parse_args(with(base_args(), {"--deepspeed_config", bf16}), c));
+  EXPECT_FALSE(c.zero.fp32_communication);
+  auto fp32 = write_tmp("ds_comm_fp32.json", R"({"bf16": {"enabled": true}, "communication_data_type": "fp32"})");
+  TrainConfig c2;
+  ASSERT_TRUE(engine::parse_args(with(base_args(), {"--deepspeed_config", fp32}), c2));
+  EXPECT_TRUE(c2.zero.fp32_communication);
+  auto bad = write_tmp("ds_comm_bad.json", R"({"bf16": {"enabled": true}, "communication_data_type": "fp16"})");
+  const std::string msg = error_of(with(base_args(), {"--deepspeed_config", bad}));
+  EXPECT_NE(msg.find("communication_data_type 'fp16' with bf16 training is not supported"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"bf16\" (the default) or \"fp32\""), std::string::npos) << msg;
+}
 TEST(DsConfig, Fp16AndBf16Exclusive) {
   auto p = write_tmp("ds_prec.json", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
   EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("fp16 and bf16 are both enabled"), std::string::npos);

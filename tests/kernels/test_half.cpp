@@ -90,11 +90,20 @@ TEST(Half, AccumulateRoundsOncePerAdd) {
     kernels::from_half(acc.data(), sum.data(), x.size(), p);
     std::vector<float> added(x.begin(), x.end());
     kernels::add_from_half(std::vector<uint16_t>(acc).data(), added.data(), x.size(), p);
+    std::vector<uint16_t> hx(x.size()), pair(acc);
+    kernels::to_half(x.data(), hx.data(), x.size(), p);
+    kernels::add_half(hx.data(), pair.data(), x.size(), p);  // pair = acc + x, both 16-bit
+    std::vector<float> wx(x.size()), wpair(x.size());
+    kernels::from_half(hx.data(), wx.data(), x.size(), p);
+    kernels::from_half(pair.data(), wpair.data(), x.size(), p);
     for (size_t i = 0; i < x.size(); ++i) {
       const float exact = widened[i] + x[(i)];
       const float want = p == Precision::bf16 ? bf16_ref(exact) : fp16_ref(exact);
       ASSERT_TRUE(same(sum[i], want)) << precision_name(p) << " i=" << i << " got " << sum[i] << " want " << want;
       ASSERT_TRUE(same(added[i], x[i] + sum[i])) << precision_name(p) << " add_from_half, i=" << i;
+      const float pair_exact = sum[i] + wx[i];
+      ASSERT_TRUE(same(wpair[i], p == Precision::bf16 ? bf16_ref(pair_exact) : fp16_ref(pair_exact)))
+          << precision_name(p) << " add_half, i=" << i;
     }
   }
 }

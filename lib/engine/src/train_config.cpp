@@ -293,6 +293,14 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   if (fp16 && bf16) throw Error("fp16 and bf16 are both enabled", Error::Context{path, "fp16.enabled", "enable one"});
   if (fp16) cfg.precision = PrecisionMode::fp16;
   if (bf16) cfg.precision = PrecisionMode::bf16;
+  // Gradient reductions: in the training dtype (DeepSpeed's default) or in fp32.
+  if (auto v = root.get_string("communication_data_type")) {
+    const std::string train = cfg.precision == PrecisionMode::bf16 ? "bf16" : cfg.precision == PrecisionMode::fp16 ? "fp16" : "fp32";
+    if (*v != "fp32" && *v != train && !(*v == "bfp16" && train == "bf16"))
+      throw Error("communication_data_type '" + *v + "' with " + train + " training is not supported",
+                  Error::Context{path, "communication_data_type", "use \"" + train + "\" (the default) or \"fp32\""});
+    cfg.zero.fp32_communication = *v == "fp32";
+  }
   if (root.has("aio")) {
     JsonSection a = root.section("aio");
     cfg.zero.aio = io::AioConfig::from_json(a);
@@ -415,6 +423,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"weight_decay", c.weight_decay},
           {"clip_grad", c.clip_grad},
           {"precision", prec},
+          {"communication_data_type", c.zero.fp32_communication ? std::string("fp32") : std::string(prec)},
           {"loss_scale", {{"static", c.loss_scale.static_scale}, {"initial_power", c.loss_scale.initial_scale_power},
                           {"window", c.loss_scale.window}, {"hysteresis", c.loss_scale.hysteresis},
                           {"min", c.loss_scale.min_scale}}},

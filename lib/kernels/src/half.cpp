@@ -108,4 +108,23 @@ void accumulate_half(const float* x, uint16_t* y, size_t n, Precision p) {
       [&](size_t i) { y[i] = fp16_bits(fp16_value(y[i]) + x[i]); });
 }
 
+void add_half(const uint16_t* x, uint16_t* y, size_t n, Precision p) {
+  require_half(p, "add_half");
+  if (p == Precision::bf16) {
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(bf16_value(y[i]) + bf16_value(x[i]));
+    return;
+  }
+  fp16_loop(
+      n,
+      [&](size_t i) {
+#if defined(__F16C__)
+        const __m256 s = _mm256_add_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i))),
+                                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+      },
+      [&](size_t i) { y[i] = fp16_bits(fp16_value(y[i]) + fp16_value(x[i])); });
+}
+
 }  // namespace hpct::kernels

@@ -27,6 +27,17 @@ int as_count(size_t n, const char* what) {
 }
 
 constexpr size_t kTile = 1 << 16;  // elements of a widened gradient tile in the update
+
+// MPI reduction operators for 16-bit gradients (MPI has no bf16/fp16 sum): in MPI_UINT16_T
+// buffers, inout = round(inout + in), added in fp32.
+void sum_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
+  kernels::add_half(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), static_cast<size_t>(*len),
+                    kernels::Precision::bf16);
+}
+void sum_fp16(void* in, void* inout, int* len, MPI_Datatype*) {
+  kernels::add_half(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), static_cast<size_t>(*len),
+                    kernels::Precision::fp16);
+}
 }  // namespace
 
 void ZeroConfig::validate() const {
@@ -108,8 +119,10 @@ struct ZeroEngine::Reduction {
 ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
                        kernels::Precision precision)
     : layout_(layout), cfg_(cfg), dp_(dp), prec_(precision), half_(precision != kernels::Precision::fp32),
-      fp16_(precision == kernels::Precision::fp16), n_(dp.size()), rank_(dp.rank()), shards_(layout, dp.size()) {
+      fp16_(precision == kernels::Precision::fp16), red16_(half_ && !cfg.fp32_communication), n_(dp.size()),
+      rank_(dp.rank()), shards_(layout, dp.size()) {
   cfg_.validate();
+  if (red16_) HPCT_CHECK_MPI(MPI_Op_create(fp16_ ? &sum_fp16 : &sum_bf16, /*commute=*/1, &sum16_));
   const auto& blocks = layout.blocks();
   const size_t nb = blocks.size();
   resident_.assign(nb, 1);
@@ -247,6 +260,9 @@ ZeroEngine::~ZeroEngine() {
     MPI_Wait(&g->req, MPI_STATUS_IGNORE);
     delete g;
   }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (sum16_ != MPI_OP_NULL && !finalized) MPI_Op_free(&sum16_);
 }
 
 float* ZeroEngine::master(int b) {
@@ -479,35 +495,54 @@ void ZeroEngine::start_reduction(int b) {
   auto* r = new Reduction;
   r->block = b;
   r->numel = blk.numel;
+  const MPI_Datatype type = red16_ ? MPI_UINT16_T : MPI_FLOAT;
+  const MPI_Op sum = red16_ ? sum16_ : MPI_SUM;
+  const double elem = red16_ ? sizeof(uint16_t) : sizeof(float);
+  auto take_block = [&] {  // stage 2/3, and 16-bit runs reducing in fp32: the block's working buffer
+    io::BufferPool::Lease l = std::move(grad_blocks_.at(b));
+    grad_blocks_.erase(b);
+    return l;
+  };
   if (cfg_.stage == 0) {
-    float* g;
-    if (half_) {  // reduce the working buffer in fp32; finish_reduction rounds the sum into grads16_
-      r->send = std::move(grad_blocks_.at(b));
-      grad_blocks_.erase(b);
-      g = reinterpret_cast<float*>(r->send.data());
+    void* g;
+    if (red16_) {  // the 16-bit gradient, in place
+      g = grads16_.data() + blk.offset;
+    } else if (half_) {  // the fp32 working buffer; finish_reduction rounds the sum into grads16_
+      r->send = take_block();
+      g = r->send.data();
     } else {
       g = full_grads_.data() + blk.offset;
     }
-    if (fp16_) round_to_fp16(g, blk.numel);
-    HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, g, (int)blk.numel, MPI_FLOAT, MPI_SUM, dp_.raw(), &r->req));
-    bytes_sent_ += 2.0 * (n_ - 1) / n_ * blk.numel * sizeof(float);
+    if (fp16_ && !red16_) round_to_fp16(static_cast<float*>(g), blk.numel);
+    HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, g, (int)blk.numel, type, sum, dp_.raw(), &r->req));
+    bytes_sent_ += 2.0 * (n_ - 1) / n_ * blk.numel * elem;
   } else {
-    float* send;
-    float* recv;
-    if (cfg_.stage == 1 && !half_) {
-      send = full_grads_.data() + blk.offset;
-      recv = grad_shard_.data() + shards_.local_offset(b);  // stage 1 reduces once per step: write in place
+    const void* send;
+    void* recv;
+    if (cfg_.stage == 1 && !(half_ && !red16_)) {
+      // Stage 1 reduces once per step, from the full gradient straight into the shard.
+      send = red16_ ? static_cast<const void*>(grads16_.data() + blk.offset) : full_grads_.data() + blk.offset;
+      recv = red16_ ? static_cast<void*>(grad_shard16_.data() + shards_.local_offset(b))
+                    : grad_shard_.data() + shards_.local_offset(b);
+    } else if (red16_) {  // stage 2/3: round the block into a 16-bit send buffer; the fp32 one goes back now
+      io::BufferPool::Lease work = take_block();
+      r->send = pool_.acquire(blk.numel * sizeof(uint16_t));
+      kernels::to_half(reinterpret_cast<const float*>(work.data()), reinterpret_cast<uint16_t*>(r->send.data()),
+                       blk.numel, prec_);
+      r->recv = pool_.acquire(shards_.slice(b) * sizeof(uint16_t));
+      note_working();
+      send = r->send.data();
+      recv = r->recv.data();
     } else {
-      r->send = std::move(grad_blocks_.at(b));
-      grad_blocks_.erase(b);
+      r->send = take_block();
       r->recv = pool_.acquire(shards_.slice(b) * sizeof(float));
       note_working();
-      send = reinterpret_cast<float*>(r->send.data());
-      recv = reinterpret_cast<float*>(r->recv.data());
+      if (fp16_) round_to_fp16(reinterpret_cast<float*>(r->send.data()), blk.numel);
+      send = r->send.data();
+      recv = r->recv.data();
     }
-    if (fp16_) round_to_fp16(send, blk.numel);
-    HPCT_CHECK_MPI(MPI_Ireduce_scatter(send, recv, counts_[b].data(), MPI_FLOAT, MPI_SUM, dp_.raw(), &r->req));
-    bytes_sent_ += double(n_ - 1) / n_ * blk.numel * sizeof(float);
+    HPCT_CHECK_MPI(MPI_Ireduce_scatter(send, recv, counts_[b].data(), type, sum, dp_.raw(), &r->req));
+    bytes_sent_ += double(n_ - 1) / n_ * blk.numel * elem;
   }
   reductions_.push_back(r);
   reducing_elems_ += blk.numel;
@@ -515,7 +550,12 @@ void ZeroEngine::start_reduction(int b) {
 
 void ZeroEngine::finish_reduction(Reduction& r) {
   HPCT_CHECK_MPI(MPI_Wait(&r.req, MPI_STATUS_IGNORE));
-  if (cfg_.stage == 0 && half_) {
+  if (red16_) {
+    // Stages 0-1 reduced in place / into the shard; stages 2-3 add the received slice to the shard.
+    if (cfg_.stage >= 2)
+      kernels::add_half(reinterpret_cast<const uint16_t*>(r.recv.data()), grad_shard16_.data() + shards_.local_offset(r.block),
+                        static_cast<size_t>(counts_[r.block][rank_]), prec_);
+  } else if (cfg_.stage == 0 && half_) {
     kernels::to_half(reinterpret_cast<const float*>(r.send.data()), grads16_.data() + layout_.blocks()[r.block].offset,
                      r.numel, prec_);
   } else if (cfg_.stage >= 2 || (cfg_.stage == 1 && half_)) {
@@ -551,12 +591,13 @@ void ZeroEngine::grads_ready(int b) {
     if (it == grad_blocks_.end()) throw Error("ZeRO: block '" + layout_.blocks()[b].name + "' reported ready without gradients");
     const auto& blk = layout_.blocks()[b];
     float* work = reinterpret_cast<float*>(it->second.data());
-    if (!reduce) {
+    if (!reduce || red16_) {  // 16-bit reductions start from the 16-bit gradient
       kernels::accumulate_half(work, grads16_.data() + blk.offset, blk.numel, prec_);
       grad_blocks_.erase(it);
-      return;
+      if (!reduce) return;
+    } else {
+      kernels::add_from_half(grads16_.data() + blk.offset, work, blk.numel, prec_);
     }
-    kernels::add_from_half(grads16_.data() + blk.offset, work, blk.numel, prec_);
   }
   if (!reduce) return;
   start_reduction(b);

@@ -22,5 +22,8 @@ void add_from_half(const uint16_t* x /*(n)*/, float* y /*(n)*/, size_t n, Precis
 /// y[i] = 16-bit(fp32(y[i]) + x[i]): one rounding per accumulation, as a 16-bit gradient buffer
 /// accumulates on a GPU.
 void accumulate_half(const float* x /*(n)*/, uint16_t* y /*(n)*/, size_t n, Precision p);
+/// y[i] = 16-bit(fp32(y[i]) + fp32(x[i])): the sum of two 16-bit arrays, added in fp32 and rounded
+/// once (commutative; what a 16-bit all-reduce does at each step of its reduction).
+void add_half(const uint16_t* x /*(n)*/, uint16_t* y /*(n)*/, size_t n, Precision p);
 
 }  // namespace hpct::kernels

@@ -5,7 +5,7 @@
 // It is arithmetic only: no allocation, no MPI, no model built. Ψ is counted the way model::Gpt lays
 // out its parameters (a test holds the two equal), and the per-parameter bytes follow the ZeRO paper
 // (arXiv 1910.02054): mixed precision keeps 2 + 2 + K bytes (16-bit params and grads, K = 12 for the
-// fp32 master, m and v); fp32 training (what the CPU engine stores) keeps 4 + 4 + 8.
+// fp32 master, m and v); fp32 training keeps 4 + 4 + 8. The engine (zero.hpp) stores the same.
 // Not counted: activations (they depend on the micro-batch and recomputation), the communication
 // library's own buffers and allocator fragmentation. The working buffers that ZeRO itself needs
 // (a gradient bucket, gathered layers, swap buffers) are counted and stated apart from the states.

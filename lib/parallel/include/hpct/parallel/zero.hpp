@@ -28,8 +28,9 @@
 //     fp32 master weights + Adam moments for what this rank updates: 2+2+12. params(block) widens a
 //     block into an fp32 working buffer (stage 3: after a 16-bit all-gather) until release(block);
 //     grads(block) is an fp32 working buffer that grads_ready(block) folds into the 16-bit gradient
-//     (one rounding per micro-step, as a GPU's 16-bit .grad accumulates). Reductions add in fp32
-//     and round the result; parameter all-gathers move 16-bit values.
+//     (one rounding per micro-step, as a GPU's 16-bit .grad accumulates). Gradients are reduced
+//     in 16 bits (each addition in fp32, rounded: DeepSpeed's default communication_data_type),
+//     or in fp32 and rounded once with fp32_communication; parameter all-gathers move 16-bit values.
 // Offload (ZeRO-Infinity): offload_optimizer.device nvme keeps this rank's Adam moments in its own
 // swap file (io::SwapStore) and runs the update as a pipelined sweep (read tile i+1, update tile i,
 // write tile i-1); offload_param.device nvme (stage 3) keeps the parameter shard there too, read
@@ -76,6 +77,7 @@ struct ZeroConfig {
   double param_persistence_threshold = 1e5;    // stage3_param_persistence_threshold: smaller blocks are not partitioned
   double max_live_parameters = 1e9;            // stage3_max_live_parameters: cap on gathered elements held
   double sub_group_size = 1e9;                 // elements per optimizer tile when the states are swapped (capped, see zero.md)
+  bool fp32_communication = false;             // 16-bit runs: reduce gradients in fp32 (ds_config communication_data_type "fp32")
   OffloadConfig offload_optimizer, offload_param;
   io::AioConfig aio;                           // ds_config `aio` block, for NVMe offload
   /// Throws config_error naming "zero_optimization.<key>" for a value out of range.
@@ -233,6 +235,8 @@ class ZeroEngine final : public model::ParamStore {
   const comm::Communicator& dp_;
   kernels::Precision prec_;
   bool half_, fp16_;
+  bool red16_;                   // gradients reduced in 16 bits (half_ unless fp32_communication)
+  MPI_Op sum16_ = MPI_OP_NULL;   // their sum: 16-bit + 16-bit, added in fp32, rounded
   int n_, rank_;
   ShardLayout shards_;
   std::vector<char> resident_;                    // block kept whole on every rank
