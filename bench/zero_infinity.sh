@@ -54,7 +54,9 @@ echo "# $(date -u +%FT%TZ) ZeRO-3 + NVMe offload: $layers layers, hidden $hidden
   --deepspeed_config "$dir/ds_config.json" --json "$dir/summary.json" --metrics-file "$dir/metrics.jsonl" 2>&1 | tee "$dir/train.log"
 
 # The same disk, same aio settings, per-rank files as large as each rank's swap file's largest array.
-per_rank=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(int(max(j["memory_per_rank"]["nvme"]["parameters"])))' "$dir/summary.json")
+# One swap array's size per rank (the file holds three: fp32 parameters or, in bf16 runs, fp32
+# masters, and Adam's m and v), the size nvme_bench writes and reads.
+per_rank=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(int(max(j["memory_per_rank"]["nvme"]["file_bytes"]) / 3))' "$dir/summary.json")
 echo "# nvme_bench on $dir/swap: write then read, ${np} ranks, $((per_rank >> 20)) MiB each, bs 1M, QD 32"
 "${mpi[@]}" "$nb" --path "$dir/swap" --size "$((per_rank >> 20))M" --block-size 1M --queue-depth 32 --json "$dir/nvme_bench.json" 2>&1 | tail -6
 
@@ -74,7 +76,11 @@ ram = [int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("
 nv = s["memory_per_rank"]["nvme"]
 states = 16.0 * s["parameters"]
 print(f"parameters {s['parameters']/1e9:.2f} B; model states {states/1e9:.1f} GB vs RAM {ram/1e9:.1f} GB")
-print(f"NVMe per rank: parameters {max(nv['parameters'])/1e9:.1f} GB, optimizer {max(nv['optimizer_states'])/1e9:.1f} GB")
+print(f"NVMe per rank: parameters {max(nv['parameters'])/1e9:.1f} GB, optimizer {max(nv['optimizer_states'])/1e9:.1f} GB"
+      " (bf16 runs: the fp32 masters count as optimizer state)")
+h = s["memory_per_rank"]["host"]
+print("host per rank: parameters %.2f GB, gradients %.2f GB, optimizer %.2f GB, working peak %.2f GB, activations %.2f GB"
+      % tuple(max(h[k]) / 1e9 for k in ("parameters", "gradients", "optimizer_states", "working_buffers_peak", "activations")))
 print(f"peak RSS per rank: {', '.join('%.2f GB' % (r/1e9) for r in rss)} (sum {sum(rss)/1e9:.1f} GB)")
 losses = [json.loads(l)["lm_loss"] for l in open(sys.argv[3]) if '"type": "train"' in l or '"type":"train"' in l]
 print(f"steps {steps}, {s['total_seconds']/max(steps,1):.1f} s per step; lm loss per step (fresh samples each step): "
@@ -93,7 +99,7 @@ print(f"offload stream (optimizer sweep: read + write of parameters, m, v): {mov
 wait = max(o["optimizer_io_wait_seconds_per_step"])
 print(f"  of the sweep's {t:.1f} s the update waited {wait:.1f} s for IO (the rest overlapped with it)")
 pr = max(o["param_read_seconds_per_step"])
-pbytes = 2 * sum(nv["parameters"])  # every slice read in forward and again in backward
+pbytes = 2 * sum(nv["file_bytes"]) / 3  # every fp32 slice read in forward and again in backward
 step = s["total_seconds"] / max(steps, 1)
 print(f"parameter reads: {pbytes/1e9:.1f} GB per step (all ranks); compute stalled {pr:.1f} s per step waiting for them "
       f"({pr/step:.0%} of the step; prefetched reads overlap the rest)")

@@ -96,7 +96,9 @@ static int run(int argc, char** argv) {
               << format_bytes(*std::max_element(held.begin(), held.end())) << "\n";
     if (trainer.zero().offloaded())
       std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << "): parameters "
-                << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer) << "\n";
+                << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer)
+                << (trainer.zero().half() ? " (with the fp32 master weights; the 16-bit parameters are rounded from them)" : "")
+                << "\n";
     if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
     std::cout << std::flush;
   }

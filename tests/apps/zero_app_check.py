@@ -3,7 +3,9 @@
 reports every rank's model states per tier and the bytes sent per step (one micro-step per step, so
 the traffic is the paper's per-step volume), and they follow the ZeRO
 formulas; stage 3 with the optimizer and parameters on NVMe ends with the same loss as in memory
-(bitwise) and reports the NVMe bytes; a missing nvme_path is refused before step 1 with one line.
+(bitwise) and reports the NVMe bytes; the same in bf16 with the mixed-precision formulas (2+2+12,
+fp32 masters with the moments on NVMe, 16-bit traffic); a missing nvme_path is refused before step
+1 with one line.
 
 zero_app_check.py --gpt BIN --args FILE --workdir DIR --mpi "mpirun -np 2 ..."
 """
@@ -31,10 +33,10 @@ def check(cond, msg):
         fails.append(msg)
 
 
-def run(name, zero, extra=(), expect_rc=0):
+def run(name, zero, extra=(), expect_rc=0, top=None):
     cfg = os.path.join(a.workdir, name + ".ds.json")
     with open(cfg, "w") as f:
-        json.dump({"zero_optimization": zero}, f)
+        json.dump({"zero_optimization": zero, **(top or {})}, f)
     out = os.path.join(a.workdir, name + ".json")
     if os.path.exists(out):
         os.remove(out)
@@ -64,6 +66,16 @@ nv, lognv = run("stage3_nvme", {"stage": 3, "stage3_param_persistence_threshold"
                                 "sub_group_size": 20000,
                                 "offload_optimizer": {"device": "nvme", "nvme_path": swap},
                                 "offload_param": {"device": "nvme", "nvme_path": swap}})
+bf16 = {"bf16": {"enabled": True}}
+b0, _ = run("bf16_stage0", {"stage": 0}, top=bf16)
+b3, _ = run("bf16_stage3", {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1e5,
+                            "stage3_prefetch_bucket_size": 2.5e5}, top=bf16)
+bswap = os.path.join(a.workdir, "swap_bf16")
+os.makedirs(bswap, exist_ok=True)
+bn, logbn = run("bf16_stage3_nvme", {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1e5,
+                                     "stage3_prefetch_bucket_size": 2.5e5, "sub_group_size": 20000,
+                                     "offload_optimizer": {"device": "nvme", "nvme_path": bswap},
+                                     "offload_param": {"device": "nvme", "nvme_path": bswap}}, top=bf16)
 _, logbad = run("bad_path", {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent/nvme"}},
                 expect_rc=1)
 # An IO error mid-run (the swap files cut to nothing under a running job, as a failing drive would
@@ -106,7 +118,7 @@ def io_error_mid_run():
 
 
 io_error_mid_run()
-if not (s0 and s3 and nv):
+if not (s0 and s3 and nv and b0 and b3 and bn):
     sys.exit(1)
 
 P = s0["parameters"]
@@ -138,6 +150,26 @@ check(abs(s3["final_lm_loss"] - s0["final_lm_loss"]) <= 1e-5 * abs(s0["final_lm_
 check(re.search(r"> ZeRO stage 3 over 2 data-parallel ranks", log3) is not None, "the start banner names the stage")
 check(re.search(r"> NVMe offload .*parameters .*optimizer states", lognv) is not None, "the start banner shows the NVMe tier")
 check(re.search(r"> NVMe offload: optimizer sweep moves", lognv) is not None, "the end reports the sweep's bandwidth")
+# bf16: 16-bit parameters and gradients, fp32 masters + moments (K = 12); gradients reduced in 16 bits
+hb0, hb3, hbn = (j["memory_per_rank"]["host"] for j in (b0, b3, bn))
+for r in range(N):
+    check(hb0["parameters"][r] == 2 * P and hb0["gradients"][r] == 2 * P and hb0["optimizer_states"][r] == 12 * P,
+          f"bf16 stage 0 rank {r}: 2+2+12 bytes per parameter")
+    total = hb3["parameters"][r] + hb3["gradients"][r] + hb3["optimizer_states"][r]
+    check(near(hb3["parameters"][r], 2 * P / N) and near(total, 16 * P / N),
+          f"bf16 stage 3 rank {r}: 16-bit shard 2Ψ/N, model states {total:.0f} B = 16Ψ/N within 5%")
+    nvb = bn["memory_per_rank"]["nvme"]
+    check(hbn["optimizer_states"][r] == 0 and near(nvb["optimizer_states"][r], 12 * P / N) and nvb["parameters"][r] == 0
+          and near(hbn["gradients"][r], 2 * P / N),
+          f"bf16 stage 3 + NVMe rank {r}: fp32 masters and moments on NVMe (12Ψ/N), 16-bit gradient shard in memory")
+unit16 = (N - 1) / N * 2 * P
+check(abs(b0["comm_bytes_per_step_per_rank"][0] / unit16 - 2) < 1e-9, "bf16 stage 0 sends 2Ψ 16-bit values·(N-1)/N per step")
+rb = b3["comm_bytes_per_step_per_rank"][0] / unit16
+check(2.5 < rb <= 3.0 + 1e-9, f"bf16 stage 3 sends {rb:.2f}Ψ 16-bit values·(N-1)/N per step (2.5-3)")
+check(b3["final_lm_loss"] == bn["final_lm_loss"], f"bf16: NVMe offload ends with the in-memory loss bitwise ({bn['final_lm_loss']!r})")
+check(abs(b3["final_lm_loss"] - s3["final_lm_loss"]) <= 1e-2 * abs(s3["final_lm_loss"]), "bf16 stage 3 ends near fp32's loss (1%)")
+check(re.search(r"> NVMe offload .*optimizer states .*fp32 master weights", logbn) is not None,
+      "bf16 start banner says the NVMe optimizer states include the fp32 masters")
 err_lines = [l for l in logbad.splitlines() if "error" in l]
 check(any("/nonexistent/nvme" in l and "does not exist" in l for l in err_lines),
       "a missing nvme_path: one error line naming the path")
