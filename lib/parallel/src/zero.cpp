@@ -122,7 +122,6 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
       fp16_(precision == kernels::Precision::fp16), red16_(half_ && !cfg.fp32_communication), n_(dp.size()),
       rank_(dp.rank()), shards_(layout, dp.size()) {
   cfg_.validate();
-  if (red16_) HPCT_CHECK_MPI(MPI_Op_create(fp16_ ? &sum_fp16 : &sum_bf16, /*commute=*/1, &sum16_));
   const auto& blocks = layout.blocks();
   const size_t nb = blocks.size();
   resident_.assign(nb, 1);
@@ -198,6 +197,8 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
       }
     }
   }
+  // Last, so that nothing above can throw after it (the destructor, which frees it, would not run).
+  if (red16_) HPCT_CHECK_MPI(MPI_Op_create(fp16_ ? &sum_fp16 : &sum_bf16, /*commute=*/1, &sum16_));
 }
 
 void ZeroEngine::setup_swap() {
@@ -241,6 +242,7 @@ void ZeroEngine::setup_swap() {
 
 void ZeroEngine::read_slice(int b, float* dst) {
   const size_t c = static_cast<size_t>(counts_[b][rank_]);
+  if (c == 0) return;  // this rank owns none of the block (N > numel)
   if (!master_in_swap(b)) {
     std::memcpy(dst, master(b), c * sizeof(float));
     return;
@@ -351,7 +353,9 @@ void ZeroEngine::start_gather(int b) {
   if (half_) g->buf16 = pool_.acquire(numel * sizeof(uint16_t));
   gathered_[b] = g;
   ++gathers_;
-  if (master_in_swap(b)) {
+  // 16-bit runs gather their 16-bit slice from memory when one is kept (the master may still be in
+  // the swap file, with offload_optimizer); only with offload_param is the master slice read.
+  if (half_ ? (k_param_ >= 0 && home16(b) == nullptr) : master_in_swap(b)) {
     // The slice lives in the swap file: start reading it now (a prefetch overlaps the read with
     // compute); the all-gather is posted once it has arrived (post_gather).
     const size_t c = static_cast<size_t>(counts_[b][rank_]);
@@ -795,6 +799,12 @@ void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePie
 }
 
 void ZeroEngine::after_load() {
+  // Blocks gathered or widened before the load hold the old values.
+  for (auto& [b, g] : gathered_) {
+    MPI_Wait(&g->req, MPI_STATUS_IGNORE);
+    delete g;
+  }
+  gathered_.clear();
   const auto& blocks = layout_.blocks();
   std::vector<float> slice;
   for (size_t b = 0; b < blocks.size(); ++b) {
