@@ -109,6 +109,19 @@ size_t count_over(const std::vector<float>& a, const std::vector<float>& b, doub
   return k;
 }
 
+// A fresh directory under /tmp, made by rank 0, its name shared with every rank.
+std::string shared_tmpdir(const comm::Communicator& world, const char* name) {
+  std::string dir;
+  if (world.rank() == 0) {
+    std::string tmpl = std::string("/tmp/") + name + "_XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    dir = ::mkdtemp(buf.data());
+  }
+  world.bcast_string(dir, 0);
+  return dir;
+}
+
 double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (double)std::fabs(a[i] - b[i]));
@@ -353,12 +366,7 @@ TEST(ZeroStage3, GathersPerStep) {
 // its slices): 2 steps at stage a, save; resume at stage b for 2 more == 4 steps at stage b.
 TEST(ZeroCheckpoint, MovesBetweenStages) {
   auto world = comm::Communicator::world();
-  std::string dir;
-  if (world.rank() == 0) {
-    char tmpl[] = "/tmp/hpct_zero_ckpt_XXXXXX";
-    dir = ::mkdtemp(tmpl);
-  }
-  world.bcast_string(dir, 0);
+  const std::string dir = shared_tmpdir(world, "hpct_zero_ckpt");
   for (auto [a, b] : {std::pair{3, 1}, std::pair{1, 3}, std::pair{0, 2}}) {
     auto c1 = tiny(a, 4);
     c1.save_dir = dir + "/s" + std::to_string(a) + std::to_string(b);
@@ -375,17 +383,6 @@ TEST(ZeroCheckpoint, MovesBetweenStages) {
   }
   world.barrier();
   if (world.rank() == 0) std::system(("rm -rf " + dir).c_str());
-}
-std::string shared_tmpdir(const comm::Communicator& world, const char* name) {
-  std::string dir;
-  if (world.rank() == 0) {
-    std::string tmpl = std::string("/tmp/") + name + "_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    dir = ::mkdtemp(buf.data());
-  }
-  world.bcast_string(dir, 0);
-  return dir;
 }
 
 // ZeRO-Infinity: the Adam moments (and at stage 3 the parameter shard) in each rank's swap file on
