@@ -34,7 +34,8 @@ struct ExpectedRow {
 std::vector<ExpectedRow> expected_p2p_rows(const std::vector<std::vector<int>>& rounds,
                                            const std::vector<std::string>& nodes);
 
-/// "allreduce" (MPI_Iallreduce, float sum) or "alltoall" (MPI_Ialltoall, float) on host buffers,
+/// "allreduce" (float sum, NCCL's ring over MPI point-to-point: hpct::comm::RingAllreduce) or
+/// "alltoall" (MPI_Ialltoall, float) on host buffers,
 /// or "nccl_allreduce" / "nccl_alltoall" on device buffers (NCCL, one GPU per rank), over every
 /// size, verified first, then timed; each rank reports its time per operation.
 nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const std::vector<uint64_t>& sizes,

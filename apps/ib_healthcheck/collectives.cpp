@@ -1,4 +1,5 @@
-// All-reduce and all-to-all, nccl-tests style, on host buffers over MPI ("allreduce", "alltoall")
+// All-reduce and all-to-all, nccl-tests style, on host buffers over MPI ("allreduce": NCCL's ring
+// over MPI point-to-point, hpct::comm::RingAllreduce; "alltoall": MPI_Ialltoall)
 // or on device buffers over NCCL ("nccl_allreduce", "nccl_alltoall", CUDA builds, one GPU per
 // rank): out-of-place, float, verifiable data (each element a small integer computed from (rank,
 // index), so sums are exact), verified before timing, then `iters` operations timed together.
@@ -12,6 +13,7 @@
 #include "hpct/comm/deadline.hpp"
 #include "hpct/comm/gpu.hpp"
 #include "hpct/comm/mpi.hpp"
+#include "hpct/comm/ring_allreduce.hpp"
 #include "hpct/core/units.hpp"
 
 namespace hpct::healthcheck {
@@ -72,6 +74,7 @@ nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const
   const bool nccl = kind.rfind("nccl_", 0) == 0;
   const bool reduce = kind == "allreduce" || kind == "nccl_allreduce";
   std::unique_ptr<comm::NcclComm> dev;
+  comm::RingAllreduce ring(ctx.data);
   std::string setup_error;  // NCCL could not start: every size reports it
   if (nccl) {
     dev = comm::NcclComm::create(ctx.data, ctx.local_rank, ctx.deadline(), ctx.poll, &setup_error);
@@ -92,13 +95,6 @@ nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const
     std::vector<float> in(count), out(count);
     for (size_t i = 0; i < count; ++i) in[i] = value_of(ctx.rank, i);
     if (lossy) in[count / 2] += 1.0f;
-    auto start = [&](MPI_Request* r) {
-      if (kind == "allreduce")
-        HPCT_CHECK_MPI(MPI_Iallreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, ctx.data, r));
-      else
-        HPCT_CHECK_MPI(MPI_Ialltoall(in.data(), static_cast<int>(count / n), MPI_FLOAT, out.data(),
-                                     static_cast<int>(count / n), MPI_FLOAT, ctx.data, r));
-    };
     std::string dev_error;
     auto op = [&]() {
       if (nccl) {
@@ -106,8 +102,13 @@ nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const
         if (!ok || !dev->wait(ctx.deadline(), &dev_error)) throw CollectiveTimeout{};
         return;
       }
+      if (reduce) {
+        if (!ring.run(in.data(), out.data(), count, ctx.deadline(), ctx.poll)) throw CollectiveTimeout{};
+        return;
+      }
       MPI_Request r;
-      start(&r);
+      HPCT_CHECK_MPI(MPI_Ialltoall(in.data(), static_cast<int>(count / n), MPI_FLOAT, out.data(),
+                                   static_cast<int>(count / n), MPI_FLOAT, ctx.data, &r));
       if (!comm::wait_all_until(&r, 1, ctx.deadline(), ctx.poll)) throw CollectiveTimeout{};
     };
     try {
