@@ -98,6 +98,13 @@ class MpiTransport : public PairTransport {
     reqs_.clear();  // on a timeout the requests stay pending inside MPI; we never touch them again
     return ok;
   }
+  bool offers_blocking() const override { return true; }
+  void send_blocking(int peer, const void* buf, size_t n, int tag) override {
+    HPCT_CHECK_MPI(MPI_Send(buf, static_cast<int>(n), MPI_BYTE, peer, tag, comm_));
+  }
+  void recv_blocking(int peer, void* buf, size_t n, int tag) override {
+    HPCT_CHECK_MPI(MPI_Recv(buf, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, MPI_STATUS_IGNORE));
+  }
 
  private:
   MPI_Comm comm_;

@@ -65,6 +65,17 @@ class PairTransport {
   /// Waits for every operation posted since the last successful wait; false at the deadline
   /// (operations stay pending; their buffers must outlive the job).
   virtual bool wait(double deadline) = 0;
+  /// Blocking send and receive for the timed latency batches, which must cost what the reference
+  /// tools' loops cost. They cannot time out: callers guard them with comm::AlarmGuard. Only MPI
+  /// offers them (Open MPI 4.1's pollable receive costs 20-50 ns more per message on shared memory;
+  /// UCX's tools poll too); the others throw.
+  virtual bool offers_blocking() const { return false; }
+  virtual void send_blocking(int /*peer*/, const void* /*buf*/, size_t /*n*/, int /*tag*/) {
+    throw Error(name() + " transport has no blocking send");
+  }
+  virtual void recv_blocking(int /*peer*/, void* /*buf*/, size_t /*n*/, int /*tag*/) {
+    throw Error(name() + " transport has no blocking receive");
+  }
 };
 
 std::unique_ptr<PairTransport> make_mpi_transport(const FabricContext& ctx);

@@ -40,7 +40,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 Fault parse_fault(const std::string& spec) {
   const std::string flag = "--inject-fault";
-  const std::string hint = "write KIND:RANK:CHECK[:FACTOR], KIND one of slow, lossy, hang, die; CHECK one of "
+  const std::string hint = "write KIND:RANK:CHECK[:FACTOR], KIND one of slow, lossy, hang, die, freeze; CHECK one of "
                            "mpi_p2p, ucx_p2p, allreduce, alltoall, nccl_allreduce, nccl_alltoall";
   auto parts = split(spec, ':');
   if (parts.size() < 3 || parts.size() > 4) throw config_error(flag, "bad fault '" + spec + "'", hint);
@@ -49,11 +49,14 @@ Fault parse_fault(const std::string& spec) {
   else if (parts[0] == "lossy") f.kind = Fault::Kind::lossy;
   else if (parts[0] == "hang") f.kind = Fault::Kind::hang;
   else if (parts[0] == "die") f.kind = Fault::Kind::die;
+  else if (parts[0] == "freeze") f.kind = Fault::Kind::freeze;
   else throw config_error(flag, "unknown fault kind '" + parts[0] + "'", hint);
   f.rank = parse_int(parts[1], flag, 0);
   f.check = parts[2];
   if (f.check == "node" || std::find(kAllChecks.begin(), kAllChecks.end(), f.check) == kAllChecks.end())
     throw config_error(flag, "fault check '" + f.check + "' is not a fabric check", hint);
+  if (f.kind == Fault::Kind::freeze && f.check != "mpi_p2p")
+    throw config_error(flag, "a freeze fault strikes inside the blocking MPI latency batches: its CHECK must be mpi_p2p", hint);
   if (parts.size() == 4) {
     if (f.kind != Fault::Kind::slow) throw config_error(flag, "only a slow fault takes a FACTOR", hint);
     f.factor = parse_seconds(parts[3], flag);
@@ -66,7 +69,7 @@ Fault parse_fault(const std::string& spec) {
 
 std::string describe(const Fault& f) {
   const char* k = f.kind == Fault::Kind::slow ? "slow" : f.kind == Fault::Kind::lossy ? "lossy"
-                  : f.kind == Fault::Kind::hang ? "hang" : "die";
+                  : f.kind == Fault::Kind::hang ? "hang" : f.kind == Fault::Kind::die ? "die" : "freeze";
   std::string s = std::string(k) + ":" + std::to_string(f.rank) + ":" + f.check;
   if (f.kind == Fault::Kind::slow) s += ":" + std::to_string(static_cast<int>(f.factor));
   return s;
@@ -179,6 +182,9 @@ For tests only (never on a production allocation):
                             hang  — that rank stops responding (sleeps) at the start of CHECK
                             die   — that rank exits at the start of CHECK (under srun the others name
                                     it; under mpirun the launcher ends the whole job: no report)
+                            freeze — mpi_p2p only: that rank stops inside the timed (blocking)
+                                    latency batches of its first pair, as a node dying there
+                                    would; its partner's alarm ends the job naming it
                             CHECK: mpi_p2p, ucx_p2p, allreduce, alltoall, nccl_allreduce,
                                    nccl_alltoall
 

@@ -18,7 +18,7 @@ inline const std::vector<std::string> kAllChecks = {"node",     "mpi_p2p",      
 
 /// Fault injection, for tests only: make one rank misbehave in one check.
 struct Fault {
-  enum class Kind { slow, lossy, hang, die };
+  enum class Kind { slow, lossy, hang, die, freeze };
   Kind kind = Kind::slow;
   int rank = -1;
   std::string check;     // one of kAllChecks except "node"

@@ -5,8 +5,12 @@
 // concurrently, as on a real allocation where every node has its own NIC; ranks sharing cores
 // (tests) see noisier figures, which is why test thresholds are relative and generous.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <deque>
+#include <optional>
+#include <thread>
 
 #include "checks.hpp"
 #include "hpct/comm/deadline.hpp"
@@ -104,26 +108,51 @@ class PairProbe {
   // costs ~20 ns against a ~300 ns shared-memory round trip); the figure is the median over
   // batches of half the mean round trip, so a burst of noise moves it only when it spans most
   // batches.
+  //
+  // Over MPI the batches use blocking MPI_Send/MPI_Recv, as NetPIPE and OSU do: every pollable
+  // receive of Open MPI 4.1 costs 20-50 ns more per message on shared memory (docs/benchmarks.md),
+  // a third of the figure. A blocking call cannot give up on a dead peer, so each batch runs under
+  // an alarm (comm::AlarmGuard) set to the timeout: if the peer stops inside a batch, this rank
+  // prints who and ends the job; rank 0 writes no report then. The verified exchange just before,
+  // which is pollable, already caught a peer that stopped before the batches; what remains is a
+  // peer stopping within these few milliseconds.
   void latency() {
     constexpr int kBatch = 50;
     const size_t n = cfg_.lat_size;
     const int iters = (cfg_.lat_iters + kBatch - 1) / kBatch * kBatch;
     const int warm = std::max(kBatch, iters / 10 / kBatch * kBatch);
+    const bool blocking = t_.offers_blocking();
+    std::optional<comm::AlarmGuard> alarm;
+    if (blocking) {
+      alarm.emplace("ib_healthcheck: rank " + std::to_string(ctx_.rank) + " (" + me() + "): " + check_ +
+                        " latency: no reply from rank " + std::to_string(peer_) + " (" + peer() + ") within " +
+                        std::to_string(static_cast<int>(ctx_.timeout_s)) +
+                        " s inside a batch of blocking ping-pongs, which cannot be abandoned: ending the job "
+                        "without a report; " + peer() + " or the link to it stopped responding",
+                    kExitUnhealthy);
+    }
     std::vector<double> rtt, warm_rtt;  // per batch: mean round trip
-    double ref = 0, t_batch = comm::steady_seconds();
+    double ref = 0, t_batch = 0;
     for (int i = 0; i <= warm + iters; ++i) {
       if (i % kBatch == 0) {
-        if (i > 0) {
-          double now = comm::steady_seconds();
-          (i <= warm ? warm_rtt : rtt).push_back((now - t_batch) / kBatch);
-          t_batch = now;
-        }
+        if (i > 0) (i <= warm ? warm_rtt : rtt).push_back((comm::steady_seconds() - t_batch) / kBatch);
         if (i == warm) ref = median(warm_rtt);
         if (i == warm + iters) break;
         arm();
+        if (alarm) alarm->arm(ctx_.timeout_s);
+        if (i == warm + kBatch && fault_ && fault_->kind == Fault::Kind::freeze) freeze(*alarm);
+        t_batch = comm::steady_seconds();
       }
       if (i >= warm) slow_down(fault_, ref);
-      if (initiator_) {
+      if (blocking) {
+        if (initiator_) {
+          t_.send_blocking(peer_, sbuf_.data(), n, kLat);
+          t_.recv_blocking(peer_, rbuf_.data(), n, kLat);
+        } else {
+          t_.recv_blocking(peer_, rbuf_.data(), n, kLat);
+          t_.send_blocking(peer_, sbuf_.data(), n, kLat);
+        }
+      } else if (initiator_) {
         t_.recv(peer_, rbuf_.data(), n, kLat);
         t_.send(peer_, sbuf_.data(), n, kLat);
         wait();
@@ -135,6 +164,16 @@ class PairProbe {
       }
     }
     if (initiator_) add("latency", both(), median(rtt) / 2 * 1e6, "us", n);
+  }
+
+  // The freeze fault: stop between two timed batches, as a node dying there would (its own alarm
+  // disarmed: a dead node runs no handler), so the partner's alarm is what ends the job.
+  void freeze(comm::AlarmGuard& alarm) {
+    alarm.disarm();
+    std::fprintf(stderr, "ib_healthcheck: fault injection: rank %d (%s) freezes in %s latency\n", ctx_.rank,
+                 me().c_str(), check_.c_str());
+    std::fflush(stderr);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // until the job is ended
   }
 
   // Bandwidth probes time every window and take the median window: one descheduled window (ranks

@@ -28,6 +28,24 @@ bool wait_all_until(MPI_Request* reqs, int n, double deadline, PollPolicy policy
 /// send completes or the job ends. Never blocks.
 void isend_string(const std::string& s, int dest, int tag, MPI_Comm comm, std::string& keep, MPI_Request* req);
 
+/// Guards a loop of blocking calls that cannot be abandoned (ib_healthcheck's timed MPI latency
+/// batches: blocking MPI_Send/MPI_Recv cost 20-50 ns less per message than any pollable form in
+/// Open MPI 4.1 on shared memory, and the reference tools use them). While armed, a one-shot
+/// SIGALRM timer runs; if it fires, the handler writes `message` to stderr and ends the process
+/// with _exit(exit_code), both async-signal-safe (nothing else, MPI least of all, may run in a
+/// handler); the launcher then ends the job. No report is written that way, so guard only short
+/// windows that both sides entered alive. One guard per process at a time.
+class AlarmGuard {
+ public:
+  AlarmGuard(const std::string& message, int exit_code);
+  ~AlarmGuard();  // disarms and restores the previous SIGALRM action
+  AlarmGuard(const AlarmGuard&) = delete;
+  AlarmGuard& operator=(const AlarmGuard&) = delete;
+  /// (Re)starts the timer: it fires `seconds` from now unless re-armed or disarmed first.
+  void arm(double seconds);
+  void disarm();
+};
+
 /// Receives a string sent with isend_string from source; false when nothing arrived by deadline.
 bool recv_string_until(std::string& out, int source, int tag, MPI_Comm comm, double deadline,
                        PollPolicy policy = {});
