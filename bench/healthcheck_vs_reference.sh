@@ -11,7 +11,8 @@
 #
 # The bar (issue 6): latency within 10% of the reference (ours <= 1.10 x theirs), bandwidth >= 90%
 # of the reference, all-reduce bus bandwidth at AR_SIZE >= 80% of the point-to-point bandwidth
-# ib_healthcheck measured at the same size in the same run. Prints every round, the medians, the
+# ib_healthcheck measured at the same size in the same launch (the median over rounds of each
+# launch's ratio; the ratio of the two medians is printed beside it). Prints every round, the medians, the
 # ratios and PASS/MISS per bar; exits 0 when every bar is met, 1 otherwise.
 #
 # Definitions compared (docs/healthcheck.md): ib_healthcheck's latency is the median over batches
@@ -129,14 +130,19 @@ rows = [
   ("UCX bandwidth $BW_BYTES B (GB/s)", "ucx_perftest tag_bw", med["ucx_bw_hc"], med["ucx_bw_ref"], "bw"),
   ("MPI latency 8 B (us)", "NPmpi", med["mpi_lat_hc"], med["mpi_lat_ref"], "lat"),
   ("MPI bandwidth $BW_BYTES B (GB/s)", "NPmpi -s", med["mpi_bw_hc"], med["mpi_bw_ref"], "bw"),
-  ("all-reduce busbw $AR_BYTES B (GB/s)", "ib_healthcheck MPI p2p at $AR_BYTES B", med["ar_busbw"], med["ar_p2p"], "ar"),
+  ("all-reduce busbw $AR_BYTES B (GB/s)", "ib_healthcheck MPI p2p at $AR_BYTES B, same launch (ratio: median of the rounds' ratios)", med["ar_busbw"], med["ar_p2p"], "ar"),
+  ("all-reduce busbw $AR_BYTES B (GB/s)", "the same, ratio of the two medians (not a bar)", med["ar_busbw"], med["ar_p2p"], "info"),
 ]
+# Both all-reduce figures of a round come from one launch of ib_healthcheck: their ratio is paired,
+# and the median of the rounds' ratios keeps one launch's state of the memory system (which moves
+# both figures together, by up to 1.5x here) out of the comparison.
+ar_ratio = st.median(a / b for a, b in zip(F["ar_busbw"], F["ar_p2p"]))
 print(f"# medians of {len(F['ar_busbw'])} rounds")
 print(f"| figure | ib_healthcheck | reference | reference tool | ratio | bar | result |")
 print(f"|---|---|---|---|---|---|---|")
 ok = True
 for name, tool, ours, ref, kind in rows:
-    ratio = ours / ref
+    ratio = ar_ratio if kind == "ar" else ours / ref
     if kind == "lat": bar, good = "<= 1.10", ratio <= 1.10
     elif kind == "bw": bar, good = ">= 0.90", ratio >= 0.90
     elif kind == "info": bar, good = "-", True
