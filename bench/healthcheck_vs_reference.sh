@@ -149,7 +149,7 @@ for name, tool, ours, ref, kind in rows:
     else: bar, good = ">= 0.80", ratio >= 0.80
     ok = ok and good
     res = "-" if kind == "info" else "PASS" if good else "MISS"
-    print(f"| {name} | {ours:.3f} | {ref:.3f} | {tool} | {ratio:.2f} | {bar} | {res} |")
+    print(f"| {name} | {ours:.3f} | {ref:.3f} | {tool} | {ratio:.3f} | {bar} | {res} |")
 print("# Result:", "OK" if ok else "FAILED (a bar was missed)")
 raise SystemExit(0 if ok else 1)
 PY

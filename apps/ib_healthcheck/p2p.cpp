@@ -18,7 +18,7 @@
 namespace hpct::healthcheck {
 namespace {
 
-enum Tag { kVerify = 1, kLat = 2, kBw = 3, kAck = 4, kBibw = 5 };
+enum Tag { kVerify = 1, kLat = 2, kBw = 3, kAck = 4, kBibw = 5, kLatReady = 6 };
 
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
@@ -111,19 +111,30 @@ class PairProbe {
   //
   // Over MPI the batches use blocking MPI_Send/MPI_Recv, as NetPIPE and OSU do: every pollable
   // receive of Open MPI 4.1 costs 20-50 ns more per message on shared memory (docs/benchmarks.md),
-  // a third of the figure. A blocking call cannot give up on a dead peer, so each batch runs under
-  // an alarm (comm::AlarmGuard) set to the timeout: if the peer stops inside a batch, this rank
-  // prints who and ends the job; rank 0 writes no report then. The verified exchange just before,
-  // which is pollable, already caught a peer that stopped before the batches; what remains is a
-  // peer stopping within these few milliseconds.
+  // and ib_healthcheck's MPI latency read 1.3-1.7x NetPIPE's. A blocking call cannot give up on a
+  // dead peer, so each batch runs under an alarm (comm::AlarmGuard) set to the timeout: if the
+  // peer stops inside a batch, this rank prints who and ends the job; rank 0 writes no report
+  // then. A pollable round trip just before the batches catches a peer that stopped (or gave up
+  // on this pair) earlier; what remains is a peer stopping within these few milliseconds.
   void latency() {
     constexpr int kBatch = 50;
     const size_t n = cfg_.lat_size;
     const int iters = (cfg_.lat_iters + kBatch - 1) / kBatch * kBatch;
     const int warm = std::max(kBatch, iters / 10 / kBatch * kBatch);
-    const bool blocking = t_.offers_blocking();
+    // Not with more ranks than cores on the host (tests): a blocking receive spins without ever
+    // yielding, so two pairs sharing two cores take milliseconds per round trip and a batch can
+    // outlast the alarm (seen under srun, where Open MPI does not know to yield).
+    const bool blocking = t_.offers_blocking() && !ctx_.poll.yield;
     std::optional<comm::AlarmGuard> alarm;
     if (blocking) {
+      // One pollable round trip on a tag only this step uses, before any blocking call: a partner
+      // that already gave up on this pair (its earlier wait timed out while this rank was slow) may
+      // have left receives pending that matched the verified exchange, but it never posts this
+      // one, so the wait times out and the pair is reported as usual.
+      arm();
+      t_.recv(peer_, rbuf_.data(), n, kLatReady);
+      t_.send(peer_, sbuf_.data(), n, kLatReady);
+      wait();
       alarm.emplace("ib_healthcheck: rank " + std::to_string(ctx_.rank) + " (" + me() + "): " + check_ +
                         " latency: no reply from rank " + std::to_string(peer_) + " (" + peer() + ") within " +
                         std::to_string(static_cast<int>(ctx_.timeout_s)) +
@@ -140,7 +151,7 @@ class PairProbe {
         if (i == warm + iters) break;
         arm();
         if (alarm) alarm->arm(ctx_.timeout_s);
-        if (i == warm + kBatch && fault_ && fault_->kind == Fault::Kind::freeze) freeze(*alarm);
+        if (i == warm && fault_ && fault_->kind == Fault::Kind::freeze) freeze(alarm);
         t_batch = comm::steady_seconds();
       }
       if (i >= warm) slow_down(fault_, ref);
@@ -166,10 +177,11 @@ class PairProbe {
     if (initiator_) add("latency", both(), median(rtt) / 2 * 1e6, "us", n);
   }
 
-  // The freeze fault: stop between two timed batches, as a node dying there would (its own alarm
+  // The freeze fault: stop at the start of the timed batches, as a node dying there would (its own alarm
   // disarmed: a dead node runs no handler), so the partner's alarm is what ends the job.
-  void freeze(comm::AlarmGuard& alarm) {
-    alarm.disarm();
+  // Polling (more ranks than cores), the partner's wait times out and rank 0 reports it instead.
+  void freeze(std::optional<comm::AlarmGuard>& alarm) {
+    if (alarm) alarm->disarm();
     std::fprintf(stderr, "ib_healthcheck: fault injection: rank %d (%s) freezes in %s latency\n", ctx_.rank,
                  me().c_str(), check_.c_str());
     std::fflush(stderr);

@@ -7,8 +7,8 @@
 // moves 2(n-1)/n of the buffer each way, the minimum any all-reduce can (nccl-tests' busbw).
 //
 // Why not MPI_Allreduce: Open MPI 4.1's algorithms on one host ran at 0.27 (blocking) and 0.41
-// (MPI_Iallreduce) of the same ranks' point-to-point bandwidth at 64 MiB; this ring at 0.69-0.84
-// (medians of bench/healthcheck_vs_reference.sh runs, docs/benchmarks.md). What it is not: a general MPI_Op (float sums only), or fault tolerant: on
+// (MPI_Iallreduce) of the same ranks' point-to-point bandwidth at 64 MiB; this ring at 0.79-0.83
+// (bench/healthcheck_vs_reference.sh, docs/benchmarks.md). What it is not: a general MPI_Op (float sums only), or fault tolerant: on
 // a deadline, operations stay pending inside MPI like every deadline wait (deadline.hpp).
 #pragma once
 #include <mpi.h>
@@ -23,9 +23,8 @@ namespace hpct::comm {
 
 class RingAllreduce {
  public:
-  /// chunk_bytes: the reduce-scatter's unit (whole floats, at least 64 B). Two must fit in a
-  /// core's L2: at 2-4 MiB busbw dropped by a third here; 256 KiB-1 MiB were within the machine's
-  /// noise of each other. Uses tags tag and tag + 1
+  /// chunk_bytes: the reduce-scatter's unit (whole floats, at least 64 B). 256 KiB, 512 KiB and
+  /// 1 MiB gave the same busbw here (docs/benchmarks.md). Uses tags tag and tag + 1
   /// on comm; nothing else may receive those tags with a wildcard source meanwhile.
   explicit RingAllreduce(MPI_Comm comm, size_t chunk_bytes = size_t(1) << 20, int tag = 31000);
   RingAllreduce(const RingAllreduce&) = delete;
