@@ -7,7 +7,6 @@
 // its last rank does).
 #include <algorithm>
 #include <cmath>
-#include <deque>
 
 #include "checks.hpp"
 #include "hpct/comm/deadline.hpp"
@@ -22,11 +21,6 @@ namespace {
 float value_of(int rank, size_t i) { return static_cast<float>((static_cast<size_t>(rank) * 7 + i * 13) % 61); }
 
 struct CollectiveTimeout {};
-
-std::deque<std::vector<float>>& graveyard() {
-  static std::deque<std::vector<float>> g;
-  return g;
-}
 
 }  // namespace
 
@@ -147,8 +141,8 @@ nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const
     } catch (const CollectiveTimeout&) {
       timed_out = true;  // an NCCL failure aborts the communicator: nothing more can run on it
       row["error"] = dev_error.empty() ? timeout_text : dev_error;
-      graveyard().push_back(std::move(in));
-      graveyard().push_back(std::move(out));
+      comm::keep_until_exit(std::move(in));
+      comm::keep_until_exit(std::move(out));
     }
     rows.push_back(row);
     if (progress) progress->done(kind + " " + format_bytes(static_cast<double>(bytes)), collective_weight(bytes, max_iters));

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <optional>
 #include <thread>
 
@@ -25,12 +24,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
-// Buffers handed to a transport whose wait gave up must outlive the job: they go here.
-std::deque<std::vector<unsigned char>>& graveyard() {
-  static std::deque<std::vector<unsigned char>> g;
-  return g;
 }
 
 struct Timeout {};  // thrown inside one pair's probe when a wait gives up
@@ -274,8 +267,8 @@ nlohmann::json run_p2p(FabricContext& ctx, PairTransport& t, const std::string& 
         probe.fail_remaining("timeout: no progress with " + ctx.nodes[static_cast<size_t>(peer)] + " within " +
                              std::to_string(static_cast<int>(ctx.timeout_s)) + " s");
         // The transport may still write into these buffers: keep them, take fresh ones.
-        graveyard().push_back(std::move(sbuf));
-        graveyard().push_back(std::move(rbuf));
+        comm::keep_until_exit(std::move(sbuf));
+        comm::keep_until_exit(std::move(rbuf));
         sbuf.assign(n, 0);
         rbuf.assign(n, 0);
       }

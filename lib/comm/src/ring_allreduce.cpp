@@ -5,7 +5,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <string>
 
 #include "hpct/comm/mpi.hpp"
@@ -21,12 +20,6 @@ constexpr size_t kAlign = 16;  // floats: segments start on 64-byte boundaries o
 // Buffers from this size up bypass the cache when the reduction writes them (add_into): beyond
 // any core's L2, where a plain store would first read each line only to overwrite it.
 constexpr size_t kStreamBytes = size_t(4) << 20;
-
-// Scratch handed to MPI by a run that gave up: MPI may still write into it.
-std::deque<std::vector<float>>& graveyard() {
-  static std::deque<std::vector<float>> g;
-  return g;
-}
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
@@ -65,7 +58,7 @@ std::pair<size_t, size_t> RingAllreduce::segment(size_t count, int n, int r) {
 }
 
 bool RingAllreduce::fail() {
-  graveyard().push_back(std::move(scratch_));
+  keep_until_exit(std::move(scratch_));  // MPI may still write into it
   scratch_.assign(2 * chunk_, 0.0f);
   sends_.clear();
   return false;

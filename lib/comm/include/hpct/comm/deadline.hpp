@@ -8,7 +8,10 @@
 #pragma once
 #include <mpi.h>
 
+#include <deque>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace hpct::comm {
 
@@ -20,6 +23,14 @@ double steady_seconds();
 struct PollPolicy {
   bool yield = false;
 };
+
+/// Keeps a buffer handed to MPI (or UCX) by an operation whose wait gave up alive until the process
+/// exits: the operation is still pending and may write into it (nothing can be cancelled).
+template <typename T>
+void keep_until_exit(std::vector<T>&& buf) {
+  static std::deque<std::vector<T>> kept;
+  kept.push_back(std::move(buf));
+}
 
 /// Polls until all n requests complete (true) or deadline passes (false, requests left pending).
 bool wait_all_until(MPI_Request* reqs, int n, double deadline, PollPolicy policy = {});
