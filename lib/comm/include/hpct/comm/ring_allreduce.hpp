@@ -6,9 +6,10 @@
 // copy of the buffer is ever made; the all-gather receives straight into the output. Per rank it
 // moves 2(n-1)/n of the buffer each way, the minimum any all-reduce can (nccl-tests' busbw).
 //
-// Why not MPI_Allreduce: Open MPI 4.1's algorithms on one host ran at 0.27 (blocking) and 0.41
-// (MPI_Iallreduce) of the same ranks' point-to-point bandwidth at 64 MiB; this ring at 0.79-0.83
-// (bench/healthcheck_vs_reference.sh, docs/benchmarks.md). What it is not: a general MPI_Op (float sums only), or fault tolerant: on
+// Why not MPI_Allreduce: Open MPI 4.1's algorithms on one host ran at 0.24-0.38 (blocking) and
+// 0.37-0.54 (MPI_Iallreduce) of a 64 MiB send between the same ranks (bench/allreduce_modes.c),
+// this ring at 0.64-0.90; in ib_healthcheck's bench 0.41 for MPI_Iallreduce against 0.67-0.83 for
+// the ring (docs/benchmarks.md). What it is not: a general MPI_Op (float sums only), or fault tolerant: on
 // a deadline, operations stay pending inside MPI like every deadline wait (deadline.hpp).
 #pragma once
 #include <mpi.h>
