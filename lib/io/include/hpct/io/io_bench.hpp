@@ -3,10 +3,10 @@
 // per-request latency percentiles. nvme_bench runs it on every rank and aggregates; the offload
 // code can run it at start-up to check a path before trusting it with optimizer state.
 //
-// How the stream is driven: requests of `chunk` bytes (at least block_size x queue_depth x threads,
-// so every worker's queue stays full), two outstanding at a time, so a new request is queued
-// before the previous one drains — the engine sees one continuous stream, as fio's does. Random
-// reads submit one block per request with queue_depth x threads requests outstanding.
+// How the stream is driven: one block-sized request per buffer of a ring, as fio drives its
+// iodepth buffers: queue_depth x threads in flight plus one queued per thread, so no worker's
+// queue drains while the caller refills a finished buffer (stream_slots). Random reads submit one
+// block per request with queue_depth x threads requests outstanding.
 //
 // Not here: MPI (the app aggregates), choosing what to measure (the app's grid), fio itself.
 #pragma once
@@ -51,8 +51,12 @@ void fill_pattern(char* dst, size_t len, uint64_t off, uint64_t seed);
 /// Rewrites only the offset stamps of a buffer already holding the pattern for another offset
 /// (cheap: one word per 4 KiB), which is how the timed stream refills its buffers.
 void stamp_pattern(char* dst, size_t len, uint64_t off, uint64_t seed);
-/// Bytes per request of the sequential stream for this configuration (see above).
+/// Bytes per request of an untimed whole-file pass (verification): at least block x depth x
+/// threads and 16 MiB, a multiple of the pattern period.
 uint64_t stream_chunk_bytes(const AioConfig& aio, uint64_t size);
+/// Buffers (of block_size bytes) in the timed stream's ring: (queue_depth + 1) x threads, rounded
+/// up so that slot i only ever carries blocks of one phase of the pattern period and one worker.
+size_t stream_slots(const AioConfig& aio);
 
 /// Runs one case on `path`. Writes preallocate the file first (as fio does); reads need the file to
 /// exist with at least `size` bytes (prepare_file). Throws hpct::Error naming the file on IO errors.
