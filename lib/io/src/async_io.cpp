@@ -475,14 +475,14 @@ class Worker {
 
   void loop() {
     std::vector<Piece*> batch;
-    std::vector<Completion> done;
+    std::vector<Completion> done, refused;
     int inflight = 0;
     for (;;) {
       batch.clear();
       {
         std::unique_lock lk(mu_);
-        if (inflight == 0) cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
-        if (inflight == 0 && pending_.empty() && stop_) return;
+        if (inflight == 0 && done.empty()) cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+        if (inflight == 0 && done.empty() && pending_.empty() && stop_) return;
         int room = cfg_.overlap_events ? depth_ - inflight : (inflight == 0 ? depth_ : 0);
         while (room-- > 0 && !pending_.empty()) {
           batch.push_back(pending_.front());
@@ -493,23 +493,26 @@ class Worker {
         inflight_set_.insert(p);
         p->t_submit = now_ns();
         backend_->prepare(p);
-        if (cfg_.single_submit) backend_->flush(done);
+        if (cfg_.single_submit) backend_->flush(refused);
       }
-      if (!cfg_.single_submit && !batch.empty()) backend_->flush(done);
-      inflight += static_cast<int>(batch.size());
-      inflight -= static_cast<int>(done.size());  // pieces the kernel refused at submit
-      if (inflight > 0) {
-        size_t before = done.size();
-        backend_->reap(cfg_.overlap_events ? 1 : inflight, done);
-        inflight -= static_cast<int>(done.size() - before);
-      }
-      for (auto& [p, res] : done) complete(p, res);
+      if (!cfg_.single_submit && !batch.empty()) backend_->flush(refused);
+      inflight += static_cast<int>(batch.size()) - static_cast<int>(refused.size());
+      // What the last reap returned is delivered only now, after the queue is topped up: waking a
+      // waiter is a syscall (on a VM an inter-processor interrupt too), and at queue depth 1 it
+      // would otherwise sit between one request's completion and the next one's submission.
+      for (auto& [p, res] : refused) complete(p, res, now_ns());
+      refused.clear();
+      for (size_t i = 0; i < done.size(); ++i) complete(done[i].first, done[i].second, done_at_[i]);
       done.clear();
+      if (inflight > 0) {
+        backend_->reap(cfg_.overlap_events ? 1 : inflight, done);
+        inflight -= static_cast<int>(done.size());
+        done_at_.assign(done.size(), now_ns());
+      }
     }
   }
 
-  void complete(Piece* p, long res) {
-    uint64_t t = now_ns();
+  void complete(Piece* p, long res, uint64_t t) {
     inflight_set_.erase(p);
     if (res == static_cast<long>(p->len)) {
       if (recording_->load(std::memory_order_relaxed)) {
@@ -553,6 +556,7 @@ class Worker {
   std::condition_variable cv_;
   std::deque<Piece*> pending_;
   std::unordered_set<Piece*> inflight_set_;  // handed to the kernel, not yet completed (worker thread only)
+  std::vector<uint64_t> done_at_;             // when each reaped completion came back (worker thread only)
   bool stop_ = false;
   std::mutex lat_mu_;
   std::vector<uint64_t> latencies_;
