@@ -114,7 +114,6 @@ void set_percentiles(IoResult& r, std::vector<uint64_t> lat_ns) {
 
 IoResult run_stream(const std::string& path, const IoCase& c) {
   const bool write = c.mode == IoMode::write;
-  AsyncIo io(c.aio);
   // A write case starts from an empty file (truncated, then preallocated), as fio's job does: an
   // overwrite of blocks already written measures something else (and virtual disks cache it).
   IoFile f = IoFile::open(path, write ? IoFile::Mode::write : IoFile::Mode::read, c.aio.direct, /*truncate=*/write);
@@ -140,6 +139,8 @@ IoResult run_stream(const std::string& path, const IoCase& c) {
   } else {
     std::memset(ring.data(), 0, ring.size());  // touch the pages before the clock starts
   }
+  // After the file and the buffers: destroyed first, it waits for IO still in flight on them.
+  AsyncIo io(c.aio);
   io.record_latencies(c.record_latency);
 
   IoResult r;
@@ -177,7 +178,6 @@ IoResult run_stream(const std::string& path, const IoCase& c) {
 }
 
 IoResult run_randread(const std::string& path, const IoCase& c) {
-  AsyncIo io(c.aio);
   IoFile f = IoFile::open(path, IoFile::Mode::read, c.aio.direct);
   if (f.size() < c.size)
     throw file_error(path, "has " + std::to_string(f.size()) + " bytes; random reads over " + std::to_string(c.size) +
@@ -195,6 +195,8 @@ IoResult run_randread(const std::string& path, const IoCase& c) {
   AlignedBuffer buf(window * bs, c.aio.pin_buffers);
   std::memset(buf.data(), 0, buf.size());
   std::vector<AsyncIo::Ticket> tickets(window, 0);
+  // After the file and the buffers: destroyed first, it waits for IO still in flight on them.
+  AsyncIo io(c.aio);
   io.record_latencies(true);
   IoResult r;
   double t0 = now_s(), cpu0 = cpu_s();
