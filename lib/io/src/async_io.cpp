@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <libaio.h>
 #include <liburing.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -273,7 +274,12 @@ class Backend {
   virtual void prepare(Piece* p) = 0;                         // queue for the next flush
   virtual void flush(std::vector<Completion>& failed) = 0;    // hand prepared pieces to the kernel
   virtual void reap(int min, std::vector<Completion>& out) = 0;  // wait for >= min completions
+  virtual bool synchronous() const { return false; }  // flush does the IO itself (psync)
 };
+
+// How often a submission refused with EAGAIN (the kernel short of resources for the moment) is
+// retried, yielding in between, before the queue is declared broken.
+constexpr int kSubmitRetries = 10000;
 
 class UringBackend final : public Backend {
  public:
@@ -292,19 +298,23 @@ class UringBackend final : public Backend {
     io_uring_sqe_set_data(sqe, p);
     prepared_.push_back(p);
   }
-  void flush(std::vector<Completion>& failed) override {
+  void flush(std::vector<Completion>&) override {
+    // Per-request errors come back in completions; a failed submit is the ring's, and its entries
+    // stay in the ring, so it cannot be reported per piece and carried on from: it breaks the queue
+    // (the worker then fails every piece it holds, and every later one).
+    int again = 0;
     while (!prepared_.empty()) {
       int rc = io_uring_submit(&ring_);
-      if (rc == -EINTR || rc == -EAGAIN) continue;
-      if (rc < 0) {
-        for (Piece* p : prepared_) failed.emplace_back(p, rc);
-        prepared_.clear();
-        return;
+      if (rc == -EINTR) continue;
+      if (rc == -EAGAIN && ++again < kSubmitRetries) {
+        sched_yield();
+        continue;
       }
+      if (rc <= 0)
+        throw Error(std::string("io_uring_submit: ") + (rc < 0 ? std::strerror(-rc) : "no entry was taken") + " (" +
+                    std::to_string(prepared_.size()) + " requests waiting)");
       prepared_.erase(prepared_.begin(), prepared_.begin() + std::min<size_t>(rc, prepared_.size()));
-      if (rc == 0) break;
     }
-    prepared_.clear();
   }
   void reap(int min, std::vector<Completion>& out) override {
     int got = 0;
@@ -350,9 +360,14 @@ class AioBackend final : public Backend {
   }
   void flush(std::vector<Completion>& failed) override {
     size_t done = 0;
+    int again = 0;
     while (done < prepared_.size()) {
       int rc = io_submit(ctx_, static_cast<long>(prepared_.size() - done), prepared_.data() + done);
-      if (rc == -EINTR || rc == -EAGAIN) continue;
+      if (rc == -EINTR) continue;
+      if (rc == -EAGAIN && ++again < kSubmitRetries) {
+        sched_yield();
+        continue;
+      }
       if (rc <= 0) {
         for (size_t i = done; i < prepared_.size(); ++i) {
           failed.emplace_back(static_cast<Piece*>(prepared_[i]->data), rc < 0 ? rc : -EIO);
@@ -406,6 +421,7 @@ class PsyncBackend final : public Backend {
     out.insert(out.end(), done_.begin(), done_.end());
     done_.clear();
   }
+  bool synchronous() const override { return true; }
 
  private:
   std::vector<Piece*> prepared_;
@@ -489,8 +505,12 @@ class Worker {
           pending_.pop_front();
         }
       }
+      // A synchronous backend does the IO in flush: deliver what is done before it, not after.
+      if (backend_->synchronous()) deliver(done);
+      // All of the batch is registered before any of it is prepared, so if preparing throws, the
+      // failure path finds every piece.
+      for (Piece* p : batch) inflight_set_.insert(p);
       for (Piece* p : batch) {
-        inflight_set_.insert(p);
         p->t_submit = now_ns();
         backend_->prepare(p);
         if (cfg_.single_submit) backend_->flush(refused);
@@ -502,14 +522,18 @@ class Worker {
       // would otherwise sit between one request's completion and the next one's submission.
       for (auto& [p, res] : refused) complete(p, res, now_ns());
       refused.clear();
-      for (size_t i = 0; i < done.size(); ++i) complete(done[i].first, done[i].second, done_at_[i]);
-      done.clear();
+      deliver(done);
       if (inflight > 0) {
         backend_->reap(cfg_.overlap_events ? 1 : inflight, done);
         inflight -= static_cast<int>(done.size());
         done_at_.assign(done.size(), now_ns());
       }
     }
+  }
+
+  void deliver(std::vector<Completion>& done) {
+    for (size_t i = 0; i < done.size(); ++i) complete(done[i].first, done[i].second, done_at_[i]);
+    done.clear();
   }
 
   void complete(Piece* p, long res, uint64_t t) {
