@@ -5,7 +5,7 @@
 //
 // How the stream is driven: one block-sized request per buffer of a ring, as fio drives its
 // iodepth buffers: queue_depth x threads in flight plus one queued per thread, so no worker's
-// queue drains while the caller refills a finished buffer (stream_slots). Random reads submit one
+// queue drains while the caller refills a finished buffer (stream_ring). Random reads submit one
 // block per request with queue_depth x threads requests outstanding.
 //
 // Not here: MPI (the app aggregates), choosing what to measure (the app's grid), fio itself.
@@ -54,9 +54,16 @@ void stamp_pattern(char* dst, size_t len, uint64_t off, uint64_t seed);
 /// Bytes per request of an untimed whole-file pass (verification): at least block x depth x
 /// threads and 16 MiB, a multiple of the pattern period.
 uint64_t stream_chunk_bytes(const AioConfig& aio, uint64_t size);
-/// Buffers (of block_size bytes) in the timed stream's ring: (queue_depth + 1) x threads, rounded
-/// up so that slot i only ever carries blocks of one phase of the pattern period and one worker.
-size_t stream_slots(const AioConfig& aio);
+/// The timed stream's ring of block-sized buffers: (queue_depth + 1) x threads of them, no more
+/// than the file has requests. `restamp`: a buffer keeps its data and only its stamps are
+/// rewritten per write, because the slot count is rounded up to a multiple of the pattern's phases
+/// for this block size. For odd block sizes, where that multiple would more than double the ring
+/// (and pass 64 MiB), each write regenerates its data instead.
+struct StreamRing {
+  size_t slots = 1;
+  bool restamp = true;
+};
+StreamRing stream_ring(const AioConfig& aio, uint64_t size);
 
 /// Runs one case on `path`. Writes preallocate the file first (as fio does); reads need the file to
 /// exist with at least `size` bytes (prepare_file). Throws hpct::Error naming the file on IO errors.
