@@ -17,6 +17,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
+#include "hpct/core/units.hpp"
 #include "hpct/io/aio_config.hpp"
 #include "hpct/io/async_io.hpp"
 #include "io_test_util.hpp"
@@ -326,6 +327,21 @@ TEST(AioConfig, ReadsDeepSpeedBlockUnderBothThreadNames) {
   AioConfig c = AioConfig::from_json(s);
   EXPECT_EQ(c.thread_count, 8);
   EXPECT_EQ(c.block_size, b.block_size);
+}
+
+// Labels show a block size exactly, in the notation the flags take: 1028K is not "1.00 MiB".
+TEST(AioConfig, DescribeShowsTheExactBlockSize) {
+  AioConfig c;
+  c.block_size = 1028 * 1024;
+  EXPECT_NE(c.describe().find("bs=1028K "), std::string::npos) << c.describe();
+  c.block_size = 8u << 20;
+  EXPECT_NE(c.describe().find("bs=8M "), std::string::npos) << c.describe();
+  for (uint64_t v : {uint64_t{0}, uint64_t{4096}, uint64_t{6000}, uint64_t{1} << 20, uint64_t{1052672}, uint64_t{3} << 30,
+                     (uint64_t{1} << 40) + 4096, uint64_t{5} << 40})
+    EXPECT_EQ(hpct::parse_size(hpct::format_size(v), "t"), v) << hpct::format_size(v);
+  EXPECT_EQ(hpct::format_size(1052672), "1028K");
+  EXPECT_EQ(hpct::format_size(6000), "6000");
+  EXPECT_EQ(hpct::format_size(uint64_t{2} << 40), "2T");
 }
 
 TEST(AioConfig, BadValuesNameTheKey) {

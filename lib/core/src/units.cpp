@@ -43,4 +43,13 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
+std::string format_size(uint64_t bytes) {
+  const char suffix[] = {'T', 'G', 'M', 'K'};
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t unit = uint64_t{1} << (10 * (4 - i));
+    if (bytes >= unit && bytes % unit == 0) return std::to_string(bytes / unit) + suffix[i];
+  }
+  return std::to_string(bytes);
+}
+
 }  // namespace hpct

@@ -107,7 +107,7 @@ nlohmann::json AioConfig::to_ds_json() const {
 }
 
 std::string AioConfig::describe() const {
-  return std::string(engine_name(engine)) + " bs=" + format_bytes(static_cast<double>(block_size)) +
+  return std::string(engine_name(engine)) + " bs=" + format_size(block_size) +
          " qd=" + std::to_string(queue_depth) + " threads=" + std::to_string(thread_count) +
          (single_submit ? " single_submit" : "") + (overlap_events ? "" : " no_overlap") + (direct ? "" : " buffered");
 }

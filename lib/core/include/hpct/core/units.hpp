@@ -10,4 +10,7 @@ namespace hpct {
 uint64_t parse_size(const std::string& text, const std::string& key);
 /// 1536 -> "1.50 KiB"
 std::string format_bytes(double bytes);
+/// Exact, in the flags' own notation, so parse_size reads it back: 1048576 -> "1M",
+/// 1052672 -> "1028K", 6000 -> "6000".
+std::string format_size(uint64_t bytes);
 }  // namespace hpct
