@@ -259,6 +259,7 @@ struct Piece {
   size_t len = 0;
   uint64_t off = 0;
   uint64_t t_submit = 0;
+  uint64_t t_done = 0;  // when the kernel's completion was reaped (latency ends there)
   int fd() const {
     size_t a = file->alignment();
     bool aligned = file->direct() && reinterpret_cast<uintptr_t>(buf) % a == 0 && off % a == 0 && len % a == 0;
@@ -526,13 +527,14 @@ class Worker {
       if (inflight > 0) {
         backend_->reap(cfg_.overlap_events ? 1 : inflight, done);
         inflight -= static_cast<int>(done.size());
-        done_at_.assign(done.size(), now_ns());
+        const uint64_t t = now_ns();
+        for (auto& c : done) c.first->t_done = t;
       }
     }
   }
 
   void deliver(std::vector<Completion>& done) {
-    for (size_t i = 0; i < done.size(); ++i) complete(done[i].first, done[i].second, done_at_[i]);
+    for (auto& [p, res] : done) complete(p, res, p->t_done);
     done.clear();
   }
 
@@ -580,7 +582,6 @@ class Worker {
   std::condition_variable cv_;
   std::deque<Piece*> pending_;
   std::unordered_set<Piece*> inflight_set_;  // handed to the kernel, not yet completed (worker thread only)
-  std::vector<uint64_t> done_at_;             // when each reaped completion came back (worker thread only)
   bool stop_ = false;
   std::mutex lat_mu_;
   std::vector<uint64_t> latencies_;
