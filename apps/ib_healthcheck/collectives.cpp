@@ -7,6 +7,7 @@
 // its last rank does).
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "checks.hpp"
 #include "hpct/comm/deadline.hpp"
@@ -68,7 +69,8 @@ nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const
   const bool nccl = kind.rfind("nccl_", 0) == 0;
   const bool reduce = kind == "allreduce" || kind == "nccl_allreduce";
   std::unique_ptr<comm::NcclComm> dev;
-  comm::RingAllreduce ring(ctx.data);
+  std::optional<comm::RingAllreduce> ring;  // its scratch only for the host all-reduce
+  if (kind == "allreduce") ring.emplace(ctx.data);
   std::string setup_error;  // NCCL could not start: every size reports it
   if (nccl) {
     dev = comm::NcclComm::create(ctx.data, ctx.local_rank, ctx.deadline(), ctx.poll, &setup_error);
@@ -97,7 +99,7 @@ nlohmann::json run_collective(FabricContext& ctx, const std::string& kind, const
         return;
       }
       if (reduce) {
-        if (!ring.run(in.data(), out.data(), count, ctx.deadline(), ctx.poll)) throw CollectiveTimeout{};
+        if (!ring->run(in.data(), out.data(), count, ctx.deadline(), ctx.poll)) throw CollectiveTimeout{};
         return;
       }
       MPI_Request r;
