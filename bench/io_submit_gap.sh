@@ -12,7 +12,7 @@
 # Needs perf with access to the syscalls tracepoints (root, or kernel.perf_event_paranoid <= -1).
 set -euo pipefail
 [[ $# -ge 1 ]] || { sed -n 2,12p "$0" >&2; exit 2; }
-command -v perf >/dev/null || { echo "perf not found (apt-get install linux-perf)" >&2; exit 1; }
+command -v perf >/dev/null || { echo "perf not found: run scripts/install_deps.sh --bench" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 perf record -q -e syscalls:sys_enter_io_submit,syscalls:sys_exit_io_getevents -o "$tmp/perf.data" -- "$@" >"$tmp/out" 2>&1 ||
