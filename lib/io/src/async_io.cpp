@@ -244,8 +244,12 @@ struct Request {
       if (error.empty()) error = *err;
     }
     if (remaining.fetch_sub(1) == 1) {
-      std::lock_guard lk(mu);
-      done = true;
+      {
+        std::lock_guard lk(mu);
+        done = true;
+      }
+      // After the unlock: a waiter woken while the lock is still held would only block again on
+      // it, one more sleep and wake-up per request. The caller of piece_done keeps *this alive.
       cv.notify_all();
     }
   }
