@@ -253,9 +253,17 @@ int local_rank(const comm::Communicator& world) {
   return r;
 }
 
+// What the ranks sharing a directory will write there: `writers` of them write a --size file (a
+// write case, or a read with no full kept file to read), and the files those writers already have
+// hold `reclaimable` bytes that the rewrite frees first (it truncates them).
+struct SpaceNeed {
+  int writers = 0;
+  double reclaimable = 0;
+};
+
 // Everything about the target that can be checked before any IO: exists, is a writable directory,
 // has room for every rank's file on it, takes O_DIRECT, and the block sizes fit its alignment.
-std::string check_target(const Options& o, const std::string& dir, int ranks_sharing) {
+std::string check_target(const Options& o, const std::string& dir, const SpaceNeed& space) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0)
     return "--path " + dir + ": does not exist (" + std::strerror(errno) + "); create it or choose another directory";
@@ -264,10 +272,12 @@ std::string check_target(const Options& o, const std::string& dir, int ranks_sha
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) != 0) return "--path " + dir + ": statvfs failed: " + std::strerror(errno);
   double avail = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
-  double need = static_cast<double>(o.size) * ranks_sharing;
-  if (need > avail)
-    return "--path " + dir + ": --size " + format_bytes(static_cast<double>(o.size)) + " x " + std::to_string(ranks_sharing) +
-           " rank(s) on it needs " + format_bytes(need) + ", only " + format_bytes(avail) + " free; lower --size";
+  double need = static_cast<double>(o.size) * space.writers;
+  if (need > avail + space.reclaimable)
+    return "--path " + dir + ": --size " + format_bytes(static_cast<double>(o.size)) + " x " + std::to_string(space.writers) +
+           " rank(s) writing on it needs " + format_bytes(need) + ", only " + format_bytes(avail) + " free" +
+           (space.reclaimable > 0 ? " (+ " + format_bytes(space.reclaimable) + " in its kept files, rewritten)" : "") +
+           "; lower --size";
   if (!o.buffered) {
     std::string probe = dir + "/.nvme_bench_probe." + std::to_string(::getpid());
     std::string err = comm::error_text_of([&] {
@@ -335,12 +345,25 @@ int run(int argc, char** argv) {
   const std::string node = node_name();
   const std::string dir = o.paths[static_cast<size_t>(lrank) % o.paths.size()];
   const std::string file = dir + "/nvme_bench." + node + "." + std::to_string(world.rank()) + ".dat";
-  // Ranks of this node that share this directory share its free space.
   auto keys = world.allgather_string(node + "\n" + std::filesystem::weakly_canonical(dir).string());
-  int sharing = static_cast<int>(std::count(keys.begin(), keys.end(), keys[world.rank()]));
-  comm::throw_if_any(world, check_target(o, dir, sharing));
-
   std::vector<CaseSpec> grid = build_grid(o);
+  // A file kept by an earlier run (--keep) with at least --size bytes is read as it is, so a read
+  // can run in its own process after a write, as fio's do (its pattern is that run's: --verify
+  // checks only what this run writes). Such a read-only run needs no free space.
+  struct stat kept {};
+  const bool have_file = ::stat(file.c_str(), &kept) == 0;
+  bool file_full = have_file && static_cast<uint64_t>(kept.st_size) >= o.size;
+  const bool writes = !file_full || std::any_of(grid.begin(), grid.end(), [](const CaseSpec& c) { return c.mode == IoMode::write; });
+  std::vector<double> writer = world.allgather(writes ? 1.0 : 0.0);
+  std::vector<double> held = world.allgather(writes && have_file ? static_cast<double>(kept.st_blocks) * 512.0 : 0.0);
+  SpaceNeed space;
+  for (int q = 0; q < world.size(); ++q)
+    if (keys[q] == keys[world.rank()]) {  // ranks of this node that share this directory share its free space
+      space.writers += writer[q] > 0 ? 1 : 0;
+      space.reclaimable += held[q];
+    }
+  comm::throw_if_any(world, check_target(o, dir, space));
+
   Progress progress(static_cast<int>(grid.size()) * o.loops, 0, root ? stderr : nullptr);
   if (root) {
     std::fprintf(stderr, "nvme_bench: %zu case(s) x %d loop(s), %s per rank, %d rank(s), %s\n", grid.size(), o.loops,
@@ -348,11 +371,6 @@ int run(int argc, char** argv) {
   }
 
   std::vector<CaseOutcome> outcomes;
-  // A file kept by an earlier run (--keep) with at least --size bytes is read as it is, so a read
-  // can run in its own process after a write, as fio's do (its pattern is that run's: --verify
-  // checks only what this run writes).
-  struct stat kept {};
-  bool file_full = ::stat(file.c_str(), &kept) == 0 && static_cast<uint64_t>(kept.st_size) >= o.size;
   std::vector<std::string> failures;
   auto cleanup = [&] {
     if (!o.keep) ::unlink(file.c_str());
