@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "hpct/core/error.hpp"
+#include "hpct/kernels/backend.hpp"
 #include "hpct/model/gpt.hpp"
 
 using namespace hpct;

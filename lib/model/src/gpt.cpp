@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
@@ -52,7 +53,7 @@ struct Gpt::LayerActs {
 
 struct Gpt::Workspace {
   int B = 0, T = 0;
-  std::vector<float> mem;
+  kernels::BackendBuffer mem;  // every float buffer below, in the backend's memory
   std::vector<LayerActs> acts;
   float* res = nullptr;       // (L+1, N, C) layer inputs; res[L] is the last layer's output
   float* lnf = nullptr;       // (N, C)
@@ -65,16 +66,20 @@ struct Gpt::Workspace {
   float* dfch = nullptr;      // (N, 4C)
   float* dfch_gelu = nullptr; // (N, 4C)
   float* logits = nullptr;    // (kHeadRows, Vp)
-  std::vector<float> losses;  // (N)
+  float* losses = nullptr;    // (N), in the backend's memory
+  std::vector<float> host_losses;       // (N): the losses read back, on a device backend
+  kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend
 };
 
 // Rows of the LM head processed at once: bounds the (rows, Vp) logits buffer (51 MB at
 // Vp = 50304) instead of materialising (N, Vp), which is the largest tensor of a small GPT.
 static constexpr int kHeadRows = 256;
 
-Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute)
+Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::OpsBackend* ops)
     : cfg_(cfg), precision_(precision), recompute_(recompute) {
   cfg_.validate();
+  if (!ops) own_ops_ = kernels::cpu_ops();
+  ops_ = ops ? ops : own_ops_.get();
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab(), T = cfg_.max_seq_length;
   layout_.begin_block("embedding");
   wte_ = layout_.add("embedding.word_embeddings.weight", {Vp, C}, true).offset;
@@ -146,9 +151,11 @@ void Gpt::ensure_workspace(int B, int T) {
   const size_t nsets = recompute_ ? 1 : L;
   size_t per_layer = N * C * 5 + N * 4 + N * 3 * C + (size_t)B * NH * T * T + N * 4 * C * 2;
   size_t total = nsets * per_layer + (L + 1) * N * C + N * C + 2 * N + N * C * 3 + N * 3 * C + N * 4 * C * 2 +
-                 (size_t)kHeadRows * Vp;
-  ws->mem.assign(total, 0.0f);
-  float* p = ws->mem.data();
+                 (size_t)kHeadRows * Vp + N;
+  ws_.reset();  // the old buffers go back before the new ones are taken
+  ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
+  ops_->zero(ws->mem.as<void>(), total * sizeof(float));
+  float* p = ws->mem.as<float>();
   auto take = [&](size_t n) { float* r = p; p += n; return r; };
   ws->acts.resize(nsets);
   for (auto& a : ws->acts) {
@@ -176,11 +183,39 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->dfch = take(N * 4 * C);
   ws->dfch_gelu = take(N * 4 * C);
   ws->logits = take((size_t)kHeadRows * Vp);
-  ws->losses.assign(N, 0.0f);
+  ws->losses = take(N);
+  if (!ops_->host_memory()) {
+    ws->host_losses.assign(N, 0.0f);
+    ws->tokens = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+    ws->targets = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+  }
   ws_ = std::move(ws);
 }
 
-size_t Gpt::activation_bytes() const { return ws_ ? ws_->mem.size() * sizeof(float) + ws_->losses.size() * 4 : 0; }
+size_t Gpt::activation_bytes() const {
+  return ws_ ? ws_->mem.bytes() + ws_->tokens.bytes() + ws_->targets.bytes() : 0;
+}
+
+std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* tokens, const int32_t* targets, int B,
+                                                            int T) {
+  ensure_workspace(B, T);
+  if (ops_->host_memory()) return {tokens, targets};  // the CPU ops check what they read
+  // A kernel cannot throw: check here what the CPU ops would refuse, before anything is copied in.
+  const size_t N = (size_t)B * T;
+  const int Vp = cfg_.padded_vocab(), V = cfg_.vocab_size;
+  for (size_t i = 0; i < N; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= Vp)
+      throw Error("GPT on " + ops_->name() + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                  " is outside the vocabulary [0, " + std::to_string(Vp) + ")");
+    if (targets && targets[i] >= V)
+      throw Error("GPT on " + ops_->name() + ": target " + std::to_string(targets[i]) + " of row " + std::to_string(i) +
+                  " is not below V=" + std::to_string(V));
+  }
+  Workspace& w = *ws_;
+  ops_->copy_from_host(w.tokens.as<void>(), tokens, N * sizeof(int32_t));
+  if (targets) ops_->copy_from_host(w.targets.as<void>(), targets, N * sizeof(int32_t));
+  return {w.tokens.as<int32_t>(), targets ? w.targets.as<int32_t>() : nullptr};
+}
 
 double Gpt::flops_per_iteration(long long B, long long T) const {
   // Megatron's 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) counts forward+backward (x3) plus one
@@ -192,16 +227,16 @@ double Gpt::flops_per_iteration(long long B, long long T) const {
 
 void Gpt::layer_forward(int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T) {
   const int N = B * T, C = cfg_.hidden_size, NH = cfg_.num_heads;
-  kernels::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, lp + lo_.ln1w, lp + lo_.ln1b, N, C);
-  kernels::matmul_forward(a.qkv, a.ln1, lp + lo_.qkvw, lp + lo_.qkvb, N, C, 3 * C, precision_);
-  kernels::attention_forward(a.atty, a.att, a.qkv, B, T, C, NH, precision_);
-  kernels::matmul_forward(a.res2, a.atty, lp + lo_.projw, lp + lo_.projb, N, C, C, precision_);
-  kernels::residual_forward(a.res2, in, a.res2, (size_t)N * C);
-  kernels::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, lp + lo_.ln2w, lp + lo_.ln2b, N, C);
-  kernels::matmul_forward(a.fch, a.ln2, lp + lo_.fcw, lp + lo_.fcb, N, C, 4 * C, precision_);
-  kernels::gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
-  kernels::matmul_forward(out, a.fch_gelu, lp + lo_.fcprojw, lp + lo_.fcprojb, N, 4 * C, C, precision_);
-  kernels::residual_forward(out, a.res2, out, (size_t)N * C);
+  ops_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, lp + lo_.ln1w, lp + lo_.ln1b, N, C);
+  ops_->matmul_forward(a.qkv, a.ln1, lp + lo_.qkvw, lp + lo_.qkvb, N, C, 3 * C, precision_);
+  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, C, NH, precision_);
+  ops_->matmul_forward(a.res2, a.atty, lp + lo_.projw, lp + lo_.projb, N, C, C, precision_);
+  ops_->residual_forward(a.res2, in, a.res2, (size_t)N * C);
+  ops_->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, lp + lo_.ln2w, lp + lo_.ln2b, N, C);
+  ops_->matmul_forward(a.fch, a.ln2, lp + lo_.fcw, lp + lo_.fcb, N, C, 4 * C, precision_);
+  ops_->gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
+  ops_->matmul_forward(out, a.fch_gelu, lp + lo_.fcprojw, lp + lo_.fcprojb, N, 4 * C, C, precision_);
+  ops_->residual_forward(out, a.res2, out, (size_t)N * C);
 }
 
 // dres holds d(loss)/d(layer output) on entry and d(loss)/d(layer input) on return.
@@ -209,23 +244,23 @@ void Gpt::layer_backward(int l, const float* lp, float* lg, LayerActs& a, const 
   const int N = B * T, C = cfg_.hidden_size, NH = cfg_.num_heads;
   Workspace& w = *ws_;
   const size_t NC = (size_t)N * C;
-  std::memset(w.dfch_gelu, 0, NC * 4 * sizeof(float));
-  kernels::matmul_backward(w.dfch_gelu, lg + lo_.fcprojw, lg + lo_.fcprojb, dres, a.fch_gelu, lp + lo_.fcprojw, N,
+  ops_->zero(w.dfch_gelu, NC * 4 * sizeof(float));
+  ops_->matmul_backward(w.dfch_gelu, lg + lo_.fcprojw, lg + lo_.fcprojb, dres, a.fch_gelu, lp + lo_.fcprojw, N,
                            4 * C, C, precision_);
-  std::memset(w.dfch, 0, NC * 4 * sizeof(float));
-  kernels::gelu_backward(w.dfch, a.fch, w.dfch_gelu, NC * 4);
-  std::memset(w.dln, 0, NC * sizeof(float));
-  kernels::matmul_backward(w.dln, lg + lo_.fcw, lg + lo_.fcb, w.dfch, a.ln2, lp + lo_.fcw, N, C, 4 * C, precision_);
+  ops_->zero(w.dfch, NC * 4 * sizeof(float));
+  ops_->gelu_backward(w.dfch, a.fch, w.dfch_gelu, NC * 4);
+  ops_->zero(w.dln, NC * sizeof(float));
+  ops_->matmul_backward(w.dln, lg + lo_.fcw, lg + lo_.fcb, w.dfch, a.ln2, lp + lo_.fcw, N, C, 4 * C, precision_);
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
-  kernels::layernorm_backward(dres, lg + lo_.ln2w, lg + lo_.ln2b, w.dln, a.res2, lp + lo_.ln2w, a.ln2_mean, a.ln2_rstd,
+  ops_->layernorm_backward(dres, lg + lo_.ln2w, lg + lo_.ln2b, w.dln, a.res2, lp + lo_.ln2w, a.ln2_mean, a.ln2_rstd,
                               N, C);
-  std::memset(w.datty, 0, NC * sizeof(float));
-  kernels::matmul_backward(w.datty, lg + lo_.projw, lg + lo_.projb, dres, a.atty, lp + lo_.projw, N, C, C, precision_);
-  std::memset(w.dqkv, 0, NC * 3 * sizeof(float));
-  kernels::attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, C, NH, precision_);
-  std::memset(w.dln, 0, NC * sizeof(float));
-  kernels::matmul_backward(w.dln, lg + lo_.qkvw, lg + lo_.qkvb, w.dqkv, a.ln1, lp + lo_.qkvw, N, C, 3 * C, precision_);
-  kernels::layernorm_backward(dres, lg + lo_.ln1w, lg + lo_.ln1b, w.dln, in, lp + lo_.ln1w, a.ln1_mean, a.ln1_rstd, N,
+  ops_->zero(w.datty, NC * sizeof(float));
+  ops_->matmul_backward(w.datty, lg + lo_.projw, lg + lo_.projb, dres, a.atty, lp + lo_.projw, N, C, C, precision_);
+  ops_->zero(w.dqkv, NC * 3 * sizeof(float));
+  ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, C, NH, precision_);
+  ops_->zero(w.dln, NC * sizeof(float));
+  ops_->matmul_backward(w.dln, lg + lo_.qkvw, lg + lo_.qkvb, w.dqkv, a.ln1, lp + lo_.qkvw, N, C, 3 * C, precision_);
+  ops_->layernorm_backward(dres, lg + lo_.ln1w, lg + lo_.ln1b, w.dln, in, lp + lo_.ln1w, a.ln1_mean, a.ln1_rstd, N,
                               C);
 }
 
@@ -235,22 +270,27 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
                  int T, float dloss, bool backward, float* dx) {
   const int N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   Workspace& w = *ws_;
-  kernels::layernorm_forward(w.lnf, w.lnf_mean, w.lnf_rstd, x, fp + lnfw_, fp + lnfb_, N, C);
-  if (backward) std::memset(w.dln, 0, (size_t)N * C * sizeof(float));
+  ops_->layernorm_forward(w.lnf, w.lnf_mean, w.lnf_rstd, x, fp + lnfw_, fp + lnfb_, N, C);
+  if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
   double loss_sum = 0;
   for (int r0 = 0; r0 < N; r0 += kHeadRows) {
     int rows = std::min(kHeadRows, N - r0);
     const float* xin = w.lnf + (size_t)r0 * C;
-    kernels::matmul_forward(w.logits, xin, ep + wte_, nullptr, rows, C, Vp, precision_);
-    kernels::softmax_cross_entropy(w.logits, w.losses.data() + r0, targets + r0, dloss, rows, V, Vp);
-    for (int i = 0; i < rows; ++i) loss_sum += w.losses[r0 + i];
+    ops_->matmul_forward(w.logits, xin, ep + wte_, nullptr, rows, C, Vp, precision_);
+    ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
     if (backward)
-      kernels::matmul_backward(w.dln + (size_t)r0 * C, eg + wte_, nullptr, w.logits, xin, ep + wte_, rows, C, Vp,
+      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg + wte_, nullptr, w.logits, xin, ep + wte_, rows, C, Vp,
                                precision_);
   }
+  const float* losses = w.losses;
+  if (!ops_->host_memory()) {
+    ops_->copy_to_host(w.host_losses.data(), w.losses, (size_t)N * sizeof(float));
+    losses = w.host_losses.data();
+  }
+  for (int i = 0; i < N; ++i) loss_sum += losses[i];  // in row order, as on every backend
   if (backward) {
-    std::memset(dx, 0, (size_t)N * C * sizeof(float));
-    kernels::layernorm_backward(dx, fg + lnfw_, fg + lnfb_, w.dln, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, N, C);
+    ops_->zero(dx, (size_t)N * C * sizeof(float));
+    ops_->layernorm_backward(dx, fg + lnfw_, fg + lnfb_, w.dln, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, N, C);
   }
   return loss_sum;
 }
@@ -259,12 +299,11 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
 // saves its activations in its own set (for backward without recompute); otherwise all share set 0.
 // Returns the embedding block's parameters, still held (the tied head needs them).
 const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts) {
-  ensure_workspace(B, T);
   Workspace& w = *ws_;
   const int C = cfg_.hidden_size;
   const size_t NC = (size_t)B * T * C;
   const float* ep = store.params(0);
-  kernels::encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
+  ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     layer_forward(l, store.params(l + 1), w.acts[keep_acts ? l : 0], w.res + l * NC, w.res + (l + 1) * NC, B, T);
     store.release(l + 1);
@@ -272,8 +311,9 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   return ep;
 }
 
-double Gpt::forward_backward(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T,
+double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T,
                              float dloss) {
+  const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/!recompute_);
   Workspace& w = *ws_;
   const int L = cfg_.num_layers, C = cfg_.hidden_size;
@@ -291,13 +331,14 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* tokens, const int
     store.grads_ready(l + 1);
   }
   float* eg = store.grads(0);
-  kernels::encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
+  ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
   store.release(0);
   store.grads_ready(0);
   return loss;
 }
 
-double Gpt::forward_loss(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T) {
+double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T) {
+  const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
   // evaluation keeps no activations for backward: every layer reuses the first set
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/false);
   Workspace& w = *ws_;

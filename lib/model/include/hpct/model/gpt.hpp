@@ -8,16 +8,21 @@
 // gradients through a ParamStore, block by block, so ZeRO-3 can gather a layer just in time and
 // a data-parallel engine can reduce a layer's gradients as soon as they are complete.
 //
+// The ops run on a kernels::OpsBackend: the CPU one by default, or a CUDA device. Parameters,
+// gradients and activations then live in that backend's memory; tokens and targets are passed as
+// host arrays and copied in, losses come back to the host.
+//
 // Dimension letters: B batch, T sequence, C channels (hidden), L layers, NH heads, V vocab,
 // Vp padded vocab, N = B*T rows.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpct/core/param_layout.hpp"
-#include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/ops_backend.hpp"
 
 namespace hpct::model {
 
@@ -38,7 +43,8 @@ struct GptConfig {
 
 /// Where the model reads parameters and writes gradients, one block at a time (see ParamLayout).
 /// Block order: 0 = embedding (wte, wpe), 1..L = layers, L+1 = final norm. The default store points
-/// into two flat buffers; ZeRO-3 gathers and releases blocks behind the same interface.
+/// into two flat buffers; ZeRO-3 gathers and releases blocks behind the same interface. Pointers
+/// are in the memory of the model's backend (device memory for a CUDA model).
 class ParamStore {
  public:
   virtual ~ParamStore() = default;
@@ -63,8 +69,14 @@ class FlatParamStore : public ParamStore {
 
 class Gpt {
  public:
-  Gpt(const GptConfig& cfg, kernels::Precision precision, bool recompute_activations);
+  /// ops: the backend the model computes on, which must outlive the model; nullptr = the CPU one.
+  Gpt(const GptConfig& cfg, kernels::Precision precision, bool recompute_activations,
+      kernels::OpsBackend* ops = nullptr);
   ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  kernels::OpsBackend& ops() const { return *ops_; }
 
   const GptConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -77,7 +89,8 @@ class Gpt {
   /// offset in init_params), so a sharded store initialises without a full copy.
   void init_block(int block, float* dst, uint64_t seed) const;
 
-  /// Forward and backward of one micro-batch. tokens/targets are (B, T); a target < 0 is ignored.
+  /// Forward and backward of one micro-batch. tokens/targets are (B, T) host arrays; a target < 0
+  /// is ignored.
   /// Gradients are ACCUMULATED into the store with d(loss)/d(logit) scaled by dloss (so the caller
   /// chooses the mean over the global batch and any loss scale). Returns the SUM of token losses.
   double forward_backward(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T, float dloss);
@@ -94,6 +107,8 @@ class Gpt {
   struct LayerActs;
   struct Workspace;
   void ensure_workspace(int B, int T);
+  /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
+  std::pair<const int32_t*, const int32_t*> stage_inputs(const int32_t* tokens, const int32_t* targets, int B, int T);
   const float* forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts);
   void layer_forward(int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T);
   void layer_backward(int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres, int B, int T);
@@ -109,7 +124,9 @@ class Gpt {
     size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   } lo_{};
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
-  std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
+  kernels::OpsBackend* ops_ = nullptr;
+  std::unique_ptr<Workspace> ws_;                 // declared last: its buffers go back to ops_ first
 };
 
 }  // namespace hpct::model

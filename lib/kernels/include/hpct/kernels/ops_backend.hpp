@@ -1,0 +1,109 @@
+// hpct/kernels/ops_backend.hpp — the model's ops and their memory behind one interface, so the same
+// model code runs on the CPU (ops.hpp) or on a CUDA device (cuda_ops.hpp).
+//
+// What it is: every op the GPT forward and backward use, with ops.hpp's contracts (row-major fp32,
+// backward ACCUMULATES), plus the memory calls the model needs around them: allocate and zero
+// buffers in the backend's memory, copy tokens in and losses out. Pointers passed to an op are in
+// the backend's memory: host memory for cpu_ops(), device memory for cuda_ops().
+// What it is not: a tensor library or a stream scheduler. A device backend queues its ops on one
+// stream in call order; copy_to_host() waits for everything queued before it.
+// Trade-off: one virtual call per op (a few per layer, nothing per element) buys one model source
+// for every backend; the CPU backend forwards to ops.hpp unchanged, so its results are bitwise those
+// of the functions themselves.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hpct/kernels/precision.hpp"
+
+namespace hpct::kernels {
+
+class OpsBackend {
+ public:
+  virtual ~OpsBackend() = default;
+  /// "cpu", or "cuda:<device> (<name>)".
+  virtual std::string name() const = 0;
+  /// True when op pointers are host memory (the CPU backend): callers may read results directly.
+  virtual bool host_memory() const = 0;
+
+  // ---- memory (bytes; every allocation is aligned for any element type) ----
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  /// dst (backend memory) <- src (host memory). The host buffer may be reused when this returns.
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  /// dst (host memory) <- src (backend memory), after every op queued before; returns when done.
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+
+  // ---- the GPT ops: contracts as in ops.hpp ----
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                               int C) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                 const float* bias, int N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, const float* mean, const float* rstd, int N, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                              int OC, Precision p) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, int N, int C, int OC, Precision p) = 0;
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                                 Precision p) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                  int C, int NH, Precision p) = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
+  /// As ops.hpp, except that targets are checked by the caller on a device backend (a kernel
+  /// cannot throw): Gpt checks them on the host before they are copied in.
+  virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,
+                                     int V, int Vp) = 0;
+};
+
+/// The CPU backend: ops.hpp on host memory (64-byte aligned allocations). Needs a BackendScope
+/// alive while its ops run, as ops.hpp does.
+std::unique_ptr<OpsBackend> cpu_ops();
+
+/// True when this build has the CUDA backend and a device can be used; otherwise false with the
+/// reason in *why (e.g. "built without CUDA", "no CUDA device: ...").
+bool cuda_ops_available(std::string* why = nullptr);
+/// The CUDA backend on `device` (cudaSetDevice on the calling thread): kernels from cuda_ops.hpp and
+/// cuBLAS on one stream. Throws hpct::Error with the reason when cuda_ops_available() is false.
+std::unique_ptr<OpsBackend> cuda_ops(int device = 0);
+
+/// A buffer in a backend's memory, freed with it. Moves, does not copy.
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  BackendBuffer(OpsBackend& be, size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? be.allocate(bytes) : nullptr) {}
+  ~BackendBuffer() { reset(); }
+  BackendBuffer(BackendBuffer&& o) noexcept : be_(o.be_), bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr, o.bytes_ = 0; }
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_, bytes_ = o.bytes_, p_ = o.p_;
+      o.p_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+  void reset() noexcept {
+    if (p_) be_->release(p_);
+    p_ = nullptr, bytes_ = 0;
+  }
+
+ private:
+  OpsBackend* be_ = nullptr;
+  size_t bytes_ = 0;
+  void* p_ = nullptr;
+};
+
+}  // namespace hpct::kernels

@@ -1,0 +1,94 @@
+// The CPU OpsBackend: ops.hpp on host memory (see ops_backend.hpp). The CUDA one is in
+// cuda/ops_backend.cu; without CUDA, cuda_ops() says so.
+#include "hpct/kernels/ops_backend.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/ops.hpp"
+
+namespace hpct::kernels {
+namespace {
+
+class CpuOps final : public OpsBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+
+  void* allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void release(void* p) noexcept override { std::free(p); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memcpy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memcpy(dst, src, bytes);
+  }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                       int C) override {
+    kernels::encoder_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                        int C) override {
+    kernels::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                         int N, int C) override {
+    kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+    kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                      Precision p) override {
+    kernels::matmul_forward(out, inp, weight, bias, N, C, OC, p);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int N, int C, int OC, Precision p) override {
+    kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p) override {
+    kernels::attention_forward(out, att, qkv, B, T, C, NH, p);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                          int NH, Precision p) override {
+    kernels::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p);
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) override { kernels::gelu_forward(out, inp, n); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    kernels::gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+    kernels::residual_forward(out, a, b, n);
+  }
+  void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
+                             int Vp) override {
+    kernels::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<OpsBackend> cpu_ops() { return std::make_unique<CpuOps>(); }
+
+#if !defined(HPCT_HAVE_CUDA)
+bool cuda_ops_available(std::string* why) {
+  if (why) *why = "this build has no CUDA backend (configure with -DHPCT_ENABLE_CUDA=ON and the CUDA toolkit)";
+  return false;
+}
+std::unique_ptr<OpsBackend> cuda_ops(int) {
+  std::string why;
+  cuda_ops_available(&why);
+  throw Error("CUDA backend: " + why);
+}
+#endif
+
+}  // namespace hpct::kernels
