@@ -1,15 +1,18 @@
 // hpct/kernels/cuda_ops.hpp — CUDA kernels for the element-wise and per-row GPT-2 ops.
 //
-// What it is: the device twins of ops.hpp's gelu, residual, adamw and layernorm forward, with the
-// same math and the same contracts (backward accumulates), on device pointers and an explicit
-// stream. What it is not (yet): the whole model on a GPU; GEMMs and attention still run on the CPU
-// path, and nothing here allocates or copies memory. Trade-off: one thread per element (per row
-// for layernorm: a warp) with grid-stride loops: simple and bandwidth-bound, which these ops are.
+// What it is: the device twins of ops.hpp's element-wise and per-row ops (gelu, residual, adamw,
+// layernorm, embedding, softmax cross-entropy) and the pieces that cuda_ops() (ops_backend.hpp)
+// builds matmul and attention from around cuBLAS: bias broadcast and reduction, the causal
+// softmax. Same math and contracts (backward accumulates), on device pointers and an explicit
+// stream. Nothing here allocates or copies memory. Trade-off: one thread per element (per row: a
+// warp, or a block for the vocabulary-wide cross-entropy) with grid-stride loops: simple and
+// bandwidth-bound, which these ops are; not tuned.
 // Declared only in CUDA builds (HPCT_HAVE_CUDA, set by lib/kernels when nvcc is found). Launch
 // errors throw hpct::Error; kernels run asynchronously on `stream`.
 #pragma once
 #if defined(HPCT_HAVE_CUDA)
 #include <cstddef>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #include <cuda_runtime_api.h>
@@ -35,6 +38,30 @@ void adamw_update(float* param /*(n)*/, const float* grad /*(n)*/, float* m /*(n
 /// LayerNorm, eps 1e-5, saving mean and rstd, as hpct::kernels::layernorm_forward.
 void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/,
                        const float* weight /*(C)*/, const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
+
+/// out = wte[tokens] + wpe[t]; tokens in [0, V) (checked by the caller on the host).
+void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
+                     const float* wpe /*(maxT,C)*/, int B, int T, int C, cudaStream_t stream);
+/// dwte[tokens] += dout (atomicAdd: order of the sum varies), dwpe[t] += sum over b of dout.
+void encoder_backward(float* dwte /*(V,C)*/, float* dwpe /*(maxT,C)*/, const float* dout /*(B,T,C)*/,
+                      const int32_t* tokens /*(B,T)*/, int B, int T, int C, cudaStream_t stream);
+/// As hpct::kernels::layernorm_backward (accumulates into all three gradients).
+void layernorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, float* dbias /*(C)*/, const float* dout /*(N,C)*/,
+                        const float* inp /*(N,C)*/, const float* weight /*(C)*/, const float* mean /*(N)*/,
+                        const float* rstd /*(N)*/, int N, int C, cudaStream_t stream);
+/// out[n][o] += bias[o].
+void add_bias(float* out /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC, cudaStream_t stream);
+/// dbias[o] += sum over n of dout[n][o].
+void bias_backward(float* dbias /*(OC)*/, const float* dout /*(N,OC)*/, int N, int OC, cudaStream_t stream);
+/// In place on rows of T scores (row r is query r % T): softmax over columns <= r % T, 0 above.
+void causal_softmax_forward(float* att /*(rows,T)*/, int T, size_t rows, cudaStream_t stream);
+/// In place: datt becomes att * (datt - rowsum(att * datt)) below the diagonal, 0 above.
+void causal_softmax_backward(float* datt /*(rows,T)*/, const float* att /*(rows,T)*/, int T, size_t rows,
+                             cudaStream_t stream);
+/// As hpct::kernels::softmax_cross_entropy, except that targets >= V are not checked (the caller
+/// checks them on the host; a kernel cannot throw).
+void softmax_cross_entropy(float* logits_inout /*(N,Vp)*/, float* losses /*(N)*/, const int32_t* targets /*(N)*/,
+                           float dloss, int N, int V, int Vp, cudaStream_t stream);
 
 }  // namespace hpct::kernels::cuda
 #endif  // HPCT_HAVE_CUDA

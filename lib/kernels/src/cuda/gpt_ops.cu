@@ -1,0 +1,275 @@
+// CUDA kernels for the rest of the GPT-2 ops (declared in cuda_ops.hpp): embedding, layernorm
+// backward, the fused softmax cross-entropy, bias broadcast and reduction, and the causal softmax
+// of attention. The GEMMs around them are cuBLAS calls in ops_backend.cu.
+//
+// Same formulas as cpu_ops.cpp, so the two backends agree to rounding: the cross-entropy's
+// normaliser is summed in double, as on the CPU; layernorm backward is the CPU's two-term form.
+// Gradient reductions over rows (dbias, dweight, the position table) are column loops, one thread
+// per column, so they are deterministic; the token-embedding gradient scatters rows with atomicAdd
+// (tokens repeat), so its summation order varies from run to run in the last bits.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <string>
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/cuda_ops.hpp"
+
+namespace hpct::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 65535u * 8u;
+
+unsigned blocks_for(size_t n) {
+  const size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw Error(std::string("hpct::kernels::cuda::") + op + ": " + cudaGetErrorName(err) + ": " +
+                cudaGetErrorString(err));
+}
+
+void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw Error(std::string("hpct::kernels::cuda::") + op + ": " + what);
+}
+
+#define GRID_STRIDE(i, n) \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ __forceinline__ double warp_sum(double x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
+                                       int C, size_t n) {
+  GRID_STRIDE(i, n) {
+    const size_t bt = i / C, c = i % C;
+    const int t = (int)(bt % T);
+    out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
+  }
+}
+
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, size_t n) {
+  GRID_STRIDE(i, n) {
+    const size_t bt = i / C, c = i % C;
+    atomicAdd(&dwte[(size_t)tokens[bt] * C + c], dout[i]);
+  }
+}
+
+// dwpe[t][c] += sum over b of dout[b][t][c]: one thread per (t, c).
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+  GRID_STRIDE(i, (size_t)T * C) {
+    float s = 0.0f;
+    for (int b = 0; b < B; ++b) s += dout[(size_t)b * T * C + i];
+    dwpe[i] += s;
+  }
+}
+
+// One warp per row: dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)).
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
+                                               const float* mean, const float* rstd, int N, int C) {
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+    const float* x = inp + (size_t)row * C;
+    const float* g = dout + (size_t)row * C;
+    const float m = mean[row], rs = rstd[row];
+    float a = 0.0f, b = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+      const float dn = g[c] * weight[c];
+      a += dn;
+      b += dn * (x[c] - m) * rs;
+    }
+    a = warp_sum(a) / C;
+    b = warp_sum(b) / C;
+    float* d = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) {
+      const float xhat = (x[c] - m) * rs;
+      d[c] += rs * (g[c] * weight[c] - a - xhat * b);
+    }
+  }
+}
+
+// One thread per column: dweight[c] += sum_n dout * xhat, dbias[c] += sum_n dout.
+__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* dout, const float* inp,
+                                                 const float* mean, const float* rstd, int N, int C) {
+  GRID_STRIDE(c, (size_t)C) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int n = 0; n < N; ++n) {
+      const size_t k = (size_t)n * C + c;
+      sw += dout[k] * (inp[k] - mean[n]) * rstd[n];
+      sb += dout[k];
+    }
+    dweight[c] += sw;
+    dbias[c] += sb;
+  }
+}
+
+__global__ void add_bias_kernel(float* out, const float* bias, int OC, size_t n) {
+  GRID_STRIDE(i, n) out[i] += bias[i % OC];
+}
+
+__global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
+  GRID_STRIDE(o, (size_t)OC) {
+    float s = 0.0f;
+    for (int n = 0; n < N; ++n) s += dout[(size_t)n * OC + o];
+    dbias[o] += s;
+  }
+}
+
+// One warp per row of a (rows, T, T) stack of score matrices: row r is query t = r % T; columns
+// j <= t are softmaxed, j > t set to 0 (the CPU keeps the upper triangle zero too).
+__global__ void causal_softmax_forward_kernel(float* att, int T, size_t rows) {
+  const size_t warps = blockDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += (size_t)gridDim.x * warps) {
+    const int t = (int)(r % T);
+    float* a = att + r * T;
+    float mx = -FLT_MAX;
+    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, a[j]);
+    mx = warp_max(mx);
+    float s = 0.0f;
+    for (int j = lane; j <= t; j += 32) {
+      const float e = expf(a[j] - mx);
+      a[j] = e;
+      s += e;
+    }
+    const float inv = 1.0f / warp_sum(s);
+    for (int j = lane; j < T; j += 32) a[j] = j <= t ? a[j] * inv : 0.0f;
+  }
+}
+
+// In place on datt: dpre[t][j] = att[t][j] * (datt[t][j] - sum_k att[t][k] * datt[t][k]), 0 above
+// the diagonal (the 1/sqrt(HS) scale is applied by the GEMMs that consume it).
+__global__ void causal_softmax_backward_kernel(float* datt, const float* att, int T, size_t rows) {
+  const size_t warps = blockDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += (size_t)gridDim.x * warps) {
+    const int t = (int)(r % T);
+    const float* a = att + r * T;
+    float* d = datt + r * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += 32) dot += a[j] * d[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < T; j += 32) d[j] = j <= t ? a[j] * (d[j] - dot) : 0.0f;
+  }
+}
+
+// One block per row, as the CPU: max and the normaliser (in double) over the V real columns, loss
+// -log softmax[target]; the row becomes (softmax - onehot) * dloss, padding columns 0. A target < 0
+// gives loss 0 and a zero row. Targets >= V were refused on the host.
+__global__ void softmax_cross_entropy_kernel(float* logits, float* losses, const int32_t* targets, float dloss, int V,
+                                             int Vp) {
+  __shared__ float smax[kThreads / 32];
+  __shared__ double ssum[kThreads / 32];
+  const int row = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  float* x = logits + (size_t)row * Vp;
+  const int32_t tgt = targets[row];
+  if (tgt < 0) {
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = 0.0f;
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    return;
+  }
+  float mx = -FLT_MAX;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  mx = warp_max(mx);
+  if (lane == 0) smax[warp] = mx;
+  __syncthreads();
+  mx = smax[0];
+  for (int w = 1; w < nwarps; ++w) mx = fmaxf(mx, smax[w]);
+  double s = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf(x[j] - mx);
+  s = warp_sum(s);
+  if (lane == 0) ssum[warp] = s;
+  __syncthreads();
+  double sum = 0.0;
+  for (int w = 0; w < nwarps; ++w) sum += ssum[w];
+  const float shifted_target = x[tgt] - mx;
+  __syncthreads();  // every thread has read x[tgt] before the row is overwritten
+  const float inv = (float)(1.0 / sum);
+  for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
+    const float p = j < V ? expf(x[j] - mx) * inv : 0.0f;
+    x[j] = j < V ? (p - (j == tgt ? 1.0f : 0.0f)) * dloss : 0.0f;
+  }
+  if (threadIdx.x == 0) losses[row] = (float)(log(sum) - (double)shifted_target);
+}
+
+}  // namespace
+
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
+  const size_t n = (size_t)B * T * C;
+  if (n == 0) return;
+  encoder_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, n);
+  check_launch("encoder_forward");
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                      cudaStream_t stream) {
+  const size_t n = (size_t)B * T * C;
+  if (n == 0) return;
+  encoder_backward_wte_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwte, dout, tokens, C, n);
+  check_launch("encoder_backward");
+  encoder_backward_wpe_kernel<<<blocks_for((size_t)T * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+  check_launch("encoder_backward");
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+  require(N >= 0 && C > 0, "layernorm_backward", "need N >= 0 and C > 0");
+  if (N == 0) return;
+  layernorm_backward_dinp_kernel<<<blocks_for((size_t)N * 32), kThreads, 0, stream>>>(dinp, dout, inp, weight, mean,
+                                                                                       rstd, N, C);
+  check_launch("layernorm_backward");
+  layernorm_backward_params_kernel<<<blocks_for((size_t)C), kThreads, 0, stream>>>(dweight, dbias, dout, inp, mean,
+                                                                                    rstd, N, C);
+  check_launch("layernorm_backward");
+}
+
+void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
+  const size_t n = (size_t)N * OC;
+  if (n == 0) return;
+  add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, bias, OC, n);
+  check_launch("add_bias");
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int OC, cudaStream_t stream) {
+  if (OC <= 0 || N <= 0) return;
+  bias_backward_kernel<<<blocks_for((size_t)OC), kThreads, 0, stream>>>(dbias, dout, N, OC);
+  check_launch("bias_backward");
+}
+
+void causal_softmax_forward(float* att, int T, size_t rows, cudaStream_t stream) {
+  if (rows == 0) return;
+  causal_softmax_forward_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(att, T, rows);
+  check_launch("causal_softmax_forward");
+}
+
+void causal_softmax_backward(float* datt, const float* att, int T, size_t rows, cudaStream_t stream) {
+  if (rows == 0) return;
+  causal_softmax_backward_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(datt, att, T, rows);
+  check_launch("causal_softmax_backward");
+}
+
+void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
+                           int Vp, cudaStream_t stream) {
+  require(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy",
+          "need 0 < V <= Vp (V=" + std::to_string(V) + ", Vp=" + std::to_string(Vp) + ")");
+  if (N == 0) return;
+  softmax_cross_entropy_kernel<<<N, kThreads, 0, stream>>>(logits_inout, losses, targets, dloss, V, Vp);
+  check_launch("softmax_cross_entropy");
+}
+
+}  // namespace hpct::kernels::cuda

@@ -1,0 +1,224 @@
+// The CUDA OpsBackend (ops_backend.hpp): the kernels of cuda_ops.hpp and cuBLAS on one stream.
+//
+// GEMMs: ops.hpp's matrices are row-major, cuBLAS's column-major; a row-major C = op(A) op(B) is
+// the column-major C^T = op(B)^T op(A)^T, so every call passes B before A with M and N swapped
+// (gemm() below). Precision: fp32 computes in fp32 (CUBLAS_COMPUTE_32F, no TF32); bf16 and fp16
+// let cuBLAS round the fp32 inputs to 16 bits and accumulate in fp32 (CUBLAS_COMPUTE_32F_FAST_16BF /
+// _16F), the CPU's contract. Attention: per batch row, one strided-batched GEMM over the heads for
+// q k^T (scaled), the causal softmax kernel, one for att v; backward likewise, with a (B, NH, T, T)
+// scratch for d(att) kept between calls.
+// Status: compiled in every CUDA build; runs only where a GPU is (tests/kernels/test_kernels_cuda.cpp
+// compares it with the CPU backend, op by op and on a whole GPT).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/cuda_ops.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+
+namespace hpct::kernels {
+namespace {
+
+void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess)
+    throw Error("CUDA backend: " + what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+void check(cublasStatus_t st, const std::string& what) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw Error("CUDA backend: " + what + ": cuBLAS status " + std::to_string((int)st));
+}
+
+cublasComputeType_t compute_type(Precision p) {
+  switch (p) {
+    case Precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case Precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
+    default: return CUBLAS_COMPUTE_32F;
+  }
+}
+
+class CudaOps final : public OpsBackend {
+ public:
+  explicit CudaOps(int device) : device_(device) {
+    check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) {
+      cudaStreamDestroy(stream_);
+      throw Error("CUDA backend: cublasCreate failed on " + name_);
+    }
+    cublasSetStream(blas_, stream_);
+  }
+  ~CudaOps() override {
+    cudaStreamSynchronize(stream_);
+    if (scratch_) cudaFree(scratch_);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  std::string name() const override { return name_; }
+  bool host_memory() const override { return false; }
+
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc of " + std::to_string(bytes) + " bytes on " + name_);
+    return p;
+  }
+  void release(void* p) noexcept override {
+    cudaStreamSynchronize(stream_);  // nothing queued may still use it
+    cudaFree(p);
+  }
+  void zero(void* p, size_t bytes) override { check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync"); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
+    check(cudaStreamSynchronize(stream_), "copy to the device");
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to the host");
+    check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
+  }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                       int C) override {
+    cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, stream_);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                        int C) override {
+    cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, stream_);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                         int N, int C) override {
+    cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream_);
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                      Precision p) override {
+    gemm(false, true, N, OC, C, 1.0f, inp, C, 0, weight, C, 0, 0.0f, out, OC, 0, 1, p);
+    if (bias) cuda::add_bias(out, bias, N, OC, stream_);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int N, int C, int OC, Precision p) override {
+    if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, 0, weight, C, 0, 1.0f, dinp, C, 0, 1, p);
+    gemm(true, false, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dweight, C, 0, 1, p);
+    if (dbias) cuda::bias_backward(dbias, dout, N, OC, stream_);
+  }
+
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p) override {
+    if (C % NH != 0) throw Error("CUDA backend: attention_forward: C=" + std::to_string(C) + " is not divisible by NH");
+    const int HS = C / NH;
+    const float scale = 1.0f / std::sqrt((float)HS);
+    const long long TT = (long long)T * T;
+    for (int b = 0; b < B; ++b) {
+      const float* q = qkv + (size_t)b * T * 3 * C;
+      // att[h] = scale * q_h k_h^T for every head h at once
+      gemm(false, true, T, T, HS, scale, q, 3 * C, HS, q + C, 3 * C, HS, 0.0f, att + (size_t)b * NH * TT, T, TT, NH, p);
+    }
+    cuda::causal_softmax_forward(att, T, (size_t)B * NH * T, stream_);
+    for (int b = 0; b < B; ++b) {
+      const float* v = qkv + (size_t)b * T * 3 * C + 2 * C;
+      gemm(false, false, T, HS, T, 1.0f, att + (size_t)b * NH * TT, T, TT, v, 3 * C, HS, 0.0f, out + (size_t)b * T * C,
+           C, HS, NH, p);
+    }
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                          int NH, Precision p) override {
+    if (C % NH != 0) throw Error("CUDA backend: attention_backward: C=" + std::to_string(C) + " is not divisible by NH");
+    const int HS = C / NH;
+    const float scale = 1.0f / std::sqrt((float)HS);
+    const long long TT = (long long)T * T;
+    float* datt = scratch((size_t)B * NH * TT);
+    for (int b = 0; b < B; ++b) {
+      const float* q = qkv + (size_t)b * T * 3 * C;
+      const float* d = dout + (size_t)b * T * C;
+      float* da = datt + (size_t)b * NH * TT;
+      const float* a = att + (size_t)b * NH * TT;
+      float* dv = dqkv + (size_t)b * T * 3 * C + 2 * C;
+      gemm(false, true, T, T, HS, 1.0f, d, C, HS, q + 2 * C, 3 * C, HS, 0.0f, da, T, TT, NH, p);  // d(att) = dout v^T
+      gemm(true, false, T, HS, T, 1.0f, a, T, TT, d, C, HS, 1.0f, dv, 3 * C, HS, NH, p);         // dv += att^T dout
+    }
+    cuda::causal_softmax_backward(datt, att, T, (size_t)B * NH * T, stream_);  // d(att) -> d(scores)
+    for (int b = 0; b < B; ++b) {
+      const float* q = qkv + (size_t)b * T * 3 * C;
+      const float* ds = datt + (size_t)b * NH * TT;
+      float* dq = dqkv + (size_t)b * T * 3 * C;
+      gemm(false, false, T, HS, T, scale, ds, T, TT, q + C, 3 * C, HS, 1.0f, dq, 3 * C, HS, NH, p);    // dq += s ds k
+      gemm(true, false, T, HS, T, scale, ds, T, TT, q, 3 * C, HS, 1.0f, dq + C, 3 * C, HS, NH, p);     // dk += s ds^T q
+    }
+  }
+
+  void gelu_forward(float* out, const float* inp, size_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    cuda::gelu_backward(dinp, inp, dout, n, stream_);
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+    cuda::residual_forward(out, a, b, n, stream_);
+  }
+  void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
+                             int Vp) override {
+    cuda::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp, stream_);
+  }
+
+ private:
+  // Row-major C = alpha op(A) op(B) + beta C, `batch` times with element strides sA, sB, sC
+  // (op(A) is M x K, op(B) K x N; lda/ldb/ldc are row strides). See the file comment for the swap.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, long long sA, const float* B,
+            int ldb, long long sB, float beta, float* Cm, int ldc, long long sC, int batch, Precision p) {
+    if (M == 0 || N == 0 || batch == 0) return;
+    check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                     &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F, lda, sA, &beta, Cm, CUDA_R_32F, ldc,
+                                     sC, batch, compute_type(p), CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx (" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ")");
+  }
+
+  float* scratch(size_t floats) {
+    if (floats * sizeof(float) > scratch_bytes_) {
+      if (scratch_) release(scratch_);
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+      scratch_ = allocate(floats * sizeof(float));
+      scratch_bytes_ = floats * sizeof(float);
+    }
+    return static_cast<float*>(scratch_);
+  }
+
+  int device_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+bool cuda_ops_available(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) *why = std::string("no usable CUDA device: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<OpsBackend> cuda_ops(int device) {
+  std::string why;
+  if (!cuda_ops_available(&why)) throw Error("CUDA backend: " + why);
+  return std::make_unique<CudaOps>(device);
+}
+
+}  // namespace hpct::kernels

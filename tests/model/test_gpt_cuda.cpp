@@ -1,0 +1,132 @@
+// GPT on the CUDA backend against the same model on the CPU backend: the loss and every gradient
+// of one forward-backward, with and without activation recompute, in fp32 and bf16; evaluation;
+// and the host-side refusal of a bad token. The CPU model's gradients are checked against finite
+// differences in test_gpt.cpp, so agreement here carries that over. Without a CUDA device every
+// test is SKIPPED (CTest reports the test as skipped, not passed).
+// Tolerances: fp32 1e-4 of the largest gradient (cuBLAS and the CPU sum in different orders, and
+// the token-embedding gradient uses atomics); bf16 1e-2 (both round GEMM inputs to bf16, but the
+// accumulation order inside the 16-bit GEMMs differs).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/gpt.hpp"
+
+using namespace hpct;
+using kernels::BackendBuffer;
+using kernels::Precision;
+
+namespace {
+
+class Env : public ::testing::Environment {
+ public:
+  void SetUp() override { scope_ = std::make_unique<kernels::BackendScope>(); }
+  void TearDown() override { scope_.reset(); }
+
+ private:
+  std::unique_ptr<kernels::BackendScope> scope_;
+};
+[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
+
+model::GptConfig tiny() {
+  model::GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_heads = 4;
+  c.max_seq_length = 16;
+  c.vocab_size = 100;
+  c.vocab_multiple = 64;  // Vp = 128: padding columns exercised
+  return c;
+}
+
+struct Batch {
+  int B = 3, T = 16;
+  std::vector<int32_t> tokens, targets;
+  explicit Batch(uint64_t seed) {
+    std::mt19937 g(static_cast<unsigned>(seed));
+    std::uniform_int_distribution<int> d(0, 99);
+    for (int i = 0; i < B * T; ++i) tokens.push_back(d(g)), targets.push_back(d(g));
+    targets[5] = -1;  // an ignored position
+  }
+};
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+void compare_one_step(Precision p, bool recompute, double tol) {
+  std::string why;
+  if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
+  auto gpu_be = kernels::cuda_ops(0);
+  const model::GptConfig c = tiny();
+  model::Gpt cpu(c, p, recompute);
+  model::Gpt gpu(c, p, recompute, gpu_be.get());
+  const size_t n = cpu.layout().numel();
+  std::vector<float> params(n), grads(n, 0.0f);
+  cpu.init_params(params.data(), 1234);
+  BackendBuffer dparams(*gpu_be, n * sizeof(float)), dgrads(*gpu_be, n * sizeof(float));
+  gpu_be->copy_from_host(dparams.as<void>(), params.data(), n * sizeof(float));
+  gpu_be->zero(dgrads.as<void>(), n * sizeof(float));
+  model::FlatParamStore cs(cpu.layout(), params.data(), grads.data());
+  model::FlatParamStore gs(gpu.layout(), dparams.as<float>(), dgrads.as<float>());
+
+  Batch b(7);
+  const float dloss = 1.0f / static_cast<float>(b.B * b.T);
+  const double lc = cpu.forward_backward(cs, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
+  const double lg = gpu.forward_backward(gs, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
+  EXPECT_NEAR(lg, lc, tol * std::fabs(lc)) << "loss sum on " << gpu_be->name();
+
+  std::vector<float> g(n);
+  gpu_be->copy_to_host(g.data(), dgrads.as<void>(), n * sizeof(float));
+  const double scale = max_abs(grads);
+  ASSERT_GT(scale, 0.0);
+  for (const auto& t : cpu.layout().tensors()) {
+    double worst = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i)
+      worst = std::max(worst, static_cast<double>(std::fabs(g[i] - grads[i])));
+    EXPECT_LE(worst, tol * scale) << t.name << " on " << gpu_be->name();
+  }
+
+  // Evaluation on the same weights.
+  const double ec = cpu.forward_loss(cs, b.tokens.data(), b.targets.data(), b.B, b.T);
+  const double eg = gpu.forward_loss(gs, b.tokens.data(), b.targets.data(), b.B, b.T);
+  EXPECT_NEAR(eg, ec, tol * std::fabs(ec));
+}
+
+}  // namespace
+
+TEST(GptCuda, Fp32MatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4); }
+TEST(GptCuda, Fp32WithRecomputeMatchesTheCpu) { compare_one_step(Precision::fp32, true, 1e-4); }
+TEST(GptCuda, Bf16MatchesTheCpu) { compare_one_step(Precision::bf16, false, 1e-2); }
+
+// A token outside the vocabulary is refused on the host, before any kernel reads with it.
+TEST(GptCuda, BadTokenRefusedOnTheHost) {
+  std::string why;
+  if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
+  auto gpu_be = kernels::cuda_ops(0);
+  model::Gpt gpu(tiny(), Precision::fp32, false, gpu_be.get());
+  const size_t n = gpu.layout().numel();
+  BackendBuffer dparams(*gpu_be, n * sizeof(float)), dgrads(*gpu_be, n * sizeof(float));
+  gpu_be->zero(dparams.as<void>(), n * sizeof(float));
+  gpu_be->zero(dgrads.as<void>(), n * sizeof(float));
+  model::FlatParamStore gs(gpu.layout(), dparams.as<float>(), dgrads.as<float>());
+  Batch b(3);
+  b.tokens[4] = 500;
+  try {
+    gpu.forward_backward(gs, b.tokens.data(), b.targets.data(), b.B, b.T, 1.0f);
+    FAIL() << "a token of 500 in a 128-row vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 500 at position 4 is outside the vocabulary [0, 128)"), std::string::npos)
+        << e.what();
+  }
+}
