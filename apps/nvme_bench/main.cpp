@@ -244,15 +244,6 @@ std::string case_label(const CaseSpec& c) {
   return s;
 }
 
-int local_rank(const comm::Communicator& world) {
-  MPI_Comm local;
-  HPCT_CHECK_MPI(MPI_Comm_split_type(world.raw(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &local));
-  int r = 0;
-  MPI_Comm_rank(local, &r);
-  MPI_Comm_free(&local);
-  return r;
-}
-
 // What the ranks sharing a directory will write there: `writers` of them write a --size file (a
 // write case, or a read with no full kept file to read), and the files those writers already have
 // hold `reclaimable` bytes that the rewrite frees first (it truncates them).
@@ -341,7 +332,7 @@ int run(int argc, char** argv) {
   }
   ::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes an EFBIG error with the file named
 
-  const int lrank = local_rank(world);
+  const int lrank = world.node_local_rank();
   const std::string node = node_name();
   const std::string dir = o.paths[static_cast<size_t>(lrank) % o.paths.size()];
   const std::string file = dir + "/nvme_bench." + node + "." + std::to_string(world.rank()) + ".dat";

@@ -94,6 +94,10 @@ static int run(int argc, char** argv) {
               << ", optimizer states " << format_bytes(mem.optimizer) << "; per rank "
               << format_bytes(*std::min_element(held.begin(), held.end())) << " to "
               << format_bytes(*std::max_element(held.begin(), held.end())) << "\n";
+    if (cfg.device == "cuda")
+      std::cout << "> ZeRO-Offload: the model computes on " << trainer.model().ops().name()
+                << " (fp32 parameters and gradients " << format_bytes(mem.device_params_grads)
+                << " in its memory); the states above and the optimizer step stay on the host\n";
     if (trainer.zero().offloaded())
       std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << "): parameters "
                 << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer)
@@ -109,6 +113,12 @@ static int run(int argc, char** argv) {
                          {"optimizer_states", world.allgather(double(mem.optimizer))},
                          {"working_buffers_peak", world.allgather(double(mem.working_peak))},
                          {"activations", world.allgather(double(mem.activations))}};
+  nlohmann::json device = nullptr;
+  if (cfg.device == "cuda") {
+    device = {{"parameters_and_gradients", world.allgather(double(mem.device_params_grads))},
+              {"activations", host["activations"]}};
+    host.erase("activations");
+  }
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
   const auto& tr = trainer.zero().swap_traffic();
   const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));
@@ -162,9 +172,11 @@ static int run(int argc, char** argv) {
                               {"peak_rss_bytes_per_rank", s.peak_rss_per_rank},
                               {"parameters", trainer.model().layout().numel()},
                               {"zero_stage", cfg.zero.stage},
+                              {"device", cfg.device},
                               // bytes each rank holds, per tier (index = rank); the CPU backend's
-                              // device memory is host memory
-                              {"memory_per_rank", {{"host", host}, {"device", nullptr}, {"nvme", nvme}}},
+                              // device memory is host memory (device: null). With --device cuda the
+                              // activations are device memory, and are reported there.
+                              {"memory_per_rank", {{"host", host}, {"device", device}, {"nvme", nvme}}},
                               {"nvme_offload", offload},
                               {"comm_bytes_per_step_per_rank", sent}};
     if (!s.val_losses.empty()) {

@@ -173,3 +173,13 @@ TEST(DsConfig, Fp16AndBf16Exclusive) {
   auto p = write_tmp("ds_prec.json", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
   EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", p})).find("fp16 and bf16 are both enabled"), std::string::npos);
 }
+
+TEST(TrainConfig, DeviceNamed) {
+  EXPECT_NE(error_of(with(base_args(), {"--device", "tpu"})).find("'tpu' is not a device: use cpu or cuda"), std::string::npos);
+  // The CUDA backend is ZeRO-Offload: the states and the step live on the host, so the ds_config must say so.
+  auto msg = error_of(with(base_args(), {"--device", "cuda"}));
+  EXPECT_NE(msg.find("--device cuda keeps the ZeRO states and the optimizer step on the host"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offload_optimizer.device to cpu"), std::string::npos) << msg;
+  auto p = write_tmp("ds_offload_cpu.json", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_EQ(error_of(with(base_args(), {"--device", "cuda", "--deepspeed_config", p})), "");
+}

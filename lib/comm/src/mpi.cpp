@@ -76,6 +76,15 @@ Communicator Communicator::split(int color, int key) const {
   return Communicator(out, true);
 }
 
+int Communicator::node_local_rank() const {
+  MPI_Comm local;
+  HPCT_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  int r = 0;
+  MPI_Comm_rank(local, &r);
+  MPI_Comm_free(&local);
+  return r;
+}
+
 void Communicator::barrier() const { HPCT_CHECK_MPI(MPI_Barrier(comm_)); }
 
 // Large buffers are reduced in chunks below INT_MAX elements (MPI counts are int).

@@ -82,6 +82,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--loss-scale-window", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.window = (int)to_int("--loss-scale-window", v); }, "steps before raising the scale"}},
       {"--hysteresis", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.hysteresis = (int)to_int("--hysteresis", v); }, "overflows before lowering the scale"}},
       {"--checkpoint-activations", {false, [](TrainConfig& c, const std::string&) { c.recompute_activations = true; }, "recompute each layer in backward"}},
+      {"--device", {true, [](TrainConfig& c, const std::string& v) { c.device = v; }, "cpu (default) or cuda: the model on the node-local GPU, ZeRO states and the optimizer step on the host (ZeRO-Offload; needs offload_optimizer.device cpu or nvme)"}},
       {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero.stage = (int)to_int("--zero-stage", v); }, "ZeRO stage: 0 replicated, 1 optimizer states, 2 + gradients, 3 + parameters partitioned"}},
       {"--data-path", {true, [](TrainConfig& c, const std::string& v) { c.data_path.push_back(v); }, "indexed dataset prefix (.bin/.idx)"}},
       {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
@@ -392,6 +393,10 @@ void TrainConfig::finalize(int dp) {
   if (keep_last < 0) throw config_error("--keep-last", "--keep-last must be >= 0");
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
+  if (device != "cpu" && device != "cuda") throw config_error("--device", "'" + device + "' is not a device: use cpu or cuda");
+  if (device == "cuda" && !zero.offload_optimizer.nvme() && zero.offload_optimizer.device != "cpu")
+    throw config_error("--device", "--device cuda keeps the ZeRO states and the optimizer step on the host (ZeRO-Offload)",
+                       "set zero_optimization.offload_optimizer.device to cpu (or nvme) with stage 1, 2 or 3 in the ds_config");
 
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
@@ -428,6 +433,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
                           {"window", c.loss_scale.window}, {"hysteresis", c.loss_scale.hysteresis},
                           {"min", c.loss_scale.min_scale}}},
           {"recompute_activations", c.recompute_activations},
+          {"device", c.device},
           {"zero_stage", c.zero.stage},
           {"zero_optimization", {{"stage", c.zero.stage},
                                  {"reduce_bucket_size", c.zero.reduce_bucket_size},

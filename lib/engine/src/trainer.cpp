@@ -29,8 +29,14 @@
 namespace hpct::engine {
 
 Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(cfg), grid_(grid) {
-  model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations);
+  if (cfg_.device == "cuda") {
+    // One GPU per rank: the node-local rank picks it (cuda_ops() checks the device exists).
+    ops_ = kernels::cuda_ops(comm::Communicator::world().node_local_rank());
+  }
+  model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get());
   zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(), compute_precision());
+  if (ops_ || cfg_.via_device_store)
+    device_store_ = std::make_unique<parallel::DeviceStore>(*zero_, model_->layout(), model_->ops());
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });
@@ -63,6 +69,7 @@ Trainer::MemoryReport Trainer::memory_report() const {
   r.nvme_optimizer = z.nvme_optimizer;
   r.nvme_file = z.nvme_file;
   r.activations = model_->activation_bytes();
+  if (ops_) r.device_params_grads = device_store_->device_bytes();
   return r;
 }
 
@@ -88,7 +95,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     // see exactly the samples one rank sees with N*k micro-steps.
     load_micro_batch(data, sample_base_ + iteration * GB + ((long long)m * dp + r) * mb);
     zero_->begin_micro_step(m == cfg_.grad_accum - 1);
-    loss_sum += model_->forward_backward(*zero_, tokens_.data(), targets_.data(), mb, T, dloss);
+    loss_sum += model_->forward_backward(store(), tokens_.data(), targets_.data(), mb, T, dloss);
     zero_->end_micro_step();
   }
   grid_.dp().allreduce_sum(&loss_sum, 1);
@@ -130,7 +137,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
 double Trainer::evaluate(const io::TokenDataset& data) {
   const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
   const long long GB = cfg_.global_batch;
-  model::ParamStore& store = *zero_;  // forward only: parameters gathered as in training
+  model::ParamStore& store = this->store();  // forward only: parameters gathered as in training
   double sums[2] = {0, 0};  // loss sum, token count
   for (int e = 0; e < cfg_.eval_iters; ++e) {
     for (int m = 0; m < cfg_.grad_accum; ++m) {

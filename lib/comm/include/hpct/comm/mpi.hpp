@@ -80,6 +80,9 @@ class Communicator {
 
   /// Collective over this comm: MPI_Comm_split.
   Communicator split(int color, int key) const;
+  /// Collective over this comm: this rank's index among the ranks that share its node (its shared-
+  /// memory domain, MPI_COMM_TYPE_SHARED), for picking a node-local GPU or disk.
+  int node_local_rank() const;
   /// Collective over this comm.
   void barrier() const;
   /// Collective over this comm: in-place sum of n values.

@@ -46,6 +46,12 @@ struct TrainConfig {
   LossScaleConfig loss_scale;
   bool recompute_activations = false;
   parallel::ZeroConfig zero;  // ds_config zero_optimization; stage also --zero-stage
+  // --device: where the model computes. cuda = the node-local GPU (node-local rank modulo the GPUs
+  // seen) with the ZeRO states and the optimizer step in host memory (ZeRO-Offload).
+  std::string device = "cpu";
+  // Tests only: a CPU run routed through ZeRO-Offload's DeviceStore (the data flow of a cuda run,
+  // with memcpys for the copies), so that path is checked where there is no GPU. Not a flag.
+  bool via_device_store = false;
   // data
   std::vector<std::string> data_path;
   std::string vocab_file, merge_file, split = "969,30,1";

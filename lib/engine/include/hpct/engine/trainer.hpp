@@ -5,7 +5,9 @@
 // as backward finishes that block (all-reduce at stage 0, reduce-scatter into shards at 1-3) and,
 // at stage 3, gathers each block's parameters just in time. Then: fp16 overflow check, global
 // grad-norm clipping, AdamW on this rank's shard. Progress lines follow Megatron's format; the
-// metrics file is JSON lines. Checkpoints: engine/checkpointer.hpp.
+// metrics file is JSON lines. Checkpoints: engine/checkpointer.hpp. With --device cuda the model
+// computes on the node-local GPU and a parallel::DeviceStore copies each block's parameters to it
+// and its gradients back to the engine (ZeRO-Offload: states and the step stay on the host).
 #pragma once
 #include <memory>
 #include <string>
@@ -17,6 +19,8 @@
 #include "hpct/engine/train_config.hpp"
 #include "hpct/io/gpt_dataset.hpp"
 #include "hpct/model/gpt.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+#include "hpct/parallel/device_store.hpp"
 #include "hpct/parallel/zero.hpp"
 
 namespace hpct::engine {
@@ -97,6 +101,9 @@ class Trainer {
   /// the ZeRO working buffers' high-water mark, and activations.
   struct MemoryReport {
     size_t params = 0, grads = 0, optimizer = 0, grad_shard = 0, working_peak = 0, activations = 0;
+    // --device cuda: bytes in GPU memory (fp32 parameters and gradients of the whole model; the
+    // activations above are then GPU memory too). 0 on the CPU backend.
+    size_t device_params_grads = 0;
     size_t nvme_params = 0, nvme_optimizer = 0, nvme_file = 0;  // in this rank's swap file (ZeRO offload)
   };
   MemoryReport memory_report() const;
@@ -112,8 +119,12 @@ class Trainer {
 
   TrainConfig cfg_;
   const comm::ProcessGrid& grid_;
+  std::unique_ptr<kernels::OpsBackend> ops_;  // --device cuda: the GPU backend (declared before the model)
   std::unique_ptr<model::Gpt> model_;
   std::unique_ptr<parallel::ZeroEngine> zero_;
+  std::unique_ptr<parallel::DeviceStore> device_store_;  // ZeRO-Offload: in front of zero_
+  /// What the model reads parameters from and writes gradients to.
+  model::ParamStore& store() { return device_store_ ? static_cast<model::ParamStore&>(*device_store_) : *zero_; }
   struct AsyncSave;
   std::unique_ptr<AsyncSave> async_;
   // --async-save: the copy of this rank's state a background save writes. Mapped and populated at

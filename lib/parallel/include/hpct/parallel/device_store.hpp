@@ -1,0 +1,53 @@
+// hpct/parallel/device_store.hpp — ZeRO-Offload: the model computes on a device, the ZeRO engine's
+// states (and its optimizer step) stay in host memory.
+//
+// What it is: a ParamStore for a model on a device backend (kernels::cuda_ops()) that stands in
+// front of a host ParamStore (the ZeroEngine). params(b) takes the host block (gathered first at
+// stage 3, widened from 16 bits in bf16/fp16 runs) and copies it to the device; grads(b) hands the
+// model a device buffer, zeroed for the micro-step; grads_ready(b) copies that gradient back, adds it
+// into the engine's gradient for the block, and tells the engine, which reduces and, after the step,
+// runs AdamW on the host (CPU, or swapped through NVMe with offload_optimizer.device nvme: ZeRO-
+// Infinity). This is DeepSpeed's ZeRO-Offload data flow: gradients device -> host, update on the
+// host, parameters host -> device.
+// What it is not (yet): device-side partitioning. The device holds fp32 parameters and gradients
+// of the whole model (8 bytes per parameter) whatever the stage, and the copies are synchronous
+// (no overlap of copies with compute). Status: compiled in CUDA builds, never run on a GPU here;
+// on the CPU backend it is exercised by tests/parallel (its copies are then memcpys).
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "hpct/core/param_layout.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/gpt.hpp"
+
+namespace hpct::parallel {
+
+class DeviceStore final : public model::ParamStore {
+ public:
+  /// host: the engine (must outlive this); be: the model's backend. Allocates 2 x 4 x numel bytes
+  /// on the device.
+  DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be);
+
+  const float* params(int block) override;
+  float* grads(int block) override;
+  void release(int block) override;
+  void grads_ready(int block) override;
+
+  /// Bytes held in the backend's memory (parameters and gradients, fp32).
+  size_t device_bytes() const { return dparams_.bytes() + dgrads_.bytes(); }
+  /// Bytes copied host -> device (parameters) and device -> host (gradients) since construction.
+  double bytes_to_device() const { return to_device_; }
+  double bytes_to_host() const { return to_host_; }
+
+ private:
+  model::ParamStore& host_;
+  const ParamLayout& layout_;
+  kernels::OpsBackend& be_;
+  kernels::BackendBuffer dparams_, dgrads_;
+  std::vector<float> staging_;  // one block's gradient on its way to the engine
+  std::vector<char> active_;    // per block: its device gradient holds this micro-step's sum
+  double to_device_ = 0, to_host_ = 0;
+};
+
+}  // namespace hpct::parallel
