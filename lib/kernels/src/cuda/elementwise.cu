@@ -12,29 +12,19 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
+#include "launch.cuh"
 
 namespace hpct::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 65535u * 8u;  // grid-stride beyond this: enough blocks to fill any GPU
+using detail::blocks_for;
+using detail::check_launch;
+using detail::kThreads;
+using detail::warp_sum;
+
 constexpr float kLayerNormEps = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;
-
-unsigned blocks_for(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
-}
-
-// Launches are asynchronous: this catches bad configurations and earlier sticky errors, not
-// faults inside the kernel (those surface at the caller's next synchronisation).
-void check_launch(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw Error(std::string("hpct::kernels::cuda::") + op + ": " + cudaGetErrorName(err) + ": " +
-                cudaGetErrorString(err));
-}
 
 __device__ __forceinline__ float gelu_sigmoid(float x) {  // 0.5 (1 + tanh(u)) = sigmoid(2u)
   const float u = kGeluScale * (x + kGeluCubic * x * x * x);
@@ -72,11 +62,6 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
     v[i] = vi;
     param[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + weight_decay * param[i]);
   }
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
 }
 
 // One warp per row; the row is read three times (mean, variance, output), from L1/L2 after the

@@ -14,24 +14,15 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
+#include "launch.cuh"
 
 namespace hpct::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 65535u * 8u;
-
-unsigned blocks_for(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < kMaxBlocks ? b : kMaxBlocks);
-}
-
-void check_launch(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw Error(std::string("hpct::kernels::cuda::") + op + ": " + cudaGetErrorName(err) + ": " +
-                cudaGetErrorString(err));
-}
+using detail::blocks_for;
+using detail::check_launch;
+using detail::kThreads;
+using detail::warp_sum;
 
 void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw Error(std::string("hpct::kernels::cuda::") + op + ": " + what);
@@ -40,10 +31,6 @@ void require(bool ok, const char* op, const std::string& what) {
 #define GRID_STRIDE(i, n) \
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
 __device__ __forceinline__ double warp_sum(double x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
