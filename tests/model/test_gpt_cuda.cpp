@@ -3,9 +3,10 @@
 // and the host-side refusal of a bad token. The CPU model's gradients are checked against finite
 // differences in test_gpt.cpp, so agreement here carries that over. Without a CUDA device every
 // test is SKIPPED (CTest reports the test as skipped, not passed).
-// Tolerances: fp32 1e-4 of the largest gradient (cuBLAS and the CPU sum in different orders, and
-// the token-embedding gradient uses atomics); bf16 1e-2 (both round GEMM inputs to bf16, but the
-// accumulation order inside the 16-bit GEMMs differs).
+// Tolerances, per tensor against the larger of its own largest gradient and 1e-3 of the model's
+// (so a tensor of small gradients is judged at its own scale): fp32 1e-4 (cuBLAS and the CPU sum in
+// different orders, and the token-embedding gradient uses atomics); bf16 1e-2 (the CPU rounds GEMM
+// inputs to bf16; cuBLAS is allowed to, not forced, so the two differ by up to bf16's rounding).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -91,10 +92,12 @@ void compare_one_step(Precision p, bool recompute, double tol) {
   const double scale = max_abs(grads);
   ASSERT_GT(scale, 0.0);
   for (const auto& t : cpu.layout().tensors()) {
-    double worst = 0;
-    for (size_t i = t.offset; i < t.offset + t.numel; ++i)
+    double worst = 0, own = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
       worst = std::max(worst, static_cast<double>(std::fabs(g[i] - grads[i])));
-    EXPECT_LE(worst, tol * scale) << t.name << " on " << gpu_be->name();
+      own = std::max(own, static_cast<double>(std::fabs(grads[i])));
+    }
+    EXPECT_LE(worst, tol * std::max(own, 1e-3 * scale)) << t.name << " on " << gpu_be->name();
   }
 
   // Evaluation on the same weights.

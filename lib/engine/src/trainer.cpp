@@ -30,8 +30,11 @@ namespace hpct::engine {
 
 Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(cfg), grid_(grid) {
   if (cfg_.device == "cuda") {
-    // One GPU per rank: the node-local rank picks it (cuda_ops() checks the device exists).
-    ops_ = kernels::cuda_ops(comm::Communicator::world().node_local_rank());
+    // One GPU per rank, picked by the node-local rank (modulo the GPUs seen). Taking it can fail on
+    // one rank only (a busy exclusive-mode GPU, no memory), so every rank learns of it and stops.
+    const auto& world = comm::Communicator::world();
+    const int local = world.node_local_rank();
+    comm::throw_if_any(world, comm::error_text_of([&] { ops_ = kernels::cuda_ops(local); }));
   }
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get());
   zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(), compute_precision());

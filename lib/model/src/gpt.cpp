@@ -193,11 +193,12 @@ void Gpt::ensure_workspace(int B, int T) {
 }
 
 size_t Gpt::activation_bytes() const {
-  return ws_ ? ws_->mem.bytes() + ws_->tokens.bytes() + ws_->targets.bytes() : 0;
+  return (ws_ ? ws_->mem.bytes() + ws_->tokens.bytes() + ws_->targets.bytes() : 0) + ops_->scratch_bytes();
 }
 
 std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* tokens, const int32_t* targets, int B,
                                                             int T) {
+  if (!tokens || !targets) throw Error("GPT: tokens and targets are required (a target < 0 is ignored)");
   ensure_workspace(B, T);
   if (ops_->host_memory()) return {tokens, targets};  // the CPU ops check what they read
   // A kernel cannot throw: check here what the CPU ops would refuse, before anything is copied in.
@@ -207,14 +208,14 @@ std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* token
     if (tokens[i] < 0 || tokens[i] >= Vp)
       throw Error("GPT on " + ops_->name() + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
                   " is outside the vocabulary [0, " + std::to_string(Vp) + ")");
-    if (targets && targets[i] >= V)
+    if (targets[i] >= V)
       throw Error("GPT on " + ops_->name() + ": target " + std::to_string(targets[i]) + " of row " + std::to_string(i) +
                   " is not below V=" + std::to_string(V));
   }
   Workspace& w = *ws_;
   ops_->copy_from_host(w.tokens.as<void>(), tokens, N * sizeof(int32_t));
-  if (targets) ops_->copy_from_host(w.targets.as<void>(), targets, N * sizeof(int32_t));
-  return {w.tokens.as<int32_t>(), targets ? w.targets.as<int32_t>() : nullptr};
+  ops_->copy_from_host(w.targets.as<void>(), targets, N * sizeof(int32_t));
+  return {w.tokens.as<int32_t>(), w.targets.as<int32_t>()};
 }
 
 double Gpt::flops_per_iteration(long long B, long long T) const {

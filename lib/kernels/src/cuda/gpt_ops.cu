@@ -4,9 +4,10 @@
 //
 // Same formulas as cpu_ops.cpp, so the two backends agree to rounding: the cross-entropy's
 // normaliser is summed in double, as on the CPU; layernorm backward is the CPU's two-term form.
-// Gradient reductions over rows (dbias, dweight, the position table) are column loops, one thread
-// per column, so they are deterministic; the token-embedding gradient scatters rows with atomicAdd
-// (tokens repeat), so its summation order varies from run to run in the last bits.
+// Gradient reductions over rows (dbias, dweight) are two-pass column sums over chunks of rows, and
+// the position table's sums over the batch are column loops: all deterministic. The token-embedding
+// gradient scatters rows with atomicAdd (tokens repeat), so its summation order varies from run to
+// run in the last bits.
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -89,31 +90,68 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
   }
 }
 
-// One thread per column: dweight[c] += sum_n dout * xhat, dbias[c] += sum_n dout.
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* dout, const float* inp,
-                                                 const float* mean, const float* rstd, int N, int C) {
-  GRID_STRIDE(c, (size_t)C) {
-    float sw = 0.0f, sb = 0.0f;
-    for (int n = 0; n < N; ++n) {
+// Column sums over rows in two passes, deterministic: each block sums a chunk of kChunkRows rows
+// for 32 columns (8 rows at a time per column, then across the 8 in shared memory) into a
+// partial, and the second pass adds a column's partials in chunk order. For the layernorm
+// parameters it sums dout * xhat (into part_a) beside dout (part_b); for a bias, dout alone.
+constexpr int kChunkRows = 256;
+constexpr int kColTile = 32, kRowLanes = 8;
+
+__global__ void column_partials_kernel(float* part_a, float* part_b, const float* dout, const float* inp,
+                                       const float* mean, const float* rstd, int N, int C) {
+  __shared__ float sa[kRowLanes][kColTile + 1], sb[kRowLanes][kColTile + 1];
+  const int c = blockIdx.x * kColTile + threadIdx.x;
+  const int r0 = blockIdx.y * kChunkRows, r1 = min(N, r0 + kChunkRows);
+  float a = 0.0f, b = 0.0f;
+  if (c < C) {
+    for (int n = r0 + threadIdx.y; n < r1; n += kRowLanes) {
       const size_t k = (size_t)n * C + c;
-      sw += dout[k] * (inp[k] - mean[n]) * rstd[n];
-      sb += dout[k];
+      const float g = dout[k];
+      b += g;
+      if (inp) a += g * (inp[k] - mean[n]) * rstd[n];
     }
-    dweight[c] += sw;
-    dbias[c] += sb;
   }
+  sa[threadIdx.y][threadIdx.x] = a;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float ta = 0.0f, tb = 0.0f;
+    for (int y = 0; y < kRowLanes; ++y) ta += sa[y][threadIdx.x], tb += sb[y][threadIdx.x];
+    part_b[(size_t)blockIdx.y * C + c] = tb;
+    if (part_a) part_a[(size_t)blockIdx.y * C + c] = ta;
+  }
+}
+
+__global__ void column_finish_kernel(float* out_a, float* out_b, const float* part_a, const float* part_b, int chunks,
+                                     int C) {
+  GRID_STRIDE(c, (size_t)C) {
+    float ta = 0.0f, tb = 0.0f;
+    for (int k = 0; k < chunks; ++k) {
+      tb += part_b[(size_t)k * C + c];
+      if (part_a) ta += part_a[(size_t)k * C + c];
+    }
+    out_b[c] += tb;
+    if (out_a) out_a[c] += ta;
+  }
+}
+
+int column_chunks(int N) { return (N + kChunkRows - 1) / kChunkRows; }
+
+// out_b[c] += sum_n dout[n][c]; with inp, out_a[c] += sum_n dout * (inp - mean[n]) * rstd[n].
+void column_sums(float* out_a, float* out_b, const float* dout, const float* inp, const float* mean, const float* rstd,
+                 int N, int C, float* workspace, cudaStream_t stream, const char* op) {
+  const int chunks = column_chunks(N);
+  float* part_b = workspace;
+  float* part_a = inp ? workspace + (size_t)chunks * C : nullptr;
+  const dim3 grid((unsigned)((C + kColTile - 1) / kColTile), (unsigned)chunks), block(kColTile, kRowLanes);
+  column_partials_kernel<<<grid, block, 0, stream>>>(part_a, part_b, dout, inp, mean, rstd, N, C);
+  check_launch(op);
+  column_finish_kernel<<<blocks_for((size_t)C), kThreads, 0, stream>>>(out_a, out_b, part_a, part_b, chunks, C);
+  check_launch(op);
 }
 
 __global__ void add_bias_kernel(float* out, const float* bias, int OC, size_t n) {
   GRID_STRIDE(i, n) out[i] += bias[i % OC];
-}
-
-__global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
-  GRID_STRIDE(o, (size_t)OC) {
-    float s = 0.0f;
-    for (int n = 0; n < N; ++n) s += dout[(size_t)n * OC + o];
-    dbias[o] += s;
-  }
 }
 
 // One warp per row of a (rows, T, T) stack of score matrices: row r is query t = r % T; columns
@@ -213,16 +251,18 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   check_launch("encoder_backward");
 }
 
+size_t column_sum_workspace(int N, int C) { return N > 0 && C > 0 ? 2 * (size_t)column_chunks(N) * C : 0; }
+
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+                        const float* weight, const float* mean, const float* rstd, int N, int C, float* workspace,
+                        cudaStream_t stream) {
   require(N >= 0 && C > 0, "layernorm_backward", "need N >= 0 and C > 0");
+  require(N < 65535 * kChunkRows, "layernorm_backward", "more than 16.7M rows in one call");
   if (N == 0) return;
   layernorm_backward_dinp_kernel<<<blocks_for((size_t)N * 32), kThreads, 0, stream>>>(dinp, dout, inp, weight, mean,
                                                                                        rstd, N, C);
   check_launch("layernorm_backward");
-  layernorm_backward_params_kernel<<<blocks_for((size_t)C), kThreads, 0, stream>>>(dweight, dbias, dout, inp, mean,
-                                                                                    rstd, N, C);
-  check_launch("layernorm_backward");
+  column_sums(dweight, dbias, dout, inp, mean, rstd, N, C, workspace, stream, "layernorm_backward");
 }
 
 void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
@@ -232,10 +272,10 @@ void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream)
   check_launch("add_bias");
 }
 
-void bias_backward(float* dbias, const float* dout, int N, int OC, cudaStream_t stream) {
+void bias_backward(float* dbias, const float* dout, int N, int OC, float* workspace, cudaStream_t stream) {
+  require(N < 65535 * kChunkRows, "bias_backward", "more than 16.7M rows in one call");
   if (OC <= 0 || N <= 0) return;
-  bias_backward_kernel<<<blocks_for((size_t)OC), kThreads, 0, stream>>>(dbias, dout, N, OC);
-  check_launch("bias_backward");
+  column_sums(nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC, workspace, stream, "bias_backward");
 }
 
 void causal_softmax_forward(float* att, int T, size_t rows, cudaStream_t stream) {

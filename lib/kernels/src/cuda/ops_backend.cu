@@ -3,12 +3,16 @@
 // GEMMs: ops.hpp's matrices are row-major, cuBLAS's column-major; a row-major C = op(A) op(B) is
 // the column-major C^T = op(B)^T op(A)^T, so every call passes B before A with M and N swapped
 // (gemm() below). Precision: fp32 computes in fp32 (CUBLAS_COMPUTE_32F, no TF32); bf16 and fp16
-// let cuBLAS round the fp32 inputs to 16 bits and accumulate in fp32 (CUBLAS_COMPUTE_32F_FAST_16BF /
-// _16F), the CPU's contract. Attention: per batch row, one strided-batched GEMM over the heads for
-// q k^T (scaled), the causal softmax kernel, one for att v; backward likewise, with a (B, NH, T, T)
-// scratch for d(att) kept between calls.
-// Status: compiled in every CUDA build; runs only where a GPU is (tests/kernels/test_kernels_cuda.cpp
-// compares it with the CPU backend, op by op and on a whole GPT).
+// allow cuBLAS to round the fp32 inputs to 16 bits and accumulate in fp32
+// (CUBLAS_COMPUTE_32F_FAST_16BF / _16F). That is the CPU's contract where cuBLAS takes the 16-bit
+// path; it may keep fp32 for some shapes (allowed, not forced), which is more precise, not less.
+// fp16 overflow is still seen: the ZeRO engine rounds gradients to fp16 on the host. Attention: per
+// batch row, one strided-batched GEMM over the heads for q k^T (scaled), the causal softmax kernel,
+// one for att v (the full T x T product, twice the causal FLOPs); backward likewise, with a
+// (B, NH, T, T) scratch for d(att) kept between calls.
+// Status: compiled in every CUDA build; runs only where a GPU is (tests/model/test_gpt_cuda.cpp
+// compares a whole GPT on it with the CPU backend; tests/kernels/test_kernels_cuda.cpp covers the
+// element-wise kernels).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -41,7 +45,7 @@ cublasComputeType_t compute_type(Precision p) {
 
 class CudaOps final : public OpsBackend {
  public:
-  explicit CudaOps(int device) : device_(device) {
+  explicit CudaOps(int device) {
     check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
@@ -51,11 +55,16 @@ class CudaOps final : public OpsBackend {
       cudaStreamDestroy(stream_);
       throw Error("CUDA backend: cublasCreate failed on " + name_);
     }
-    cublasSetStream(blas_, stream_);
+    if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(blas_);
+      cudaStreamDestroy(stream_);
+      throw Error("CUDA backend: cublasSetStream failed on " + name_);
+    }
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
     if (scratch_) cudaFree(scratch_);
+    if (work_) cudaFree(work_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -64,6 +73,7 @@ class CudaOps final : public OpsBackend {
 
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
+  size_t scratch_bytes() const override { return scratch_bytes_ + work_bytes_; }
 
   void* allocate(size_t bytes) override {
     void* p = nullptr;
@@ -98,23 +108,27 @@ class CudaOps final : public OpsBackend {
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
-    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream_);
+    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                             workspace(cuda::column_sum_workspace(N, C)), stream_);
   }
 
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                       Precision p) override {
+    require_sizes("matmul_forward", N, C, OC);
     gemm(false, true, N, OC, C, 1.0f, inp, C, 0, weight, C, 0, 0.0f, out, OC, 0, 1, p);
     if (bias) cuda::add_bias(out, bias, N, OC, stream_);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int N, int C, int OC, Precision p) override {
+    require_sizes("matmul_backward", N, C, OC);
+    if (!dweight) throw Error("CUDA backend: matmul_backward: dweight must not be null");
     if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, 0, weight, C, 0, 1.0f, dinp, C, 0, 1, p);
     gemm(true, false, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dweight, C, 0, 1, p);
-    if (dbias) cuda::bias_backward(dbias, dout, N, OC, stream_);
+    if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
   }
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p) override {
-    if (C % NH != 0) throw Error("CUDA backend: attention_forward: C=" + std::to_string(C) + " is not divisible by NH");
+    require_heads("attention_forward", B, T, C, NH);
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
     const long long TT = (long long)T * T;
@@ -132,7 +146,7 @@ class CudaOps final : public OpsBackend {
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, Precision p) override {
-    if (C % NH != 0) throw Error("CUDA backend: attention_backward: C=" + std::to_string(C) + " is not divisible by NH");
+    require_heads("attention_backward", B, T, C, NH);
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
     const long long TT = (long long)T * T;
@@ -180,6 +194,29 @@ class CudaOps final : public OpsBackend {
           "cublasGemmStridedBatchedEx (" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ")");
   }
 
+  static void require_sizes(const char* op, int N, int C, int OC) {
+    if (N < 0 || C <= 0 || OC <= 0)
+      throw Error(std::string("CUDA backend: ") + op + ": need N >= 0, C > 0, OC > 0 (N=" + std::to_string(N) +
+                  ", C=" + std::to_string(C) + ", OC=" + std::to_string(OC) + ")");
+  }
+  static void require_heads(const char* op, int B, int T, int C, int NH) {
+    if (B < 0 || T < 0 || NH <= 0 || C <= 0 || C % NH != 0)
+      throw Error(std::string("CUDA backend: ") + op + ": need B, T >= 0 and C > 0 divisible by NH > 0 (C=" +
+                  std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
+  }
+
+  // The column sums' workspace, grown as needed, kept between calls.
+  float* workspace(size_t floats) {
+    if (floats * sizeof(float) > work_bytes_) {
+      if (work_) release(work_);
+      work_ = nullptr;
+      work_bytes_ = 0;
+      work_ = allocate(floats * sizeof(float));
+      work_bytes_ = floats * sizeof(float);
+    }
+    return static_cast<float*>(work_);
+  }
+
   float* scratch(size_t floats) {
     if (floats * sizeof(float) > scratch_bytes_) {
       if (scratch_) release(scratch_);
@@ -191,12 +228,13 @@ class CudaOps final : public OpsBackend {
     return static_cast<float*>(scratch_);
   }
 
-  int device_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  void* work_ = nullptr;
+  size_t work_bytes_ = 0;
 };
 
 }  // namespace
@@ -218,7 +256,9 @@ bool cuda_ops_available(std::string* why) {
 std::unique_ptr<OpsBackend> cuda_ops(int device) {
   std::string why;
   if (!cuda_ops_available(&why)) throw Error("CUDA backend: " + why);
-  return std::make_unique<CudaOps>(device);
+  int n = 0;
+  check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  return std::make_unique<CudaOps>(((device % n) + n) % n);
 }
 
 }  // namespace hpct::kernels

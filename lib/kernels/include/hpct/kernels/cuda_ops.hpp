@@ -45,14 +45,18 @@ void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, co
 /// dwte[tokens] += dout (atomicAdd: order of the sum varies), dwpe[t] += sum over b of dout.
 void encoder_backward(float* dwte /*(V,C)*/, float* dwpe /*(maxT,C)*/, const float* dout /*(B,T,C)*/,
                       const int32_t* tokens /*(B,T)*/, int B, int T, int C, cudaStream_t stream);
-/// As hpct::kernels::layernorm_backward (accumulates into all three gradients).
+/// Floats of device workspace that layernorm_backward and bias_backward need for N rows of C columns
+/// (their column sums over rows run in two deterministic passes through it).
+size_t column_sum_workspace(int N, int C);
+/// As hpct::kernels::layernorm_backward (accumulates into all three gradients); workspace: see above.
 void layernorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, float* dbias /*(C)*/, const float* dout /*(N,C)*/,
                         const float* inp /*(N,C)*/, const float* weight /*(C)*/, const float* mean /*(N)*/,
-                        const float* rstd /*(N)*/, int N, int C, cudaStream_t stream);
+                        const float* rstd /*(N)*/, int N, int C, float* workspace, cudaStream_t stream);
 /// out[n][o] += bias[o].
 void add_bias(float* out /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC, cudaStream_t stream);
-/// dbias[o] += sum over n of dout[n][o].
-void bias_backward(float* dbias /*(OC)*/, const float* dout /*(N,OC)*/, int N, int OC, cudaStream_t stream);
+/// dbias[o] += sum over n of dout[n][o]; workspace: column_sum_workspace(N, OC) floats.
+void bias_backward(float* dbias /*(OC)*/, const float* dout /*(N,OC)*/, int N, int OC, float* workspace,
+                   cudaStream_t stream);
 /// In place on rows of T scores (row r is query r % T): softmax over columns <= r % T, 0 above.
 void causal_softmax_forward(float* att /*(rows,T)*/, int T, size_t rows, cudaStream_t stream);
 /// In place: datt becomes att * (datt - rowsum(att * datt)) below the diagonal, 0 above.

@@ -27,6 +27,8 @@ class OpsBackend {
   virtual std::string name() const = 0;
   /// True when op pointers are host memory (the CPU backend): callers may read results directly.
   virtual bool host_memory() const = 0;
+  /// Bytes the backend holds itself for its ops (the CUDA attention backward's scratch), for reports.
+  virtual size_t scratch_bytes() const { return 0; }
 
   // ---- memory (bytes; every allocation is aligned for any element type) ----
   virtual void* allocate(size_t bytes) = 0;
@@ -70,8 +72,10 @@ std::unique_ptr<OpsBackend> cpu_ops();
 /// True when this build has the CUDA backend and a device can be used; otherwise false with the
 /// reason in *why (e.g. "built without CUDA", "no CUDA device: ...").
 bool cuda_ops_available(std::string* why = nullptr);
-/// The CUDA backend on `device` (cudaSetDevice on the calling thread): kernels from cuda_ops.hpp and
-/// cuBLAS on one stream. Throws hpct::Error with the reason when cuda_ops_available() is false.
+/// The CUDA backend on GPU `device` modulo the GPUs this process sees (so a node-local rank can be
+/// passed as it is, also where each rank sees one GPU), set with cudaSetDevice on the calling thread:
+/// kernels from cuda_ops.hpp and cuBLAS on one stream. Throws hpct::Error with the reason when
+/// cuda_ops_available() is false or the device cannot be set up.
 std::unique_ptr<OpsBackend> cuda_ops(int device = 0);
 
 /// A buffer in a backend's memory, freed with it. Moves, does not copy.

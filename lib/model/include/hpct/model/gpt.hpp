@@ -94,10 +94,11 @@ class Gpt {
   /// Gradients are ACCUMULATED into the store with d(loss)/d(logit) scaled by dloss (so the caller
   /// chooses the mean over the global batch and any loss scale). Returns the SUM of token losses.
   double forward_backward(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T, float dloss);
-  /// Forward only (evaluation). Returns the sum of token losses; *count gets the number of targets.
+  /// Forward only (evaluation). Returns the sum of token losses (targets < 0 add nothing).
   double forward_loss(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T);
 
-  /// Bytes of activations and scratch currently allocated (grows to the largest (B, T) seen).
+  /// Bytes of activations and scratch currently allocated (grows to the largest (B, T) seen), in the
+  /// backend's memory, with the scratch the backend keeps for its ops (OpsBackend::scratch_bytes).
   size_t activation_bytes() const;
   /// Model FLOPs of one forward+backward over B*T tokens (2 per multiply-add; x3 for fwd+bwd,
   /// +1 forward when activations are recomputed), for TFLOP/s reporting.
