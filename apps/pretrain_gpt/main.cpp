@@ -115,8 +115,12 @@ static int run(int argc, char** argv) {
                          {"activations", world.allgather(double(mem.activations))}};
   nlohmann::json device = nullptr;
   if (cfg.device == "cuda") {
+    const auto* ds = trainer.device_store();
+    const double steps_run = std::max<double>(1, double(s.last_iteration - s.start_iteration));
     device = {{"parameters_and_gradients", world.allgather(double(mem.device_params_grads))},
-              {"activations", host["activations"]}};
+              {"activations", host["activations"]},
+              {"host_to_device_bytes_per_step", world.allgather(ds->bytes_to_device() / steps_run)},
+              {"device_to_host_bytes_per_step", world.allgather(ds->bytes_to_host() / steps_run)}};
     host.erase("activations");
   }
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());

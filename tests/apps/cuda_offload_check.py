@@ -7,7 +7,8 @@
 --mode train: on a GPU machine, 4 iterations of the tiny GPT at ZeRO stage 2 with the optimizer
   offloaded to the host, on the CPU backend and on the GPU: the losses agree within 1e-3 (fp32; the
   GPU sums in another order), and the JSON summary reports the device tier (fp32 parameters and
-  gradients, 8 bytes per parameter, and the activations). Without a GPU it prints "[  SKIPPED ]".
+  gradients, 8 bytes per parameter, the activations, and 4 bytes per parameter copied each way per
+  step). Without a GPU it prints "[  SKIPPED ]".
 
 cuda_offload_check.py --mode refused|train --gpt BIN --args FILE --workdir DIR
 """
@@ -84,6 +85,11 @@ if not fails:
         fails.append(f"device tier: {dev}, expected parameters_and_gradients = 8 x {P}")
     elif not dev["activations"][0] > 0:
         fails.append("device tier: no activations reported")
+    # Stage 2 keeps the device copy for the step: one upload of the fp32 parameters per step, one
+    # download of each micro-step's gradients (one micro-step here).
+    elif dev["host_to_device_bytes_per_step"][0] != 4 * P or dev["device_to_host_bytes_per_step"][0] != 4 * P:
+        fails.append(f"copies per step: {dev['host_to_device_bytes_per_step']} to the GPU, "
+                     f"{dev['device_to_host_bytes_per_step']} back; expected 4 x {P} each")
     if cpu["memory_per_rank"]["device"] is not None:
         fails.append("the CPU run reports a device tier")
     print(f"losses cpu {lc} cuda {lg}")

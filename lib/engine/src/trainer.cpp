@@ -39,7 +39,8 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(c
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get());
   zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(), compute_precision());
   if (ops_ || cfg_.via_device_store)
-    device_store_ = std::make_unique<parallel::DeviceStore>(*zero_, model_->layout(), model_->ops());
+    device_store_ = std::make_unique<parallel::DeviceStore>(*zero_, model_->layout(), model_->ops(),
+                                                            /*cache_params=*/cfg_.zero.stage <= 2);
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });
@@ -132,6 +133,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   ap.grad_scale = static_cast<float>(clip / scale);
   snapshot_fence();  // a background save may still be copying the state this step changes
   zero_->adam_step(ap);
+  if (device_store_) device_store_->invalidate();
   comm_bytes_ += zero_->bytes_sent() - sent0;
   ++comm_steps_;
   return rec.lm_loss;
@@ -401,6 +403,7 @@ std::string Trainer::load_checkpoint() {
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   ck.load(file, t, st, checkpoint_meta());
   zero_->after_load();  // re-replicate what every rank holds whole
+  if (device_store_) device_store_->invalidate();
   iteration_ = st.iteration;
   adam_step_ = st.adam_step;
   skipped_ = st.skipped_iterations;

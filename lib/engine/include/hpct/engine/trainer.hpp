@@ -96,6 +96,8 @@ class Trainer {
   /// Collective: the full flat parameters (gathered from the shards at ZeRO stage 3).
   std::vector<float> gather_params() { return zero_->gather_params(); }
   const parallel::ZeroEngine& zero() const { return *zero_; }
+  /// ZeRO-Offload's bridge to the GPU model (--device cuda), nullptr on the CPU backend.
+  const parallel::DeviceStore* device_store() const { return device_store_.get(); }
   parallel::ZeroEngine& zero() { return *zero_; }
   /// Bytes this rank holds of parameters, gradients and optimizer states (all on the host here),
   /// the ZeRO working buffers' high-water mark, and activations.

@@ -9,6 +9,9 @@
 // runs AdamW on the host (CPU, or swapped through NVMe with offload_optimizer.device nvme: ZeRO-
 // Infinity). This is DeepSpeed's ZeRO-Offload data flow: gradients device -> host, update on the
 // host, parameters host -> device.
+// With cache_params (stages 0-2, where a rank holds every parameter and they change only in the
+// optimizer step or a checkpoint load) a block is copied once and kept until invalidate(), which
+// the trainer calls after each step and load; at stage 3 every params(b) copies what was gathered.
 // What it is not (yet): device-side partitioning. The device holds fp32 parameters and gradients
 // of the whole model (8 bytes per parameter) whatever the stage, and the copies are synchronous
 // (no overlap of copies with compute). Status: compiled in CUDA builds, never run on a GPU here;
@@ -27,7 +30,9 @@ class DeviceStore final : public model::ParamStore {
  public:
   /// host: the engine (must outlive this); be: the model's backend. Allocates 2 x 4 x numel bytes
   /// on the device.
-  DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be);
+  DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params);
+  /// The host parameters changed (an optimizer step, a checkpoint load): copy every block again.
+  void invalidate();
 
   const float* params(int block) override;
   float* grads(int block) override;
@@ -47,6 +52,9 @@ class DeviceStore final : public model::ParamStore {
   kernels::BackendBuffer dparams_, dgrads_;
   std::vector<float> staging_;  // one block's gradient on its way to the engine
   std::vector<char> active_;    // per block: its device gradient holds this micro-step's sum
+  bool cache_;
+  std::vector<char> fresh_;     // per block: the device copy equals the host's (cache_ only)
+  std::vector<char> held_;      // per block: host_.params(b) was taken and not yet released
   double to_device_ = 0, to_host_ = 0;
 };
 
