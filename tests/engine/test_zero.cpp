@@ -58,6 +58,7 @@ struct Result {
   size_t stale_copies = -1;  // 16-bit runs: elements the model computes with that are not round(master)
   size_t stale_after_load = -1;  // the same, right after load_checkpoint (16-bit runs that load)
   double param_read_seconds = 0;  // time waiting for parameter slices read from the swap file
+  size_t store_bytes = 0;         // via_device_store: DeviceStore's parameter and gradient bytes (peak)
 };
 
 // 16-bit runs: every block as the model sees it (stage 3: gathered, a collective in block order on
@@ -99,6 +100,7 @@ Result train(engine::TrainConfig c, const comm::Communicator& comm) {
   r.comm_bytes = t.comm_bytes_per_step();
   r.gathers = t.zero().gathers();
   r.numel = t.model().layout().numel();
+  if (t.device_store()) r.store_bytes = t.device_store()->device_bytes();
   if (half) r.stale_copies = count_stale_copies(t, c);
   return r;
 }
@@ -178,6 +180,12 @@ TEST_P(ZeroStage, DeviceStoreEqualsTheEngineDirectly) {
     else EXPECT_LE(d, 1e-6) << "max parameter difference, stage " << stage << " on " << n << " ranks";
     EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-4) << "training moved nothing";
     EXPECT_EQ(ds.mem.device_params_grads, 0u) << "the CPU backend holds nothing in device memory";
+    // Stages 1-2 keep the whole model on the device; stage 3 only the blocks in use.
+    if (stage <= 2) {
+      EXPECT_EQ(ds.store_bytes, 8 * ds.numel);
+    } else {
+      EXPECT_TRUE(ds.store_bytes > 0 && ds.store_bytes < 8 * ds.numel) << ds.store_bytes << " of " << 8 * ds.numel;
+    }
   }
 }
 

@@ -1,0 +1,203 @@
+// The CUDA OpsBackend against the CPU one, op by op, on random inputs: every GPT op the model
+// calls, with the shapes that reach each kernel's edges (several row chunks of the column sums,
+// ignored targets and padding columns, more than one head and batch row). Backward ops start from
+// non-zero gradients, so accumulation (+=) is checked too. Without a CUDA device every test is
+// SKIPPED. Tolerance: 1e-4 relative + 1e-5 absolute in fp32 (summation orders differ); the bf16
+// matmul 1e-2 (cuBLAS is allowed, not forced, to round its inputs as the CPU does).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+
+using namespace hpct::kernels;
+using Vec = std::vector<float>;
+
+namespace {
+
+class Env : public ::testing::Environment {
+ public:
+  void SetUp() override { scope_ = std::make_unique<BackendScope>(); }
+  void TearDown() override { scope_.reset(); }
+
+ private:
+  std::unique_ptr<BackendScope> scope_;
+};
+[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
+
+Vec randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  Vec v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// The GPU backend and device copies of host vectors; null backend where there is no device.
+struct Gpu {
+  std::unique_ptr<OpsBackend> be;
+  std::vector<BackendBuffer> keep;
+  Gpu() {
+    if (cuda_ops_available()) be = cuda_ops(0);
+  }
+  template <class T>
+  T* put(const std::vector<T>& v) {
+    keep.emplace_back(*be, v.size() * sizeof(T));
+    be->copy_from_host(keep.back().as<void>(), v.data(), v.size() * sizeof(T));
+    return keep.back().as<T>();
+  }
+  Vec get(const float* d, size_t n) {
+    Vec h(n);
+    be->copy_to_host(h.data(), d, n * sizeof(float));
+    return h;
+  }
+};
+
+void expect_close(const char* what, const Vec& gpu, const Vec& cpu, double rel = 1e-4, double abs = 1e-5) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    if (!(std::fabs(gpu[i] - cpu[i]) <= abs + rel * std::fabs(cpu[i])) && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": gpu " << gpu[first] << " cpu " << cpu[first];
+}
+
+#define NEED_GPU(g)                                   \
+  Gpu g;                                              \
+  if (!g.be) {                                        \
+    std::string why;                                  \
+    cuda_ops_available(&why);                         \
+    GTEST_SKIP() << why;                              \
+  }
+
+}  // namespace
+
+TEST(CudaOps, Encoder) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int B = 2, T = 5, C = 12, V = 17;
+  std::vector<int32_t> tok = {3, 16, 0, 3, 3, 9, 1, 16, 2, 3};  // repeats: the atomic scatter
+  Vec wte = randn(V * C, 1), wpe = randn(T * C, 2), dout = randn(B * T * C, 3);
+  Vec out(B * T * C), dwte = randn(V * C, 4), dwpe = randn(T * C, 5);
+  Vec dwte0 = dwte, dwpe0 = dwpe;
+  cpu->encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  cpu->encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  float* d_out = g.put(Vec(B * T * C));
+  float* d_dwte = g.put(dwte0);
+  float* d_dwpe = g.put(dwpe0);
+  const int32_t* d_tok = g.put(tok);
+  g.be->encoder_forward(d_out, d_tok, g.put(wte), g.put(wpe), B, T, C);
+  g.be->encoder_backward(d_dwte, d_dwpe, g.put(dout), d_tok, B, T, C);
+  expect_close("encoder out", g.get(d_out, out.size()), out);
+  expect_close("encoder dwte", g.get(d_dwte, dwte.size()), dwte);
+  expect_close("encoder dwpe", g.get(d_dwpe, dwpe.size()), dwpe);
+}
+
+TEST(CudaOps, LayerNormOverSeveralRowChunks) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 600, C = 70;  // 3 chunks of 256 rows in the column sums, a partial column tile
+  Vec inp = randn(N * C, 1, 2.0f), w = randn(C, 2), b = randn(C, 3), dout = randn(N * C, 4);
+  Vec out(N * C), mean(N), rstd(N), dinp = randn(N * C, 5), dw = randn(C, 6), db = randn(C, 7);
+  float* d_inp = g.put(inp);
+  float* d_w = g.put(w);
+  float* d_out = g.put(out);
+  float* d_mean = g.put(mean);
+  float* d_rstd = g.put(rstd);
+  float* d_dinp = g.put(dinp);
+  float* d_dw = g.put(dw);
+  float* d_db = g.put(db);
+  cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+  cpu->layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(), rstd.data(),
+                          N, C);
+  g.be->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, g.put(b), N, C);
+  g.be->layernorm_backward(d_dinp, d_dw, d_db, g.put(dout), d_inp, d_w, d_mean, d_rstd, N, C);
+  expect_close("layernorm out", g.get(d_out, out.size()), out);
+  expect_close("layernorm dinp", g.get(d_dinp, dinp.size()), dinp);
+  expect_close("layernorm dweight", g.get(d_dw, C), dw);
+  expect_close("layernorm dbias", g.get(d_db, C), db);
+}
+
+void matmul_case(Precision p, double rel, double abs) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 300, C = 48, OC = 80;
+  Vec inp = randn(N * C, 1), w = randn(OC * C, 2, 0.2f), b = randn(OC, 3), dout = randn(N * OC, 4);
+  Vec out(N * OC), dinp = randn(N * C, 5), dw = randn(OC * C, 6), db = randn(OC, 7);
+  float* d_inp = g.put(inp);
+  float* d_w = g.put(w);
+  float* d_out = g.put(out);
+  float* d_dinp = g.put(dinp);
+  float* d_dw = g.put(dw);
+  float* d_db = g.put(db);
+  cpu->matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC, p);
+  cpu->matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC, p);
+  g.be->matmul_forward(d_out, d_inp, d_w, g.put(b), N, C, OC, p);
+  g.be->matmul_backward(d_dinp, d_dw, d_db, g.put(dout), d_inp, d_w, N, C, OC, p);
+  expect_close("matmul out", g.get(d_out, out.size()), out, rel, abs);
+  expect_close("matmul dinp", g.get(d_dinp, dinp.size()), dinp, rel, abs);
+  expect_close("matmul dweight", g.get(d_dw, dw.size()), dw, rel, abs);
+  expect_close("matmul dbias", g.get(d_db, OC), db);
+}
+// Sums of 48 (forward), 80 (dinp) and 300 (dweight) products of O(1) values: the absolute term
+// covers outputs near zero.
+TEST(CudaOps, MatmulFp32) { matmul_case(Precision::fp32, 1e-4, 1e-4); }
+TEST(CudaOps, MatmulBf16) { matmul_case(Precision::bf16, 1e-2, 2e-2); }
+
+TEST(CudaOps, CausalAttention) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int B = 2, T = 9, C = 24, NH = 3;
+  Vec qkv = randn(B * T * 3 * C, 1), dout = randn(B * T * C, 2);
+  Vec out(B * T * C), att(B * NH * T * T), dqkv = randn(B * T * 3 * C, 3);
+  float* d_qkv = g.put(qkv);
+  float* d_out = g.put(out);
+  float* d_att = g.put(att);
+  float* d_dqkv = g.put(dqkv);
+  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32);
+  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32);
+  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32);
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, B, T, C, NH, Precision::fp32);
+  expect_close("attention out", g.get(d_out, out.size()), out);
+  expect_close("attention probabilities (zero above the diagonal)", g.get(d_att, att.size()), att);
+  expect_close("attention dqkv", g.get(d_dqkv, dqkv.size()), dqkv);
+}
+
+TEST(CudaOps, GeluAndResidual) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const size_t n = 1000;
+  Vec x = randn(n, 1, 2.0f), y = randn(n, 2), dout = randn(n, 3), out(n), sum(n), dinp = randn(n, 4);
+  float* d_x = g.put(x);
+  float* d_out = g.put(out);
+  float* d_sum = g.put(sum);
+  float* d_dinp = g.put(dinp);
+  cpu->gelu_forward(out.data(), x.data(), n);
+  cpu->gelu_backward(dinp.data(), x.data(), dout.data(), n);
+  cpu->residual_forward(sum.data(), x.data(), y.data(), n);
+  g.be->gelu_forward(d_out, d_x, n);
+  g.be->gelu_backward(d_dinp, d_x, g.put(dout), n);
+  g.be->residual_forward(d_sum, d_x, g.put(y), n);
+  expect_close("gelu out", g.get(d_out, n), out);
+  expect_close("gelu dinp", g.get(d_dinp, n), dinp);
+  expect_close("residual", g.get(d_sum, n), sum);
+}
+
+TEST(CudaOps, SoftmaxCrossEntropyWithIgnoredTargetAndPadding) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 5, V = 50, Vp = 64;
+  Vec logits = randn(N * Vp, 1, 3.0f), losses(N);
+  std::vector<int32_t> tgt = {7, -1, 49, 0, 23};
+  float* d_logits = g.put(logits);
+  float* d_losses = g.put(losses);
+  cpu->softmax_cross_entropy(logits.data(), losses.data(), tgt.data(), 0.25f, N, V, Vp);
+  g.be->softmax_cross_entropy(d_logits, d_losses, g.put(tgt), 0.25f, N, V, Vp);
+  expect_close("losses", g.get(d_losses, N), losses);
+  expect_close("dlogits", g.get(d_logits, logits.size()), logits);
+}
