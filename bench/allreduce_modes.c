@@ -11,6 +11,10 @@
 // Each mode: best of `reps` timed runs (after one warm-up), the slowest rank's time; prints the
 // bandwidth of the send and the busbw of the all-reduces (nccl-tests: algbw x 2(n-1)/n). Results
 // are checked (integer-valued data, exact sums). Compare the ratio ring / p2p within one launch.
+// Last, "add": each rank's local share of the ring's arithmetic alone (its segment, (n-1)/n of the
+// buffer, added out = in + scratch with the same stores), no communication. On 2 ranks the ring's
+// core copies what the send copies (half in, half back) and adds on top, so with the send's time
+// t_p2p and this time t_add, busbw / p2p cannot exceed t_p2p / (t_p2p + t_add): printed as "bound".
 #include <immintrin.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -99,6 +103,7 @@ int main(int argc, char** argv) {
   memset(scratch, 0, 2 * chunk * 4);
   const char* names[] = {"p2p", "MPI_Allreduce", "MPI_Iallreduce", "ring"};
   int failed = 0;
+  double t_p2p = 0;
   for (int m = 0; m < 4; ++m) {
     double best = 1e30;
     for (int it = 0; it <= reps; ++it) {
@@ -130,6 +135,25 @@ int main(int argc, char** argv) {
     double bw = bytes / best / 1e9, fig = m == 0 ? bw : bw * 2.0 * (n - 1) / n;
     if (r == 0) printf("%-15s %8.2f ms  %s %.2f GB/s%s\n", names[m], best * 1e3, m == 0 ? "bw   " : "busbw", fig,
                        m == 3 ? (nt ? " (non-temporal stores)" : " (plain stores)") : "");
+    if (m == 0) t_p2p = best;
+  }
+  {  // the ring's arithmetic alone: this rank adds (n-1)/n of the buffer, chunk by chunk through scratch
+    const size_t len = count - count / (size_t)n;
+    memcpy(scratch, in, 2 * chunk * sizeof(float) < bytes ? 2 * chunk * sizeof(float) : bytes);
+    double best = 1e30;
+    for (int it = 0; it <= reps; ++it) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t = MPI_Wtime();
+      for (size_t o = 0; o < len; o += chunk) {  // scratch stands in for the received chunk, in cache as in the ring
+        size_t l = len - o < chunk ? len - o : chunk;
+        add_into(out + o, in + o, scratch + (o / chunk & 1) * chunk, l, nt);
+      }
+      t = MPI_Wtime() - t;
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (it > 0 && t < best) best = t;
+    }
+    if (r == 0) printf("%-15s %8.2f ms  bound busbw / p2p <= %.2f (t_p2p / (t_p2p + t_add), 2 ranks)\n", "add", best * 1e3,
+                       t_p2p / (t_p2p + best));
   }
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (r == 0 && failed) printf("WRONG RESULT\n");
