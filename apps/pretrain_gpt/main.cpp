@@ -122,8 +122,10 @@ static int run(int argc, char** argv) {
     const double steps_run = std::max<double>(1, double(s.last_iteration - s.start_iteration));
     device = {{"parameters_and_gradients", world.allgather(double(mem.device_params_grads))},
               {"activations", host["activations"]},
-              {"host_to_device_bytes_per_step", world.allgather(ds->bytes_to_device() / steps_run)},
-              {"device_to_host_bytes_per_step", world.allgather(ds->bytes_to_host() / steps_run)}};
+              // parameters copied in and gradients copied back, averaged over the steps run (an
+              // evaluation's copies count too; tokens, targets and losses do not)
+              {"parameter_bytes_to_device_per_step", world.allgather(ds->bytes_to_device() / steps_run)},
+              {"gradient_bytes_to_host_per_step", world.allgather(ds->bytes_to_host() / steps_run)}};
     host.erase("activations");
   }
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());

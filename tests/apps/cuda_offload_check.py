@@ -87,9 +87,9 @@ if not fails:
         fails.append("device tier: no activations reported")
     # Stage 2 keeps the device copy for the step: one upload of the fp32 parameters per step, one
     # download of each micro-step's gradients (one micro-step here).
-    elif dev["host_to_device_bytes_per_step"][0] != 4 * P or dev["device_to_host_bytes_per_step"][0] != 4 * P:
-        fails.append(f"copies per step: {dev['host_to_device_bytes_per_step']} to the GPU, "
-                     f"{dev['device_to_host_bytes_per_step']} back; expected 4 x {P} each")
+    elif dev["parameter_bytes_to_device_per_step"][0] != 4 * P or dev["gradient_bytes_to_host_per_step"][0] != 4 * P:
+        fails.append(f"copies per step: {dev['parameter_bytes_to_device_per_step']} to the GPU, "
+                     f"{dev['gradient_bytes_to_host_per_step']} back; expected 4 x {P} each")
     if cpu["memory_per_rank"]["device"] is not None:
         fails.append("the CPU run reports a device tier")
     print(f"losses cpu {lc} cuda {lg}")

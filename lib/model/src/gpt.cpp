@@ -322,6 +322,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const float* fp = store.params(L + 1);
   double loss = head(ep, store.grads(0), fp, store.grads(L + 1), w.res + L * NC, targets, B, T, dloss, true, w.dres);
   store.release(L + 1);
+  store.release(0);  // the tied head was the last reader of the embedding's parameters (ZeRO-3 frees them now)
   store.grads_ready(L + 1);
   for (int l = L - 1; l >= 0; --l) {
     LayerActs& a = w.acts[recompute_ ? 0 : l];
@@ -333,7 +334,6 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   }
   float* eg = store.grads(0);
   ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
-  store.release(0);
   store.grads_ready(0);
   return loss;
 }

@@ -51,12 +51,12 @@ float* DeviceStore::grad_slot(int b) {
 
 const float* DeviceStore::params(int b) {
   const auto& blk = layout_.blocks()[b];
-  float* d = param_slot(b);
-  if (cache_ && fresh_[b]) return d;
+  if (cache_ && fresh_[b]) return param_slot(b);
   // The engine's block (gathered at stage 3, widened in 16-bit runs) is held until the model
   // releases it, as the model itself would hold it.
   const float* h = host_.params(b);
   held_[b] = 1;
+  float* d = param_slot(b);
   be_.copy_from_host(d, h, blk.numel * sizeof(float));
   to_device_ += static_cast<double>(blk.numel) * sizeof(float);
   if (cache_) fresh_[b] = 1;
