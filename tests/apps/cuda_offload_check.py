@@ -6,9 +6,9 @@
   machine this mode prints "[  SKIPPED ]" (CTest reports it as skipped).
 --mode train: on a GPU machine, 4 iterations of the tiny GPT at ZeRO stage 2 with the optimizer
   offloaded to the host, on the CPU backend and on the GPU: the losses agree within 1e-3 (fp32; the
-  GPU sums in another order), and the JSON summary reports the device tier (fp32 parameters and
-  gradients, 8 bytes per parameter, the activations, and 4 bytes per parameter copied each way per
-  step). Without a GPU it prints "[  SKIPPED ]".
+  GPU sums in another order), and the JSON summary reports the device tier (fp32 parameters, 4 bytes
+  per parameter, with the gradients of the blocks in use; the activations; and 4 bytes per parameter
+  copied each way per step). Without a GPU it prints "[  SKIPPED ]".
 
 cuda_offload_check.py --mode refused|train --gpt BIN --args FILE --workdir DIR
 """
@@ -81,8 +81,10 @@ if not fails:
             fails.append(f"loss {i}: cpu {x} vs cuda {y}")
     P = gpu["parameters"]
     dev = gpu["memory_per_rank"]["device"]
-    if dev is None or dev["parameters_and_gradients"][0] != 8 * P:
-        fails.append(f"device tier: {dev}, expected parameters_and_gradients = 8 x {P}")
+    # fp32 at stage 2: the parameters resident (4 bytes each) and the gradients of the blocks in use
+    # (test_zero checks the exact figure on the CPU route).
+    if dev is None or not 4 * P < dev["parameters_and_gradients"][0] < 8 * P:
+        fails.append(f"device tier: {dev}, expected parameters_and_gradients between 4 and 8 x {P}")
     elif not dev["activations"][0] > 0:
         fails.append("device tier: no activations reported")
     # Stage 2 keeps the device copy for the step: one upload of the fp32 parameters per step, one

@@ -39,8 +39,9 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(c
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get());
   zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(), compute_precision());
   if (ops_ || cfg_.via_device_store)
-    device_store_ = std::make_unique<parallel::DeviceStore>(*zero_, model_->layout(), model_->ops(),
-                                                            /*cache_params=*/cfg_.zero.stage <= 2);
+    device_store_ = std::make_unique<parallel::DeviceStore>(
+        *zero_, model_->layout(), model_->ops(), /*cache_params=*/cfg_.zero.stage <= 2,
+        zero_->half() ? compute_precision() : kernels::Precision::fp32);  // 16-bit runs: 2-byte device copies
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "hpct/core/error.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
 
 namespace hpct::kernels {
@@ -30,6 +31,8 @@ class CpuOps final : public OpsBackend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (dst != src) std::memcpy(dst, src, bytes);
   }
+
+  void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) override { kernels::from_half(src, dst, n, p); }
 
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) override {

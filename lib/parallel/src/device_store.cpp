@@ -2,27 +2,31 @@
 #include "hpct/parallel/device_store.hpp"
 
 #include <algorithm>
+#include <string>
+
+#include "hpct/core/error.hpp"
 
 namespace hpct::parallel {
 
-DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params)
+DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
+                         kernels::Precision storage)
     : host_(host),
       layout_(layout),
       be_(be),
       active_(layout.blocks().size(), 0),
       cache_(cache_params),
+      storage_(storage),
       fresh_(layout.blocks().size(), 0),
-      held_(layout.blocks().size(), 0) {
+      held_(layout.blocks().size(), 0),
+      pblock_(layout.blocks().size()),
+      gblock_(layout.blocks().size()) {
   size_t largest = 0;
   for (const auto& b : layout.blocks()) largest = std::max(largest, b.numel);
   staging_.resize(largest);
-  if (cache_) {  // the whole model, resident
-    dparams_ = kernels::BackendBuffer(be, layout.numel() * sizeof(float));
-    dgrads_ = kernels::BackendBuffer(be, layout.numel() * sizeof(float));
-    live_ = peak_ = dparams_.bytes() + dgrads_.bytes();
-  } else {
-    pblock_.resize(layout.blocks().size());
-    gblock_.resize(layout.blocks().size());
+  if (cache_) {  // the whole model's parameters stay on the device between uses
+    if (half16()) dparams16_ = kernels::BackendBuffer(be, layout.numel() * sizeof(uint16_t));
+    else dparams_ = kernels::BackendBuffer(be, layout.numel() * sizeof(float));
+    live_ = peak_ = dparams16_.bytes() + dparams_.bytes();
   }
 }
 
@@ -41,22 +45,28 @@ void DeviceStore::give_back(std::vector<kernels::BackendBuffer>& blocks, int b) 
   blocks[b].reset();
 }
 
-float* DeviceStore::param_slot(int b) {
-  return cache_ ? dparams_.as<float>() + layout_.blocks()[b].offset : take(pblock_, b);
-}
-
-float* DeviceStore::grad_slot(int b) {
-  return cache_ ? dgrads_.as<float>() + layout_.blocks()[b].offset : take(gblock_, b);
-}
-
 const float* DeviceStore::params(int b) {
   const auto& blk = layout_.blocks()[b];
-  if (cache_ && fresh_[b]) return param_slot(b);
+  if (cache_ && half16()) {
+    // 2-byte copies stay on the device; the model gets this block widened to fp32 while it uses it.
+    uint16_t* d16 = dparams16_.as<uint16_t>() + blk.offset;
+    if (!fresh_[b]) {
+      const uint16_t* h16 = host_.params_half(b);
+      if (!h16) throw Error("ZeRO-Offload: block '" + blk.name + "' has no 16-bit copy in host memory");
+      be_.copy_from_host(d16, h16, blk.numel * sizeof(uint16_t));
+      to_device_ += static_cast<double>(blk.numel) * sizeof(uint16_t);
+      fresh_[b] = 1;
+    }
+    float* w = take(pblock_, b);
+    be_.widen_half(w, d16, blk.numel, storage_);
+    return w;
+  }
+  if (cache_ && fresh_[b]) return dparams_.as<float>() + blk.offset;
   // The engine's block (gathered at stage 3, widened in 16-bit runs) is held until the model
   // releases it, as the model itself would hold it.
   const float* h = host_.params(b);
   held_[b] = 1;
-  float* d = param_slot(b);
+  float* d = cache_ ? dparams_.as<float>() + blk.offset : take(pblock_, b);
   be_.copy_from_host(d, h, blk.numel * sizeof(float));
   to_device_ += static_cast<double>(blk.numel) * sizeof(float);
   if (cache_) fresh_[b] = 1;
@@ -67,7 +77,7 @@ void DeviceStore::invalidate() { std::fill(fresh_.begin(), fresh_.end(), 0); }
 
 float* DeviceStore::grads(int b) {
   const auto& blk = layout_.blocks()[b];
-  float* d = grad_slot(b);
+  float* d = take(gblock_, b);
   if (!active_[b]) {  // the first touch in this micro-step: the model accumulates from zero
     be_.zero(d, blk.numel * sizeof(float));
     active_[b] = 1;
@@ -76,7 +86,7 @@ float* DeviceStore::grads(int b) {
 }
 
 void DeviceStore::release(int b) {
-  if (!cache_ && pblock_[b].bytes()) give_back(pblock_, b);  // stage 3: the device copy goes too
+  if (pblock_[b].bytes()) give_back(pblock_, b);  // a working copy (stage 3, or widened): it goes too
   if (!held_[b]) return;  // served from the device copy: nothing taken from the engine
   held_[b] = 0;
   host_.release(b);
@@ -86,11 +96,11 @@ void DeviceStore::grads_ready(int b) {
   const auto& blk = layout_.blocks()[b];
   float* h = host_.grads(b);
   if (active_[b]) {
-    be_.copy_to_host(staging_.data(), grad_slot(b), blk.numel * sizeof(float));
+    be_.copy_to_host(staging_.data(), gblock_[b].as<float>(), blk.numel * sizeof(float));
     to_host_ += static_cast<double>(blk.numel) * sizeof(float);
     for (size_t i = 0; i < blk.numel; ++i) h[i] += staging_[i];
     active_[b] = 0;
-    if (!cache_) give_back(gblock_, b);
+    give_back(gblock_, b);
   }
   host_.grads_ready(b);
 }

@@ -459,6 +459,10 @@ const float* ZeroEngine::params(int b) {
   return p;
 }
 
+const uint16_t* ZeroEngine::params_half(int b) {
+  return half_ && resident_[b] ? full16_.data() + res_off_[b] : nullptr;
+}
+
 void ZeroEngine::release(int b) {
   if (resident_[b] && !half_) return;
   auto it = gathered_.find(b);

@@ -8,6 +8,7 @@
 // the position table's sums over the batch are column loops: all deterministic. The token-embedding
 // gradient scatters rows with atomicAdd (tokens repeat), so its summation order varies from run to
 // run in the last bits.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -39,6 +40,13 @@ __device__ __forceinline__ double warp_sum(double x) {
 __device__ __forceinline__ float warp_max(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
+}
+
+__global__ void widen_half_kernel(float* dst, const uint16_t* src, size_t n, bool bf16) {
+  GRID_STRIDE(i, n) {
+    const uint16_t h = src[i];
+    dst[i] = bf16 ? __uint_as_float(static_cast<unsigned>(h) << 16) : __half2float(__ushort_as_half(h));
+  }
 }
 
 __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
@@ -232,6 +240,12 @@ __global__ void softmax_cross_entropy_kernel(float* logits, float* losses, const
 }
 
 }  // namespace
+
+void widen_half(float* dst, const uint16_t* src, size_t n, bool bf16, cudaStream_t stream) {
+  if (n == 0) return;
+  widen_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, n, bf16);
+  check_launch("widen_half");
+}
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
                      cudaStream_t stream) {

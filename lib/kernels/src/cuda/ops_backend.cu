@@ -94,6 +94,11 @@ class CudaOps final : public OpsBackend {
     check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
   }
 
+  void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) override {
+    if (p == Precision::fp32) throw Error("CUDA backend: widen_half needs bf16 or fp16");
+    cuda::widen_half(dst, src, n, p == Precision::bf16, stream_);
+  }
+
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) override {
     cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, stream_);

@@ -39,6 +39,8 @@ void adamw_update(float* param /*(n)*/, const float* grad /*(n)*/, float* m /*(n
 void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/,
                        const float* weight /*(C)*/, const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
 
+/// dst = fp32 values of 16-bit src: bfloat16 (the top half of an fp32) when bf16, else IEEE half.
+void widen_half(float* dst /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
 /// out = wte[tokens] + wpe[t]; tokens in [0, V) (checked by the caller on the host).
 void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
                      const float* wpe /*(maxT,C)*/, int B, int T, int C, cudaStream_t stream);

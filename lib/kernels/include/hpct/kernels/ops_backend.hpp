@@ -39,6 +39,10 @@ class OpsBackend {
   /// dst (host memory) <- src (backend memory), after every op queued before; returns when done.
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
 
+  /// dst = the fp32 values of n 16-bit src values (p: bf16 or fp16), both in backend memory, as
+  /// half.hpp's from_half does on the host (exact: every 16-bit value is an fp32 value).
+  virtual void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) = 0;
+
   // ---- the GPT ops: contracts as in ops.hpp ----
   virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                                int C) = 0;

@@ -51,6 +51,10 @@ class ParamStore {
   virtual const float* params(int block) = 0;  // base of the block (offset of its first tensor)
   virtual float* grads(int block) = 0;
   virtual void release(int block) {}            // forward/backward of this block is done for now
+  /// The block's parameters as the 16-bit copy the store keeps (mixed-precision runs, blocks every
+  /// rank holds whole), in host memory, valid until the parameters change; nullptr where there is
+  /// none. Not used by the model: ZeRO-Offload copies these 2-byte values to the GPU.
+  virtual const uint16_t* params_half(int /*block*/) { return nullptr; }
   /// The gradient of this block is complete for this micro-batch (backward visits blocks L+1..0).
   virtual void grads_ready(int block) {}
 };

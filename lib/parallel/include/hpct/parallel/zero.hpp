@@ -164,6 +164,9 @@ class ZeroEngine final : public model::ParamStore {
   const float* params(int block) override;
   float* grads(int block) override;
   void release(int block) override;
+  /// Mixed-precision runs: the 16-bit copy of a block every rank holds whole (stages 0-2; persistent
+  /// blocks at stage 3); nullptr otherwise.
+  const uint16_t* params_half(int block) override;
   void grads_ready(int block) override;
 
   /// Before the first micro-step of an optimizer step: clears gradients.
