@@ -96,11 +96,11 @@ static int run(int argc, char** argv) {
               << format_bytes(*std::max_element(held.begin(), held.end())) << "\n";
     if (cfg.device == "cuda")
       std::cout << "> ZeRO-Offload: the model computes on " << trainer.model().ops().name() << " ("
-                << (cfg.zero.stage <= 2 ? "fp32 parameters and gradients " + format_bytes(mem.device_params_grads) +
-                                              " in its memory"
-                                        : std::string("each block's fp32 parameters and gradients there while in use; "
-                                                      "the peak is in the summary"))
-                << "); the states above and the optimizer step stay on the host\n";
+                << (cfg.zero.stage <= 2 ? std::string(trainer.zero().half() ? "16-bit" : "fp32") + " parameters " +
+                                              format_bytes(mem.device_params_grads) + " resident, and "
+                                        : std::string())
+                << "each block's fp32 working parameters and gradient there while in use; the peak is in the "
+                   "summary); the states above and the optimizer step stay on the host\n";
     if (trainer.zero().offloaded())
       std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << "): parameters "
                 << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer)

@@ -8,7 +8,8 @@
   offloaded to the host, on the CPU backend and on the GPU: the losses agree within 1e-3 (fp32; the
   GPU sums in another order), and the JSON summary reports the device tier (fp32 parameters, 4 bytes
   per parameter, with the gradients of the blocks in use; the activations; and 4 bytes per parameter
-  copied each way per step). Without a GPU it prints "[  SKIPPED ]".
+  copied each way per step); then the same in bf16, where 2 bytes per parameter go to the GPU
+  per step. Without a GPU it prints "[  SKIPPED ]".
 
 cuda_offload_check.py --mode refused|train --gpt BIN --args FILE --workdir DIR
 """
@@ -33,7 +34,7 @@ with open(cfg, "w") as f:
     json.dump({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e5, "offload_optimizer": {"device": "cpu"}}}, f)
 
 
-def run(name, device):
+def run(name, device, extra=()):
     out = os.path.join(a.workdir, name + ".json")
     metrics = os.path.join(a.workdir, name + ".metrics.jsonl")
     for f in (out, metrics):
@@ -41,7 +42,7 @@ def run(name, device):
             os.remove(f)
     cmd = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "4", "--log-interval", "1",
            "--eval-iters", "0", "--micro-batch-size", "2", "--global-batch-size", "2", "--deepspeed_config", cfg,
-           "--device", device, "--json", out, "--metrics-file", metrics]
+           "--device", device, "--json", out, "--metrics-file", metrics, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0 or not os.path.exists(out):
         return p, None
@@ -95,6 +96,26 @@ if not fails:
     if cpu["memory_per_rank"]["device"] is not None:
         fails.append("the CPU run reports a device tier")
     print(f"losses cpu {lc} cuda {lg}")
+# bf16: the GPU keeps the engine's 16-bit parameters (2 bytes each, copied once per step) and widens
+# a block to fp32 only while in use; the gradients still come back in fp32.
+pb, gb = run("cuda_bf16", "cuda", ["--bf16"])
+pcb, cb = run("cpu_bf16", "cpu", ["--bf16"])
+if gb is None or cb is None:
+    print((pb.stdout + pb.stderr + pcb.stdout + pcb.stderr)[-3000:])
+    fails.append("bf16 runs did not finish")
+else:
+    P = gb["parameters"]
+    dev = gb["memory_per_rank"]["device"]
+    if dev["parameter_bytes_to_device_per_step"][0] != 2 * P or dev["gradient_bytes_to_host_per_step"][0] != 4 * P:
+        fails.append(f"bf16 copies per step: {dev['parameter_bytes_to_device_per_step']} in, "
+                     f"{dev['gradient_bytes_to_host_per_step']} back; expected 2 x and 4 x {P}")
+    fp32_peak = gpu["memory_per_rank"]["device"]["parameters_and_gradients"][0] if gpu else float("inf")
+    if not 2 * P < dev["parameters_and_gradients"][0] < fp32_peak:
+        fails.append(f"bf16 device peak {dev['parameters_and_gradients']}: expected above 2 x {P} "
+                     f"and below the fp32 run's {fp32_peak}")
+    for i, (x, y) in enumerate(zip(cb["losses"], gb["losses"])):
+        if abs(x - y) > 1e-2 * abs(x):
+            fails.append(f"bf16 loss {i}: cpu {x} vs cuda {y}")
 for f in fails:
     print("FAIL " + f)
 sys.exit(1 if fails else 0)

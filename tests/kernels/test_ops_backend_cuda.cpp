@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 
 using namespace hpct::kernels;
@@ -216,4 +218,26 @@ TEST(CudaOps, SoftmaxCrossEntropyWithIgnoredTargetAndPadding) {
   g.be->softmax_cross_entropy(d_logits, d_losses, g.put(tgt), 0.25f, N, V, Vp);
   expect_close("losses", g.get(d_losses, N), losses);
   expect_close("dlogits", g.get(d_logits, logits.size()), logits);
+}
+
+// Every 16-bit pattern, widened on the GPU and by kernels::from_half on the CPU: bitwise equal (fp16
+// NaNs need only stay NaN: the payload may differ between the two conversions).
+TEST(CudaOps, WidenHalfEveryPattern) {
+  NEED_GPU(g);
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  const uint16_t* d_all = g.put(all);
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    Vec want(all.size());
+    from_half(all.data(), want.data(), all.size(), p);
+    float* d_out = g.put(Vec(all.size()));
+    g.be->widen_half(d_out, d_all, all.size(), p);
+    Vec got = g.get(d_out, all.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (std::isnan(want[i])) bad += !std::isnan(got[i]) || (p == Precision::bf16 && std::memcmp(&got[i], &want[i], 4) != 0);
+      else bad += std::memcmp(&got[i], &want[i], 4) != 0;
+    }
+    EXPECT_EQ(bad, 0u) << precision_name(p);
+  }
 }

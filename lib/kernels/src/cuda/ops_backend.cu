@@ -210,28 +210,19 @@ class CudaOps final : public OpsBackend {
                   std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
   }
 
-  // The column sums' workspace, grown as needed, kept between calls.
-  float* workspace(size_t floats) {
-    if (floats * sizeof(float) > work_bytes_) {
-      if (work_) release(work_);
-      work_ = nullptr;
-      work_bytes_ = 0;
-      work_ = allocate(floats * sizeof(float));
-      work_bytes_ = floats * sizeof(float);
+  // A buffer kept between calls, grown (never shrunk) to `floats`.
+  float* grown(void*& p, size_t& bytes, size_t floats) {
+    if (floats * sizeof(float) > bytes) {
+      if (p) release(p);
+      p = nullptr;
+      bytes = 0;
+      p = allocate(floats * sizeof(float));
+      bytes = floats * sizeof(float);
     }
-    return static_cast<float*>(work_);
+    return static_cast<float*>(p);
   }
-
-  float* scratch(size_t floats) {
-    if (floats * sizeof(float) > scratch_bytes_) {
-      if (scratch_) release(scratch_);
-      scratch_ = nullptr;
-      scratch_bytes_ = 0;
-      scratch_ = allocate(floats * sizeof(float));
-      scratch_bytes_ = floats * sizeof(float);
-    }
-    return static_cast<float*>(scratch_);
-  }
+  float* workspace(size_t floats) { return grown(work_, work_bytes_, floats); }      // the column sums'
+  float* scratch(size_t floats) { return grown(scratch_, scratch_bytes_, floats); }  // attention backward's d(att)
 
   std::string name_;
   cudaStream_t stream_ = nullptr;

@@ -103,8 +103,9 @@ class Trainer {
   /// the ZeRO working buffers' high-water mark, and activations.
   struct MemoryReport {
     size_t params = 0, grads = 0, optimizer = 0, grad_shard = 0, working_peak = 0, activations = 0;
-    // --device cuda: bytes in GPU memory (fp32 parameters and gradients of the whole model; the
-    // activations above are then GPU memory too). 0 on the CPU backend.
+    // --device cuda: parameter and gradient bytes in GPU memory, the high-water mark of the resident
+    // copy (stages 0-2) and the blocks in use (parallel::DeviceStore); the activations above are
+    // then GPU memory too. 0 on the CPU backend.
     size_t device_params_grads = 0;
     size_t nvme_params = 0, nvme_optimizer = 0, nvme_file = 0;  // in this rank's swap file (ZeRO offload)
   };

@@ -243,7 +243,7 @@ class ZeroEngine final : public model::ParamStore {
   int n_, rank_;
   ShardLayout shards_;
   std::vector<char> resident_;                    // block kept whole on every rank
-  std::vector<size_t> res_off_;                   // resident block's offset in full_params_
+  std::vector<size_t> res_off_;                   // resident block's offset in full_params_ (full16_ in 16-bit runs)
   std::vector<std::vector<int>> counts_, displs_; // per block: MPI counts/displacements (elements)
 
   // persistent state
