@@ -17,11 +17,6 @@
 namespace hpct::kernels::cuda {
 namespace {
 
-using detail::blocks_for;
-using detail::check_launch;
-using detail::kThreads;
-using detail::warp_sum;
-
 constexpr float kLayerNormEps = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;
@@ -32,14 +27,14 @@ __device__ __forceinline__ float gelu_sigmoid(float x) {  // 0.5 (1 + tanh(u)) =
 }
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+  HPCT_GRID_STRIDE(i, n) {
     const float x = inp[i];
     out[i] = x * gelu_sigmoid(x);
   }
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+  HPCT_GRID_STRIDE(i, n) {
     const float x = inp[i];
     const float s = gelu_sigmoid(x);
     const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
@@ -48,13 +43,13 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
 }
 
 __global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+  HPCT_GRID_STRIDE(i, n)
     out[i] = a[i] + b[i];
 }
 
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                              float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+  HPCT_GRID_STRIDE(i, n) {
     const float g = grad[i] * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;

@@ -21,29 +21,12 @@
 namespace hpct::kernels::cuda {
 namespace {
 
-using detail::blocks_for;
-using detail::check_launch;
-using detail::kThreads;
-using detail::warp_sum;
-
 void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw Error(std::string("hpct::kernels::cuda::") + op + ": " + what);
 }
 
-#define GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
-__device__ __forceinline__ double warp_sum(double x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-__device__ __forceinline__ float warp_max(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
 __global__ void widen_half_kernel(float* dst, const uint16_t* src, size_t n, bool bf16) {
-  GRID_STRIDE(i, n) {
+  HPCT_GRID_STRIDE(i, n) {
     const uint16_t h = src[i];
     dst[i] = bf16 ? __uint_as_float(static_cast<unsigned>(h) << 16) : __half2float(__ushort_as_half(h));
   }
@@ -51,7 +34,7 @@ __global__ void widen_half_kernel(float* dst, const uint16_t* src, size_t n, boo
 
 __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
                                        int C, size_t n) {
-  GRID_STRIDE(i, n) {
+  HPCT_GRID_STRIDE(i, n) {
     const size_t bt = i / C, c = i % C;
     const int t = (int)(bt % T);
     out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
@@ -59,7 +42,7 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const 
 }
 
 __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, size_t n) {
-  GRID_STRIDE(i, n) {
+  HPCT_GRID_STRIDE(i, n) {
     const size_t bt = i / C, c = i % C;
     atomicAdd(&dwte[(size_t)tokens[bt] * C + c], dout[i]);
   }
@@ -67,7 +50,7 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
 
 // dwpe[t][c] += sum over b of dout[b][t][c]: one thread per (t, c).
 __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
-  GRID_STRIDE(i, (size_t)T * C) {
+  HPCT_GRID_STRIDE(i, (size_t)T * C) {
     float s = 0.0f;
     for (int b = 0; b < B; ++b) s += dout[(size_t)b * T * C + i];
     dwpe[i] += s;
@@ -132,7 +115,7 @@ __global__ void column_partials_kernel(float* part_a, float* part_b, const float
 
 __global__ void column_finish_kernel(float* out_a, float* out_b, const float* part_a, const float* part_b, int chunks,
                                      int C) {
-  GRID_STRIDE(c, (size_t)C) {
+  HPCT_GRID_STRIDE(c, (size_t)C) {
     float ta = 0.0f, tb = 0.0f;
     for (int k = 0; k < chunks; ++k) {
       tb += part_b[(size_t)k * C + c];
@@ -159,7 +142,7 @@ void column_sums(float* out_a, float* out_b, const float* dout, const float* inp
 }
 
 __global__ void add_bias_kernel(float* out, const float* bias, int OC, size_t n) {
-  GRID_STRIDE(i, n) out[i] += bias[i % OC];
+  HPCT_GRID_STRIDE(i, n) out[i] += bias[i % OC];
 }
 
 // One warp per row of a (rows, T, T) stack of score matrices: row r is query t = r % T; columns

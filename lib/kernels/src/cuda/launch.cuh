@@ -1,4 +1,5 @@
-// Launch helpers shared by the CUDA kernel files of lib/kernels (internal, not installed).
+// Launch helpers shared by the CUDA kernel files of lib/kernels (internal, not installed): block
+// counts, the launch check, a grid-stride loop and warp reductions.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -7,7 +8,7 @@
 
 #include "hpct/core/error.hpp"
 
-namespace hpct::kernels::cuda::detail {
+namespace hpct::kernels::cuda {
 
 constexpr int kThreads = 256;
 constexpr unsigned kMaxBlocks = 65535u * 8u;  // grid-stride beyond this: enough blocks to fill any GPU
@@ -27,9 +28,22 @@ inline void check_launch(const char* op) {
                 cudaGetErrorString(err));
 }
 
+// Every index i < n once, over the whole grid.
+#define HPCT_GRID_STRIDE(i, n) \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+// Reductions over the 32 lanes of a warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
+__device__ __forceinline__ double warp_sum(double x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
 
-}  // namespace hpct::kernels::cuda::detail
+}  // namespace hpct::kernels::cuda
