@@ -28,7 +28,7 @@ pkgs=(
 # which bundles npm and conflicts with Debian's npm package: ask for them only when absent.
 if ! command -v npm >/dev/null 2>&1; then pkgs+=(nodejs npm); fi
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(fio python3-torch ucx-utils netpipe-openmpi linux-perf)
+  pkgs+=(fio python3-torch ucx-utils netpipe-openmpi linux-perf strace)
 fi
 
 missing=()
