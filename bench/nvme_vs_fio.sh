@@ -3,13 +3,15 @@
 # side by side, sequential write and read, O_DIRECT (DeepNVMe's blog used fio as its reference).
 #
 #   bench/nvme_vs_fio.sh [DIR] [ROUNDS] [SIZE] [ENGINES]     e.g. bench/nvme_vs_fio.sh /tmp 5 2G "libaio io_uring"
+#   (ROUNDS 0 runs only the --tune comparison; TUNE_LOOPS=N sets its passes, default 3)
 #
 # Cases: (bs 1M, QD 1/8/32) and (bs 128K / 8M, QD 8), one thread. The programs alternate ROUNDS
 # times (this machine's timings swing 20-40% run to run) and the medians are compared; the bar is
 # every ratio within +-5%. A control runs beside them: fio a second time ("fio'"), in the same
 # rotation, compared with the first fio the same way. Where fio' / fio also falls outside +-5%,
 # the disk's swing is larger than the bar at this many rounds and the pair cannot judge it. Then `nvme_bench --tune` runs its sweep over bs {128K,1M,8M} x
-# QD {1,8,32} and fio runs the same grid; the bar is the tuned pick within 10% of fio's best.
+# QD {1,8,32} and fio runs the same grid, both taking medians over TUNE_LOOPS passes (default 3);
+# the bar is the tuned pick within 10% of fio's best.
 # fio: --direct=1 --end_fsync=1 (writes), numjobs = threads with one region each; nvme_bench
 # fdatasyncs before a write case's clock stops too. Each program writes a fresh, preallocated file
 # in one process and reads it back in the next (nvme_bench --keep), so both see the same gaps
@@ -56,6 +58,7 @@ echo "# git $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 printf "%-9s %-6s %6s %4s %14s %14s %7s %14s %7s\n" engine rw bs qd nvme_MB/s fio_MB/s ratio "fio'_MB/s" "fio'/fio"
 cases=("1M 1" "1M 8" "1M 32" "128K 8" "8M 8")
 fails=0; ctl_fails=0
+[[ $rounds -gt 0 ]] || cases=()  # ROUNDS 0: only the --tune comparison
 for eng in $engines; do
   for c in "${cases[@]}"; do
     read -r bs qd <<<"$c"
@@ -83,29 +86,44 @@ for eng in $engines; do
   done
 done
 
-# --tune against fio over the same grid (first engine).
+# --tune against fio over the same grid (first engine). nvme_bench --tune takes each case's median
+# over TUNE_LOOPS passes over its grid (its default is 3); fio runs as many passes over the same
+# grid and its medians are compared the same way: the tuned pick's own figure against fio's best,
+# and, to judge the choice apart from the engine, fio's figure at the pick against fio's best.
 eng=${engines%% *}
-echo "# tune: nvme_bench --tune vs fio over bs {128K,1M,8M} x qd {1,8,32}, $eng, 1 thread"
-"$nb" --path "$dir" --size "$size" --tune --block-size 128K,1M,8M --queue-depth 1,8,32 --threads 1 --engine "$eng" \
+tl=${TUNE_LOOPS:-3}
+echo "# tune: nvme_bench --tune --loops $tl vs fio ($tl passes, medians) over bs {128K,1M,8M} x qd {1,8,32}, $eng, 1 thread"
+"$nb" --path "$dir" --size "$size" --tune --loops "$tl" --block-size 128K,1M,8M --queue-depth 1,8,32 --threads 1 --engine "$eng" \
   --tune-output "$tmp/aio.json" --json "$tmp/tune.json" >"$tmp/tune.log" 2>&1 || { cat "$tmp/tune.log" >&2; exit 1; }
 grep "Best performance" "$tmp/tune.log"
-best_sum=0; best_w=0; best_r=0; best_cfg=""
-for bs in 128K 1M 8M; do
-  for qd in 1 8 32; do
-    w=$(run_fio "$eng" write "$bs" "$qd" 1); r=$(run_fio "$eng" read "$bs" "$qd" 1)
-    echo "  fio $eng bs=$bs qd=$qd: write $w read $r MB/s" >&2
-    read -r best_sum best_w best_r best_cfg <<<"$(python3 -c 'import sys; s,w,r,c,nw,nr,nc=sys.argv[1:]; s=float(s); t=float(nw)+float(nr); print(*( (t,nw,nr,nc) if t>s else (s,w,r,c) ))' "$best_sum" "$best_w" "$best_r" "${best_cfg:-none}" "$w" "$r" "bs=$bs,qd=$qd")"
+: >"$tmp/fio_grid.txt"
+for ((p = 1; p <= tl; p++)); do
+  for bs in 128K 1M 8M; do
+    for qd in 1 8 32; do
+      w=$(run_fio "$eng" write "$bs" "$qd" 1); r=$(run_fio "$eng" read "$bs" "$qd" 1)
+      echo "  fio pass $p/$tl $eng bs=$bs qd=$qd: write $w read $r MB/s" >&2
+      echo "$bs $qd $w $r" >>"$tmp/fio_grid.txt"
+    done
   done
 done
 tune_rc=0
-python3 - "$tmp/tune.json" "$best_sum" "$best_w" "$best_r" "$best_cfg" <<'PY' || tune_rc=$?
-import json, sys
+python3 - "$tmp/tune.json" "$tmp/fio_grid.txt" <<'PY' || tune_rc=$?
+import json, statistics, sys
 d = json.load(open(sys.argv[1]))["tune"]
-fs, fw, fr, fc = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-ts = d["read_MBps"] + d["write_MBps"]
+k = {"128K": 128 << 10, "1M": 1 << 20, "8M": 8 << 20}
+runs = {}
+for line in open(sys.argv[2]):
+    bs, qd, w, r = line.split()
+    runs.setdefault((k[bs], int(qd)), []).append((float(w), float(r)))
+med = {c: (statistics.median(w for w, _ in v), statistics.median(r for _, r in v)) for c, v in runs.items()}
+best = max(med, key=lambda c: sum(med[c]))
+fs = sum(med[best])
 c = d["config"]
+ts = d["read_MBps"] + d["write_MBps"]
+at_pick = sum(med[(c["block_size"], c["queue_depth"])])
 print(f"tuned pick bs={c['block_size']} qd={c['queue_depth']}: write {d['write_MBps']:.1f} + read {d['read_MBps']:.1f} = {ts:.1f} MB/s")
-print(f"fio best in the grid {fc}: write {fw:.1f} + read {fr:.1f} = {fs:.1f} MB/s")
+print(f"fio best in the grid bs={best[0]} qd={best[1]}: write {med[best][0]:.1f} + read {med[best][1]:.1f} = {fs:.1f} MB/s")
+print(f"fio at the pick's configuration: {at_pick:.1f} MB/s ({at_pick / fs:.3f} of fio's best)")
 r = ts / fs
 print(f"ratio {r:.3f}" + ("" if r >= 0.9 else "  more than 10% below fio's best"))
 sys.exit(0 if r >= 0.9 else 3)

@@ -54,12 +54,13 @@ Flags taking a LIST accept comma-separated values and run every combination.
       --single-submit         one submit call per request (ds: single_submit)
       --no-overlap-events     submit a batch, wait for all of it, repeat (ds: overlap_events false)
   -r, --runtime S             stop issuing IO in a case after S seconds  (default: no limit)
-      --loops N               run each case N times, report the median   (default: 1)
+      --loops N               run the whole grid N times over and report each case's
+                              median run                  (default: 1; 3 with --tune)
       --latency               per-request latency percentiles for sequential modes too
       --sweep                 sweep a grid: block 128K,1M,8M x depth 1,8,32 x threads 1,2 x
                               the engines this machine runs x write,read (lists given override)
-      --tune                  run the sweep and write the best case (largest read + write GB/s,
-                              as ds_nvme_tune picks) as a ds_config "aio" block
+      --tune                  run the sweep and write the best case (largest read + write GB/s
+                              of the medians, as ds_nvme_tune picks) as a ds_config "aio" block
       --tune-output FILE      where --tune writes it                      (default: ds_aio_config.json)
       --verify                read each written file back and compare with what was written
       --keep                  keep the files (default: delete them at the end)
@@ -209,6 +210,9 @@ bool parse_args(const std::vector<std::string>& args, Options& o) {
     }
   }
   if (o.tune) {
+    // One run per case lets a disk's swing pick the winner (on the development VM one run of fio's
+    // grid varied by 20-40% at one configuration); the median of three passes damps that.
+    if (!o.given.count("--loops")) o.loops = 3;
     bool r = false, w = false;
     for (auto m : o.modes) r |= m == IoMode::read, w |= m == IoMode::write;
     if (!(r && w)) throw config_error("--mode", "--tune compares read + write bandwidth and needs both modes");
@@ -237,6 +241,7 @@ struct CaseOutcome {
   double agg_mb_per_s = 0, agg_iops = 0, seconds = 0, cpu_seconds = 0, bytes = 0;
   double p50 = -1, p99 = -1, p999 = -1;  // worst rank's
   std::string verified = "-";
+  std::vector<double> loops_mb_per_s;  // every loop's aggregate, in the order run
 };
 
 std::string case_label(const CaseSpec& c) {
@@ -366,14 +371,28 @@ int run(int argc, char** argv) {
   auto cleanup = [&] {
     if (!o.keep) ::unlink(file.c_str());
   };
+  // One run's aggregate over all ranks in bytes/s: total bytes / the slowest rank's seconds (collective).
+  auto aggregate = [&](const io::IoResult& r) {
+    std::vector<double> b = world.allgather(static_cast<double>(r.bytes));
+    std::vector<double> s = world.allgather(r.seconds);
+    double tot = 0, mx = 0;
+    for (int k = 0; k < world.size(); ++k) tot += b[k], mx = std::max(mx, s[k]);
+    return mx > 0 ? tot / mx : 0;
+  };
   try {
-    for (const CaseSpec& spec : grid) {
-      if (spec.mode != IoMode::write && !file_full) {
-        comm::throw_if_any(world, comm::error_text_of([&] { io::prepare_file(file, o.size, spec.aio, o.seed + world.rank()); }));
-        file_full = true;
-      }
-      std::vector<io::IoResult> runs;
-      for (int loop = 0; loop < o.loops; ++loop) {
+    // --loops N runs the whole grid N times over (pass by pass), not each case N times in a row: a
+    // disk whose speed drifts over minutes then spreads its drift over every case, so the medians
+    // of two configurations (the tuner's comparison) are taken over the same stretch of time.
+    std::vector<std::vector<io::IoResult>> runs(grid.size());
+    std::vector<std::vector<double>> agg(grid.size());
+    std::vector<std::vector<double>> bad_at(grid.size());  // --verify: each rank's first bad offset, or -1
+    for (int pass = 0; pass < o.loops; ++pass) {
+      for (size_t ci = 0; ci < grid.size(); ++ci) {
+        const CaseSpec& spec = grid[ci];
+        if (spec.mode != IoMode::write && !file_full) {
+          comm::throw_if_any(world, comm::error_text_of([&] { io::prepare_file(file, o.size, spec.aio, o.seed + world.rank()); }));
+          file_full = true;
+        }
         io::IoCase c;
         c.mode = spec.mode;
         c.aio = spec.aio;
@@ -386,26 +405,31 @@ int run(int argc, char** argv) {
         world.barrier();
         std::string err = comm::error_text_of([&] { r = io::run_io_case(file, c); });
         comm::throw_if_any(world, err);
-        runs.push_back(r);
+        runs[ci].push_back(r);
+        agg[ci].push_back(aggregate(r));
         if (spec.mode == IoMode::write) file_full = r.bytes == o.size;
-        if (loop + 1 < o.loops) progress.done(case_label(spec) + " loop " + std::to_string(loop + 1), 1.0);
+        // The last pass's write is what the file holds now: it is the one read back.
+        if (o.verify && spec.mode == IoMode::write && pass + 1 == o.loops) {
+          int64_t bad = -1;
+          comm::throw_if_any(world, comm::error_text_of([&] { bad = io::verify_file(file, r.bytes, spec.aio, o.seed + world.rank()); }));
+          bad_at[ci] = world.allgather(static_cast<double>(bad));
+        }
+        char line[200];
+        std::snprintf(line, sizeof line, "%s: %.1f MB/s%s", case_label(spec).c_str(), agg[ci].back() / 1e6,
+                      o.loops > 1 ? (" (loop " + std::to_string(pass + 1) + "/" + std::to_string(o.loops) + ")").c_str() : "");
+        progress.done(line, 1.0);
       }
-      // The loop with the median aggregate bandwidth represents the case.
-      std::vector<double> agg(runs.size());
+    }
+    for (size_t ci = 0; ci < grid.size(); ++ci) {
+      const CaseSpec& spec = grid[ci];
+      // The loop with the median aggregate bandwidth represents the case (the upper one of two).
+      std::vector<size_t> idx(runs[ci].size());
+      for (size_t l = 0; l < idx.size(); ++l) idx[l] = l;
+      std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return agg[ci][a] < agg[ci][b]; });
+      const io::IoResult& mine = runs[ci][idx[idx.size() / 2]];
       CaseOutcome out;
       out.spec = spec;
-      for (size_t l = 0; l < runs.size(); ++l) {
-        const auto& r = runs[l];
-        std::vector<double> b = world.allgather(static_cast<double>(r.bytes));
-        std::vector<double> s = world.allgather(r.seconds);
-        double tot = 0, mx = 0;
-        for (int k = 0; k < world.size(); ++k) tot += b[k], mx = std::max(mx, s[k]);
-        agg[l] = mx > 0 ? tot / mx : 0;
-      }
-      std::vector<size_t> idx(runs.size());
-      for (size_t l = 0; l < idx.size(); ++l) idx[l] = l;
-      std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return agg[a] < agg[b]; });
-      const io::IoResult& mine = runs[idx[idx.size() / 2]];
+      for (double a : agg[ci]) out.loops_mb_per_s.push_back(a / 1e6);
       std::vector<double> bytes = world.allgather(static_cast<double>(mine.bytes));
       std::vector<double> secs = world.allgather(mine.seconds);
       std::vector<double> cpu = world.allgather(mine.cpu_seconds);
@@ -441,23 +465,15 @@ int run(int argc, char** argv) {
       out.cpu_seconds = tot_cpu;
       out.agg_mb_per_s = max_s > 0 ? tot_bytes / max_s / 1e6 : 0;
       out.agg_iops = max_s > 0 ? tot_reqs / max_s : 0;
-      if (o.verify && spec.mode == IoMode::write) {
-        int64_t bad = -1;
-        uint64_t sum = 0;
-        comm::throw_if_any(world, comm::error_text_of([&] { bad = io::verify_file(file, mine.bytes, spec.aio, o.seed + world.rank(), &sum); }));
-        std::vector<double> bads = world.allgather(static_cast<double>(bad));
+      if (!bad_at[ci].empty()) {
         out.verified = "yes";
         for (int k = 0; k < world.size(); ++k)
-          if (bads[k] >= 0) {
+          if (bad_at[ci][k] >= 0) {
             out.verified = "NO";
             failures.push_back(case_label(spec) + ": rank " + std::to_string(k) + " read back different data at offset " +
-                               std::to_string(static_cast<int64_t>(bads[k])) + " of " + files[k]);
+                               std::to_string(static_cast<int64_t>(bad_at[ci][k])) + " of " + files[k]);
           }
       }
-      char line[160];
-      std::snprintf(line, sizeof line, "%s: %.1f MB/s%s", case_label(spec).c_str(), out.agg_mb_per_s,
-                    spec.mode == IoMode::randread ? (", " + std::to_string(static_cast<long long>(out.agg_iops)) + " IOPS").c_str() : "");
-      progress.done(line, 1.0);
       outcomes.push_back(std::move(out));
     }
   } catch (...) {
@@ -558,6 +574,7 @@ int run(int argc, char** argv) {
                          {"seconds", c.seconds},
                          {"bandwidth_MBps", c.agg_mb_per_s},
                          {"bandwidth_GBps", c.agg_mb_per_s / 1e3},
+                         {"loops_MBps", c.loops_mb_per_s},
                          {"iops", c.agg_iops},
                          {"lat_p50_us", num_or_null(c.p50)},
                          {"lat_p99_us", num_or_null(c.p99)},

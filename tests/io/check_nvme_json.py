@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Runs nvme_bench (possibly under mpiexec) and checks its exit code, output and --json file.
 
-check_nvme_json.py --json FILE [--ranks N] [--tune FILE] [--cases N] [--regex R]... -- CMD...
+check_nvme_json.py --json FILE [--ranks N] [--loops N] [--tune FILE] [--cases N] [--regex R]... -- CMD...
 
 Checks the JSON twin's schema; that every case has one entry per rank with distinct files; that
 the aggregate is what the per-rank figures say (total bytes / slowest rank's seconds); that
-latency percentiles are ordered; that verified cases verified; and, with --tune, that the written
-aio block is the configuration with the largest read + write bandwidth among the cases."""
+latency percentiles are ordered; that verified cases verified; that each case lists one figure
+per loop and reports the median one; and, with --tune, that the written aio block is the
+configuration with the largest read + write bandwidth among the cases."""
 import argparse
 import json
 import math
@@ -18,6 +19,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--json", required=True)
 ap.add_argument("--ranks", type=int, default=1)
 ap.add_argument("--cases", type=int)
+ap.add_argument("--loops", type=int, default=1)
 ap.add_argument("--tune")
 ap.add_argument("--regex", action="append", default=[])
 ap.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -74,6 +76,9 @@ try:
             assert lat[0] <= lat[1] <= lat[2], f"percentiles out of order: {lat}"
         if c["verified"] is not None:
             assert c["verified"] is True, c
+        loops = c["loops_MBps"]
+        assert len(loops) == a.loops == int(prov["loops"]), f"{len(loops)} loop figures, expected {a.loops}"
+        assert close(c["bandwidth_MBps"], sorted(loops)[len(loops) // 2]), (c["bandwidth_MBps"], loops)
     print(f"json: {len(cases)} cases x {a.ranks} rank(s) consistent")
     if a.tune:
         block = json.load(open(a.tune))
