@@ -50,7 +50,8 @@ Flags taking a LIST accept comma-separated values and run every combination.
   -b, --block-size LIST       bytes per IO request                       (default: 1M)
   -q, --queue-depth LIST      requests in flight per thread              (default: 8)
   -t, --threads LIST          threads splitting each request (ds: intra_op_parallelism) (default: 1)
-  -e, --engine LIST           io_uring, libaio, psync                    (default: io_uring)
+  -e, --engine LIST           auto, io_uring, libaio, psync; auto = the first of the others
+                              this kernel runs, as the offload engine picks (default: auto)
       --single-submit         one submit call per request (ds: single_submit)
       --no-overlap-events     submit a batch, wait for all of it, repeat (ds: overlap_events false)
   -r, --runtime S             stop issuing IO in a case after S seconds  (default: no limit)
@@ -84,7 +85,7 @@ struct Options {
   std::vector<size_t> block_sizes{1 << 20};
   std::vector<int> queue_depths{8};
   std::vector<int> threads{1};
-  std::vector<AioEngine> engines{AioEngine::io_uring};
+  std::vector<AioEngine> engines{AioEngine::automatic};
   bool single_submit = false, overlap_events = true;
   double runtime = 0;
   int loops = 1;
@@ -342,6 +343,15 @@ int run(int argc, char** argv) {
   const std::string dir = o.paths[static_cast<size_t>(lrank) % o.paths.size()];
   const std::string file = dir + "/nvme_bench." + node + "." + std::to_string(world.rank()) + ".dat";
   auto keys = world.allgather_string(node + "\n" + std::filesystem::weakly_canonical(dir).string());
+  // `auto` becomes the engine it stands for, so the cases and the --tune block name a real one.
+  std::vector<AioEngine> named;
+  for (AioEngine e : o.engines) {
+    std::string skipped;
+    AioEngine r = io::resolve_engine(e, &skipped);
+    if (root && !skipped.empty()) std::fprintf(stderr, "nvme_bench: --engine auto: using %s (%s)\n", io::engine_name(r), skipped.c_str());
+    if (std::find(named.begin(), named.end(), r) == named.end()) named.push_back(r);
+  }
+  o.engines = named;
   std::vector<CaseSpec> grid = build_grid(o);
   // A file kept by an earlier run (--keep) with at least --size bytes is read as it is, so a read
   // can run in its own process after a write, as fio's do (its pattern is that run's: --verify

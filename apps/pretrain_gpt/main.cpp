@@ -15,6 +15,7 @@
 #include "hpct/core/units.hpp"
 #include "hpct/engine/data.hpp"
 #include "hpct/engine/trainer.hpp"
+#include "hpct/io/aio_config.hpp"
 #include "hpct/kernels/ops.hpp"
 #include "hpct/parallel/memory_estimate.hpp"
 
@@ -102,7 +103,8 @@ static int run(int argc, char** argv) {
                 << "each block's fp32 working parameters and gradient there while in use; the peak is in the "
                    "summary); the states above and the optimizer step stay on the host\n";
     if (trainer.zero().offloaded())
-      std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << "): parameters "
+      std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << ", async IO "
+                << io::engine_name(io::resolve_engine(cfg.zero.aio.engine)) << "): parameters "
                 << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer)
                 << (trainer.zero().half() ? " (with the fp32 master weights; the 16-bit parameters are rounded from them)" : "")
                 << "\n";
@@ -134,7 +136,8 @@ static int run(int argc, char** argv) {
   nlohmann::json nvme = {{"parameters", world.allgather(double(mem.nvme_params))},
                          {"optimizer_states", world.allgather(double(mem.nvme_optimizer))},
                          {"file_bytes", world.allgather(double(mem.nvme_file))}};
-  nlohmann::json offload = {{"bytes_read", world.allgather(tr.bytes_read)},
+  nlohmann::json offload = {{"aio_engine", world.allgather_string(io::engine_name(io::resolve_engine(cfg.zero.aio.engine)))},
+                            {"bytes_read", world.allgather(tr.bytes_read)},
                             {"bytes_written", world.allgather(tr.bytes_written)},
                             {"optimizer_sweep_bytes_per_step", world.allgather(tr.optimizer_bytes / steps)},
                             {"optimizer_sweep_seconds_per_step", world.allgather(tr.optimizer_seconds / steps)},

@@ -5,9 +5,10 @@ the traffic is the paper's per-step volume), and they follow the ZeRO
 formulas; stage 3 with the optimizer and parameters on NVMe ends with the same loss as in memory
 (bitwise) and reports the NVMe bytes; the same in bf16 with the mixed-precision formulas (2+2+12,
 fp32 masters with the moments on NVMe, 16-bit traffic); a missing nvme_path is refused before step
-1 with one line.
+1 with one line; with --deny, the NVMe run again where the kernel refuses io_uring (libaio, the
+same loss).
 
-zero_app_check.py --gpt BIN --args FILE --workdir DIR --mpi "mpirun -np 2 ..."
+zero_app_check.py --gpt BIN --args FILE --workdir DIR --mpi "mpirun -np 2 ..." [--deny deny_syscalls]
 """
 import argparse
 import json
@@ -22,6 +23,7 @@ ap.add_argument("--gpt", required=True)
 ap.add_argument("--args", required=True)
 ap.add_argument("--workdir", required=True)
 ap.add_argument("--mpi", required=True)
+ap.add_argument("--deny", help="tests/io's deny_syscalls: also run the NVMe case where the kernel refuses io_uring")
 a = ap.parse_args()
 os.makedirs(a.workdir, exist_ok=True)
 fails = []
@@ -33,14 +35,14 @@ def check(cond, msg):
         fails.append(msg)
 
 
-def run(name, zero, extra=(), expect_rc=0, top=None):
+def run(name, zero, extra=(), expect_rc=0, top=None, prefix=()):
     cfg = os.path.join(a.workdir, name + ".ds.json")
     with open(cfg, "w") as f:
         json.dump({"zero_optimization": zero, **(top or {})}, f)
     out = os.path.join(a.workdir, name + ".json")
     if os.path.exists(out):
         os.remove(out)
-    cmd = shlex.split(a.mpi) + [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "4",
+    cmd = list(prefix) + shlex.split(a.mpi) + [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "4",
                                 "--log-interval", "1", "--eval-iters", "0", "--micro-batch-size", "2",
                                 "--global-batch-size", "4", "--deepspeed_config", cfg, "--json", out, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -66,6 +68,26 @@ nv, lognv = run("stage3_nvme", {"stage": 3, "stage3_param_persistence_threshold"
                                 "sub_group_size": 20000,
                                 "offload_optimizer": {"device": "nvme", "nvme_path": swap},
                                 "offload_param": {"device": "nvme", "nvme_path": swap}})
+# The same where a container's seccomp policy refuses io_uring: the engine's `auto` takes libaio,
+# says so once, and the training is the same to the bit.
+if a.deny:
+    swap_nu = os.path.join(a.workdir, "swap_no_uring")
+    os.makedirs(swap_nu, exist_ok=True)
+    nu, lognu = run("stage3_nvme_no_io_uring", {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1e5,
+                                                "stage3_prefetch_bucket_size": 2.5e5, "sub_group_size": 20000,
+                                                "offload_optimizer": {"device": "nvme", "nvme_path": swap_nu},
+                                                "offload_param": {"device": "nvme", "nvme_path": swap_nu}},
+                    prefix=(a.deny, "io_uring_setup", "--"))
+    if nu and nv:
+        N0 = nv["world_size"]
+        check(nu["nvme_offload"]["aio_engine"] == ["libaio"] * N0,
+              f"io_uring refused: every rank's swap IO on libaio ({nu['nvme_offload']['aio_engine']}; "
+              f"unrestricted: {nv['nvme_offload']['aio_engine']})")
+        said = lognu.count("hpctrain: async IO engine auto: using libaio (io_uring: ")
+        check("async IO libaio" in lognu and said == N0,
+              f"io_uring refused: the start line names libaio and each rank's engine says why once ({said} lines)")
+        check(nu["final_lm_loss"] == nv["final_lm_loss"],
+              f"io_uring refused: the same final loss to the bit ({nu['final_lm_loss']!r} vs {nv['final_lm_loss']!r})")
 s2, _ = run("stage2", {"stage": 2, "reduce_bucket_size": 1e5})
 bf16 = {"bf16": {"enabled": True}}
 b2, _ = run("bf16_stage2", {"stage": 2, "reduce_bucket_size": 1e5}, top=bf16)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs nvme_bench (possibly under mpiexec) and checks its exit code, output and --json file.
 
-check_nvme_json.py --json FILE [--ranks N] [--loops N] [--tune FILE] [--cases N] [--regex R]... -- CMD...
+check_nvme_json.py --json FILE [--ranks N] [--loops N] [--engine E] [--tune FILE] [--cases N] [--regex R]... -- CMD...
 
 Checks the JSON twin's schema; that every case has one entry per rank with distinct files; that
 the aggregate is what the per-rank figures say (total bytes / slowest rank's seconds); that
@@ -20,6 +20,7 @@ ap.add_argument("--json", required=True)
 ap.add_argument("--ranks", type=int, default=1)
 ap.add_argument("--cases", type=int)
 ap.add_argument("--loops", type=int, default=1)
+ap.add_argument("--engine", help="every case ran on this engine")
 ap.add_argument("--tune")
 ap.add_argument("--regex", action="append", default=[])
 ap.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -76,6 +77,8 @@ try:
             assert lat[0] <= lat[1] <= lat[2], f"percentiles out of order: {lat}"
         if c["verified"] is not None:
             assert c["verified"] is True, c
+        if a.engine:
+            assert c["aio"]["engine"] == a.engine, f"case on {c['aio']['engine']}, expected {a.engine}"
         loops = c["loops_MBps"]
         assert len(loops) == a.loops == int(prov["loops"]), f"{len(loops)} loop figures, expected {a.loops}"
         assert close(c["bandwidth_MBps"], sorted(loops)[len(loops) // 2]), (c["bandwidth_MBps"], loops)

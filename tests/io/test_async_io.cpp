@@ -352,3 +352,27 @@ TEST(AioConfig, BadValuesNameTheKey) {
   EXPECT_NE(parse_error(R"({"queue_dept": 8})").find("queue_dept"), std::string::npos);
   EXPECT_NE(parse_error(R"({"engine": "spdk"})").find("aio.engine"), std::string::npos);
 }
+
+// `auto` (the default) stands for the first engine this kernel runs, in preference order; an AsyncIo
+// reports the engine it resolved to. (The refused cases, under a seccomp filter, are the
+// nvme_bench_auto_* and pretrain_gpt_zero_stages tests.)
+TEST(AioConfig, AutoIsTheFirstAvailableEngine) {
+  EXPECT_EQ(AioConfig{}.engine, AioEngine::automatic);
+  EXPECT_EQ(parse_aio(R"({"engine": "auto"})").engine, AioEngine::automatic);
+  EXPECT_EQ(parse_aio(R"({"engine": "libaio"})").engine, AioEngine::libaio);
+  AioEngine want = AioEngine::psync;
+  for (AioEngine e : {AioEngine::io_uring, AioEngine::libaio})
+    if (engine_available(e)) {
+      want = e;
+      break;
+    }
+  std::string skipped = "stale";
+  EXPECT_EQ(resolve_engine(AioEngine::automatic, &skipped), want);
+  EXPECT_EQ(skipped.empty(), want == AioEngine::io_uring) << skipped;
+  EXPECT_EQ(resolve_engine(AioEngine::libaio), AioEngine::libaio);
+  AioConfig c;
+  c.queue_depth = 2;
+  AsyncIo io(c);
+  EXPECT_EQ(io.config().engine, want);
+  EXPECT_EQ(c.to_ds_json()["engine"], "auto");
+}

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
@@ -15,6 +16,7 @@ namespace hpct::io {
 
 const char* engine_name(AioEngine e) {
   switch (e) {
+    case AioEngine::automatic: return "auto";
     case AioEngine::io_uring: return "io_uring";
     case AioEngine::libaio: return "libaio";
     case AioEngine::psync: return "psync";
@@ -23,14 +25,16 @@ const char* engine_name(AioEngine e) {
 }
 
 AioEngine parse_engine(const std::string& text, const std::string& key) {
+  if (text == "auto") return AioEngine::automatic;
   if (text == "io_uring" || text == "uring") return AioEngine::io_uring;
   if (text == "libaio" || text == "aio") return AioEngine::libaio;
   if (text == "psync" || text == "sync" || text == "pread") return AioEngine::psync;
-  throw config_error(key, "unknown IO engine '" + text + "'", "use io_uring, libaio or psync");
+  throw config_error(key, "unknown IO engine '" + text + "'", "use auto, io_uring, libaio or psync");
 }
 
 bool engine_available(AioEngine e, std::string* why) {
   switch (e) {
+    case AioEngine::automatic:
     case AioEngine::psync: return true;
     case AioEngine::io_uring: {
       io_uring ring;
@@ -54,6 +58,22 @@ bool engine_available(AioEngine e, std::string* why) {
     }
   }
   return false;
+}
+
+AioEngine resolve_engine(AioEngine e, std::string* skipped) {
+  if (e != AioEngine::automatic) return e;
+  // What the kernel allows does not change while the process runs: probe once.
+  static const std::pair<AioEngine, std::string> pick = [] {
+    std::string passed;
+    for (AioEngine c : {AioEngine::io_uring, AioEngine::libaio}) {
+      std::string why;
+      if (engine_available(c, &why)) return std::make_pair(c, passed);
+      passed += (passed.empty() ? "" : "; ") + std::string(engine_name(c)) + ": " + why;
+    }
+    return std::make_pair(AioEngine::psync, passed);
+  }();
+  if (skipped) *skipped = pick.second;
+  return pick.first;
 }
 
 void AioConfig::validate(const std::string& prefix) const {

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -441,6 +442,7 @@ class Worker {
       case AioEngine::io_uring: backend_ = std::make_unique<UringBackend>(depth); break;
       case AioEngine::libaio: backend_ = std::make_unique<AioBackend>(depth); break;
       case AioEngine::psync: backend_ = std::make_unique<PsyncBackend>(); break;
+      case AioEngine::automatic: throw Error("IO engine worker: the engine was not resolved (engine bug)");
     }
     depth_ = depth;
     thread_ = std::thread([this] { run(); });
@@ -599,6 +601,14 @@ class Worker {
 
 AsyncIo::AsyncIo(const AioConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
+  std::string skipped;
+  cfg_.engine = resolve_engine(cfg.engine, &skipped);
+  if (!skipped.empty()) {
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      std::fprintf(stderr, "hpctrain: async IO engine auto: using %s (%s)\n", engine_name(cfg_.engine), skipped.c_str());
+    });
+  }
   for (int t = 0; t < cfg_.thread_count; ++t) workers_.push_back(std::make_unique<detail::Worker>(cfg_, &recording_));
 }
 

@@ -18,14 +18,22 @@ class JsonSection;
 
 namespace hpct::io {
 
-enum class AioEngine { io_uring, libaio, psync };
+/// `automatic` ("auto", the default) is the first of io_uring, libaio, psync that this kernel runs:
+/// io_uring is refused by some kernels (the kernel.io_uring_disabled sysctl) and container seccomp
+/// policies (Docker's default since 2023), libaio by an exhausted fs.aio-max-nr. A named engine is
+/// used as named or refused with the reason.
+enum class AioEngine { automatic, io_uring, libaio, psync };
 
 const char* engine_name(AioEngine e);
-/// "io_uring" | "libaio" | "psync"; throws config_error(key, ...) otherwise.
+/// "auto" | "io_uring" | "libaio" | "psync"; throws config_error(key, ...) otherwise.
 AioEngine parse_engine(const std::string& text, const std::string& key);
 /// Whether this build and this kernel can run the engine (io_uring can be compiled in and still be
-/// refused by the kernel or a seccomp policy). Sets *why when not.
+/// refused by the kernel or a seccomp policy). Sets *why when not. `automatic` is always available.
 bool engine_available(AioEngine e, std::string* why = nullptr);
+/// The engine `e` stands for: itself, or for `automatic` the first available in preference order
+/// (probed once per process). When `automatic` had to pass over io_uring, *skipped says why (e.g.
+/// "io_uring: io_uring_queue_init: Operation not permitted (...)"); else it is left empty.
+AioEngine resolve_engine(AioEngine e, std::string* skipped = nullptr);
 
 struct AioConfig {
   size_t block_size = 1 << 20;  // bytes per IO request the engine sends to the kernel
@@ -33,7 +41,7 @@ struct AioConfig {
   int thread_count = 1;         // ds: intra_op_parallelism (formerly thread_count): threads that split one request
   bool single_submit = false;   // submit requests one at a time instead of as a batch
   bool overlap_events = true;   // submit new requests as earlier ones complete (else: batch, drain, repeat)
-  AioEngine engine = AioEngine::io_uring;  // not a DeepSpeed key: DeepSpeed only has libaio
+  AioEngine engine = AioEngine::automatic;  // not a DeepSpeed key: DeepSpeed only has libaio
   bool direct = true;           // O_DIRECT; false = buffered (page cache), only when asked
   bool pin_buffers = false;     // mlock() the pool's buffers (DeepSpeed's "locked tensors")
 

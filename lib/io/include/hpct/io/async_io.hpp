@@ -142,13 +142,15 @@ class AsyncIo {
  public:
   using Ticket = uint64_t;
 
-  /// Starts thread_count workers with their kernel queues. Throws when the engine is unavailable.
+  /// Starts thread_count workers with their kernel queues. Throws when a named engine is
+  /// unavailable; `auto` takes the first available (resolve_engine), and the first AsyncIo of the
+  /// process that passes over io_uring says so once on stderr, with the kernel's reason.
   explicit AsyncIo(const AioConfig& cfg);
   ~AsyncIo();  // waits for every outstanding request (errors are dropped: call wait_all() to see them)
   AsyncIo(const AsyncIo&) = delete;
   AsyncIo& operator=(const AsyncIo&) = delete;
 
-  const AioConfig& config() const { return cfg_; }
+  const AioConfig& config() const { return cfg_; }  // with the engine resolved (never `automatic`)
 
   /// Starts reading len bytes at file offset `off` into buf. buf and off must be aligned to
   /// file.alignment(); the file and buffer must stay alive until wait() returns.
