@@ -64,6 +64,7 @@ Flags taking a LIST accept comma-separated values and run every combination.
                               of the medians, as ds_nvme_tune picks) as a ds_config "aio" block
       --tune-output FILE      where --tune writes it                      (default: ds_aio_config.json)
       --verify                read each written file back and compare with what was written
+                              (with --loops, the last loop's write)
       --keep                  keep the files (default: delete them at the end)
       --buffered              go through the page cache instead of O_DIRECT (only when asked;
                               reads drop the file's cached pages first)
@@ -208,11 +209,13 @@ bool parse_args(const std::vector<std::string>& args, Options& o) {
       o.engines.clear();
       for (AioEngine e : {AioEngine::io_uring, AioEngine::libaio})
         if (io::engine_available(e)) o.engines.push_back(e);
+      if (o.engines.empty()) o.engines.push_back(AioEngine::psync);  // the last fallback, as `auto`
     }
   }
   if (o.tune) {
-    // One run per case lets a disk's swing pick the winner (on the development VM one run of fio's
-    // grid varied by 20-40% at one configuration); the median of three passes damps that.
+    // One run per case lets a disk's swing pick the winner (on the development VM fio's own reads of
+    // one configuration land near the disk's rate or at twice it, from the host's cache; see
+    // docs/benchmarks.md); the median of three passes damps that.
     if (!o.given.count("--loops")) o.loops = 3;
     bool r = false, w = false;
     for (auto m : o.modes) r |= m == IoMode::read, w |= m == IoMode::write;
@@ -325,6 +328,13 @@ std::vector<CaseSpec> build_grid(const Options& o) {
   return out;
 }
 
+// Every loop's aggregate MB/s, in the order run ("812/790/845"), for the table's last column.
+std::string loops_text(const std::vector<double>& v) {
+  std::string s;
+  for (double x : v) s += (s.empty() ? "" : "/") + std::to_string(static_cast<long long>(std::llround(x)));
+  return s;
+}
+
 nlohmann::json num_or_null(double v) { return v < 0 || !std::isfinite(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
 
 int run(int argc, char** argv) {
@@ -352,6 +362,17 @@ int run(int argc, char** argv) {
     if (std::find(named.begin(), named.end(), r) == named.end()) named.push_back(r);
   }
   o.engines = named;
+  // Every rank must run the same grid: `auto` standing for different engines on different nodes
+  // (one refuses io_uring) would pair unlike cases in the aggregate and the collectives.
+  {
+    std::string mine;
+    for (AioEngine e : o.engines) mine += std::string(mine.empty() ? "" : ",") + io::engine_name(e);
+    std::vector<std::string> all = world.allgather_string(mine);
+    for (int q = 1; q < world.size(); ++q)
+      if (all[q] != all[0])
+        throw config_error("--engine", "auto means " + all[0] + " on rank 0 but " + all[q] + " on rank " + std::to_string(q) +
+                                           " (a node refuses an engine)", "name one engine that every node runs, e.g. --engine libaio");
+  }
   std::vector<CaseSpec> grid = build_grid(o);
   // A file kept by an earlier run (--keep) with at least --size bytes is read as it is, so a read
   // can run in its own process after a write, as fio's do (its pattern is that run's: --verify
@@ -399,8 +420,12 @@ int run(int argc, char** argv) {
     for (int pass = 0; pass < o.loops; ++pass) {
       for (size_t ci = 0; ci < grid.size(); ++ci) {
         const CaseSpec& spec = grid[ci];
-        if (spec.mode != IoMode::write && !file_full) {
-          comm::throw_if_any(world, comm::error_text_of([&] { io::prepare_file(file, o.size, spec.aio, o.seed + world.rank()); }));
+        // A read needs a whole file. Whether this rank's is whole is its own (a --runtime write may
+        // stop early on one rank and not on another), but the error exchange is on every rank.
+        if (spec.mode != IoMode::write) {
+          comm::throw_if_any(world, comm::error_text_of([&] {
+            if (!file_full) io::prepare_file(file, o.size, spec.aio, o.seed + world.rank());
+          }));
           file_full = true;
         }
         io::IoCase c;
@@ -424,8 +449,16 @@ int run(int argc, char** argv) {
           comm::throw_if_any(world, comm::error_text_of([&] { bad = io::verify_file(file, r.bytes, spec.aio, o.seed + world.rank()); }));
           bad_at[ci] = world.allgather(static_cast<double>(bad));
         }
-        char line[200];
-        std::snprintf(line, sizeof line, "%s: %.1f MB/s%s", case_label(spec).c_str(), agg[ci].back() / 1e6,
+        std::string iops;
+        if (spec.mode == IoMode::randread) {
+          std::vector<double> q = world.allgather(static_cast<double>(r.requests));
+          std::vector<double> s = world.allgather(r.seconds);
+          double n = 0, mx = 0;
+          for (int k = 0; k < world.size(); ++k) n += q[k], mx = std::max(mx, s[k]);
+          iops = ", " + std::to_string(static_cast<long long>(mx > 0 ? n / mx : 0)) + " IOPS";
+        }
+        char line[240];
+        std::snprintf(line, sizeof line, "%s: %.1f MB/s%s%s", case_label(spec).c_str(), agg[ci].back() / 1e6, iops.c_str(),
                       o.loops > 1 ? (" (loop " + std::to_string(pass + 1) + "/" + std::to_string(o.loops) + ")").c_str() : "");
         progress.done(line, 1.0);
       }
@@ -549,7 +582,8 @@ int run(int argc, char** argv) {
                      {"lat_p99", "us", 1},
                      {"lat_p99_9", "us", 1},
                      {"cpu", "s", 2},
-                     {"verified", ""}});
+                     {"verified", ""},
+                     {"loops", "MB/s"}});
   ReportTable per_rank({{"case", ""}, {"rank", ""}, {"node", ""}, {"bandwidth", "MB/s", 1}, {"seconds", "s", 3}, {"cpu", "s", 2}, {"file", ""}});
   nlohmann::json cases = nlohmann::json::array();
   auto opt = [](double v) -> ReportTable::Cell { return v < 0 ? ReportTable::Cell{} : ReportTable::Cell{v}; };
@@ -560,7 +594,7 @@ int run(int argc, char** argv) {
     table.add_row({std::string(io::mode_name(c.spec.mode)), std::string(io::engine_name(a.engine)),
                    static_cast<int64_t>(a.block_size), static_cast<int64_t>(a.queue_depth), static_cast<int64_t>(a.thread_count),
                    submit, static_cast<int64_t>(world.size()), c.agg_mb_per_s, c.agg_iops, opt(c.p50), opt(c.p99), opt(c.p999),
-                   c.cpu_seconds, c.verified});
+                   c.cpu_seconds, c.verified, loops_text(c.loops_mb_per_s)});
     nlohmann::json ranks = nlohmann::json::array();
     for (size_t k = 0; k < c.ranks.size(); ++k) {
       const auto& f = c.ranks[k];

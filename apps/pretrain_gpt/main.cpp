@@ -104,7 +104,7 @@ static int run(int argc, char** argv) {
                    "summary); the states above and the optimizer step stay on the host\n";
     if (trainer.zero().offloaded())
       std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << ", async IO "
-                << io::engine_name(io::resolve_engine(cfg.zero.aio.engine)) << "): parameters "
+                << io::engine_name(trainer.zero().swap_engine()) << "): parameters "
                 << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer)
                 << (trainer.zero().half() ? " (with the fp32 master weights; the 16-bit parameters are rounded from them)" : "")
                 << "\n";
@@ -136,7 +136,9 @@ static int run(int argc, char** argv) {
   nlohmann::json nvme = {{"parameters", world.allgather(double(mem.nvme_params))},
                          {"optimizer_states", world.allgather(double(mem.nvme_optimizer))},
                          {"file_bytes", world.allgather(double(mem.nvme_file))}};
-  nlohmann::json offload = {{"aio_engine", world.allgather_string(io::engine_name(io::resolve_engine(cfg.zero.aio.engine)))},
+  nlohmann::json aio_engine = nullptr;  // each rank's swap IO engine (`auto` resolves node by node)
+  if (trainer.zero().offloaded()) aio_engine = world.allgather_string(io::engine_name(trainer.zero().swap_engine()));
+  nlohmann::json offload = {{"aio_engine", aio_engine},
                             {"bytes_read", world.allgather(tr.bytes_read)},
                             {"bytes_written", world.allgather(tr.bytes_written)},
                             {"optimizer_sweep_bytes_per_step", world.allgather(tr.optimizer_bytes / steps)},

@@ -86,6 +86,7 @@ if a.deny:
         said = lognu.count("hpctrain: async IO engine auto: using libaio (io_uring: ")
         check("async IO libaio" in lognu and said == N0,
               f"io_uring refused: the start line names libaio and each rank's engine says why once ({said} lines)")
+        check(s0 is not None and s0["nvme_offload"]["aio_engine"] is None, "no NVMe offload: aio_engine is null")
         check(nu["final_lm_loss"] == nv["final_lm_loss"],
               f"io_uring refused: the same final loss to the bit ({nu['final_lm_loss']!r} vs {nv['final_lm_loss']!r})")
 s2, _ = run("stage2", {"stage": 2, "reduce_bucket_size": 1e5})

@@ -376,3 +376,32 @@ TEST(AioConfig, AutoIsTheFirstAvailableEngine) {
   EXPECT_EQ(io.config().engine, want);
   EXPECT_EQ(c.to_ds_json()["engine"], "auto");
 }
+
+// Under tests/io/deny_syscalls io_uring_setup,io_setup>2 (the ctest test_async_io_auto_retry): the
+// probe's small libaio queue is granted, the real one refused, so `auto` takes libaio and then has
+// to go on to psync, which must still move the data; a named libaio is refused, not replaced.
+TEST(AioConfig, AutoGoesOnWhenTheRealQueueIsRefused) {
+  if (!std::getenv("HPCT_TEST_UNDER_DENY")) GTEST_SKIP() << "runs under deny_syscalls (ctest test_async_io_auto_retry)";
+  std::string skipped;
+  ASSERT_EQ(resolve_engine(AioEngine::automatic, &skipped), AioEngine::libaio) << skipped;
+  EXPECT_NE(skipped.find("io_uring: "), std::string::npos) << skipped;
+  AioConfig c;
+  c.queue_depth = 8;
+  c.direct = false;  // the test directory may be a tmpfs
+  AsyncIo io(c);
+  EXPECT_EQ(io.config().engine, AioEngine::psync);
+  const std::string p = (fs::temp_directory_path() / ("hpct_auto_retry." + std::to_string(::getpid()))).string();
+  {
+    IoFile f = IoFile::open(p, IoFile::Mode::read_write, false, true);
+    std::vector<char> a(3 << 20), b(a.size());
+    std::mt19937 g(7);
+    for (auto& x : a) x = static_cast<char>(g());
+    io.write(f, a.data(), a.size(), 0);
+    io.read(f, b.data(), b.size(), 0);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0);
+  }
+  fs::remove(p);
+  AioConfig named = c;
+  named.engine = AioEngine::libaio;
+  EXPECT_THROW(AsyncIo{named}, hpct::Error);
+}

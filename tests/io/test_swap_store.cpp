@@ -35,11 +35,8 @@ namespace {
 
 using hpct::io::testing::available_engines;
 
-// The ds_config default (io_uring) where this kernel runs it, else the next one that runs.
-AioEngine default_engine() {
-  static const AioEngine e = available_engines().front();
-  return e;
-}
+// The engine the default `auto` stands for on this kernel.
+AioEngine default_engine() { return resolve_engine(AioEngine::automatic); }
 
 class SwapStoreTest : public hpct::io::testing::ScratchDirTest {
  protected:

@@ -61,6 +61,7 @@ bool engine_available(AioEngine e, std::string* why) {
 }
 
 AioEngine resolve_engine(AioEngine e, std::string* skipped) {
+  if (skipped) skipped->clear();
   if (e != AioEngine::automatic) return e;
   // What the kernel allows does not change while the process runs: probe once.
   static const std::pair<AioEngine, std::string> pick = [] {

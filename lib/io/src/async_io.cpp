@@ -603,13 +603,30 @@ AsyncIo::AsyncIo(const AioConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
   std::string skipped;
   cfg_.engine = resolve_engine(cfg.engine, &skipped);
-  if (!skipped.empty()) {
-    static std::once_flag said;
-    std::call_once(said, [&] {
-      std::fprintf(stderr, "hpctrain: async IO engine auto: using %s (%s)\n", engine_name(cfg_.engine), skipped.c_str());
-    });
+  // The probe behind `auto` used a small queue; this one may be refused where it was not (libaio
+  // past fs.aio-max-nr, an io_uring ring past RLIMIT_MEMLOCK on old kernels). Then `auto` goes on
+  // to the next engine; a named engine's refusal is the caller's error.
+  bool retried = false;
+  for (;;) {
+    try {
+      for (int t = 0; t < cfg_.thread_count; ++t) workers_.push_back(std::make_unique<detail::Worker>(cfg_, &recording_));
+      break;
+    } catch (const Error& e) {
+      workers_.clear();
+      if (cfg.engine != AioEngine::automatic || cfg_.engine == AioEngine::psync) throw;
+      skipped += std::string(skipped.empty() ? "" : "; ") + engine_name(cfg_.engine) + ": " + e.what();
+      cfg_.engine = cfg_.engine == AioEngine::io_uring ? AioEngine::libaio : AioEngine::psync;
+      retried = true;
+    }
   }
-  for (int t = 0; t < cfg_.thread_count; ++t) workers_.push_back(std::make_unique<detail::Worker>(cfg_, &recording_));
+  if (skipped.empty()) return;
+  auto say = [&] { std::fprintf(stderr, "hpctrain: async IO engine auto: using %s (%s)\n", engine_name(cfg_.engine), skipped.c_str()); };
+  if (retried) {  // particular to this queue: every time
+    say();
+    return;
+  }
+  static std::once_flag said;  // the kernel's refusal: once per process
+  std::call_once(said, say);
 }
 
 AsyncIo::~AsyncIo() {

@@ -31,8 +31,9 @@ AioEngine parse_engine(const std::string& text, const std::string& key);
 /// refused by the kernel or a seccomp policy). Sets *why when not. `automatic` is always available.
 bool engine_available(AioEngine e, std::string* why = nullptr);
 /// The engine `e` stands for: itself, or for `automatic` the first available in preference order
-/// (probed once per process). When `automatic` had to pass over io_uring, *skipped says why (e.g.
-/// "io_uring: io_uring_queue_init: Operation not permitted (...)"); else it is left empty.
+/// (probed once per process with a small queue). When `automatic` had to pass over io_uring,
+/// *skipped says why (e.g. "io_uring: io_uring_queue_init: Operation not permitted (...)"); else it
+/// is cleared. AsyncIo goes on to the next engine if the probed one then refuses the real queue.
 AioEngine resolve_engine(AioEngine e, std::string* skipped = nullptr);
 
 struct AioConfig {

@@ -113,6 +113,7 @@ class SwapStore {
   static uint64_t file_bytes(int num_arrays, uint64_t elems, size_t alignment = 4096);
 
   const std::string& path() const { return file_.path(); }
+  AioEngine engine() const { return io_->config().engine; }  // the engine in use (`auto` resolved)
   int num_arrays() const { return cfg_.num_arrays; }
   uint64_t elems() const { return cfg_.elems; }
   size_t chunk_elems() const { return chunk_elems_; }  // after rounding

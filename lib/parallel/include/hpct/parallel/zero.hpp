@@ -199,6 +199,8 @@ class ZeroEngine final : public model::ParamStore {
   /// Gathers issued (stage 3), for tests of prefetch and reuse.
   long long gathers() const { return gathers_; }
   bool offloaded() const { return swap_ != nullptr; }
+  /// The async IO engine the swap file runs on (what `auto` became here); only when offloaded().
+  io::AioEngine swap_engine() const { return swap_->engine(); }
   const SwapTraffic& swap_traffic() const { return traffic_; }
 
  private:
