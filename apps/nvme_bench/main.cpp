@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -335,6 +336,26 @@ std::string loops_text(const std::vector<double>& v) {
   return s;
 }
 
+// Ctrl-C or scancel (SIGINT, SIGTERM, SIGHUP) in the middle of a case would leave this rank's
+// file, up to --size bytes, on a node-local disk the next job needs. The handler removes it (unless
+// --keep) and then dies of the signal as it would have. Only async-signal-safe calls.
+char g_scratch_file[4096];  // empty: nothing to remove
+
+extern "C" void remove_scratch_and_die(int sig) {
+  if (g_scratch_file[0]) ::unlink(g_scratch_file);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void remove_file_on_signals(const std::string& path) {
+  if (path.size() >= sizeof g_scratch_file) return;  // cannot hold the name: the file stays
+  std::memcpy(g_scratch_file, path.c_str(), path.size() + 1);
+  struct sigaction sa {};
+  sa.sa_handler = remove_scratch_and_die;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
 nlohmann::json num_or_null(double v) { return v < 0 || !std::isfinite(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
 
 int run(int argc, char** argv) {
@@ -402,6 +423,7 @@ int run(int argc, char** argv) {
   auto cleanup = [&] {
     if (!o.keep) ::unlink(file.c_str());
   };
+  if (!o.keep) remove_file_on_signals(file);
   // One run's aggregate over all ranks in bytes/s: total bytes / the slowest rank's seconds (collective).
   auto aggregate = [&](const io::IoResult& r) {
     std::vector<double> b = world.allgather(static_cast<double>(r.bytes));
