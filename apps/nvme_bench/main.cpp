@@ -2,6 +2,7 @@
 // and aggregated: the figure ZeRO-Infinity offload and checkpointing will see on N nodes.
 // Thin: parse flags, validate the paths on every rank, run the grid of cases (lib/io/io_bench),
 // gather and report. fio-style flags; `--tune` writes the best case as a ds_config `aio` block.
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -347,13 +348,30 @@ extern "C" void remove_scratch_and_die(int sig) {
   ::raise(sig);
 }
 
+// Only the main thread takes these signals: main() blocks them before MPI starts its threads and
+// unblocks them on its own thread after, and the IO engine's threads start with them blocked. So
+// the handler never runs while this thread is creating the file again. A signal ignored at start
+// (nohup's SIGHUP, SIGINT in a background job) stays ignored.
 void remove_file_on_signals(const std::string& path) {
   if (path.size() >= sizeof g_scratch_file) return;  // cannot hold the name: the file stays
   std::memcpy(g_scratch_file, path.c_str(), path.size() + 1);
   struct sigaction sa {};
   sa.sa_handler = remove_scratch_and_die;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sa.sa_mask, sig);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+// The termination signals, blocked in every thread MPI starts (see remove_file_on_signals).
+sigset_t termination_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&s, sig);
+  return s;
 }
 
 nlohmann::json num_or_null(double v) { return v < 0 || !std::isfinite(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
@@ -422,6 +440,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> failures;
   auto cleanup = [&] {
     if (!o.keep) ::unlink(file.c_str());
+    g_scratch_file[0] = 0;  // a later signal must not remove a newer file of that name
   };
   if (!o.keep) remove_file_on_signals(file);
   // One run's aggregate over all ranks in bytes/s: total bytes / the slowest rank's seconds (collective).
@@ -669,7 +688,10 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const sigset_t term = termination_signals();
+  pthread_sigmask(SIG_BLOCK, &term, nullptr);
   comm::Environment env(&argc, &argv);
+  pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
   try {
     return run(argc, argv);
   } catch (const Error& e) {

@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
       *gt = 0;
       char* end = NULL;
       lim = strtol(gt + 1, &end, 10);
-      if (end == gt + 1 || *end || lim < 0) {
-        fprintf(stderr, "deny_syscalls: '%s>%s': the limit must be a number >= 0\n", tok, gt + 1);
+      if (end == gt + 1 || *end || lim < 0 || lim > 0xFFFFFFFFL) {
+        fprintf(stderr, "deny_syscalls: '%s>%s': the limit must be a number in 0..4294967295\n", tok, gt + 1);
         return 2;
       }
     }

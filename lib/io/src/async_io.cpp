@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <libaio.h>
 #include <liburing.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -434,6 +436,25 @@ class PsyncBackend final : public Backend {
   std::vector<Completion> done_;
 };
 
+// The engine's threads leave process-directed signals (Ctrl-C, scancel's SIGTERM) to the
+// application's own threads, whose handlers can then clean up without an IO thread racing them:
+// they start with every asynchronous signal blocked (faults still reach the thread that caused them).
+template <class F>
+std::thread start_with_signals_blocked(F&& f) {
+  sigset_t all, old;
+  sigfillset(&all);
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS}) sigdelset(&all, s);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  try {
+    std::thread t(std::forward<F>(f));
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return t;
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
+}
+
 class Worker {
  public:
   Worker(const AioConfig& cfg, const std::atomic<bool>* recording) : cfg_(cfg), recording_(recording) {
@@ -445,7 +466,7 @@ class Worker {
       case AioEngine::automatic: throw Error("IO engine worker: the engine was not resolved (engine bug)");
     }
     depth_ = depth;
-    thread_ = std::thread([this] { run(); });
+    thread_ = start_with_signals_blocked([this] { run(); });
   }
   ~Worker() {
     {

@@ -142,9 +142,10 @@ class AsyncIo {
  public:
   using Ticket = uint64_t;
 
-  /// Starts thread_count workers with their kernel queues. Throws when a named engine is
-  /// unavailable; `auto` takes the first available (resolve_engine), and the first AsyncIo of the
-  /// process that passes over io_uring says so once on stderr, with the kernel's reason.
+  /// Starts thread_count workers with their kernel queues (asynchronous signals blocked in them, so
+  /// the application's threads handle Ctrl-C and SIGTERM). Throws when a named engine is
+  /// unavailable; `auto` takes the first available (resolve_engine) and says on stderr what it
+  /// passed over and why: once per process for the kernel's refusal, each time for a refused queue.
   explicit AsyncIo(const AioConfig& cfg);
   ~AsyncIo();  // waits for every outstanding request (errors are dropped: call wait_all() to see them)
   AsyncIo(const AsyncIo&) = delete;
