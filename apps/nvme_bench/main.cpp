@@ -443,13 +443,17 @@ int run(int argc, char** argv) {
     g_scratch_file[0] = 0;  // a later signal must not remove a newer file of that name
   };
   if (!o.keep) remove_file_on_signals(file);
-  // One run's aggregate over all ranks in bytes/s: total bytes / the slowest rank's seconds (collective).
+  // One run's aggregate over all ranks (collective): total bytes and requests / the slowest rank's seconds.
+  struct Rate {
+    double bytes_per_s = 0, requests_per_s = 0;
+  };
   auto aggregate = [&](const io::IoResult& r) {
     std::vector<double> b = world.allgather(static_cast<double>(r.bytes));
+    std::vector<double> q = world.allgather(static_cast<double>(r.requests));
     std::vector<double> s = world.allgather(r.seconds);
-    double tot = 0, mx = 0;
-    for (int k = 0; k < world.size(); ++k) tot += b[k], mx = std::max(mx, s[k]);
-    return mx > 0 ? tot / mx : 0;
+    double tot = 0, reqs = 0, mx = 0;
+    for (int k = 0; k < world.size(); ++k) tot += b[k], reqs += q[k], mx = std::max(mx, s[k]);
+    return mx > 0 ? Rate{tot / mx, reqs / mx} : Rate{};
   };
   try {
     // --loops N runs the whole grid N times over (pass by pass), not each case N times in a row: a
@@ -482,7 +486,8 @@ int run(int argc, char** argv) {
         std::string err = comm::error_text_of([&] { r = io::run_io_case(file, c); });
         comm::throw_if_any(world, err);
         runs[ci].push_back(r);
-        agg[ci].push_back(aggregate(r));
+        const Rate rate = aggregate(r);
+        agg[ci].push_back(rate.bytes_per_s);
         if (spec.mode == IoMode::write) file_full = r.bytes == o.size;
         // The last pass's write is what the file holds now: it is the one read back.
         if (o.verify && spec.mode == IoMode::write && pass + 1 == o.loops) {
@@ -490,14 +495,8 @@ int run(int argc, char** argv) {
           comm::throw_if_any(world, comm::error_text_of([&] { bad = io::verify_file(file, r.bytes, spec.aio, o.seed + world.rank()); }));
           bad_at[ci] = world.allgather(static_cast<double>(bad));
         }
-        std::string iops;
-        if (spec.mode == IoMode::randread) {
-          std::vector<double> q = world.allgather(static_cast<double>(r.requests));
-          std::vector<double> s = world.allgather(r.seconds);
-          double n = 0, mx = 0;
-          for (int k = 0; k < world.size(); ++k) n += q[k], mx = std::max(mx, s[k]);
-          iops = ", " + std::to_string(static_cast<long long>(mx > 0 ? n / mx : 0)) + " IOPS";
-        }
+        const std::string iops =
+            spec.mode == IoMode::randread ? ", " + std::to_string(static_cast<long long>(rate.requests_per_s)) + " IOPS" : "";
         char line[240];
         std::snprintf(line, sizeof line, "%s: %.1f MB/s%s%s", case_label(spec).c_str(), agg[ci].back() / 1e6, iops.c_str(),
                       o.loops > 1 ? (" (loop " + std::to_string(pass + 1) + "/" + std::to_string(o.loops) + ")").c_str() : "");
