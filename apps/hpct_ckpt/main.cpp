@@ -15,10 +15,12 @@
 
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/error.hpp"
+#include "hpct/core/json_config.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/io/h5_file.hpp"
+#include "hpct/io/safetensors.hpp"
 #include "hpct/model/gpt.hpp"
 
 using namespace hpct;
@@ -84,9 +86,14 @@ int export_safetensors(const std::string& path, const std::string& out) {
   auto arch_s = f.attr_string("/", "architecture");
   auto cfg_s = f.attr_string("/", "config");
   if (!arch_s || !cfg_s) throw file_error(file, "has no architecture/config attributes: not an hpctrain GPT checkpoint");
-  auto arch = nlohmann::json::parse(*arch_s);
-  const int layers = arch.at("num_layers").get<int>();
-  const int64_t vocab = nlohmann::json::parse(*cfg_s).at("model").at("vocab_size").get<int64_t>();
+  const auto arch = parse_json(*arch_s, file + ": attribute 'architecture'");
+  const auto cfg = parse_json(*cfg_s, file + ": attribute 'config'");
+  if (!arch.is_object() || !arch.contains("num_layers") || !arch["num_layers"].is_number_integer() ||
+      !cfg.is_object() || !cfg.contains("model") || !cfg["model"].is_object() || !cfg["model"].contains("vocab_size") ||
+      !cfg["model"]["vocab_size"].is_number_integer())
+    throw file_error(file, "has no architecture.num_layers or config.model.vocab_size integer: not an hpctrain GPT checkpoint");
+  const int layers = arch["num_layers"].get<int>();
+  const int64_t vocab = cfg["model"]["vocab_size"].get<int64_t>();
   nlohmann::json header = {{"__metadata__", {{"format", "pt"}, {"source", file}, {"software", hpct_version()}}}};
   std::vector<std::vector<float>> data;
   uint64_t off = 0;
@@ -126,58 +133,52 @@ int export_safetensors(const std::string& path, const std::string& out) {
   return 0;
 }
 
+// A positive dimension of an imported tensor that fits the model's int fields.
+int dim_of(const io::SafetensorsFile& st, const io::SafetensorsTensor& t, size_t axis, const char* what, int64_t max) {
+  if (t.shape.size() != 2)
+    throw file_error(st.path(), "tensor " + t.name + " has shape " + io::shape_string(t.shape) + ", GPT-2's is 2-D");
+  const int64_t d = t.shape[axis];
+  if (d < 1 || d > max)
+    throw file_error(st.path(), "tensor " + t.name + " has shape " + io::shape_string(t.shape) + ": " + what +
+                                    " must be 1.." + std::to_string(max));
+  return static_cast<int>(d);
+}
+
 int import_safetensors(const std::string& in, const std::string& dir, int heads, int vocab_multiple) {
-  std::ifstream i(in, std::ios::binary);
-  if (!i) throw file_error(in, "cannot open");
-  uint64_t hl = 0;
-  i.read(reinterpret_cast<char*>(&hl), 8);
-  if (!i || hl > (100u << 20)) throw file_error(in, "is not a safetensors file (bad header length)");
-  std::string h(hl, ' ');
-  i.read(h.data(), static_cast<std::streamsize>(hl));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(h);
-  } catch (const std::exception& e) {
-    throw file_error(in, std::string("has a header that is not JSON: ") + e.what());
-  }
-  const std::streamoff base = static_cast<std::streamoff>(8 + hl);
-  auto get = [&](const std::string& name) -> std::pair<std::vector<int64_t>, std::vector<float>> {
-    if (!header.contains(name)) throw file_error(in, "has no tensor '" + name + "' (GPT-2 names expected)");
-    const auto& t = header[name];
-    if (t.at("dtype") != "F32") throw file_error(in, "tensor " + name + " is " + t.at("dtype").get<std::string>() + ", only F32 is read");
-    auto shape = t.at("shape").get<std::vector<int64_t>>();
-    auto offs = t.at("data_offsets").get<std::vector<uint64_t>>();
-    std::vector<float> x((offs[1] - offs[0]) / 4);
-    i.seekg(base + static_cast<std::streamoff>(offs[0]));
-    i.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(offs[1] - offs[0]));
-    if (!i) throw file_error(in, "is truncated in tensor " + name);
-    return {shape, x};
+  // Every header rule (offsets, sizes, dtypes) is checked by the reader before anything is copied;
+  // every tensor must then have exactly the shape this GPT gives its name.
+  const io::SafetensorsFile sf = io::SafetensorsFile::open(in);
+  auto need = [&](const std::string& name) -> const io::SafetensorsTensor& {
+    const auto* t = sf.find(name);
+    if (!t) throw file_error(in, "has no tensor '" + name + "' (GPT-2 names expected: wte.weight, h.0.ln_1.weight, ...)");
+    return *t;
   };
   int layers = 0;
-  while (header.contains("h." + std::to_string(layers) + ".ln_1.weight")) ++layers;
-  auto [wte_shape, wte] = get("wte.weight");
-  auto [wpe_shape, wpe] = get("wpe.weight");
+  while (sf.find("h." + std::to_string(layers) + ".ln_1.weight")) ++layers;
+  if (layers == 0) throw file_error(in, "has no tensor 'h.0.ln_1.weight': not a GPT-2 model");
+  const auto& wte = need("wte.weight");
+  const auto& wpe = need("wpe.weight");
   model::GptConfig mc;
   mc.num_layers = layers;
-  mc.hidden_size = static_cast<int>(wte_shape[1]);
+  mc.hidden_size = dim_of(sf, wte, 1, "the hidden size", 1 << 20);
+  mc.vocab_size = dim_of(sf, wte, 0, "the vocabulary", (1 << 30));
+  mc.max_seq_length = dim_of(sf, wpe, 0, "the positions", 1 << 24);
+  if (wpe.shape[1] != mc.hidden_size)
+    throw file_error(in, "tensor wpe.weight has shape " + io::shape_string(wpe.shape) + ", wte.weight's hidden size is " +
+                             std::to_string(mc.hidden_size));
   mc.num_heads = heads > 0 ? heads : std::max(1, mc.hidden_size / 64);
-  mc.max_seq_length = static_cast<int>(wpe_shape[0]);
-  mc.vocab_size = static_cast<int>(wte_shape[0]);
   mc.vocab_multiple = vocab_multiple;
+  mc.validate();
   model::Gpt gpt(mc, kernels::Precision::fp32, false);
   const auto& layout = gpt.layout();
   std::vector<float> params(layout.numel(), 0.0f), zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
   for (const auto& nm : gpt2_names(layers)) {
-    auto [shape, x] = nm.theirs == "wte.weight" ? std::make_pair(wte_shape, wte)
-                      : nm.theirs == "wpe.weight" ? std::make_pair(wpe_shape, wpe) : get(nm.theirs);
     const auto& ts = layout.find(nm.ours);
-    if (nm.transpose) {
-      x = transposed(x, shape[0], shape[1]);
-      std::swap(shape[0], shape[1]);
-    }
-    if (nm.theirs == "wte.weight") shape[0] = ts.shape[0];  // pad rows stay zero
-    if (shape != ts.shape)
-      throw file_error(in, "tensor " + nm.theirs + " has a shape that does not fit " + nm.ours + " of this GPT");
+    std::vector<int64_t> theirs = ts.shape;  // the shape GPT-2 stores this tensor with
+    if (nm.transpose) std::swap(theirs[0], theirs[1]);
+    if (nm.theirs == "wte.weight") theirs[0] = mc.vocab_size;  // pad rows stay zero
+    std::vector<float> x = sf.read_f32(nm.theirs, theirs);
+    if (nm.transpose) x = transposed(x, theirs[0], theirs[1]);
     std::copy(x.begin(), x.end(), params.begin() + static_cast<std::ptrdiff_t>(ts.offset));
   }
   parallel::StatePiece piece;

@@ -102,6 +102,42 @@ check(open(st1, "rb").read()[8 + hl:] == open(st2, "rb").read()[-(len(raw) - 8 -
 out = run([a.gpt, *common, "--train-iters", "2", "--load", d2])
 check("loading checkpoint from" in out and "iteration        2/" in out, "pretrain_gpt --load continues from the import")
 
+# Hostile files (issue 17, item 1): each edit of the exported header is refused with exit 1 and one
+# line naming the file (before: a heap overflow, SIGSEGV/SIGABRT, or a wrong model imported with
+# exit 0); nothing is written to the target directory.
+def hostile(name, edit, want, data=None):
+    hd = json.loads(raw[8:8 + hl])
+    edit(hd)
+    text = json.dumps(hd).encode()
+    path = os.path.join(a.workdir, f"hostile_{name}.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + (raw[8 + hl:] if data is None else data))
+    target = os.path.join(a.workdir, f"hostile_{name}")
+    p = subprocess.run([a.tool, "import", path, target], capture_output=True, text=True)
+    err = p.stderr.strip()
+    check(p.returncode == 1 and err.count("\n") == 0 and "hpct_ckpt: error:" in err and path in err and want in err,
+          f"hostile safetensors '{name}' refused in one line naming the file ({p.returncode}: {err[:300]})")
+    check(not os.path.exists(os.path.join(target, "latest")), f"hostile safetensors '{name}' wrote no checkpoint")
+
+
+def setk(k, field, v):
+    return lambda hd: hd[k].__setitem__(field, v)
+
+
+b0 = header["ln_f.bias"]["data_offsets"][0]
+hostile("offsets_longer", setk("ln_f.bias", "data_offsets", [b0, b0 + 400000]), "spans 400000 bytes")
+hostile("overlap", setk("ln_f.bias", "data_offsets", [0, C * 4]), "overlap")
+hostile("negative", setk("ln_f.bias", "data_offsets", [-4, C * 4 - 4]), "non-negative")
+hostile("reversed", setk("ln_f.bias", "data_offsets", [b0 + C * 4, b0]), "end before they begin")
+hostile("past_end", setk("ln_f.bias", "data_offsets", [len(raw), len(raw) + C * 4]), "gap")
+hostile("overflow", setk("ln_f.bias", "shape", [2**32, 2**32]), "overflows")
+hostile("no_dtype", lambda hd: hd["ln_f.bias"].pop("dtype"), "no dtype")
+hostile("one_offset", setk("ln_f.bias", "data_offsets", [b0]), "data_offsets [begin, end]")
+hostile("wte_shape", setk("wte.weight", "shape", [250, 2 * C]), "hidden size is 256")
+hostile("wte_1d", setk("wte.weight", "shape", [500 * C]), "GPT-2's is 2-D")
+hostile("bias_shape", setk("h.1.ln_2.bias", "shape", [C // 2, 2]), "this model needs [128]")
+hostile("truncated", lambda hd: None, "truncated", data=raw[8 + hl:-16])
+
 # What the export means, read independently: GPT-2's forward as Hugging Face defines it, in numpy
 # (gpt2_numpy_loss.py), on the exported weights, gives the loss pretrain_gpt logs with the same
 # weights on the same sample. One step is saved; the run resumed from it logs iteration 2's loss,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 namespace hpct {
 
@@ -12,19 +13,43 @@ JsonSection::JsonSection(const nlohmann::json& j, std::string file, std::string 
                                    Error::Context{file_, path_, ""});
 }
 
+nlohmann::json parse_json(const std::string& text, const std::string& where, bool comments) {
+  // The parser itself keeps its own stack (no recursion); the callback stops it at the depth limit
+  // before the value grows deep enough for a recursive dump or destructor to overflow ours.
+  bool too_deep = false;
+  auto limit = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json&) {
+    if ((ev == nlohmann::json::parse_event_t::object_start || ev == nlohmann::json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth) {
+      too_deep = true;
+      throw std::length_error("too deep");
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, limit, true, comments);
+  } catch (const std::length_error&) {
+    if (!too_deep) throw;
+    throw file_error(where, "invalid JSON: nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error carries "line L, column C"; out_of_range.406 is a number beyond double (1e999)
+    std::string what = e.what();
+    auto p = what.find("] ");
+    throw file_error(where, "invalid JSON: " + (p == std::string::npos ? what : what.substr(p + 2)));
+  }
+}
+
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
+  return s;
+}
+
 nlohmann::json JsonSection::load_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw file_error(path, "cannot open config file", "check the path");
   std::stringstream ss;
   ss << f.rdbuf();
-  try {
-    return nlohmann::json::parse(ss.str(), nullptr, true, /*ignore_comments=*/true);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.what() carries "line L, column C"
-    std::string what = e.what();
-    auto p = what.find("parse error");
-    throw file_error(path, "invalid JSON: " + (p == std::string::npos ? what : what.substr(p)));
-  }
+  return parse_json(ss.str(), path, /*comments=*/true);
 }
 
 bool JsonSection::has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
@@ -37,7 +62,7 @@ const nlohmann::json* JsonSection::find(const std::string& key) {
 }
 
 void JsonSection::type_error(const std::string& key, const char* want) const {
-  throw Error("'" + key_path(key) + "' must be " + want + ", got " + j_.at(key).dump(),
+  throw Error("'" + key_path(key) + "' must be " + want + ", got " + json_excerpt(j_.at(key)),
               Error::Context{file_, key_path(key), ""});
 }
 

@@ -14,6 +14,18 @@
 
 namespace hpct {
 
+/// The deepest nesting parse_json accepts: no config, header or attribute of ours comes near it,
+/// and it keeps every later walk of the value (dump, destruction) shallow.
+inline constexpr int kMaxJsonDepth = 64;
+
+/// Parses untrusted JSON text (a config, a checkpoint attribute, a file header): syntax errors,
+/// numbers out of double range (1e999) and nesting deeper than kMaxJsonDepth become one hpct::Error
+/// naming `where` (a file, or "file: attribute 'x'"). Comments are allowed when `comments`.
+nlohmann::json parse_json(const std::string& text, const std::string& where, bool comments = false);
+
+/// A value for an error message: its JSON text, cut to `max_chars` with "..." when longer.
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
+
 class JsonSection {
  public:
   JsonSection(const nlohmann::json& j, std::string file, std::string path = "");
