@@ -193,7 +193,7 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
                        {"num_attention_heads", mc.num_heads}, {"seq_length", mc.max_seq_length},
                        {"padded_vocab_size", mc.padded_vocab()}};
   meta.config = {{"imported_from", in}, {"model", {{"vocab_size", mc.vocab_size}}}};
-  meta.tokenizer = "imported from safetensors (GPT-2 names)";
+  meta.tokenizer = "unknown: imported from safetensors (GPT-2 names)";
   meta.layout = {{"world_size", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}, {"zero_stage", 0}};
   comm::Communicator self = comm::Communicator::self();
   engine::Checkpointer ck(self, dir, 0);

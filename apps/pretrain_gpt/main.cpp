@@ -217,9 +217,11 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const Error& e) {
-    if (!g_setup_phase || comm::Communicator::world().rank() == 0)
-      std::fprintf(stderr, "pretrain_gpt: error: %s\n", e.what());
-    if (!g_setup_phase) comm::Environment::abort(1);
+    // An error every rank threw together (setup checks, a save that failed anywhere) is printed once
+    // and ends the job normally; one rank's own error aborts the job so no peer waits forever.
+    const bool together = g_setup_phase || e.is_agreed();
+    if (!together || comm::Communicator::world().rank() == 0) std::fprintf(stderr, "pretrain_gpt: error: %s\n", e.what());
+    if (!together) comm::Environment::abort(1);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pretrain_gpt: error: [rank %d] %s\n", comm::Communicator::world().rank(), e.what());

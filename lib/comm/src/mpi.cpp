@@ -191,9 +191,12 @@ bool all_ok(const Communicator& comm, bool ok) { return comm.allreduce_min(ok ? 
 
 void throw_if_any(const Communicator& comm, const std::string& error) {
   auto errs = comm.allgather_string(error);
+  const bool whole_world = comm.size() == Communicator::world().size();
   for (int r = 0; r < comm.size(); ++r)
-    if (!errs[r].empty())
-      throw Error::relayed(errs[r].rfind("[rank", 0) == 0 ? errs[r] : "[rank " + std::to_string(r) + "] " + errs[r]);
+    if (!errs[r].empty()) {
+      std::string line = errs[r].rfind("[rank", 0) == 0 ? errs[r] : "[rank " + std::to_string(r) + "] " + errs[r];
+      throw whole_world ? Error::agreed(line) : Error::relayed(line);
+    }
 }
 
 }  // namespace hpct::comm

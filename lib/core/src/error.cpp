@@ -21,6 +21,12 @@ Error::Error(const std::string& full_line, RelayTag)
 
 Error Error::relayed(const std::string& full_line) { return Error(full_line, RelayTag{}); }
 
+Error Error::agreed(const std::string& full_line) {
+  Error e(full_line, RelayTag{});
+  e.agreed_ = true;
+  return e;
+}
+
 std::string Error::format(const std::string& message, const Context& ctx, int rank) {
   std::string s;
   if (rank >= 0) s += "[rank " + std::to_string(rank) + "] ";

@@ -17,17 +17,20 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/statvfs.h>
+
 #include "hpct/core/error.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/rng.hpp"
 #include "hpct/core/units.hpp"
+#include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/io/h5_file.hpp"
 
 namespace hpct::engine {
 
 namespace {
 
-constexpr const char* kFormat = "hpctrain-checkpoint/1";
+constexpr const char* kFormat = kCheckpointFormat;
 const char* kGroups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
 
 // For each tensor part inside piece p: f(group, tensor index, begin, end, pointer to element begin),
@@ -43,12 +46,6 @@ void for_parts(const std::vector<TensorSpec>& tensors, const parallel::StatePiec
       f(g, i, static_cast<uint64_t>(lo - ts.offset), static_cast<uint64_t>(hi - ts.offset), base + (lo - p.begin));
     }
   }
-}
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
 }
 
 // Test-only: HPCT_FAULT_CKPT="<rank>:<point>[:<iteration>]" makes that rank die (SIGKILL) at that
@@ -120,6 +117,41 @@ std::vector<std::string> list_dir(const std::string& dir) {
     ::closedir(d);
   }
   return out;
+}
+
+// Rank 0, before any tensor data moves: makes sure the checkpoint fits. fallocate reserves the
+// file's blocks (KEEP_SIZE: without moving the end of file HDF5 checks on open). Where the
+// filesystem has no fallocate (ext2/3, NFSv3, some parallel filesystems) the free space is compared
+// with the bytes to be written instead; a disk that still fills during the save fails the save
+// cleanly on every rank (finish_save), with the previous checkpoint untouched.
+void reserve_space(const std::string& tmp, const std::vector<TensorSpec>& tensors, const std::vector<uint64_t>& offsets) {
+  uint64_t end = 0, data = 0;
+  for (int g = 0; g < 3; ++g)
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      end = std::max<uint64_t>(end, offsets[g * tensors.size() + i] + 4 * tensors[i].numel);
+      data += 4 * tensors[i].numel;
+    }
+  const uint64_t slack = 256 << 10;  // the metadata written at close
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw file_error(tmp, std::string("cannot open to reserve space: ") + std::strerror(errno));
+  int rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(end + slack)) == 0 ? 0 : errno;
+  struct statvfs v {};
+  const bool have_free = ::fstatvfs(fd, &v) == 0;
+  ::close(fd);
+  const std::string hint = "free space on the checkpoint filesystem or lower --keep-last";
+  if (rc == ENOSPC)
+    throw file_error(tmp, "No space left on device: the checkpoint needs " + format_bytes(static_cast<double>(end + slack)), hint);
+  if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL && rc != ENOSYS)
+    throw file_error(tmp, std::string("cannot reserve space: ") + std::strerror(rc));
+  // Test-only (docs/checkpoints.md): HPCT_TEST_SKIP_SPACE_CHECK=1 lets a save start on a disk too
+  // small for it, to test a disk that fills during the save.
+  const char* skip = std::getenv("HPCT_TEST_SKIP_SPACE_CHECK");
+  if (rc != 0 && have_free && !(skip && std::string(skip) == "1")) {
+    const uint64_t free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+    if (free_bytes < data + slack)
+      throw file_error(tmp, "No space left on device: the checkpoint needs " + format_bytes(static_cast<double>(data + slack)) +
+                                ", the filesystem has " + format_bytes(static_cast<double>(free_bytes)) + " free", hint);
+  }
 }
 
 }  // namespace
@@ -205,15 +237,16 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
   }
   comm::throw_if_any(world_, err);
 
-  ps.file = io::H5File::open(tmp, io::H5File::Mode::create, world_.raw());
-  io::H5File& f = ps.file;
-    // Collective metadata: datasets, attributes (every rank passes identical values).
+  // Rank 0 alone writes the HDF5 structure (datasets, attributes) through its own handle; every
+  // rank writes its tensor bytes straight to the datasets' offsets (write_pieces). No HDF5 call is
+  // collective, so a failure on any rank (a full disk, EIO) is agreed on by our own all-reduces and
+  // can never leave ranks waiting inside HDF5 for one that has given up.
+  if (rank == 0) {
     err = comm::error_text_of([&] {
+      ps.file = io::H5File::open(tmp, io::H5File::Mode::create, MPI_COMM_SELF);
+      io::H5File& f = ps.file;
       for (int g = 0; g < 3; ++g)
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          std::string name = dataset_name(kGroups[g], tensors[i].name);
-          f.create_dataset(name, tensors[i].shape);
-        }
+        for (size_t i = 0; i < tensors.size(); ++i) f.create_dataset(dataset_name(kGroups[g], tensors[i].name), tensors[i].shape);
       f.set_attr("/", "format", std::string(kFormat));
       f.set_attr("/", "iteration", static_cast<int64_t>(s.iteration));
       f.set_attr("/", "consumed_samples", static_cast<int64_t>(s.consumed_samples));
@@ -229,50 +262,20 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       f.set_attr("/", "software", std::string("hpctrain ") + hpct_version() + " (git " + hpct_git_sha() + ")");
       f.set_attr("/", "rng", std::string("no random state is consumed during training (no dropout); data order and "
                                          "initialisation are pure functions of 'seed' and the sample index"));
+      f.set_attr("/", "run_state_checksum", run_state_checksum(s, meta));
+      for (int g = 0; g < 3; ++g)
+        for (size_t i = 0; i < tensors.size(); ++i)
+          ps.offsets[g * tensors.size() + i] = f.dataset_file_offset(dataset_name(kGroups[g], tensors[i].name));
+      reserve_space(tmp, tensors, ps.offsets);
     });
-    comm::throw_if_any(world_, err);  // metadata calls are collective: they fail on every rank alike
-    // Reserve the whole file now, so a full filesystem is found before any data moves and the
-    // collective close never meets ENOSPC (where ranks could wait on each other forever).
-    if (rank == 0) {
-      err = comm::error_text_of([&] {
-        // The end of the last dataset's data, plus room for the metadata written at close.
-        uint64_t bytes = 0;
-        for (int g = 0; g < 3; ++g)
-          for (const auto& ts : tensors)
-            bytes = std::max<uint64_t>(bytes, f.dataset_file_offset(dataset_name(kGroups[g], ts.name)) + 4 * ts.numel);
-        bytes += 256 << 10;
-        int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
-        if (fd < 0) throw file_error(tmp, std::string("cannot open to reserve space: ") + std::strerror(errno));
-        // KEEP_SIZE: reserve blocks without moving the end of file HDF5 checks on open.
-        int rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
-        ::close(fd);
-        if (rc == ENOSPC)
-          throw file_error(tmp, "No space left on device: the checkpoint needs " + format_bytes(static_cast<double>(bytes)),
-                           "free space on the checkpoint filesystem or lower --keep-last");
-        if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
-          throw file_error(tmp, std::string("cannot reserve space: ") + std::strerror(rc));
-      });
+    if (!err.empty()) {
+      ps.file.abandon();
+      ::unlink(tmp.c_str());
     }
-    {
-      int failed = err.empty() ? 0 : 1;
-      HPCT_CHECK_MPI(MPI_Bcast(&failed, 1, MPI_INT, 0, world_.raw()));
-      if (failed) {
-        f.abandon();
-        if (rank == 0) ::unlink(tmp.c_str());
-        comm::throw_if_any(world_, err);
-      }
-    }
-    // Where each dataset's bytes live: the data phase writes them without HDF5 (any thread).
-  err = comm::error_text_of([&] {
-    for (int g = 0; g < 3; ++g)
-      for (size_t i = 0; i < tensors.size(); ++i)
-        ps.offsets[g * tensors.size() + i] = f.dataset_file_offset(dataset_name(kGroups[g], tensors[i].name));
-  });
-  if (!comm::all_ok(world_, err.empty())) {
-    f.abandon();
-    if (rank == 0) ::unlink(tmp.c_str());
-    comm::throw_if_any(world_, err);
   }
+  comm::throw_if_any(world_, err);
+  // Where each dataset's bytes live: the data phase writes them without HDF5 (any thread).
+  HPCT_CHECK_MPI(MPI_Bcast(ps.offsets.data(), static_cast<int>(ps.offsets.size()), MPI_UINT64_T, 0, world_.raw()));
   return pending;
 }
 
@@ -301,25 +304,27 @@ std::string Checkpointer::finish_save(PendingSave& ps) {
   const std::string& tmp = ps.tmp;
   const std::string& final_path = ps.final_path;
   std::string err = ps.error;
-  {
+  maybe_fault(rank, "after_tensors", ps.iteration);
+  HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ps.sums.data(), static_cast<int>(ps.sums.size()), MPI_UINT64_T, MPI_SUM,
+                               world_.raw()));
+  // Every rank's data is on stable storage (or its failure known) before rank 0 closes the file.
+  const bool data_ok = comm::all_ok(world_, err.empty());
+  if (rank == 0) {
     io::H5File f = std::move(ps.file);
-    maybe_fault(rank, "after_tensors", ps.iteration);
-    // Every rank takes part in the sum and the (collective) attribute writes, failed or not.
-    HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ps.sums.data(), static_cast<int>(ps.sums.size()), MPI_UINT64_T, MPI_SUM,
-                                 world_.raw()));
-    std::string attr_err = comm::error_text_of([&] {
-      for (int g = 0; g < 3; ++g)
-        for (size_t i = 0; i < tensors.size(); ++i)
-          f.set_attr(dataset_name(kGroups[g], tensors[i].name), "checksum", ps.sums[g * tensors.size() + i]);
-    });
-    if (err.empty()) err = attr_err;
-    std::string close_err = comm::error_text_of([&] { f.close(); });  // collective
-    if (err.empty()) err = close_err;
+    if (data_ok) {
+      err = comm::error_text_of([&] {
+        for (int g = 0; g < 3; ++g)
+          for (size_t i = 0; i < tensors.size(); ++i)
+            f.set_attr(dataset_name(kGroups[g], tensors[i].name), "checksum", ps.sums[g * tensors.size() + i]);
+        f.close();
+      });
+    }
+    if (!data_ok || !err.empty()) {
+      f.abandon();
+      ::unlink(tmp.c_str());
+    }
   }
-  if (!comm::all_ok(world_, err.empty())) {
-    if (rank == 0) ::unlink(tmp.c_str());
-    comm::throw_if_any(world_, err);
-  }
+  if (!comm::all_ok(world_, err.empty())) comm::throw_if_any(world_, err);
 
   // Publish: fsync, rename, fsync dir; then `latest`; then prune. Rank 0 alone touches names.
   if (rank == 0) {
@@ -350,41 +355,13 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   const auto& tensors = t.layout->tensors();
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, world_.raw());
 
-  // Identity and architecture, checked alike on every rank (collective metadata reads).
+  // Identity, run state and architecture, checked alike on every rank (collective metadata reads):
+  // the same checks `hpct_ckpt verify` runs.
+  StoredRun stored;
   std::string err = comm::error_text_of([&] {
-    auto fmt = f.attr_string("/", "format");
-    if (!fmt || *fmt != kFormat)
-      throw file_error(file, "is not an hpctrain checkpoint (no '" + std::string(kFormat) + "' format attribute)");
-    for (int g = 0; g < 3; ++g)
-      for (const auto& ts : tensors) {
-        std::string name = dataset_name(kGroups[g], ts.name);
-        if (!f.has_dataset(name))
-          throw file_error(file, "has no tensor " + name + " that this model needs (shape " + shape_text(ts.shape) +
-                                     "): it was written for another architecture");
-        auto shp = f.dataset_shape(name);
-        if (shp != ts.shape)
-          throw file_error(file, "tensor " + name + " has shape " + shape_text(shp) + " in the checkpoint, this model needs " +
-                                     shape_text(ts.shape) + ": it was written for another architecture");
-      }
-    size_t expected = 3 * tensors.size();
-    auto all = f.list_datasets();
-    if (all.size() != expected) {
-      for (const auto& n : all) {
-        bool known = false;
-        for (int g = 0; g < 3 && !known; ++g)
-          for (const auto& ts : tensors)
-            if (dataset_name(kGroups[g], ts.name) == n) known = true;
-        if (!known) throw file_error(file, "has tensor " + n + ", which this model does not: it was written for another architecture");
-      }
-    }
-    auto arch = f.attr_string("/", "architecture");
-    if (arch) {
-      nlohmann::json a = nlohmann::json::parse(*arch);
-      for (auto it = meta.architecture.begin(); it != meta.architecture.end(); ++it)
-        if (a.contains(it.key()) && a[it.key()] != it.value())
-          throw file_error(file, "architecture differs: " + it.key() + " is " + a[it.key()].dump() +
-                                     " in the checkpoint, " + it.value().dump() + " here");
-    }
+    stored = read_stored_run(f, file);
+    check_tensor_set(f, *t.layout, file);  // the first tensor that differs, with both shapes
+    check_compatible(stored, meta, file);
   });
   comm::throw_if_any(world_, err);
 
@@ -410,18 +387,7 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
           throw file_error(file, "tensor " + name + " fails its checksum: the checkpoint is corrupt",
                            "load an earlier checkpoint (pass its file to --load)");
       }
-    auto geti = [&](const char* k) {
-      auto v = f.attr_int("/", k);
-      if (!v) throw file_error(file, std::string("lacks the '") + k + "' attribute");
-      return static_cast<long long>(*v);
-    };
-    s.iteration = geti("iteration");
-    s.consumed_samples = geti("consumed_samples");
-    s.adam_step = geti("optimizer_step");
-    s.skipped_iterations = geti("skipped_iterations");
-    s.nan_iterations = geti("nan_iterations");
-    auto ls = f.attr_string("/", "loss_scaler");
-    s.loss_scaler = ls ? nlohmann::json::parse(*ls) : nlohmann::json();
+    s = stored.state;
   });
   comm::throw_if_any(world_, err);
   f.close();

@@ -29,6 +29,10 @@ class Error : public std::runtime_error {
   /// An error raised on one rank and passed on by another (e.g. after an all-gather of errors):
   /// `full_line` already says where it happened ("[rank 3] ..."), so no rank prefix is added.
   static Error relayed(const std::string& full_line);
+  /// The same error thrown on every rank of the job at once (after an all-gather over the whole
+  /// world): the job can end without an abort, one rank reporting it.
+  static Error agreed(const std::string& full_line);
+  bool is_agreed() const { return agreed_; }
 
   const std::string& message() const { return message_; }
   const Context& context() const { return ctx_; }
@@ -41,6 +45,7 @@ class Error : public std::runtime_error {
   std::string message_;
   Context ctx_;
   int rank_;
+  bool agreed_ = false;
 };
 
 /// Convenience constructors that read well at the throw site.

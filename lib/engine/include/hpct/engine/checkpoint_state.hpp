@@ -1,0 +1,49 @@
+// hpct/engine/checkpoint_state.hpp — the run state a checkpoint stores beside its tensors (iteration,
+// consumed samples, optimizer step, loss scaler, config, architecture, tokenizer, seed, layout),
+// read back through one set of checks that both Checkpointer::load and `hpct_ckpt verify` run.
+//
+// The attributes are covered by one checksum ("run_state_checksum", FNV-1a over their stored text),
+// so an edited or corrupted iteration or architecture is refused like a corrupt tensor; values are
+// range-checked as well (a checkpoint from before the checksum has only the range checks).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "hpct/core/param_layout.hpp"
+#include "hpct/engine/checkpointer.hpp"
+#include "hpct/io/h5_file.hpp"
+#include "hpct/model/gpt.hpp"
+
+namespace hpct::engine {
+
+inline constexpr const char* kCheckpointFormat = "hpctrain-checkpoint/1";
+
+/// A checkpoint's run state as stored.
+struct StoredRun {
+  TrainingState state;
+  CheckpointMeta meta;
+  bool has_checksum = false;  // written by a version that checksums the run state
+};
+
+/// The checksum begin_save stores and read_stored_run checks: over the values as they are written.
+uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m);
+
+/// Local. Reads every run-state attribute of `f` and checks it: present, of its type, JSON where
+/// JSON is stored, in range (iteration >= 0, optimizer step and skipped iterations <= iteration,
+/// consumed samples >= iteration), and the checksum. Throws hpct::Error naming `file` and the attribute.
+StoredRun read_stored_run(const io::H5File& f, const std::string& file);
+
+/// Local. What load refuses besides tensors: another architecture, another tokenizer (unless the
+/// stored one is "unknown: ...", as an import writes) or, past iteration 0, another seed than this
+/// run's (the data order is a function of the seed). Each named with both values.
+void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std::string& file);
+
+/// Local. Every tensor of `layout` present in the three groups (model, exp_avg, exp_avg_sq) with
+/// its shape, and no other tensor.
+void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file);
+
+/// The GPT a stored architecture describes (vocabulary = its padded size), for tools that check a
+/// checkpoint without a run. Throws naming `file` for a missing or impossible field.
+model::GptConfig gpt_config_of(const nlohmann::json& architecture, const std::string& file);
+
+}  // namespace hpct::engine

@@ -1,0 +1,173 @@
+// Reading and checking a checkpoint's run state (see checkpoint_state.hpp).
+#include "hpct/engine/checkpoint_state.hpp"
+
+#include <limits>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/json_config.hpp"
+
+namespace hpct::engine {
+
+namespace {
+
+const char* kGroupNames[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// The attributes' stored text, in one fixed order.
+uint64_t checksum_of(long long it, long long consumed, long long step, long long skipped, long long nan, uint64_t seed,
+                     const std::string& scaler, const std::string& config, const std::string& arch,
+                     const std::string& tokenizer, const std::string& layout) {
+  std::string t = std::string(kCheckpointFormat) + "\niteration=" + std::to_string(it) + "\nconsumed_samples=" +
+                  std::to_string(consumed) + "\noptimizer_step=" + std::to_string(step) + "\nskipped_iterations=" +
+                  std::to_string(skipped) + "\nnan_iterations=" + std::to_string(nan) + "\nseed=" + std::to_string(seed) +
+                  "\nloss_scaler=" + scaler + "\nconfig=" + config + "\narchitecture=" + arch + "\ntokenizer=" + tokenizer +
+                  "\nparallel_layout=" + layout;
+  return fnv1a(t);
+}
+
+}  // namespace
+
+uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m) {
+  return checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, m.seed,
+                     s.loss_scaler.dump(), m.config.dump(), m.architecture.dump(), m.tokenizer, m.layout.dump());
+}
+
+StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
+  auto fmt = f.attr_string("/", "format");
+  if (!fmt) throw file_error(file, "is not an hpctrain checkpoint (no 'format' attribute)");
+  if (*fmt != kCheckpointFormat)
+    throw file_error(file, "has format '" + fmt->substr(0, 80) + "', this version reads '" + kCheckpointFormat + "'");
+  auto geti = [&](const char* k) {
+    auto v = f.attr_int("/", k);
+    if (!v) throw file_error(file, std::string("lacks the integer attribute '") + k + "': the checkpoint is damaged");
+    if (*v < 0) throw file_error(file, std::string("has attribute '") + k + "' = " + std::to_string(*v) + ", which must be >= 0: the checkpoint is damaged");
+    return static_cast<long long>(*v);
+  };
+  auto gets = [&](const char* k) {
+    auto v = f.attr_string("/", k);
+    if (!v) throw file_error(file, std::string("lacks the attribute '") + k + "': the checkpoint is damaged");
+    return *v;
+  };
+  auto getj = [&](const char* k, const std::string& text) {
+    nlohmann::json j = parse_json(text, file + ": attribute '" + k + "'");
+    if (!j.is_object() && !(j.is_null() && std::string(k) == "loss_scaler"))
+      throw file_error(file, std::string("has attribute '") + k + "' that is not a JSON object: the checkpoint is damaged");
+    return j;
+  };
+  StoredRun r;
+  TrainingState& s = r.state;
+  s.iteration = geti("iteration");
+  s.consumed_samples = geti("consumed_samples");
+  s.adam_step = geti("optimizer_step");
+  s.skipped_iterations = geti("skipped_iterations");
+  s.nan_iterations = geti("nan_iterations");
+  const std::string scaler = gets("loss_scaler"), config = gets("config"), arch = gets("architecture"),
+                    layout = gets("parallel_layout");
+  r.meta.tokenizer = gets("tokenizer");
+  auto seed = f.attr_uint("/", "seed");
+  if (!seed) throw file_error(file, "lacks the attribute 'seed': the checkpoint is damaged");
+  r.meta.seed = *seed;
+  s.loss_scaler = getj("loss_scaler", scaler);
+  r.meta.config = getj("config", config);
+  r.meta.architecture = getj("architecture", arch);
+  r.meta.layout = getj("parallel_layout", layout);
+  if (auto sum = f.attr_uint("/", "run_state_checksum")) {
+    r.has_checksum = true;
+    if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
+                            scaler, config, arch, r.meta.tokenizer, layout))
+      throw file_error(file, "fails its run-state checksum (iteration, samples, optimizer step, config or architecture "
+                             "attributes were altered or are corrupt)",
+                       "load an earlier checkpoint (pass its file to --load)");
+  }
+  auto rel = [&](bool ok, const std::string& what) {
+    if (!ok) throw file_error(file, "has an impossible run state: " + what + ": the checkpoint is damaged");
+  };
+  rel(s.adam_step <= s.iteration, "optimizer_step " + std::to_string(s.adam_step) + " > iteration " + std::to_string(s.iteration));
+  rel(s.skipped_iterations <= s.iteration, "skipped_iterations " + std::to_string(s.skipped_iterations) + " > iteration " + std::to_string(s.iteration));
+  rel(s.nan_iterations <= s.iteration, "nan_iterations " + std::to_string(s.nan_iterations) + " > iteration " + std::to_string(s.iteration));
+  rel(s.consumed_samples >= s.iteration, "consumed_samples " + std::to_string(s.consumed_samples) + " < iteration " + std::to_string(s.iteration));
+  gpt_config_of(r.meta.architecture, file);  // a describable model
+  return r;
+}
+
+void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std::string& file) {
+  const auto& a = r.meta.architecture;
+  for (auto it = here.architecture.begin(); it != here.architecture.end(); ++it) {
+    if (!a.contains(it.key()))
+      throw file_error(file, "architecture lacks '" + it.key() + "' (this run: " + it.value().dump() + "): the checkpoint is damaged");
+    if (a[it.key()] != it.value())
+      throw file_error(file, "architecture differs: " + it.key() + " is " + json_excerpt(a[it.key()]) + " in the checkpoint, " +
+                                 it.value().dump() + " here");
+  }
+  // An imported checkpoint does not know its tokenizer ("unknown: ..."); at iteration 0 no sample
+  // has been drawn, so the seed has not fixed any data order yet.
+  if (r.meta.tokenizer.rfind("unknown", 0) != 0 && r.meta.tokenizer != here.tokenizer)
+    throw file_error(file, "was trained with tokenizer '" + r.meta.tokenizer.substr(0, 120) + "', this run has '" + here.tokenizer + "'",
+                     "give the --vocab-file/--merge-file (or --mock-data --vocab-size) the checkpoint was trained with");
+  if (r.state.iteration > 0 && r.meta.seed != here.seed)
+    throw config_error("--seed", "--seed " + std::to_string(here.seed) + " differs from the checkpoint's seed " +
+                                     std::to_string(r.meta.seed) + " (" + file + "): the data order would change mid-run",
+                       "resume with --seed " + std::to_string(r.meta.seed));
+}
+
+void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file) {
+  const auto& tensors = layout.tensors();
+  for (int g = 0; g < 3; ++g)
+    for (const auto& ts : tensors) {
+      std::string name = Checkpointer::dataset_name(kGroupNames[g], ts.name);
+      if (!f.has_dataset(name))
+        throw file_error(file, "has no tensor " + name + " that this model needs (shape " + shape_text(ts.shape) +
+                                   "): it was written for another architecture or is damaged");
+      auto shp = f.dataset_shape(name);
+      if (shp != ts.shape)
+        throw file_error(file, "tensor " + name + " has shape " + shape_text(shp) + " in the checkpoint, this model needs " +
+                                   shape_text(ts.shape) + ": it was written for another architecture or is damaged");
+    }
+  auto all = f.list_datasets();
+  if (all.size() != 3 * tensors.size()) {
+    for (const auto& n : all) {
+      bool known = false;
+      for (int g = 0; g < 3 && !known; ++g)
+        for (const auto& ts : tensors)
+          if (Checkpointer::dataset_name(kGroupNames[g], ts.name) == n) known = true;
+      if (!known) throw file_error(file, "has tensor " + n + ", which this model does not: it was written for another architecture");
+    }
+  }
+}
+
+model::GptConfig gpt_config_of(const nlohmann::json& a, const std::string& file) {
+  auto field = [&](const char* k) {
+    if (!a.is_object() || !a.contains(k) || !a[k].is_number_integer() || a[k].get<long long>() <= 0 ||
+        a[k].get<long long>() > std::numeric_limits<int>::max() / 4)
+      throw file_error(file, std::string("has no valid architecture.") + k + " (a positive integer): the checkpoint is damaged");
+    return static_cast<int>(a[k].get<long long>());
+  };
+  if (!a.is_object() || !a.contains("model") || a["model"] != "gpt")
+    throw file_error(file, "has an architecture whose model is not \"gpt\": not a checkpoint this version reads");
+  model::GptConfig c;
+  c.num_layers = field("num_layers");
+  c.hidden_size = field("hidden_size");
+  c.num_heads = field("num_attention_heads");
+  c.max_seq_length = field("seq_length");
+  c.vocab_size = field("padded_vocab_size");
+  c.vocab_multiple = 1;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw file_error(file, "has an impossible architecture: " + e.message());
+  }
+  return c;
+}
+
+}  // namespace hpct::engine
