@@ -91,6 +91,27 @@ TEST(Gpt, RejectsBadShapes) {
   EXPECT_THROW(model::Gpt(c, kernels::Precision::fp32, false), hpct::Error);
 }
 
+// Token ids past the table (or negative) are refused before the embedding reads or writes a row
+// (issue 17, item 3: a .bin from another tokenizer crashed the CPU embedding with SIGSEGV).
+TEST(Gpt, TokenOutsideTheVocabularyIsRefused) {
+  const int B = 1, T = 6;
+  model::Gpt m(tiny(), kernels::Precision::fp32, false);
+  std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+  m.init_params(p.data(), 1);
+  model::FlatParamStore st(m.layout(), p.data(), g.data());
+  for (int32_t bad : {24, 1 << 30, -3}) {  // 24: the padded table has 24 rows (0..23)
+    std::vector<int32_t> tok(B * T, 1), tgt(B * T, 2);
+    tok[3] = bad;
+    try {
+      m.forward_backward(st, tok.data(), tgt.data(), B, T, 1.0f);
+      FAIL() << "token " << bad << " accepted";
+    } catch (const hpct::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("token " + std::to_string(bad) + " at position 3 is outside the vocabulary"),
+                std::string::npos) << e.what();
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   kernels::BackendScope backend;

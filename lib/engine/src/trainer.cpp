@@ -79,9 +79,22 @@ Trainer::MemoryReport Trainer::memory_report() const {
 }
 
 void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample) {
-  const int T = cfg_.model.max_seq_length;
+  const int T = cfg_.model.max_seq_length, V = cfg_.model.vocab_size;
   for (int j = 0; j < cfg_.micro_batch; ++j) {
-    data.get((size_t)(first_sample + j) % data.size(), sample_buf_.data());  // (T+1) tokens
+    const size_t sample = (size_t)(first_sample + j) % data.size();
+    data.get(sample, sample_buf_.data());  // (T+1) tokens
+    // The dataset reader bounds structure only: an id from another tokenizer (or a corrupt .bin)
+    // would index past the embedding table.
+    for (int t = 0; t <= T; ++t)
+      if (sample_buf_[t] < 0 || sample_buf_[t] >= V) {
+        std::string files;
+        for (const auto& p : cfg_.data_path) files += (files.empty() ? "" : ", ") + p + ".bin";
+        throw file_error(files.empty() ? "--mock-data" : files,
+                         "sample " + std::to_string(sample) + " holds token id " + std::to_string(sample_buf_[t]) +
+                             " at position " + std::to_string(t) + ", outside the vocabulary [0, " + std::to_string(V) + ")",
+                         "the dataset was written with another tokenizer or is corrupt: run preprocess_data again with "
+                         "this run's --vocab-file and --merge-file");
+      }
     std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
     std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
   }

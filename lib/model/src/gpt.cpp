@@ -200,8 +200,8 @@ std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* token
                                                             int T) {
   if (!tokens || !targets) throw Error("GPT: tokens and targets are required (a target < 0 is ignored)");
   ensure_workspace(B, T);
-  if (ops_->host_memory()) return {tokens, targets};  // the CPU ops check what they read
-  // A kernel cannot throw: check here what the CPU ops would refuse, before anything is copied in.
+  // Every backend: the embedding ops index rows by token id and cannot see the table's size (a
+  // kernel cannot throw either), so ids are bounded here, before anything reads or writes a row.
   const size_t N = (size_t)B * T;
   const int Vp = cfg_.padded_vocab(), V = cfg_.vocab_size;
   for (size_t i = 0; i < N; ++i) {
@@ -212,6 +212,7 @@ std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* token
       throw Error("GPT on " + ops_->name() + ": target " + std::to_string(targets[i]) + " of row " + std::to_string(i) +
                   " is not below V=" + std::to_string(V));
   }
+  if (ops_->host_memory()) return {tokens, targets};
   Workspace& w = *ws_;
   ops_->copy_from_host(w.tokens.as<void>(), tokens, N * sizeof(int32_t));
   ops_->copy_from_host(w.targets.as<void>(), targets, N * sizeof(int32_t));
