@@ -18,6 +18,7 @@
 #include "hpct/core/json_config.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/units.hpp"
+#include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/io/safetensors.hpp"
@@ -33,7 +34,9 @@ const char* kHelp = R"(usage: hpct_ckpt list|verify PATH [--json FILE]
 
 PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` is used).
   list     the run state and provenance attributes and every tensor with its shape
-  verify   also reads every tensor and recomputes its checksum (exit 1 if any differs)
+  verify   every check `pretrain_gpt --load` makes of the file: the run state (present, in range,
+           its checksum), every tensor the stored architecture needs with its shape and no other,
+           and every tensor's checksum recomputed (exit 1 at the first problem, named)
   export   the model weights as safetensors with GPT-2's names (wte.weight, h.0.attn.c_attn.weight,
            ...; linear weights as (in, out), as GPT-2's Conv1D stores them; the vocabulary
            padding rows dropped), fp32
@@ -241,6 +244,13 @@ int run(const std::vector<std::string>& args) {
   if (file.empty()) throw file_error(args[1], "no checkpoint here (no such file, or a directory without `latest`)");
 
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, MPI_COMM_SELF);
+  if (cmd == "verify") {
+    // Every check `pretrain_gpt --load` makes of the file itself: the run state (types, ranges,
+    // its checksum) and the tensor set the stored architecture implies, shape by shape.
+    const engine::StoredRun stored = engine::read_stored_run(f, file);
+    model::Gpt gpt(engine::gpt_config_of(stored.meta.architecture, file), kernels::Precision::fp32, false);
+    engine::check_tensor_set(f, gpt.layout(), file);
+  }
   nlohmann::json doc = {{"file", file}};
   for (const char* k : {"format", "software", "tokenizer", "parallel_layout", "architecture", "loss_scaler"})
     if (auto v = f.attr_string("/", k)) doc[k] = *v;

@@ -102,11 +102,26 @@ void write_atomic(const std::string& dir, const std::string& name, const std::st
   fsync_path(dir, true);
 }
 
+// For messages: control characters (a NUL, a newline) as \xNN.
+std::string printable(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c != 0x7f) {
+      o += static_cast<char>(c);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      o += b;
+    }
+  }
+  return o;
+}
+
 long long iteration_of(const std::string& name) {
   // iter_0000050.h5
   if (name.size() < 9 || name.rfind("iter_", 0) != 0 || name.substr(name.size() - 3) != ".h5") return -1;
   std::string digits = name.substr(5, name.size() - 8);
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::atoll(digits.c_str());
 }
 
@@ -194,16 +209,40 @@ std::string Checkpointer::resolve(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "";
   if (S_ISREG(st.st_mode)) return path;
-  std::string latest = path + "/latest";
+  if (!S_ISDIR(st.st_mode)) throw file_error(path, "is neither a checkpoint file nor a directory");
+  const std::string latest = path + "/latest";
   std::ifstream f(latest);
-  if (!f) return "";
+  if (!f) {
+    // Checkpoints without `latest`: taking the directory as empty would start a fresh run whose
+    // saves overwrite them. Refuse, naming the newest, rather than guess which one to trust.
+    const std::string newest = newest_checkpoint_in(path);
+    if (!newest.empty())
+      throw file_error(path, "holds checkpoints (newest " + newest + ") but no `latest` file naming the one to resume",
+                       "pass the checkpoint file to --load (--load " + path + "/" + newest + "), or write its name into " + latest);
+    return "";
+  }
   std::string name;
-  std::getline(f, name);
-  std::string file = path + "/" + name;
-  if (name.empty() || ::stat(file.c_str(), &st) != 0)
-    throw file_error(latest, "names checkpoint '" + name + "', which does not exist",
-                     "pass a checkpoint file to --load explicitly");
+  std::getline(f, name, '\n');
+  // `latest` names a file of this directory as the saver writes it (iter_0000050.h5): anything else
+  // (a path, "..", a NUL) is refused instead of being joined to the directory.
+  if (iteration_of(name) < 0)
+    throw file_error(latest, "names '" + printable(name.substr(0, 80)) + "', which is not a checkpoint file name of this directory (iter_NNNNNNN.h5)",
+                     "write the name of a checkpoint in " + path + " into it, or pass a checkpoint file to --load");
+  const std::string file = path + "/" + name;
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    throw file_error(latest, "names checkpoint '" + name + "', which does not exist", "pass a checkpoint file to --load explicitly");
   return file;
+}
+
+std::string Checkpointer::newest_checkpoint_in(const std::string& dir) {
+  long long best = -1;
+  std::string name;
+  for (const auto& n : list_dir(dir))
+    if (long long it = iteration_of(n); it > best) {
+      best = it;
+      name = n;
+    }
+  return name;
 }
 
 std::string Checkpointer::save(const TensorSet& t, const TrainingState& s, const CheckpointMeta& meta) {

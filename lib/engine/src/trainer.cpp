@@ -1,6 +1,8 @@
 // The training loop. See trainer.hpp.
 #include "hpct/engine/trainer.hpp"
 
+#include "hpct/engine/run_outputs.hpp"
+
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -387,24 +389,27 @@ std::string Trainer::save_checkpoint() {
 }
 
 std::string Trainer::load_checkpoint() {
-  if (cfg_.load_path.empty()) return "";
   const bool root = grid_.world_rank() == 0;
   // Rank 0 resolves `latest` and tells everyone, so all ranks load the same file.
   std::string file, err;
   if (root) {
     try {
-      file = Checkpointer::resolve(cfg_.load_path);
-      struct stat st {};
-      if (file.empty() && ::stat(cfg_.load_path.c_str(), &st) != 0 && cfg_.load_path != cfg_.save_dir)
-        err = config_error("--load", "'" + cfg_.load_path + "' does not exist", "give a checkpoint directory or file").what();
+      if (!cfg_.load_path.empty()) {
+        file = Checkpointer::resolve(cfg_.load_path);
+        struct stat st {};
+        if (file.empty() && ::stat(cfg_.load_path.c_str(), &st) != 0 && cfg_.load_path != cfg_.save_dir)
+          throw config_error("--load", "'" + cfg_.load_path + "' does not exist", "give a checkpoint directory or file");
+      }
+      check_run_outputs(cfg_, file);  // before any work: --save, --json, --metrics-file
     } catch (const Error& e) {
       err = e.what();
     }
   }
   grid_.world().bcast_string(err, 0);
-  if (!err.empty()) throw Error(err);
+  if (!err.empty()) throw Error::agreed(err);  // the line already says "[rank 0]"
   grid_.world().bcast_string(file, 0);
   if (file.empty()) {
+    if (cfg_.load_path.empty()) return "";
     if (root) std::cout << "> no checkpoint in " << cfg_.load_path << " yet: starting from iteration 0" << std::endl;
     return "";
   }

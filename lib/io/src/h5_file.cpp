@@ -517,17 +517,41 @@ void H5File::set_attr(const std::string& obj, const std::string& key, double val
   write_attr(file_, path_, obj, key, H5T_NATIVE_DOUBLE, &value);
 }
 
+namespace {
+// A hostile file can store any attribute as an array: reading one into a single value would write
+// past it. Every attribute we read must hold exactly one element.
+void require_one_element(hid_t attr, const std::string& path, const std::string& obj, const std::string& key) {
+  Hid space(H5Aget_space(attr), H5Sclose);
+  const hssize_t n = space < 0 ? -1 : H5Sget_simple_extent_npoints(space);
+  if (n != 1)
+    throw file_error(path, "attribute " + key + " of " + obj + " holds " + std::to_string(n) + " elements, one is expected: "
+                           "the file is damaged");
+}
+}  // namespace
+
 std::optional<std::string> H5File::attr_string(const std::string& obj, const std::string& key) const {
   hid_t a;
   if (!open_attr(file_, obj, key, &a)) return std::nullopt;
   Hid attr(a, H5Aclose);
   Hid type(H5Aget_type(attr), H5Tclose);
   if (H5Tget_class(type) != H5T_STRING) return std::nullopt;
+  require_one_element(attr, path_, obj, key);
+  if (H5Tis_variable_str(type) > 0) {  // as h5py and other tools write strings
+    Hid mtype(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mtype, H5T_VARIABLE);
+    H5Tset_cset(mtype, H5Tget_cset(type));
+    char* p = nullptr;
+    if (H5Aread(attr, mtype, &p) < 0) h5_fail(path_, "cannot read attribute " + key + " of " + obj);
+    std::string s = p ? p : "";
+    if (p) H5free_memory(p);
+    return s;
+  }
   size_t n = H5Tget_size(type);
   std::string s(n, '\0');
   Hid mtype(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mtype, n);
   H5Tset_strpad(mtype, H5T_STR_NULLPAD);
+  H5Tset_cset(mtype, H5Tget_cset(type));
   if (H5Aread(attr, mtype, s.data()) < 0) h5_fail(path_, "cannot read attribute " + key + " of " + obj);
   s.resize(std::strlen(s.c_str()));
   return s;
@@ -540,6 +564,7 @@ std::optional<T> read_scalar(hid_t file, const std::string& path, const std::str
   hid_t a;
   if (!open_attr(file, obj, key, &a)) return std::nullopt;
   Hid attr(a, H5Aclose);
+  require_one_element(attr, path, obj, key);
   T v{};
   if (H5Aread(attr, mtype, &v) < 0) h5_fail(path, "cannot read attribute " + key + " of " + obj);
   return v;

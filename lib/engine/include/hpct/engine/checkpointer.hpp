@@ -101,9 +101,13 @@ class Checkpointer {
   static bool written(const PendingSave& p);
   std::string finish_save(PendingSave& p);
 
-  /// The checkpoint file `path` names: a file, or a directory's `latest`. Empty when a directory
-  /// has no checkpoint yet (a fresh run). Throws for a `latest` naming a missing file.
+  /// The checkpoint file `path` names: a file, or a directory's `latest`. Empty when nothing is
+  /// there or a directory holds no checkpoint (a fresh run). Throws for a `latest` that names a
+  /// missing file or anything but a checkpoint file name (iter_NNNNNNN.h5, no path), and for a
+  /// directory holding checkpoints without `latest`.
   static std::string resolve(const std::string& path);
+  /// The newest iter_NNNNNNN.h5 in dir (its name), "" if none.
+  static std::string newest_checkpoint_in(const std::string& dir);
 
   /// Collective over world. Loads this rank's pieces and the state; checks architecture (first mismatching
   /// tensor named with both shapes) and every dataset's checksum (the tensor named).

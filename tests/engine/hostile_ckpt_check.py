@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Damaged and hostile checkpoints and checkpoint directories (issue 17, items 4-7 and 9).
+
+hostile_ckpt_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --args ARGS --workdir DIR
+
+One rank, the tiny GPT on mock data. Each case edits a copy of a good checkpoint with h5py (the
+tool users would reach for) or edits the directory, then expects `pretrain_gpt --load` to stop
+with exit 1 and one error line that names the problem, `hpct_ckpt verify` to exit 1 (it runs every
+check load runs), and nothing already saved to change.
+"""
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError:  # Debian's python3-h5py is in the system interpreter (scripts/install_deps.sh)
+    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
+
+ap = argparse.ArgumentParser()
+for k in ("--gpt", "--tool", "--args", "--workdir"):
+    ap.add_argument(k, required=True)
+a = ap.parse_args()
+shutil.rmtree(a.workdir, ignore_errors=True)
+os.makedirs(a.workdir)
+fails = []
+base = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--micro-batch-size", "2", "--global-batch-size", "2",
+        "--log-interval", "1", "--eval-iters", "0", "--num-layers", "2"]
+
+
+def check(cond, msg):
+    print(("ok   " if cond else "FAIL ") + msg)
+    if not cond:
+        fails.append(msg)
+
+
+def run(args, timeout=120):
+    p = subprocess.run(base + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return p.returncode, p.stdout
+
+
+def errors(out):
+    return [l for l in out.splitlines() if "error:" in l]
+
+
+def digest(d):
+    h = {}
+    for n in sorted(os.listdir(d)):
+        p = os.path.join(d, n)
+        if os.path.isfile(p):
+            h[n] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return h
+
+
+good = os.path.join(a.workdir, "good")
+rc, out = run(["--train-iters", "2", "--save", good])
+check(rc == 0, f"a good checkpoint is saved (exit {rc})")
+good_file = os.path.join(good, "iter_0000002.h5")
+
+
+def refused_load(tag, d, want, extra=()):
+    before = digest(d) if os.path.isdir(d) else None
+    rc, out = run(["--train-iters", "4", "--load", d, "--save", d, *extra])
+    errs = errors(out)
+    check(rc == 1 and len(errs) == 1 and want in errs[0] and "[rank 0] [rank 0]" not in errs[0],
+          f"{tag}: --load refused in one line with '{want}' (exit {rc}): {errs[:2] or out[-500:]}")
+    if before is not None:
+        check(digest(d) == before, f"{tag}: nothing in the directory changed")
+
+
+def refused_verify(tag, path, want):
+    p = subprocess.run([a.tool, "verify", path], capture_output=True, text=True)
+    check(p.returncode == 1 and want in p.stderr + p.stdout,
+          f"{tag}: hpct_ckpt verify exits 1 naming '{want}' (exit {p.returncode}): {(p.stderr or p.stdout)[-300:]}")
+
+
+def edited(tag, fn):
+    d = os.path.join(a.workdir, tag)
+    shutil.copytree(good, d)
+    with h5py.File(os.path.join(d, "iter_0000002.h5"), "r+") as f:
+        fn(f)
+    return d
+
+
+# ---- item 4: checkpoints without `latest` are never taken for an empty directory ----
+d = os.path.join(a.workdir, "no_latest")
+shutil.copytree(good, d)
+os.unlink(os.path.join(d, "latest"))
+refused_load("no latest", d, "holds checkpoints (newest iter_0000002.h5) but no `latest`")
+rc, out = run(["--train-iters", "4", "--save", d])
+check(rc == 1 and "already holds checkpoints" in out and os.listdir(d) == ["iter_0000002.h5"],
+      f"--save into a directory of another run's checkpoints without --load is refused (exit {rc})")
+rc, out = run(["--train-iters", "3", "--load", os.path.join(d, "iter_0000002.h5"), "--save", d])
+check(rc == 0 and "at iteration 2" in out, f"the named checkpoint file resumes into that directory (exit {rc})")
+
+# ---- item 7: `latest` names a file of its directory, nothing else ----
+elsewhere = os.path.join(a.workdir, "elsewhere")
+shutil.copytree(good, elsewhere)
+for tag, text, want in [("latest with a path", "../elsewhere/iter_0000002.h5", "not a checkpoint file name"),
+                        ("latest with a NUL", "iter_0000002.h5\0x", "not a checkpoint file name"),
+                        ("latest naming a directory", "iter_0000009.h5", "does not exist")]:
+    d = os.path.join(a.workdir, tag.replace(" ", "_"))
+    shutil.copytree(good, d)
+    if tag.endswith("directory"):
+        os.mkdir(os.path.join(d, "iter_0000009.h5"))
+    with open(os.path.join(d, "latest"), "w") as f:
+        f.write(text + "\n")
+    refused_load(tag, d, want)
+    refused_verify(tag, d, want)
+
+# ---- items 5 and 6: damaged run state and tensors, refused by load and by verify alike ----
+def set_attr(k, v):
+    return lambda f: f.attrs.__setitem__(k, v)
+
+
+def del_attr(k):
+    return lambda f: f.attrs.__delitem__(k)
+
+
+def reshape(f):
+    name = "/model/final_layernorm/weight"
+    data, attrs = f[name][()], dict(f[name].attrs)
+    del f[name]
+    f.create_dataset(name, data=data.reshape(2, -1))
+    for k, v in attrs.items():
+        f[name].attrs[k] = v
+
+
+cases = [
+    ("iteration -5", set_attr("iteration", np.int64(-5)), "'iteration' = -5"),
+    ("iteration 1e15", set_attr("iteration", np.int64(10**15)), "run-state checksum"),
+    ("consumed_samples -8", set_attr("consumed_samples", np.int64(-8)), "'consumed_samples' = -8"),
+    ("optimizer step -1", set_attr("optimizer_step", np.int64(-1)), "'optimizer_step' = -1"),
+    ("no architecture", del_attr("architecture"), "lacks the attribute 'architecture'"),
+    ("architecture not JSON", set_attr("architecture", "{num_layers: 2"), "attribute 'architecture'"),
+    ("unknown format", set_attr("format", "hpctrain-checkpoint/99"), "has format 'hpctrain-checkpoint/99'"),
+    ("iteration as an array", set_attr("iteration", np.arange(1000, dtype=np.int64)), "holds 1000 elements"),
+    ("tokenizer as a string array", set_attr("tokenizer", np.array(["a", "b"], dtype=h5py.string_dtype())), "holds 2 elements"),
+    ("no iteration", del_attr("iteration"), "lacks the integer attribute 'iteration'"),
+    ("heads 4 -> 8", set_attr("architecture", '{"hidden_size":128,"model":"gpt","num_attention_heads":8,"num_layers":2,'
+                                              '"padded_vocab_size":512,"seq_length":128}'), "run-state checksum"),
+    ("tensor deleted", lambda f: f.__delitem__("/optimizer/exp_avg/layers/1/attention/dense/bias"),
+     "has no tensor /optimizer/exp_avg/layers/1/attention/dense/bias"),
+    ("tensor reshaped", reshape, "tensor /model/final_layernorm/weight has shape [2, 64]"),
+]
+for tag, fn, want in cases:
+    d = edited(tag.replace(" ", "_"), fn)
+    refused_load(tag, d, want)
+    refused_verify(tag, d, want)
+
+# Both removed: range checks alone still hold (a checkpoint from before the run-state checksum).
+d = edited("no_checksum_bad_step", lambda f: (f.attrs.__delitem__("run_state_checksum"),
+                                              f.attrs.__setitem__("optimizer_step", np.int64(7))))
+refused_load("optimizer step past the iteration, no checksum", d, "optimizer_step 7 > iteration 2")
+
+# ---- item 6: another seed or another tokenizer than the checkpoint's ----
+refused_load("another --seed", elsewhere, "differs from the checkpoint's seed 1234", extra=["--seed", "99"])
+d = os.path.join(a.workdir, "tokenizer")
+shutil.copytree(good, d)
+refused_load("another tokenizer", d, "was trained with tokenizer 'mock (vocab 512)'", extra=["--vocab-size", "500"])
+
+print(f"{len(fails)} failed")
+sys.exit(1 if fails else 0)
