@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -573,4 +575,36 @@ TEST_F(SwapStoreTest, FullDeviceMidSweepIsAnError) {
   EXPECT_HAS(msg, s.path() + ": write of 262144 bytes at offset 0");
   EXPECT_HAS(msg, "No space left on device");
   EXPECT_HAS(msg, "writing back swap store 't', array 0, elements [0, 65536), tile 0");
+}
+
+// A symbolic link planted at the swap file's predictable name (a shared scratch directory) must not
+// get the file it points to truncated or overwritten (issue 17, item 7): the store refuses the link
+// and the victim keeps its bytes; a stale regular file of that name is replaced, not written into.
+TEST_F(SwapStoreTest, PlantedSymlinkIsNeverWrittenThrough) {
+  SwapStoreConfig c = config(1, 4096);
+  c.tag = "victim";
+  const std::string victim = (dir_ / "precious.txt").string();
+  {
+    std::ofstream v(victim);
+    v << "precious data";
+  }
+  const std::string name = (dir_ / "hpct_swap.victim.bin").string();
+  ASSERT_EQ(::symlink(victim.c_str(), name.c_str()), 0);
+  std::string err = error_of([&] { SwapStore s(c); });
+  EXPECT_HAS(err, "is a symbolic link: refusing to write through it");
+  std::ifstream v(victim);
+  std::string got((std::istreambuf_iterator<char>(v)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, "precious data");
+  // A hard link to the victim at that name: replaced by a new file, the victim untouched.
+  ASSERT_EQ(::unlink(name.c_str()), 0);
+  ASSERT_EQ(::link(victim.c_str(), name.c_str()), 0);
+  {
+    SwapStore s(c);
+    std::vector<float> x(4096, 1.5f);
+    s.write(0, 0, x.data(), x.size());
+    s.sync();
+  }
+  std::ifstream v2(victim);
+  std::string got2((std::istreambuf_iterator<char>(v2)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got2, "precious data");
 }

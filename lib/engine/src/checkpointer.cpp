@@ -272,6 +272,11 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       mkdirs(dir_);
       for (const auto& n : list_dir(dir_))
         if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp") ::unlink((dir_ + "/" + n).c_str());
+      // HDF5 creates the file through whatever the name is: a link that could not be removed
+      // (another user's, in a sticky directory) would get its target truncated.
+      struct stat lst {};
+      if (::lstat(ps.tmp.c_str(), &lst) == 0)
+        throw file_error(ps.tmp, "exists and cannot be removed", "remove it (another user's file?) or save to another directory");
     });
   }
   comm::throw_if_any(world_, err);

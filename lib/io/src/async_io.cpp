@@ -150,8 +150,22 @@ size_t direct_alignment(int fd) {
 
 IoFile IoFile::open(const std::string& path, Mode mode, bool direct, bool truncate) {
   int acc = mode == Mode::read ? O_RDONLY : mode == Mode::write ? O_WRONLY : O_RDWR;
-  int create = mode == Mode::read ? 0 : O_CREAT;
-  int flags = acc | create | (truncate && mode != Mode::read ? O_TRUNC : 0) | O_CLOEXEC;
+  // Scratch files live at predictable names in shared directories: nothing is written through a
+  // symbolic link (O_NOFOLLOW), and a file to be emptied is replaced by a new one made here
+  // (O_EXCL), so a link or a file planted at that name never gets another file truncated.
+  int flags = acc | O_CLOEXEC | (mode == Mode::read ? 0 : O_CREAT | O_NOFOLLOW);
+  if (truncate && mode != Mode::read) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (S_ISLNK(st.st_mode))
+        throw file_error(path, "is a symbolic link: refusing to write through it", "remove it, or choose another directory");
+      if (!S_ISREG(st.st_mode)) throw file_error(path, "exists and is not a regular file", "remove it, or choose another directory");
+      if (::unlink(path.c_str()) != 0)
+        throw file_error(path, std::string("exists and cannot be replaced: ") + std::strerror(errno),
+                         "remove it (another user's file?), or choose another directory");
+    }
+    flags |= O_EXCL;
+  }
   IoFile f;
   f.path_ = path;
   f.direct_ = direct;
@@ -165,9 +179,13 @@ IoFile IoFile::open(const std::string& path, Mode mode, bool direct, bool trunca
     std::string hint;
     if (err == ENOENT) hint = mode == Mode::read ? "check the path" : "create the directory first";
     if (err == EACCES || err == EROFS) hint = "choose a writable directory";
+    if (err == ELOOP) throw file_error(path, "is a symbolic link: refusing to write through it", "remove it, or choose another directory");
+    if (err == EEXIST) throw file_error(path, "was created by someone else while this one was being made", "choose another directory");
     throw file_error(path, std::string("cannot open: ") + std::strerror(err), hint);
   }
-  f.bfd_ = ::open(path.c_str(), acc | O_CLOEXEC);
+  // The same file again, not whatever the name points to by now.
+  f.bfd_ = ::open(("/proc/self/fd/" + std::to_string(f.fd_)).c_str(), acc | O_CLOEXEC);
+  if (f.bfd_ < 0) f.bfd_ = ::open(path.c_str(), acc | O_CLOEXEC | (mode == Mode::read ? 0 : O_NOFOLLOW));
   if (f.bfd_ < 0) {
     int err = errno;
     throw file_error(path, std::string("cannot open a second (buffered) descriptor: ") + std::strerror(err));

@@ -122,7 +122,8 @@ void SwapStore::check_path(const std::string& dir, uint64_t bytes_needed, bool d
     // Some filesystems refuse O_DIRECT at open (tmpfs before Linux 6.6, ramfs), others only at the
     // first IO (some FUSE), so the probe opens and writes one block.
     std::string probe = dir + "/.hpct_swap_probe." + std::to_string(::getpid());
-    int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    ::unlink(probe.c_str());  // a leftover, or a link planted at this name: never written through
+    int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600);
     int err = fd < 0 ? errno : 0;
     if (fd >= 0) {
       AlignedBuffer block(AlignedBuffer::kAlignment);
