@@ -139,6 +139,8 @@ cases = [
     ("optimizer step -1", set_attr("optimizer_step", np.int64(-1)), "'optimizer_step' = -1"),
     ("no architecture", del_attr("architecture"), "lacks the attribute 'architecture'"),
     ("architecture not JSON", set_attr("architecture", "{num_layers: 2"), "attribute 'architecture'"),
+    ("loss scaler not a number", lambda f: (f.attrs.__delitem__("run_state_checksum"),
+                                            f.attrs.__setitem__("loss_scaler", '{"scale": "x"}')), "needs a positive finite 'scale'"),
     ("unknown format", set_attr("format", "hpctrain-checkpoint/99"), "has format 'hpctrain-checkpoint/99'"),
     ("iteration as an array", set_attr("iteration", np.arange(1000, dtype=np.int64)), "holds 1000 elements"),
     ("tokenizer as a string array", set_attr("tokenizer", np.array(["a", "b"], dtype=h5py.string_dtype())), "holds 2 elements"),

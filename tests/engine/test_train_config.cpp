@@ -183,3 +183,51 @@ TEST(TrainConfig, DeviceNamed) {
   auto p = write_tmp("ds_offload_cpu.json", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
   EXPECT_EQ(error_of(with(base_args(), {"--device", "cuda", "--deepspeed_config", p})), "");
 }
+
+// Issue 17, item 8: numbers that are not finite or out of range, integers that would wrap, and
+// checks that depended on flag order.
+TEST(TrainConfigNumbers, NonFiniteAndNegativeValuesAreRefused) {
+  EXPECT_NE(error_of(with(base_args(), {"--lr", "nan"})).find("--lr expects a finite number"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--lr", "inf"})).find("--lr expects a finite number"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--lr", "-1e-3"})).find("--lr must be positive"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--weight-decay", "-0.1"})).find("--weight-decay must be >= 0"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--clip-grad", "-1"})).find("--clip-grad must be >= 0"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--min-lr", "-1e-5"})).find("--min-lr must be in [0, --lr]"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--loss-scale", "-8"})).find("--loss-scale must be positive"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--min-loss-scale", "0"})).find("--min-loss-scale must be positive"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--initial-loss-scale", "0"})).find("--initial-loss-scale must be in [1, 2^62]"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--lr-decay-iters", "-5"})).find("--lr-decay-iters must be >= 0"), std::string::npos);
+}
+
+TEST(TrainConfigNumbers, IntegersNeverWrap) {
+  EXPECT_NE(error_of(with(base_args(), {"--num-layers", "4294967298"})).find("--num-layers 4294967298 is out of range"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--train-iters", "1e30"})).find("--train-iters 1e30 is out of range"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--global-batch-size", "-8"})).find("--global-batch-size -8 is out of range"), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--micro-batch-size", "2147483647"})).find("exceeds 2147483647"), std::string::npos);
+  auto path = write_tmp("gas.json", R"({"train_batch_size": 8, "gradient_accumulation_steps": 4294967300})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", path})).find("'gradient_accumulation_steps' = 4294967300 is out of range"),
+            std::string::npos);
+  auto stage = write_tmp("stage.json", R"({"zero_optimization": {"stage": 4294967297}})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", stage})).find("'zero_optimization.stage' = 4294967297 is out of range"),
+            std::string::npos);
+}
+
+TEST(TrainConfigNumbers, ChecksDoNotDependOnFlagOrder) {
+  const std::string want = "--max-position-embeddings 64 is smaller than --seq-length 128";
+  EXPECT_NE(error_of(with(base_args(), {"--max-position-embeddings", "64", "--seq-length", "128"})).find(want), std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--seq-length", "128", "--max-position-embeddings", "64"})).find(want), std::string::npos);
+  EXPECT_EQ(error_of(with(base_args(), {"--max-position-embeddings", "128", "--seq-length", "128"})), "");
+}
+
+TEST(TrainConfigNumbers, HostileJsonNamesTheFile) {
+  auto deep = write_tmp("deep.json", std::string(100000, '[') + std::string(100000, ']'));
+  auto e = error_of(with(base_args(), {"--deepspeed_config", deep}));
+  EXPECT_NE(e.find("nested deeper than 64 levels"), std::string::npos) << e;
+  EXPECT_NE(e.find(deep), std::string::npos) << e;
+  auto big = write_tmp("big.json", R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e999}}})");
+  e = error_of(with(base_args(), {"--deepspeed_config", big}));
+  EXPECT_NE(e.find(big), std::string::npos) << e;
+  EXPECT_NE(e.find("invalid JSON"), std::string::npos) << e;
+  auto neg = write_tmp("neglr.json", R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": -0.001}}})");
+  EXPECT_NE(error_of(with(base_args(), {"--deepspeed_config", neg})).find("warmup_max_lr must be positive"), std::string::npos);
+}

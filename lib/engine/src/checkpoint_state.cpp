@@ -5,6 +5,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
+#include "hpct/engine/schedules.hpp"
 
 namespace hpct::engine {
 
@@ -97,6 +98,8 @@ StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
   rel(s.skipped_iterations <= s.iteration, "skipped_iterations " + std::to_string(s.skipped_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.nan_iterations <= s.iteration, "nan_iterations " + std::to_string(s.nan_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.consumed_samples >= s.iteration, "consumed_samples " + std::to_string(s.consumed_samples) + " < iteration " + std::to_string(s.iteration));
+  if (auto e = LossScaler::state_error(s.loss_scaler); !e.empty())
+    throw file_error(file, "has attribute 'loss_scaler' that " + e + ": the checkpoint is damaged");
   gpt_config_of(r.meta.architecture, file);  // a describable model
   return r;
 }

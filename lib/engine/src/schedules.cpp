@@ -86,7 +86,20 @@ nlohmann::json LossScaler::state() const {
   return {{"scale", scale_}, {"good_steps", good_steps_}, {"hysteresis_left", hysteresis_left_}, {"dynamic", dynamic_}};
 }
 
+std::string LossScaler::state_error(const nlohmann::json& st) {
+  if (st.is_null()) return "";
+  if (!st.is_object()) return "is not a JSON object";
+  if (!st.contains("scale") || !st["scale"].is_number() || !(st["scale"].get<double>() > 0) ||
+      !std::isfinite(st["scale"].get<double>()))
+    return "needs a positive finite 'scale'";
+  for (const char* k : {"good_steps", "hysteresis_left"})
+    if (!st.contains(k) || !st[k].is_number_integer() || st[k].get<long long>() < 0 || st[k].get<long long>() > INT32_MAX)
+      return std::string("needs a non-negative integer '") + k + "'";
+  return "";
+}
+
 void LossScaler::restore(const nlohmann::json& st) {
+  if (auto e = state_error(st); !e.empty()) throw Error("loss-scaler state " + e);
   if (st.is_null()) return;
   scale_ = st.at("scale").get<double>();
   good_steps_ = st.at("good_steps").get<int>();

@@ -2,6 +2,7 @@
 #include "hpct/engine/train_config.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -16,24 +17,35 @@ namespace hpct::engine {
 namespace {
 
 long long to_int(const std::string& flag, const std::string& v) {
+  double d = 0;
   try {
     size_t pos = 0;
-    double d = std::stod(v, &pos);  // accepts 1e9 as Megatron recipes write token counts
-    if (pos != v.size() || std::floor(d) != d) throw std::invalid_argument("x");
-    return static_cast<long long>(d);
+    d = std::stod(v, &pos);  // accepts 1e9 as Megatron recipes write token counts
+    if (pos != v.size() || !std::isfinite(d) || std::floor(d) != d) throw std::invalid_argument("x");
   } catch (const std::exception&) {
     throw config_error(flag, flag + " expects an integer, got '" + v + "'");
   }
+  if (std::fabs(d) > 9.0e15)  // beyond 2^53 a double no longer holds every integer
+    throw config_error(flag, flag + " " + v + " is out of range (at most 9e15)");
+  return static_cast<long long>(d);
+}
+
+// An int field: the value must fit, never wrap (--num-layers 4294967298 is not 2).
+int to_i32(const std::string& flag, const std::string& v, long long min = INT_MIN) {
+  const long long x = to_int(flag, v);
+  if (x < min || x > INT_MAX)
+    throw config_error(flag, flag + " " + v + " is out of range (" + std::to_string(min) + " to " + std::to_string(INT_MAX) + ")");
+  return static_cast<int>(x);
 }
 
 double to_double(const std::string& flag, const std::string& v) {
   try {
     size_t pos = 0;
     double d = std::stod(v, &pos);
-    if (pos != v.size()) throw std::invalid_argument("x");
+    if (pos != v.size() || !std::isfinite(d)) throw std::invalid_argument("x");
     return d;
   } catch (const std::exception&) {
-    throw config_error(flag, flag + " expects a number, got '" + v + "'");
+    throw config_error(flag, flag + " expects a finite number, got '" + v + "'");
   }
 }
 
@@ -53,16 +65,16 @@ struct FlagSpec {
 
 const std::map<std::string, FlagSpec>& flag_table() {
   static const std::map<std::string, FlagSpec> t = {
-      {"--num-layers", {true, [](TrainConfig& c, const std::string& v) { c.model.num_layers = (int)to_int("--num-layers", v); }, "transformer layers"}},
-      {"--hidden-size", {true, [](TrainConfig& c, const std::string& v) { c.model.hidden_size = (int)to_int("--hidden-size", v); }, "hidden size"}},
-      {"--num-attention-heads", {true, [](TrainConfig& c, const std::string& v) { c.model.num_heads = (int)to_int("--num-attention-heads", v); }, "attention heads"}},
-      {"--seq-length", {true, [](TrainConfig& c, const std::string& v) { c.model.max_seq_length = (int)to_int("--seq-length", v); }, "sequence length"}},
-      {"--max-position-embeddings", {true, [](TrainConfig& c, const std::string& v) { if ((int)to_int("--max-position-embeddings", v) < c.model.max_seq_length) throw config_error("--max-position-embeddings", "--max-position-embeddings is smaller than --seq-length"); }, "accepted; must be >= --seq-length"}},
-      {"--vocab-size", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_size = (int)to_int("--vocab-size", v); c.vocab_size_given = true; }, "vocabulary size for --mock-data"}},
-      {"--make-vocab-size-divisible-by", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_multiple = (int)to_int("--make-vocab-size-divisible-by", v); }, "pad the vocabulary (default 128)"}},
+      {"--num-layers", {true, [](TrainConfig& c, const std::string& v) { c.model.num_layers = to_i32("--num-layers", v); }, "transformer layers"}},
+      {"--hidden-size", {true, [](TrainConfig& c, const std::string& v) { c.model.hidden_size = to_i32("--hidden-size", v); }, "hidden size"}},
+      {"--num-attention-heads", {true, [](TrainConfig& c, const std::string& v) { c.model.num_heads = to_i32("--num-attention-heads", v); }, "attention heads"}},
+      {"--seq-length", {true, [](TrainConfig& c, const std::string& v) { c.model.max_seq_length = to_i32("--seq-length", v); }, "sequence length"}},
+      {"--max-position-embeddings", {true, [](TrainConfig& c, const std::string& v) { c.max_position_embeddings = to_i32("--max-position-embeddings", v, 1); }, "accepted; must be >= --seq-length"}},
+      {"--vocab-size", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_size = to_i32("--vocab-size", v); c.vocab_size_given = true; }, "vocabulary size for --mock-data"}},
+      {"--make-vocab-size-divisible-by", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_multiple = to_i32("--make-vocab-size-divisible-by", v); }, "pad the vocabulary (default 128)"}},
       {"--init-method-std", {true, [](TrainConfig& c, const std::string& v) { c.model.init_std = to_double("--init-method-std", v); }, "weight init std (default 0.02)"}},
-      {"--micro-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.micro_batch = (int)to_int("--micro-batch-size", v); }, "samples per rank per micro-step"}},
-      {"--global-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.global_batch = (int)to_int("--global-batch-size", v); }, "samples per optimizer step"}},
+      {"--micro-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.micro_batch = to_i32("--micro-batch-size", v, 1); }, "samples per rank per micro-step"}},
+      {"--global-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.global_batch = to_i32("--global-batch-size", v, 1); }, "samples per optimizer step"}},
       {"--train-iters", {true, [](TrainConfig& c, const std::string& v) { c.train_iters = to_int("--train-iters", v); }, "optimizer steps"}},
       {"--lr", {true, [](TrainConfig& c, const std::string& v) { c.lr = to_double("--lr", v); }, "peak learning rate"}},
       {"--min-lr", {true, [](TrainConfig& c, const std::string& v) { c.min_lr = to_double("--min-lr", v); }, "final learning rate"}},
@@ -77,22 +89,22 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--bf16", {false, [](TrainConfig& c, const std::string&) { c.precision = PrecisionMode::bf16; }, "bf16 mixed precision (fp32 master weights)"}},
       {"--fp16", {false, [](TrainConfig& c, const std::string&) { c.precision = PrecisionMode::fp16; }, "fp16 mixed precision with dynamic loss scaling"}},
       {"--loss-scale", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.static_scale = to_double("--loss-scale", v); }, "static loss scale (default dynamic)"}},
-      {"--initial-loss-scale", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.initial_scale_power = (int)std::lround(std::log2(to_double("--initial-loss-scale", v))); }, "initial dynamic scale"}},
+      {"--initial-loss-scale", {true, [](TrainConfig& c, const std::string& v) { const double x = to_double("--initial-loss-scale", v); if (!(x >= 1 && x <= 0x1p62)) throw config_error("--initial-loss-scale", "--initial-loss-scale must be in [1, 2^62], got " + v); c.loss_scale.initial_scale_power = (int)std::lround(std::log2(x)); }, "initial dynamic scale"}},
       {"--min-loss-scale", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.min_scale = to_double("--min-loss-scale", v); }, "floor of the dynamic scale"}},
-      {"--loss-scale-window", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.window = (int)to_int("--loss-scale-window", v); }, "steps before raising the scale"}},
-      {"--hysteresis", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.hysteresis = (int)to_int("--hysteresis", v); }, "overflows before lowering the scale"}},
+      {"--loss-scale-window", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.window = to_i32("--loss-scale-window", v); }, "steps before raising the scale"}},
+      {"--hysteresis", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.hysteresis = to_i32("--hysteresis", v); }, "overflows before lowering the scale"}},
       {"--checkpoint-activations", {false, [](TrainConfig& c, const std::string&) { c.recompute_activations = true; }, "recompute each layer in backward"}},
       {"--device", {true, [](TrainConfig& c, const std::string& v) { c.device = v; }, "cpu (default) or cuda: the model on the node-local GPU, ZeRO states and the optimizer step on the host (ZeRO-Offload; needs offload_optimizer.device cpu or nvme)"}},
-      {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero.stage = (int)to_int("--zero-stage", v); }, "ZeRO stage: 0 replicated, 1 optimizer states, 2 + gradients, 3 + parameters partitioned"}},
+      {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero.stage = to_i32("--zero-stage", v); }, "ZeRO stage: 0 replicated, 1 optimizer states, 2 + gradients, 3 + parameters partitioned"}},
       {"--data-path", {true, [](TrainConfig& c, const std::string& v) { c.data_path.push_back(v); }, "indexed dataset prefix (.bin/.idx)"}},
       {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
       {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
       {"--mock-data", {false, [](TrainConfig& c, const std::string&) { c.mock_data = true; }, "synthetic tokens (needs --vocab-size)"}},
-      {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_int("--seed", v); }, "random seed"}},
-      {"--log-interval", {true, [](TrainConfig& c, const std::string& v) { c.log_interval = (int)to_int("--log-interval", v); }, "iterations between log lines"}},
-      {"--eval-interval", {true, [](TrainConfig& c, const std::string& v) { c.eval_interval = (int)to_int("--eval-interval", v); }, "iterations between evaluations"}},
-      {"--eval-iters", {true, [](TrainConfig& c, const std::string& v) { c.eval_iters = (int)to_int("--eval-iters", v); }, "batches per evaluation"}},
+      {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_i32("--seed", v, 0); }, "random seed"}},
+      {"--log-interval", {true, [](TrainConfig& c, const std::string& v) { c.log_interval = to_i32("--log-interval", v); }, "iterations between log lines"}},
+      {"--eval-interval", {true, [](TrainConfig& c, const std::string& v) { c.eval_interval = to_i32("--eval-interval", v); }, "iterations between evaluations"}},
+      {"--eval-iters", {true, [](TrainConfig& c, const std::string& v) { c.eval_iters = to_i32("--eval-iters", v); }, "batches per evaluation"}},
       {"--metrics-file", {true, [](TrainConfig& c, const std::string& v) { c.metrics_file = v; }, "JSON-lines metrics file"}},
       {"--json", {true, [](TrainConfig& c, const std::string& v) { c.json_summary = v; }, "JSON summary file"}},
       {"--deepspeed_config", {true, [](TrainConfig& c, const std::string& v) { c.ds_config_path = v; }, "DeepSpeed ds_config.json"}},
@@ -100,13 +112,13 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--load", {true, [](TrainConfig& c, const std::string& v) { c.load_path = v; }, "checkpoint directory (its latest) or file to resume from"}},
       {"--save-interval", {true, [](TrainConfig& c, const std::string& v) { c.save_interval = to_int("--save-interval", v); }, "iterations between checkpoints"}},
       {"--exit-interval", {true, [](TrainConfig& c, const std::string& v) { c.exit_interval = to_int("--exit-interval", v); }, "save and exit after this iteration"}},
-      {"--keep-last", {true, [](TrainConfig& c, const std::string& v) { c.keep_last = (int)to_int("--keep-last", v); }, "keep only the newest K checkpoints (0: all)"}},
+      {"--keep-last", {true, [](TrainConfig& c, const std::string& v) { c.keep_last = to_i32("--keep-last", v); }, "keep only the newest K checkpoints (0: all)"}},
       {"--async-save", {false, [](TrainConfig& c, const std::string&) { c.async_save = true; }, "interval saves: copy the state to host memory and write it in the background while training goes on"}},
       {"--deepspeed", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts"}},
       // --estimate-memory and its cluster shape (docs/zero.md); a bad value names its flag.
       {"--estimate-memory", {false, [](TrainConfig& c, const std::string&) { c.estimate.enabled = true; }, "print memory per device/host/NVMe for ZeRO stages 0-3 and offloads, then exit"}},
-      {"--estimate-nodes", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nodes = (int)to_int("--estimate-nodes", v); if (c.estimate.nodes <= 0) throw config_error("--estimate-nodes", "--estimate-nodes must be positive, got " + v); }, "estimate: nodes (default 1)"}},
-      {"--estimate-gpus-per-node", {true, [](TrainConfig& c, const std::string& v) { c.estimate.gpus_per_node = (int)to_int("--estimate-gpus-per-node", v); if (c.estimate.gpus_per_node <= 0) throw config_error("--estimate-gpus-per-node", "--estimate-gpus-per-node must be positive, got " + v); }, "estimate: devices (ranks) per node (default 2)"}},
+      {"--estimate-nodes", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nodes = to_i32("--estimate-nodes", v); if (c.estimate.nodes <= 0) throw config_error("--estimate-nodes", "--estimate-nodes must be positive, got " + v); }, "estimate: nodes (default 1)"}},
+      {"--estimate-gpus-per-node", {true, [](TrainConfig& c, const std::string& v) { c.estimate.gpus_per_node = to_i32("--estimate-gpus-per-node", v); if (c.estimate.gpus_per_node <= 0) throw config_error("--estimate-gpus-per-node", "--estimate-gpus-per-node must be positive, got " + v); }, "estimate: devices (ranks) per node (default 2)"}},
       {"--estimate-gpu-memory", {true, [](TrainConfig& c, const std::string& v) { c.estimate.gpu_memory_gb = to_double("--estimate-gpu-memory", v); if (!(c.estimate.gpu_memory_gb >= 0)) throw config_error("--estimate-gpu-memory", "--estimate-gpu-memory must be >= 0 GB, got " + v); }, "estimate: GB per device (default 0: ranks are host processes)"}},
       {"--estimate-cpu-memory", {true, [](TrainConfig& c, const std::string& v) { c.estimate.cpu_memory_gb = to_double("--estimate-cpu-memory", v); if (!(c.estimate.cpu_memory_gb > 0)) throw config_error("--estimate-cpu-memory", "--estimate-cpu-memory must be positive GB, got " + v); }, "estimate: CPU GB per node (default: this machine's)"}},
       {"--estimate-nvme", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nvme_gb = to_double("--estimate-nvme", v); if (!(c.estimate.nvme_gb >= 0)) throw config_error("--estimate-nvme", "--estimate-nvme must be >= 0 GB, got " + v); }, "estimate: NVMe GB per node (default: free disk here)"}},
@@ -183,9 +195,17 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   JsonSection root(j, path);
   auto flag_given = [&](const char* f) { return std::find(flags_given.begin(), flags_given.end(), f) != flags_given.end(); };
   // A value given as a flag and in the file must agree; otherwise the file fills it in.
+  // An int field from the file: in range, never wrapped (4294967300 is not 4).
+  auto i32 = [&](long long v, const std::string& key, long long min) {
+    if (v < min || v > INT_MAX)
+      throw Error("'" + key + "' = " + std::to_string(v) + " is out of range (" + std::to_string(min) + " to " +
+                      std::to_string(INT_MAX) + ")", Error::Context{path, key, ""});
+    return static_cast<int>(v);
+  };
   auto merge_int = [&](std::optional<long long> v, int& field, const char* flag, const std::string& key) {
     if (!v) return;
     if (*v <= 0) throw Error("'" + key + "' must be positive", Error::Context{path, key, ""});
+    i32(*v, key, 1);
     if (flag_given(flag) && field != *v)
       throw Error("'" + key + "' = " + std::to_string(*v) + " disagrees with " + flag + " " + std::to_string(field),
                   Error::Context{path, key, "give the value once, or make both agree"});
@@ -196,10 +216,10 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
             "train_micro_batch_size_per_gpu");
   if (auto v = root.get_int("gradient_accumulation_steps")) {
     if (*v <= 0) throw Error("'gradient_accumulation_steps' must be positive", Error::Context{path, "gradient_accumulation_steps", ""});
-    cfg.grad_accum = (int)*v;
+    cfg.grad_accum = i32(*v, "gradient_accumulation_steps", 1);
   }
   if (auto v = root.get_number("gradient_clipping")) cfg.clip_grad = *v;
-  if (auto v = root.get_int("steps_per_print")) cfg.log_interval = (int)*v;
+  if (auto v = root.get_int("steps_per_print")) cfg.log_interval = i32(*v, "steps_per_print", 1);
   root.ignore("wall_clock_breakdown");
   root.ignore("zero_allow_untested_optimizer");
   root.ignore("prescale_gradients");
@@ -273,9 +293,9 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
     JsonSection f = root.section("fp16");
     fp16 = f.get_bool("enabled").value_or(false);
     if (auto v = f.get_number("loss_scale")) cfg.loss_scale.static_scale = *v;
-    if (auto v = f.get_int("initial_scale_power")) cfg.loss_scale.initial_scale_power = (int)*v;
-    if (auto v = f.get_int("loss_scale_window")) cfg.loss_scale.window = (int)*v;
-    if (auto v = f.get_int("hysteresis")) cfg.loss_scale.hysteresis = (int)*v;
+    if (auto v = f.get_int("initial_scale_power")) cfg.loss_scale.initial_scale_power = i32(*v, "fp16.initial_scale_power", 0);
+    if (auto v = f.get_int("loss_scale_window")) cfg.loss_scale.window = i32(*v, "fp16.loss_scale_window", 1);
+    if (auto v = f.get_int("hysteresis")) cfg.loss_scale.hysteresis = i32(*v, "fp16.hysteresis", 1);
     if (auto v = f.get_number("min_loss_scale")) cfg.loss_scale.min_scale = *v;
     f.ignore("auto_cast");
     f.ignore("consecutive_hysteresis");
@@ -313,7 +333,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
         throw Error("'zero_optimization.stage' = " + std::to_string(*v) + " disagrees with --zero-stage " +
                         std::to_string(cfg.zero.stage),
                     Error::Context{path, "zero_optimization.stage", "give the value once, or make both agree"});
-      cfg.zero.stage = (int)*v;
+      cfg.zero.stage = i32(*v, "zero_optimization.stage", 0);
     }
     if (auto v = z.get_number("reduce_bucket_size")) cfg.zero.reduce_bucket_size = *v;
     if (auto v = z.get_bool("overlap_comm")) cfg.zero.overlap_comm = *v;
@@ -333,7 +353,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
       if (auto v = o.get_string("device")) oc.device = *v;
       if (auto v = o.get_string("nvme_path")) oc.nvme_path = *v;
       if (auto v = o.get_bool("pin_memory")) oc.pin_memory = *v;
-      if (auto v = o.get_int("buffer_count")) oc.buffer_count = (int)*v;
+      if (auto v = o.get_int("buffer_count")) oc.buffer_count = i32(*v, std::string("zero_optimization.") + k + ".buffer_count", 2);
       // The swap pipeline always reads ahead and writes behind (pipeline_read/write on); tiles are
       // sized by sub_group_size; the rest has no effect here.
       for (const char* ok : {"buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init"}) o.ignore(ok);
@@ -358,6 +378,10 @@ void TrainConfig::finalize(int dp) {
   }
   // DeepSpeed's batch rule: train_batch = micro * grad_accum * dp; any two give the third.
   const std::string where = ds_config_path.empty() ? "" : " (with " + ds_config_path + ")";
+  // Products of int fields in 64 bits: micro x dp x accumulation must itself fit the batch's int.
+  if ((long long)std::max(micro_batch, 1) * dp * std::max(grad_accum, 1) > INT_MAX)
+    throw config_error("--micro-batch-size", "--micro-batch-size x data-parallel size x gradient accumulation exceeds " +
+                                                 std::to_string(INT_MAX) + where);
   if (micro_batch <= 0 && global_batch > 0 && grad_accum > 0) {
     if (global_batch % (grad_accum * dp)) throw config_error("--global-batch-size", "global batch " + std::to_string(global_batch) + " is not divisible by gradient_accumulation_steps*dp = " + std::to_string(grad_accum * dp) + where);
     micro_batch = global_batch / (grad_accum * dp);
@@ -375,15 +399,39 @@ void TrainConfig::finalize(int dp) {
                                                           " does not match train_batch_size / (micro * dp) = " + std::to_string(ga) + where);
   grad_accum = ga;
   if (train_iters <= 0) throw config_error("--train-iters", "--train-iters must be positive");
-  if (lr_style < LrStyle::ds_warmup && !(lr > 0)) throw config_error("--lr", "--lr must be positive");
-  if (min_lr < 0 || (lr_style < LrStyle::ds_warmup && min_lr > lr)) throw config_error("--min-lr", "--min-lr must be in [0, --lr]");
+  // Every number is checked here, after all flags and the ds_config are read, so no check depends
+  // on the order flags are given in; !(x >= a) also refuses NaN (no flag or key gives inf or NaN).
+  auto finite = [](double x) { return std::isfinite(x); };
+  if (lr_style < LrStyle::ds_warmup && !(lr > 0 && finite(lr))) throw config_error("--lr", "--lr must be positive");
+  if (!(min_lr >= 0 && finite(min_lr)) || (lr_style < LrStyle::ds_warmup && min_lr > lr))
+    throw config_error("--min-lr", "--min-lr must be in [0, --lr]");
+  if (lr_style >= LrStyle::ds_warmup) {
+    if (!(ds_warmup_max_lr > 0 && finite(ds_warmup_max_lr)))
+      throw config_error("scheduler.params.warmup_max_lr", "warmup_max_lr must be positive" + where);
+    if (!(ds_warmup_min_lr >= 0 && ds_warmup_min_lr <= ds_warmup_max_lr))
+      throw config_error("scheduler.params.warmup_min_lr", "warmup_min_lr must be in [0, warmup_max_lr]" + where);
+    if (!(ds_warmup_min_ratio >= 0 && ds_warmup_min_ratio <= 1))
+      throw config_error("scheduler.params.warmup_min_ratio", "warmup_min_ratio must be in [0, 1]" + where);
+    if (!(ds_cos_min_ratio >= 0 && ds_cos_min_ratio <= 1))
+      throw config_error("scheduler.params.cos_min_ratio", "cos_min_ratio must be in [0, 1]" + where);
+  }
   if (lr_warmup_iters < 0) throw config_error("--lr-warmup-iters", "--lr-warmup-iters must be >= 0");
-  if (lr_decay_iters <= 0) lr_decay_iters = train_iters;
+  if (lr_decay_iters < 0) throw config_error("--lr-decay-iters", "--lr-decay-iters must be >= 0 (0: --train-iters)");
+  if (lr_decay_iters == 0) lr_decay_iters = train_iters;
+  if (max_position_embeddings > 0 && max_position_embeddings < model.max_seq_length)
+    throw config_error("--max-position-embeddings", "--max-position-embeddings " + std::to_string(max_position_embeddings) +
+                                                        " is smaller than --seq-length " + std::to_string(model.max_seq_length));
   if (!(beta1 >= 0 && beta1 < 1)) throw config_error("--adam-beta1", "--adam-beta1 must be in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) throw config_error("--adam-beta2", "--adam-beta2 must be in [0, 1)");
-  if (!(eps > 0)) throw config_error("--adam-eps", "--adam-eps must be positive");
-  if (weight_decay < 0) throw config_error("--weight-decay", "--weight-decay must be >= 0");
-  if (clip_grad < 0) throw config_error("--clip-grad", "--clip-grad must be >= 0 (0 disables clipping)");
+  if (!(eps > 0 && finite(eps))) throw config_error("--adam-eps", "--adam-eps must be positive");
+  if (!(weight_decay >= 0 && finite(weight_decay))) throw config_error("--weight-decay", "--weight-decay must be >= 0");
+  if (!(clip_grad >= 0 && finite(clip_grad))) throw config_error("--clip-grad", "--clip-grad must be >= 0 (0 disables clipping)");
+  if (!(loss_scale.static_scale >= 0 && finite(loss_scale.static_scale)))
+    throw config_error("--loss-scale", "--loss-scale must be positive (or 0 for a dynamic scale)");
+  if (!(loss_scale.min_scale > 0 && finite(loss_scale.min_scale)))
+    throw config_error("--min-loss-scale", "--min-loss-scale must be positive");
+  if (loss_scale.initial_scale_power < 0 || loss_scale.initial_scale_power > 62)
+    throw config_error("--initial-loss-scale", "the initial loss scale must be 2^0 to 2^62");
   if (log_interval <= 0) throw config_error("--log-interval", "--log-interval must be positive");
   if (eval_interval <= 0) throw config_error("--eval-interval", "--eval-interval must be positive");
   if (eval_iters < 0) throw config_error("--eval-iters", "--eval-iters must be >= 0");

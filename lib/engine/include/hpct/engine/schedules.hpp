@@ -23,6 +23,9 @@ class LossScaler {
   /// The evolving part (scale, good steps, hysteresis left) for checkpoints.
   nlohmann::json state() const;
   void restore(const nlohmann::json& state);
+  /// What is wrong with a stored state ("" if nothing): null, or an object with a finite positive
+  /// "scale" and non-negative integers "good_steps" and "hysteresis_left".
+  static std::string state_error(const nlohmann::json& state);
 
  private:
   LossScaleConfig cfg_;

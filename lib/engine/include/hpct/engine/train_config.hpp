@@ -53,6 +53,7 @@ struct TrainConfig {
   // with memcpys for the copies), so that path is checked where there is no GPU. Not a flag.
   bool via_device_store = false;
   // data
+  int max_position_embeddings = 0;  // --max-position-embeddings (0: not given); >= seq length
   std::vector<std::string> data_path;
   std::string vocab_file, merge_file, split = "969,30,1";
   bool mock_data = false;
