@@ -17,6 +17,7 @@
 #include "hpct/engine/trainer.hpp"
 #include "hpct/io/aio_config.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/engine/preflight.hpp"
 #include "hpct/parallel/memory_estimate.hpp"
 
 using namespace hpct;
@@ -74,6 +75,10 @@ static int run(int argc, char** argv) {
   // Data first: a real dataset fixes the vocabulary size.
   engine::TrainData data = engine::build_train_data(cfg, grid.dp().size(), root);
   cfg.finalize(grid.dp().size());
+  // Before anything large is allocated: do the model states fit this node? (Every rank checks
+  // its own node; a refusal on one is everyone's.)
+  const int ranks_on_node = world.node_local_size();
+  comm::throw_if_any(world, comm::error_text_of([&] { engine::check_host_memory(cfg, ranks_on_node, world.size()); }));
 
   engine::Trainer trainer(cfg, grid);
   // Loading is collective and its checks fail on every rank alike: still the setup phase.

@@ -167,5 +167,18 @@ d = os.path.join(a.workdir, "tokenizer")
 shutil.copytree(good, d)
 refused_load("another tokenizer", d, "was trained with tokenizer 'mock (vocab 512)'", extra=["--vocab-size", "500"])
 
+# ---- item 12: a resume at another global batch size logs the samples really consumed ----
+d = os.path.join(a.workdir, "batch_change")
+shutil.copytree(good, d)  # 2 iterations at global batch 2: 4 samples
+m = os.path.join(a.workdir, "batch_change.jsonl")
+p = subprocess.run([x if x != "2" or base[i - 1] != "--global-batch-size" else "6" for i, x in enumerate(base)] +
+                   ["--train-iters", "4", "--load", d, "--metrics-file", m],
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+import json
+rows = {r["iteration"]: r for r in map(json.loads, open(m)) if r.get("type") == "train"} if p.returncode == 0 else {}
+check(rows.get(3, {}).get("consumed_samples") == 10 and rows.get(4, {}).get("consumed_samples") == 16,
+      f"after 4 samples at batch 2, batch 6 logs 10 and 16 consumed samples: {[(k, v.get('consumed_samples')) for k, v in rows.items()]}")
+check("consumed samples:           10" in p.stdout, "the log line says 10 consumed samples at iteration 3")
+
 print(f"{len(fails)} failed")
 sys.exit(1 if fails else 0)

@@ -85,6 +85,15 @@ int Communicator::node_local_rank() const {
   return r;
 }
 
+int Communicator::node_local_size() const {
+  MPI_Comm local;
+  HPCT_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  int n = 1;
+  MPI_Comm_size(local, &n);
+  MPI_Comm_free(&local);
+  return n;
+}
+
 void Communicator::barrier() const { HPCT_CHECK_MPI(MPI_Barrier(comm_)); }
 
 // Large buffers are reduced in chunks below INT_MAX elements (MPI counts are int).

@@ -1,7 +1,7 @@
 // The training loop. See trainer.hpp.
 #include "hpct/engine/trainer.hpp"
 
-#include "hpct/engine/run_outputs.hpp"
+#include "hpct/engine/preflight.hpp"
 
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -477,16 +477,18 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       double tflops = flops_per_iter / secs / world / 1e12;
       double loss = n_acc ? loss_acc / n_acc : NAN;
       if (root) {
-        std::cout << format_log_line(it + 1, cfg_.train_iters, (it + 1) * cfg_.global_batch,
-                                     (it + 1) * cfg_.global_batch * (long long)T, secs * 1e3, rec.learning_rate,
+        // Samples drawn so far: the checkpoint's count plus this run's (the global batch may have
+        // changed at the resume, so not iteration x batch).
+        const long long consumed = sample_base_ + (it + 1) * cfg_.global_batch;
+        std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed * (long long)T, secs * 1e3, rec.learning_rate,
                                      cfg_.global_batch, loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
                                      tps / world, tflops)
                   << std::endl;
         if (metrics) {
           nlohmann::json j = {{"type", "train"},
                               {"iteration", it + 1},
-                              {"consumed_samples", (it + 1) * cfg_.global_batch},
-                              {"consumed_tokens", (it + 1) * cfg_.global_batch * (long long)T},
+                              {"consumed_samples", consumed},
+                              {"consumed_tokens", consumed * (long long)T},
                               {"elapsed_ms_per_iteration", secs * 1e3},
                               {"learning_rate", rec.learning_rate},
                               {"global_batch_size", cfg_.global_batch},

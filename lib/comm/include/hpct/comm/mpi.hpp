@@ -83,6 +83,8 @@ class Communicator {
   /// Collective over this comm: this rank's index among the ranks that share its node (its shared-
   /// memory domain, MPI_COMM_TYPE_SHARED), for picking a node-local GPU or disk.
   int node_local_rank() const;
+  /// Collective over this comm: how many of its ranks share this rank's node.
+  int node_local_size() const;
   /// Collective over this comm.
   void barrier() const;
   /// Collective over this comm: in-place sum of n values.

@@ -1,5 +1,5 @@
-// Checks of a run's outputs before it trains (see run_outputs.hpp).
-#include "hpct/engine/run_outputs.hpp"
+// Checks before a run allocates or trains (see preflight.hpp).
+#include "hpct/engine/preflight.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +10,12 @@
 #include <cstring>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/units.hpp"
 #include "hpct/engine/checkpointer.hpp"
+#include "hpct/parallel/memory_estimate.hpp"
+
+#include <algorithm>
+#include <fstream>
 
 namespace hpct::engine {
 
@@ -78,4 +83,44 @@ void check_run_outputs(const TrainConfig& cfg, const std::string& loaded) {
                        "add --load " + d + " to continue that run, or save to another directory");
 }
 
+void check_host_memory(const TrainConfig& cfg, int ranks_on_node, int world_size) {
+  if (cfg.device != "cpu") return;  // ZeRO-Offload: the device holds the model; host states are reported at start
+  uint64_t avail = 0;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    uint64_t kb = 0;
+    while (f >> key >> kb) {
+      if (key == "MemAvailable:") avail = kb * 1024;
+      f.ignore(1 << 20, '\n');
+    }
+  }
+  if (avail == 0) return;  // no figure to check against
+  const auto& z = cfg.zero;
+  const bool opt_off = z.offload_optimizer.device != "none", par_off = z.offload_param.device != "none";
+  const bool nvme = z.offload_optimizer.nvme() || z.offload_param.nvme();
+  using parallel::Offload;
+  const Offload o = !opt_off ? Offload::none
+                    : par_off ? (nvme ? Offload::optimizer_param_nvme : Offload::optimizer_param_cpu)
+                              : (nvme ? Offload::optimizer_nvme : Offload::optimizer_cpu);
+  parallel::ClusterShape c;
+  c.devices_per_node = std::max(1, ranks_on_node);
+  c.nodes = std::max(1, (world_size + c.devices_per_node - 1) / c.devices_per_node);  // ZeRO partitions over all ranks
+  c.device_bytes = 0;  // the CPU backend: ranks are host processes
+  c.host_bytes = avail;
+  c.nvme_bytes = UINT64_MAX / 4;  // NVMe space is checked where the swap files are made
+  const auto prec = cfg.precision == PrecisionMode::fp32 ? parallel::StatePrecision::fp32 : parallel::StatePrecision::mixed;
+  const parallel::MemoryPlan p = parallel::plan_memory(parallel::gpt_size(cfg.model), prec, z.stage, o, c);
+  if (p.host_per_node <= avail) return;
+  const uint64_t per_rank = p.device_total() + p.host_states_per_rank + p.host_buffers_per_rank;
+  throw config_error("--num-layers/--hidden-size", "the model states of this run need " + format_bytes(double(p.host_per_node)) +
+                         " of host memory on this node (" + format_bytes(double(per_rank)) + " per rank x " +
+                         std::to_string(ranks_on_node) + " ranks; ZeRO stage " + std::to_string(z.stage) + ", " +
+                         parallel::offload_name(o) + ", device states " + p.formula + "), the node has " +
+                         format_bytes(double(avail)) + " available",
+                     "a smaller model (--num-layers, --hidden-size, --seq-length, vocabulary), more ranks on more nodes with "
+                     "a higher --zero-stage, or offload to NVMe (see pretrain_gpt --estimate-memory)");
+}
+
 }  // namespace hpct::engine
+

@@ -1,0 +1,29 @@
+// hpct/engine/preflight.hpp — what a run is checked for before it allocates or trains (issue 17):
+// the files it will write (found unwritable only after the work before, and a --save directory of
+// another run overwritten) and whether its model states fit the node's memory (a bare
+// std::bad_alloc before).
+#pragma once
+#include <string>
+
+#include "hpct/engine/train_config.hpp"
+
+namespace hpct::engine {
+
+/// Local (rank 0). Throws config_error naming the flag when:
+/// - --save names something that is not a directory, or a directory that cannot be created or
+///   written;
+/// - --save holds checkpoints (or a `latest`) and this run does not resume from that directory
+///   (`loaded` is the checkpoint file this run loads, "" if none): its saves would overwrite them,
+///   and --keep-last would delete them;
+/// - --json or --metrics-file is in a directory that does not exist or cannot be written, or
+///   names a directory.
+/// Creates the --save directory (as the first save would).
+void check_run_outputs(const TrainConfig& cfg, const std::string& loaded);
+
+/// Local. The ZeRO memory plan of this run (parallel/memory_estimate: model states and ZeRO's
+/// working buffers per rank, for its stage, precision and offload; activations not counted) times
+/// the ranks on this node (partitions over all world_size ranks), against the node's available memory (MemAvailable). Throws config_error
+/// naming the flags and the figures when it cannot fit. No-op with --device cuda.
+void check_host_memory(const TrainConfig& cfg, int ranks_on_node, int world_size);
+
+}  // namespace hpct::engine
