@@ -36,7 +36,7 @@ float bf16_ref(float x) {
   if (dhi < dlo) return from_bits(hi);
   return ((lo >> 16) & 1) ? from_bits(hi) : from_bits(lo);
 }
-float fp16_ref(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+float fp16_ref(float x) { return static_cast<float>(static_cast<kernels::ieee_half>(x)); }
 
 std::vector<float> samples(size_t n, unsigned seed = 42) {
   std::mt19937 g(seed);

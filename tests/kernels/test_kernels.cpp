@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "hpct/core/error.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
 
 using namespace hpct::kernels;
@@ -219,7 +220,7 @@ float round_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return std::bit_cast<float>(u & 0xffff0000u);
 }
-float round_fp16(float f) { return (float)(_Float16)f; }
+float round_fp16(float f) { return (float)(ieee_half)f; }
 
 }  // namespace
 

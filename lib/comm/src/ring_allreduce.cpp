@@ -89,7 +89,9 @@ bool RingAllreduce::reduce_scatter(const float* in, float* out, size_t count, do
   const bool stream = count * sizeof(float) >= kStreamBytes;
   for (int s = 0; s < n - 1; ++s) {
     auto [sb, se] = segment(count, n, mod(rank_ - s, n));
-    auto [rb, re] = segment(count, n, mod(rank_ - s - 1, n));
+    // Plain variables, not a structured binding: the lambda below captures them (Clang < 16).
+    const auto rseg = segment(count, n, mod(rank_ - s - 1, n));
+    const size_t rb = rseg.first, re = rseg.second;
     const float* src = s == 0 ? in : out;
     sends_.clear();
     for (size_t o = sb; o < se; o += chunk_) {
@@ -122,7 +124,8 @@ bool RingAllreduce::all_gather(float* out, size_t count, double deadline, PollPo
   const int n = size_, right = mod(rank_ + 1, n), left = mod(rank_ - 1, n);
   for (int s = 0; s < n - 1; ++s) {
     auto [sb, se] = segment(count, n, mod(rank_ + 1 - s, n));
-    auto [rb, re] = segment(count, n, mod(rank_ - s, n));
+    const auto rseg = segment(count, n, mod(rank_ - s, n));
+    const size_t rb = rseg.first, re = rseg.second;
     MPI_Request q[2];
     int k = 0;
     if (re > rb) HPCT_CHECK_MPI(MPI_Irecv(out + rb, static_cast<int>(re - rb), MPI_FLOAT, left, tag_ + 1, comm_, &q[k++]));

@@ -30,6 +30,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
+#include "hpct/kernels/half.hpp"
+
 namespace hpct::kernels {
 namespace {
 
@@ -38,7 +40,7 @@ using detail::bits_as;
 using detail::bf16_bits;
 using detail::bf16_round;
 // IEEE half, round to nearest even; beyond 65504 (+ half an ulp) becomes inf, as on a GPU.
-inline float fp16_round(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
+inline float fp16_round(float f) { return static_cast<float>(static_cast<ieee_half>(f)); }
 
 // Copies the stored (rows, cols) matrix with row stride ld into dense dst, converting each value.
 // The inner loop is a plain SIMD loop (the bf16 conversion is integer ops and selects).

@@ -1,6 +1,8 @@
 // 16-bit storage conversions (see half.hpp).
 #include "hpct/kernels/half.hpp"
 
+#include <cstring>
+
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -18,8 +20,18 @@ void require_half(Precision p, const char* op) {
   if (p == Precision::fp32) throw Error(std::string(op) + ": fp32 has no 16-bit storage (use bf16 or fp16)");
 }
 
-inline uint16_t fp16_bits(float f) { return detail::bits_as<uint16_t>(static_cast<_Float16>(f)); }
-inline float fp16_value(uint16_t h) { return static_cast<float>(detail::bits_as<_Float16>(h)); }
+// Through memory, not by value: Clang's __fp16 (ieee_half there) cannot be a parameter or result.
+inline uint16_t fp16_bits(float f) {
+  const ieee_half h = static_cast<ieee_half>(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+inline float fp16_value(uint16_t u) {
+  ieee_half h;
+  std::memcpy(&h, &u, 2);
+  return static_cast<float>(h);
+}
 
 // fp16 through F16C's 8-lane conversions where the build has them (GCC 12 does not vectorize
 // _Float16 conversions without AVX512-FP16); the scalar tail and other builds convert one by one.

@@ -16,7 +16,7 @@ namespace {
 // Emulates fp16 gradient storage/communication: values beyond fp16's range become inf, which the
 // overflow check must then catch (as it would on a GPU with fp16 gradients).
 void round_to_fp16(float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<kernels::ieee_half>(x[i]));
 }
 
 int as_count(size_t n, const char* what) {

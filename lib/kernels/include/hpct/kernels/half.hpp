@@ -13,6 +13,14 @@
 
 namespace hpct::kernels {
 
+/// The C++ type of an IEEE half value. Clang before 15 has no _Float16 on x86 (the sanitizer and
+/// fuzz builds use Debian's Clang 14); its __fp16 converts the same way (round to nearest even).
+#if defined(__clang__) && __clang_major__ < 15 && (defined(__x86_64__) || defined(__i386__))
+using ieee_half = __fp16;
+#else
+using ieee_half = _Float16;
+#endif
+
 /// y[i] = 16-bit(x[i]). p is bf16 or fp16 (fp32 throws).
 void to_half(const float* x /*(n)*/, uint16_t* y /*(n)*/, size_t n, Precision p);
 /// y[i] = fp32(x[i]), exact.
