@@ -28,3 +28,31 @@ if(EXISTS /proc/cpuinfo AND NOT DEFINED ENV{OPENBLAS_CORETYPE})
     set(HPCT_TEST_OPENBLAS_ENV "OPENBLAS_CORETYPE=SkylakeX")
   endif()
 endif()
+# Sanitizer and fuzzing builds (scripts/sanitize.sh; docs/reliability.md). HPCT_SANITIZE compiles
+# everything with AddressSanitizer and UndefinedBehaviorSanitizer (UB is fatal); HPCT_FUZZ (Clang
+# only) instruments for libFuzzer and builds the fuzz targets of tests/fuzz.
+option(HPCT_SANITIZE "Build with -fsanitize=address,undefined" OFF)
+option(HPCT_FUZZ "Build the libFuzzer targets (Clang; implies HPCT_SANITIZE)" OFF)
+set(HPCT_FUZZ_SECONDS 30 CACHE STRING "How long each fuzz target runs under ctest -L fuzz")
+if(HPCT_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "HPCT_FUZZ needs Clang (libFuzzer): configure with CC=clang CXX=clang++")
+  endif()
+  set(HPCT_SANITIZE ON CACHE BOOL "" FORCE)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
+endif()
+if(HPCT_SANITIZE)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=address,undefined>
+                      $<$<COMPILE_LANGUAGE:CXX,C>:-fno-sanitize-recover=undefined>
+                      $<$<COMPILE_LANGUAGE:CXX,C>:-fno-omit-frame-pointer>)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+# Clang before 15 converts __fp16 (kernels::ieee_half there) through compiler-rt's builtins
+# (__gnu_f2h_ieee) where the code is not built for F16C: link them in after libgcc.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 15)
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} --rtlib=compiler-rt -print-libgcc-file-name
+                  OUTPUT_VARIABLE _hpct_rt_builtins OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(EXISTS "${_hpct_rt_builtins}")
+    link_libraries(${_hpct_rt_builtins})
+  endif()
+endif()

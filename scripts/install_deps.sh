@@ -20,6 +20,7 @@ pkgs=(
   nlohmann-json3-dev                    # ds_config / JSON summaries
   libpcre2-dev                          # GPT-2 pre-tokenizer regex (\p{L}, \p{N}, lookahead)
   libgtest-dev                          # unit tests under CTest
+  clang libclang-rt-14-dev              # sanitizer build and libFuzzer targets (scripts/sanitize.sh)
   slurm-wlm munge shellcheck            # slurm tests: a real Slurm on localhost; template linting
   environment-modules                   # modules tests (Lmod is unpacked from its .deb: it conflicts)
   lua5.3 lua-posix lua-filesystem lua-term lua-json tcl   # run-time dependencies of that Lmod

@@ -1,6 +1,7 @@
 // Reading and checking a checkpoint's run state (see checkpoint_state.hpp).
 #include "hpct/engine/checkpoint_state.hpp"
 
+#include <cstdint>
 #include <limits>
 
 #include "hpct/core/error.hpp"
@@ -45,18 +46,26 @@ uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m) {
 }
 
 StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
-  auto fmt = f.attr_string("/", "format");
+  RunStateAttrs a;
+  a.str = [&](const char* k) { return f.attr_string("/", k); };
+  a.i64 = [&](const char* k) { return f.attr_int("/", k); };
+  a.u64 = [&](const char* k) { return f.attr_uint("/", k); };
+  return parse_stored_run(a, file);
+}
+
+StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
+  auto fmt = f.str("format");
   if (!fmt) throw file_error(file, "is not an hpctrain checkpoint (no 'format' attribute)");
   if (*fmt != kCheckpointFormat)
     throw file_error(file, "has format '" + fmt->substr(0, 80) + "', this version reads '" + kCheckpointFormat + "'");
   auto geti = [&](const char* k) {
-    auto v = f.attr_int("/", k);
+    auto v = f.i64(k);
     if (!v) throw file_error(file, std::string("lacks the integer attribute '") + k + "': the checkpoint is damaged");
     if (*v < 0) throw file_error(file, std::string("has attribute '") + k + "' = " + std::to_string(*v) + ", which must be >= 0: the checkpoint is damaged");
     return static_cast<long long>(*v);
   };
   auto gets = [&](const char* k) {
-    auto v = f.attr_string("/", k);
+    auto v = f.str(k);
     if (!v) throw file_error(file, std::string("lacks the attribute '") + k + "': the checkpoint is damaged");
     return *v;
   };
@@ -76,14 +85,14 @@ StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
   const std::string scaler = gets("loss_scaler"), config = gets("config"), arch = gets("architecture"),
                     layout = gets("parallel_layout");
   r.meta.tokenizer = gets("tokenizer");
-  auto seed = f.attr_uint("/", "seed");
+  auto seed = f.u64("seed");
   if (!seed) throw file_error(file, "lacks the attribute 'seed': the checkpoint is damaged");
   r.meta.seed = *seed;
   s.loss_scaler = getj("loss_scaler", scaler);
   r.meta.config = getj("config", config);
   r.meta.architecture = getj("architecture", arch);
   r.meta.layout = getj("parallel_layout", layout);
-  if (auto sum = f.attr_uint("/", "run_state_checksum")) {
+  if (auto sum = f.u64("run_state_checksum")) {
     r.has_checksum = true;
     if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
                             scaler, config, arch, r.meta.tokenizer, layout))
@@ -94,6 +103,8 @@ StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
   auto rel = [&](bool ok, const std::string& what) {
     if (!ok) throw file_error(file, "has an impossible run state: " + what + ": the checkpoint is damaged");
   };
+  rel(s.iteration <= INT32_MAX, "iteration " + std::to_string(s.iteration) + " beyond 2^31-1");
+  rel(s.consumed_samples <= (1ll << 53), "consumed_samples " + std::to_string(s.consumed_samples) + " beyond 2^53");
   rel(s.adam_step <= s.iteration, "optimizer_step " + std::to_string(s.adam_step) + " > iteration " + std::to_string(s.iteration));
   rel(s.skipped_iterations <= s.iteration, "skipped_iterations " + std::to_string(s.skipped_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.nan_iterations <= s.iteration, "nan_iterations " + std::to_string(s.nan_iterations) + " > iteration " + std::to_string(s.iteration));
@@ -147,6 +158,20 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
       if (!known) throw file_error(file, "has tensor " + n + ", which this model does not: it was written for another architecture");
     }
   }
+}
+
+StoredRun check_structure(const io::H5File& f, const std::string& file, model::GptConfig* cfg) {
+  StoredRun r = read_stored_run(f, file);
+  *cfg = gpt_config_of(r.meta.architecture, file);
+  const uint64_t want = 3ull * (12ull * static_cast<uint64_t>(cfg->num_layers) + 4), have = f.list_datasets().size();
+  // Bound the layout to be built by the file's own contents; a few tensors short or extra are
+  // named one by one by check_tensor_set below.
+  if (want > have + 36)
+    throw file_error(file, "holds " + std::to_string(have) + " tensors, its architecture (" + std::to_string(cfg->num_layers) +
+                               " layers) needs " + std::to_string(want) + ": the checkpoint is damaged");
+  model::Gpt gpt(*cfg, kernels::Precision::fp32, false);
+  check_tensor_set(f, gpt.layout(), file);
+  return r;
 }
 
 model::GptConfig gpt_config_of(const nlohmann::json& a, const std::string& file) {

@@ -7,6 +7,8 @@
 // range-checked as well (a checkpoint from before the checksum has only the range checks).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "hpct/core/param_layout.hpp"
@@ -28,6 +30,16 @@ struct StoredRun {
 /// The checksum begin_save stores and read_stored_run checks: over the values as they are written.
 uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m);
 
+/// Where the run-state attributes come from: an open checkpoint's root, or a map (tests, the fuzz
+/// target). Each returns nothing for an absent attribute (or one of another type).
+struct RunStateAttrs {
+  std::function<std::optional<std::string>(const char*)> str;
+  std::function<std::optional<int64_t>(const char*)> i64;
+  std::function<std::optional<uint64_t>(const char*)> u64;
+};
+/// The checks of read_stored_run on attributes from anywhere.
+StoredRun parse_stored_run(const RunStateAttrs& attrs, const std::string& file);
+
 /// Local. Reads every run-state attribute of `f` and checks it: present, of its type, JSON where
 /// JSON is stored, in range (iteration >= 0, optimizer step and skipped iterations <= iteration,
 /// consumed samples >= iteration), and the checksum. Throws hpct::Error naming `file` and the attribute.
@@ -41,6 +53,12 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
 /// Local. Every tensor of `layout` present in the three groups (model, exp_avg, exp_avg_sq) with
 /// its shape, and no other tensor.
 void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file);
+
+/// Local. What a tool checks before reading tensor data (hpct_ckpt verify, export): read_stored_run,
+/// the GPT its architecture describes (into *cfg), its dataset count against 3 x (12 L + 4) before
+/// the model's layout is built (an architecture claiming far more than the file holds is refused
+/// there), then check_tensor_set.
+StoredRun check_structure(const io::H5File& f, const std::string& file, model::GptConfig* cfg);
 
 /// The GPT a stored architecture describes (vocabulary = its padded size), for tools that check a
 /// checkpoint without a run. Throws naming `file` for a missing or impossible field.
