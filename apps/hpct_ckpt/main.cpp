@@ -4,7 +4,12 @@
 // export writes a GPT checkpoint's weights as safetensors with the GPT-2 (Hugging Face) tensor
 // names and layouts; import turns such a file into a checkpoint at iteration 0 (Adam moments zero)
 // that pretrain_gpt --load continues from.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <new>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -86,16 +91,15 @@ int export_safetensors(const std::string& path, const std::string& out) {
   std::string file = engine::Checkpointer::resolve(path);
   if (file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, MPI_COMM_SELF);
-  auto arch_s = f.attr_string("/", "architecture");
-  auto cfg_s = f.attr_string("/", "config");
-  if (!arch_s || !cfg_s) throw file_error(file, "has no architecture/config attributes: not an hpctrain GPT checkpoint");
-  const auto arch = parse_json(*arch_s, file + ": attribute 'architecture'");
-  const auto cfg = parse_json(*cfg_s, file + ": attribute 'config'");
-  if (!arch.is_object() || !arch.contains("num_layers") || !arch["num_layers"].is_number_integer() ||
-      !cfg.is_object() || !cfg.contains("model") || !cfg["model"].is_object() || !cfg["model"].contains("vocab_size") ||
-      !cfg["model"]["vocab_size"].is_number_integer())
-    throw file_error(file, "has no architecture.num_layers or config.model.vocab_size integer: not an hpctrain GPT checkpoint");
-  const int layers = arch["num_layers"].get<int>();
+  // The structure verify checks, before any tensor is read: run state, architecture, tensor set.
+  model::GptConfig mc;
+  const engine::StoredRun stored = engine::check_structure(f, file, &mc);
+  const auto& cfg = stored.meta.config;
+  const int layers = mc.num_layers;
+  if (!cfg.contains("model") || !cfg["model"].is_object() || !cfg["model"].contains("vocab_size") ||
+      !cfg["model"]["vocab_size"].is_number_integer() || cfg["model"]["vocab_size"].get<int64_t>() < 1 ||
+      cfg["model"]["vocab_size"].get<int64_t>() > mc.vocab_size)
+    throw file_error(file, "has no config.model.vocab_size in 1.." + std::to_string(mc.vocab_size) + " (the padded vocabulary)");
   const int64_t vocab = cfg["model"]["vocab_size"].get<int64_t>();
   nlohmann::json header = {{"__metadata__", {{"format", "pt"}, {"source", file}, {"software", hpct_version()}}}};
   std::vector<std::vector<float>> data;
@@ -174,12 +178,25 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   mc.validate();
   model::Gpt gpt(mc, kernels::Precision::fp32, false);
   const auto& layout = gpt.layout();
+  // The shape GPT-2 stores each tensor with; every one is checked before anything is allocated,
+  // so the model's size is bounded by the data the file really holds.
+  auto theirs_of = [&](const NameMap& nm) {
+    std::vector<int64_t> theirs = layout.find(nm.ours).shape;
+    if (nm.transpose) std::swap(theirs[0], theirs[1]);
+    if (nm.theirs == "wte.weight") theirs[0] = mc.vocab_size;  // pad rows stay zero
+    return theirs;
+  };
+  for (const auto& nm : gpt2_names(layers)) {
+    const auto& t = need(nm.theirs);
+    if (t.dtype != "F32") throw file_error(in, "tensor " + nm.theirs + " is " + t.dtype + ", only F32 is read");
+    if (t.shape != theirs_of(nm))
+      throw file_error(in, "tensor " + nm.theirs + " has shape " + io::shape_string(t.shape) + ", this model needs " +
+                               io::shape_string(theirs_of(nm)));
+  }
   std::vector<float> params(layout.numel(), 0.0f), zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
   for (const auto& nm : gpt2_names(layers)) {
     const auto& ts = layout.find(nm.ours);
-    std::vector<int64_t> theirs = ts.shape;  // the shape GPT-2 stores this tensor with
-    if (nm.transpose) std::swap(theirs[0], theirs[1]);
-    if (nm.theirs == "wte.weight") theirs[0] = mc.vocab_size;  // pad rows stay zero
+    const std::vector<int64_t> theirs = theirs_of(nm);
     std::vector<float> x = sf.read_f32(nm.theirs, theirs);
     if (nm.transpose) x = transposed(x, theirs[0], theirs[1]);
     std::copy(x.begin(), x.end(), params.begin() + static_cast<std::ptrdiff_t>(ts.offset));
@@ -207,6 +224,15 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   return 0;
 }
 
+int positive_int(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < 1 || x > (1 << 20))
+    throw config_error(flag, flag + " expects an integer from 1 to 1048576, got '" + v + "'");
+  return static_cast<int>(x);
+}
+
 std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "[";
   for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
@@ -227,8 +253,8 @@ int run(const std::vector<std::string>& args) {
     if (args.size() < 3) throw config_error(cmd, "import needs IN.safetensors and DIR", "see --help");
     int heads = 0, mult = 128;
     for (size_t i = 3; i < args.size(); ++i) {
-      if (args[i] == "--num-attention-heads" && i + 1 < args.size()) heads = std::stoi(args[++i]);
-      else if (args[i] == "--make-vocab-size-divisible-by" && i + 1 < args.size()) mult = std::stoi(args[++i]);
+      if (args[i] == "--num-attention-heads" && i + 1 < args.size()) heads = positive_int(args[i], args[i + 1]), ++i;
+      else if (args[i] == "--make-vocab-size-divisible-by" && i + 1 < args.size()) mult = positive_int(args[i], args[i + 1]), ++i;
       else throw config_error(args[i], "unknown argument '" + args[i] + "'", "see --help");
     }
     return import_safetensors(args[1], args[2], heads, mult);
@@ -247,10 +273,11 @@ int run(const std::vector<std::string>& args) {
   if (cmd == "verify") {
     // Every check `pretrain_gpt --load` makes of the file itself: the run state (types, ranges,
     // its checksum) and the tensor set the stored architecture implies, shape by shape.
-    const engine::StoredRun stored = engine::read_stored_run(f, file);
-    model::Gpt gpt(engine::gpt_config_of(stored.meta.architecture, file), kernels::Precision::fp32, false);
-    engine::check_tensor_set(f, gpt.layout(), file);
+    model::GptConfig mc;
+    engine::check_structure(f, file, &mc);
   }
+  struct stat fst {};
+  const uint64_t file_bytes = ::stat(file.c_str(), &fst) == 0 ? static_cast<uint64_t>(fst.st_size) : 0;
   nlohmann::json doc = {{"file", file}};
   for (const char* k : {"format", "software", "tokenizer", "parallel_layout", "architecture", "loss_scaler"})
     if (auto v = f.attr_string("/", k)) doc[k] = *v;
@@ -274,6 +301,7 @@ int run(const std::vector<std::string>& args) {
     auto stored = f.attr_uint(name, "checksum");
     std::string state = stored ? "present" : "MISSING";
     if (cmd == "verify") {
+      if (4 * n > file_bytes) throw file_error(file, "tensor " + name + " declares more data than the file holds: the checkpoint is damaged");
       std::vector<float> buf(n);
       f.read(name, 0, buf.data(), n);
       uint64_t got = engine::Checkpointer::checksum(buf.data(), 0, n);
@@ -304,5 +332,11 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::fprintf(stderr, "hpct_ckpt: error: %s\n", e.what());
     return e.context().key.empty() || e.context().key[0] == '/' ? 1 : 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "hpct_ckpt: error: out of memory (the file declares more data than fits)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hpct_ckpt: error: %s\n", e.what());
+    return 1;
   }
 }

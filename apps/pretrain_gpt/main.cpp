@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "hpct/comm/mpi.hpp"
@@ -228,6 +229,12 @@ int main(int argc, char** argv) {
     if (!together || comm::Communicator::world().rank() == 0) std::fprintf(stderr, "pretrain_gpt: error: %s\n", e.what());
     if (!together) comm::Environment::abort(1);
     return 1;
+  } catch (const std::bad_alloc&) {
+    // What the start-up memory check does not count (activations, MPI's buffers) ran out.
+    std::fprintf(stderr, "pretrain_gpt: error: [rank %d] out of host memory (std::bad_alloc; resident %s); hint: lower "
+                 "--micro-batch-size, add --checkpoint-activations, or use more ranks with a higher --zero-stage\n",
+                 comm::Communicator::world().rank(), format_bytes(double(current_rss_bytes())).c_str());
+    comm::Environment::abort(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pretrain_gpt: error: [rank %d] %s\n", comm::Communicator::world().rank(), e.what());
     comm::Environment::abort(1);

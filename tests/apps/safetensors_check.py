@@ -138,6 +138,31 @@ hostile("wte_1d", setk("wte.weight", "shape", [500 * C]), "GPT-2's is 2-D")
 hostile("bias_shape", setk("h.1.ln_2.bias", "shape", [C // 2, 2]), "this model needs [128]")
 hostile("truncated", lambda hd: None, "truncated", data=raw[8 + hl:-16])
 
+# A header that names only a few tensors of a huge model (hidden 65536: 200 GB of parameters) is
+# refused before anything is allocated (was std::bad_alloc through std::terminate).
+def write_st(path, tensors):
+    hd, off, data = {}, 0, b""
+    for name, shape in tensors:
+        n = 1
+        for d in shape:
+            n *= d
+        hd[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + 4 * n]}
+        off += 4 * n
+        data += bytes(4 * n)
+    text = json.dumps(hd).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+huge = os.path.join(a.workdir, "huge.safetensors")
+write_st(huge, [("wte.weight", [1, 65536]), ("wpe.weight", [1, 65536]), ("h.0.ln_1.weight", [65536])])
+p = subprocess.run([a.tool, "import", huge, os.path.join(a.workdir, "huge")], capture_output=True, text=True)
+check(p.returncode == 1 and "has no tensor 'h.0.ln_1.bias'" in p.stderr,
+      f"a header naming a few tensors of a huge model is refused before allocating ({p.returncode}: {p.stderr.strip()[:200]})")
+p = subprocess.run([a.tool, "import", st1, os.path.join(a.workdir, "x"), "--num-attention-heads", "x"], capture_output=True, text=True)
+check(p.returncode == 2 and "--num-attention-heads expects an integer" in p.stderr,
+      f"a bad --num-attention-heads is one line, exit 2 ({p.returncode}: {p.stderr.strip()[:200]})")
+
 # What the export means, read independently: GPT-2's forward as Hugging Face defines it, in numpy
 # (gpt2_numpy_loss.py), on the exported weights, gives the loss pretrain_gpt logs with the same
 # weights on the same sample. One step is saved; the run resumed from it logs iteration 2's loss,

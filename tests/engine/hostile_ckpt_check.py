@@ -167,6 +167,15 @@ d = os.path.join(a.workdir, "tokenizer")
 shutil.copytree(good, d)
 refused_load("another tokenizer", d, "was trained with tokenizer 'mock (vocab 512)'", extra=["--vocab-size", "500"])
 
+# ---- item 11: outputs that cannot be written are found before training, not after it ----
+for tag, extra, want in [("--json in a missing directory", ["--json", "/nonexistent/dir/summary.json"], "--json /nonexistent/dir/summary.json: the directory /nonexistent/dir does not exist"),
+                         ("--metrics-file naming a directory", ["--metrics-file", a.workdir], "is a directory"),
+                         ("--save naming a file", ["--save", good_file], "is not a directory")]:
+    rc, out = run(["--train-iters", "2", *extra])
+    errs = errors(out)
+    check(rc == 1 and len(errs) == 1 and want in errs[0] and " iteration " not in out,
+          f"{tag}: refused before training (exit {rc}): {errs[:1]}")
+
 # ---- item 12: a resume at another global batch size logs the samples really consumed ----
 d = os.path.join(a.workdir, "batch_change")
 shutil.copytree(good, d)  # 2 iterations at global batch 2: 4 samples

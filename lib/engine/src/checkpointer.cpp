@@ -313,7 +313,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       reserve_space(tmp, tensors, ps.offsets);
     });
     if (!err.empty()) {
-      ps.file.abandon();
+      ps.file = io::H5File();  // closed here: on MPI_COMM_SELF a close is local and cannot hang
       ::unlink(tmp.c_str());
     }
   }
@@ -364,9 +364,9 @@ std::string Checkpointer::finish_save(PendingSave& ps) {
       });
     }
     if (!data_ok || !err.empty()) {
-      f.abandon();
+      if (data_ok) f.abandon();  // its close failed already; a second would write again
       ::unlink(tmp.c_str());
-    }
+    }  // otherwise f closes here (local: rank 0's own handle), releasing HDF5's and MPI-IO's file
   }
   if (!comm::all_ok(world_, err.empty())) comm::throw_if_any(world_, err);
 

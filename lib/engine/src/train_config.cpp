@@ -38,6 +38,12 @@ int to_i32(const std::string& flag, const std::string& v, long long min = INT_MI
   return static_cast<int>(x);
 }
 
+long long to_int_min(const std::string& flag, const std::string& v, long long min) {
+  const long long x = to_int(flag, v);
+  if (x < min) throw config_error(flag, flag + " " + v + " must be >= " + std::to_string(min));
+  return x;
+}
+
 double to_double(const std::string& flag, const std::string& v) {
   try {
     size_t pos = 0;
@@ -75,7 +81,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--init-method-std", {true, [](TrainConfig& c, const std::string& v) { c.model.init_std = to_double("--init-method-std", v); }, "weight init std (default 0.02)"}},
       {"--micro-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.micro_batch = to_i32("--micro-batch-size", v, 1); }, "samples per rank per micro-step"}},
       {"--global-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.global_batch = to_i32("--global-batch-size", v, 1); }, "samples per optimizer step"}},
-      {"--train-iters", {true, [](TrainConfig& c, const std::string& v) { c.train_iters = to_int("--train-iters", v); }, "optimizer steps"}},
+      {"--train-iters", {true, [](TrainConfig& c, const std::string& v) { c.train_iters = to_i32("--train-iters", v, 1); }, "optimizer steps"}},
       {"--lr", {true, [](TrainConfig& c, const std::string& v) { c.lr = to_double("--lr", v); }, "peak learning rate"}},
       {"--min-lr", {true, [](TrainConfig& c, const std::string& v) { c.min_lr = to_double("--min-lr", v); }, "final learning rate"}},
       {"--lr-warmup-iters", {true, [](TrainConfig& c, const std::string& v) { c.lr_warmup_iters = to_int("--lr-warmup-iters", v); }, "linear warmup steps"}},
@@ -101,7 +107,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
       {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
       {"--mock-data", {false, [](TrainConfig& c, const std::string&) { c.mock_data = true; }, "synthetic tokens (needs --vocab-size)"}},
-      {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_i32("--seed", v, 0); }, "random seed"}},
+      {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_int_min("--seed", v, 0); }, "random seed"}},
       {"--log-interval", {true, [](TrainConfig& c, const std::string& v) { c.log_interval = to_i32("--log-interval", v); }, "iterations between log lines"}},
       {"--eval-interval", {true, [](TrainConfig& c, const std::string& v) { c.eval_interval = to_i32("--eval-interval", v); }, "iterations between evaluations"}},
       {"--eval-iters", {true, [](TrainConfig& c, const std::string& v) { c.eval_iters = to_i32("--eval-iters", v); }, "batches per evaluation"}},
@@ -379,7 +385,7 @@ void TrainConfig::finalize(int dp) {
   // DeepSpeed's batch rule: train_batch = micro * grad_accum * dp; any two give the third.
   const std::string where = ds_config_path.empty() ? "" : " (with " + ds_config_path + ")";
   // Products of int fields in 64 bits: micro x dp x accumulation must itself fit the batch's int.
-  if ((long long)std::max(micro_batch, 1) * dp * std::max(grad_accum, 1) > INT_MAX)
+  if (double(std::max(micro_batch, 1)) * dp * std::max(grad_accum, 1) > INT_MAX)  // in double: the product itself cannot overflow
     throw config_error("--micro-batch-size", "--micro-batch-size x data-parallel size x gradient accumulation exceeds " +
                                                  std::to_string(INT_MAX) + where);
   if (micro_batch <= 0 && global_batch > 0 && grad_accum > 0) {

@@ -148,7 +148,9 @@ H5File H5File::open(const std::string& path, Mode mode, MPI_Comm comm) {
   H5File f;
   f.path_ = path;
   if (mode == Mode::create) {
-    f.file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    // EXCL: never through a name that exists, a planted symbolic link included (the caller
+    // removes its own leftovers first).
+    f.file_ = H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl);
     if (f.file_ < 0) h5_fail(path, "cannot create the checkpoint file (directory missing or not writable?)");
     f.writable_ = true;
   } else {
@@ -170,11 +172,11 @@ RawFile::~RawFile() {
 
 void RawFile::open_fds() {
   const bool wr = access_ == Access::write;
-  fd_ = ::open(path_.c_str(), (wr ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
+  fd_ = ::open(path_.c_str(), (wr ? O_WRONLY | O_NOFOLLOW : O_RDONLY) | O_CLOEXEC);
   if (fd_ < 0)
     throw file_error(path_, std::string(wr ? "cannot open for writing tensor data: " : "cannot open for reading tensor data: ") +
                                 std::strerror(errno));
-  direct_fd_ = ::open(path_.c_str(), (wr ? O_WRONLY : O_RDONLY) | O_CLOEXEC | O_DIRECT);  // -1: buffered only
+  direct_fd_ = ::open(path_.c_str(), (wr ? O_WRONLY | O_NOFOLLOW : O_RDONLY) | O_CLOEXEC | O_DIRECT);  // -1: buffered only
   if (direct_fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&bounce_), 4096, kBounceBytes) != 0) {
     ::close(direct_fd_);
     direct_fd_ = -1;
@@ -547,6 +549,7 @@ std::optional<std::string> H5File::attr_string(const std::string& obj, const std
     return s;
   }
   size_t n = H5Tget_size(type);
+  if (n > (64u << 20)) throw file_error(path_, "attribute " + key + " of " + obj + " is " + std::to_string(n) + " bytes long: the file is damaged");
   std::string s(n, '\0');
   Hid mtype(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mtype, n);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -43,13 +44,6 @@ bool as_u64(const nlohmann::json& v, uint64_t& out) {
   return false;
 }
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 void pread_all(int fd, void* buf, uint64_t len, uint64_t off, const std::string& path, const std::string& what) {
   char* p = static_cast<char*>(buf);
   while (len > 0) {
@@ -71,6 +65,21 @@ std::string shape_string(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+std::string printable_name(const std::string& s) {
+  std::string o;
+  for (size_t i = 0; i < s.size() && i < 120; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != 0x7f) {
+      o += static_cast<char>(c);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      o += b;
+    }
+  }
+  return s.size() > 120 ? o + "..." : o;
+}
+
 uint64_t SafetensorsTensor::numel() const {
   uint64_t n = 1;
   for (auto d : shape) n *= static_cast<uint64_t>(d);  // checked not to overflow when parsed
@@ -90,17 +99,17 @@ std::vector<SafetensorsTensor> SafetensorsFile::parse_header(const std::string& 
       continue;
     }
     auto bad = [&](const std::string& what) {
-      return file_error(where, "tensor '" + name + "' " + what, "the file is corrupt or not a safetensors file");
+      return file_error(where, "tensor '" + printable_name(name) + "' " + what, "the file is corrupt or not a safetensors file");
     };
     if (!v.is_object()) throw bad("is not a JSON object with dtype, shape and data_offsets");
     for (auto k = v.begin(); k != v.end(); ++k)
-      if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets") throw bad("has an unknown key '" + k.key() + "'");
+      if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets") throw bad("has an unknown key '" + printable_name(k.key()) + "'");
     SafetensorsTensor t;
     t.name = name;
     if (!v.contains("dtype") || !v["dtype"].is_string()) throw bad("has no dtype string");
     t.dtype = v["dtype"].get<std::string>();
     const uint64_t esize = dtype_bytes(t.dtype);
-    if (esize == 0) throw bad("has an unknown dtype '" + t.dtype + "'");
+    if (esize == 0) throw bad("has an unknown dtype '" + printable_name(t.dtype) + "'");
     if (!v.contains("shape") || !v["shape"].is_array()) throw bad("has no shape array");
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
@@ -128,7 +137,7 @@ std::vector<SafetensorsTensor> SafetensorsFile::parse_header(const std::string& 
   uint64_t pos = 0;
   for (const auto* t : by_off) {
     if (t->begin != pos)
-      throw file_error(where, "tensor '" + t->name + "' has data_offsets [" + std::to_string(t->begin) + ", " +
+      throw file_error(where, "tensor '" + printable_name(t->name) + "' has data_offsets [" + std::to_string(t->begin) + ", " +
                                   std::to_string(t->end) + "]: " + (t->begin < pos ? "they overlap another tensor's" : "they leave a gap before them") +
                                   " (data must follow tensor after tensor)", "the file is corrupt");
     pos = t->end;
@@ -140,25 +149,31 @@ std::vector<SafetensorsTensor> SafetensorsFile::parse_header(const std::string& 
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw file_error(path, std::string("cannot open: ") + std::strerror(errno));
+  // O_NONBLOCK: a FIFO or device planted at the path must not block the open; only regular files
+  // are read (O_NONBLOCK has no effect on them).
+  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (raw < 0) throw file_error(path, std::string("cannot open: ") + std::strerror(errno));
+  std::shared_ptr<const int> fd(new int(raw), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) throw file_error(path, "is not a regular file");
+  if (::fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) throw file_error(path, "is not a regular file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   unsigned char len8[8];
   if (size < 8) throw file_error(path, "is not a safetensors file (shorter than its 8-byte header length)");
-  pread_all(f.fd, len8, 8, 0, path, "the header length");
+  pread_all(*fd, len8, 8, 0, path, "the header length");
   uint64_t hl = 0;
   for (int i = 7; i >= 0; --i) hl = (hl << 8) | len8[i];  // little-endian on every host
   if (hl < 2 || hl > kMaxHeader || hl > size - 8)
     throw file_error(path, "is not a safetensors file (header length " + std::to_string(hl) + " in a file of " +
                                std::to_string(size) + " bytes)");
   std::string text(hl, '\0');
-  pread_all(f.fd, text.data(), hl, 8, path, "the header");
+  pread_all(*fd, text.data(), hl, 8, path, "the header");
   if (text[0] != '{') throw file_error(path, "is not a safetensors file (its header does not start with '{')");
   SafetensorsFile s;
   s.path_ = path;
+  s.fd_ = std::move(fd);
   s.data_start_ = 8 + hl;
   s.tensors_ = parse_header(text, size - s.data_start_, path);
   for (size_t i = 0; i < s.tensors_.size(); ++i) s.index_[s.tensors_[i].name] = i;
@@ -172,16 +187,14 @@ const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape) const {
   const SafetensorsTensor* t = find(name);
-  if (!t) throw file_error(path_, "has no tensor '" + name + "'");
-  if (t->dtype != "F32") throw file_error(path_, "tensor '" + name + "' is " + t->dtype + ", only F32 is read");
+  if (!t) throw file_error(path_, "has no tensor '" + printable_name(name) + "'");
+  if (t->dtype != "F32") throw file_error(path_, "tensor '" + printable_name(name) + "' is " + t->dtype + ", only F32 is read");
   if (t->shape != shape)
-    throw file_error(path_, "tensor '" + name + "' has shape " + shape_string(t->shape) + ", this model needs " + shape_string(shape));
+    throw file_error(path_, "tensor '" + printable_name(name) + "' has shape " + shape_string(t->shape) + ", this model needs " +
+                                shape_string(shape));
   std::vector<float> x(t->numel());
   static_assert(sizeof(float) == 4);
-  Fd f;
-  f.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw file_error(path_, std::string("cannot open: ") + std::strerror(errno));
-  pread_all(f.fd, x.data(), t->end - t->begin, data_start_ + t->begin, path_, "tensor '" + name + "'");
+  pread_all(*fd_, x.data(), t->end - t->begin, data_start_ + t->begin, path_, "tensor '" + printable_name(name) + "'");
   return x;
 }
 

@@ -22,6 +22,10 @@ void GptConfig::validate() const {
   pos(max_seq_length, "--seq-length");
   pos(vocab_size, "--vocab-size");
   pos(vocab_multiple, "--make-vocab-size-divisible-by");
+  if ((long long)vocab_size + vocab_multiple - 1 > 2147483647LL)  // padded_vocab() must not overflow
+    throw config_error("--make-vocab-size-divisible-by", "--vocab-size " + std::to_string(vocab_size) +
+                                                              " padded to a multiple of " + std::to_string(vocab_multiple) +
+                                                              " does not fit 32 bits");
   if (hidden_size % num_heads != 0)
     throw config_error("--num-attention-heads", "--hidden-size " + std::to_string(hidden_size) +
                                                     " is not divisible by --num-attention-heads " +

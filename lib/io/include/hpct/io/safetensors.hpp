@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
+  std::shared_ptr<const int> fd_;  // the file that was validated; tensors are read from it, not by name again
   uint64_t data_start_ = 0;
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, size_t> index_;
@@ -48,5 +50,7 @@ class SafetensorsFile {
 
 /// "[768, 2304]"
 std::string shape_string(const std::vector<int64_t>& shape);
+/// A name from a file, for a one-line message: control characters as \xNN, cut at 120 characters.
+std::string printable_name(const std::string& s);
 
 }  // namespace hpct::io
