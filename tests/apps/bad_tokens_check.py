@@ -7,27 +7,17 @@ printed).
 
 bad_tokens_check.py --gpt BIN --args FILE --data-dir DIR --workdir DIR --mpi "MPIEXEC -n 2 ..."
 """
-import argparse
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
 
-ap = argparse.ArgumentParser()
-for k in ("--gpt", "--args", "--data-dir", "--workdir", "--mpi"):
-    ap.add_argument(k, required=True)
-a = ap.parse_args()
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
-fails = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
 
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        fails.append(msg)
+c = Checks("--gpt", "--args", "--data-dir", "--workdir", "--mpi")
+a, check, fails = c.args, c.check, c.fails
 
 
 def write_mmidx(prefix, docs):
@@ -66,5 +56,4 @@ for name, bad in [("beyond_vocab", 70000), ("negative", -5)]:
         if fails:
             print(p.stdout[-3000:])
 
-print(f"{len(fails)} failed")
-sys.exit(1 if fails else 0)
+c.finish()

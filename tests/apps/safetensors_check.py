@@ -9,27 +9,17 @@ numpy (gpt2_numpy_loss.py), computes pretrain_gpt's loss from the exported weigh
 
 safetensors_check.py --gpt BIN --tool HPCT_CKPT --args FILE --workdir DIR
 """
-import argparse
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
 
-ap = argparse.ArgumentParser()
-for k in ("--gpt", "--tool", "--args", "--workdir"):
-    ap.add_argument(k, required=True)
-a = ap.parse_args()
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
-fails = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
 
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        fails.append(msg)
+c = Checks("--gpt", "--tool", "--args", "--workdir")
+a, check, fails = c.args, c.check, c.fails
 
 
 def run(cmd):
@@ -187,5 +177,4 @@ if ref is not None and ours:
     check(abs(ours[0] - ref) <= 1e-5 * abs(ref), "GPT-2's forward (numpy, float64) on the export gives pretrain_gpt's loss (1e-5)")
 else:
     check(False, "pretrain_gpt logged iteration 2's loss")
-print(f"{len(fails)} failed")
-sys.exit(1 if fails else 0)
+c.finish()

@@ -13,26 +13,17 @@ checkpoint of the tiny GPT (10.3 MiB) but not two. Otherwise it prints [  SKIPPE
   collective HDF5 close forever), one error line, no .tmp left behind, `latest` still names the
   first checkpoint, which verifies, and a run resumes from it.
 """
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 
-ap = argparse.ArgumentParser()
-for k in ("--gpt", "--tool", "--args", "--workdir", "--mpi"):
-    ap.add_argument(k, required=True)
-a = ap.parse_args()
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
-fails = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
 
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        fails.append(msg)
+c = Checks("--gpt", "--tool", "--args", "--workdir", "--mpi")
+a, check, fails = c.args, c.check, c.fails
 
 
 def skip(why):
@@ -118,5 +109,4 @@ for mode, env in [("free-space check", {}), ("disk fills during the save", {"HPC
     finally:
         umount(mnt)
 
-print(f"{len(fails)} failed")
-sys.exit(1 if fails else 0)
+c.finish()

@@ -8,7 +8,6 @@ tool users would reach for) or edits the directory, then expects `pretrain_gpt -
 with exit 1 and one error line that names the problem, `hpct_ckpt verify` to exit 1 (it runs every
 check load runs), and nothing already saved to change.
 """
-import argparse
 import hashlib
 import os
 import shutil
@@ -23,21 +22,13 @@ except ImportError:  # Debian's python3-h5py is in the system interpreter (scrip
         os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
     raise
 
-ap = argparse.ArgumentParser()
-for k in ("--gpt", "--tool", "--args", "--workdir"):
-    ap.add_argument(k, required=True)
-a = ap.parse_args()
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
-fails = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
+
+c = Checks("--gpt", "--tool", "--args", "--workdir")
+a, check, fails = c.args, c.check, c.fails
 base = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--micro-batch-size", "2", "--global-batch-size", "2",
         "--log-interval", "1", "--eval-iters", "0", "--num-layers", "2"]
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        fails.append(msg)
 
 
 def run(args, timeout=120):
@@ -189,5 +180,4 @@ check(rows.get(3, {}).get("consumed_samples") == 10 and rows.get(4, {}).get("con
       f"after 4 samples at batch 2, batch 6 logs 10 and 16 consumed samples: {[(k, v.get('consumed_samples')) for k, v in rows.items()]}")
 check("consumed samples:           10" in p.stdout, "the log line says 10 consumed samples at iteration 3")
 
-print(f"{len(fails)} failed")
-sys.exit(1 if fails else 0)
+c.finish()

@@ -30,9 +30,19 @@ void refused(const std::string& header, uint64_t data_bytes, const std::string& 
   }
 }
 
+// Every file a test writes, removed when the process ends.
+struct Cleanup {
+  std::vector<std::string> paths;
+  ~Cleanup() {
+    for (const auto& p : paths) ::unlink(p.c_str());
+  }
+};
+Cleanup g_cleanup;
+
 std::string file_with(const std::string& header, const std::vector<float>& data, uint64_t extra_bytes = 0) {
   static int n = 0;
   std::string path = ::testing::TempDir() + "/st_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + ".safetensors";
+  g_cleanup.paths.push_back(path);
   std::ofstream o(path, std::ios::binary | std::ios::trunc);
   uint64_t hl = header.size();
   o.write(reinterpret_cast<const char*>(&hl), 8);
@@ -117,6 +127,7 @@ TEST(Safetensors, HostileFiles) {
   expect_open_fails("/nonexistent/x.safetensors", "cannot open");
   // Header length beyond the file, and data past what the header accounts for.
   std::string p = ::testing::TempDir() + "/st_short_" + std::to_string(::getpid());
+  g_cleanup.paths.push_back(p);
   {
     std::ofstream o(p, std::ios::binary);
     uint64_t hl = 1000;

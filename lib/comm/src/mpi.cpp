@@ -76,23 +76,22 @@ Communicator Communicator::split(int color, int key) const {
   return Communicator(out, true);
 }
 
-int Communicator::node_local_rank() const {
+namespace {
+// f(the communicator of the ranks of comm that share this rank's node), freed afterwards.
+template <class F>
+int with_node_comm(MPI_Comm comm, int rank, F&& f) {
   MPI_Comm local;
-  HPCT_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-  int r = 0;
-  MPI_Comm_rank(local, &r);
+  HPCT_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+  int v = 0;
+  f(local, &v);
   MPI_Comm_free(&local);
-  return r;
+  return v;
 }
+}  // namespace
 
-int Communicator::node_local_size() const {
-  MPI_Comm local;
-  HPCT_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-  int n = 1;
-  MPI_Comm_size(local, &n);
-  MPI_Comm_free(&local);
-  return n;
-}
+int Communicator::node_local_rank() const { return with_node_comm(comm_, rank_, MPI_Comm_rank); }
+
+int Communicator::node_local_size() const { return with_node_comm(comm_, rank_, MPI_Comm_size); }
 
 void Communicator::barrier() const { HPCT_CHECK_MPI(MPI_Barrier(comm_)); }
 

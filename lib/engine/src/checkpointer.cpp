@@ -25,6 +25,7 @@
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/io/h5_file.hpp"
+#include "hpct/io/safetensors.hpp"  // io::printable_name
 
 namespace hpct::engine {
 
@@ -100,21 +101,6 @@ void write_atomic(const std::string& dir, const std::string& name, const std::st
   if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
     throw file_error(final_path, std::string("cannot rename into place: ") + std::strerror(errno));
   fsync_path(dir, true);
-}
-
-// For messages: control characters (a NUL, a newline) as \xNN.
-std::string printable(const std::string& s) {
-  std::string o;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c != 0x7f) {
-      o += static_cast<char>(c);
-    } else {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      o += b;
-    }
-  }
-  return o;
 }
 
 long long iteration_of(const std::string& name) {
@@ -226,7 +212,7 @@ std::string Checkpointer::resolve(const std::string& path) {
   // `latest` names a file of this directory as the saver writes it (iter_0000050.h5): anything else
   // (a path, "..", a NUL) is refused instead of being joined to the directory.
   if (iteration_of(name) < 0)
-    throw file_error(latest, "names '" + printable(name.substr(0, 80)) + "', which is not a checkpoint file name of this directory (iter_NNNNNNN.h5)",
+    throw file_error(latest, "names '" + io::printable_name(name) + "', which is not a checkpoint file name of this directory (iter_NNNNNNN.h5)",
                      "write the name of a checkpoint in " + path + " into it, or pass a checkpoint file to --load");
   const std::string file = path + "/" + name;
   if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
