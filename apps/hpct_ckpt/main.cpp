@@ -143,10 +143,10 @@ int export_safetensors(const std::string& path, const std::string& out) {
 // A positive dimension of an imported tensor that fits the model's int fields.
 int dim_of(const io::SafetensorsFile& st, const io::SafetensorsTensor& t, size_t axis, const char* what, int64_t max) {
   if (t.shape.size() != 2)
-    throw file_error(st.path(), "tensor " + t.name + " has shape " + io::shape_string(t.shape) + ", GPT-2's is 2-D");
+    throw file_error(st.path(), "tensor " + t.name + " has shape " + shape_string(t.shape) + ", GPT-2's is 2-D");
   const int64_t d = t.shape[axis];
   if (d < 1 || d > max)
-    throw file_error(st.path(), "tensor " + t.name + " has shape " + io::shape_string(t.shape) + ": " + what +
+    throw file_error(st.path(), "tensor " + t.name + " has shape " + shape_string(t.shape) + ": " + what +
                                     " must be 1.." + std::to_string(max));
   return static_cast<int>(d);
 }
@@ -171,7 +171,7 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   mc.vocab_size = dim_of(sf, wte, 0, "the vocabulary", (1 << 30));
   mc.max_seq_length = dim_of(sf, wpe, 0, "the positions", 1 << 24);
   if (wpe.shape[1] != mc.hidden_size)
-    throw file_error(in, "tensor wpe.weight has shape " + io::shape_string(wpe.shape) + ", wte.weight's hidden size is " +
+    throw file_error(in, "tensor wpe.weight has shape " + shape_string(wpe.shape) + ", wte.weight's hidden size is " +
                              std::to_string(mc.hidden_size));
   mc.num_heads = heads > 0 ? heads : std::max(1, mc.hidden_size / 64);
   mc.vocab_multiple = vocab_multiple;
@@ -190,8 +190,8 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
     const auto& t = need(nm.theirs);
     if (t.dtype != "F32") throw file_error(in, "tensor " + nm.theirs + " is " + t.dtype + ", only F32 is read");
     if (t.shape != theirs_of(nm))
-      throw file_error(in, "tensor " + nm.theirs + " has shape " + io::shape_string(t.shape) + ", this model needs " +
-                               io::shape_string(theirs_of(nm)));
+      throw file_error(in, "tensor " + nm.theirs + " has shape " + shape_string(t.shape) + ", this model needs " +
+                               shape_string(theirs_of(nm)));
   }
   std::vector<float> params(layout.numel(), 0.0f), zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
   for (const auto& nm : gpt2_names(layers)) {
@@ -231,12 +231,6 @@ int positive_int(const std::string& flag, const std::string& v) {
   if (v.empty() || *end != '\0' || errno != 0 || x < 1 || x > (1 << 20))
     throw config_error(flag, flag + " expects an integer from 1 to 1048576, got '" + v + "'");
   return static_cast<int>(x);
-}
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
 }
 
 int run(const std::vector<std::string>& args) {
@@ -308,7 +302,7 @@ int run(const std::vector<std::string>& args) {
       state = !stored ? "MISSING" : got == *stored ? "OK" : "FAILED";
       if (state != "OK") failures.push_back(name + ": checksum " + state);
     }
-    table.add_row({name, shape_text(shape), static_cast<int64_t>(n), state});
+    table.add_row({name, shape_string(shape), static_cast<int64_t>(n), state});
     tensors.push_back({{"name", name}, {"shape", shape}, {"elements", n}, {"checksum", state},
                        {"stored_checksum", stored ? nlohmann::json(std::to_string(*stored)) : nlohmann::json(nullptr)},
                        {"offset", f.dataset_file_offset(name)}});

@@ -2,6 +2,7 @@
 #include "hpct/core/error.hpp"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace hpct {
@@ -45,6 +46,21 @@ Error config_error(const std::string& key, const std::string& message, const std
 
 Error file_error(const std::string& file, const std::string& message, const std::string& hint) {
   return Error(message, Error::Context{file, "", hint});
+}
+
+std::string printable(const std::string& s, size_t max_chars) {
+  std::string o;
+  for (size_t i = 0; i < s.size() && i < max_chars; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != 0x7f) {
+      o += static_cast<char>(c);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      o += b;
+    }
+  }
+  return s.size() > max_chars ? o + "..." : o;
 }
 
 void throw_syscall_error(const char* call, const std::string& what, int err, const char* file, int line) {

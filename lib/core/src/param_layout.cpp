@@ -26,4 +26,10 @@ const TensorSpec& ParamLayout::find(const std::string& name) const {
   throw Error("no tensor named '" + name + "' in the model");
 }
 
+std::string shape_string(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
 }  // namespace hpct

@@ -14,12 +14,6 @@ namespace {
 
 const char* kGroupNames[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
@@ -141,12 +135,12 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
     for (const auto& ts : tensors) {
       std::string name = Checkpointer::dataset_name(kGroupNames[g], ts.name);
       if (!f.has_dataset(name))
-        throw file_error(file, "has no tensor " + name + " that this model needs (shape " + shape_text(ts.shape) +
+        throw file_error(file, "has no tensor " + name + " that this model needs (shape " + shape_string(ts.shape) +
                                    "): it was written for another architecture or is damaged");
       auto shp = f.dataset_shape(name);
       if (shp != ts.shape)
-        throw file_error(file, "tensor " + name + " has shape " + shape_text(shp) + " in the checkpoint, this model needs " +
-                                   shape_text(ts.shape) + ": it was written for another architecture or is damaged");
+        throw file_error(file, "tensor " + name + " has shape " + shape_string(shp) + " in the checkpoint, this model needs " +
+                                   shape_string(ts.shape) + ": it was written for another architecture or is damaged");
     }
   auto all = f.list_datasets();
   if (all.size() != 3 * tensors.size()) {

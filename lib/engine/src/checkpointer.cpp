@@ -25,7 +25,6 @@
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/io/h5_file.hpp"
-#include "hpct/io/safetensors.hpp"  // io::printable_name
 
 namespace hpct::engine {
 
@@ -73,19 +72,6 @@ void fsync_path(const std::string& path, bool directory) {
   int err = errno;
   ::close(fd);
   if (rc != 0) throw file_error(path, std::string("fsync failed: ") + std::strerror(err));
-}
-
-void mkdirs(const std::string& dir) {
-  std::string p;
-  std::stringstream ss(dir);
-  std::string part;
-  if (!dir.empty() && dir[0] == '/') p = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    p += part + "/";
-    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
-      throw file_error(dir, std::string("cannot create the checkpoint directory: ") + std::strerror(errno));
-  }
 }
 
 // Writes `text` to dir/name atomically (tmp + fsync + rename + fsync dir).
@@ -212,12 +198,26 @@ std::string Checkpointer::resolve(const std::string& path) {
   // `latest` names a file of this directory as the saver writes it (iter_0000050.h5): anything else
   // (a path, "..", a NUL) is refused instead of being joined to the directory.
   if (iteration_of(name) < 0)
-    throw file_error(latest, "names '" + io::printable_name(name) + "', which is not a checkpoint file name of this directory (iter_NNNNNNN.h5)",
+    throw file_error(latest, "names '" + printable(name) + "', which is not a checkpoint file name of this directory (iter_NNNNNNN.h5)",
                      "write the name of a checkpoint in " + path + " into it, or pass a checkpoint file to --load");
   const std::string file = path + "/" + name;
   if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
     throw file_error(latest, "names checkpoint '" + name + "', which does not exist", "pass a checkpoint file to --load explicitly");
   return file;
+}
+
+void Checkpointer::make_directory(const std::string& dir) {
+  std::string p;
+  std::stringstream ss(dir);
+  std::string part;
+  if (!dir.empty() && dir[0] == '/') p = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    p += part + "/";
+    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
+      throw file_error(dir, "cannot create the checkpoint directory " + p + ": " + std::strerror(errno),
+                       "choose a directory you can write");
+  }
 }
 
 std::string Checkpointer::newest_checkpoint_in(const std::string& dir) {
@@ -255,7 +255,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
   std::string err;
   if (rank == 0) {
     err = comm::error_text_of([&] {
-      mkdirs(dir_);
+      make_directory(dir_);
       for (const auto& n : list_dir(dir_))
         if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp") ::unlink((dir_ + "/" + n).c_str());
       // HDF5 creates the file through whatever the name is: a link that could not be removed

@@ -32,20 +32,6 @@ std::string parent_of(const std::string& file) {
   return slash == 0 ? "/" : file.substr(0, slash);
 }
 
-void mkdirs(const std::string& dir, const char* flag) {
-  std::string p;
-  size_t i = 0;
-  while (i <= dir.size()) {
-    size_t j = dir.find('/', i);
-    if (j == std::string::npos) j = dir.size();
-    p = dir.substr(0, j);
-    if (!p.empty() && ::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
-      throw config_error(flag, std::string(flag) + " " + dir + ": cannot create " + p + ": " + std::strerror(errno),
-                         "choose a directory you can write");
-    i = j + 1;
-  }
-}
-
 void check_file_output(const std::string& file, const char* flag) {
   if (file.empty()) return;
   struct stat st {};
@@ -69,7 +55,11 @@ void check_run_outputs(const TrainConfig& cfg, const std::string& loaded) {
   struct stat st {};
   if (::stat(d.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
     throw config_error("--save", "--save " + d + " is not a directory", "name a directory (checkpoints are iter_NNNNNNN.h5 files in it)");
-  mkdirs(d, "--save");
+  try {
+    Checkpointer::make_directory(d);
+  } catch (const Error& e) {
+    throw config_error("--save", "--save " + d + ": " + e.message(), "choose a directory you can write");
+  }
   if (::access(d.c_str(), W_OK | X_OK) != 0)
     throw config_error("--save", "--save " + d + " cannot be written: " + std::strerror(errno), "choose a directory you can write");
   std::string newest = Checkpointer::newest_checkpoint_in(d);

@@ -15,6 +15,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
+#include "hpct/core/param_layout.hpp"
 
 namespace hpct::io {
 
@@ -59,27 +60,6 @@ void pread_all(int fd, void* buf, uint64_t len, uint64_t off, const std::string&
 
 }  // namespace
 
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
-std::string printable_name(const std::string& s) {
-  std::string o;
-  for (size_t i = 0; i < s.size() && i < 120; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != 0x7f) {
-      o += static_cast<char>(c);
-    } else {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      o += b;
-    }
-  }
-  return s.size() > 120 ? o + "..." : o;
-}
-
 uint64_t SafetensorsTensor::numel() const {
   uint64_t n = 1;
   for (auto d : shape) n *= static_cast<uint64_t>(d);  // checked not to overflow when parsed
@@ -99,17 +79,17 @@ std::vector<SafetensorsTensor> SafetensorsFile::parse_header(const std::string& 
       continue;
     }
     auto bad = [&](const std::string& what) {
-      return file_error(where, "tensor '" + printable_name(name) + "' " + what, "the file is corrupt or not a safetensors file");
+      return file_error(where, "tensor '" + printable(name) + "' " + what, "the file is corrupt or not a safetensors file");
     };
     if (!v.is_object()) throw bad("is not a JSON object with dtype, shape and data_offsets");
     for (auto k = v.begin(); k != v.end(); ++k)
-      if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets") throw bad("has an unknown key '" + printable_name(k.key()) + "'");
+      if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets") throw bad("has an unknown key '" + printable(k.key()) + "'");
     SafetensorsTensor t;
     t.name = name;
     if (!v.contains("dtype") || !v["dtype"].is_string()) throw bad("has no dtype string");
     t.dtype = v["dtype"].get<std::string>();
     const uint64_t esize = dtype_bytes(t.dtype);
-    if (esize == 0) throw bad("has an unknown dtype '" + printable_name(t.dtype) + "'");
+    if (esize == 0) throw bad("has an unknown dtype '" + printable(t.dtype) + "'");
     if (!v.contains("shape") || !v["shape"].is_array()) throw bad("has no shape array");
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
@@ -137,7 +117,7 @@ std::vector<SafetensorsTensor> SafetensorsFile::parse_header(const std::string& 
   uint64_t pos = 0;
   for (const auto* t : by_off) {
     if (t->begin != pos)
-      throw file_error(where, "tensor '" + printable_name(t->name) + "' has data_offsets [" + std::to_string(t->begin) + ", " +
+      throw file_error(where, "tensor '" + printable(t->name) + "' has data_offsets [" + std::to_string(t->begin) + ", " +
                                   std::to_string(t->end) + "]: " + (t->begin < pos ? "they overlap another tensor's" : "they leave a gap before them") +
                                   " (data must follow tensor after tensor)", "the file is corrupt");
     pos = t->end;
@@ -187,14 +167,14 @@ const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape) const {
   const SafetensorsTensor* t = find(name);
-  if (!t) throw file_error(path_, "has no tensor '" + printable_name(name) + "'");
-  if (t->dtype != "F32") throw file_error(path_, "tensor '" + printable_name(name) + "' is " + t->dtype + ", only F32 is read");
+  if (!t) throw file_error(path_, "has no tensor '" + printable(name) + "'");
+  if (t->dtype != "F32") throw file_error(path_, "tensor '" + printable(name) + "' is " + t->dtype + ", only F32 is read");
   if (t->shape != shape)
-    throw file_error(path_, "tensor '" + printable_name(name) + "' has shape " + shape_string(t->shape) + ", this model needs " +
+    throw file_error(path_, "tensor '" + printable(name) + "' has shape " + shape_string(t->shape) + ", this model needs " +
                                 shape_string(shape));
   std::vector<float> x(t->numel());
   static_assert(sizeof(float) == 4);
-  pread_all(*fd_, x.data(), t->end - t->begin, data_start_ + t->begin, path_, "tensor '" + printable_name(name) + "'");
+  pread_all(*fd_, x.data(), t->end - t->begin, data_start_ + t->begin, path_, "tensor '" + printable(name) + "'");
   return x;
 }
 

@@ -52,6 +52,10 @@ class Error : public std::runtime_error {
 Error config_error(const std::string& key, const std::string& message, const std::string& hint = "");
 Error file_error(const std::string& file, const std::string& message, const std::string& hint = "");
 
+/// Text read from a file, made fit for a one-line message: control characters as \xNN, cut at
+/// max_chars with "...".
+std::string printable(const std::string& s, size_t max_chars = 120);
+
 /// Throws hpct::Error with errno text for a failed syscall: "open(path): No such file ... [at file:line]".
 [[noreturn]] void throw_syscall_error(const char* call, const std::string& what, int err, const char* file,
                                       int line);

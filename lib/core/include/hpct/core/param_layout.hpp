@@ -45,4 +45,7 @@ class ParamLayout {
   size_t total_ = 0;
 };
 
+/// "[768, 2304]", for messages.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 }  // namespace hpct

@@ -106,6 +106,8 @@ class Checkpointer {
   /// missing file or anything but a checkpoint file name (iter_NNNNNNN.h5, no path), and for a
   /// directory holding checkpoints without `latest`.
   static std::string resolve(const std::string& path);
+  /// mkdir -p; throws naming the part that cannot be created.
+  static void make_directory(const std::string& dir);
   /// The newest iter_NNNNNNN.h5 in dir (its name), "" if none.
   static std::string newest_checkpoint_in(const std::string& dir);
 

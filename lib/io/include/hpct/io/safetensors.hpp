@@ -48,9 +48,5 @@ class SafetensorsFile {
   std::map<std::string, size_t> index_;
 };
 
-/// "[768, 2304]"
-std::string shape_string(const std::vector<int64_t>& shape);
-/// A name from a file, for a one-line message: control characters as \xNN, cut at 120 characters.
-std::string printable_name(const std::string& s);
 
 }  // namespace hpct::io
