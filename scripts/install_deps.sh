@@ -21,6 +21,7 @@ pkgs=(
   libpcre2-dev                          # GPT-2 pre-tokenizer regex (\p{L}, \p{N}, lookahead)
   libgtest-dev                          # unit tests under CTest
   clang libclang-rt-14-dev              # sanitizer build and libFuzzer targets (scripts/sanitize.sh)
+  e2fsprogs mount                       # the full-disk checkpoint test makes small ext2 loop devices
   slurm-wlm munge shellcheck            # slurm tests: a real Slurm on localhost; template linting
   environment-modules                   # modules tests (Lmod is unpacked from its .deb: it conflicts)
   lua5.3 lua-posix lua-filesystem lua-term lua-json tcl   # run-time dependencies of that Lmod
