@@ -112,6 +112,24 @@ void Communicator::allreduce_sum(double* data, size_t n) const {
   if (size_ > 1) allreduce_chunked(comm_, data, n, MPI_DOUBLE);
 }
 
+void Communicator::alltoall(const int* send, int* recv, int n) const {
+  HPCT_CHECK_MPI(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, comm_));
+}
+
+void Communicator::alltoallv_rows(const float* send, const std::vector<int>& send_rows, float* recv,
+                                  const std::vector<int>& recv_rows, int width) const {
+  std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+  long long so = 0, ro = 0;
+  for (int i = 0; i < size_; ++i) {
+    const long long s = (long long)send_rows[i] * width, r = (long long)recv_rows[i] * width;
+    if (so + s > INT_MAX || ro + r > INT_MAX)
+      throw Error("alltoallv_rows: more than 2^31 elements in one exchange; use smaller micro-batches");
+    sc[i] = (int)s, sd[i] = (int)so, rc[i] = (int)r, rd[i] = (int)ro;
+    so += s, ro += r;
+  }
+  HPCT_CHECK_MPI(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, comm_));
+}
+
 double Communicator::allreduce_max(double v) const {
   HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm_));
   return v;

@@ -163,8 +163,7 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   if (want > have + 36)
     throw file_error(file, "holds " + std::to_string(have) + " tensors, its architecture (" + std::to_string(cfg->num_layers) +
                                " layers) needs " + std::to_string(want) + ": the checkpoint is damaged");
-  model::Gpt gpt(*cfg, kernels::Precision::fp32, false);
-  check_tensor_set(f, gpt.layout(), file);
+  check_tensor_set(f, model::Gpt::layout_for(*cfg), file);
   return r;
 }
 
@@ -184,6 +183,21 @@ model::GptConfig gpt_config_of(const nlohmann::json& a, const std::string& file)
   c.max_seq_length = field("seq_length");
   c.vocab_size = field("padded_vocab_size");
   c.vocab_multiple = 1;
+  if (a.contains("num_experts")) {  // an MoE model (dense checkpoints carry no MoE keys)
+    const auto& ne = a["num_experts"];
+    if (!ne.is_array() || ne.empty() || ne.size() > 100000)
+      throw file_error(file, "has no valid architecture.num_experts (a list of counts): the checkpoint is damaged");
+    for (const auto& v : ne) {
+      if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > 1000000)
+        throw file_error(file, "has an invalid expert count in architecture.num_experts: the checkpoint is damaged");
+      c.moe.num_experts.push_back(static_cast<int>(v.get<long long>()));
+    }
+    c.moe.expert_interval = field("expert_interval");
+    c.moe.topk = field("topk");
+    if (!a.contains("mlp_type") || !a["mlp_type"].is_string())
+      throw file_error(file, "has no valid architecture.mlp_type: the checkpoint is damaged");
+    c.moe.residual = a["mlp_type"] == "residual";
+  }
   try {
     c.validate();
   } catch (const Error& e) {

@@ -67,7 +67,17 @@ struct FlagSpec {
   bool takes_value;
   std::function<void(TrainConfig&, const std::string&)> apply;
   const char* help;
+  bool many = false;  // takes every following value up to the next flag (argparse nargs='+'), space-joined
 };
+
+std::vector<int> to_i32_list(const char* flag, const std::string& v) {
+  std::vector<int> out;
+  std::istringstream is(v);
+  std::string tok;
+  while (is >> tok) out.push_back(to_i32(flag, tok, 1));
+  if (out.empty()) throw config_error(flag, std::string(flag) + " needs at least one value");
+  return out;
+}
 
 const std::map<std::string, FlagSpec>& flag_table() {
   static const std::map<std::string, FlagSpec> t = {
@@ -102,6 +112,22 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--checkpoint-activations", {false, [](TrainConfig& c, const std::string&) { c.recompute_activations = true; }, "recompute each layer in backward"}},
       {"--device", {true, [](TrainConfig& c, const std::string& v) { c.device = v; }, "cpu (default) or cuda: the model on the node-local GPU, ZeRO states and the optimizer step on the host (ZeRO-Offload; needs offload_optimizer.device cpu or nvme)"}},
       {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero.stage = to_i32("--zero-stage", v); }, "ZeRO stage: 0 replicated, 1 optimizer states, 2 + gradients, 3 + parameters partitioned"}},
+      // Mixture of experts (Megatron-DeepSpeed's flags; docs/moe.md)
+      {"--num-experts", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.num_experts = to_i32_list("--num-experts", v); }, "experts per MoE layer: one count, or one per MoE layer (PR-MoE pyramid); 1 = dense", true}},
+      {"--expert-interval", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.expert_interval = to_i32("--expert-interval", v, 1); }, "MoE on every N-th layer (default 2: layers 2, 4, ...)"}},
+      {"--topk", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.topk = to_i32("--topk", v); }, "experts per token: 1 or 2"}},
+      {"--mlp-type", {true, [](TrainConfig& c, const std::string& v) { if (v != "standard" && v != "residual") throw config_error("--mlp-type", "--mlp-type must be standard or residual, got '" + printable(v) + "'"); c.model.moe.residual = v == "residual"; }, "standard | residual (Residual-MoE: a dense MLP beside the experts)"}},
+      {"--moe-expert-parallel-size", {true, [](TrainConfig& c, const std::string& v) { c.moe_ep = to_i32("--moe-expert-parallel-size", v, 1); }, "ranks that split each MoE layer's experts (tokens move by all-to-all)"}},
+      {"--moe-train-capacity-factor", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.train_capacity_factor = to_double("--moe-train-capacity-factor", v); }, "expert capacity factor in training (default 1.0)"}},
+      {"--moe-eval-capacity-factor", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.eval_capacity_factor = to_double("--moe-eval-capacity-factor", v); }, "expert capacity factor in evaluation (default 1.0)"}},
+      {"--moe-min-capacity", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.min_capacity = to_i32("--moe-min-capacity", v); }, "at least this many slots per expert (default 4)"}},
+      {"--moe-loss-coeff", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.loss_coeff = to_double("--moe-loss-coeff", v); }, "weight of the load-balancing loss (default 0.1)"}},
+      {"--moe-z-loss-coeff", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.z_loss_coeff = to_double("--moe-z-loss-coeff", v); }, "weight of the router z-loss (default 0: off; DeepSpeed has none)"}},
+      {"--moe-noisy-gate-policy", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.noisy_gate_policy = v; }, "None | Jitter | RSample (training only)"}},
+      {"--disable-moe-token-dropping", {false, [](TrainConfig& c, const std::string&) { c.model.moe.drop_tokens = false; }, "no capacity limit: capacity = the largest expert load over the expert-parallel group"}},
+      {"--disable-moe-top2-2nd-expert-sampling", {false, [](TrainConfig& c, const std::string&) { c.model.moe.second_expert_sampling = false; }, "top-2: the second expert is the second-largest logit"}},
+      {"--disable-moe-rts", {false, [](TrainConfig& c, const std::string&) { c.model.moe.use_rts = false; }, "top-1: drop over-capacity tokens by position instead of Random Token Selection"}},
+      {"--create-moe-param-group", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts (expert parameters always form their own ZeRO group)"}},
       {"--data-path", {true, [](TrainConfig& c, const std::string& v) { c.data_path.push_back(v); }, "indexed dataset prefix (.bin/.idx)"}},
       {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
@@ -188,6 +214,7 @@ bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg) {
     if (it->second.takes_value && !has_inline) {
       if (i + 1 >= args.size()) throw config_error(a, a + " needs a value");
       value = args[++i];
+      while (it->second.many && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) value += " " + args[++i];
     }
     it->second.apply(cfg, value);
     given.push_back(a);
@@ -445,6 +472,16 @@ void TrainConfig::finalize(int dp) {
   if (save_interval > 0 && save_dir.empty()) throw config_error("--save-interval", "--save-interval needs --save DIR");
   if (exit_interval < 0) throw config_error("--exit-interval", "--exit-interval must be >= 0");
   if (keep_last < 0) throw config_error("--keep-last", "--keep-last must be >= 0");
+  if (moe_ep < 1) throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size must be at least 1");
+  if (moe_ep > 1 && !model.moe.enabled(model.num_layers))
+    throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size " + std::to_string(moe_ep) + " needs MoE layers",
+                       "give --num-experts");
+  for (int l = 0; l < model.num_layers; ++l)
+    if (int e = model.moe.experts_of(l, model.num_layers); e > 0 && e % moe_ep != 0)
+      throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size " + std::to_string(moe_ep) +
+                                                           " does not divide the " + std::to_string(e) + " experts of layer " +
+                                                           std::to_string(l + 1),
+                         "choose an expert-parallel size that divides every --num-experts entry");
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
   if (device != "cpu" && device != "cuda") throw config_error("--device", "'" + device + "' is not a device: use cpu or cuda");
@@ -506,7 +543,21 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"save_interval", c.save_interval},
           {"keep_last", c.keep_last},
           {"async_save", c.async_save},
-          {"deepspeed_config", c.ds_config_path}};
+          {"deepspeed_config", c.ds_config_path},
+          {"moe", {{"num_experts", c.model.moe.num_experts},
+                   {"expert_interval", c.model.moe.expert_interval},
+                   {"topk", c.model.moe.topk},
+                   {"mlp_type", c.model.moe.residual ? "residual" : "standard"},
+                   {"expert_parallel_size", c.moe_ep},
+                   {"train_capacity_factor", c.model.moe.train_capacity_factor},
+                   {"eval_capacity_factor", c.model.moe.eval_capacity_factor},
+                   {"min_capacity", c.model.moe.min_capacity},
+                   {"token_dropping", c.model.moe.drop_tokens},
+                   {"rts", c.model.moe.use_rts},
+                   {"top2_2nd_expert_sampling", c.model.moe.second_expert_sampling},
+                   {"noisy_gate_policy", c.model.moe.noisy_gate_policy},
+                   {"loss_coeff", c.model.moe.loss_coeff},
+                   {"z_loss_coeff", c.model.moe.z_loss_coeff}}}};
 }
 
 }  // namespace hpct::engine

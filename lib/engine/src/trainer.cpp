@@ -27,6 +27,7 @@
 #include "hpct/core/timer.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/moe_stats.hpp"
 
 namespace hpct::engine {
 
@@ -38,8 +39,21 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(c
     const int local = world.node_local_rank();
     comm::throw_if_any(world, comm::error_text_of([&] { ops_ = kernels::cuda_ops(local); }));
   }
-  model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get());
-  zero_ = std::make_unique<parallel::ZeroEngine>(model_->layout(), cfg_.zero, grid_.dp(), compute_precision());
+  const int ep = grid_.ep().size();
+  model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get(),
+                                        ep > 1 ? &grid_.ep() : nullptr);
+  // Dense blocks are reduced over the dense data-parallel group; this rank's experts over the ranks
+  // that hold the same experts. A dense model has one group: one engine over the whole layout.
+  const ParamLayout& schema = model_->layout();
+  std::vector<parallel::StoreGroup> groups;
+  groups.push_back({ReduceGroup::dense, schema.blocks_of(ReduceGroup::dense), &grid_.dp(), ""});
+  std::vector<int> experts;
+  for (int b : model_->held_blocks())
+    if (schema.blocks()[b].group == ReduceGroup::expert) experts.push_back(b);
+  if (!experts.empty())
+    groups.push_back({ReduceGroup::expert, experts, &grid_.expert_dp(),
+                      "zero.expert.ep" + std::to_string(grid_.ep().rank()) + ".dp" + std::to_string(grid_.expert_dp().rank())});
+  zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(), &grid_.ep());
   if (ops_ || cfg_.via_device_store)
     device_store_ = std::make_unique<parallel::DeviceStore>(
         *zero_, model_->layout(), model_->ops(), /*cache_params=*/cfg_.zero.stage <= 2,
@@ -113,13 +127,20 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   for (int m = 0; m < cfg_.grad_accum; ++m) {
     // Sample order is a function of (iteration, micro-step, dp rank) only: N ranks with k micro-steps
     // see exactly the samples one rank sees with N*k micro-steps.
-    load_micro_batch(data, sample_base_ + iteration * GB + ((long long)m * dp + r) * mb);
+    const long long first = sample_base_ + iteration * GB + ((long long)m * dp + r) * mb;
+    load_micro_batch(data, first);
     zero_->begin_micro_step(m == cfg_.grad_accum - 1);
+    model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x726f757465));
     loss_sum += model_->forward_backward(store(), tokens_.data(), targets_.data(), mb, T, dloss);
     zero_->end_micro_step();
   }
   grid_.dp().allreduce_sum(&loss_sum, 1);
   rec.lm_loss = loss_sum / (double(GB) * T);
+  if (cfg_.model.moe.enabled(cfg_.model.num_layers)) {
+    MoeStepStats ms = gather_moe_stats(*model_, grid_.dp());
+    rec.moe_loss = ms.moe_loss;
+    rec.moe_layers = std::move(ms.layers);
+  }
   rec.loss_scale = scale;
 
   double sumsq = zero_->grad_sumsq();
@@ -162,7 +183,9 @@ double Trainer::evaluate(const io::TokenDataset& data) {
   double sums[2] = {0, 0};  // loss sum, token count
   for (int e = 0; e < cfg_.eval_iters; ++e) {
     for (int m = 0; m < cfg_.grad_accum; ++m) {
-      load_micro_batch(data, e * GB + ((long long)m * dp + r) * mb);
+      const long long first = e * GB + ((long long)m * dp + r) * mb;
+      load_micro_batch(data, first);
+      model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x6576616c));
       sums[0] += model_->forward_loss(store, tokens_.data(), targets_.data(), mb, T);
       sums[1] += (double)mb * T;
     }
@@ -174,7 +197,8 @@ double Trainer::evaluate(const io::TokenDataset& data) {
 std::string format_log_line(long long iteration, long long train_iters, long long consumed_samples,
                             long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
-                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank) {
+                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
+                            double moe_loss) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
@@ -183,7 +207,14 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                 "tokens per second: %.1f | tokens per gpu per second (tgs): %.1f | TFLOPs: %.2f |",
                 iteration, train_iters, consumed_samples, consumed_tokens, ms_per_iter, lr, global_batch, loss,
                 loss_scale, grad_norm, skipped, nan_iters, tokens_per_sec, tokens_per_sec_per_rank, tflops_per_rank);
-  return buf;
+  std::string line = buf;
+  if (std::isfinite(moe_loss)) {  // Megatron-DeepSpeed puts it right after the lm loss
+    char m[64];
+    std::snprintf(m, sizeof m, " moe loss: %.6E |", moe_loss);
+    const size_t at = line.find(" loss scale:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  return line;
 }
 
 namespace {
@@ -223,6 +254,12 @@ CheckpointMeta Trainer::checkpoint_meta() const {
                     {"num_attention_heads", mc.num_heads},
                     {"seq_length", mc.max_seq_length},
                     {"padded_vocab_size", mc.padded_vocab()}};
+  if (mc.moe.enabled(mc.num_layers)) {
+    m.architecture["num_experts"] = mc.moe.num_experts;
+    m.architecture["expert_interval"] = mc.moe.expert_interval;
+    m.architecture["topk"] = mc.moe.topk;
+    m.architecture["mlp_type"] = mc.moe.residual ? "residual" : "standard";
+  }
   m.tokenizer = cfg_.mock_data ? "mock (vocab " + std::to_string(mc.vocab_size) + ")"
                                 : "gpt2-bpe vocab:fnv1a64:" + file_fingerprint(cfg_.vocab_file) +
                                       " merges:fnv1a64:" + file_fingerprint(cfg_.merge_file);
@@ -263,7 +300,7 @@ struct Trainer::AsyncSave {
 };
 
 void Trainer::map_staging() {
-  const size_t bytes = 3 * zero_->shards().local_numel() * sizeof(float);
+  const size_t bytes = 3 * zero_->local_numel() * sizeof(float);
   if (staging_ || bytes == 0) return;
   void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (mem == MAP_FAILED)
@@ -482,7 +519,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         const long long consumed = sample_base_ + (it + 1) * cfg_.global_batch;
         std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed * (long long)T, secs * 1e3, rec.learning_rate,
                                      cfg_.global_batch, loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
-                                     tps / world, tflops)
+                                     tps / world, tflops, rec.moe_loss)
                   << std::endl;
         if (metrics) {
           nlohmann::json j = {{"type", "train"},
@@ -500,6 +537,11 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                               {"tokens_per_second", tps},
                               {"tokens_per_second_per_rank", tps / world},
                               {"tflops_per_rank", tflops}};
+          if (std::isfinite(rec.moe_loss)) {
+            j["moe_loss"] = rec.moe_loss;
+            j["moe_layers"] = rec.moe_layers;
+            j["alltoall_bytes_per_rank"] = model_->alltoall_bytes();
+          }
           metrics << j.dump() << "\n" << std::flush;
         }
       }

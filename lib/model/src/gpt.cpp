@@ -7,6 +7,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
+#include "gpt_acts.hpp"
 
 namespace hpct::model {
 
@@ -31,6 +32,36 @@ void GptConfig::validate() const {
                                                     " is not divisible by --num-attention-heads " +
                                                     std::to_string(num_heads));
   if (!(init_std > 0)) throw config_error("--init-method-std", "--init-method-std must be positive");
+  const auto& m = moe;
+  if (m.expert_interval < 1)
+    throw config_error("--expert-interval", "--expert-interval must be at least 1, got " + std::to_string(m.expert_interval));
+  for (int e : m.num_experts)
+    if (e < 1) throw config_error("--num-experts", "--num-experts entries must be at least 1, got " + std::to_string(e));
+  const int nmoe = m.moe_layers(num_layers);
+  if (m.num_experts.size() > 1 && static_cast<int>(m.num_experts.size()) != nmoe)
+    throw config_error("--num-experts", "--num-experts lists " + std::to_string(m.num_experts.size()) +
+                                            " counts but the model has " + std::to_string(nmoe) + " MoE layers (--num-layers " +
+                                            std::to_string(num_layers) + " / --expert-interval " +
+                                            std::to_string(m.expert_interval) + ")",
+                       "give one count for every MoE layer, or a single count for all");
+  if (!m.enabled(num_layers)) return;
+  if (m.topk < 1 || m.topk > 2) throw config_error("--topk", "--topk must be 1 or 2, got " + std::to_string(m.topk));
+  for (int l = 0; l < num_layers; ++l)
+    if (int e = m.experts_of(l, num_layers); e > 0 && m.topk > e)
+      throw config_error("--topk", "--topk " + std::to_string(m.topk) + " exceeds the " + std::to_string(e) +
+                                       " experts of layer " + std::to_string(l + 1));
+  if (!(m.train_capacity_factor > 0) || !std::isfinite(m.train_capacity_factor))
+    throw config_error("--moe-train-capacity-factor", "--moe-train-capacity-factor must be positive");
+  if (!(m.eval_capacity_factor > 0) || !std::isfinite(m.eval_capacity_factor))
+    throw config_error("--moe-eval-capacity-factor", "--moe-eval-capacity-factor must be positive");
+  if (m.min_capacity < 0) throw config_error("--moe-min-capacity", "--moe-min-capacity must not be negative");
+  if (m.noisy_gate_policy != "None" && m.noisy_gate_policy != "Jitter" && m.noisy_gate_policy != "RSample")
+    throw config_error("--moe-noisy-gate-policy", "--moe-noisy-gate-policy must be None, Jitter or RSample, got '" +
+                                                      printable(m.noisy_gate_policy) + "'");
+  if (!(m.loss_coeff >= 0) || !std::isfinite(m.loss_coeff))
+    throw config_error("--moe-loss-coeff", "--moe-loss-coeff must be a non-negative number");
+  if (!(m.z_loss_coeff >= 0) || !std::isfinite(m.z_loss_coeff))
+    throw config_error("--moe-z-loss-coeff", "--moe-z-loss-coeff must be a non-negative number");
 }
 
 std::string GptConfig::describe() const {
@@ -39,61 +70,39 @@ std::string GptConfig::describe() const {
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")";
 }
 
-// One layer's saved activations. With recompute there is one set, refilled per layer in backward.
-struct Gpt::LayerActs {
-  float* ln1;       // (N, C)
-  float* ln1_mean;  // (N)
-  float* ln1_rstd;  // (N)
-  float* qkv;       // (N, 3C)
-  float* att;       // (B, NH, T, T)
-  float* atty;      // (N, C)
-  float* res2;      // (N, C) residual after attention
-  float* ln2;       // (N, C)
-  float* ln2_mean;  // (N)
-  float* ln2_rstd;  // (N)
-  float* fch;       // (N, 4C)
-  float* fch_gelu;  // (N, 4C)
-};
-
-struct Gpt::Workspace {
-  int B = 0, T = 0;
-  kernels::BackendBuffer mem;  // every float buffer below, in the backend's memory
-  std::vector<LayerActs> acts;
-  float* res = nullptr;       // (L+1, N, C) layer inputs; res[L] is the last layer's output
-  float* lnf = nullptr;       // (N, C)
-  float* lnf_mean = nullptr;  // (N)
-  float* lnf_rstd = nullptr;  // (N)
-  float* dres = nullptr;      // (N, C)
-  float* dln = nullptr;       // (N, C) scratch for dln1 / dln2 / datty / dlnf
-  float* datty = nullptr;     // (N, C)
-  float* dqkv = nullptr;      // (N, 3C)
-  float* dfch = nullptr;      // (N, 4C)
-  float* dfch_gelu = nullptr; // (N, 4C)
-  float* logits = nullptr;    // (kHeadRows, Vp)
-  float* losses = nullptr;    // (N), in the backend's memory
-  std::vector<float> host_losses;       // (N): the losses read back, on a device backend
-  kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend
-};
-
 // Rows of the LM head processed at once: bounds the (rows, Vp) logits buffer (51 MB at
 // Vp = 50304) instead of materialising (N, Vp), which is the largest tensor of a small GPT.
 static constexpr int kHeadRows = 256;
 
-Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::OpsBackend* ops)
-    : cfg_(cfg), precision_(precision), recompute_(recompute) {
-  cfg_.validate();
-  if (!ops) own_ops_ = kernels::cpu_ops();
-  ops_ = ops ? ops : own_ops_.get();
-  const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab(), T = cfg_.max_seq_length;
-  layout_.begin_block("embedding");
-  wte_ = layout_.add("embedding.word_embeddings.weight", {Vp, C}, true).offset;
-  wpe_ = layout_.add("embedding.position_embeddings.weight", {T, C}, true).offset;
-  for (int l = 0; l < cfg_.num_layers; ++l) {
+int MoeConfig::experts_of(int layer, int num_layers) const {
+  if (num_experts.empty() || expert_interval <= 0) return 0;
+  const int n = layer + 1;  // Megatron-DeepSpeed numbers layers from 1
+  if (n % expert_interval != 0) return 0;
+  const int i = num_experts.size() == 1 ? 0 : (n - 1) / expert_interval;
+  if (i >= static_cast<int>(num_experts.size())) return 0;
+  return num_experts[i] > 1 ? num_experts[i] : 0;
+}
+
+bool MoeConfig::enabled(int num_layers) const {
+  for (int l = 0; l < num_layers; ++l)
+    if (experts_of(l, num_layers) > 0) return true;
+  return false;
+}
+
+void Gpt::build_layout(const GptConfig& cfg, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte, size_t* wpe,
+                       size_t* lnfw, size_t* lnfb) {
+  const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.max_seq_length;
+  layout.begin_block("embedding");
+  *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true).offset;
+  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true).offset;
+  int moe_index = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) {
     std::string p = "layers." + std::to_string(l) + ".";
-    layout_.begin_block("layers." + std::to_string(l));
-    size_t base = layout_.numel();
-    auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd) { return layout_.add(p + n, std::move(s), wd).offset - base; };
-    LayerOffsets o;
+    layout.begin_block("layers." + std::to_string(l));
+    Block o;
+    o.block = static_cast<int>(layout.blocks().size()) - 1;
+    size_t base = layout.numel();
+    auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd) { return layout.add(p + n, std::move(s), wd).offset - base; };
     o.ln1w = rel("input_layernorm.weight", {C}, false);
     o.ln1b = rel("input_layernorm.bias", {C}, false);
     o.qkvw = rel("attention.query_key_value.weight", {3 * C, C}, true);
@@ -102,16 +111,81 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
     o.projb = rel("attention.dense.bias", {C}, false);
     o.ln2w = rel("post_attention_layernorm.weight", {C}, false);
     o.ln2b = rel("post_attention_layernorm.bias", {C}, false);
-    o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true);
-    o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false);
-    o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true);
-    o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false);
-    lo_ = o;  // identical for every layer
+    o.experts = cfg.moe.experts_of(l, cfg.num_layers);
+    if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false);  // DeepSpeed's wg: no bias
+    if (o.experts == 0 || cfg.moe.residual) {
+      o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true);
+      o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false);
+      o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true);
+      o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false);
+    }
+    if (o.experts > 0 && cfg.moe.residual) {
+      o.coefw = rel("mlp.coefficient.weight", {2, C}, true);
+      o.coefb = rel("mlp.coefficient.bias", {2}, false);
+    }
+    if (o.experts > 0) {
+      o.moe_index = moe_index++;
+      for (int e = 0; e < o.experts; ++e) {
+        // Every expert block has the same internal offsets as the dense MLP's tensors would alone.
+        std::string ep = p + "mlp.experts." + std::to_string(e);
+        layout.begin_block(ep, ReduceGroup::expert);
+        o.expert_blocks.push_back(static_cast<int>(layout.blocks().size()) - 1);
+        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true);
+        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false);
+        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true);
+        layout.add(ep + ".dense_4h_to_h.bias", {C}, false);
+      }
+    }
+    if (blocks) blocks->push_back(std::move(o));
   }
-  layout_.begin_block("final_norm");
-  size_t base = layout_.numel();
-  lnfw_ = layout_.add("final_layernorm.weight", {C}, false).offset - base;
-  lnfb_ = layout_.add("final_layernorm.bias", {C}, false).offset - base;
+  layout.begin_block("final_norm");
+  size_t base = layout.numel();
+  *lnfw = layout.add("final_layernorm.weight", {C}, false).offset - base;
+  *lnfb = layout.add("final_layernorm.bias", {C}, false).offset - base;
+}
+
+ParamLayout Gpt::layout_for(const GptConfig& cfg) {
+  cfg.validate();
+  ParamLayout layout;
+  size_t a, b, c, d;
+  build_layout(cfg, layout, nullptr, &a, &b, &c, &d);
+  return layout;
+}
+
+Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::OpsBackend* ops,
+         const comm::Communicator* ep)
+    : cfg_(cfg), precision_(precision), recompute_(recompute), ep_(ep) {
+  cfg_.validate();
+  if (!ops) own_ops_ = kernels::cpu_ops();
+  ops_ = ops ? ops : own_ops_.get();
+  if (ep_) ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
+  build_layout(cfg_, layout_, &blocks_, &wte_, &wpe_, &lnfw_, &lnfb_);
+  final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
+  const size_t C = cfg_.hidden_size;
+  ex_ = ExpertOffsets{0, 4 * C * C, 4 * C * C + 4 * C, 8 * C * C + 4 * C};
+  for (const auto& o : blocks_) {
+    if (o.experts == 0) continue;
+    if (o.experts % ep_size_ != 0)
+      throw config_error("--moe-expert-parallel-size",
+                         "layer " + std::to_string(o.block) + "'s " + std::to_string(o.experts) +
+                             " experts are not divisible by --moe-expert-parallel-size " + std::to_string(ep_size_),
+                         "choose an expert-parallel size that divides every --num-experts entry");
+    if (!ops_->host_memory())
+      throw config_error("--device", "MoE layers run on the CPU backend only in this version (--device " + ops_->name() + ")",
+                         "train MoE models with --device cpu");
+  }
+}
+
+std::vector<int> Gpt::held_blocks() const {
+  std::vector<int> held;
+  for (size_t b = 0; b < layout_.blocks().size(); ++b) {
+    bool mine = true;
+    for (const auto& o : blocks_)
+      for (size_t e = 0; e < o.expert_blocks.size(); ++e)
+        if (o.expert_blocks[e] == static_cast<int>(b)) mine = static_cast<int>(e) / (o.experts / ep_size_) == ep_rank_;
+    if (mine) held.push_back(static_cast<int>(b));
+  }
+  return held;
 }
 
 Gpt::~Gpt() = default;
@@ -228,46 +302,73 @@ double Gpt::flops_per_iteration(long long B, long long T) const {
   // recompute forward (x4 in all); without recompute the same model FLOPs are 3/4 of it.
   const double l = cfg_.num_layers, h = cfg_.hidden_size, s = (double)T, V = cfg_.padded_vocab();
   double f = 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+  // MoE: a token runs k expert MLPs (and the dense one beside them in a residual MoE) where a dense
+  // layer runs one; each MLP is 16h^2 of the layer's 24h^2 per token. Router and combine omitted.
+  for (const auto& o : blocks_)
+    if (o.experts > 0) f += 64.0 * B * s * h * h * (cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0));
   return recompute_ ? f : f * 0.75;
 }
 
-void Gpt::layer_forward(int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T) {
+void Gpt::mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
+                      float* fch, float* fch_gelu, float* out, int rows) {
+  const int C = cfg_.hidden_size;
+  ops_->matmul_forward(fch, x, fcw, fcb, rows, C, 4 * C, precision_);
+  ops_->gelu_forward(fch_gelu, fch, (size_t)rows * 4 * C);
+  ops_->matmul_forward(out, fch_gelu, projw, projb, rows, 4 * C, C, precision_);
+}
+
+// dx is ACCUMULATED (zero it first for an overwrite); the weight gradients too.
+void Gpt::mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
+                       const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
+                       float* dfch, float* dfch_gelu) {
+  const int C = cfg_.hidden_size;
+  const size_t n4 = (size_t)rows * 4 * C;
+  ops_->zero(dfch_gelu, n4 * sizeof(float));
+  ops_->matmul_backward(dfch_gelu, dprojw, dprojb, dout, fch_gelu, projw, rows, 4 * C, C, precision_);
+  ops_->zero(dfch, n4 * sizeof(float));
+  ops_->gelu_backward(dfch, fch, dfch_gelu, n4);
+  ops_->matmul_backward(dx, dfcw, dfcb, dfch, x, fcw, rows, C, 4 * C, precision_);
+}
+
+void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
+                        int T) {
   const int N = B * T, C = cfg_.hidden_size, NH = cfg_.num_heads;
-  ops_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, lp + lo_.ln1w, lp + lo_.ln1b, N, C);
-  ops_->matmul_forward(a.qkv, a.ln1, lp + lo_.qkvw, lp + lo_.qkvb, N, C, 3 * C, precision_);
+  const Block& o = blocks_[l];
+  ops_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, lp + o.ln1w, lp + o.ln1b, N, C);
+  ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * C, precision_);
   ops_->attention_forward(a.atty, a.att, a.qkv, B, T, C, NH, precision_);
-  ops_->matmul_forward(a.res2, a.atty, lp + lo_.projw, lp + lo_.projb, N, C, C, precision_);
+  ops_->matmul_forward(a.res2, a.atty, lp + o.projw, lp + o.projb, N, C, C, precision_);
   ops_->residual_forward(a.res2, in, a.res2, (size_t)N * C);
-  ops_->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, lp + lo_.ln2w, lp + lo_.ln2b, N, C);
-  ops_->matmul_forward(a.fch, a.ln2, lp + lo_.fcw, lp + lo_.fcb, N, C, 4 * C, precision_);
-  ops_->gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
-  ops_->matmul_forward(out, a.fch_gelu, lp + lo_.fcprojw, lp + lo_.fcprojb, N, 4 * C, C, precision_);
+  ops_->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, lp + o.ln2w, lp + o.ln2b, N, C);
+  if (o.experts == 0)
+    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, lp + o.fcprojb, a.ln2, a.fch, a.fch_gelu, out, N);
+  else
+    moe_forward(store, l, lp, a, out, N);
   ops_->residual_forward(out, a.res2, out, (size_t)N * C);
 }
 
 // dres holds d(loss)/d(layer output) on entry and d(loss)/d(layer input) on return.
-void Gpt::layer_backward(int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres, int B, int T) {
+void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
+                         float* dres, int B, int T) {
   const int N = B * T, C = cfg_.hidden_size, NH = cfg_.num_heads;
+  const Block& o = blocks_[l];
   Workspace& w = *ws_;
   const size_t NC = (size_t)N * C;
-  ops_->zero(w.dfch_gelu, NC * 4 * sizeof(float));
-  ops_->matmul_backward(w.dfch_gelu, lg + lo_.fcprojw, lg + lo_.fcprojb, dres, a.fch_gelu, lp + lo_.fcprojw, N,
-                           4 * C, C, precision_);
-  ops_->zero(w.dfch, NC * 4 * sizeof(float));
-  ops_->gelu_backward(w.dfch, a.fch, w.dfch_gelu, NC * 4);
   ops_->zero(w.dln, NC * sizeof(float));
-  ops_->matmul_backward(w.dln, lg + lo_.fcw, lg + lo_.fcb, w.dfch, a.ln2, lp + lo_.fcw, N, C, 4 * C, precision_);
+  if (o.experts == 0)
+    mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, a.ln2, a.fch,
+                 a.fch_gelu, dres, w.dln, N, w.dfch, w.dfch_gelu);
+  else
+    moe_backward(store, l, lp, lg, a, dres, w.dln, N);
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
-  ops_->layernorm_backward(dres, lg + lo_.ln2w, lg + lo_.ln2b, w.dln, a.res2, lp + lo_.ln2w, a.ln2_mean, a.ln2_rstd,
-                              N, C);
+  ops_->layernorm_backward(dres, lg + o.ln2w, lg + o.ln2b, w.dln, a.res2, lp + o.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
   ops_->zero(w.datty, NC * sizeof(float));
-  ops_->matmul_backward(w.datty, lg + lo_.projw, lg + lo_.projb, dres, a.atty, lp + lo_.projw, N, C, C, precision_);
+  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, dres, a.atty, lp + o.projw, N, C, C, precision_);
   ops_->zero(w.dqkv, NC * 3 * sizeof(float));
   ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, C, NH, precision_);
   ops_->zero(w.dln, NC * sizeof(float));
-  ops_->matmul_backward(w.dln, lg + lo_.qkvw, lg + lo_.qkvb, w.dqkv, a.ln1, lp + lo_.qkvw, N, C, 3 * C, precision_);
-  ops_->layernorm_backward(dres, lg + lo_.ln1w, lg + lo_.ln1b, w.dln, in, lp + lo_.ln1w, a.ln1_mean, a.ln1_rstd, N,
-                              C);
+  ops_->matmul_backward(w.dln, lg + o.qkvw, lg + o.qkvb, w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * C, precision_);
+  ops_->layernorm_backward(dres, lg + o.ln1w, lg + o.ln1b, w.dln, in, lp + o.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
 }
 
 // Final norm + tied LM head + loss, chunked over rows. With backward, also writes d(x) into dx
@@ -311,8 +412,9 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const float* ep = store.params(0);
   ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
   for (int l = 0; l < cfg_.num_layers; ++l) {
-    layer_forward(l, store.params(l + 1), w.acts[keep_acts ? l : 0], w.res + l * NC, w.res + (l + 1) * NC, B, T);
-    store.release(l + 1);
+    const int b = blocks_[l].block;
+    layer_forward(store, l, store.params(b), w.acts[keep_acts ? l : 0], w.res + l * NC, w.res + (l + 1) * NC, B, T);
+    store.release(b);
   }
   return ep;
 }
@@ -320,22 +422,26 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
 double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T,
                              float dloss) {
   const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
+  training_ = true;
+  dloss_ = dloss;
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/!recompute_);
   Workspace& w = *ws_;
   const int L = cfg_.num_layers, C = cfg_.hidden_size;
   const size_t NC = (size_t)B * T * C;
-  const float* fp = store.params(L + 1);
-  double loss = head(ep, store.grads(0), fp, store.grads(L + 1), w.res + L * NC, targets, B, T, dloss, true, w.dres);
-  store.release(L + 1);
+  const int F = final_block_;
+  const float* fp = store.params(F);
+  double loss = head(ep, store.grads(0), fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
+  store.release(F);
   store.release(0);  // the tied head was the last reader of the embedding's parameters (ZeRO-3 frees them now)
-  store.grads_ready(L + 1);
+  store.grads_ready(F);
   for (int l = L - 1; l >= 0; --l) {
     LayerActs& a = w.acts[recompute_ ? 0 : l];
-    const float* lp = store.params(l + 1);
-    if (recompute_) layer_forward(l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
-    layer_backward(l, lp, store.grads(l + 1), a, w.res + l * NC, w.dres, B, T);
-    store.release(l + 1);
-    store.grads_ready(l + 1);
+    const int b = blocks_[l].block;
+    const float* lp = store.params(b);
+    if (recompute_) layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
+    layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
+    store.release(b);
+    store.grads_ready(b);
   }
   float* eg = store.grads(0);
   ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
@@ -345,13 +451,14 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
 
 double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T) {
   const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
+  training_ = false;
   // evaluation keeps no activations for backward: every layer reuses the first set
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/false);
   Workspace& w = *ws_;
   const int L = cfg_.num_layers;
   const size_t NC = (size_t)B * T * cfg_.hidden_size;
-  double loss = head(ep, nullptr, store.params(L + 1), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
-  store.release(L + 1);
+  double loss = head(ep, nullptr, store.params(final_block_), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
+  store.release(final_block_);
   store.release(0);
   return loss;
 }

@@ -97,10 +97,11 @@ size_t ShardLayout::count(int block, int r) const {
 
 // ---------------------------------------------------------------------------------------------
 ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
-                       kernels::Precision precision)
+                       kernels::Precision precision, std::string swap_tag)
     : layout_(layout), cfg_(cfg), dp_(dp), prec_(precision), half_(precision != kernels::Precision::fp32),
       fp16_(precision == kernels::Precision::fp16), red16_(half_ && !cfg.fp32_communication), n_(dp.size()),
-      rank_(dp.rank()), shards_(layout, dp.size()) {
+      rank_(dp.rank()), swap_tag_(swap_tag.empty() ? "zero.dp" + std::to_string(dp.rank()) : std::move(swap_tag)),
+      shards_(layout, dp.size()) {
   cfg_.validate();
   const auto& blocks = layout.blocks();
   const size_t nb = blocks.size();
@@ -195,7 +196,7 @@ void ZeroEngine::setup_swap() {
   const OffloadConfig& oc = opt ? cfg_.offload_optimizer : cfg_.offload_param;
   io::SwapStoreConfig sc;
   sc.nvme_path = oc.nvme_path;
-  sc.tag = "zero.dp" + std::to_string(rank_);
+  sc.tag = swap_tag_;
   sc.num_arrays = k;
   sc.elems = shards_.local_numel();
   // Tiles: sub_group_size, but at least 4 per sweep (so reads, updates and writes overlap) and at

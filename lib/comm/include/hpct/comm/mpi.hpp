@@ -99,6 +99,14 @@ class Communicator {
   /// Collective over this comm: broadcast n bytes from root.
   void bcast_bytes(void* data, size_t n, int root) const;
   void bcast_string(std::string& s, int root) const;
+  /// Collective over this comm: rank r sends send[i*n .. (i+1)*n) to rank i and receives rank i's
+  /// block r into recv[i*n ..) (MPI_Alltoall of ints, n per pair).
+  void alltoall(const int* send, int* recv, int n) const;
+  /// Collective over this comm: rows of `width` floats; send_rows[i] rows go to rank i (packed in
+  /// rank order in send), recv_rows[i] come from rank i (packed in rank order into recv). Counts
+  /// must agree pairwise (exchange them with alltoall first). Element counts must fit an int.
+  void alltoallv_rows(const float* send, const std::vector<int>& send_rows, float* recv,
+                      const std::vector<int>& recv_rows, int width) const;
   /// Collective over this comm: gathers one double from every rank on every rank.
   std::vector<double> allgather(double v) const;
   /// Collective over this comm: gathers one string (any length) from every rank on every rank.

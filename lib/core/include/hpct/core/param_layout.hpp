@@ -22,22 +22,34 @@ struct TensorSpec {
   bool weight_decay = true;    // Megatron: no decay on biases and norm weights
 };
 
+/// Which data-parallel group reduces (and ZeRO shards) a block: dense blocks over every rank that
+/// holds the same model part, expert blocks only over the ranks holding the same experts (the
+/// expert-data-parallel group). See comm/process_grid.hpp.
+enum class ReduceGroup { dense = 0, expert = 1 };
+
 struct BlockSpec {
-  std::string name;  // "embedding", "layers.3", "final_norm"
+  std::string name;  // "embedding", "layers.3", "layers.3.mlp.experts.5", "final_norm"
   size_t offset = 0;
   size_t numel = 0;
+  ReduceGroup group = ReduceGroup::dense;
+  int origin = -1;   // in a subset(): the block's index in the layout it was taken from
 };
 
 class ParamLayout {
  public:
   /// Starts a new block; tensors added after belong to it.
-  void begin_block(const std::string& name);
+  void begin_block(const std::string& name, ReduceGroup group = ReduceGroup::dense);
   const TensorSpec& add(const std::string& name, std::vector<int64_t> shape, bool weight_decay);
   size_t numel() const { return total_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   const std::vector<BlockSpec>& blocks() const { return blocks_; }
   /// Throws hpct::Error naming the tensor if absent.
   const TensorSpec& find(const std::string& name) const;
+  /// A layout of the given blocks only (in that order), packed from offset 0; each block records its
+  /// index here as `origin`. What a ZeRO engine of one reducing group (or one rank's experts) sees.
+  ParamLayout subset(const std::vector<int>& blocks) const;
+  /// Indices of the blocks of one group, in order.
+  std::vector<int> blocks_of(ReduceGroup g) const;
 
  private:
   std::vector<TensorSpec> tensors_;

@@ -46,6 +46,7 @@ struct TrainConfig {
   LossScaleConfig loss_scale;
   bool recompute_activations = false;
   parallel::ZeroConfig zero;  // ds_config zero_optimization; stage also --zero-stage
+  int moe_ep = 1;             // --moe-expert-parallel-size (the MoE architecture is model.moe)
   // --device: where the model computes. cuda = the node-local GPU (node-local rank modulo the GPUs
   // seen) with the ZeRO states and the optimizer step in host memory (ZeRO-Offload).
   std::string device = "cpu";

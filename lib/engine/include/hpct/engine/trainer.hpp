@@ -9,6 +9,7 @@
 // computes on the node-local GPU and a parallel::DeviceStore copies each block's parameters to it
 // and its gradients back to the engine (ZeRO-Offload: states and the step stay on the host).
 #pragma once
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "hpct/model/gpt.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/parallel/device_store.hpp"
+#include "hpct/parallel/grouped_store.hpp"
 #include "hpct/parallel/zero.hpp"
 
 namespace hpct::engine {
@@ -32,6 +34,8 @@ struct StepRecord {
   double learning_rate = 0;
   double loss_scale = 1;
   bool skipped = false;
+  double moe_loss = NAN;          // MoE models: the load-balancing (and z) loss term of the step
+  nlohmann::json moe_layers;      // MoE models: per layer expert load, dropped fraction, aux loss
 };
 
 struct TrainSummary {
@@ -95,10 +99,10 @@ class Trainer {
   const model::Gpt& model() const { return *model_; }
   /// Collective: the full flat parameters (gathered from the shards at ZeRO stage 3).
   std::vector<float> gather_params() { return zero_->gather_params(); }
-  const parallel::ZeroEngine& zero() const { return *zero_; }
+  const parallel::GroupedStore& zero() const { return *zero_; }
   /// ZeRO-Offload's bridge to the GPU model (--device cuda), nullptr on the CPU backend.
   const parallel::DeviceStore* device_store() const { return device_store_.get(); }
-  parallel::ZeroEngine& zero() { return *zero_; }
+  parallel::GroupedStore& zero() { return *zero_; }
   /// Bytes this rank holds of parameters, gradients and optimizer states (all on the host here),
   /// the ZeRO working buffers' high-water mark, and activations.
   struct MemoryReport {
@@ -124,7 +128,7 @@ class Trainer {
   const comm::ProcessGrid& grid_;
   std::unique_ptr<kernels::OpsBackend> ops_;  // --device cuda: the GPU backend (declared before the model)
   std::unique_ptr<model::Gpt> model_;
-  std::unique_ptr<parallel::ZeroEngine> zero_;
+  std::unique_ptr<parallel::GroupedStore> zero_;  // one ZeRO engine per reducing group
   std::unique_ptr<parallel::DeviceStore> device_store_;  // ZeRO-Offload: in front of zero_
   /// What the model reads parameters from and writes gradients to.
   model::ParamStore& store() { return device_store_ ? static_cast<model::ParamStore&>(*device_store_) : *zero_; }
@@ -153,6 +157,7 @@ class Trainer {
 std::string format_log_line(long long iteration, long long train_iters, long long consumed_samples,
                             long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
-                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank);
+                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
+                            double moe_loss = NAN);
 
 }  // namespace hpct::engine

@@ -1,19 +1,26 @@
-// hpct/model/gpt.hpp — GPT-2 style decoder with explicit forward and backward.
+// hpct/model/gpt.hpp — GPT-2 style decoder with explicit forward and backward, dense or MoE.
 //
-// Token + learned position embeddings, L pre-LayerNorm blocks (causal multi-head attention, GELU
-// MLP), final LayerNorm, output head tied to the token embedding. No autograd: the backward is
-// written out, op by op, against hpct::kernels. Activation checkpointing per layer keeps only each
-// layer's input and recomputes the layer in backward (one scratch set instead of L).
+// Token + learned position embeddings, L pre-LayerNorm transformer blocks, final LayerNorm, output
+// head tied to the token embedding. A block is ln1, causal multi-head attention, ln2 and a
+// feed-forward that is either the GELU MLP or a mixture of experts (model/moe.cpp: a router, top-k
+// gating with capacity, experts that are the same MLP, and the expert-parallel all-to-all).
+// No autograd: the backward is written out, op by op, against hpct::kernels. Activation
+// checkpointing per layer keeps only each layer's input and recomputes the layer in backward.
 // Not here: optimizer, data parallelism, sharding — the model reads parameters and writes
 // gradients through a ParamStore, block by block, so ZeRO-3 can gather a layer just in time and
 // a data-parallel engine can reduce a layer's gradients as soon as they are complete.
+//
+// The parameter list is layout_for(config): one named table that the trainer, the memory
+// estimator, the checkpoints and hpct_ckpt all read. Blocks, in order: "embedding", per layer
+// "layers.<l>" (attention, norms, and the MLP or the router) followed, in an MoE layer, by one
+// block per expert "layers.<l>.mlp.experts.<e>" (ReduceGroup::expert), then "final_norm".
 //
 // The ops run on a kernels::OpsBackend: the CPU one by default, or a CUDA device. Parameters,
 // gradients and activations then live in that backend's memory; tokens and targets are passed as
 // host arrays and copied in, losses come back to the host.
 //
 // Dimension letters: B batch, T sequence, C channels (hidden), L layers, NH heads, V vocab,
-// Vp padded vocab, N = B*T rows.
+// Vp padded vocab, N = B*T rows, E experts, K = topk.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,10 +28,34 @@
 #include <utility>
 #include <vector>
 
+#include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/param_store.hpp"
 
 namespace hpct::model {
+
+/// Mixture of experts (Megatron-DeepSpeed's flags; docs/moe.md). Architecture: num_experts,
+/// expert_interval, topk, residual. The rest are routing knobs that may change between runs.
+struct MoeConfig {
+  std::vector<int> num_experts;  // --num-experts: one count, or one per MoE layer; {} or {1}: dense
+  int expert_interval = 2;       // --expert-interval: MoE on layers l (1-based) with l % interval == 0
+  int topk = 1;                  // --topk: 1 or 2
+  bool residual = false;         // --mlp-type residual: dense MLP beside one gated expert (PR-MoE)
+  double train_capacity_factor = 1.0, eval_capacity_factor = 1.0;
+  int min_capacity = 4;
+  bool drop_tokens = true;       // --disable-moe-token-dropping clears it
+  bool use_rts = true;           // random token selection (top-1)
+  bool second_expert_sampling = true;  // top-2: Gumbel-sampled second expert in training
+  std::string noisy_gate_policy = "None";  // None | Jitter | RSample
+  double loss_coeff = 0.1;       // --moe-loss-coeff
+  double z_loss_coeff = 0;       // --moe-z-loss-coeff (router z-loss; DeepSpeed has none)
+
+  /// Experts of layer l (0-based) of a num_layers model; 0 = the dense MLP.
+  int experts_of(int layer, int num_layers) const;
+  bool enabled(int num_layers) const;
+  int moe_layers(int num_layers) const { return num_layers / expert_interval; }
+};
 
 struct GptConfig {
   int num_layers = 2;
@@ -34,6 +65,7 @@ struct GptConfig {
   int vocab_size = 256;     // tokenizer's vocabulary
   int vocab_multiple = 128; // Megatron's --make-vocab-size-divisible-by
   double init_std = 0.02;   // Megatron's --init-method-std
+  MoeConfig moe;
 
   int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   /// Throws config_error naming the flag for impossible shapes.
@@ -41,41 +73,15 @@ struct GptConfig {
   std::string describe() const;
 };
 
-/// Where the model reads parameters and writes gradients, one block at a time (see ParamLayout).
-/// Block order: 0 = embedding (wte, wpe), 1..L = layers, L+1 = final norm. The default store points
-/// into two flat buffers; ZeRO-3 gathers and releases blocks behind the same interface. Pointers
-/// are in the memory of the model's backend (device memory for a CUDA model).
-class ParamStore {
- public:
-  virtual ~ParamStore() = default;
-  virtual const float* params(int block) = 0;  // base of the block (offset of its first tensor)
-  virtual float* grads(int block) = 0;
-  virtual void release(int block) {}            // forward/backward of this block is done for now
-  /// The block's parameters as the 16-bit copy the store keeps (mixed-precision runs, blocks every
-  /// rank holds whole), in host memory, valid until the parameters change; nullptr where there is
-  /// none. Not used by the model: ZeRO-Offload copies these 2-byte values to the GPU.
-  virtual const uint16_t* params_half(int /*block*/) { return nullptr; }
-  /// The gradient of this block is complete for this micro-batch (backward visits blocks L+1..0).
-  virtual void grads_ready(int block) {}
-};
-
-class FlatParamStore : public ParamStore {
- public:
-  FlatParamStore(const ParamLayout& layout, const float* params, float* grads) : layout_(layout), p_(params), g_(grads) {}
-  const float* params(int block) override { return p_ + layout_.blocks()[block].offset; }
-  float* grads(int block) override { return g_ + layout_.blocks()[block].offset; }
-
- private:
-  const ParamLayout& layout_;
-  const float* p_;
-  float* g_;
-};
+struct Routing;  // moe_gate.hpp
 
 class Gpt {
  public:
   /// ops: the backend the model computes on, which must outlive the model; nullptr = the CPU one.
+  /// ep: the expert-parallel group (MoE: this rank holds experts [ep.rank()*E/ep.size(), ...) of
+  /// every MoE layer and exchanges tokens over it); nullptr = this rank holds every expert.
   Gpt(const GptConfig& cfg, kernels::Precision precision, bool recompute_activations,
-      kernels::OpsBackend* ops = nullptr);
+      kernels::OpsBackend* ops = nullptr, const comm::Communicator* ep = nullptr);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -83,7 +89,12 @@ class Gpt {
   kernels::OpsBackend& ops() const { return *ops_; }
 
   const GptConfig& config() const { return cfg_; }
+  /// Every tensor of the model (all experts, whatever the rank holds): the checkpoint schema.
   const ParamLayout& layout() const { return layout_; }
+  /// The same table without building a model (the estimator, hpct_ckpt). Throws for a bad config.
+  static ParamLayout layout_for(const GptConfig& cfg);
+  /// Schema blocks this rank computes with: every dense block and its own experts, in order.
+  std::vector<int> held_blocks() const;
   kernels::Precision precision() const { return precision_; }
 
   /// GPT-2 / Megatron init: N(0, std) weights, output projections N(0, std/sqrt(2L)), zero biases,
@@ -101,6 +112,23 @@ class Gpt {
   /// Forward only (evaluation). Returns the sum of token losses (targets < 0 add nothing).
   double forward_loss(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T);
 
+  // ---- mixture of experts ----
+  /// Routing noise and random token selection of the next micro-batch derive from this seed (the
+  /// trainer passes a function of the run seed and the micro-batch's first global sample, so the
+  /// routing does not depend on the rank layout).
+  void set_routing_seed(uint64_t seed) { routing_seed_ = seed; }
+  /// Per MoE layer, summed over the micro-batches since reset_moe_stats(): this rank's tokens.
+  struct MoeLayerStats {
+    std::vector<long long> load;  // (E) routes kept per expert
+    long long routes = 0, dropped = 0, micro_batches = 0;
+    double aux_loss = 0, z_loss = 0;  // sums over micro-batches (unscaled)
+    uint64_t routing_hash = 0;        // of every route's (token, expert, slot): tests see a flip
+  };
+  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats() { moe_stats_.clear(); }
+  /// Bytes this rank sent to other ranks in MoE all-to-alls since construction.
+  double alltoall_bytes() const { return alltoall_bytes_; }
+
   /// Bytes of activations and scratch currently allocated (grows to the largest (B, T) seen), in the
   /// backend's memory, with the scratch the backend keeps for its ops (OpsBackend::scratch_bytes).
   size_t activation_bytes() const;
@@ -111,24 +139,61 @@ class Gpt {
  private:
   struct LayerActs;
   struct Workspace;
+  struct MoeActs;
+  // One transformer block: where its tensors are (offsets relative to the dense block's base) and
+  // what its feed-forward is.
+  struct Block {
+    int block = 0;  // schema block id of the dense part
+    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b;
+    // dense MLP (or the residual MLP beside the experts): fc and proj
+    size_t fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;
+    int experts = 0;                // 0: dense MLP; else E experts routed by `router`
+    size_t routerw = 0;             // (E, C)
+    size_t coefw = 0, coefb = 0;    // residual MoE: (2, C), (2)
+    std::vector<int> expert_blocks; // schema block of each expert (global index)
+    int moe_index = -1;             // which MoE layer (0-based) this is
+  };
   void ensure_workspace(int B, int T);
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
   std::pair<const int32_t*, const int32_t*> stage_inputs(const int32_t* tokens, const int32_t* targets, int B, int T);
   const float* forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts);
-  void layer_forward(int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T);
-  void layer_backward(int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres, int B, int T);
+  void layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T);
+  void layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres,
+                      int B, int T);
+  void mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
+                   float* fch, float* fch_gelu, float* out, int rows);
+  void mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
+                    const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
+                    float* dfch, float* dfch_gelu);
+  void moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N);
+  void moe_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* dout, float* dx,
+                    int N);
+  MoeActs& moe_acts(int set);
+  void note_routing(int moe_index, const Routing& r);
+  void note_alltoall(const MoeActs& m, int C);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
+  static void build_layout(const GptConfig& cfg, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte,
+                           size_t* wpe, size_t* lnfw, size_t* lnfb);
 
   GptConfig cfg_;
   kernels::Precision precision_;
   bool recompute_;
   ParamLayout layout_;
-  // offsets of tensors relative to their block base
-  struct LayerOffsets {
-    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
-  } lo_{};
+  std::vector<Block> blocks_;  // one per layer
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  int final_block_ = 0;
+  const comm::Communicator* ep_ = nullptr;
+  int ep_size_ = 1, ep_rank_ = 0;
+  struct ExpertOffsets {
+    size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
+  } ex_;  // tensors inside an expert block (every expert alike)
+  std::vector<std::unique_ptr<MoeActs>> moe_acts_;
+  std::vector<MoeLayerStats> moe_stats_;
+  uint64_t routing_seed_ = 0;
+  bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
+  float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
+  double alltoall_bytes_ = 0;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;
   std::unique_ptr<Workspace> ws_;                 // declared last: its buffers go back to ops_ first

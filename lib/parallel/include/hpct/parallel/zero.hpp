@@ -38,7 +38,7 @@
 // instead, and a gather rounds the slice it reads (no separate 16-bit copy is stored). Gradients
 // stay in host memory. device cpu: on the CPU backend the
 // states already live in host memory, so it places nothing differently (reported as the host tier).
-// Not here yet: tensor/expert parallel groups.
+// One engine serves one reducing group; parallel/grouped_store.hpp puts one per group behind one store.
 #pragma once
 #include <mpi.h>
 
@@ -145,8 +145,9 @@ class ZeroEngine final : public model::ParamStore {
   /// Collective over dp. `precision` is the training precision: fp32 stores fp32 states; bf16 and
   /// fp16 store 16-bit parameters and gradients beside fp32 masters (see above). fp16 also rounds
   /// every gradient to fp16 before it is reduced, so the overflow check sees what fp16 training would.
+  /// swap_tag names this engine's swap file (unique per rank and engine on a node; "" = "zero.dp<rank>").
   ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
-             kernels::Precision precision);
+             kernels::Precision precision, std::string swap_tag = "");
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -243,6 +244,7 @@ class ZeroEngine final : public model::ParamStore {
   bool red16_;                   // gradients reduced in 16 bits (half_ unless fp32_communication)
   MPI_Op sum16_ = MPI_OP_NULL;   // their sum: 16-bit + 16-bit, added in fp32, rounded
   int n_, rank_;
+  std::string swap_tag_;
   ShardLayout shards_;
   std::vector<char> resident_;                    // block kept whole on every rank
   std::vector<size_t> res_off_;                   // resident block's offset in full_params_ (full16_ in 16-bit runs)

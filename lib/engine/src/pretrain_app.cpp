@@ -1,0 +1,275 @@
+// The pretraining apps' shared body (pretrain_gpt, pretrain_moe): parse flags, build the process
+// grid and datasets, hand over to the Trainer, report what was held and sent, write the summary.
+// One copy for every app, so a report line or a summary key means the same in each. See pretrain_app.hpp.
+#include "hpct/engine/pretrain_app.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <new>
+#include <nlohmann/json.hpp>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/comm/process_grid.hpp"
+#include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
+#include "hpct/core/sysinfo.hpp"
+#include "hpct/core/units.hpp"
+#include "hpct/engine/data.hpp"
+#include "hpct/engine/trainer.hpp"
+#include "hpct/io/aio_config.hpp"
+#include "hpct/kernels/ops.hpp"
+#include "hpct/engine/preflight.hpp"
+#include "hpct/parallel/memory_estimate.hpp"
+
+namespace hpct::engine {
+
+// Errors before training starts come from config and data checks that every rank runs alike, so
+// every rank fails together and can exit normally. After that, an error may be one rank's alone
+// and its peers would wait forever in a collective: then the job is aborted.
+static bool g_setup_phase = true;
+static const char* g_prog = "pretrain_gpt";
+
+// --estimate-memory: arithmetic only (no data, no model, no collectives). Every rank computes it
+// alike, so a bad flag fails on all of them; rank 0 prints the table and writes --json.
+static int estimate_memory(engine::TrainConfig cfg, bool root) {
+  if (!cfg.vocab_size_given) cfg.model.vocab_size = 50257;  // what a real run's GPT-2 tokenizer sets
+  const auto& e = cfg.estimate;
+  auto bytes = [](double gb) { return static_cast<uint64_t>(std::llround(gb * 1e9)); };
+  parallel::ClusterShape c;
+  if (e.cpu_memory_gb < 0 || e.nvme_gb < 0) c = parallel::local_cluster_shape(e.gpus_per_node, ".");
+  c.nodes = e.nodes;
+  c.devices_per_node = e.gpus_per_node;
+  c.device_bytes = bytes(e.gpu_memory_gb);
+  if (e.cpu_memory_gb >= 0) c.host_bytes = bytes(e.cpu_memory_gb);
+  if (e.nvme_gb >= 0) c.nvme_bytes = bytes(e.nvme_gb);
+  const auto prec = cfg.precision == engine::PrecisionMode::fp32 ? parallel::StatePrecision::fp32
+                                                                 : parallel::StatePrecision::mixed;
+  parallel::MemoryEstimate est = parallel::estimate_memory(cfg.model, prec, c);
+  if (!root) return 0;
+  Provenance prov(std::string(g_prog) + " --estimate-memory");
+  std::string fitting;
+  for (const auto& p : est.plans)
+    if (p.fits()) fitting += (fitting.empty() ? "" : ", ") + std::to_string(p.stage) + "/" + parallel::offload_name(p.offload);
+  std::cout << prov.text() << est.header_text() << est.table().text()
+            << "# fits (stage/offload): " << (fitting.empty() ? "none of the " + std::to_string(est.plans.size()) + " choices" : fitting)
+            << "\n" << std::flush;
+  if (!cfg.json_summary.empty()) {
+    nlohmann::json doc = est.json();
+    doc["provenance"] = prov.json();
+    write_json_file(cfg.json_summary, doc);
+  }
+  return 0;
+}
+
+static int run(int argc, char** argv, bool require_moe) {
+  comm::Communicator world = comm::Communicator::world();
+  engine::TrainConfig cfg;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!engine::parse_args(args, cfg)) {
+    if (world.rank() == 0) std::cout << engine::help_text(g_prog);
+    return 0;
+  }
+  if (require_moe && !cfg.model.moe.enabled(cfg.model.num_layers))
+    throw config_error("--num-experts", std::string(g_prog) + " trains mixture-of-experts models: no layer has more than one expert",
+                       "give --num-experts E (E > 1; MoE goes on every --expert-interval-th layer), or run pretrain_gpt for a dense model");
+  if (cfg.estimate.enabled) return estimate_memory(cfg, world.rank() == 0);
+  kernels::BackendScope backend;
+  comm::ProcessGrid grid(world, 1, cfg.moe_ep);
+  const bool root = world.rank() == 0;
+
+  // Data first: a real dataset fixes the vocabulary size.
+  engine::TrainData data = engine::build_train_data(cfg, grid.dp().size(), root);
+  cfg.finalize(grid.dp().size());
+  // Before anything large is allocated: do the model states fit this node? (Every rank checks
+  // its own node; a refusal on one is everyone's.)
+  const int ranks_on_node = world.node_local_size();
+  comm::throw_if_any(world, comm::error_text_of([&] { engine::check_host_memory(cfg, ranks_on_node, world.size()); }));
+
+  engine::Trainer trainer(cfg, grid);
+  // Loading is collective and its checks fail on every rank alike: still the setup phase.
+  trainer.load_checkpoint();
+  g_setup_phase = false;
+  // Model states each rank holds (ZeRO partitions them), gathered so rank 0 can report every rank.
+  auto mem = trainer.memory_report();
+  const std::vector<double> held = world.allgather(double(mem.params + mem.grads + mem.optimizer + mem.grad_shard));
+  if (root) {
+    std::cout << "> " << cfg.model.describe() << "\n"
+              << "> parameters: " << trainer.model().layout().numel() << "  (" << grid.describe() << ")\n"
+              << "> backend: " << kernels::backend_description() << "\n"
+              << "> precision: " << (cfg.precision == engine::PrecisionMode::fp32 ? "fp32" : cfg.precision == engine::PrecisionMode::bf16 ? "bf16 mixed (fp32 master)" : "fp16 mixed (fp32 master, dynamic loss scale)")
+              << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
+              << cfg.grad_accum << "\n"
+              << "> ZeRO stage " << cfg.zero.stage << " over " << grid.dp().size()
+              << " data-parallel ranks; model states in host memory on rank 0: parameters "
+              << format_bytes(mem.params) << ", gradients " << format_bytes(mem.grads + mem.grad_shard)
+              << ", optimizer states " << format_bytes(mem.optimizer) << "; per rank "
+              << format_bytes(*std::min_element(held.begin(), held.end())) << " to "
+              << format_bytes(*std::max_element(held.begin(), held.end())) << "\n";
+    if (cfg.device == "cuda")
+      std::cout << "> ZeRO-Offload: the model computes on " << trainer.model().ops().name() << " ("
+                << (cfg.zero.stage <= 2 ? std::string(trainer.zero().half() ? "16-bit" : "fp32") + " parameters " +
+                                              format_bytes(mem.device_params_grads) + " resident, and "
+                                        : std::string())
+                << "each block's fp32 working parameters and gradient there while in use; the peak is in the "
+                   "summary); the states above and the optimizer step stay on the host\n";
+    if (trainer.zero().offloaded())
+      std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << ", async IO "
+                << io::engine_name(trainer.zero().swap_engine()) << "): parameters "
+                << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer)
+                << (trainer.zero().half() ? " (with the fp32 master weights; the 16-bit parameters are rounded from them)" : "")
+                << "\n";
+    if (cfg.model.moe.enabled(cfg.model.num_layers)) {
+      const auto& m = cfg.model.moe;
+      std::string counts;
+      for (int l = 0; l < cfg.model.num_layers; ++l)
+        if (int e = m.experts_of(l, cfg.model.num_layers)) counts += (counts.empty() ? "" : ", ") + std::to_string(l + 1) + ":" + std::to_string(e);
+      std::cout << "> MoE: experts per layer (1-based layer:experts) " << counts << "; top-" << m.topk
+                << (m.residual ? ", residual MoE" : "") << ", capacity factor " << m.train_capacity_factor << " (eval "
+                << m.eval_capacity_factor << "), " << (m.drop_tokens ? "token dropping" : "no token dropping")
+                << "; expert-parallel size " << cfg.moe_ep << " (" << grid.expert_dp().size()
+                << " ranks hold each expert; expert gradients reduced over them only)\n";
+    }
+    if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
+    std::cout << std::flush;
+  }
+  engine::TrainSummary s = trainer.train(*data.train, data.valid.get());
+  mem = trainer.memory_report();  // working buffers have their high-water mark now
+  nlohmann::json host = {{"parameters", world.allgather(double(mem.params))},
+                         {"gradients", world.allgather(double(mem.grads + mem.grad_shard))},
+                         {"optimizer_states", world.allgather(double(mem.optimizer))},
+                         {"working_buffers_peak", world.allgather(double(mem.working_peak))},
+                         {"activations", world.allgather(double(mem.activations))}};
+  nlohmann::json device = nullptr;
+  if (cfg.device == "cuda") {
+    const auto* ds = trainer.device_store();
+    const double steps_run = std::max<double>(1, double(s.last_iteration - s.start_iteration));
+    device = {{"parameters_and_gradients", world.allgather(double(mem.device_params_grads))},
+              {"activations", host["activations"]},
+              // parameters copied in and gradients copied back, averaged over the steps run (an
+              // evaluation's copies count too; tokens, targets and losses do not)
+              {"parameter_bytes_to_device_per_step", world.allgather(ds->bytes_to_device() / steps_run)},
+              {"gradient_bytes_to_host_per_step", world.allgather(ds->bytes_to_host() / steps_run)}};
+    host.erase("activations");
+  }
+  const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
+  std::vector<double> a2a = world.allgather(trainer.model().alltoall_bytes() /
+                                            std::max<double>(1, double(s.last_iteration - s.start_iteration)));
+  const auto& tr = trainer.zero().swap_traffic();
+  const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));
+  nlohmann::json nvme = {{"parameters", world.allgather(double(mem.nvme_params))},
+                         {"optimizer_states", world.allgather(double(mem.nvme_optimizer))},
+                         {"file_bytes", world.allgather(double(mem.nvme_file))}};
+  nlohmann::json aio_engine = nullptr;  // each rank's swap IO engine (`auto` resolves node by node)
+  if (trainer.zero().offloaded()) aio_engine = world.allgather_string(io::engine_name(trainer.zero().swap_engine()));
+  nlohmann::json offload = {{"aio_engine", aio_engine},
+                            {"bytes_read", world.allgather(tr.bytes_read)},
+                            {"bytes_written", world.allgather(tr.bytes_written)},
+                            {"optimizer_sweep_bytes_per_step", world.allgather(tr.optimizer_bytes / steps)},
+                            {"optimizer_sweep_seconds_per_step", world.allgather(tr.optimizer_seconds / steps)},
+                            {"optimizer_io_wait_seconds_per_step", world.allgather(tr.optimizer_io_wait / steps)},
+                            {"param_read_seconds_per_step", world.allgather(tr.param_read_seconds / steps)}};
+  if (root) {
+    if (trainer.zero().offloaded()) {
+      double opt_bytes = 0, opt_secs = 0;
+      for (double v : offload["optimizer_sweep_bytes_per_step"]) opt_bytes += v;
+      for (double v : offload["optimizer_sweep_seconds_per_step"]) opt_secs = std::max(opt_secs, v);
+      std::printf("> NVMe offload: optimizer sweep moves %s per step over all ranks in %.2f s (%.2f GB/s aggregate); "
+                  "rank 0 waited %.2f s per step for parameter slices\n",
+                  format_bytes(opt_bytes).c_str(), opt_secs, opt_secs > 0 ? opt_bytes / opt_secs / 1e9 : 0.0,
+                  tr.param_read_seconds / steps);
+    }
+    std::printf("> data-parallel traffic: %s sent per step per rank (ring volume of the collectives issued; %.2f x parameters x 4 B)\n",
+                format_bytes(sent[0]).c_str(), sent[0] / (4.0 * trainer.model().layout().numel()));
+    double final_val = s.val_losses.empty() ? NAN : s.val_losses.back().second;
+    std::printf("> training done: iterations %lld to %lld in %.1f s, %.1f tokens/s, peak resident memory per rank %s\n",
+                s.start_iteration, s.last_iteration, s.seconds, s.tokens_per_second,
+                format_bytes((double)s.peak_rss_bytes).c_str());
+    if (!s.val_losses.empty()) {
+      std::printf("> final validation loss %.4f, perplexity %.2f", final_val, std::exp(final_val));
+      if (data.unigram_ppl > 0) std::printf(" (unigram baseline %.2f: %.2fx lower)", data.unigram_ppl, data.unigram_ppl / std::exp(final_val));
+      std::printf("\n");
+    }
+    nlohmann::json summary = {{"type", "summary"},
+                              {"iterations", s.last_iteration},
+                              {"start_iteration", s.start_iteration},
+                              {"exit_reason", s.exit_reason},
+                              {"checkpoints_saved", s.saved},
+                              {"checkpoint_saves", [&] {
+                                 nlohmann::json a = nlohmann::json::array();
+                                 for (const auto& v : s.saves)
+                                   a.push_back({{"iteration", v.iteration}, {"async", v.async}, {"stall_seconds", v.stall_seconds},
+                                                {"seconds", v.seconds}, {"bytes", v.bytes}});
+                                 return a;
+                               }()},
+                              {"total_seconds", s.seconds},
+                              {"tokens_per_second", s.tokens_per_second},
+                              {"final_lm_loss", s.steps.empty() ? NAN : s.steps.back().lm_loss},
+                              {"skipped_iterations", s.skipped_iterations},
+                              {"world_size", world.size()},
+                              {"peak_rss_bytes_per_rank", s.peak_rss_per_rank},
+                              {"parameters", trainer.model().layout().numel()},
+                              {"zero_stage", cfg.zero.stage},
+                              {"device", cfg.device},
+                              // bytes each rank holds, per tier (index = rank); the CPU backend's
+                              // device memory is host memory (device: null). With --device cuda the
+                              // activations are device memory, and are reported there.
+                              {"memory_per_rank", {{"host", host}, {"device", device}, {"nvme", nvme}}},
+                              {"nvme_offload", offload},
+                              {"comm_bytes_per_step_per_rank", sent}};
+    if (cfg.model.moe.enabled(cfg.model.num_layers)) {
+      const double steps_run = std::max<double>(1, double(s.last_iteration - s.start_iteration));
+      summary["moe"] = {{"expert_parallel_size", cfg.moe_ep},
+                        {"moe_loss", s.steps.empty() ? NAN : s.steps.back().moe_loss},
+                        {"layers", s.steps.empty() ? nlohmann::json(nullptr) : s.steps.back().moe_layers},
+                        // bytes each rank sent to other ranks in MoE all-to-alls (two per MoE layer in
+                        // forward, two in backward; evaluation's too), averaged over the steps run
+                        {"alltoall_bytes_per_step_per_rank", a2a}};
+      (void)steps_run;
+    }
+    if (!s.val_losses.empty()) {
+      summary["final_val_loss"] = final_val;
+      summary["final_val_ppl"] = std::exp(final_val);
+    }
+    if (data.unigram_ppl > 0) summary["unigram_val_ppl"] = data.unigram_ppl;
+    if (!cfg.metrics_file.empty()) {
+      std::ofstream m(cfg.metrics_file, std::ios::app);
+      m << summary.dump() << "\n";
+    }
+    if (!cfg.json_summary.empty()) {
+      std::ofstream j(cfg.json_summary);
+      if (!j) throw file_error(cfg.json_summary, "cannot write the JSON summary");
+      j << summary.dump(2) << "\n";
+    }
+  }
+  // A stop on SIGUSR1/SIGTERM saved a checkpoint: a documented code tells the job script to requeue.
+  return s.exit_reason == "signal" ? engine::kExitSavedOnSignal : 0;
+}
+
+int pretrain_main(const char* prog, int argc, char** argv, bool require_moe) {
+  g_prog = prog;
+  comm::Environment env(&argc, &argv);
+  try {
+    return run(argc, argv, require_moe);
+  } catch (const Error& e) {
+    // An error every rank threw together (setup checks, a save that failed anywhere) is printed once
+    // and ends the job normally; one rank's own error aborts the job so no peer waits forever.
+    const bool together = g_setup_phase || e.is_agreed();
+    if (!together || comm::Communicator::world().rank() == 0) std::fprintf(stderr, "%s: error: %s\n", g_prog, e.what());
+    if (!together) comm::Environment::abort(1);
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // What the start-up memory check does not count (activations, MPI's buffers) ran out.
+    std::fprintf(stderr, "%s: error: [rank %d] out of host memory (std::bad_alloc; resident %s); hint: lower "
+                 "--micro-batch-size, add --checkpoint-activations, or use more ranks with a higher --zero-stage\n",
+                 g_prog, comm::Communicator::world().rank(), format_bytes(double(current_rss_bytes())).c_str());
+    comm::Environment::abort(1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: [rank %d] %s\n", g_prog, comm::Communicator::world().rank(), e.what());
+    comm::Environment::abort(1);
+  }
+}
+
+}  // namespace hpct::engine

@@ -1,0 +1,45 @@
+// hpct/model/param_store.hpp — the protocol between a model and whoever holds its parameters.
+//
+// The model asks for a block's parameters and gradients (blocks as in its ParamLayout) and says when
+// it is done with a block and when a block's gradient is complete; it never assumes where they live.
+// That is what lets ZeRO-3 gather a block just in time, a data-parallel engine reduce a block's
+// gradient as soon as backward finishes it, and a grouped store route expert blocks to their own
+// engine. Not here: any policy — the default store is two flat buffers.
+#pragma once
+#include <cstdint>
+
+#include "hpct/core/param_layout.hpp"
+
+namespace hpct::model {
+
+/// Where the model reads parameters and writes gradients, one block at a time (see ParamLayout).
+/// Block ids are the model layout's (Gpt::layout_for). The default store points
+/// into two flat buffers; ZeRO-3 gathers and releases blocks behind the same interface. Pointers
+/// are in the memory of the model's backend (device memory for a CUDA model).
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  virtual const float* params(int block) = 0;  // base of the block (offset of its first tensor)
+  virtual float* grads(int block) = 0;
+  virtual void release(int block) {}            // forward/backward of this block is done for now
+  /// The block's parameters as the 16-bit copy the store keeps (mixed-precision runs, blocks every
+  /// rank holds whole), in host memory, valid until the parameters change; nullptr where there is
+  /// none. Not used by the model: ZeRO-Offload copies these 2-byte values to the GPU.
+  virtual const uint16_t* params_half(int /*block*/) { return nullptr; }
+  /// The gradient of this block is complete for this micro-batch (backward visits blocks L+1..0).
+  virtual void grads_ready(int block) {}
+};
+
+class FlatParamStore : public ParamStore {
+ public:
+  FlatParamStore(const ParamLayout& layout, const float* params, float* grads) : layout_(layout), p_(params), g_(grads) {}
+  const float* params(int block) override { return p_ + layout_.blocks()[block].offset; }
+  float* grads(int block) override { return g_ + layout_.blocks()[block].offset; }
+
+ private:
+  const ParamLayout& layout_;
+  const float* p_;
+  float* g_;
+};
+
+}  // namespace hpct::model

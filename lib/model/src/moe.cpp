@@ -1,0 +1,335 @@
+// The mixture-of-experts feed-forward of a transformer block (Gpt's MoE layers). See gpt.hpp and
+// docs/moe.md.
+//
+// Forward, for the N rows x = ln2(h) of one micro-batch:
+//   router   logits = x Wr^T (N, E), fp32 whatever the training precision (DeepSpeed's wg)
+//   gate     moe_gate.hpp: top-k experts, capacity, dropping, combine weights, aux and z losses
+//   dispatch each kept route's row is copied into a buffer sorted by (expert, slot): experts are
+//            contiguous per owning rank, so one all-to-all over the expert-parallel group sends
+//            every rank the rows of its experts (a gather, not a one-hot einsum: O(N k C) bytes)
+//   experts  one MLP per local expert over its rows (one GEMM each, every source rank's rows together)
+//   return   the second all-to-all brings the outputs back in the send order
+//   combine  out[n] = sum_k weight[n,k] y[route(n,k)]; a dropped route adds nothing (the residual
+//            stream carries the token); residual MoE mixes in the dense MLP with a learned softmax
+//            coefficient (DeepSpeed's Residual-MoE).
+// Backward runs the same steps in reverse (two more all-to-alls). The rows live in host memory:
+// MoE layers run on the CPU backend (Gpt refuses a device backend for an MoE model).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/rng.hpp"
+#include "hpct/model/gpt.hpp"
+#include "hpct/model/moe_gate.hpp"
+#include "gpt_acts.hpp"
+
+namespace hpct::model {
+
+using kernels::Precision;
+
+namespace {
+GateConfig gate_config(const MoeConfig& m, int experts, bool training) {
+  GateConfig g;
+  g.num_experts = experts;
+  g.topk = m.topk;
+  g.capacity_factor = training ? m.train_capacity_factor : m.eval_capacity_factor;
+  g.min_capacity = m.min_capacity;
+  g.drop_tokens = m.drop_tokens;
+  g.use_rts = m.use_rts;
+  g.second_expert_sampling = m.second_expert_sampling;
+  g.noise = m.noisy_gate_policy == "RSample" ? GateNoise::rsample
+            : m.noisy_gate_policy == "Jitter" ? GateNoise::jitter
+                                              : GateNoise::none;
+  return g;
+}
+
+// Rows of (expert-major) order: from the send layout [dest][local expert][slot] to the receive
+// layout [local expert][source][slot], and back.
+void regroup(const float* in, float* out, const std::vector<int>& counts, int ranks, int local, int C,
+             bool to_expert_major) {
+  // counts[s*local + j]: rows of local expert j from/to rank s
+  std::vector<size_t> src_major(ranks * local + 1, 0), exp_major(ranks * local + 1, 0);
+  for (int s = 0, i = 0; s < ranks; ++s)
+    for (int j = 0; j < local; ++j, ++i) src_major[i + 1] = src_major[i] + counts[s * local + j];
+  std::vector<size_t> start(ranks * local);
+  size_t at = 0;
+  for (int j = 0; j < local; ++j)
+    for (int s = 0; s < ranks; ++s) start[s * local + j] = at, at += counts[s * local + j];
+  for (int i = 0; i < ranks * local; ++i) {
+    const size_t n = (size_t)counts[i] * C;
+    if (to_expert_major) std::memcpy(out + start[i] * C, in + src_major[i] * C, n * sizeof(float));
+    else std::memcpy(out + src_major[i] * C, in + start[i] * C, n * sizeof(float));
+  }
+}
+}  // namespace
+
+Gpt::MoeActs& Gpt::moe_acts(int set) {
+  if (moe_acts_.size() <= static_cast<size_t>(set)) moe_acts_.resize(set + 1);
+  if (!moe_acts_[set]) moe_acts_[set] = std::make_unique<MoeActs>();
+  return *moe_acts_[set];
+}
+
+void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N) {
+  const Block& o = blocks_[l];
+  const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
+  MoeActs& m = moe_acts(static_cast<int>(&a - ws_->acts.data()));
+  m.N = N;
+  const bool training = training_;
+  const GateConfig gc = gate_config(cfg_.moe, E, training);
+  const uint64_t seed = mix_seed(routing_seed_, static_cast<uint64_t>(l), 0x6d6f65);
+  const float* x = a.ln2;  // (N, C)
+
+  // Router, fp32. Jitter multiplies the router's input only (DeepSpeed's multiplicative_jitter).
+  const float* xr = x;
+  if (training && gc.noise == GateNoise::jitter) {
+    m.jitter.resize((size_t)N * C);
+    m.xr.resize((size_t)N * C);
+    for (int n = 0; n < N; ++n) {
+      Rng rng(mix_seed(seed, static_cast<uint64_t>(n), 0x6a6974));
+      for (int c = 0; c < C; ++c) {
+        const size_t i = (size_t)n * C + c;
+        m.jitter[i] = static_cast<float>(1.0 - 1e-2 + 2e-2 * rng.uniform());
+        m.xr[i] = x[i] * m.jitter[i];
+      }
+    }
+    xr = m.xr.data();
+  } else {
+    m.jitter.clear();
+  }
+  m.logits.assign((size_t)N * E, 0.0f);
+  ops_->matmul_forward(m.logits.data(), xr, lp + o.routerw, nullptr, N, C, E, Precision::fp32);
+
+  // Gate. Without dropping, the capacity is the largest demand over the expert-parallel group.
+  m.routing = select_experts(m.logits.data(), N, gc, seed, training);
+  Routing& r = m.routing;
+  int capacity = moe_capacity(N, gc);
+  if (!gc.drop_tokens) {
+    double most = *std::max_element(r.demand.begin(), r.demand.end());
+    if (ep_ && P > 1) most = ep_->allreduce_max(most);
+    capacity = static_cast<int>(most);
+  }
+  assign_slots(r, capacity, gc, seed, training);
+  note_routing(o.moe_index, r);
+
+  // Dispatch: send buffer ordered by (expert, slot); experts of rank d are contiguous.
+  std::vector<size_t> first(E + 1, 0);
+  for (int e = 0; e < E; ++e) first[e + 1] = first[e] + r.load[e];
+  const size_t S = first[E];
+  m.pos.assign((size_t)N * K, -1);
+  std::vector<float> send(S * C);
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const int i = n * K + k;
+      if (r.slot[i] < 0) continue;
+      const size_t p = first[r.expert[i]] + r.slot[i];
+      m.pos[i] = static_cast<int32_t>(p);
+      std::memcpy(&send[p * C], x + (size_t)n * C, C * sizeof(float));
+    }
+  // Counts: rows of (dest rank d, its local expert j), and what comes back from each source.
+  std::vector<int> sc(P * El), rc(P * El);
+  for (int e = 0; e < E; ++e) sc[e] = r.load[e];  // expert e = d*El + j
+  if (P > 1) ep_->alltoall(sc.data(), rc.data(), El);
+  else rc = sc;
+  m.recv_counts = rc;
+  m.send_rows.assign(P, 0);
+  m.recv_rows.assign(P, 0);
+  for (int d = 0; d < P; ++d)
+    for (int j = 0; j < El; ++j) m.send_rows[d] += sc[d * El + j], m.recv_rows[d] += rc[d * El + j];
+  size_t R = 0;
+  for (int v : rc) R += v;
+  std::vector<float> recv(R * C);
+  if (P > 1) ep_->alltoallv_rows(send.data(), m.send_rows, recv.data(), m.recv_rows, C);
+  else recv.swap(send);
+  note_alltoall(m, C);
+  m.rows.resize(R * C);
+  regroup(recv.data(), m.rows.data(), rc, P, El, C, true);
+
+  // Experts: one MLP per local expert over its rows (every source's rows in one GEMM).
+  m.fch.resize(R * 4 * C);
+  m.fch_gelu.resize(R * 4 * C);
+  m.y.resize(R * C);
+  size_t row = 0;
+  for (int j = 0; j < El; ++j) {
+    int rows = 0;
+    for (int s = 0; s < P; ++s) rows += rc[s * El + j];
+    const int b = o.expert_blocks[ep_rank_ * El + j];
+    const float* w = store.params(b);
+    if (rows > 0)
+      mlp_forward(w + ex_.fcw, w + ex_.fcb, w + ex_.projw, w + ex_.projb, &m.rows[row * C], &m.fch[row * 4 * C],
+                  &m.fch_gelu[row * 4 * C], &m.y[row * C], rows);
+    store.release(b);
+    row += rows;
+  }
+
+  // Return and combine.
+  std::vector<float> back(R * C);
+  regroup(m.y.data(), back.data(), rc, P, El, C, false);
+  m.yback.resize(S * C);
+  if (P > 1) ep_->alltoallv_rows(back.data(), m.recv_rows, m.yback.data(), m.send_rows, C);
+  else m.yback.swap(back);
+  float* moe_out = out;
+  if (cfg_.moe.residual) {
+    m.moe_out.assign((size_t)N * C, 0.0f);
+    moe_out = m.moe_out.data();
+  } else {
+    std::memset(out, 0, (size_t)N * C * sizeof(float));
+  }
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const int i = n * K + k;
+      if (m.pos[i] < 0) continue;
+      const float w = r.weight[i];
+      const float* yr = &m.yback[(size_t)m.pos[i] * C];
+      float* dst = moe_out + (size_t)n * C;
+      for (int c = 0; c < C; ++c) dst[c] += w * yr[c];
+    }
+  if (cfg_.moe.residual) {
+    // out = c0 * moe + c1 * mlp(x), (c0, c1) = softmax(x Wc^T + bc) per token.
+    m.dense_out.resize((size_t)N * C);
+    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, lp + o.fcprojb, x, a.fch, a.fch_gelu, m.dense_out.data(), N);
+    m.coef.resize((size_t)N * 2);
+    ops_->matmul_forward(m.coef.data(), x, lp + o.coefw, lp + o.coefb, N, C, 2, Precision::fp32);
+    for (int n = 0; n < N; ++n) {
+      float* c2 = &m.coef[(size_t)n * 2];
+      const float mx = std::max(c2[0], c2[1]);
+      const float e0 = std::exp(c2[0] - mx), e1 = std::exp(c2[1] - mx);
+      c2[0] = e0 / (e0 + e1), c2[1] = e1 / (e0 + e1);
+      for (int c = 0; c < C; ++c)
+        out[(size_t)n * C + c] = c2[0] * m.moe_out[(size_t)n * C + c] + c2[1] * m.dense_out[(size_t)n * C + c];
+    }
+  }
+}
+
+// dout (N, C): d(loss)/d(feed-forward output); dx (N, C) ACCUMULATES d(loss)/d(ln2 output).
+void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* dout, float* dx,
+                       int N) {
+  const Block& o = blocks_[l];
+  const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
+  MoeActs& m = moe_acts(static_cast<int>(&a - ws_->acts.data()));
+  const Routing& r = m.routing;
+  const float* x = a.ln2;
+  const size_t S = m.yback.size() / C;
+
+  // Residual MoE: split dout into the expert and dense paths and the coefficient's gradient.
+  std::vector<float> dmoe;
+  const float* dm = dout;
+  if (cfg_.moe.residual) {
+    dmoe.resize((size_t)N * C);
+    std::vector<float> dd((size_t)N * C), dlog((size_t)N * 2);
+    for (int n = 0; n < N; ++n) {
+      const float* c2 = &m.coef[(size_t)n * 2];
+      double g0 = 0, g1 = 0;
+      for (int c = 0; c < C; ++c) {
+        const size_t i = (size_t)n * C + c;
+        dmoe[i] = c2[0] * dout[i];
+        dd[i] = c2[1] * dout[i];
+        g0 += (double)dout[i] * m.moe_out[i];
+        g1 += (double)dout[i] * m.dense_out[i];
+      }
+      // softmax backward: dz_i = c_i (g_i - sum_j c_j g_j)
+      const double dot = c2[0] * g0 + c2[1] * g1;
+      dlog[(size_t)n * 2] = static_cast<float>(c2[0] * (g0 - dot));
+      dlog[(size_t)n * 2 + 1] = static_cast<float>(c2[1] * (g1 - dot));
+    }
+    ops_->matmul_backward(dx, lg + o.coefw, lg + o.coefb, dlog.data(), x, lp + o.coefw, N, C, 2, Precision::fp32);
+    Workspace& w = *ws_;
+    mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, x, a.fch, a.fch_gelu,
+                 dd.data(), dx, N, w.dfch, w.dfch_gelu);
+    dm = dmoe.data();
+  }
+
+  // Combine backward: d(y) of each kept route, and d(weight) for the gate.
+  std::vector<float> dyback(S * C, 0.0f), dweight((size_t)N * K, 0.0f);
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const int i = n * K + k;
+      if (m.pos[i] < 0) continue;
+      const float w = r.weight[i];
+      const float* g = dm + (size_t)n * C;
+      const float* yr = &m.yback[(size_t)m.pos[i] * C];
+      float* dyr = &dyback[(size_t)m.pos[i] * C];
+      double dw = 0;
+      for (int c = 0; c < C; ++c) dyr[c] = w * g[c], dw += (double)g[c] * yr[c];
+      dweight[i] = static_cast<float>(dw);
+    }
+
+  // To the experts, their backward, and the input gradients back.
+  const size_t R = m.rows.size() / C;
+  std::vector<float> recv(R * C), dy(R * C);
+  if (P > 1) ep_->alltoallv_rows(dyback.data(), m.send_rows, recv.data(), m.recv_rows, C);
+  else recv = dyback;
+  regroup(recv.data(), dy.data(), m.recv_counts, P, El, C, true);
+  std::vector<float> drows(R * C, 0.0f), dscratch(R * 4 * C), dscratch2(R * 4 * C);
+  size_t row = 0;
+  for (int j = 0; j < El; ++j) {
+    int rows = 0;
+    for (int s = 0; s < P; ++s) rows += m.recv_counts[s * El + j];
+    const int b = o.expert_blocks[ep_rank_ * El + j];
+    const float* w = store.params(b);
+    float* g = store.grads(b);
+    if (rows > 0)
+      mlp_backward(w + ex_.fcw, w + ex_.projw, g + ex_.fcw, g + ex_.fcb, g + ex_.projw, g + ex_.projb, &m.rows[row * C],
+                   &m.fch[row * 4 * C], &m.fch_gelu[row * 4 * C], &dy[row * C], &drows[row * C], rows,
+                   dscratch.data(), dscratch2.data());
+    store.release(b);
+    store.grads_ready(b);
+    row += rows;
+  }
+  std::vector<float> back(R * C), dsend(S * C);
+  regroup(drows.data(), back.data(), m.recv_counts, P, El, C, false);
+  if (P > 1) ep_->alltoallv_rows(back.data(), m.recv_rows, dsend.data(), m.send_rows, C);
+  else dsend.swap(back);
+  note_alltoall(m, C);
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const int i = n * K + k;
+      if (m.pos[i] < 0) continue;
+      const float* src = &dsend[(size_t)m.pos[i] * C];
+      float* d = dx + (size_t)n * C;
+      for (int c = 0; c < C; ++c) d[c] += src[c];
+    }
+
+  // Gate and router. The aux and z losses enter the total loss per micro-batch with their
+  // coefficients, on the same scale as the token losses' mean (dloss per token x N tokens).
+  std::vector<float> dlogits((size_t)N * E);
+  const float aux_scale = static_cast<float>(dloss_ * N * cfg_.moe.loss_coeff);
+  const float z_scale = static_cast<float>(dloss_ * N * cfg_.moe.z_loss_coeff);
+  route_backward(r, m.logits.data(), dweight.data(), aux_scale, z_scale, dlogits.data());
+  const float* xr = m.jitter.empty() ? x : m.xr.data();
+  if (m.jitter.empty()) {
+    ops_->matmul_backward(dx, lg + o.routerw, nullptr, dlogits.data(), xr, lp + o.routerw, N, C, E, Precision::fp32);
+  } else {
+    std::vector<float> dxr((size_t)N * C, 0.0f);
+    ops_->matmul_backward(dxr.data(), lg + o.routerw, nullptr, dlogits.data(), xr, lp + o.routerw, N, C, E,
+                          Precision::fp32);
+    for (size_t i = 0; i < dxr.size(); ++i) dx[i] += dxr[i] * m.jitter[i];
+  }
+}
+
+void Gpt::note_routing(int moe_index, const Routing& r) {
+  if (moe_stats_.size() <= static_cast<size_t>(moe_index)) moe_stats_.resize(moe_index + 1);
+  MoeLayerStats& s = moe_stats_[moe_index];
+  if (s.load.size() != r.load.size()) s.load.assign(r.load.size(), 0);
+  for (size_t e = 0; e < r.load.size(); ++e) s.load[e] += r.load[e];
+  s.routes += (long long)r.N * r.k;
+  s.dropped += r.dropped;
+  s.aux_loss += r.aux_loss;
+  s.z_loss += r.z_loss;
+  s.micro_batches += 1;
+  for (size_t i = 0; i < r.expert.size(); ++i)
+    s.routing_hash += splitmix64((uint64_t)i << 32 ^ (uint64_t)(uint32_t)r.expert[i] << 16 ^ (uint64_t)(uint32_t)(r.slot[i] + 1));
+}
+
+void Gpt::note_alltoall(const MoeActs& m, int C) {
+  // What this rank sends to other ranks in one pair of exchanges (there and back): the counts and
+  // the rows of every other rank. Forward and backward each call it once per MoE layer.
+  if (ep_size_ <= 1) return;
+  double rows = 0;
+  for (int d = 0; d < ep_size_; ++d)
+    if (d != ep_rank_) rows += m.send_rows[d] + m.recv_rows[d];
+  const int El = static_cast<int>(m.recv_counts.size()) / ep_size_;
+  alltoall_bytes_ += rows * C * sizeof(float) + double(ep_size_ - 1) * El * sizeof(int);
+}
+
+}  // namespace hpct::model

@@ -1,0 +1,95 @@
+// hpct/parallel/grouped_store.hpp — one ZeRO engine per reducing group behind one ParamStore.
+//
+// A model's blocks are reduced over different groups: dense blocks over the dense data-parallel
+// group, expert blocks (MoE) only over the expert-data-parallel group, the ranks that hold the
+// same experts (Megatron's DDP keeps expert parameters in separate buffers for the same reason).
+// GroupedStore takes the model's whole layout (every tensor, every expert: the checkpoint schema)
+// and the blocks this rank holds, builds one ZeroEngine per group on `schema.subset(held blocks of
+// the group)`, and routes the model's block ids to the engine that owns them. Checkpoint pieces
+// come back in the schema's flat indices, so a checkpoint does not depend on which rank held what.
+// With one group (a dense model) it is one ZeroEngine over the whole layout, exactly as before.
+// Not here: tensor-parallel partitions (a block's slice of a tensor) — a later group kind.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/core/param_layout.hpp"
+#include "hpct/model/param_store.hpp"
+#include "hpct/parallel/zero.hpp"
+
+namespace hpct::parallel {
+
+struct StoreGroup {
+  ReduceGroup group = ReduceGroup::dense;
+  std::vector<int> blocks;                  // schema block ids this rank holds, in schema order
+  const comm::Communicator* comm = nullptr; // the group's data-parallel communicator
+  std::string swap_tag;                     // "" = the engine's default
+};
+
+class GroupedStore final : public model::ParamStore {
+ public:
+  /// Collective over every group's communicator (in the order given). `across` is the communicator
+  /// over which different ranks hold different blocks of a group (the expert-parallel group): the
+  /// gradient norm and gather_params() sum expert parts over it. nullptr when every rank holds all.
+  GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
+               kernels::Precision precision, const comm::Communicator* across);
+  ~GroupedStore() override;
+
+  const ParamLayout& schema() const { return schema_; }
+  bool holds(int block) const { return route_[block].engine >= 0; }
+  int engines() const { return static_cast<int>(parts_.size()); }
+  ZeroEngine& engine(int i) { return *parts_[i].engine; }
+  const ZeroEngine& engine(int i) const { return *parts_[i].engine; }
+
+  // ---- ParamStore (block ids of the schema) ----
+  const float* params(int block) override;
+  float* grads(int block) override;
+  void release(int block) override;
+  const uint16_t* params_half(int block) override;
+  void grads_ready(int block) override;
+
+  // ---- the ZeroEngine protocol, over every engine (see zero.hpp) ----
+  void init_params(const std::function<void(int block, float* dst)>& init);  // schema block ids
+  void begin_step();
+  void begin_micro_step(bool last);
+  void end_micro_step();
+  /// Collective: the global sum of squares (dense once, expert parts summed over `across`).
+  double grad_sumsq();
+  void adam_step(const AdamParams& a);
+  /// Pieces in the schema's flat indices; all ranks' pieces cover every schema element once.
+  void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
+  void after_load();
+  /// Collective: the full schema parameters on every rank (tests, export). Not for large models.
+  std::vector<float> gather_params();
+
+  int stage() const { return parts_[0].engine->stage(); }
+  bool half() const { return parts_[0].engine->half(); }
+  bool offloaded() const { return parts_[0].engine->offloaded(); }
+  io::AioEngine swap_engine() const { return parts_[0].engine->swap_engine(); }
+  ZeroMemory memory() const;           // summed over engines (working_peak: the sum of peaks)
+  double bytes_sent() const;
+  SwapTraffic swap_traffic() const;    // summed over engines
+  long long gathers() const;
+  size_t local_numel() const;          // this rank's shard elements, summed over engines
+
+ private:
+  struct Part {
+    StoreGroup spec;
+    std::unique_ptr<ParamLayout> layout;  // schema.subset(spec.blocks): the engine keeps a reference
+    std::unique_ptr<ZeroEngine> engine;
+  };
+  struct Route {
+    int engine = -1, local = -1;
+  };
+  const Route& at(int block) const;
+
+  const ParamLayout& schema_;
+  const comm::Communicator* across_;
+  std::vector<Part> parts_;
+  std::vector<Route> route_;  // schema block -> engine, its block there
+};
+
+}  // namespace hpct::parallel

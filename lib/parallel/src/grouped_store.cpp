@@ -1,0 +1,162 @@
+// One ZeRO engine per reducing group. See grouped_store.hpp.
+#include "hpct/parallel/grouped_store.hpp"
+
+#include <algorithm>
+
+#include "hpct/core/error.hpp"
+
+namespace hpct::parallel {
+
+GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
+                           kernels::Precision precision, const comm::Communicator* across)
+    : schema_(schema), across_(across) {
+  route_.assign(schema.blocks().size(), Route{});
+  for (auto& g : groups) {
+    if (!g.comm) throw Error("GroupedStore: a group without a communicator");
+    Part p;
+    p.spec = std::move(g);
+    p.layout = std::make_unique<ParamLayout>(schema.subset(p.spec.blocks));
+    const int e = static_cast<int>(parts_.size());
+    for (size_t i = 0; i < p.spec.blocks.size(); ++i) {
+      const int b = p.spec.blocks[i];
+      if (route_[b].engine >= 0) throw Error("GroupedStore: block " + schema.blocks()[b].name + " is in two groups");
+      route_[b] = Route{e, static_cast<int>(i)};
+    }
+    parts_.push_back(std::move(p));
+  }
+  if (parts_.empty()) throw Error("GroupedStore: no group");
+  // Engines last: each is collective over its communicator, in the order the groups were given.
+  for (auto& p : parts_)
+    p.engine = std::make_unique<ZeroEngine>(*p.layout, cfg, *p.spec.comm, precision, p.spec.swap_tag);
+}
+
+GroupedStore::~GroupedStore() = default;
+
+const GroupedStore::Route& GroupedStore::at(int block) const {
+  if (block < 0 || block >= static_cast<int>(route_.size()) || route_[block].engine < 0)
+    throw Error("GroupedStore: this rank does not hold block " + std::to_string(block));
+  return route_[block];
+}
+
+const float* GroupedStore::params(int block) {
+  const Route& r = at(block);
+  return parts_[r.engine].engine->params(r.local);
+}
+float* GroupedStore::grads(int block) {
+  const Route& r = at(block);
+  return parts_[r.engine].engine->grads(r.local);
+}
+void GroupedStore::release(int block) {
+  const Route& r = at(block);
+  parts_[r.engine].engine->release(r.local);
+}
+const uint16_t* GroupedStore::params_half(int block) {
+  const Route& r = at(block);
+  return parts_[r.engine].engine->params_half(r.local);
+}
+void GroupedStore::grads_ready(int block) {
+  const Route& r = at(block);
+  parts_[r.engine].engine->grads_ready(r.local);
+}
+
+void GroupedStore::init_params(const std::function<void(int block, float* dst)>& init) {
+  for (auto& p : parts_) p.engine->init_params([&](int local, float* dst) { init(p.spec.blocks[local], dst); });
+}
+void GroupedStore::begin_step() {
+  for (auto& p : parts_) p.engine->begin_step();
+}
+void GroupedStore::begin_micro_step(bool last) {
+  for (auto& p : parts_) p.engine->begin_micro_step(last);
+}
+void GroupedStore::end_micro_step() {
+  for (auto& p : parts_) p.engine->end_micro_step();
+}
+
+double GroupedStore::grad_sumsq() {
+  double whole = 0, split = 0;  // held alike by every rank of `across` / different there
+  for (auto& p : parts_) (p.spec.group == ReduceGroup::dense ? whole : split) += p.engine->grad_sumsq();
+  if (parts_.size() == 1) return whole;
+  if (across_ && across_->size() > 1) across_->allreduce_sum(&split, 1);
+  return whole + split;
+}
+
+void GroupedStore::adam_step(const AdamParams& a) {
+  for (auto& p : parts_) p.engine->adam_step(a);
+}
+
+void GroupedStore::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {
+  for (auto& p : parts_) {
+    const auto& lb = p.layout->blocks();
+    p.engine->visit_pieces(load, [&](const StatePiece& piece) {
+      // A piece lies inside one block (ZeroEngine visits block slices): move it to the schema.
+      auto it = std::upper_bound(lb.begin(), lb.end(), piece.begin,
+                                 [](size_t v, const BlockSpec& b) { return v < b.offset; });
+      const BlockSpec& b = *(it - 1);
+      StatePiece q = piece;
+      q.begin = schema_.blocks()[b.origin].offset + (piece.begin - b.offset);
+      fn(q);
+    });
+  }
+}
+
+void GroupedStore::after_load() {
+  for (auto& p : parts_) p.engine->after_load();
+}
+
+std::vector<float> GroupedStore::gather_params() {
+  std::vector<float> out(schema_.numel(), 0.0f);
+  auto place = [&](Part& p, const std::vector<float>& mine) {
+    for (const auto& b : p.layout->blocks())
+      std::copy_n(mine.begin() + b.offset, b.numel, out.begin() + schema_.blocks()[b.origin].offset);
+  };
+  // Parts held differently across ranks first: zeros elsewhere, summed over `across`.
+  for (auto& p : parts_)
+    if (p.spec.group != ReduceGroup::dense) place(p, p.engine->gather_params());
+  if (parts_.size() > 1 && across_ && across_->size() > 1) across_->allreduce_sum(out.data(), out.size());
+  for (auto& p : parts_)
+    if (p.spec.group == ReduceGroup::dense) place(p, p.engine->gather_params());
+  return out;
+}
+
+ZeroMemory GroupedStore::memory() const {
+  ZeroMemory m;
+  for (const auto& p : parts_) {
+    ZeroMemory e = p.engine->memory();
+    m.params += e.params, m.grads += e.grads, m.optimizer += e.optimizer, m.grad_shard += e.grad_shard;
+    m.working_peak += e.working_peak;
+    m.nvme_params += e.nvme_params, m.nvme_optimizer += e.nvme_optimizer, m.nvme_file += e.nvme_file;
+  }
+  return m;
+}
+
+double GroupedStore::bytes_sent() const {
+  double s = 0;
+  for (const auto& p : parts_) s += p.engine->bytes_sent();
+  return s;
+}
+
+SwapTraffic GroupedStore::swap_traffic() const {
+  SwapTraffic t;
+  for (const auto& p : parts_) {
+    if (!p.engine->offloaded()) continue;
+    const SwapTraffic& e = p.engine->swap_traffic();
+    t.bytes_read += e.bytes_read, t.bytes_written += e.bytes_written;
+    t.optimizer_seconds += e.optimizer_seconds, t.optimizer_io_wait += e.optimizer_io_wait;
+    t.optimizer_bytes += e.optimizer_bytes, t.param_read_seconds += e.param_read_seconds;
+  }
+  return t;
+}
+
+size_t GroupedStore::local_numel() const {
+  size_t n = 0;
+  for (const auto& p : parts_) n += p.engine->shards().local_numel();
+  return n;
+}
+
+long long GroupedStore::gathers() const {
+  long long g = 0;
+  for (const auto& p : parts_) g += p.engine->gathers();
+  return g;
+}
+
+}  // namespace hpct::parallel
