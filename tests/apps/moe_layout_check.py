@@ -1,0 +1,88 @@
+"""pretrain_moe on every layout gives the single-rank losses, and a checkpoint moves between layouts.
+
+A tiny MoE (inputs/moe-tiny.args made smaller) with token dropping and Random Token Selection on
+(capacity factor 0.5, so tokens are dropped every step) runs 4 steps on 1 rank, then on
+(ranks, EP, ZeRO) = (2,1,0) (2,2,1) (2,2,3) (4,2,2) (4,4,0) (4,4,3); each run's per-step lm loss, moe
+loss and grad norm must equal the single-rank run's within 1e-6 relative. Why a tolerance and not
+bitwise: with EP > 1 an expert's GEMM takes the rows of several ranks' micro-batches at once, and
+gradients are summed in another order (observed differences ~1e-9 relative; 1e-6 leaves margin for
+BLAS blocking while still catching any routing or reduction error, which moves losses by >1e-4).
+Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
+iterations 3-4 must match the uninterrupted run. Also: the bad-flag errors name their flag.
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
+
+c = Checks("--moe", "--mpi", "--workdir")
+a = c.args
+base = ["--mock-data", "--vocab-size", "512", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "4", "--lr", "2e-3",
+        "--log-interval", "1", "--eval-iters", "0", "--num-experts", "4", "--expert-interval", "2",
+        "--moe-train-capacity-factor", "0.5", "--moe-min-capacity", "1", "--moe-loss-coeff", "0.01", "--seed", "7"]
+mpi = shlex.split(a.mpi)  # "mpirun -np 2 ..." : the count is replaced per run
+
+
+def run(np, ep, zero, extra=(), tag=None):
+    tag = tag or f"n{np}_ep{ep}_z{zero}"
+    mf = os.path.join(a.workdir, tag + ".jsonl")
+    cmd = mpi[:2] + [str(np)] + mpi[3:] + [a.moe] + base + ["--moe-expert-parallel-size", str(ep), "--zero-stage", str(zero),
+                                                           "--metrics-file", mf] + list(extra)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+        return p.returncode, []
+    steps = [json.loads(l) for l in open(mf)]
+    return 0, [s for s in steps if s.get("type") == "train"]
+
+
+def close(x, y, rel=1e-6):
+    return abs(x - y) <= rel * max(abs(x), abs(y), 1e-12)
+
+
+rc, ref = run(1, 1, 0)
+c.check(rc == 0 and len(ref) == 4, "single-rank reference run")
+dropped = sum(l["dropped_fraction"] for s in ref for l in s["moe_layers"])
+c.check(dropped > 0, f"tokens are dropped (capacity factor 0.5): mean dropped fraction {dropped / 8:.3f}")
+for np, ep, zero in [(2, 1, 0), (2, 2, 1), (2, 2, 3), (4, 2, 2), (4, 4, 0), (4, 4, 3)]:
+    rc, got = run(np, ep, zero)
+    ok = rc == 0 and len(got) == len(ref)
+    worst = 0.0
+    if ok:
+        for r, g in zip(ref, got):
+            for k in ("lm_loss", "moe_loss", "grad_norm"):
+                worst = max(worst, abs(r[k] - g[k]) / max(abs(r[k]), 1e-12))
+                ok = ok and close(r[k], g[k])
+            ok = ok and [l["load"] for l in r["moe_layers"]] == [l["load"] for l in g["moe_layers"]]
+    c.check(ok, f"{np} ranks, EP {ep}, ZeRO {zero}: losses, grad norms and expert loads equal the single-rank run "
+                f"(worst relative difference {worst:.1e})")
+
+# Checkpoints across EP: save at iteration 2 on 2 ranks with EP 2, resume elsewhere.
+ck = os.path.join(a.workdir, "ckpt")
+rc, _ = run(2, 2, 1, ["--save", ck, "--exit-interval", "2"], tag="save_ep2")
+c.check(rc == 0 and os.path.exists(os.path.join(ck, "latest")), "EP 2 run saved at iteration 2")
+for np, ep, zero in [(1, 1, 0), (4, 4, 2)]:
+    rc, got = run(np, ep, zero, ["--load", ck], tag=f"resume_n{np}_ep{ep}")
+    ok = rc == 0 and [s["iteration"] for s in got] == [3, 4]
+    if ok:
+        for g in got:
+            r = ref[g["iteration"] - 1]
+            ok = ok and close(r["lm_loss"], g["lm_loss"]) and close(r["grad_norm"], g["grad_norm"])
+    c.check(ok, f"the EP 2 checkpoint resumes on {np} ranks at EP {ep}, ZeRO {zero}: iterations 3-4 match the uninterrupted run")
+
+# Bad input: one line naming the flag.
+for extra, np, want in [(["--moe-expert-parallel-size", "3", "--global-batch-size", "6"], 3, "--moe-expert-parallel-size"),
+                        (["--moe-expert-parallel-size", "2", "--global-batch-size", "6"], 3, "--moe-expert-parallel-size"),
+                        (["--topk", "3"], 1, "--topk"),
+                        (["--moe-train-capacity-factor", "0"], 1, "--moe-train-capacity-factor"),
+                        (["--num-experts", "4", "8", "8"], 1, "--num-experts")]:
+    cmd = mpi[:2] + [str(np)] + mpi[3:] + [a.moe] + base + extra
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = [l for l in p.stderr.splitlines() if "error:" in l]
+    c.check(p.returncode == 1 and len(lines) == 1 and want in lines[0], f"{' '.join(extra)} on {np} ranks: one error line naming {want}: {lines[:1]}")
+c.finish()
