@@ -1,0 +1,272 @@
+// The Trainer's checkpoints: what a checkpoint records (meta, state), synchronous and asynchronous
+// saves, and the load. Split from trainer.cpp (the loop) by responsibility. See trainer.hpp.
+#include "hpct/engine/trainer.hpp"
+
+#include "trainer_async.hpp"
+
+#include "hpct/engine/preflight.hpp"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <csignal>
+#include <cmath>
+#include <iomanip>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/rng.hpp"
+#include "hpct/core/sysinfo.hpp"
+#include "hpct/core/timer.hpp"
+#include "hpct/core/units.hpp"
+#include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/moe_stats.hpp"
+
+namespace hpct::engine {
+
+namespace {
+
+// FNV-1a 64 of a file's bytes, for the tokenizer's identity in checkpoints.
+std::string file_fingerprint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "unreadable";
+  uint64_t h = kFnv1aBasis;
+  char buf[65536];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) h = fnv1a64(buf, static_cast<size_t>(f.gcount()), h);
+  char out[32];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+}  // namespace
+
+CheckpointMeta Trainer::checkpoint_meta() const {
+  CheckpointMeta m;
+  m.config = config_to_json(cfg_);
+  const auto& mc = cfg_.model;
+  m.architecture = {{"model", "gpt"},
+                    {"num_layers", mc.num_layers},
+                    {"hidden_size", mc.hidden_size},
+                    {"num_attention_heads", mc.num_heads},
+                    {"seq_length", mc.max_seq_length},
+                    {"padded_vocab_size", mc.padded_vocab()}};
+  if (mc.moe.enabled(mc.num_layers)) {
+    m.architecture["num_experts"] = mc.moe.num_experts;
+    m.architecture["expert_interval"] = mc.moe.expert_interval;
+    m.architecture["topk"] = mc.moe.topk;
+    m.architecture["mlp_type"] = mc.moe.residual ? "residual" : "standard";
+  }
+  m.tokenizer = cfg_.mock_data ? "mock (vocab " + std::to_string(mc.vocab_size) + ")"
+                                : "gpt2-bpe vocab:fnv1a64:" + file_fingerprint(cfg_.vocab_file) +
+                                      " merges:fnv1a64:" + file_fingerprint(cfg_.merge_file);
+  m.layout = {{"world_size", grid_.world_size()},
+              {"dp", grid_.dp().size()},
+              {"tp", grid_.tp().size()},
+              {"ep", grid_.ep().size()},
+              {"zero_stage", cfg_.zero.stage}};
+  m.seed = cfg_.seed;
+  return m;
+}
+
+TrainingState Trainer::training_state() const {
+  TrainingState st;
+  st.iteration = iteration_;
+  st.consumed_samples = sample_base_ + iteration_ * cfg_.global_batch;
+  st.adam_step = adam_step_;
+  st.skipped_iterations = skipped_;
+  st.nan_iterations = nan_iters_;
+  st.loss_scaler = scaler_.state();
+  return st;
+}
+
+void Trainer::map_staging() {
+  const size_t bytes = 3 * zero_->local_numel() * sizeof(float);
+  if (staging_ || bytes == 0) return;
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (mem == MAP_FAILED)
+    throw Error("--async-save: cannot map " + format_bytes(double(bytes)) + " of host memory for the state's copy: " +
+                    std::strerror(errno),
+                Error::Context{"", "--async-save", "save synchronously (drop --async-save) or free memory"});
+  staging_ = static_cast<float*>(mem);
+  staging_bytes_ = bytes;
+}
+
+// The three arrays of one piece, from where the state lives into the save's host copy.
+static void copy_piece(const parallel::StatePiece& from, const parallel::StatePiece& to) {
+  std::memcpy(to.params, from.params, from.count * sizeof(float));
+  std::memcpy(to.exp_avg, from.exp_avg, from.count * sizeof(float));
+  std::memcpy(to.exp_avg_sq, from.exp_avg_sq, from.count * sizeof(float));
+}
+
+void Trainer::start_async_save() {
+  finish_async_save(/*wait=*/true);  // the next save waits for the previous one
+  const bool root = grid_.world_rank() == 0;
+  auto a = std::make_unique<AsyncSave>();
+  Timer stall;
+  // This rank's pieces and where their copies go, in a host buffer kept from one save to the next
+  // (only the first save pays for its page faults). States in memory are copied by the background
+  // thread; states in the swap file are read into the buffer now (the swap store is not shared with
+  // a second thread, and training would move them under its feet).
+  map_staging();
+  float* const staging = staging_;
+  const bool copy_now = zero_->offloaded();
+  std::vector<parallel::StatePiece> live, copies;
+  size_t at = 0;
+  zero_->visit_pieces(false, [&](const parallel::StatePiece& p) {
+    parallel::StatePiece q = p;
+    q.params = staging + at;
+    q.exp_avg = staging + at + p.count;
+    q.exp_avg_sq = staging + at + 2 * p.count;
+    at += 3 * p.count;
+    if (copy_now) copy_piece(p, q);
+    else live.push_back(p);
+    copies.push_back(q);
+  });
+  a->copied = copy_now;
+  a->ck = std::make_unique<Checkpointer>(grid_.world(), cfg_.save_dir, cfg_.keep_last);
+  a->pending = a->ck->begin_save(model_->layout(), training_state(), checkpoint_meta());  // collective
+  Checkpointer::PendingSave* ps = a->pending.get();
+  AsyncSave* self = a.get();
+  // Test-only (docs/checkpoints.md): HPCT_TEST_ASYNC_COPY_DELAY_MS holds the copy back, so that the
+  // next optimizer step reaches the fence before the copy is done.
+  const char* delay_env = std::getenv("HPCT_TEST_ASYNC_COPY_DELAY_MS");
+  const int delay_ms = delay_env ? std::atoi(delay_env) : 0;
+  a->thread = std::thread([self, ps, delay_ms, live = std::move(live), copies, t = TensorSet::of(model_->layout(), copies)] {
+    if (!live.empty()) {
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      for (size_t i = 0; i < live.size(); ++i) copy_piece(live[i], copies[i]);
+      std::lock_guard<std::mutex> lk(self->mu);
+      self->copied = true;
+      self->cv.notify_all();
+    }
+    Checkpointer::write_pieces(*ps, t);
+  });
+  a->record.iteration = iteration_;
+  a->record.async = true;
+  a->record.bytes = 3.0 * model_->layout().numel() * sizeof(float);
+  a->stall = stall.seconds();
+  const double started = grid_.world().allreduce_max(a->stall);
+  if (root) {
+    std::printf("saving checkpoint at iteration %7lld to %s in the background (started in %.3f s; %s)\n", iteration_,
+                cfg_.save_dir.c_str(), started,
+                copy_now ? "the offloaded state copied to host memory" : "the state is copied before the next optimizer step");
+    std::fflush(stdout);
+  }
+  async_ = std::move(a);
+}
+
+void Trainer::snapshot_fence() {
+  if (!async_) return;
+  Timer wait;
+  std::unique_lock<std::mutex> lk(async_->mu);
+  async_->cv.wait(lk, [&] { return async_->copied; });
+  async_->stall += wait.seconds();
+}
+
+bool Trainer::finish_async_save(bool wait, TrainSummary::Save* done, std::string* file) {
+  if (!async_) return false;
+  // Decided together: every rank's background write must have returned before the collective end.
+  const bool mine = Checkpointer::written(*async_->pending);
+  if (!wait && grid_.world().allreduce_min(mine ? 1.0 : 0.0) < 0.5) return false;
+  async_->thread.join();
+  std::string f = async_->ck->finish_save(*async_->pending);
+  async_->record.seconds = async_->since_start.seconds();
+  async_->record.stall_seconds = grid_.world().allreduce_max(async_->stall);
+  if (grid_.world_rank() == 0) {
+    const auto& r = async_->record;
+    std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s in the background; training "
+                "stalled %.3f s)\n",
+                r.iteration, f.c_str(), format_bytes(r.bytes).c_str(), r.seconds, r.stall_seconds);
+    std::fflush(stdout);
+  }
+  if (done) *done = async_->record;
+  if (file) *file = f;
+  async_.reset();
+  return true;
+}
+
+std::string Trainer::save_checkpoint() {
+  finish_async_save(/*wait=*/true);
+  const bool root = grid_.world_rank() == 0;
+  TrainingState st = training_state();
+  TensorSet t;
+  t.layout = &model_->layout();
+  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
+  if (root) std::cout << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << cfg_.save_dir << std::endl;
+  Timer timer;
+  Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
+  std::string file = ck.save(t, st, checkpoint_meta());
+  if (root) {
+    double bytes = 3.0 * model_->layout().numel() * sizeof(float), secs = timer.seconds();
+    std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s, %.2f GB/s)\n", iteration_,
+                file.c_str(), format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
+    std::fflush(stdout);
+  }
+  return file;
+}
+
+std::string Trainer::load_checkpoint() {
+  const bool root = grid_.world_rank() == 0;
+  // Rank 0 resolves `latest` and tells everyone, so all ranks load the same file.
+  std::string file, err;
+  if (root) {
+    try {
+      if (!cfg_.load_path.empty()) {
+        file = Checkpointer::resolve(cfg_.load_path);
+        struct stat st {};
+        if (file.empty() && ::stat(cfg_.load_path.c_str(), &st) != 0 && cfg_.load_path != cfg_.save_dir)
+          throw config_error("--load", "'" + cfg_.load_path + "' does not exist", "give a checkpoint directory or file");
+      }
+      check_run_outputs(cfg_, file);  // before any work: --save, --json, --metrics-file
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  grid_.world().bcast_string(err, 0);
+  if (!err.empty()) throw Error::agreed(err);  // the line already says "[rank 0]"
+  grid_.world().bcast_string(file, 0);
+  if (file.empty()) {
+    if (cfg_.load_path.empty()) return "";
+    if (root) std::cout << "> no checkpoint in " << cfg_.load_path << " yet: starting from iteration 0" << std::endl;
+    return "";
+  }
+  if (root) std::cout << "loading checkpoint from " << file << std::endl;
+  Timer timer;
+  TrainingState st;
+  TensorSet t;
+  t.layout = &model_->layout();
+  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
+  Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
+  ck.load(file, t, st, checkpoint_meta());
+  zero_->after_load();  // re-replicate what every rank holds whole
+  if (device_store_) device_store_->invalidate();
+  iteration_ = st.iteration;
+  adam_step_ = st.adam_step;
+  skipped_ = st.skipped_iterations;
+  nan_iters_ = st.nan_iterations;
+  sample_base_ = st.consumed_samples - st.iteration * cfg_.global_batch;
+  scaler_.restore(st.loss_scaler);
+  if (root) {
+    double bytes = 3.0 * model_->layout().numel() * sizeof(float), secs = timer.seconds();
+    std::printf("  successfully loaded checkpoint from %s at iteration %lld (%s in %.2f s, %.2f GB/s)\n", file.c_str(),
+                iteration_, format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
+    std::fflush(stdout);
+  }
+  return file;
+}
+
+Trainer::~Trainer() {
+  async_.reset();      // joins a background writer still running (an error path)
+  if (staging_) ::munmap(staging_, staging_bytes_);
+}
+
+}  // namespace hpct::engine
