@@ -220,14 +220,12 @@ static int run(int argc, char** argv, bool require_moe) {
                               {"nvme_offload", offload},
                               {"comm_bytes_per_step_per_rank", sent}};
     if (cfg.model.moe.enabled(cfg.model.num_layers)) {
-      const double steps_run = std::max<double>(1, double(s.last_iteration - s.start_iteration));
       summary["moe"] = {{"expert_parallel_size", cfg.moe_ep},
                         {"moe_loss", s.steps.empty() ? NAN : s.steps.back().moe_loss},
                         {"layers", s.steps.empty() ? nlohmann::json(nullptr) : s.steps.back().moe_layers},
                         // bytes each rank sent to other ranks in MoE all-to-alls (two per MoE layer in
                         // forward, two in backward; evaluation's too), averaged over the steps run
                         {"alltoall_bytes_per_step_per_rank", a2a}};
-      (void)steps_run;
     }
     if (!s.val_losses.empty()) {
       summary["final_val_loss"] = final_val;

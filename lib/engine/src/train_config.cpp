@@ -476,12 +476,7 @@ void TrainConfig::finalize(int dp) {
   if (moe_ep > 1 && !model.moe.enabled(model.num_layers))
     throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size " + std::to_string(moe_ep) + " needs MoE layers",
                        "give --num-experts");
-  for (int l = 0; l < model.num_layers; ++l)
-    if (int e = model.moe.experts_of(l, model.num_layers); e > 0 && e % moe_ep != 0)
-      throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size " + std::to_string(moe_ep) +
-                                                           " does not divide the " + std::to_string(e) + " experts of layer " +
-                                                           std::to_string(l + 1),
-                         "choose an expert-parallel size that divides every --num-experts entry");
+  // Experts not divisible by EP: the model refuses it (model::Gpt), on every rank alike.
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
   if (device != "cpu" && device != "cuda") throw config_error("--device", "'" + device + "' is not a device: use cpu or cuda");

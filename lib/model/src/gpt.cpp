@@ -163,12 +163,13 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
   const size_t C = cfg_.hidden_size;
   ex_ = ExpertOffsets{0, 4 * C * C, 4 * C * C + 4 * C, 8 * C * C + 4 * C};
-  for (const auto& o : blocks_) {
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& o = blocks_[l];
     if (o.experts == 0) continue;
     if (o.experts % ep_size_ != 0)
       throw config_error("--moe-expert-parallel-size",
-                         "layer " + std::to_string(o.block) + "'s " + std::to_string(o.experts) +
-                             " experts are not divisible by --moe-expert-parallel-size " + std::to_string(ep_size_),
+                         "--moe-expert-parallel-size " + std::to_string(ep_size_) + " does not divide the " +
+                             std::to_string(o.experts) + " experts of layer " + std::to_string(l + 1),
                          "choose an expert-parallel size that divides every --num-experts entry");
     if (!ops_->host_memory())
       throw config_error("--device", "MoE layers run on the CPU backend only in this version (--device " + ops_->name() + ")",
