@@ -147,6 +147,14 @@ for tag, fn, want in cases:
     refused_load(tag, d, want)
     refused_verify(tag, d, want)
 
+# An architecture claiming a million experts (and no run-state checksum to catch it): verify counts
+# the tensors it would need before building their table, instead of listing 4 million names.
+tag = "a million experts"
+d = edited("million_experts", lambda f: (f.attrs.__delitem__("run_state_checksum"), f.attrs.__setitem__(
+    "architecture", '{"expert_interval":2,"hidden_size":64,"mlp_type":"standard","model":"gpt","num_attention_heads":2,'
+                    '"num_experts":[1000000],"num_layers":2,"padded_vocab_size":512,"seq_length":32,"topk":1}')))
+refused_verify(tag, d, "needs 12000")
+
 # Both removed: range checks alone still hold (a checkpoint from before the run-state checksum).
 d = edited("no_checksum_bad_step", lambda f: (f.attrs.__delitem__("run_state_checksum"),
                                               f.attrs.__setitem__("optimizer_step", np.int64(7))))

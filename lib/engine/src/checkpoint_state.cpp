@@ -157,9 +157,14 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
 StoredRun check_structure(const io::H5File& f, const std::string& file, model::GptConfig* cfg) {
   StoredRun r = read_stored_run(f, file);
   *cfg = gpt_config_of(r.meta.architecture, file);
-  const uint64_t want = 3ull * (12ull * static_cast<uint64_t>(cfg->num_layers) + 4), have = f.list_datasets().size();
-  // Bound the layout to be built by the file's own contents; a few tensors short or extra are
-  // named one by one by check_tensor_set below.
+  // Bound the layout to be built by the file's own contents (a few tensors short or extra are named
+  // one by one by check_tensor_set below): count the tensors before building their table, layers
+  // first (12 per dense layer at least), then what each MoE layer's experts add.
+  const uint64_t have = f.list_datasets().size();
+  uint64_t want = 3ull * (12ull * static_cast<uint64_t>(cfg->num_layers) + 4);
+  if (want <= have + 36)
+    for (int l = 0; l < cfg->num_layers; ++l)
+      if (const int e = cfg->moe.experts_of(l, cfg->num_layers); e > 0) want += 3ull * (4ull * e + 1 + (cfg->moe.residual ? 6 : 0) - 4);
   if (want > have + 36)
     throw file_error(file, "holds " + std::to_string(have) + " tensors, its architecture (" + std::to_string(cfg->num_layers) +
                                " layers) needs " + std::to_string(want) + ": the checkpoint is damaged");
