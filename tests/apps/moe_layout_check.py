@@ -7,7 +7,8 @@ loss and grad norm must equal the single-rank run's within 1e-6 relative. Why a 
 bitwise: with EP > 1 an expert's GEMM takes the rows of several ranks' micro-batches at once, and
 gradients are summed in another order (observed differences ~1e-9 relative; 1e-6 leaves margin for
 BLAS blocking while still catching any routing or reduction error, which moves losses by >1e-4).
-Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
+Top-2 without token dropping and residual MoE with Jitter are compared the same way on (2,2,1) and
+(4,4,2). Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
 iterations 3-4 must match the uninterrupted run. Also: the bad-flag errors name their flag.
 """
 import json
@@ -61,6 +62,21 @@ for np, ep, zero in [(2, 1, 0), (2, 2, 1), (2, 2, 3), (4, 2, 2), (4, 4, 0), (4, 
             ok = ok and [l["load"] for l in r["moe_layers"]] == [l["load"] for l in g["moe_layers"]]
     c.check(ok, f"{np} ranks, EP {ep}, ZeRO {zero}: losses, grad norms and expert loads equal the single-rank run "
                 f"(worst relative difference {worst:.1e})")
+
+# Other gates: top-2 without dropping (capacity = the largest demand, agreed over the EP group), and
+# residual MoE with jittered router input; each against its own single-rank run.
+for name, extra in [("top-2, no token dropping", ["--topk", "2", "--disable-moe-token-dropping"]),
+                    ("residual MoE, Jitter", ["--mlp-type", "residual", "--moe-noisy-gate-policy", "Jitter"])]:
+    tag = name.split(",")[0].replace(" ", "_")
+    rc, vref = run(1, 1, 0, extra, tag=tag + "_ref")
+    ok = rc == 0 and len(vref) == 4
+    if "no token" in name:
+        c.check(ok and all(l["dropped_fraction"] == 0 for s in vref for l in s["moe_layers"]), f"{name}: nothing dropped")
+    for np, ep, zero in [(2, 2, 1), (4, 4, 2)]:
+        rc, got = run(np, ep, zero, extra, tag=f"{tag}_n{np}_ep{ep}")
+        good = ok and rc == 0 and len(got) == len(vref) and all(
+            close(r[k], g[k]) for r, g in zip(vref, got) for k in ("lm_loss", "moe_loss", "grad_norm"))
+        c.check(good, f"{name}: {np} ranks, EP {ep}, ZeRO {zero} equal the single-rank run")
 
 # Checkpoints across EP: save at iteration 2 on 2 ranks with EP 2, resume elsewhere.
 ck = os.path.join(a.workdir, "ckpt")
