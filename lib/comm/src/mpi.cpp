@@ -163,6 +163,14 @@ std::vector<double> Communicator::allgather(double v) const {
   return out;
 }
 
+std::vector<double> Communicator::allgather(const std::vector<double>& v) const {
+  HPCT_REQUIRE(v.size() < (1u << 30), "allgather: too many values");
+  std::vector<double> out(v.size() * static_cast<size_t>(size_));
+  HPCT_CHECK_MPI(MPI_Allgather(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, out.data(), static_cast<int>(v.size()),
+                               MPI_DOUBLE, comm_));
+  return out;
+}
+
 std::vector<std::string> Communicator::allgather_string(const std::string& s) const {
   HPCT_REQUIRE(s.size() < (1u << 30), "allgather_string: string too long");
   int n = static_cast<int>(s.size());

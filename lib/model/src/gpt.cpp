@@ -7,6 +7,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
+#include "hpct/core/timer.hpp"
 #include "gpt_acts.hpp"
 
 namespace hpct::model {
@@ -425,7 +426,10 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
   training_ = true;
   dloss_ = dloss;
+  Timer phase;
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/!recompute_);
+  phase_.forward += phase.seconds();
+  phase.reset();
   Workspace& w = *ws_;
   const int L = cfg_.num_layers, C = cfg_.hidden_size;
   const size_t NC = (size_t)B * T * C;
@@ -447,6 +451,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   float* eg = store.grads(0);
   ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
   store.grads_ready(0);
+  phase_.backward += phase.seconds();
   return loss;
 }
 

@@ -80,6 +80,18 @@ double GroupedStore::grad_sumsq() {
   return whole + split;
 }
 
+std::array<double, 3> GroupedStore::state_sumsq() const {
+  std::array<double, 3> whole{}, split{};
+  for (const auto& p : parts_) {
+    const std::array<double, 3> s = p.engine->state_sumsq();
+    auto& into = p.spec.group == ReduceGroup::dense ? whole : split;
+    for (int i = 0; i < 3; ++i) into[i] += s[i];
+  }
+  if (parts_.size() > 1 && across_ && across_->size() > 1) across_->allreduce_sum(split.data(), 3);
+  for (int i = 0; i < 3; ++i) whole[i] += split[i];
+  return whole;
+}
+
 void GroupedStore::adam_step(const AdamParams& a) {
   for (auto& p : parts_) p.engine->adam_step(a);
 }
@@ -132,6 +144,18 @@ ZeroMemory GroupedStore::memory() const {
 double GroupedStore::bytes_sent() const {
   double s = 0;
   for (const auto& p : parts_) s += p.engine->bytes_sent();
+  return s;
+}
+
+double GroupedStore::gather_wait_seconds() const {
+  double s = 0;
+  for (const auto& p : parts_) s += p.engine->gather_wait_seconds();
+  return s;
+}
+
+double GroupedStore::reduce_wait_seconds() const {
+  double s = 0;
+  for (const auto& p : parts_) s += p.engine->reduce_wait_seconds();
   return s;
 }
 

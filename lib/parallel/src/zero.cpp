@@ -423,12 +423,15 @@ void ZeroEngine::finish_reduction(Reduction& r) {
 }
 
 void ZeroEngine::drain_reductions(size_t keep_elems) {
+  if (reductions_.empty() || reducing_elems_ <= keep_elems) return;
+  Timer t;
   while (!reductions_.empty() && reducing_elems_ > keep_elems) {
     Reduction* r = reductions_.front();
     reductions_.erase(reductions_.begin());
     finish_reduction(*r);
     delete r;
   }
+  reduce_wait_ += t.seconds();
 }
 
 void ZeroEngine::grads_ready(int b) {

@@ -78,8 +78,10 @@ void ZeroEngine::finish_gather(Gathered& g) {
 }
 
 void ZeroEngine::wait_gather(int b) {
+  Timer t;
   post_gather(b);
   finish_gather(*gathered_.at(b));
+  gather_wait_ += t.seconds();
 }
 
 void ZeroEngine::prefetch() {

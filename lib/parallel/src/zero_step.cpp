@@ -31,6 +31,17 @@ void ZeroEngine::update(float* p, const float* g, const uint16_t* g16, float* m,
     }
   }
   if (pub) kernels::to_half(p, pub, n, prec_);
+  if (a.state_norms) {
+    state_sumsq_[0] += kernels::sum_of_squares(p, n);
+    state_sumsq_[1] += kernels::sum_of_squares(m, n);
+    state_sumsq_[2] += kernels::sum_of_squares(v, n);
+  }
+}
+
+std::array<double, 3> ZeroEngine::state_sumsq() const {
+  std::array<double, 3> s = state_sumsq_;
+  if (cfg_.stage > 0) dp_.allreduce_sum(s.data(), 3);  // stage 0: every rank updated everything
+  return s;
 }
 
 void ZeroEngine::adam_step(const AdamParams& a) {
@@ -40,6 +51,7 @@ void ZeroEngine::adam_step(const AdamParams& a) {
     delete g;
   }
   gathered_.clear();
+  state_sumsq_ = {};
   const auto& blocks = layout_.blocks();
   if (swap_) {
     swept_adam(a);

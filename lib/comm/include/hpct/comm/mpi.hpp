@@ -109,6 +109,9 @@ class Communicator {
                       const std::vector<int>& recv_rows, int width) const;
   /// Collective over this comm: gathers one double from every rank on every rank.
   std::vector<double> allgather(double v) const;
+  /// Collective over this comm: every rank gives v of the same length n; returns size() * n values,
+  /// rank r's at [r * n, (r + 1) * n).
+  std::vector<double> allgather(const std::vector<double>& v) const;
   /// Collective over this comm: gathers one string (any length) from every rank on every rank.
   std::vector<std::string> allgather_string(const std::string& s) const;
 

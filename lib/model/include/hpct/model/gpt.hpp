@@ -111,6 +111,15 @@ class Gpt {
   double forward_backward(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T, float dloss);
   /// Forward only (evaluation). Returns the sum of token losses (targets < 0 add nothing).
   double forward_loss(ParamStore& store, const int32_t* tokens, const int32_t* targets, int B, int T);
+  /// Wall seconds forward_backward spent since construction in its two halves: the embedding and
+  /// the layers' forward; then the rest (the LM head's logits, loss and gradient, fused chunk by
+  /// chunk, and the layers' backward with any recompute). The store's waits inside them (ZeRO-3
+  /// gathers, reductions overlapped with backward) count too. No device synchronisation is added:
+  /// with a GPU backend part of the forward's kernels may finish inside the second half.
+  struct PhaseSeconds {
+    double forward = 0, backward = 0;
+  };
+  PhaseSeconds phase_seconds() const { return phase_; }
 
   // ---- mixture of experts ----
   /// Routing noise and random token selection of the next micro-batch derive from this seed (the
@@ -194,6 +203,7 @@ class Gpt {
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
   float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
   double alltoall_bytes_ = 0;
+  PhaseSeconds phase_;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;
   std::unique_ptr<Workspace> ws_;                 // declared last: its buffers go back to ops_ first

@@ -72,6 +72,10 @@ class GroupedStore final : public model::ParamStore {
   ZeroMemory memory() const;           // summed over engines (working_peak: the sum of peaks)
   double bytes_sent() const;
   SwapTraffic swap_traffic() const;    // summed over engines
+  double gather_wait_seconds() const;  // summed over engines
+  /// Collective: ZeroEngine::state_sumsq over the whole schema (expert parts summed over `across`).
+  std::array<double, 3> state_sumsq() const;
+  double reduce_wait_seconds() const;
   long long gathers() const;
   size_t local_numel() const;          // this rank's shard elements, summed over engines
 

@@ -42,6 +42,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -107,6 +108,7 @@ struct AdamParams {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   int step = 1;            // 1-based, after increment
   float grad_scale = 1;    // multiplies gradients (unscaling and clipping)
+  bool state_norms = false;  // also sum the squares of the updated weights and moments (state_sumsq)
 };
 
 /// One rank's piece of the flat (unpadded) state: elements [begin, begin + count) of the global
@@ -203,6 +205,13 @@ class ZeroEngine final : public model::ParamStore {
   /// The async IO engine the swap file runs on (what `auto` became here); only when offloaded().
   io::AioEngine swap_engine() const { return swap_->engine(); }
   const SwapTraffic& swap_traffic() const { return traffic_; }
+  /// Seconds waited since construction: for stage-3 parameter gathers to arrive (with any NVMe
+  /// read of the slice), and for gradient reductions to complete (with folding them into the shard).
+  double gather_wait_seconds() const { return gather_wait_; }
+  /// Collective over the engine's group, after an adam_step with state_norms: the sums of squares
+  /// of the updated fp32 weights, exp_avg and exp_avg_sq over every element the group holds.
+  std::array<double, 3> state_sumsq() const;
+  double reduce_wait_seconds() const { return reduce_wait_; }
 
  private:
   struct Gathered;
@@ -277,6 +286,8 @@ class ZeroEngine final : public model::ParamStore {
   long trace_pos_ = -1;  // next expected index in trace_, -1 = off track
 
   double bytes_sent_ = 0;
+  double gather_wait_ = 0, reduce_wait_ = 0;
+  std::array<double, 3> state_sumsq_{};  // this rank's part, from the last adam_step with state_norms
   long long gathers_ = 0;
 
   // NVMe swap: arrays of this rank's shard (local indices), roles below (-1 = in memory)
