@@ -12,6 +12,8 @@ pkgs=(
   openmpi-bin libopenmpi-dev            # MPI (host buffers)
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 checkpoints, h5dump/h5ls
   python3-h5py                          # tests: h5py reads our checkpoints (what users open them with)
+  python3-protobuf                      # tests: decode TensorBoard event files (tests/records/tfevents.py)
+  python3-matplotlib                    # the plot tool (scripts/plot_metrics.py)
   libtrilinos-kokkos-dev                # Kokkos (Serial backend) for element-wise kernels
   libopenblas-dev                       # fp32 GEMM
   libdnnl-dev                           # oneDNN: bf16 GEMM on AVX512-BF16 / AMX

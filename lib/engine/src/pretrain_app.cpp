@@ -18,6 +18,7 @@
 #include "hpct/core/sysinfo.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/data.hpp"
+#include "hpct/engine/run_records.hpp"
 #include "hpct/engine/trainer.hpp"
 #include "hpct/io/aio_config.hpp"
 #include "hpct/kernels/ops.hpp"
@@ -90,7 +91,28 @@ static int run(int argc, char** argv, bool require_moe) {
 
   engine::Trainer trainer(cfg, grid);
   // Loading is collective and its checks fail on every rank alike: still the setup phase.
-  trainer.load_checkpoint();
+  const std::string loaded = trainer.load_checkpoint();
+  if (cfg.skip_train && loaded.empty())
+    throw config_error("--skip-train", "--skip-train evaluates a trained model, but --load names no checkpoint",
+                       "give --load DIR (with a `latest`) or --load FILE of a saved checkpoint");
+  // The run's records: rank 0 appends this segment to the metrics file (trimming what lies past the
+  // checkpoint), opens TensorBoard / CSV. Its IO errors stop every rank together.
+  engine::RunRecorder records(cfg, world.rank() == 0);
+  {
+    engine::SegmentInfo seg;
+    seg.app = g_prog;
+    seg.resumed_from = trainer.iteration();
+    seg.checkpoint = loaded;
+    seg.hosts = world.allgather_string(node_name());
+    seg.layout = {{"world_size", world.size()},
+                  {"data_parallel", grid.dp().size()},
+                  {"expert_parallel", grid.ep().size()},
+                  {"tensor_parallel", 1},
+                  {"zero_stage", cfg.zero.stage},
+                  {"description", grid.describe()}};
+    seg.config = engine::config_to_json(cfg);
+    comm::throw_if_any(world, comm::error_text_of([&] { records.begin_segment(seg); }));
+  }
   g_setup_phase = false;
   // Model states each rank holds (ZeRO partitions them), gathered so rank 0 can report every rank.
   auto mem = trainer.memory_report();
@@ -135,7 +157,7 @@ static int run(int argc, char** argv, bool require_moe) {
     if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
     std::cout << std::flush;
   }
-  engine::TrainSummary s = trainer.train(*data.train, data.valid.get());
+  engine::TrainSummary s = trainer.train(*data.train, data.valid.get(), &records);
   mem = trainer.memory_report();  // working buffers have their high-water mark now
   nlohmann::json host = {{"parameters", world.allgather(double(mem.params))},
                          {"gradients", world.allgather(double(mem.grads + mem.grad_shard))},
@@ -184,9 +206,13 @@ static int run(int argc, char** argv, bool require_moe) {
     std::printf("> data-parallel traffic: %s sent per step per rank (ring volume of the collectives issued; %.2f x parameters x 4 B)\n",
                 format_bytes(sent[0]).c_str(), sent[0] / (4.0 * trainer.model().layout().numel()));
     double final_val = s.val_losses.empty() ? NAN : s.val_losses.back().second;
-    std::printf("> training done: iterations %lld to %lld in %.1f s, %.1f tokens/s, peak resident memory per rank %s\n",
-                s.start_iteration, s.last_iteration, s.seconds, s.tokens_per_second,
-                format_bytes((double)s.peak_rss_bytes).c_str());
+    if (cfg.skip_train)
+      std::printf("> --skip-train: evaluated the checkpoint of iteration %lld in %.1f s, peak resident memory per rank %s\n",
+                  s.last_iteration, s.seconds, format_bytes((double)s.peak_rss_bytes).c_str());
+    else
+      std::printf("> training done: iterations %lld to %lld in %.1f s, %.1f tokens/s, peak resident memory per rank %s\n",
+                  s.start_iteration, s.last_iteration, s.seconds, s.tokens_per_second,
+                  format_bytes((double)s.peak_rss_bytes).c_str());
     if (!s.val_losses.empty()) {
       std::printf("> final validation loss %.4f, perplexity %.2f", final_val, std::exp(final_val));
       if (data.unigram_ppl > 0) std::printf(" (unigram baseline %.2f: %.2fx lower)", data.unigram_ppl, data.unigram_ppl / std::exp(final_val));
@@ -232,14 +258,11 @@ static int run(int argc, char** argv, bool require_moe) {
       summary["final_val_ppl"] = std::exp(final_val);
     }
     if (data.unigram_ppl > 0) summary["unigram_val_ppl"] = data.unigram_ppl;
-    if (!cfg.metrics_file.empty()) {
-      std::ofstream m(cfg.metrics_file, std::ios::app);
-      m << summary.dump() << "\n";
-    }
+    records.record(summary);
     if (!cfg.json_summary.empty()) {
-      std::ofstream j(cfg.json_summary);
-      if (!j) throw file_error(cfg.json_summary, "cannot write the JSON summary");
-      j << summary.dump(2) << "\n";
+      // Written whole or not at all (temp file + rename), with the segment's provenance.
+      summary["provenance"] = records.provenance();
+      write_json_file(cfg.json_summary, summary);
     }
   }
   // A stop on SIGUSR1/SIGTERM saved a checkpoint: a documented code tells the job script to requeue.

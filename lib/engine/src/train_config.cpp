@@ -12,9 +12,10 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
+#include "flag_parse.hpp"
 
 namespace hpct::engine {
-namespace {
+namespace detail {
 
 long long to_int(const std::string& flag, const std::string& v) {
   double d = 0;
@@ -31,7 +32,7 @@ long long to_int(const std::string& flag, const std::string& v) {
 }
 
 // An int field: the value must fit, never wrap (--num-layers 4294967298 is not 2).
-int to_i32(const std::string& flag, const std::string& v, long long min = INT_MIN) {
+int to_i32(const std::string& flag, const std::string& v, long long min) {
   const long long x = to_int(flag, v);
   if (x < min || x > INT_MAX)
     throw config_error(flag, flag + " " + v + " is out of range (" + std::to_string(min) + " to " + std::to_string(INT_MAX) + ")");
@@ -55,7 +56,7 @@ double to_double(const std::string& flag, const std::string& v) {
   }
 }
 
-LrStyle parse_style(const std::string& key, const std::string& v) {
+static LrStyle parse_style(const std::string& key, const std::string& v) {
   if (v == "constant") return LrStyle::constant;
   if (v == "linear") return LrStyle::linear;
   if (v == "cosine") return LrStyle::cosine;
@@ -63,14 +64,8 @@ LrStyle parse_style(const std::string& key, const std::string& v) {
   throw config_error(key, "unknown learning-rate decay style '" + v + "'", "use constant, linear, cosine or inverse-square-root");
 }
 
-struct FlagSpec {
-  bool takes_value;
-  std::function<void(TrainConfig&, const std::string&)> apply;
-  const char* help;
-  bool many = false;  // takes every following value up to the next flag (argparse nargs='+'), space-joined
-};
 
-std::vector<int> to_i32_list(const char* flag, const std::string& v) {
+static std::vector<int> to_i32_list(const char* flag, const std::string& v) {
   std::vector<int> out;
   std::istringstream is(v);
   std::string tok;
@@ -79,8 +74,14 @@ std::vector<int> to_i32_list(const char* flag, const std::string& v) {
   return out;
 }
 
-const std::map<std::string, FlagSpec>& flag_table() {
-  static const std::map<std::string, FlagSpec> t = {
+}  // namespace detail
+
+namespace {
+using namespace detail;
+
+const FlagTable& flag_table() {
+  static const FlagTable t = [] {
+  FlagTable t = {
       {"--num-layers", {true, [](TrainConfig& c, const std::string& v) { c.model.num_layers = to_i32("--num-layers", v); }, "transformer layers"}},
       {"--hidden-size", {true, [](TrainConfig& c, const std::string& v) { c.model.hidden_size = to_i32("--hidden-size", v); }, "hidden size"}},
       {"--num-attention-heads", {true, [](TrainConfig& c, const std::string& v) { c.model.num_heads = to_i32("--num-attention-heads", v); }, "attention heads"}},
@@ -155,6 +156,9 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--estimate-cpu-memory", {true, [](TrainConfig& c, const std::string& v) { c.estimate.cpu_memory_gb = to_double("--estimate-cpu-memory", v); if (!(c.estimate.cpu_memory_gb > 0)) throw config_error("--estimate-cpu-memory", "--estimate-cpu-memory must be positive GB, got " + v); }, "estimate: CPU GB per node (default: this machine's)"}},
       {"--estimate-nvme", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nvme_gb = to_double("--estimate-nvme", v); if (!(c.estimate.nvme_gb >= 0)) throw config_error("--estimate-nvme", "--estimate-nvme must be >= 0 GB, got " + v); }, "estimate: NVMe GB per node (default: free disk here)"}},
   };
+  add_run_record_flags(t);  // run records: TensorBoard, CSV, timers (train_config_records.cpp)
+  return t;
+  }();
   return t;
 }
 
@@ -253,7 +257,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   }
   if (auto v = root.get_number("gradient_clipping")) cfg.clip_grad = *v;
   if (auto v = root.get_int("steps_per_print")) cfg.log_interval = i32(*v, "steps_per_print", 1);
-  root.ignore("wall_clock_breakdown");
+  apply_ds_monitors(root, cfg);  // wall_clock_breakdown, tensorboard, csv_monitor
   root.ignore("zero_allow_untested_optimizer");
   root.ignore("prescale_gradients");
   if (root.has("optimizer")) {

@@ -2,6 +2,7 @@
 #include "hpct/engine/trainer.hpp"
 
 #include "trainer_async.hpp"
+#include "train_log.hpp"
 
 #include "hpct/engine/preflight.hpp"
 
@@ -10,6 +11,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -33,7 +35,10 @@
 
 namespace hpct::engine {
 
-Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid) : cfg_(cfg), grid_(grid) {
+using detail::PhaseClock;
+
+Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
+    : cfg_(cfg), grid_(grid), clock_(std::make_unique<PhaseClock>()) {
   if (cfg_.device == "cuda") {
     // One GPU per rank, picked by the node-local rank (modulo the GPUs seen). Taking it can fail on
     // one rank only (a busy exclusive-mode GPU, no memory), so every rank learns of it and stops.
@@ -124,18 +129,51 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
   const double sent0 = zero_->bytes_sent();
+  // Phase timers: the model times its halves, the ZeRO engines their waits, the swap its IO.
+  PhaseClock& clk = *clock_;
+  const model::Gpt::PhaseSeconds ph0 = model_->phase_seconds();
+  const double gather0 = zero_->gather_wait_seconds(), reduce0 = zero_->reduce_wait_seconds();
+  const auto nvme_seconds = [&] {
+    const parallel::SwapTraffic tr = zero_->swap_traffic();
+    return tr.optimizer_seconds + tr.param_read_seconds;
+  };
+  const double nvme0 = nvme_seconds();
   zero_->begin_step();
   double loss_sum = 0;
+  Timer t;
   for (int m = 0; m < cfg_.grad_accum; ++m) {
     // Sample order is a function of (iteration, micro-step, dp rank) only: N ranks with k micro-steps
     // see exactly the samples one rank sees with N*k micro-steps.
     const long long first = sample_base_ + iteration * GB + ((long long)m * dp + r) * mb;
+    t.reset();
     load_micro_batch(data, first);
+    clk.seconds[detail::kData] += t.seconds();
     zero_->begin_micro_step(m == cfg_.grad_accum - 1);
     model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x726f757465));
     loss_sum += model_->forward_backward(store(), tokens_.data(), targets_.data(), mb, T, dloss);
+    t.reset();
     zero_->end_micro_step();
+    clk.seconds[detail::kGradReduce] += t.seconds();
   }
+  t.reset();
+  // Everything after the last micro-step is the optimizer's, whichever way the step ends.
+  struct StepEnd {
+    Trainer& tr;
+    Timer& t;
+    model::Gpt::PhaseSeconds ph0;
+    double gather0, reduce0, nvme0;
+    std::function<double()> nvme;
+    ~StepEnd() {
+      PhaseClock& c = *tr.clock_;
+      c.seconds[detail::kOptimizer] += t.seconds();
+      const model::Gpt::PhaseSeconds ph1 = tr.model_->phase_seconds();
+      c.seconds[detail::kForward] += ph1.forward - ph0.forward;
+      c.seconds[detail::kBackward] += ph1.backward - ph0.backward;
+      c.seconds[detail::kGatherWait] += tr.zero_->gather_wait_seconds() - gather0;
+      c.seconds[detail::kReduceWait] += tr.zero_->reduce_wait_seconds() - reduce0;
+      c.seconds[detail::kNvme] += nvme() - nvme0;
+    }
+  } step_end{*this, t, ph0, gather0, reduce0, nvme0, nvme_seconds};
   grid_.dp().allreduce_sum(&loss_sum, 1);
   rec.lm_loss = loss_sum / (double(GB) * T);
   if (cfg_.model.moe.enabled(cfg_.model.num_layers)) {
@@ -170,8 +208,15 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   ap.weight_decay = (float)cfg_.weight_decay;
   ap.step = (int)adam_step_;
   ap.grad_scale = static_cast<float>(clip / scale);
+  ap.state_norms = want_state_norms_;
   snapshot_fence();  // a background save may still be copying the state this step changes
   zero_->adam_step(ap);
+  if (want_state_norms_) {  // collective: every rank decides alike (config and iteration only)
+    const std::array<double, 3> n = zero_->state_sumsq();
+    rec.weight_l2 = std::sqrt(n[0]);
+    rec.momentum_l2 = std::sqrt(n[1]);
+    rec.variance_l2 = std::sqrt(n[2]);
+  }
   if (device_store_) device_store_->invalidate();
   comm_bytes_ += zero_->bytes_sent() - sent0;
   ++comm_steps_;
@@ -235,17 +280,31 @@ int install_save_on_signal_handlers() {
   return kExitSavedOnSignal;
 }
 
-TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDataset* valid) {
+// The scalars of one iteration for TensorBoard / CSV (Megatron's tags).
+static std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRecordsConfig& rc, int global_batch) {
+  const long long it = rec.iteration;
+  std::vector<Scalar> v = {{"lm-loss-training/lm loss", rec.lm_loss, it}};
+  if (std::isfinite(rec.moe_loss)) v.push_back({"lm-loss-training/moe loss", rec.moe_loss, it});
+  if (rc.log_learning_rate) v.push_back({"learning-rate/learning-rate", rec.learning_rate, it});
+  if (rc.log_loss_scale) v.push_back({"loss-scale/loss-scale", rec.loss_scale, it});
+  if (rc.log_batch_size) v.push_back({"batch-size/batch-size", double(global_batch), it});
+  v.push_back({"grad-norm/grad-norm", rec.grad_norm, it});  // NaN (an overflow) is left out
+  if (std::isfinite(rec.weight_l2)) {  // Megatron-DeepSpeed's optimizer/* tags (L2 norms after the update)
+    v.push_back({"optimizer/weight_l2", rec.weight_l2, it});
+    v.push_back({"optimizer/momentum_l2", rec.momentum_l2, it});
+    v.push_back({"optimizer/variance_l2", rec.variance_l2, it});
+  }
+  return v;
+}
+
+TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDataset* valid, RunRecorder* records) {
   const bool root = grid_.world_rank() == 0;
   const int T = cfg_.model.max_seq_length;
   const int world = grid_.world_size();
-  std::ofstream metrics;
-  if (root && !cfg_.metrics_file.empty()) {
-    metrics.open(cfg_.metrics_file);
-    if (!metrics) throw file_error(cfg_.metrics_file, "cannot write the metrics file");
-  }
+  const RunRecordsConfig& rc = cfg_.records;
   TrainSummary sum;
   Timer total, interval;
+  double excluded = 0;  // seconds of the interval spent evaluating and saving: not training throughput
   double loss_acc = 0;
   int n_acc = 0, n_steps_in_interval = 0;
   long long& skipped = skipped_;
@@ -255,8 +314,36 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   if (saving) install_save_on_signal_handlers();
   sum.start_iteration = iteration_;
   long long it = iteration_;
+  auto run_evaluation = [&](long long at) {
+    double vl = evaluate(*valid);
+    sum.val_losses.emplace_back(at, vl);
+    if (root) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
+                    at, vl, std::exp(vl));
+      std::string line(std::strlen(buf), '-');
+      std::cout << line << "\n" << buf << "\n" << line << std::endl;
+    }
+    if (records) {
+      std::vector<Scalar> sc = {{"lm-loss-validation/lm loss validation", vl, at}};
+      if (rc.log_validation_ppl) sc.push_back({"lm-loss-validation/lm loss validation ppl", std::exp(vl), at});
+      records->record({{"type", "eval"}, {"iteration", at}, {"val_loss", vl}, {"val_ppl", std::exp(vl)}}, sc);
+    }
+  };
+  if (cfg_.skip_train) {  // Megatron's --skip-train: evaluate the loaded model and stop
+    if (valid && cfg_.eval_iters > 0) run_evaluation(it);
+    it = iteration_;
+    sum.exit_reason = "skip_train";
+    sum.start_iteration = sum.last_iteration = it;
+    sum.seconds = total.seconds();
+    sum.peak_rss_per_rank = grid_.world().allgather((double)peak_rss_bytes());
+    for (double v : sum.peak_rss_per_rank) sum.peak_rss_bytes = std::max<uint64_t>(sum.peak_rss_bytes, (uint64_t)v);
+    return sum;
+  }
+  clock_->clear();
   for (; it < cfg_.train_iters; ++it) {
     StepRecord rec;
+    want_state_norms_ = records && rc.log_optimizer_states && rc.enabled() && (it + 1) % rc.tensorboard_log_interval == 0;
     step(train, it, rec);
     rec.iteration = it + 1;
     iteration_ = it + 1;
@@ -268,67 +355,74 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     }
     ++n_steps_in_interval;
     sum.steps.push_back(rec);
+    if (records) records->iteration(it + 1, iteration_scalars(rec, rc, cfg_.global_batch));
     if ((it + 1) % cfg_.log_interval == 0 || it + 1 == cfg_.train_iters) {
-      double secs = interval.seconds() / n_steps_in_interval;
+      const double trained = interval.seconds() - excluded;
+      double secs = trained / n_steps_in_interval;
       double tps = double(cfg_.global_batch) * T / secs;
       double tflops = flops_per_iter / secs / world / 1e12;
       double loss = n_acc ? loss_acc / n_acc : NAN;
+      // Every rank's phase times and peak memory (one small all-gather per log line).
+      clock_->seconds[detail::kIteration] = trained;
+      const detail::IntervalTimers timers =
+          detail::gather_interval(grid_.world(), *clock_, n_steps_in_interval, (double)peak_rss_bytes());
+      // Samples drawn so far: the checkpoint's count plus this run's (the global batch may have
+      // changed at the resume, so not iteration x batch).
+      const long long consumed = sample_base_ + (it + 1) * cfg_.global_batch;
       if (root) {
-        // Samples drawn so far: the checkpoint's count plus this run's (the global batch may have
-        // changed at the resume, so not iteration x batch).
-        const long long consumed = sample_base_ + (it + 1) * cfg_.global_batch;
         std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed * (long long)T, secs * 1e3, rec.learning_rate,
                                      cfg_.global_batch, loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
                                      tps / world, tflops, rec.moe_loss)
-                  << std::endl;
-        if (metrics) {
-          nlohmann::json j = {{"type", "train"},
-                              {"iteration", it + 1},
-                              {"consumed_samples", consumed},
-                              {"consumed_tokens", consumed * (long long)T},
-                              {"elapsed_ms_per_iteration", secs * 1e3},
-                              {"learning_rate", rec.learning_rate},
-                              {"global_batch_size", cfg_.global_batch},
-                              {"lm_loss", loss},
-                              {"loss_scale", rec.loss_scale},
-                              {"grad_norm", std::isfinite(rec.grad_norm) ? nlohmann::json(rec.grad_norm) : nlohmann::json(nullptr)},
-                              {"skipped_iterations", skipped},
-                              {"nan_iterations", nan_iters},
-                              {"tokens_per_second", tps},
-                              {"tokens_per_second_per_rank", tps / world},
-                              {"tflops_per_rank", tflops}};
-          if (std::isfinite(rec.moe_loss)) {
-            j["moe_loss"] = rec.moe_loss;
-            j["moe_layers"] = rec.moe_layers;
-            j["alltoall_bytes_per_rank"] = model_->alltoall_bytes();
-          }
-          metrics << j.dump() << "\n" << std::flush;
+                  << "\n";
+        if (rc.timing_log_level > 0) std::cout << detail::timer_line(timers, rc.timing_log_level, rc.timing_log_option) << "\n";
+        std::cout << std::flush;
+      }
+      if (records) {
+        nlohmann::json j = {{"type", "train"},
+                            {"iteration", it + 1},
+                            {"consumed_samples", consumed},
+                            {"consumed_tokens", consumed * (long long)T},
+                            {"elapsed_ms_per_iteration", secs * 1e3},
+                            {"learning_rate", rec.learning_rate},
+                            {"global_batch_size", cfg_.global_batch},
+                            {"lm_loss", loss},
+                            {"loss_scale", rec.loss_scale},
+                            {"grad_norm", std::isfinite(rec.grad_norm) ? nlohmann::json(rec.grad_norm) : nlohmann::json(nullptr)},
+                            {"skipped_iterations", skipped},
+                            {"nan_iterations", nan_iters},
+                            {"tokens_per_second", tps},
+                            {"tokens_per_second_per_rank", tps / world},
+                            {"tflops_per_rank", tflops},
+                            {"timers_ms", detail::timers_json(timers, rc.timing_log_option)},
+                            {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
+        if (std::isfinite(rec.moe_loss)) {
+          j["moe_loss"] = rec.moe_loss;
+          j["moe_layers"] = rec.moe_layers;
+          j["alltoall_bytes_per_rank"] = model_->alltoall_bytes();
         }
+        std::vector<Scalar> sc = {{"throughput/tokens per second", tps, it + 1}, {"throughput/TFLOPs per rank", tflops, it + 1}};
+        if (rc.log_timers) detail::timer_scalars(timers, it + 1, sc);
+        if (rc.log_memory) sc.push_back({"memory/peak resident bytes", timers.peak_rss_max(), it + 1});
+        if (rc.log_world_size) sc.push_back({"world-size/world-size", double(world), it + 1});
+        records->record(j, sc);
       }
       loss_acc = 0;
       n_acc = 0;
       n_steps_in_interval = 0;
+      clock_->clear();
       interval.reset();
+      excluded = 0;
     }
     if (valid && cfg_.eval_iters > 0 && ((it + 1) % cfg_.eval_interval == 0 || it + 1 == cfg_.train_iters)) {
-      double vl = evaluate(*valid);
-      sum.val_losses.emplace_back(it + 1, vl);
-      if (root) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E |",
-                      it + 1, vl, std::exp(vl));
-        std::string line(std::strlen(buf), '-');
-        std::cout << line << "\n" << buf << "\n" << line << std::endl;
-        if (metrics)
-          metrics << nlohmann::json({{"type", "eval"}, {"iteration", it + 1}, {"val_loss", vl}, {"val_ppl", std::exp(vl)}}).dump()
-                  << "\n" << std::flush;
-      }
-      interval.reset();  // evaluation time is not training throughput
+      Timer ev;
+      run_evaluation(it + 1);
+      excluded += ev.seconds();  // evaluation time is not training throughput
     }
     // Save and stop decisions are taken together by all ranks (a signal may reach only some).
     bool signalled = saving && grid_.world().allreduce_max(g_stop_flag ? 1.0 : 0.0) > 0;
     bool exit_now = signalled || (cfg_.exit_interval > 0 && (it + 1) % cfg_.exit_interval == 0);
     bool last = it + 1 == cfg_.train_iters;
+    Timer ckpt;  // saving is not training throughput either: its time goes to the checkpoint timer
     if (async_) {  // a background save finished? (one tiny all-reduce per iteration while one runs)
       TrainSummary::Save rec;
       std::string file;
@@ -341,7 +435,6 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     if (saving && (interval_save || exit_now || last)) {
       if (cfg_.async_save && !exit_now && !last) {
         start_async_save();  // the final and the stop-on-signal saves stay synchronous: they must be done at exit
-        interval.reset();
       } else {
         Timer t;
         sum.saved.push_back(save_checkpoint());
@@ -350,9 +443,10 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         rec.stall_seconds = rec.seconds = t.seconds();
         rec.bytes = 3.0 * model_->layout().numel() * sizeof(float);
         sum.saves.push_back(rec);
-        interval.reset();  // saving is not training throughput either
       }
     }
+    clock_->seconds[detail::kCheckpoint] += ckpt.seconds();
+    excluded += ckpt.seconds();
     if (exit_now) {
       sum.exit_reason = signalled ? "signal" : "exit_interval";
       if (root)

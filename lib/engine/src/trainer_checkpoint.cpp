@@ -3,6 +3,7 @@
 #include "hpct/engine/trainer.hpp"
 
 #include "trainer_async.hpp"
+#include "train_log.hpp"
 
 #include "hpct/engine/preflight.hpp"
 

@@ -25,6 +25,27 @@ struct LossScaleConfig {
   double min_scale = 1;
 };
 
+/// What a run records besides its log lines (docs/run-records.md): TensorBoard event files, CSV
+/// files, and the per-phase timers. Megatron's flags; ds_config's tensorboard, csv_monitor and
+/// wall_clock_breakdown map onto the same fields.
+struct RunRecordsConfig {
+  std::string tensorboard_dir;          // --tensorboard-dir (ds_config tensorboard: output_path/job_name)
+  int tensorboard_log_interval = 1;     // per-iteration scalars every N iterations
+  int tensorboard_queue_size = 1000;    // accepted; events are flushed at every log interval
+  bool log_timers = false;              // --log-timers-to-tensorboard
+  bool log_batch_size = false;          // --log-batch-size-to-tensorboard
+  bool log_validation_ppl = false;      // --log-validation-ppl-to-tensorboard
+  bool log_memory = false;              // --log-memory-to-tensorboard
+  bool log_world_size = false;          // --log-world-size-to-tensorboard
+  bool log_learning_rate = true;        // --no-log-learnig-rate-to-tensorboard turns it off (Megatron's spelling)
+  bool log_loss_scale = true;           // --no-log-loss-scale-to-tensorboard
+  bool log_optimizer_states = false;    // --log-optimizer-states-to-tensorboard: Adam moment norms
+  std::string csv_dir;                  // ds_config csv_monitor: output_path/job_name
+  int timing_log_level = 0;             // 0: no timer line; 1: phases; 2: + NVMe, gathers (--timing-log-level)
+  std::string timing_log_option = "minmax";  // max | minmax | all (over ranks)
+  bool enabled() const { return !tensorboard_dir.empty() || !csv_dir.empty(); }
+};
+
 struct TrainConfig {
   model::GptConfig model;
   // batch (DeepSpeed's triple; dp is the data-parallel size known at run time)
@@ -65,6 +86,8 @@ struct TrainConfig {
   int eval_iters = 100;
   std::string metrics_file;
   std::string json_summary;
+  RunRecordsConfig records;
+  bool skip_train = false;  // --skip-train: load, evaluate on the validation split, exit (Megatron)
   std::string ds_config_path;
   // checkpoints (Megatron's flags; see docs/checkpoints.md)
   std::string save_dir;        // --save DIR

@@ -16,6 +16,7 @@
 
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/run_records.hpp"
 #include "hpct/engine/schedules.hpp"
 #include "hpct/engine/train_config.hpp"
 #include "hpct/io/gpt_dataset.hpp"
@@ -26,6 +27,9 @@
 #include "hpct/parallel/zero.hpp"
 
 namespace hpct::engine {
+namespace detail {
+struct PhaseClock;
+}
 
 struct StepRecord {
   long long iteration = 0;  // 1-based, after the step
@@ -36,6 +40,8 @@ struct StepRecord {
   bool skipped = false;
   double moe_loss = NAN;          // MoE models: the load-balancing (and z) loss term of the step
   nlohmann::json moe_layers;      // MoE models: per layer expert load, dropped fraction, aux loss
+  // --log-optimizer-states-to-tensorboard: L2 norms after the update (NaN when not computed)
+  double weight_l2 = NAN, momentum_l2 = NAN, variance_l2 = NAN;
 };
 
 struct TrainSummary {
@@ -91,8 +97,10 @@ class Trainer {
 
   /// Collective over the world. Trains up to cfg.train_iters steps (from the loaded iteration);
   /// saves every save_interval, at exit_interval, at the end, and on SIGUSR1/SIGTERM when --save is
-  /// set. valid may be null (no evaluation).
-  TrainSummary train(const io::TokenDataset& train, const io::TokenDataset* valid);
+  /// set. valid may be null (no evaluation). With cfg.skip_train it only evaluates (Megatron's
+  /// --skip-train). Log-interval, evaluation and per-iteration records go to `records` when given
+  /// (its segment begun by the caller); the phase timers are always kept (docs/run-records.md).
+  TrainSummary train(const io::TokenDataset& train, const io::TokenDataset* valid, RunRecorder* records = nullptr);
   /// Collective: mean token loss over eval_iters global batches of `data` from sample 0.
   double evaluate(const io::TokenDataset& data);
 
@@ -150,6 +158,8 @@ class Trainer {
   long long iteration_ = 0;          // optimizer steps taken, including skipped ones
   long long sample_base_ = 0;        // consumed samples - iteration * global batch (batch size changes)
   long long skipped_ = 0, nan_iters_ = 0;
+  std::unique_ptr<detail::PhaseClock> clock_;
+  bool want_state_norms_ = false;  // this step also reports the optimizer states' norms  // this rank's phase times since the last log line
   std::vector<int32_t> sample_buf_, tokens_, targets_;
 };
 

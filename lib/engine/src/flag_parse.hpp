@@ -1,0 +1,33 @@
+// Private to lib/engine: the flag table's entry type and value parsers, shared by train_config.cpp
+// (model, batch, optimizer, data, checkpoint flags) and train_config_records.cpp (run records).
+#pragma once
+#include <climits>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "hpct/core/json_config.hpp"
+#include "hpct/engine/train_config.hpp"
+
+namespace hpct::engine::detail {
+
+struct FlagSpec {
+  bool takes_value;
+  std::function<void(TrainConfig&, const std::string&)> apply;
+  const char* help;
+  bool many = false;  // takes every following value up to the next flag (argparse nargs='+'), space-joined
+};
+using FlagTable = std::map<std::string, FlagSpec>;
+
+/// Parsers that throw config_error naming the flag: integers (1e9 accepted, never wrapped), numbers.
+long long to_int(const std::string& flag, const std::string& v);
+int to_i32(const std::string& flag, const std::string& v, long long min = INT_MIN);
+long long to_int_min(const std::string& flag, const std::string& v, long long min);
+double to_double(const std::string& flag, const std::string& v);
+
+/// --tensorboard-dir and Megatron's --log-*-to-tensorboard flags, --timing-log-level, --skip-train.
+void add_run_record_flags(FlagTable& table);
+/// ds_config's wall_clock_breakdown, tensorboard and csv_monitor blocks (keys as DeepSpeed's).
+void apply_ds_monitors(JsonSection& root, TrainConfig& cfg);
+
+}  // namespace hpct::engine::detail

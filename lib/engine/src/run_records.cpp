@@ -1,0 +1,224 @@
+// Metrics file, TensorBoard and CSV records of a run, across its segments. See run_records.hpp.
+#include "hpct/engine/run_records.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <sstream>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
+#include "hpct/io/tfevents.hpp"
+
+namespace hpct::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// Writes lines to path.tmp and renames it over path: a reader (or a crash) sees the old file or
+// the new one, never half of one.
+void replace_file(const std::string& path, const std::vector<std::string>& lines) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    for (const auto& l : lines) f << l << "\n";
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw file_error(path, "cannot rewrite (disk full?)", "nothing was changed; free space and run again");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw file_error(path, "cannot rename the rewritten file into place");
+  }
+}
+
+// A record belongs to the history up to iteration R?
+bool keep_record(const std::string& line, long long R) {
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return false;
+  auto number = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<long long>() : -1; };
+  const std::string type = j["type"];
+  if (type == "train" || type == "eval") return number("iteration") >= 0 && number("iteration") <= R;
+  if (type == "summary") return number("iterations") >= 0 && number("iterations") <= R;
+  if (type == "segment") return number("resumed_from_iteration") >= 0 && number("resumed_from_iteration") <= R;
+  return false;
+}
+
+std::string csv_name(const std::string& tag) {  // DeepSpeed's csv_monitor: '/' and ' ' become '_'
+  std::string s = tag;
+  for (char& c : s)
+    if (c == '/' || c == ' ') c = '_';
+  return s + ".csv";
+}
+
+}  // namespace
+
+long long trim_metrics_file(const std::string& path, long long R, const std::string& discarded_path) {
+  std::ifstream in(path);
+  if (!in) return 0;  // no history yet
+  std::vector<std::string> kept, dropped;
+  std::string line;
+  bool newline_at_end = true;  // a writer killed mid-line leaves none: then the file is rewritten too
+  while (std::getline(in, line)) {
+    newline_at_end = !in.eof();
+    if (line.empty()) continue;
+    (keep_record(line, R) ? kept : dropped).push_back(line);
+  }
+  if (in.bad()) throw file_error(path, "cannot read the metrics file");
+  if (dropped.empty()) {
+    if (!newline_at_end) replace_file(path, kept);
+    return 0;
+  }
+  {  // the dropped records first (appended, flushed), then the rewrite: a crash in between loses nothing
+    std::ofstream d(discarded_path, std::ios::app);
+    for (const auto& l : dropped) d << l << "\n";
+    d.flush();
+    if (!d) throw file_error(discarded_path, "cannot write the discarded records", "nothing was changed in " + path);
+  }
+  replace_file(path, kept);
+  return static_cast<long long>(dropped.size());
+}
+
+RunRecorder::RunRecorder(const TrainConfig& cfg, bool root) : cfg_(cfg.records), metrics_path_(cfg.metrics_file), root_(root) {}
+
+RunRecorder::~RunRecorder() = default;
+
+void RunRecorder::begin_segment(const SegmentInfo& info) {
+  if (!root_) return;
+  const double wall = now_seconds();
+  provenance_ = {{"app", info.app},
+                 {"version", hpct_version()},
+                 {"git_commit", hpct_git_sha()},
+                 {"time", utc_now()},
+                 {"resumed_from_iteration", info.resumed_from},
+                 {"checkpoint", info.checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(info.checkpoint)},
+                 {"hosts", info.hosts},
+                 {"layout", info.layout},
+                 {"config", info.config}};
+  if (!metrics_path_.empty()) {
+    const std::string discarded = metrics_path_ + ".discarded";
+    const long long dropped = trim_metrics_file(metrics_path_, info.resumed_from, discarded);
+    long long segments = 0;
+    {
+      std::ifstream in(metrics_path_);
+      std::string line;
+      while (std::getline(in, line)) segments += line.find("\"type\":\"segment\"") != std::string::npos;
+    }
+    metrics_.open(metrics_path_, std::ios::app);
+    if (!metrics_) throw file_error(metrics_path_, "cannot write the metrics file");
+    nlohmann::json seg = {{"type", "segment"}, {"segment", segments + 1}, {"wall_time", wall}};
+    seg.update(provenance_);
+    seg["discarded_records"] = dropped;
+    seg["discarded_file"] = dropped ? nlohmann::json(discarded) : nlohmann::json(nullptr);
+    metrics_ << seg.dump() << "\n" << std::flush;
+    provenance_["segment"] = segments + 1;
+  }
+  if (!cfg_.tensorboard_dir.empty()) {
+    events_ = std::make_unique<io::EventFileWriter>(cfg_.tensorboard_dir, wall);
+    // TensorBoard drops what earlier files hold at steps > resumed_from (a fresh start: all of it).
+    events_->session_start(info.resumed_from + 1, wall,
+                           info.resumed_from ? "resumed from iteration " + std::to_string(info.resumed_from) : "start");
+    events_->flush();
+  }
+  if (!cfg_.csv_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(cfg_.csv_dir, ec);
+    if (ec) throw file_error(cfg_.csv_dir, "cannot create the CSV directory: " + ec.message());
+    trim_csv(info.resumed_from);
+  }
+}
+
+void RunRecorder::trim_csv(long long R) {
+  for (const auto& e : fs::directory_iterator(cfg_.csv_dir)) {
+    if (e.path().extension() != ".csv") continue;
+    std::ifstream in(e.path());
+    std::vector<std::string> kept;
+    std::string line;
+    bool changed = false;
+    while (std::getline(in, line)) {
+      if (kept.empty()) {  // the header
+        kept.push_back(line);
+        continue;
+      }
+      char* end = nullptr;
+      const long long step = std::strtoll(line.c_str(), &end, 10);
+      if (end != line.c_str() && *end == ',' && step <= R) kept.push_back(line);
+      else changed = true;
+    }
+    if (changed) replace_file(e.path().string(), kept);
+  }
+}
+
+void RunRecorder::write_scalars(const std::vector<Scalar>& scalars) {
+  if (events_) {
+    // One Event per run of scalars at the same step.
+    const double wall = now_seconds();
+    std::vector<std::pair<std::string, float>> v;
+    for (size_t i = 0; i < scalars.size(); ++i) {
+      if (std::isfinite(scalars[i].value)) v.emplace_back(scalars[i].tag, static_cast<float>(scalars[i].value));
+      if (i + 1 == scalars.size() || scalars[i + 1].step != scalars[i].step) {
+        events_->add_scalars(v, scalars[i].step, wall);
+        v.clear();
+      }
+    }
+  }
+  if (!cfg_.csv_dir.empty()) {
+    for (const auto& s : scalars) {
+      if (!std::isfinite(s.value)) continue;
+      auto& f = csv_[s.tag];
+      if (!f) {
+        const std::string path = cfg_.csv_dir + "/" + csv_name(s.tag);
+        const bool fresh = !fs::exists(path);
+        f = std::make_unique<std::ofstream>(path, std::ios::app);
+        if (!*f) throw file_error(path, "cannot write the CSV file");
+        if (fresh) *f << "step," << s.tag.substr(s.tag.rfind('/') + 1) << "\n";
+      }
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.9g", s.value);
+      *f << s.step << "," << buf << "\n";
+    }
+  }
+}
+
+void RunRecorder::iteration(long long it, const std::vector<Scalar>& scalars) {
+  if (!root_ || it % cfg_.tensorboard_log_interval != 0) return;
+  write_scalars(scalars);
+}
+
+void RunRecorder::record(const nlohmann::json& rec, const std::vector<Scalar>& scalars) {
+  if (!root_) return;
+  if (metrics_.is_open()) {
+    nlohmann::json r = rec;
+    if (!r.contains("wall_time")) r["wall_time"] = now_seconds();
+    metrics_ << r.dump() << "\n";
+  }
+  write_scalars(scalars);
+  flush();
+}
+
+void RunRecorder::flush() {
+  if (!root_) return;
+  if (metrics_.is_open()) {
+    metrics_.flush();
+    if (!metrics_) throw file_error(metrics_path_, "cannot write the metrics file (disk full?)");
+  }
+  if (events_) events_->flush();
+  for (auto& [tag, f] : csv_) f->flush();
+}
+
+}  // namespace hpct::engine
