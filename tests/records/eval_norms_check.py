@@ -12,12 +12,10 @@ eval_norms_check.py --gpt PRETRAIN_GPT --mpi "MPIEXEC -n 2 ..." --workdir DIR
   run's final evaluation (same parameters, same batches: relative 1e-12), no iteration runs, the
   summary says exit_reason "skip_train"; without a checkpoint it is a one-line error.
 """
-import argparse
 import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -30,27 +28,17 @@ except ImportError:
         os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
     raise
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tfevents  # noqa: E402
+from checklib import Checks  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--gpt", required=True)
-ap.add_argument("--mpi", required=True)
-ap.add_argument("--workdir", required=True)
-a = ap.parse_args()
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
+c = Checks("--gpt", "--mpi", "--workdir")
+a = c.args
+check = c.check
 w = a.workdir
 base = [a.gpt, "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3", "--mock-data", "--vocab-size", "256",
         "--train-iters", "6", "--log-interval", "1", "--eval-iters", "2", "--eval-interval", "6"]
-errors = []
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        errors.append(msg)
-    return cond
 
 
 def run(cmd, rc=0):
@@ -97,5 +85,4 @@ check(math.isclose(ev.get("final_val_loss", 0), trained["final_val_loss"], rel_t
       f"validation loss {ev.get('final_val_loss')} = the training run's {trained['final_val_loss']}")
 err = run(base + ["--skip-train"], rc=1)
 check("--skip-train" in err and "--load" in err, "--skip-train without a checkpoint: one-line error naming --load")
-print(f"{len(errors)} failed" if errors else "all checks passed")
-sys.exit(1 if errors else 0)
+c.finish()

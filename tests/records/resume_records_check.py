@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A run's records across kills and resumes, as a Slurm user meets them (2 MPI ranks, tiny GPT).
 
-resume_records_check.py --gpt PRETRAIN_GPT --mpi "MPIEXEC -n 2 ..." --workdir DIR [--plot-out PNG]
+resume_records_check.py --gpt PRETRAIN_GPT --mpi "MPIEXEC -n 2 ..." --workdir DIR --plot-out PNG
 
 Three segments write the same --metrics-file, --tensorboard-dir and ds_config csv_monitor:
   1. a fresh run, SIGKILLed (mpirun and every rank) once it has logged iterations past its
@@ -21,14 +21,12 @@ Then:
   - the phase timers of every rank (--timing-log-option all) sum to within 10% of that rank's
     iteration time (the first record of a segment is left out: it carries start-up);
   - the JSON summary carries the last segment's provenance;
-  - the plot tool draws a PNG of the stitched run (with --plot-out).
+  - the plot tool draws a PNG of the stitched run.
 """
-import argparse
 import glob
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,17 +41,14 @@ except ImportError:
     if os.path.exists("/usr/bin/python3") and os.path.realpath(sys.executable) != "/usr/bin/python3":
         os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
 import tfevents  # noqa: E402
+from checklib import Checks  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--gpt", required=True)
-ap.add_argument("--mpi", required=True)
-ap.add_argument("--workdir", required=True)
-ap.add_argument("--plot-out")
-a = ap.parse_args()
+c = Checks("--gpt", "--mpi", "--workdir", "--plot-out")
+a = c.args
+check = c.check
 
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
 w = a.workdir
 metrics = os.path.join(w, "metrics.jsonl")
 tb = os.path.join(w, "tb")
@@ -69,14 +64,6 @@ args = [a.gpt, "--num-layers", "2", "--hidden-size", "256", "--num-attention-hea
         "--save", ckpt, "--load", ckpt, "--metrics-file", metrics, "--json", summary,
         "--tensorboard-dir", tb, "--log-timers-to-tensorboard", "--timing-log-level", "2", "--timing-log-option", "all",
         "--deepspeed_config", ds]
-errors = []
-
-
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        errors.append(msg)
-    return cond
 
 
 def records():
@@ -228,5 +215,4 @@ if a.plot_out:
         print(out.stdout[-2000:])
         check(out.returncode == 0, f"plot_check.py on the run's metrics: exit {out.returncode}")
 
-print(f"{len(errors)} failed" if errors else "all checks passed")
-sys.exit(1 if errors else 0)
+c.finish()

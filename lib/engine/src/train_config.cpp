@@ -435,6 +435,7 @@ void TrainConfig::finalize(int dp) {
     throw config_error("gradient_accumulation_steps", "gradient_accumulation_steps " + std::to_string(grad_accum) +
                                                           " does not match train_batch_size / (micro * dp) = " + std::to_string(ga) + where);
   grad_accum = ga;
+  if (skip_train && train_iters <= 0) train_iters = 1;  // evaluation only: the schedule is never stepped
   if (train_iters <= 0) throw config_error("--train-iters", "--train-iters must be positive");
   // Every number is checked here, after all flags and the ds_config are read, so no check depends
   // on the order flags are given in; !(x >= a) also refuses NaN (no flag or key gives inf or NaN).
