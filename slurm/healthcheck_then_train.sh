@@ -1,6 +1,6 @@
 #!/bin/bash
 # healthcheck_then_train.sh - submit a health check of the nodes, then a training run that starts
-# only if the check ran (--dependency=afterok) and never on the nodes that failed it.
+# only if the check ran (--dependency=afterok) and only on the nodes the check found healthy.
 #
 #   module load hpctrain
 #   $HPCTRAIN_HOME/share/hpctrain/slurm/healthcheck_then_train.sh                 # tiny defaults
@@ -9,14 +9,19 @@
 #
 # Arguments before `--` go to ib_healthcheck, those after it to pretrain_gpt; the HPCT_* variables
 # of both templates pass through the environment. Run it where you run sbatch (not in a job).
+# Account and partition: both jobs take sbatch's SBATCH_ACCOUNT and SBATCH_PARTITION from the
+# environment (or uncomment the placeholders in the two templates):
+#   SBATCH_ACCOUNT=<your-account> SBATCH_PARTITION=<partition> healthcheck_then_train.sh
 #
-# How the failed nodes are kept out: the training job must exist before the check ends, and
-# sbatch --exclude is fixed at submission, so
+# How the training is kept on the healthy nodes: the training job must exist before the check
+# ends, and sbatch --exclude is fixed at submission, so
 #   1. the check is submitted held (it cannot end before the training job exists),
 #   2. the training job is submitted with --dependency=afterok:<check> --kill-on-invalid-dep=yes,
 #   3. its ID goes into a file the check reads (HPCT_HC_NEXT_JOB_FILE), and the check is released;
-#   4. at its end the check adds the failed nodes to the training job's ExcNodeList and exits 0,
-#      or exits 2 when it could not run, which cancels the training job.
+#   4. at its end the check puts every node but the healthy ones it checked (failed nodes and
+#      nodes it never ran on) into the training job's ExcNodeList and exits 0; with fewer healthy
+#      nodes than HPCT_TRAIN_NODES it cancels the training job, saying so in its log (exit 1); it
+#      exits 2 when it could not run, which cancels the training job too.
 set -euo pipefail
 
 # ---- inputs ----
@@ -38,6 +43,10 @@ for a in "$@"; do
   fi
 done
 
+if ((HPCT_TRAIN_NODES > HPCT_HC_NODES)); then
+  echo "healthcheck_then_train.sh: HPCT_TRAIN_NODES=${HPCT_TRAIN_NODES} > HPCT_HC_NODES=${HPCT_HC_NODES}: the training runs only on checked nodes" >&2
+  exit 2
+fi
 mkdir -p "${HPCT_CHAIN_DIR}"
 next_job_file=${HPCT_CHAIN_DIR}/training-job-id
 hc_job=
@@ -63,6 +72,6 @@ scontrol release "${hc_job}"
 trap - ERR
 
 echo "health check: job ${hc_job} on ${HPCT_HC_NODES} nodes"
-echo "training:     job ${train_job} on ${HPCT_TRAIN_NODES} nodes, after ${hc_job} succeeds, without the nodes it failed"
+echo "training:     job ${train_job} on ${HPCT_TRAIN_NODES} nodes, after ${hc_job} succeeds, on nodes it found healthy"
 echo "logs and results: ${HPCT_CHAIN_DIR}"
 echo "${hc_job} ${train_job}" >"${HPCT_CHAIN_DIR}/jobs"

@@ -184,19 +184,33 @@ case "${case_name}" in
 
   healthcheck_then_train)
     [[ -x "${PREFIX}/bin/ib_healthcheck" ]] || skip "ib_healthcheck is not built"
-    # 1) n2 fails the check: the training runs after it, with n2 excluded.
-    as_user env HPCT_HC_NODES=4 HPCT_TRAIN_ITERS=4 HPCT_CHAIN_DIR="${WORK}/chain1" \
+    # 1) n1 is busy when the check starts, so it checks n2 n3 n4, and n3 (rank 1) fails. The
+    # training may then run only on n2 or n4: not on n3, nor on n1, idle again by then but unchecked.
+    blocker=$(sbatch --parsable --exclusive -w n1 -t 5 -o /dev/null --wrap 'sleep 300')
+    trap 'scancel "${blocker}" 2>/dev/null || true' EXIT
+    [[ "$(wait_job "${blocker}" 60 RUNNING)" == RUNNING ]] || fail "job ${blocker} did not start on n1"
+    as_user env HPCT_HC_NODES=3 HPCT_TRAIN_ITERS=4 HPCT_CHAIN_DIR="${WORK}/chain1" \
       "${SLURM_DIR}/healthcheck_then_train.sh" --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K --inject-fault slow:1:mpi_p2p
     read -r hc train <"${WORK}/chain1/jobs"
+    for ((i = 0; i < 300; i++)); do
+      [[ "$(job_field "${hc}" JobState)" != PENDING ]] && break
+      sleep 0.2
+    done
+    [[ "$(job_field "${hc}" NodeList)" == "n[2-4]" ]] || fail "health check ${hc} runs on $(job_field "${hc}" NodeList), not n[2-4]"
+    scancel "${blocker}"
     st=$(wait_job "${train}" 240)
     show_log "${WORK}/chain1/ib_healthcheck-${hc}.out" "${WORK}/chain1/pretrain_gpt-${train}.out"
     [[ "$(job_field "${hc}" JobState)" == COMPLETED ]] || fail "health check ${hc}: $(job_field "${hc}" JobState)"
+    expect_in "${WORK}/chain1/ib_healthcheck-${hc}.out" "ib_healthcheck exited with 1; failed nodes: n3$"
+    expect_in "${WORK}/chain1/ib_healthcheck-${hc}.out" "^# job ${train} may run only on the healthy nodes n2,n4; excluded: n\[1,3\]$"
     [[ "${st}" == COMPLETED ]] || fail "training ${train} ended ${st:-in no state}"
-    [[ "$(job_field "${train}" ExcNodeList)" == n2 ]] || fail "training ExcNodeList=$(job_field "${train}" ExcNodeList), expected n2"
-    [[ "$(job_field "${train}" NodeList)" != n2 ]] || fail "training ran on n2"
-    expect_in "${WORK}/chain1/ib_healthcheck-${hc}.out" "job ${train} will not run on: n2"
+    excl=$(scontrol show hostnames "$(job_field "${train}" ExcNodeList)" | paste -sd,)
+    [[ "${excl}" == n1,n3 ]] || fail "training ExcNodeList=${excl}, expected n1,n3 (the failed node and the unchecked one)"
+    ran=$(job_field "${train}" NodeList)
+    [[ "${ran}" == n2 || "${ran}" == n4 ]] || fail "training ran on ${ran}, not on a node the check found healthy (n2, n4)"
+    expect_in "${WORK}/chain1/pretrain_gpt-${train}.out" "^# nodes 1: ${ran}$"
     json_check "${WORK}/chain1/training/summary.json" 'j["iterations"] == 4'
-    echo "chain 1: check ${hc} failed n2, training ${train} ran on $(job_field "${train}" NodeList)"
+    echo "chain 1: check ${hc} on n[2-4] failed n3; training ${train} excluded n1,n3 and ran on ${ran}"
     # 2) the check cannot run (no such profile): the training is cancelled, never started.
     as_user env HPCT_HC_PROFILE=/nonexistent/profile.json HPCT_CHAIN_DIR="${WORK}/chain2" \
       "${SLURM_DIR}/healthcheck_then_train.sh"
@@ -238,23 +252,11 @@ case "${case_name}" in
     expect_in "${out}" "forwarding USR1 to the ranks"
     expect_in "${out}" "stub: USR1 at iteration [0-9]+: checkpoint saved"
     expect_in "${out}" "exit 1[0-9][0-9] is srun ending ranks after a peer's exit 75: iter_[0-9]+ was published after USR1"
-    expect_in "${out}" "requeueing: restart 1 of at most 3"
-    expect_in "${out}" "^# job ${id} \\(pretrain_gpt\\), start 2"
+    expect_in "${out}" "requeueing: start 2 resumes from iter_[0-9]+; progress \\(no checkpoint -> iteration [0-9]+\\): a free restart"
+    expect_in "${out}" "^# job ${id} \\(pretrain_gpt\\), start 2, 0 restarts without progress of HPCT_MAX_RESTARTS=3 allowed"
     expect_in "${out}" "resuming from .*/checkpoints \\(iter_[0-9]+\\)"
     json_check "${WORK}/pretrain_gpt-${id}/summary.json" 'j["iterations"] == 16 and j["resumed_from"] >= 3 and j["restart"] == 1'
-    # HPCT_MAX_RESTARTS=0: the same signal ends the job instead of requeueing it (no crash loop).
-    id=$(as_user env PRETRAIN_GPT="${stub}" HPCT_CHECKPOINTING=1 HPCT_TRAIN_ITERS=40 HPCT_MAX_RESTARTS=0 \
-      sbatch --parsable "${SLURM_DIR}/pretrain_gpt.sbatch")
-    out=${WORK}/pretrain_gpt-${id}.out
-    for ((i = 0; i < 300; i++)); do
-      grep -q "stub: iteration 2/" "${out}" 2>/dev/null && break
-      sleep 0.2
-    done
-    scancel --signal=USR1 --batch "${id}"
-    st=$(wait_job "${id}" 60)
-    [[ "${st}" == FAILED && "$(job_field "${id}" Restarts)" == 0 ]] ||
-      { show_log "${out}"; fail "max restarts 0: job ${id} is ${st}, Restarts=$(job_field "${id}" Restarts)"; }
-    expect_in "${out}" "stopped early again after 0 restarts \\(HPCT_MAX_RESTARTS\\): not requeueing"
+    # The restart budget (only restarts without progress count) is slurm_restart_budget's.
     ;;
 
   requeue_resume_e2e)
@@ -277,8 +279,8 @@ case "${case_name}" in
     [[ "$(wait_job "${id}" 300)" == COMPLETED ]] || { show_log "${out}"; fail "job ${id} did not complete after the requeue"; }
     show_log "${out}"
     expect_in "${out}" "pretrain_gpt exited with (75|1[0-9][0-9])"
-    expect_in "${out}" "requeueing: restart 1 of at most 3"
-    expect_in "${out}" "^# job ${id} \\(pretrain_gpt\\), start 2"
+    expect_in "${out}" "requeueing: start 2 resumes from iter_0*[0-9]+\\.h5; progress \\(no checkpoint -> iteration [0-9]+\\): a free restart"
+    expect_in "${out}" "^# job ${id} \\(pretrain_gpt\\), start 2, 0 restarts without progress"
     expect_in "${out}" "resuming from"
     python3 - "${WORK}/ref/summary.json" "${WORK}/cut/summary.json" <<'EOF' || fail "the resumed run does not end as the uninterrupted one"
 import json, sys
@@ -288,6 +290,211 @@ print(f"signalled, requeued, resumed from iteration {cut.get('start_iteration')}
 ok = cut["final_lm_loss"] == ref["final_lm_loss"] and cut["iterations"] == ref["iterations"] == 60
 ok = ok and cut.get("start_iteration", 0) > 0
 sys.exit(0 if ok else 1)
+EOF
+    # Both segments appended to the run dir's one metrics file (issue 19): every iteration once, in
+    # order, two segment records; and the TensorBoard directory holds one event file per segment.
+    python3 - "${WORK}/cut/metrics.jsonl" <<'EOF' || fail "the requeued run's metrics file lost or repeated iterations"
+import json, sys
+recs = [json.loads(line) for line in open(sys.argv[1])]
+its = [r["iteration"] for r in recs if r["type"] == "train"]
+segs = [r["resumed_from_iteration"] for r in recs if r["type"] == "segment"]
+print(f"metrics: {len(its)} train records, segments resumed from {segs}")
+sys.exit(0 if its == list(range(1, 61)) and len(segs) == 2 and segs[0] == 0 and segs[1] > 0 else 1)
+EOF
+    n=$(find "${WORK}/cut/tensorboard" -name 'events.out.tfevents.*' | wc -l)
+    ((n == 2)) || fail "${WORK}/cut/tensorboard holds ${n} event files, expected one per segment (2)"
+    ;;
+
+  healthcheck_too_few)
+    # 3 nodes checked, rank 1's fails, the training needs all 3: the check cancels it and says why.
+    [[ -x "${PREFIX}/bin/ib_healthcheck" ]] || skip "ib_healthcheck is not built"
+    as_user env HPCT_HC_NODES=3 HPCT_TRAIN_NODES=3 HPCT_CHAIN_DIR="${WORK}/chain" \
+      "${SLURM_DIR}/healthcheck_then_train.sh" --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K --inject-fault slow:1:mpi_p2p
+    read -r hc train <"${WORK}/chain/jobs"
+    st_hc=$(wait_job "${hc}" 180)
+    st=$(wait_job "${train}" 60)
+    out=${WORK}/chain/ib_healthcheck-${hc}.out
+    show_log "${out}"
+    [[ "${st_hc}" == FAILED ]] || fail "health check ${hc} ended ${st_hc}, expected FAILED (exit 1)"
+    [[ "${st}" == CANCELLED ]] || fail "training ${train} is ${st}, expected CANCELLED"
+    [[ ! -e "${WORK}/chain/training" ]] || fail "training ${train} started"
+    expect_in "${out}" "^ib_healthcheck.sbatch: only 2 of the 3 checked nodes are healthy \(failed: n[0-9]\), training job ${train} needs 3: cancelled it$"
+    scontrol show job -o "${train}" | grep -q "Comment=ib_healthcheck ${hc}: only 2 of the 3" ||
+      fail "training ${train} has no Comment saying why: $(scontrol show job -o "${train}")"
+    ;;
+
+  restart_budget)
+    # pretrain_gpt.sbatch counts only restarts without progress against HPCT_MAX_RESTARTS. Three
+    # jobs at once, one rank each, the stub app (tests/slurm/stub_pretrain_gpt.sh):
+    #   progress: 2 iterations per start, then save + exit 75 (as at a time limit); 2 requeues
+    #     with HPCT_MAX_RESTARTS=1, all free; completes at start 3;
+    #   stuck: resumes from iter_0000005.h5 and saves it again at once, each start; with
+    #     HPCT_MAX_RESTARTS=2 it runs 3 starts and is not requeued after the third;
+    #   node failure: requeued from outside (scontrol requeue, as a failed node), no newer
+    #     checkpoint, HPCT_MAX_RESTARTS=0: gives up at its next start.
+    stub=${WORK}/stub_pretrain_gpt
+    install -m 755 "${SRC}/tests/slurm/stub_pretrain_gpt.sh" "${stub}"
+    for d in stuck nodefail; do
+      mkdir -p "${WORK}/${d}/checkpoints"
+      echo iter_0000005.h5 >"${WORK}/${d}/checkpoints/latest"
+    done
+    common=(PRETRAIN_GPT="${stub}" HPCT_CHECKPOINTING=1)
+    progress=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/progress" HPCT_TRAIN_ITERS=6 HPCT_STUB_SEGMENT_ITERS=2 \
+      HPCT_MAX_RESTARTS=1 sbatch --parsable --ntasks-per-node=1 "${SLURM_DIR}/pretrain_gpt.sbatch")
+    stuck=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/stuck" HPCT_TRAIN_ITERS=20 HPCT_STUB_SEGMENT_ITERS=0 \
+      HPCT_MAX_RESTARTS=2 sbatch --parsable --ntasks-per-node=1 "${SLURM_DIR}/pretrain_gpt.sbatch")
+    nodefail=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/nodefail" HPCT_TRAIN_ITERS=200 \
+      HPCT_MAX_RESTARTS=0 sbatch --parsable --ntasks-per-node=1 "${SLURM_DIR}/pretrain_gpt.sbatch")
+    out=${WORK}/pretrain_gpt-${nodefail}.out
+    for ((i = 0; i < 300; i++)); do
+      grep -q "stub: iteration 7/" "${out}" 2>/dev/null && break
+      sleep 0.2
+    done
+    grep -q "stub: iteration 7/" "${out}" || { show_log "${out}"; fail "node failure: the stub did not resume from iteration 5"; }
+    scontrol requeue "${nodefail}"
+
+    st=$(wait_job "${progress}" 150)
+    out=${WORK}/pretrain_gpt-${progress}.out
+    show_log "${out}" "${WORK}/progress/starts.txt"
+    [[ "${st}" == COMPLETED && "$(job_field "${progress}" Restarts)" == 2 ]] ||
+      fail "progress: job ${progress} is ${st}, Restarts=$(job_field "${progress}" Restarts); expected COMPLETED after 2 free restarts"
+    expect_in "${out}" "requeueing: start 2 resumes from iter_2; progress \(no checkpoint -> iteration 2\): a free restart"
+    expect_in "${out}" "requeueing: start 3 resumes from iter_4; progress \(iteration 2 -> iteration 4\): a free restart"
+    expect_in "${out}" "^# job ${progress} \(pretrain_gpt\), start 3, 0 restarts without progress of HPCT_MAX_RESTARTS=1 allowed"
+    json_check "${WORK}/progress/summary.json" 'j["iterations"] == 6 and j["resumed_from"] == 4 and j["restart"] == 2'
+    [[ "$(grep -c "^${progress} [123] [-0-9]* 0 " "${WORK}/progress/starts.txt")" == 3 ]] || fail "progress: starts.txt lacks 3 starts without a count"
+
+    st=$(wait_job "${stuck}" 150)
+    out=${WORK}/pretrain_gpt-${stuck}.out
+    show_log "${out}" "${WORK}/stuck/starts.txt"
+    [[ "${st}" == FAILED && "$(job_field "${stuck}" Restarts)" == 2 ]] ||
+      fail "stuck: job ${stuck} is ${st}, Restarts=$(job_field "${stuck}" Restarts); expected FAILED after 3 starts (HPCT_MAX_RESTARTS=2)"
+    expect_in "${out}" "requeueing: start 2 resumes from iter_5; no progress \(still iteration 5\): 1 restarts in a row without progress of HPCT_MAX_RESTARTS=2 allowed"
+    expect_in "${out}" "^# job ${stuck} \(pretrain_gpt\), start 3, 2 restarts without progress of HPCT_MAX_RESTARTS=2 allowed"
+    expect_in "${out}" "^pretrain_gpt.sbatch: saved, but no further than iteration 5 again: 3 restarts in a row without progress, more than HPCT_MAX_RESTARTS=2: not requeueing$"
+    [[ "$(grep -c "^${stuck} " "${WORK}/stuck/starts.txt")" == 3 ]] || fail "stuck: not 3 starts in starts.txt"
+
+    st=$(wait_job "${nodefail}" 90)
+    out=${WORK}/pretrain_gpt-${nodefail}.out
+    show_log "${out}"
+    [[ "${st}" == FAILED && "$(job_field "${nodefail}" Restarts)" == 1 ]] ||
+      fail "node failure: job ${nodefail} is ${st}, Restarts=$(job_field "${nodefail}" Restarts); expected FAILED at its second start"
+    expect_in "${out}" "^pretrain_gpt.sbatch: 1 restarts in a row without progress \(still iteration 5; see ${WORK}/nodefail/starts.txt\), more than HPCT_MAX_RESTARTS=0: giving up$"
+    if sed -n '/, start 2,/,$p' "${out}" | grep -q "stub: resumed"; then fail "node failure: the app ran after giving up"; fi
+    echo "progress: 3 starts, COMPLETED; stuck: 3 starts, FAILED; node failure without progress: FAILED at start 2"
+    ;;
+
+  preprocess_data)
+    # A tiny corpus tokenized by the installed template; the dataset is the one preprocess_data
+    # writes with one worker outside Slurm (the output does not depend on --workers).
+    data=${HPCT_DATA_DIR:-${SRC}/data}
+    [[ -r "${data}/gpt2-vocab.json" && -r "${data}/gpt2-merges.txt" ]] || skip "no GPT-2 tokenizer files in ${data} (scripts/fetch_data.sh)"
+    printf '%s\n' '{"text": "Hello world. This is the first document."}' '{"text": "A second, shorter one."}' \
+      '{"text": "And a third, with numbers: 3.14 and 42."}' >"${WORK}/tiny.jsonl"
+    id=$(as_user env HPCT_PP_INPUT="${WORK}/tiny.jsonl" HPCT_VOCAB_FILE="${data}/gpt2-vocab.json" \
+      HPCT_MERGE_FILE="${data}/gpt2-merges.txt" sbatch --parsable --cpus-per-task=2 "${SLURM_DIR}/preprocess_data.sbatch")
+    st=$(wait_job "${id}" 120)
+    out=${WORK}/preprocess_data-${id}.out
+    show_log "${out}"
+    [[ "${st}" == COMPLETED ]] || fail "job ${id} ended ${st:-in no state}, exit $(job_field "${id}" ExitCode)"
+    prefix=${WORK}/preprocess_data-${id}/tiny_text_document
+    expect_in "${out}" "^# node n[0-9], 2 workers$"
+    expect_in "${out}" "^# dataset ${prefix} "
+    "${PREFIX}/bin/preprocess_data" --input "${WORK}/tiny.jsonl" --output-prefix "${WORK}/ref" --vocab-file "${data}/gpt2-vocab.json" \
+      --merge-file "${data}/gpt2-merges.txt" --append-eod --workers 1 >/dev/null
+    for x in bin idx; do
+      cmp "${prefix}.${x}" "${WORK}/ref_text_document.${x}" || fail "${prefix}.${x} differs from preprocess_data --workers 1's"
+    done
+    python3 - "${prefix}.idx" <<'EOF' || fail "${prefix}.idx does not hold 3 documents"
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+assert d[:9] == b"MMIDIDX\x00\x00", d[:9]
+n_seq, n_doc = struct.unpack("<QQ", d[18:34])
+print(f"{sys.argv[1]}: {n_seq} sequences, {n_doc - 1} documents")
+sys.exit(0 if n_seq == 3 and n_doc - 1 == 3 else 1)
+EOF
+    ;;
+
+  evaluate_args)
+    # evaluate.sbatch's arguments to pretrain_gpt, through the stub app (no --skip-train needed);
+    # and its refusal of a path that holds no checkpoint.
+    stub=${WORK}/stub_pretrain_gpt
+    install -m 755 "${SRC}/tests/slurm/stub_pretrain_gpt.sh" "${stub}"
+    mkdir -p "${WORK}/ckpt"
+    echo iter_0000007.h5 >"${WORK}/ckpt/latest"
+    id=$(as_user env PRETRAIN_GPT="${stub}" HPCT_STUB_ARGV_FILE="${WORK}/argv" HPCT_EVAL_CHECKPOINT="${WORK}/ckpt" \
+      HPCT_EVAL_ITERS=3 sbatch --parsable "${SLURM_DIR}/evaluate.sbatch" --seed 7)
+    st=$(wait_job "${id}" 60)
+    out=${WORK}/evaluate-${id}.out
+    show_log "${out}" "${WORK}/argv"
+    [[ "${st}" == COMPLETED ]] || fail "job ${id} ended ${st:-in no state}"
+    expect_in "${out}" "^# evaluating ${WORK}/ckpt \(iter_0000007.h5\), 3 validation batches; run dir ${WORK}/evaluate-${id}$"
+    argv=$(paste -sd ' ' "${WORK}/argv")
+    want="@${PREFIX}/share/hpctrain/inputs/gpt-tiny.args --load ${WORK}/ckpt --skip-train --eval-iters 3"
+    want+=" --json ${WORK}/evaluate-${id}/summary.json --metrics-file ${WORK}/evaluate-${id}/metrics.jsonl --mock-data --vocab-size 512 --seed 7"
+    [[ "${argv}" == "${want}" ]] || fail "pretrain_gpt got: ${argv}; expected: ${want}"
+    json_check "${WORK}/evaluate-${id}/summary.json" 'j["exit_reason"] == "skip_train" and j["iterations"] == 7'
+    id=$(as_user env PRETRAIN_GPT="${stub}" HPCT_EVAL_CHECKPOINT="${WORK}/home" sbatch --parsable "${SLURM_DIR}/evaluate.sbatch")
+    st=$(wait_job "${id}" 60)
+    [[ "${st}" == FAILED ]] || fail "evaluate.sbatch on a directory without 'latest': ${st}, expected FAILED"
+    expect_in "${WORK}/evaluate-${id}.out" "HPCT_EVAL_CHECKPOINT='${WORK}/home' is neither a checkpoint file nor a directory with 'latest'"
+    ;;
+
+  evaluate)
+    # A checkpoint from a short real training run, evaluated by evaluate.sbatch with pretrain_gpt
+    # --skip-train: the same validation loss as the training's own final evaluation (same model,
+    # same 2 validation batches), nothing trained, nothing saved.
+    if ! grep -q -- "--skip-train" <<<"$("${PREFIX}/bin/pretrain_gpt" --help 2>&1)"; then
+      skip "pretrain_gpt has no --skip-train yet (slurm_evaluate_args checks the template with the stub)"
+    fi
+    tr=$(as_user env HPCT_TRAIN_ITERS=6 HPCT_RUN_DIR="${WORK}/train" sbatch --parsable "${SLURM_DIR}/pretrain_gpt.sbatch" \
+      --eval-iters 2 --eval-interval 1000)
+    [[ "$(wait_job "${tr}" 120)" == COMPLETED ]] || { show_log "${WORK}/pretrain_gpt-${tr}.out"; fail "training ${tr} failed"; }
+    ckpt=${WORK}/train/checkpoints
+    before=$(ls -l --time-style=+%s.%N "${ckpt}")
+    id=$(as_user env HPCT_EVAL_CHECKPOINT="${ckpt}" HPCT_EVAL_ITERS=2 sbatch --parsable "${SLURM_DIR}/evaluate.sbatch")
+    st=$(wait_job "${id}" 120)
+    out=${WORK}/evaluate-${id}.out
+    show_log "${out}"
+    [[ "${st}" == COMPLETED ]] || fail "job ${id} ended ${st:-in no state}, exit $(job_field "${id}" ExitCode)"
+    expect_in "${out}" "^# evaluating ${ckpt} \(iter_0000006.h5\), 2 validation batches"
+    [[ "$(ls -l --time-style=+%s.%N "${ckpt}")" == "${before}" ]] || fail "the evaluation changed ${ckpt}"
+    python3 - "${WORK}/train/summary.json" "${WORK}/evaluate-${id}/summary.json" <<'EOF' || fail "the evaluation does not match the training's final evaluation"
+import json, math, sys
+train, ev = (json.load(open(p)) for p in sys.argv[1:])
+print(f"training: final validation loss {train['final_val_loss']!r} at iteration {train['iterations']}")
+print(f"evaluate: {ev.get('exit_reason')}, validation loss {ev.get('final_val_loss')!r} of the checkpoint at iteration {ev.get('start_iteration')}")
+ok = ev.get("exit_reason") == "skip_train" and ev.get("start_iteration") == 6 and math.isfinite(ev["final_val_loss"])
+ok = ok and abs(ev["final_val_loss"] - train["final_val_loss"]) <= 1e-6 * abs(train["final_val_loss"])
+sys.exit(0 if ok else 1)
+EOF
+    ;;
+
+  sweep)
+    # A 2-task array of the real pretrain_gpt, one line of HPCT_SWEEP_ARGS each (a comment and a
+    # blank line skipped): each task its own run directory, arguments and result.
+    printf '%s\n' "# a learning-rate sweep" "--lr 1e-3" "" "--lr 4e-3 --clip-grad 0.5" >"${WORK}/sweep.txt"
+    id=$(as_user env HPCT_SWEEP_ARGS="${WORK}/sweep.txt" HPCT_TRAIN_ITERS=4 HPCT_LOG_INTERVAL=1 \
+      sbatch --parsable --array=0-1 "${SLURM_DIR}/sweep.sbatch")
+    dir=${WORK}/sweep-${id}
+    for t in 0 1; do
+      st=$(wait_job "${id}_${t}" 180)
+      out=${WORK}/sweep-${id}_${t}.out
+      [[ "${st}" == COMPLETED ]] || { show_log "${out}"; fail "array task ${id}_${t} ended ${st:-in no state}"; }
+      expect_in "${out}" "^# sweep ${id}, task ${t} of 2 entries \(array 0-1\): "
+      expect_in "${out}" "^# job [0-9]+ \(sweep\), start 1, 0 restarts without progress"
+      expect_in "${out}" "^# run dir ${dir}/task-${t}$"
+      [[ -s "${dir}/task-${t}/checkpoints/latest" ]] || fail "task ${t}: no checkpoint in ${dir}/task-${t}/checkpoints"
+      json_check "${dir}/task-${t}/summary.json" 'j["iterations"] == 4 and math.isfinite(j["final_lm_loss"])'
+    done
+    show_log "${WORK}/sweep-${id}_1.out"
+    [[ "$(<"${dir}/task-0/sweep-args.txt")" == "--lr 1e-3" ]] || fail "task 0 args: $(<"${dir}/task-0/sweep-args.txt")"
+    [[ "$(<"${dir}/task-1/sweep-args.txt")" == "--lr 4e-3 --clip-grad 0.5" ]] || fail "task 1 args: $(<"${dir}/task-1/sweep-args.txt")"
+    python3 - "${dir}"/task-{0,1}/summary.json <<'EOF' || fail "both tasks ended with the same loss: the sweep arguments did not reach pretrain_gpt"
+import json, sys
+a, b = (json.load(open(p))["final_lm_loss"] for p in sys.argv[1:])
+print(f"final lm loss: task 0 (lr 1e-3) {a!r}, task 1 (lr 4e-3) {b!r}")
+sys.exit(0 if a != b else 1)
 EOF
     ;;
 
