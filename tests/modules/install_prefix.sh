@@ -14,7 +14,8 @@ cmake --install "${build}" --prefix "${prefix}"
 for app in "$@"; do
   [[ -x "${prefix}/bin/${app}" ]] || fail "bin/${app} not installed"
 done
-for f in slurm/pretrain_gpt.sbatch slurm/nvme_bench.sbatch slurm/ib_healthcheck.sbatch slurm/healthcheck_then_train.sh \
+for f in slurm/pretrain_gpt.sbatch slurm/pretrain_moe.sbatch slurm/nvme_bench.sbatch slurm/ib_healthcheck.sbatch \
+  slurm/healthcheck_then_train.sh slurm/preprocess_data.sbatch slurm/evaluate.sbatch slurm/sweep.sbatch slurm/README.md \
   inputs/gpt-tiny.args inputs/healthcheck/local.json docs/README.md docs/install.md docs/slurm.md; do
   [[ -e "${prefix}/share/hpctrain/${f}" ]] || fail "share/hpctrain/${f} not installed"
 done

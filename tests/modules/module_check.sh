@@ -4,7 +4,7 @@
 # The installed modulefile as a user meets it, in a clean `bash -c` (env -i) that sources the
 # module system's init script:
 #   basic:   module use + module load hpctrain puts PREFIX/bin first on PATH and sets HPCTRAIN_HOME;
-#            pretrain_gpt --help runs; whatis/help answer; a second hpctrain never joins the first
+#            pretrain_gpt --help runs; whatis/help answer (help names hpct_ckpt); a second hpctrain never joins the first
 #            (Environment Modules refuses it: conflict; Lmod swaps it: one name, one version);
 #            module unload restores PATH exactly and every other variable.
 #   prereqs: the same modulefile rendered with HPCT_MODULE_PREREQS="fakempi/4.1;fakehdf5/1.14"
@@ -92,6 +92,7 @@ help_text=$(pretrain_gpt --help)
 grep -q -- --global-batch-size <<<"${help_text}" || fail "pretrain_gpt --help does not list --global-batch-size"
 module whatis hpctrain 2>&1 | grep -q "MPI-native training" || fail "module whatis lacks the description"
 module help hpctrain 2>&1 | grep -q "job templates" || fail "module help lacks the help text"
+module help hpctrain 2>&1 | grep -q "hpct_ckpt list|verify|export|import" || fail "module help does not name hpct_ckpt"
 
 if [[ "$what" == basic ]]; then
   [[ "$PATH" == "$prefix/bin:$path0" ]] || fail "PATH after load is $PATH"
