@@ -83,6 +83,8 @@ check(not re.search(r"^ iteration +\d+/", out, re.M) and "validation loss at ite
 check(ev.get("exit_reason") == "skip_train" and ev.get("iterations") == 6, f"summary: exit_reason skip_train at 6 ({ev.get('exit_reason')})")
 check(math.isclose(ev.get("final_val_loss", 0), trained["final_val_loss"], rel_tol=1e-12),
       f"validation loss {ev.get('final_val_loss')} = the training run's {trained['final_val_loss']}")
+err = run(base + ["--load", one + "/ck", "--skip-train", "--metrics-file", one + "/eval.jsonl"], rc=1)
+check("--skip-train would append" in err and "eval.jsonl" in err, "--skip-train refuses a metrics file that holds records")
 err = run(base + ["--skip-train"], rc=1)
 check("--skip-train" in err and "--load" in err, "--skip-train without a checkpoint: one-line error naming --load")
 c.finish()

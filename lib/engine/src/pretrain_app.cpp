@@ -111,6 +111,7 @@ static int run(int argc, char** argv, bool require_moe) {
                   {"zero_stage", cfg.zero.stage},
                   {"description", grid.describe()}};
     seg.config = engine::config_to_json(cfg);
+    seg.evaluation_only = cfg.skip_train;
     comm::throw_if_any(world, comm::error_text_of([&] { records.begin_segment(seg); }));
   }
   g_setup_phase = false;

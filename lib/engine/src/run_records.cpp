@@ -110,9 +110,13 @@ void RunRecorder::begin_segment(const SegmentInfo& info) {
                  {"hosts", info.hosts},
                  {"layout", info.layout},
                  {"config", info.config}};
+  if (info.evaluation_only && !metrics_path_.empty() && fs::exists(metrics_path_) && fs::file_size(metrics_path_) > 0)
+    throw file_error(metrics_path_, "--skip-train would append an evaluation to a file that holds a run's history",
+                     "give --skip-train a new --metrics-file (the training run's records stay as they are)");
+  provenance_["evaluation_only"] = info.evaluation_only;
   if (!metrics_path_.empty()) {
     const std::string discarded = metrics_path_ + ".discarded";
-    const long long dropped = trim_metrics_file(metrics_path_, info.resumed_from, discarded);
+    const long long dropped = info.evaluation_only ? 0 : trim_metrics_file(metrics_path_, info.resumed_from, discarded);
     long long segments = 0;
     {
       std::ifstream in(metrics_path_);
@@ -127,6 +131,10 @@ void RunRecorder::begin_segment(const SegmentInfo& info) {
     seg["discarded_file"] = dropped ? nlohmann::json(discarded) : nlohmann::json(nullptr);
     metrics_ << seg.dump() << "\n" << std::flush;
     provenance_["segment"] = segments + 1;
+  }
+  if (info.evaluation_only) {
+    cfg_.csv_dir.clear();
+    return;
   }
   if (!cfg_.tensorboard_dir.empty()) {
     events_ = std::make_unique<io::EventFileWriter>(cfg_.tensorboard_dir, wall);

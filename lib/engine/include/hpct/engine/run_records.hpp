@@ -45,6 +45,9 @@ struct SegmentInfo {
   std::vector<std::string> hosts;  // one per rank, index = world rank
   nlohmann::json layout;           // world size and parallel degrees
   nlohmann::json config;           // config_to_json()
+  // --skip-train: nothing is trimmed and no TensorBoard / CSV is written (a START there would hide
+  // the training run's later steps); the metrics file must be new or empty.
+  bool evaluation_only = false;
 };
 
 class RunRecorder {
