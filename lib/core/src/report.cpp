@@ -181,22 +181,24 @@ void Progress::done(const std::string& label, double weight) {
   std::fflush(out_);
 }
 
-void write_json_file(const std::string& path, const nlohmann::json& doc) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
-    std::ofstream f(tmp);
-    if (!f) throw file_error(path, "cannot write the JSON file", "check that its directory exists and is writable");
-    f << doc.dump(2) << "\n";
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) throw file_error(path, "cannot write", "check that its directory exists and is writable");
+    f << text;
     f.flush();
     if (!f) {
       std::remove(tmp.c_str());
-      throw file_error(path, "short write of the JSON file (disk full?)");
+      throw file_error(path, "short write (disk full?)", "the previous file, if any, is unchanged");
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    throw file_error(path, "cannot rename the temporary JSON file into place");
+    throw file_error(path, "cannot rename the temporary file into place", "the previous file, if any, is unchanged");
   }
 }
+
+void write_json_file(const std::string& path, const nlohmann::json& doc) { write_file_atomic(path, doc.dump(2) + "\n"); }
 
 }  // namespace hpct

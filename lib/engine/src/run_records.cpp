@@ -28,23 +28,10 @@ std::string utc_now() {
   return buf;
 }
 
-// Writes lines to path.tmp and renames it over path: a reader (or a crash) sees the old file or
-// the new one, never half of one.
 void replace_file(const std::string& path, const std::vector<std::string>& lines) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    for (const auto& l : lines) f << l << "\n";
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw file_error(path, "cannot rewrite (disk full?)", "nothing was changed; free space and run again");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw file_error(path, "cannot rename the rewritten file into place");
-  }
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  write_file_atomic(path, text);
 }
 
 // A record belongs to the history up to iteration R?

@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -156,24 +155,23 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     clk.seconds[detail::kGradReduce] += t.seconds();
   }
   t.reset();
-  // Everything after the last micro-step is the optimizer's, whichever way the step ends.
-  struct StepEnd {
-    Trainer& tr;
-    Timer& t;
-    model::Gpt::PhaseSeconds ph0;
-    double gather0, reduce0, nvme0;
-    std::function<double()> nvme;
-    ~StepEnd() {
-      PhaseClock& c = *tr.clock_;
-      c.seconds[detail::kOptimizer] += t.seconds();
-      const model::Gpt::PhaseSeconds ph1 = tr.model_->phase_seconds();
-      c.seconds[detail::kForward] += ph1.forward - ph0.forward;
-      c.seconds[detail::kBackward] += ph1.backward - ph0.backward;
-      c.seconds[detail::kGatherWait] += tr.zero_->gather_wait_seconds() - gather0;
-      c.seconds[detail::kReduceWait] += tr.zero_->reduce_wait_seconds() - reduce0;
-      c.seconds[detail::kNvme] += nvme() - nvme0;
-    }
-  } step_end{*this, t, ph0, gather0, reduce0, nvme0, nvme_seconds};
+  update(rec, loss_sum, scale);  // everything after the last micro-step is the optimizer's
+  clk.seconds[detail::kOptimizer] += t.seconds();
+  const model::Gpt::PhaseSeconds ph1 = model_->phase_seconds();
+  clk.seconds[detail::kForward] += ph1.forward - ph0.forward;
+  clk.seconds[detail::kBackward] += ph1.backward - ph0.backward;
+  clk.seconds[detail::kGatherWait] += zero_->gather_wait_seconds() - gather0;
+  clk.seconds[detail::kReduceWait] += zero_->reduce_wait_seconds() - reduce0;
+  clk.seconds[detail::kNvme] += nvme_seconds() - nvme0;
+  comm_bytes_ += zero_->bytes_sent() - sent0;
+  ++comm_steps_;
+  return rec.lm_loss;
+}
+
+// After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.
+void Trainer::update(StepRecord& rec, double loss_sum, double scale) {
+  const long long GB = cfg_.global_batch;
+  const int T = cfg_.model.max_seq_length;
   grid_.dp().allreduce_sum(&loss_sum, 1);
   rec.lm_loss = loss_sum / (double(GB) * T);
   if (cfg_.model.moe.enabled(cfg_.model.num_layers)) {
@@ -191,9 +189,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   if (!ok) {
     rec.skipped = true;
     rec.learning_rate = learning_rate(cfg_, adam_step_);
-    comm_bytes_ += zero_->bytes_sent() - sent0;
-    ++comm_steps_;
-    return rec.lm_loss;
+    return;
   }
   double clip = 1.0;
   if (cfg_.clip_grad > 0 && rec.grad_norm > cfg_.clip_grad) clip = cfg_.clip_grad / (rec.grad_norm + 1e-6);
@@ -218,9 +214,6 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     rec.variance_l2 = std::sqrt(n[2]);
   }
   if (device_store_) device_store_->invalidate();
-  comm_bytes_ += zero_->bytes_sent() - sent0;
-  ++comm_steps_;
-  return rec.lm_loss;
 }
 
 double Trainer::evaluate(const io::TokenDataset& data) {

@@ -142,21 +142,15 @@ ZeroMemory GroupedStore::memory() const {
 }
 
 double GroupedStore::bytes_sent() const {
-  double s = 0;
-  for (const auto& p : parts_) s += p.engine->bytes_sent();
-  return s;
+  return sum_engines([](const ZeroEngine& e) { return e.bytes_sent(); });
 }
 
 double GroupedStore::gather_wait_seconds() const {
-  double s = 0;
-  for (const auto& p : parts_) s += p.engine->gather_wait_seconds();
-  return s;
+  return sum_engines([](const ZeroEngine& e) { return e.gather_wait_seconds(); });
 }
 
 double GroupedStore::reduce_wait_seconds() const {
-  double s = 0;
-  for (const auto& p : parts_) s += p.engine->reduce_wait_seconds();
-  return s;
+  return sum_engines([](const ZeroEngine& e) { return e.reduce_wait_seconds(); });
 }
 
 SwapTraffic GroupedStore::swap_traffic() const {
@@ -172,15 +166,11 @@ SwapTraffic GroupedStore::swap_traffic() const {
 }
 
 size_t GroupedStore::local_numel() const {
-  size_t n = 0;
-  for (const auto& p : parts_) n += p.engine->shards().local_numel();
-  return n;
+  return sum_engines([](const ZeroEngine& e) { return e.shards().local_numel(); });
 }
 
 long long GroupedStore::gathers() const {
-  long long g = 0;
-  for (const auto& p : parts_) g += p.engine->gathers();
-  return g;
+  return sum_engines([](const ZeroEngine& e) { return e.gathers(); });
 }
 
 }  // namespace hpct::parallel

@@ -91,8 +91,10 @@ class Progress {
   std::FILE* out_;
 };
 
-/// Writes JSON to a file atomically (temp file + rename), so a reader never sees half a file.
-/// Throws hpct::Error naming the file.
+/// Writes text to a file atomically (temp file + rename), so a reader (or a crash) sees the old
+/// file or the new one, never half of one. Throws hpct::Error naming the file.
+void write_file_atomic(const std::string& path, const std::string& text);
+/// write_file_atomic of the JSON, pretty-printed.
 void write_json_file(const std::string& path, const nlohmann::json& doc);
 
 }  // namespace hpct

@@ -127,6 +127,7 @@ class Trainer {
 
  private:
   double step(const io::TokenDataset& data, long long iteration, StepRecord& rec);
+  void update(StepRecord& rec, double loss_sum, double scale);  // the step after its micro-steps
   /// Fills tokens_/targets_ (micro_batch, T) with samples first_sample .. first_sample+micro_batch-1.
   void load_micro_batch(const io::TokenDataset& data, long long first_sample);
   kernels::Precision compute_precision() const;

@@ -89,6 +89,12 @@ class GroupedStore final : public model::ParamStore {
     int engine = -1, local = -1;
   };
   const Route& at(int block) const;
+  template <class F>
+  auto sum_engines(F f) const {  // f(engine) summed over the engines
+    decltype(f(*parts_[0].engine)) s{};
+    for (const auto& p : parts_) s += f(*p.engine);
+    return s;
+  }
 
   const ParamLayout& schema_;
   const comm::Communicator* across_;
