@@ -97,11 +97,11 @@ void Communicator::barrier() const { HPCT_CHECK_MPI(MPI_Barrier(comm_)); }
 
 // Large buffers are reduced in chunks below INT_MAX elements (MPI counts are int).
 template <typename T>
-static void allreduce_chunked(MPI_Comm comm, T* data, size_t n, MPI_Datatype type) {
+static void allreduce_chunked(MPI_Comm comm, T* data, size_t n, MPI_Datatype type, MPI_Op op = MPI_SUM) {
   const size_t chunk = size_t(1) << 30;
   for (size_t off = 0; off < n; off += chunk) {
     int cnt = static_cast<int>(std::min(chunk, n - off));
-    HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, type, MPI_SUM, comm));
+    HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, type, op, comm));
   }
 }
 
@@ -110,6 +110,9 @@ void Communicator::allreduce_sum(float* data, size_t n) const {
 }
 void Communicator::allreduce_sum(double* data, size_t n) const {
   if (size_ > 1) allreduce_chunked(comm_, data, n, MPI_DOUBLE);
+}
+void Communicator::allreduce_max(float* data, size_t n) const {
+  if (size_ > 1) allreduce_chunked(comm_, data, n, MPI_FLOAT, MPI_MAX);
 }
 
 void Communicator::alltoall(const int* send, int* recv, int n) const {

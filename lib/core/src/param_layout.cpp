@@ -8,14 +8,22 @@ void ParamLayout::begin_block(const std::string& name, ReduceGroup group) {
   blocks_.push_back(BlockSpec{name, total_, 0, group, -1});
 }
 
-const TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool weight_decay) {
+const TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool weight_decay, Partition part) {
   if (blocks_.empty()) begin_block("params");
+  if (part.parts < 1 || part.stride < 1 || part.index < 0 || part.index >= part.parts ||
+      part.dim >= static_cast<int>(shape.size()))
+    throw Error("tensor '" + name + "': impossible partition");
+  if (part.dim >= 0 && shape[part.dim] % (int64_t(part.parts) * part.stride) != 0)
+    throw Error("tensor '" + name + "' of shape " + shape_string(shape) + ": dimension " + std::to_string(part.dim) +
+                " does not divide into " + std::to_string(part.parts) + " parts" +
+                (part.stride > 1 ? " of each of " + std::to_string(part.stride) + " sections" : std::string()));
+  TensorSpec t{name, std::move(shape), total_, 0, static_cast<int>(blocks_.size()) - 1, weight_decay, part};
   size_t n = 1;
-  for (int64_t d : shape) {
+  for (int64_t d : t.local_shape()) {
     if (d <= 0) throw Error("tensor '" + name + "' has a non-positive dimension");
     n *= static_cast<size_t>(d);
   }
-  TensorSpec t{name, std::move(shape), total_, n, static_cast<int>(blocks_.size()) - 1, weight_decay};
+  t.numel = n;
   total_ += n;
   blocks_.back().numel += n;
   tensors_.push_back(std::move(t));
@@ -35,7 +43,7 @@ ParamLayout ParamLayout::subset(const std::vector<int>& blocks) const {
     out.begin_block(blocks_[b].name, blocks_[b].group);
     out.blocks_.back().origin = b;
     for (const auto& t : tensors_)
-      if (t.block == b) out.add(t.name, t.shape, t.weight_decay);
+      if (t.block == b) out.add(t.name, t.shape, t.weight_decay, t.part);
   }
   return out;
 }
@@ -45,6 +53,24 @@ std::vector<int> ParamLayout::blocks_of(ReduceGroup g) const {
   for (size_t b = 0; b < blocks_.size(); ++b)
     if (blocks_[b].group == g) out.push_back(static_cast<int>(b));
   return out;
+}
+
+std::vector<int64_t> TensorSpec::local_shape() const {
+  std::vector<int64_t> s = shape;
+  if (partitioned()) s[part.dim] /= part.parts;
+  return s;
+}
+
+size_t TensorSpec::full_numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+size_t ParamLayout::full_numel() const {
+  size_t n = 0;
+  for (const auto& t : tensors_) n += t.full_numel();
+  return n;
 }
 
 std::string shape_string(const std::vector<int64_t>& s) {

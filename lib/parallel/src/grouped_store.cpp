@@ -8,8 +8,9 @@
 namespace hpct::parallel {
 
 GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
-                           kernels::Precision precision, const comm::Communicator* across)
-    : schema_(schema), across_(across) {
+                           kernels::Precision precision, const comm::Communicator* across,
+                           const comm::Communicator* tp)
+    : schema_(schema), across_(across), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   route_.assign(schema.blocks().size(), Route{});
   for (auto& g : groups) {
     if (!g.comm) throw Error("GroupedStore: a group without a communicator");
@@ -75,9 +76,10 @@ void GroupedStore::end_micro_step() {
 double GroupedStore::grad_sumsq() {
   double whole = 0, split = 0;  // held alike by every rank of `across` / different there
   for (auto& p : parts_) (p.spec.group == ReduceGroup::dense ? whole : split) += p.engine->grad_sumsq();
-  if (parts_.size() == 1) return whole;
-  if (across_ && across_->size() > 1) across_->allreduce_sum(&split, 1);
-  return whole + split;
+  if (parts_.size() > 1 && across_ && across_->size() > 1) across_->allreduce_sum(&split, 1);
+  double total = whole + split;
+  if (tp_) tp_->allreduce_sum(&total, 1);  // partitions and primary copies, each counted on one rank
+  return total;
 }
 
 std::array<double, 3> GroupedStore::state_sumsq() const {
@@ -89,6 +91,7 @@ std::array<double, 3> GroupedStore::state_sumsq() const {
   }
   if (parts_.size() > 1 && across_ && across_->size() > 1) across_->allreduce_sum(split.data(), 3);
   for (int i = 0; i < 3; ++i) whole[i] += split[i];
+  if (tp_) tp_->allreduce_sum(whole.data(), 3);
   return whole;
 }
 

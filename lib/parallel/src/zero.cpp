@@ -103,6 +103,7 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
       rank_(dp.rank()), swap_tag_(swap_tag.empty() ? "zero.dp" + std::to_string(dp.rank()) : std::move(swap_tag)),
       shards_(layout, dp.size()) {
   cfg_.validate();
+  for (const auto& t : layout.tensors()) all_primary_ = all_primary_ && t.primary();
   const auto& blocks = layout.blocks();
   const size_t nb = blocks.size();
   resident_.assign(nb, 1);
@@ -173,6 +174,7 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
         seg.count = e0 - s0;
         seg.block = b;
         seg.decay = t.weight_decay;
+        seg.primary = t.primary();
         seg.param = master_in_swap(b) ? nullptr : master(b) + (s0 - lo);
         segments_.push_back(seg);
       }
@@ -485,19 +487,33 @@ void ZeroEngine::end_micro_step() {
 }
 
 double ZeroEngine::grad_sumsq() {
-  auto sumsq16 = [&](const std::vector<uint16_t>& g) {  // widened tile by tile
+  auto sumsq = [&](size_t at, size_t n, bool shard) {  // 16-bit gradients widened tile by tile
+    if (!half_) return kernels::sum_of_squares((shard ? grad_shard_ : full_grads_).data() + at, n);
+    const uint16_t* g = (shard ? grad_shard16_ : grads16_).data() + at;
     double s = 0;
     tile_.resize(kTile);
-    for (size_t i = 0; i < g.size(); i += kTile) {
-      const size_t t = std::min(kTile, g.size() - i);
-      kernels::from_half(g.data() + i, tile_.data(), t, prec_);
+    for (size_t i = 0; i < n; i += kTile) {
+      const size_t t = std::min(kTile, n - i);
+      kernels::from_half(g + i, tile_.data(), t, prec_);
       s += kernels::sum_of_squares(tile_.data(), t);
     }
     return s;
   };
-  if (cfg_.stage == 0)  // identical everywhere
-    return half_ ? sumsq16(grads16_) : kernels::sum_of_squares(full_grads_.data(), full_grads_.size());
-  double s = half_ ? sumsq16(grad_shard16_) : kernels::sum_of_squares(grad_shard_.data(), grad_shard_.size());  // padding is zero
+  // Tensor-parallel replicas count on their primary copy's rank only (the caller sums over the
+  // tensor-parallel group); without them the whole buffer is summed at once.
+  double s = 0;
+  if (cfg_.stage == 0) {  // identical everywhere
+    if (all_primary_) return sumsq(0, layout_.numel(), false);
+    for (const auto& t : layout_.tensors())
+      if (t.primary()) s += sumsq(t.offset, t.numel, false);
+    return s;
+  }
+  if (all_primary_) {
+    s = sumsq(0, half_ ? grad_shard16_.size() : grad_shard_.size(), true);  // padding is zero
+  } else {
+    for (const auto& sg : segments_)
+      if (sg.primary) s += sumsq(sg.local, sg.count, true);
+  }
   dp_.allreduce_sum(&s, 1);
   return s;
 }

@@ -16,7 +16,7 @@ namespace hpct::parallel {
 // AdamW on n elements: the gradient is g (fp32) or g16 (16-bit, widened tile by tile); then, in
 // 16-bit runs, the updated masters are rounded into pub (the copy the model computes with).
 void ZeroEngine::update(float* p, const float* g, const uint16_t* g16, float* m, float* v, size_t n, float weight_decay,
-                        const AdamParams& a, uint16_t* pub) {
+                        const AdamParams& a, uint16_t* pub, bool primary) {
   auto adam = [&](size_t i, size_t t, const float* gi) {
     kernels::adamw_update(p + i, gi, m + i, v + i, t, a.lr, a.beta1, a.beta2, a.eps, weight_decay, a.step, a.grad_scale);
   };
@@ -31,7 +31,7 @@ void ZeroEngine::update(float* p, const float* g, const uint16_t* g16, float* m,
     }
   }
   if (pub) kernels::to_half(p, pub, n, prec_);
-  if (a.state_norms) {
+  if (a.state_norms && primary) {  // replicas count once over the tensor-parallel group
     state_sumsq_[0] += kernels::sum_of_squares(p, n);
     state_sumsq_[1] += kernels::sum_of_squares(m, n);
     state_sumsq_[2] += kernels::sum_of_squares(v, n);
@@ -79,7 +79,7 @@ void ZeroEngine::adam_step(const AdamParams& a) {
       if (s >= e) continue;
       const size_t k = s - lo;
       update(p + k, g ? g + k : nullptr, g16 ? g16 + k : nullptr, exp_avg_.data() + at + k, exp_avg_sq_.data() + at + k,
-             e - s, t.weight_decay ? a.weight_decay : 0.0f, a, pub ? pub + k : nullptr);
+             e - s, t.weight_decay ? a.weight_decay : 0.0f, a, pub ? pub + k : nullptr, t.primary());
     }
   }
   if (cfg_.stage == 0) return;  // every rank updated everything alike
@@ -107,7 +107,7 @@ void ZeroEngine::swept_adam(const AdamParams& a) {
       uint16_t* pub = half_ ? home16(sg.block) : nullptr;  // nullptr: the slice is gathered from the master
       if (pub) pub += s0 - shards_.local_offset(sg.block);
       update(p, half_ ? nullptr : grad_shard_.data() + s0, half_ ? grad_shard16_.data() + s0 : nullptr, m, v, e0 - s0,
-             sg.decay ? a.weight_decay : 0.0f, a, pub);
+             sg.decay ? a.weight_decay : 0.0f, a, pub, sg.primary);
     }
   });
   traffic_.bytes_read += double(st.bytes_read);

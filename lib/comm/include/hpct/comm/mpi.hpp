@@ -93,6 +93,8 @@ class Communicator {
   /// Collective over this comm, nonblocking: in-place sum; n must be < 2^31.
   Request iallreduce_sum(float* data, size_t n) const;
   double allreduce_max(double v) const;
+  /// Collective over this comm: in-place element-wise maximum of n values.
+  void allreduce_max(float* data, size_t n) const;
   double allreduce_min(double v) const;
   /// Collective over this comm: sum reduced into root's buffer only (other ranks' data untouched).
   void reduce_sum(double* data, size_t n, int root) const;

@@ -7,19 +7,47 @@
 // the unit a ZeRO-3 gather or an overlapped gradient reduction works on.
 #pragma once
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace hpct {
 
+/// How the tensor a rank holds is a part of the full tensor (tensor parallelism; Megatron's
+/// partition_dim and partition_stride). dim >= 0: the full tensor's dimension `dim` is cut into
+/// `stride` equal sections and each section into `parts` equal pieces; this rank holds piece
+/// `index` of every section, sections in order (qkv's rows are q|k|v: stride 3 keeps each rank's
+/// q, k and v rows together). dim < 0: the whole tensor; with parts > 1 every rank of the
+/// tensor-parallel group holds a copy and `index` says which one (copy 0 is the primary: it alone
+/// is counted in norms and written to checkpoints, Megatron's param_is_not_tensor_parallel_duplicate).
+struct Partition {
+  int dim = -1;
+  int parts = 1;
+  int index = 0;
+  int stride = 1;
+};
+
 struct TensorSpec {
   std::string name;            // e.g. "layers.3.attn.qkv.weight"
-  std::vector<int64_t> shape;  // global (unsharded) shape
+  std::vector<int64_t> shape;  // the full (unsharded, tensor-parallel-whole) shape: the checkpoint's
   size_t offset = 0;           // elements from the start of the flat buffer
-  size_t numel = 0;
+  size_t numel = 0;            // elements this rank holds (the full numel unless partitioned)
   int block = 0;               // contiguous group this tensor belongs to
   bool weight_decay = true;    // Megatron: no decay on biases and norm weights
+  Partition part;
+
+  bool partitioned() const { return part.dim >= 0 && part.parts > 1; }
+  /// Counted once over the tensor-parallel group: a partition, or the primary copy of a replica.
+  bool primary() const { return part.dim >= 0 || part.index == 0; }
+  /// The shape this rank holds.
+  std::vector<int64_t> local_shape() const;
+  /// Elements of the full tensor.
+  size_t full_numel() const;
+  /// Calls fn(full_begin, local_begin, count) for each run of consecutive elements of the full
+  /// tensor (row-major flat indices) that this rank's elements [begin, end) cover, in order.
+  template <class F>
+  void for_full_runs(uint64_t begin, uint64_t end, F&& fn) const;
 };
 
 /// Which data-parallel group reduces (and ZeRO shards) a block: dense blocks over every rank that
@@ -39,8 +67,12 @@ class ParamLayout {
  public:
   /// Starts a new block; tensors added after belong to it.
   void begin_block(const std::string& name, ReduceGroup group = ReduceGroup::dense);
-  const TensorSpec& add(const std::string& name, std::vector<int64_t> shape, bool weight_decay);
+  /// Adds a tensor of full shape `shape`; with a partition the rank holds its part (the split
+  /// dimension must divide by parts * stride; throws naming the tensor otherwise).
+  const TensorSpec& add(const std::string& name, std::vector<int64_t> shape, bool weight_decay, Partition part = {});
   size_t numel() const { return total_; }
+  /// Elements of every tensor whole (what a checkpoint holds): numel() without tensor parallelism.
+  size_t full_numel() const;
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   const std::vector<BlockSpec>& blocks() const { return blocks_; }
   /// Throws hpct::Error naming the tensor if absent.
@@ -59,5 +91,30 @@ class ParamLayout {
 
 /// "[768, 2304]", for messages.
 std::string shape_string(const std::vector<int64_t>& shape);
+
+template <class F>
+void TensorSpec::for_full_runs(uint64_t begin, uint64_t end, F&& fn) const {
+  if (begin >= end) return;
+  if (!partitioned()) {
+    fn(begin, begin, end - begin);
+    return;
+  }
+  // Local tensor: [outer, D/parts, inner] with the split dimension in the middle; the local rows
+  // of one piece (same outer index, same section) are consecutive rows of the full tensor.
+  uint64_t outer = 1, inner = 1;
+  for (int d = 0; d < part.dim; ++d) outer *= static_cast<uint64_t>(shape[d]);
+  for (size_t d = part.dim + 1; d < shape.size(); ++d) inner *= static_cast<uint64_t>(shape[d]);
+  const uint64_t D = static_cast<uint64_t>(shape[part.dim]), Dl = D / part.parts;
+  const uint64_t sec = D / part.stride, piece = sec / part.parts;  // full rows per section, per piece
+  uint64_t i = begin;
+  while (i < end) {
+    const uint64_t row = i / inner, in_row = i % inner;  // local row index over (outer, Dl)
+    const uint64_t o = row / Dl, r = row % Dl;
+    const uint64_t full_r = (r / piece) * sec + static_cast<uint64_t>(part.index) * piece + r % piece;
+    const uint64_t n = std::min<uint64_t>(end - i, (piece - r % piece) * inner - in_row);
+    fn((o * D + full_r) * inner + in_row, i, n);
+    i += n;
+  }
+}
 
 }  // namespace hpct

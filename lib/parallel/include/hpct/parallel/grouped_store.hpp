@@ -8,7 +8,8 @@
 // the group)`, and routes the model's block ids to the engine that owns them. Checkpoint pieces
 // come back in the schema's flat indices, so a checkpoint does not depend on which rank held what.
 // With one group (a dense model) it is one ZeroEngine over the whole layout, exactly as before.
-// Not here: tensor-parallel partitions (a block's slice of a tensor) — a later group kind.
+// Tensor parallelism: the schema is this rank's (its tensors' parts, ParamLayout's Partition);
+// the engines never see the difference, and the norms sum over `tp` with replicas counted once.
 #pragma once
 #include <functional>
 #include <memory>
@@ -34,8 +35,10 @@ class GroupedStore final : public model::ParamStore {
   /// Collective over every group's communicator (in the order given). `across` is the communicator
   /// over which different ranks hold different blocks of a group (the expert-parallel group): the
   /// gradient norm and gather_params() sum expert parts over it. nullptr when every rank holds all.
+  /// `tp`: the tensor-parallel group (the norms are summed over it); nullptr without.
   GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
-               kernels::Precision precision, const comm::Communicator* across);
+               kernels::Precision precision, const comm::Communicator* across,
+               const comm::Communicator* tp = nullptr);
   ~GroupedStore() override;
 
   const ParamLayout& schema() const { return schema_; }
@@ -56,7 +59,8 @@ class GroupedStore final : public model::ParamStore {
   void begin_step();
   void begin_micro_step(bool last);
   void end_micro_step();
-  /// Collective: the global sum of squares (dense once, expert parts summed over `across`).
+  /// Collective: the global sum of squares (dense once, expert parts summed over `across`, then
+  /// everything over `tp`, tensor-parallel replicas counted once).
   double grad_sumsq();
   void adam_step(const AdamParams& a);
   /// Pieces in the schema's flat indices; all ranks' pieces cover every schema element once.
@@ -98,6 +102,7 @@ class GroupedStore final : public model::ParamStore {
 
   const ParamLayout& schema_;
   const comm::Communicator* across_;
+  const comm::Communicator* tp_;
   std::vector<Part> parts_;
   std::vector<Route> route_;  // schema block -> engine, its block there
 };

@@ -178,7 +178,9 @@ class ZeroEngine final : public model::ParamStore {
   void begin_micro_step(bool last);
   /// After each micro-step's backward: waits for its reductions.
   void end_micro_step();
-  /// Collective: sum of squares of the reduced gradient (every rank gets the same value).
+  /// Collective: sum of squares of the reduced gradient (every rank gets the same value), over the
+  /// primary tensors only: a tensor-parallel replica counts on the rank holding copy 0, so the sum
+  /// over the tensor-parallel group counts every element once.
   double grad_sumsq();
   /// AdamW on this rank's shard (per-tensor weight decay from the layout), then re-replication of
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
@@ -222,7 +224,7 @@ class ZeroEngine final : public model::ParamStore {
   uint16_t* home16(int b);                    // 16-bit runs: this rank's slice's 16-bit copy (nullptr: none stored)
   void publish(int b, const float* slice);    // 16-bit runs: round this rank's updated slice into home16
   void update(float* p, const float* g, const uint16_t* g16, float* m, float* v, size_t n, float weight_decay,
-              const AdamParams& a, uint16_t* pub);
+              const AdamParams& a, uint16_t* pub, bool primary);
   void finish_gather(Gathered& g);
   void start_gather(int b);
   void wait_gather(int b);
@@ -241,6 +243,7 @@ class ZeroEngine final : public model::ParamStore {
     size_t local = 0, count = 0;       // local shard index, length
     int block = 0;
     bool decay = true;
+    bool primary = true;               // counted in norms (TensorSpec::primary)
     float* param = nullptr;            // in memory (nullptr: in the swap file at `local`)
   };
   std::vector<Segment> segments_;
@@ -250,6 +253,7 @@ class ZeroEngine final : public model::ParamStore {
   const comm::Communicator& dp_;
   kernels::Precision prec_;
   bool half_, fp16_;
+  bool all_primary_ = true;      // no tensor-parallel replica copies in the layout (norms sum whole buffers)
   bool red16_;                   // gradients reduced in 16 bits (half_ unless fp32_communication)
   MPI_Op sum16_ = MPI_OP_NULL;   // their sum: 16-bit + 16-bit, added in fp32, rounded
   int n_, rank_;
