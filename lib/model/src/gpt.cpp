@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include "hpct/core/error.hpp"
@@ -24,14 +25,20 @@ void GptConfig::validate() const {
   pos(max_seq_length, "--seq-length");
   pos(vocab_size, "--vocab-size");
   pos(vocab_multiple, "--make-vocab-size-divisible-by");
-  if ((long long)vocab_size + vocab_multiple - 1 > 2147483647LL)  // padded_vocab() must not overflow
+  pos(tensor_parallel, "--tensor-model-parallel-size");
+  if ((long long)vocab_size + vocab_granule() - 1 > 2147483647LL)  // padded_vocab() must not overflow
     throw config_error("--make-vocab-size-divisible-by", "--vocab-size " + std::to_string(vocab_size) +
-                                                              " padded to a multiple of " + std::to_string(vocab_multiple) +
+                                                              " padded to a multiple of " + std::to_string(vocab_granule()) +
                                                               " does not fit 32 bits");
   if (hidden_size % num_heads != 0)
     throw config_error("--num-attention-heads", "--hidden-size " + std::to_string(hidden_size) +
                                                     " is not divisible by --num-attention-heads " +
                                                     std::to_string(num_heads));
+  if (num_heads % tensor_parallel != 0)
+    throw config_error("--tensor-model-parallel-size", "--num-attention-heads " + std::to_string(num_heads) +
+                                                           " is not divisible by --tensor-model-parallel-size " +
+                                                           std::to_string(tensor_parallel),
+                       "each tensor-parallel rank computes whole heads: choose a size that divides the heads");
   if (!(init_std > 0)) throw config_error("--init-method-std", "--init-method-std must be positive");
   const auto& m = moe;
   if (m.expert_interval < 1)
@@ -65,10 +72,20 @@ void GptConfig::validate() const {
     throw config_error("--moe-z-loss-coeff", "--moe-z-loss-coeff must be a non-negative number");
 }
 
+long long GptConfig::vocab_granule() const {
+  return std::lcm((long long)std::max(1, vocab_multiple), (long long)std::max(1, tensor_parallel));
+}
+
+int GptConfig::padded_vocab() const {
+  const long long g = vocab_granule();
+  return static_cast<int>((vocab_size + g - 1) / g * g);
+}
+
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
          std::to_string(num_heads) + " heads, seq " + std::to_string(max_seq_length) + ", vocab " +
-         std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")";
+         std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +
+         (tensor_parallel > 1 ? ", tensor-parallel " + std::to_string(tensor_parallel) : std::string());
 }
 
 // Rows of the LM head processed at once: bounds the (rows, Vp) logits buffer (51 MB at
@@ -90,12 +107,17 @@ bool MoeConfig::enabled(int num_layers) const {
   return false;
 }
 
-void Gpt::build_layout(const GptConfig& cfg, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte, size_t* wpe,
-                       size_t* lnfw, size_t* lnfb) {
+void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte,
+                       size_t* wpe, size_t* lnfw, size_t* lnfb) {
   const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.max_seq_length;
+  // Megatron's split: column-parallel (rows of the (out, in) weight and its bias; QKV by sections
+  // q|k|v), row-parallel (columns; the bias is a replica), everything else a replica.
+  const int P = cfg.tensor_parallel;
+  if (tp_rank < 0 || tp_rank >= P) throw Error("GPT layout: tensor-parallel rank " + std::to_string(tp_rank) + " of " + std::to_string(P));
+  const Partition col{0, P, tp_rank, 1}, qkv{0, P, tp_rank, 3}, row{1, P, tp_rank, 1}, rep{-1, P, tp_rank, 1};
   layout.begin_block("embedding");
-  *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true).offset;
-  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true).offset;
+  *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col).offset;
+  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep).offset;
   int moe_index = 0;
   for (int l = 0; l < cfg.num_layers; ++l) {
     std::string p = "layers." + std::to_string(l) + ".";
@@ -103,26 +125,28 @@ void Gpt::build_layout(const GptConfig& cfg, ParamLayout& layout, std::vector<Bl
     Block o;
     o.block = static_cast<int>(layout.blocks().size()) - 1;
     size_t base = layout.numel();
-    auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd) { return layout.add(p + n, std::move(s), wd).offset - base; };
-    o.ln1w = rel("input_layernorm.weight", {C}, false);
-    o.ln1b = rel("input_layernorm.bias", {C}, false);
-    o.qkvw = rel("attention.query_key_value.weight", {3 * C, C}, true);
-    o.qkvb = rel("attention.query_key_value.bias", {3 * C}, false);
-    o.projw = rel("attention.dense.weight", {C, C}, true);
-    o.projb = rel("attention.dense.bias", {C}, false);
-    o.ln2w = rel("post_attention_layernorm.weight", {C}, false);
-    o.ln2b = rel("post_attention_layernorm.bias", {C}, false);
+    auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd, const Partition& part) {
+      return layout.add(p + n, std::move(s), wd, part).offset - base;
+    };
+    o.ln1w = rel("input_layernorm.weight", {C}, false, rep);
+    o.ln1b = rel("input_layernorm.bias", {C}, false, rep);
+    o.qkvw = rel("attention.query_key_value.weight", {3 * C, C}, true, qkv);
+    o.qkvb = rel("attention.query_key_value.bias", {3 * C}, false, qkv);
+    o.projw = rel("attention.dense.weight", {C, C}, true, row);
+    o.projb = rel("attention.dense.bias", {C}, false, rep);
+    o.ln2w = rel("post_attention_layernorm.weight", {C}, false, rep);
+    o.ln2b = rel("post_attention_layernorm.bias", {C}, false, rep);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
-    if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false);  // DeepSpeed's wg: no bias
+    if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep);  // DeepSpeed's wg: no bias
     if (o.experts == 0 || cfg.moe.residual) {
-      o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true);
-      o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false);
-      o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true);
-      o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false);
+      o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true, col);
+      o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false, col);
+      o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true, row);
+      o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false, rep);
     }
     if (o.experts > 0 && cfg.moe.residual) {
-      o.coefw = rel("mlp.coefficient.weight", {2, C}, true);
-      o.coefb = rel("mlp.coefficient.bias", {2}, false);
+      o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep);
+      o.coefb = rel("mlp.coefficient.bias", {2}, false, rep);
     }
     if (o.experts > 0) {
       o.moe_index = moe_index++;
@@ -131,36 +155,48 @@ void Gpt::build_layout(const GptConfig& cfg, ParamLayout& layout, std::vector<Bl
         std::string ep = p + "mlp.experts." + std::to_string(e);
         layout.begin_block(ep, ReduceGroup::expert);
         o.expert_blocks.push_back(static_cast<int>(layout.blocks().size()) - 1);
-        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true);
-        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false);
-        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true);
-        layout.add(ep + ".dense_4h_to_h.bias", {C}, false);
+        // Experts stay whole on a rank: every tensor-parallel rank holds the same ones.
+        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true, rep);
+        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false, rep);
+        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true, rep);
+        layout.add(ep + ".dense_4h_to_h.bias", {C}, false, rep);
       }
     }
     if (blocks) blocks->push_back(std::move(o));
   }
   layout.begin_block("final_norm");
   size_t base = layout.numel();
-  *lnfw = layout.add("final_layernorm.weight", {C}, false).offset - base;
-  *lnfb = layout.add("final_layernorm.bias", {C}, false).offset - base;
+  *lnfw = layout.add("final_layernorm.weight", {C}, false, rep).offset - base;
+  *lnfb = layout.add("final_layernorm.bias", {C}, false, rep).offset - base;
 }
 
-ParamLayout Gpt::layout_for(const GptConfig& cfg) {
+ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank) {
   cfg.validate();
   ParamLayout layout;
   size_t a, b, c, d;
-  build_layout(cfg, layout, nullptr, &a, &b, &c, &d);
+  build_layout(cfg, tp_rank, layout, nullptr, &a, &b, &c, &d);
   return layout;
 }
 
 Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::OpsBackend* ops,
-         const comm::Communicator* ep)
-    : cfg_(cfg), precision_(precision), recompute_(recompute), ep_(ep) {
+         const comm::Communicator* ep, const comm::Communicator* tp)
+    : cfg_(cfg), precision_(precision), recompute_(recompute), ep_(ep), tp_(tp) {
   cfg_.validate();
   if (!ops) own_ops_ = kernels::cpu_ops();
   ops_ = ops ? ops : own_ops_.get();
   if (ep_) ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
-  build_layout(cfg_, layout_, &blocks_, &wte_, &wpe_, &lnfw_, &lnfb_);
+  if (tp_.size() != cfg_.tensor_parallel)
+    throw Error("GPT: the tensor-parallel group has " + std::to_string(tp_.size()) + " ranks, the config says " +
+                std::to_string(cfg_.tensor_parallel));
+  if (tp_.enabled() && !ops_->host_memory())
+    throw config_error("--tensor-model-parallel-size", "tensor parallelism runs on the CPU backend only in this version (--device " + ops_->name() + ")",
+                       "train with --device cpu, or --tensor-model-parallel-size 1 on the GPU");
+  Cl_ = cfg_.hidden_size / tp_.size();
+  NHl_ = cfg_.num_heads / tp_.size();
+  Fl_ = 4 * cfg_.hidden_size / tp_.size();
+  Vl_ = cfg_.padded_vocab() / tp_.size();
+  vstart_ = tp_.rank() * Vl_;
+  build_layout(cfg_, tp_.rank(), layout_, &blocks_, &wte_, &wpe_, &lnfw_, &lnfb_);
   final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
   const size_t C = cfg_.hidden_size;
   ex_ = ExpertOffsets{0, 4 * C * C, 4 * C * C + 4 * C, 8 * C * C + 4 * C};
@@ -210,11 +246,18 @@ void Gpt::init_block(int block, float* dst, uint64_t seed) const {
     bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
     bool is_out = t.name.find("attention.dense.weight") != std::string::npos ||
                   t.name.find("dense_4h_to_h.weight") != std::string::npos;
-    for (size_t i = 0; i < t.numel; ++i) {
-      if (is_norm_weight) p[i] = 1.0f;
-      else if (is_bias) p[i] = 0.0f;
-      else p[i] = static_cast<float>(rng.normal() * (is_out ? std_out : std_w));
+    if (is_norm_weight || is_bias) {
+      std::fill(p, p + t.numel, is_norm_weight ? 1.0f : 0.0f);
+      continue;
     }
+    const double sd = is_out ? std_out : std_w;
+    // A tensor-parallel part draws the full tensor's sequence and keeps its own elements, so every
+    // element has the value it has at T = 1 (Megatron's --use-cpu-initialization does the same).
+    uint64_t next = 0;  // full-tensor index of the next draw
+    t.for_full_runs(0, t.numel, [&](uint64_t full, uint64_t local, uint64_t n) {
+      for (; next < full; ++next) rng.normal();
+      for (uint64_t k = 0; k < n; ++k, ++next) p[local + k] = static_cast<float>(rng.normal() * sd);
+    });
   }
 }
 
@@ -226,12 +269,13 @@ void Gpt::ensure_workspace(int B, int T) {
   auto ws = std::make_unique<Workspace>();
   ws->B = B;
   ws->T = T;
-  const size_t N = (size_t)B * T, C = cfg_.hidden_size, NH = cfg_.num_heads, L = cfg_.num_layers;
-  const size_t Vp = cfg_.padded_vocab();
+  // Tensor-parallel parts: attention channels Cl = C/T, heads NH/T, MLP width F = 4C/T, Vl = Vp/T.
+  const size_t N = (size_t)B * T, C = cfg_.hidden_size, L = cfg_.num_layers;
+  const size_t Cl = Cl_, NHl = NHl_, F = Fl_, Vl = Vl_;
   const size_t nsets = recompute_ ? 1 : L;
-  size_t per_layer = N * C * 5 + N * 4 + N * 3 * C + (size_t)B * NH * T * T + N * 4 * C * 2;
-  size_t total = nsets * per_layer + (L + 1) * N * C + N * C + 2 * N + N * C * 3 + N * 3 * C + N * 4 * C * 2 +
-                 (size_t)kHeadRows * Vp + N;
+  size_t per_layer = N * C * 3 + N * Cl + N * 4 + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
+  size_t total = nsets * per_layer + (L + 1) * N * C + N * C + 2 * N + N * C * 2 + N * Cl + N * 3 * Cl + N * F * 2 +
+                 (size_t)kHeadRows * Vl + N;
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
@@ -242,15 +286,15 @@ void Gpt::ensure_workspace(int B, int T) {
     a.ln1 = take(N * C);
     a.ln1_mean = take(N);
     a.ln1_rstd = take(N);
-    a.qkv = take(N * 3 * C);
-    a.att = take((size_t)B * NH * T * T);
-    a.atty = take(N * C);
+    a.qkv = take(N * 3 * Cl);
+    a.att = take((size_t)B * NHl * T * T);
+    a.atty = take(N * Cl);
     a.res2 = take(N * C);
     a.ln2 = take(N * C);
     a.ln2_mean = take(N);
     a.ln2_rstd = take(N);
-    a.fch = take(N * 4 * C);
-    a.fch_gelu = take(N * 4 * C);
+    a.fch = take(N * F);
+    a.fch_gelu = take(N * F);
   }
   ws->res = take((L + 1) * N * C);
   ws->lnf = take(N * C);
@@ -258,11 +302,11 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->lnf_rstd = take(N);
   ws->dres = take(N * C);
   ws->dln = take(N * C);
-  ws->datty = take(N * C);
-  ws->dqkv = take(N * 3 * C);
-  ws->dfch = take(N * 4 * C);
-  ws->dfch_gelu = take(N * 4 * C);
-  ws->logits = take((size_t)kHeadRows * Vp);
+  ws->datty = take(N * Cl);
+  ws->dqkv = take(N * 3 * Cl);
+  ws->dfch = take(N * F);
+  ws->dfch_gelu = take(N * F);
+  ws->logits = take((size_t)kHeadRows * Vl);
   ws->losses = take(N);
   if (!ops_->host_memory()) {
     ws->host_losses.assign(N, 0.0f);
@@ -312,64 +356,72 @@ double Gpt::flops_per_iteration(long long B, long long T) const {
 }
 
 void Gpt::mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
-                      float* fch, float* fch_gelu, float* out, int rows) {
+                      float* fch, float* fch_gelu, float* out, int rows, int F) {
   const int C = cfg_.hidden_size;
-  ops_->matmul_forward(fch, x, fcw, fcb, rows, C, 4 * C, precision_);
-  ops_->gelu_forward(fch_gelu, fch, (size_t)rows * 4 * C);
-  ops_->matmul_forward(out, fch_gelu, projw, projb, rows, 4 * C, C, precision_);
+  ops_->matmul_forward(fch, x, fcw, fcb, rows, C, F, precision_);
+  ops_->gelu_forward(fch_gelu, fch, (size_t)rows * F);
+  ops_->matmul_forward(out, fch_gelu, projw, projb, rows, F, C, precision_);
 }
 
 // dx is ACCUMULATED (zero it first for an overwrite); the weight gradients too.
 void Gpt::mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
                        const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
-                       float* dfch, float* dfch_gelu) {
+                       float* dfch, float* dfch_gelu, int F) {
   const int C = cfg_.hidden_size;
-  const size_t n4 = (size_t)rows * 4 * C;
+  const size_t n4 = (size_t)rows * F;
   ops_->zero(dfch_gelu, n4 * sizeof(float));
-  ops_->matmul_backward(dfch_gelu, dprojw, dprojb, dout, fch_gelu, projw, rows, 4 * C, C, precision_);
+  ops_->matmul_backward(dfch_gelu, dprojw, dprojb, dout, fch_gelu, projw, rows, F, C, precision_);
   ops_->zero(dfch, n4 * sizeof(float));
   ops_->gelu_backward(dfch, fch, dfch_gelu, n4);
-  ops_->matmul_backward(dx, dfcw, dfcb, dfch, x, fcw, rows, C, 4 * C, precision_);
+  ops_->matmul_backward(dx, dfcw, dfcb, dfch, x, fcw, rows, C, F, precision_);
 }
 
 void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                         int T) {
-  const int N = B * T, C = cfg_.hidden_size, NH = cfg_.num_heads;
+  const int N = B * T, C = cfg_.hidden_size;
   const Block& o = blocks_[l];
   ops_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, lp + o.ln1w, lp + o.ln1b, N, C);
-  ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * C, precision_);
-  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, C, NH, precision_);
-  ops_->matmul_forward(a.res2, a.atty, lp + o.projw, lp + o.projb, N, C, C, precision_);
+  // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
+  ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
+  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_);
+  ops_->matmul_forward(a.res2, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
+  tp_.all_reduce(a.res2, (size_t)N * C);
   ops_->residual_forward(a.res2, in, a.res2, (size_t)N * C);
   ops_->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, lp + o.ln2w, lp + o.ln2b, N, C);
-  if (o.experts == 0)
-    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, lp + o.fcprojb, a.ln2, a.fch, a.fch_gelu, out, N);
-  else
+  if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
+    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), a.ln2, a.fch, a.fch_gelu, out, N, Fl_);
+    tp_.all_reduce(out, (size_t)N * C);
+  } else {
     moe_forward(store, l, lp, a, out, N);
+  }
   ops_->residual_forward(out, a.res2, out, (size_t)N * C);
 }
 
 // dres holds d(loss)/d(layer output) on entry and d(loss)/d(layer input) on return.
 void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                          float* dres, int B, int T) {
-  const int N = B * T, C = cfg_.hidden_size, NH = cfg_.num_heads;
+  const int N = B * T, C = cfg_.hidden_size;
   const Block& o = blocks_[l];
   Workspace& w = *ws_;
   const size_t NC = (size_t)N * C;
   ops_->zero(w.dln, NC * sizeof(float));
-  if (o.experts == 0)
+  if (o.experts == 0) {
     mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, a.ln2, a.fch,
-                 a.fch_gelu, dres, w.dln, N, w.dfch, w.dfch_gelu);
-  else
+                 a.fch_gelu, dres, w.dln, N, w.dfch, w.dfch_gelu, Fl_);
+    tp_.all_reduce(w.dln, NC);  // f's backward: the parts' input gradients summed
+  } else {
     moe_backward(store, l, lp, lg, a, dres, w.dln, N);
+  }
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
   ops_->layernorm_backward(dres, lg + o.ln2w, lg + o.ln2b, w.dln, a.res2, lp + o.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
-  ops_->zero(w.datty, NC * sizeof(float));
-  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, dres, a.atty, lp + o.projw, N, C, C, precision_);
-  ops_->zero(w.dqkv, NC * 3 * sizeof(float));
-  ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, C, NH, precision_);
+  const size_t NCl = (size_t)N * Cl_;
+  ops_->zero(w.datty, NCl * sizeof(float));
+  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, dres, a.atty, lp + o.projw, N, Cl_, C, precision_);
+  ops_->zero(w.dqkv, NCl * 3 * sizeof(float));
+  ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, Cl_, NHl_, precision_);
   ops_->zero(w.dln, NC * sizeof(float));
-  ops_->matmul_backward(w.dln, lg + o.qkvw, lg + o.qkvb, w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * C, precision_);
+  ops_->matmul_backward(w.dln, lg + o.qkvw, lg + o.qkvb, w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * Cl_, precision_);
+  tp_.all_reduce(w.dln, NC);
   ops_->layernorm_backward(dres, lg + o.ln1w, lg + o.ln1b, w.dln, in, lp + o.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
 }
 
@@ -379,16 +431,20 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
                  int T, float dloss, bool backward, float* dx) {
   const int N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   Workspace& w = *ws_;
+  // Vocab-parallel: this rank's Vl_ columns of the logits; the loss over the group (tensor_parallel.hpp).
   ops_->layernorm_forward(w.lnf, w.lnf_mean, w.lnf_rstd, x, fp + lnfw_, fp + lnfb_, N, C);
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
   double loss_sum = 0;
   for (int r0 = 0; r0 < N; r0 += kHeadRows) {
     int rows = std::min(kHeadRows, N - r0);
     const float* xin = w.lnf + (size_t)r0 * C;
-    ops_->matmul_forward(w.logits, xin, ep + wte_, nullptr, rows, C, Vp, precision_);
-    ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
+    ops_->matmul_forward(w.logits, xin, ep + wte_, nullptr, rows, C, Vl_, precision_);
+    if (tp_.enabled())
+      tp_.cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, Vl_, vstart_, V, backward);
+    else
+      ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
     if (backward)
-      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg + wte_, nullptr, w.logits, xin, ep + wte_, rows, C, Vp,
+      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg + wte_, nullptr, w.logits, xin, ep + wte_, rows, C, Vl_,
                                precision_);
   }
   const float* losses = w.losses;
@@ -398,6 +454,7 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   }
   for (int i = 0; i < N; ++i) loss_sum += losses[i];  // in row order, as on every backend
   if (backward) {
+    tp_.all_reduce(w.dln, (size_t)N * C);
     ops_->zero(dx, (size_t)N * C * sizeof(float));
     ops_->layernorm_backward(dx, fg + lnfw_, fg + lnfb_, w.dln, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, N, C);
   }
@@ -412,7 +469,8 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const int C = cfg_.hidden_size;
   const size_t NC = (size_t)B * T * C;
   const float* ep = store.params(0);
-  ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
+  if (tp_.enabled()) tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_);
+  else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
     layer_forward(store, l, store.params(b), w.acts[keep_acts ? l : 0], w.res + l * NC, w.res + (l + 1) * NC, B, T);
@@ -449,7 +507,8 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(b);
   }
   float* eg = store.grads(0);
-  ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
+  if (tp_.enabled()) TensorParallel::embedding_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C, vstart_, Vl_);
+  else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
   store.grads_ready(0);
   phase_.backward += phase.seconds();
   return loss;

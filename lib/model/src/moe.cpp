@@ -157,7 +157,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     const float* w = store.params(b);
     if (rows > 0)
       mlp_forward(w + ex_.fcw, w + ex_.fcb, w + ex_.projw, w + ex_.projb, &m.rows[row * C], &m.fch[row * 4 * C],
-                  &m.fch_gelu[row * 4 * C], &m.y[row * C], rows);
+                  &m.fch_gelu[row * 4 * C], &m.y[row * C], rows, 4 * C);
     store.release(b);
     row += rows;
   }
@@ -187,7 +187,10 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   if (cfg_.moe.residual) {
     // out = c0 * moe + c1 * mlp(x), (c0, c1) = softmax(x Wc^T + bc) per token.
     m.dense_out.resize((size_t)N * C);
-    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, lp + o.fcprojb, x, a.fch, a.fch_gelu, m.dense_out.data(), N);
+    // The dense MLP beside the experts is tensor-parallel like a dense layer's (the experts are not).
+    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), x, a.fch, a.fch_gelu,
+                m.dense_out.data(), N, Fl_);
+    tp_.all_reduce(m.dense_out.data(), (size_t)N * C);
     m.coef.resize((size_t)N * 2);
     ops_->matmul_forward(m.coef.data(), x, lp + o.coefw, lp + o.coefb, N, C, 2, Precision::fp32);
     for (int n = 0; n < N; ++n) {
@@ -232,10 +235,13 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
       dlog[(size_t)n * 2] = static_cast<float>(c2[0] * (g0 - dot));
       dlog[(size_t)n * 2 + 1] = static_cast<float>(c2[1] * (g1 - dot));
     }
-    ops_->matmul_backward(dx, lg + o.coefw, lg + o.coefb, dlog.data(), x, lp + o.coefw, N, C, 2, Precision::fp32);
+    // dx is zero here: the dense MLP's part first, summed over the tensor-parallel group (f's
+    // backward), then the whole contributions of the coefficient and the experts.
     Workspace& w = *ws_;
     mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, x, a.fch, a.fch_gelu,
-                 dd.data(), dx, N, w.dfch, w.dfch_gelu);
+                 dd.data(), dx, N, w.dfch, w.dfch_gelu, Fl_);
+    tp_.all_reduce(dx, (size_t)N * C);
+    ops_->matmul_backward(dx, lg + o.coefw, lg + o.coefb, dlog.data(), x, lp + o.coefw, N, C, 2, Precision::fp32);
     dm = dmoe.data();
   }
 
@@ -271,7 +277,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     if (rows > 0)
       mlp_backward(w + ex_.fcw, w + ex_.projw, g + ex_.fcw, g + ex_.fcb, g + ex_.projw, g + ex_.projb, &m.rows[row * C],
                    &m.fch[row * 4 * C], &m.fch_gelu[row * 4 * C], &dy[row * C], &drows[row * C], rows,
-                   dscratch.data(), dscratch2.data());
+                   dscratch.data(), dscratch2.data(), 4 * C);
     store.release(b);
     store.grads_ready(b);
     row += rows;

@@ -15,6 +15,13 @@
 // "layers.<l>" (attention, norms, and the MLP or the router) followed, in an MoE layer, by one
 // block per expert "layers.<l>.mlp.experts.<e>" (ReduceGroup::expert), then "final_norm".
 //
+// Tensor parallelism (Megatron-LM; model/tensor_parallel.hpp): with a tensor-parallel group of T
+// ranks the layout is this rank's part (ParamLayout's Partition): QKV and fc column-parallel (NH/T
+// heads, 4h/T columns), the attention output and fc2 row-parallel, the word embedding and the LM
+// head vocab-parallel; norms, position embeddings, row-parallel biases, the router and the experts
+// are replicas. Every tensor keeps its full shape and name (the checkpoint schema), so a
+// checkpoint does not depend on T.
+//
 // The ops run on a kernels::OpsBackend: the CPU one by default, or a CUDA device. Parameters,
 // gradients and activations then live in that backend's memory; tokens and targets are passed as
 // host arrays and copied in, losses come back to the host.
@@ -32,6 +39,7 @@
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/param_store.hpp"
+#include "hpct/model/tensor_parallel.hpp"
 
 namespace hpct::model {
 
@@ -66,8 +74,15 @@ struct GptConfig {
   int vocab_multiple = 128; // Megatron's --make-vocab-size-divisible-by
   double init_std = 0.02;   // Megatron's --init-method-std
   MoeConfig moe;
+  int tensor_parallel = 1;  // --tensor-model-parallel-size: ranks each layer is split over
 
-  int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+  /// The vocabulary padded to a multiple of lcm(vocab_multiple, tensor_parallel): with the default
+  /// 128 and a power-of-two T up to 128 that is the same table at every T (GPT-2: 50304), so a
+  /// checkpoint moves between tensor-parallel sizes unchanged. (Megatron pads to 128*T instead:
+  /// 50432 at T=2, which ties its checkpoints to T.)
+  int padded_vocab() const;
+  /// The multiple padded_vocab() rounds to.
+  long long vocab_granule() const;
   /// Throws config_error naming the flag for impossible shapes.
   void validate() const;
   std::string describe() const;
@@ -80,8 +95,10 @@ class Gpt {
   /// ops: the backend the model computes on, which must outlive the model; nullptr = the CPU one.
   /// ep: the expert-parallel group (MoE: this rank holds experts [ep.rank()*E/ep.size(), ...) of
   /// every MoE layer and exchanges tokens over it); nullptr = this rank holds every expert.
+  /// tp: the tensor-parallel group, of size cfg.tensor_parallel (nullptr when that is 1).
   Gpt(const GptConfig& cfg, kernels::Precision precision, bool recompute_activations,
-      kernels::OpsBackend* ops = nullptr, const comm::Communicator* ep = nullptr);
+      kernels::OpsBackend* ops = nullptr, const comm::Communicator* ep = nullptr,
+      const comm::Communicator* tp = nullptr);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -89,10 +106,12 @@ class Gpt {
   kernels::OpsBackend& ops() const { return *ops_; }
 
   const GptConfig& config() const { return cfg_; }
-  /// Every tensor of the model (all experts, whatever the rank holds): the checkpoint schema.
+  /// Every tensor of the model (all experts, whatever the rank holds), as this tensor-parallel
+  /// rank's parts (the full layout at T = 1): names and full shapes are the checkpoint schema.
   const ParamLayout& layout() const { return layout_; }
-  /// The same table without building a model (the estimator, hpct_ckpt). Throws for a bad config.
-  static ParamLayout layout_for(const GptConfig& cfg);
+  /// The same table without building a model (the estimator, hpct_ckpt), for tensor-parallel rank
+  /// tp_rank of cfg.tensor_parallel. Throws for a bad config.
+  static ParamLayout layout_for(const GptConfig& cfg, int tp_rank = 0);
   /// Schema blocks this rank computes with: every dense block and its own experts, in order.
   std::vector<int> held_blocks() const;
   kernels::Precision precision() const { return precision_; }
@@ -137,6 +156,8 @@ class Gpt {
   void reset_moe_stats() { moe_stats_.clear(); }
   /// Bytes this rank sent to other ranks in MoE all-to-alls since construction.
   double alltoall_bytes() const { return alltoall_bytes_; }
+  /// The tensor-parallel collectives since construction (bytes all-reduced; TensorParallel).
+  const TensorParallel& tensor_parallel() const { return tp_; }
 
   /// Bytes of activations and scratch currently allocated (grows to the largest (B, T) seen), in the
   /// backend's memory, with the scratch the backend keeps for its ops (OpsBackend::scratch_bytes).
@@ -169,11 +190,15 @@ class Gpt {
   void layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T);
   void layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres,
                       int B, int T);
+  // The GELU MLP of hidden width F (4C, or 4C/T for a tensor-parallel part: the caller passes
+  // projb on one rank only and sums `out`, and dx, over the group).
   void mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
-                   float* fch, float* fch_gelu, float* out, int rows);
+                   float* fch, float* fch_gelu, float* out, int rows, int F);
   void mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
                     const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
-                    float* dfch, float* dfch_gelu);
+                    float* dfch, float* dfch_gelu, int F);
+  /// A row-parallel linear's bias: added on tensor-parallel rank 0 only, before the group's sum.
+  const float* row_bias(const float* b) const { return tp_.rank() == 0 ? b : nullptr; }
   void moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N);
   void moe_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* dout, float* dx,
                     int N);
@@ -182,8 +207,8 @@ class Gpt {
   void note_alltoall(const MoeActs& m, int C);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
-  static void build_layout(const GptConfig& cfg, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte,
-                           size_t* wpe, size_t* lnfw, size_t* lnfb);
+  static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
+                           size_t* wte, size_t* wpe, size_t* lnfw, size_t* lnfb);
 
   GptConfig cfg_;
   kernels::Precision precision_;
@@ -194,6 +219,9 @@ class Gpt {
   int final_block_ = 0;
   const comm::Communicator* ep_ = nullptr;
   int ep_size_ = 1, ep_rank_ = 0;
+  TensorParallel tp_;
+  int Cl_ = 0, NHl_ = 0, Fl_ = 0;  // this tensor-parallel rank's attention channels, heads, MLP width
+  int Vl_ = 0, vstart_ = 0;        // its rows of the padded vocabulary: [vstart_, vstart_ + Vl_)
   struct ExpertOffsets {
     size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
   } ex_;  // tensors inside an expert block (every expert alike)

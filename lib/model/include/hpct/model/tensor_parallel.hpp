@@ -1,0 +1,64 @@
+// hpct/model/tensor_parallel.hpp — Megatron's tensor-parallel pieces for the model's layers.
+//
+// A layer split over T ranks (the tensor-parallel group) follows Megatron-LM: a column-parallel
+// linear holds out/T rows of the weight (each rank computes its columns of Y; QKV by heads, fc by
+// 4h columns), a row-parallel linear holds in/T columns (each rank a partial Y, summed over the
+// group; the bias, replicated, is added once). The conjugate operators are:
+//   f (before a column-parallel linear): identity forward, all-reduce of dX backward;
+//   g (after a row-parallel linear):     all-reduce forward, identity backward.
+// The linears themselves are the backend's matmuls on the parts; what is new lives here: the
+// all-reduces (with their bytes counted), the vocab-parallel embedding (each rank a slice of the
+// vocabulary, out-of-slice ids give zero rows, then g) and the vocab-parallel cross entropy (max,
+// target logit and sum of exponentials all-reduced; no rank ever holds a full row of logits).
+// Host memory only in this version (the model refuses tensor parallelism on a device backend).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "hpct/comm/mpi.hpp"
+
+namespace hpct::model {
+
+class TensorParallel {
+ public:
+  /// tp: the tensor-parallel group; nullptr (or size 1) = no tensor parallelism.
+  explicit TensorParallel(const comm::Communicator* tp = nullptr);
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  bool enabled() const { return size_ > 1; }
+
+  /// g forward / f backward: in-place sum of n floats over the group (nothing at size 1).
+  void all_reduce(float* x, size_t n);
+  /// Payload bytes all-reduced since construction (each call counts its buffer once, the quantity
+  /// Megatron's 4 x B*s*h per layer counts; a ring moves 2(T-1)/T of it per rank on the wire).
+  double bytes() const { return bytes_; }
+  /// Of those, the activations' all-reduces (g and f), apart from the cross entropy's row scalars.
+  double activation_bytes() const { return act_bytes_; }
+  int calls() const { return calls_; }
+
+  /// Vocab-parallel embedding with learned positions: out (B*T, C) = wte[token] + wpe[t], where this
+  /// rank holds rows [vstart, vstart + vrows) of wte (wte_part) and every rank the whole wpe.
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B, int T,
+                         int C, int vstart, int vrows);
+  /// Accumulates d(wte_part) (this rank's rows only) and d(wpe) (every rank alike) from dout (B*T, C).
+  static void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                 int C, int vstart, int vrows);
+  /// Vocab-parallel cross entropy over logits (rows, vl): this rank's columns [vstart, vstart + vl)
+  /// of the padded vocabulary; columns >= V are padding and never take part. losses (rows) get
+  /// -log softmax(target) (0 where target < 0), the same on every rank. With backward the logits
+  /// are replaced by dloss * (softmax - onehot(target)) on this rank's columns (0 on padding and
+  /// ignored rows), as the backend's softmax_cross_entropy does for a whole row.
+  void cross_entropy(float* logits, float* losses, const int32_t* targets, float dloss, int rows, int vl, int vstart,
+                     int V, bool backward);
+
+ private:
+  const comm::Communicator* comm_ = nullptr;
+  int size_ = 1, rank_ = 0;
+  double bytes_ = 0, act_bytes_ = 0;
+  int calls_ = 0;
+  std::vector<float> fbuf_;
+  std::vector<double> dbuf_;
+};
+
+}  // namespace hpct::model

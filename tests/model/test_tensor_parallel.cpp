@@ -1,0 +1,204 @@
+// Tensor parallelism's layers against the unsplit ones, under mpirun with T = the world size.
+//
+// - The whole model, one layer of every kind at once: a T-rank Gpt and a one-rank Gpt start from
+//   the same weights (init is layout-independent: the parts must equal slices of the one-rank
+//   tensors, bitwise); one forward/backward; the loss and every gradient, assembled from the parts,
+//   must equal the one-rank model's. Tolerance: the row-parallel linears, the all-reduced input
+//   gradients and the vocab-parallel softmax sum the same products in another order (partial sums
+//   per rank, then across ranks), and the cross entropy uses std::exp where the backend's kernel
+//   uses its own exp: fp32 rounding, ~1e-7 relative per sum. We allow 1e-5 relative on the loss and
+//   2e-5 x max|g| on every gradient element (measured: <= 5e-7 x max|g| at T = 2 and 4); a missing all-reduce or a
+//   bias added T times is off by O(1) x |g|.
+// - The vocab-parallel embedding against the backend's: bitwise (one nonzero row per token, summed
+//   with zeros, then the same position add).
+// - The vocab-parallel cross entropy against the backend's whole-row one: loss and gradient within
+//   1e-6 (relative to the loss, absolute on gradients that are O(1/V)); padding never takes part;
+//   and its gradient against central finite differences of the distributed loss.
+// - f/g: Megatron's rank-valued check, exact sums.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "../engine/mpi_gtest_main.hpp"
+#include "hpct/core/rng.hpp"
+#include "hpct/kernels/ops.hpp"
+#include "hpct/model/gpt.hpp"
+#include "hpct/model/tensor_parallel.hpp"
+
+using namespace hpct;
+
+namespace {
+const comm::Communicator& world() {
+  static comm::Communicator w = comm::Communicator::world();
+  return w;
+}
+
+model::GptConfig tiny(int tp, bool moe, bool residual) {
+  model::GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_heads = 4;
+  c.max_seq_length = 8;
+  c.vocab_size = 29;  // padded to 32: the last rank's slice holds padding
+  c.vocab_multiple = 8;
+  c.init_std = 0.2;
+  c.tensor_parallel = tp;
+  if (moe) {
+    c.moe.num_experts = {4};
+    c.moe.expert_interval = 2;
+    c.moe.residual = residual;
+    c.moe.second_expert_sampling = false;
+  }
+  return c;
+}
+
+// Every tensor whole, in layout order, from this rank's parts (summed over the group).
+std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& local, const comm::Communicator& tp) {
+  std::vector<float> full(l.full_numel(), 0.0f);
+  size_t at = 0;
+  for (const auto& t : l.tensors()) {
+    if (t.primary())
+      t.for_full_runs(0, t.numel, [&](uint64_t f, uint64_t lo, uint64_t n) {
+        std::copy_n(local.begin() + t.offset + lo, n, full.begin() + at + f);
+      });
+    at += t.full_numel();
+  }
+  tp.allreduce_sum(full.data(), full.size());
+  return full;
+}
+
+void check_model(bool moe, bool residual) {
+  const auto& w = world();
+  const int T = w.size();
+  model::Gpt ref(tiny(1, moe, residual), kernels::Precision::fp32, false);
+  model::Gpt par(tiny(T, moe, residual), kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
+  std::vector<float> rp(ref.layout().numel()), rg(rp.size(), 0.0f), pp(par.layout().numel()), pg(pp.size(), 0.0f);
+  ref.init_params(rp.data(), 42);
+  par.init_params(pp.data(), 42);
+  const std::vector<float> assembled = assemble(par.layout(), pp, w);
+  ASSERT_EQ(assembled.size(), rp.size());
+  EXPECT_EQ(std::memcmp(assembled.data(), rp.data(), rp.size() * 4), 0) << "a part is not its slice of the T=1 init";
+  const int B = 2, S = 8;
+  std::vector<int32_t> tok(B * S), tgt(B * S);
+  Rng rng(7);
+  for (int i = 0; i < B * S; ++i) tok[i] = (int)rng.below(29), tgt[i] = i % 5 == 0 ? -1 : (int)rng.below(29);
+  model::FlatParamStore rs(ref.layout(), rp.data(), rg.data()), ps(par.layout(), pp.data(), pg.data());
+  ref.set_routing_seed(3);
+  par.set_routing_seed(3);
+  const double lr = ref.forward_backward(rs, tok.data(), tgt.data(), B, S, 0.05f);
+  const double lp = par.forward_backward(ps, tok.data(), tgt.data(), B, S, 0.05f);
+  EXPECT_NEAR(lp, lr, 1e-5 * std::fabs(lr));
+  const std::vector<float> g = assemble(par.layout(), pg, w);
+  float gmax = 0;
+  for (float x : rg) gmax = std::max(gmax, std::fabs(x));
+  size_t at = 0;
+  double worst_all = 0;
+  for (const auto& t : ref.layout().tensors()) {
+    double worst = 0;
+    for (size_t i = 0; i < t.numel; ++i) worst = std::max(worst, (double)std::fabs(g[at + i] - rg[at + i]));
+    EXPECT_LE(worst, 2e-5 * gmax) << t.name << " on T=" << T;
+    worst_all = std::max(worst_all, worst);
+    at += t.numel;
+  }
+  if (w.rank() == 0)
+    std::printf("T=%d: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T, lp, lr, worst_all / gmax);
+  // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
+  for (const auto& t : par.layout().tensors()) {
+    if (t.partitioned()) continue;
+    std::vector<float> mine(pg.begin() + t.offset, pg.begin() + t.offset + t.numel), first = mine;
+    w.bcast_bytes(first.data(), first.size() * 4, 0);
+    EXPECT_EQ(std::memcmp(first.data(), mine.data(), mine.size() * 4), 0) << t.name << " differs across ranks";
+  }
+  // Megatron's count: 2 all-reduces of (B*s, h) per layer forward and 2 backward, plus the
+  // embedding's (forward) and the LM head's input gradient (backward). A standard MoE layer has
+  // only the attention's (its experts are not split); a residual one adds its dense MLP's.
+  const int per_layer = moe && !residual ? 4 + 2 : 4 + 4;
+  const double want = (per_layer + 2.0) * B * S * 16 * sizeof(float);
+  EXPECT_EQ(par.tensor_parallel().activation_bytes(), T > 1 ? want : 0.0);
+}
+}  // namespace
+
+TEST(TensorParallel, GptMatchesUnsplitModel) { check_model(false, false); }
+TEST(TensorParallel, MoeMatchesUnsplitModel) { check_model(true, false); }
+TEST(TensorParallel, ResidualMoeMatchesUnsplitModel) { check_model(true, true); }
+
+TEST(TensorParallel, ConjugateOperatorsSumExactly) {
+  const auto& w = world();
+  model::TensorParallel tp(&w);
+  std::vector<float> x(5, float(w.rank()));
+  tp.all_reduce(x.data(), x.size());
+  const float want = w.size() * (w.size() - 1) / 2.0f;  // 0 + 1 + ... + (T-1)
+  for (float v : x) EXPECT_EQ(v, w.size() > 1 ? want : 0.0f);
+}
+
+TEST(TensorParallel, EmbeddingEqualsTheBackendsBitwise) {
+  const auto& w = world();
+  const int T = w.size(), B = 2, S = 4, C = 8, Vp = 16 * T, Vl = Vp / T;
+  std::vector<float> wte((size_t)Vp * C), wpe((size_t)S * C);
+  Rng rng(5);
+  for (auto& v : wte) v = (float)rng.normal();
+  for (auto& v : wpe) v = (float)rng.normal();
+  std::vector<int32_t> tok(B * S);
+  for (auto& t : tok) t = (int)rng.below(Vp);
+  std::vector<float> want((size_t)B * S * C), got(want.size());
+  kernels::encoder_forward(want.data(), tok.data(), wte.data(), wpe.data(), B, S, C);
+  model::TensorParallel tp(&w);
+  tp.embedding_forward(got.data(), tok.data(), wte.data() + (size_t)w.rank() * Vl * C, wpe.data(), B, S, C,
+                       w.rank() * Vl, Vl);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+  // Backward: this rank's rows of the full gradient, bitwise; positions whole on every rank.
+  std::vector<float> dout(want.size());
+  for (auto& v : dout) v = (float)rng.normal();
+  std::vector<float> dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f), pdwte((size_t)Vl * C, 0.0f), pdwpe(wpe.size(), 0.0f);
+  kernels::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, S, C);
+  model::TensorParallel::embedding_backward(pdwte.data(), pdwpe.data(), dout.data(), tok.data(), B, S, C, w.rank() * Vl, Vl);
+  EXPECT_EQ(std::memcmp(pdwte.data(), dwte.data() + (size_t)w.rank() * Vl * C, pdwte.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(pdwpe.data(), dwpe.data(), dwpe.size() * 4), 0);
+}
+
+TEST(TensorParallel, CrossEntropyEqualsWholeRowAndFiniteDifferences) {
+  const auto& w = world();
+  const int T = w.size(), rows = 6, V = 8 * T - 3, Vp = 8 * T, Vl = 8;  // the last slice ends in padding
+  std::vector<float> logits((size_t)rows * Vp);
+  Rng rng(11);
+  for (auto& v : logits) v = (float)(3 * rng.normal());
+  for (int r = 0; r < rows; ++r)
+    for (int j = V; j < Vp; ++j) logits[(size_t)r * Vp + j] = 100.0f;  // padding would win if it took part
+  std::vector<int32_t> tgt = {0, V - 1, 3, -1, V / 2, 1};
+  const float dloss = 0.25f;
+  std::vector<float> whole = logits, wl(rows);
+  kernels::softmax_cross_entropy(whole.data(), wl.data(), tgt.data(), dloss, rows, V, Vp);
+  auto mine = [&](const std::vector<float>& full) {
+    std::vector<float> p((size_t)rows * Vl);
+    for (int r = 0; r < rows; ++r)
+      std::copy_n(full.begin() + (size_t)r * Vp + w.rank() * Vl, Vl, p.begin() + (size_t)r * Vl);
+    return p;
+  };
+  model::TensorParallel tp(&w);
+  std::vector<float> part = mine(logits), pl(rows);
+  tp.cross_entropy(part.data(), pl.data(), tgt.data(), dloss, rows, Vl, w.rank() * Vl, V, true);
+  const std::vector<float> want = mine(whole);
+  for (int r = 0; r < rows; ++r) EXPECT_NEAR(pl[r], wl[r], 1e-6 * std::max(1.0f, wl[r])) << "row " << r;
+  for (size_t i = 0; i < part.size(); ++i) EXPECT_NEAR(part[i], want[i], 1e-6) << "element " << i;
+  // Finite differences of the distributed loss (sum over rows, x dloss): rank q moves one of its
+  // logits, the others none, and every rank takes part in each (collective) evaluation.
+  auto loss_at = [&](bool moved, int r, int j, float h) {
+    std::vector<float> p = mine(logits), l(rows);
+    if (moved) p[(size_t)r * Vl + j] += h;
+    tp.cross_entropy(p.data(), l.data(), tgt.data(), 0.0f, rows, Vl, w.rank() * Vl, V, false);
+    return dloss * std::accumulate(l.begin(), l.end(), 0.0);
+  };
+  for (int q = 0; q < T; ++q)
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < Vl; j += 3) {
+        const float eps = 1e-2f;
+        const bool me = w.rank() == q;
+        const double fd = (loss_at(me, r, j, eps) - loss_at(me, r, j, -eps)) / (2 * eps);
+        if (me) EXPECT_NEAR(part[(size_t)r * Vl + j], fd, 2e-4 + 1e-2 * std::fabs(fd)) << "row " << r << " column " << j;
+      }
+}
+
+int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }
