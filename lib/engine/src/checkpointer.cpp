@@ -33,18 +33,21 @@ namespace {
 constexpr const char* kFormat = kCheckpointFormat;
 const char* kGroups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
 
-// For each tensor part inside piece p: f(group, tensor index, begin, end, pointer to element begin),
-// with begin/end in tensor-local element indices. g: 0 params, 1 exp_avg, 2 exp_avg_sq.
+// For each run of a full tensor inside piece p: f(group, tensor index, begin, end, pointer to
+// element begin), with begin/end element indices of the full tensor (the dataset): a
+// tensor-parallel part covers its slice in several runs. g: 0 params, 1 exp_avg, 2 exp_avg_sq.
 template <class F>
 void for_parts(const std::vector<TensorSpec>& tensors, const parallel::StatePiece& p, F&& f) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& ts = tensors[i];
     const size_t lo = std::max(p.begin, ts.offset), hi = std::min(p.begin + p.count, ts.offset + ts.numel);
     if (lo >= hi) continue;
-    for (int g = 0; g < 3; ++g) {
-      float* base = g == 0 ? p.params : g == 1 ? p.exp_avg : p.exp_avg_sq;
-      f(g, i, static_cast<uint64_t>(lo - ts.offset), static_cast<uint64_t>(hi - ts.offset), base + (lo - p.begin));
-    }
+    ts.for_full_runs(lo - ts.offset, hi - ts.offset, [&](uint64_t full, uint64_t local, uint64_t n) {
+      for (int g = 0; g < 3; ++g) {
+        float* base = g == 0 ? p.params : g == 1 ? p.exp_avg : p.exp_avg_sq;
+        f(g, i, full, full + n, base + (ts.offset + local - p.begin));
+      }
+    });
   }
 }
 
@@ -115,8 +118,8 @@ void reserve_space(const std::string& tmp, const std::vector<TensorSpec>& tensor
   uint64_t end = 0, data = 0;
   for (int g = 0; g < 3; ++g)
     for (size_t i = 0; i < tensors.size(); ++i) {
-      end = std::max<uint64_t>(end, offsets[g * tensors.size() + i] + 4 * tensors[i].numel);
-      data += 4 * tensors[i].numel;
+      end = std::max<uint64_t>(end, offsets[g * tensors.size() + i] + 4 * tensors[i].full_numel());
+      data += 4 * tensors[i].full_numel();
     }
   const uint64_t slack = 256 << 10;  // the metadata written at close
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -315,6 +318,7 @@ void Checkpointer::write_pieces(PendingSave& ps, const TensorSet& t) {
     io::RawFile w(ps.tmp, io::RawFile::Access::write);
     t.visit(false, [&](const parallel::StatePiece& p) {
       for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, const float* x) {
+        if (!tensors[i].primary()) return;  // a tensor-parallel replica: its primary copy's rank writes it
         const size_t k = g * tensors.size() + i;
         w.write(ps.offsets[k] + b * sizeof(float), x, (e - b) * sizeof(float),
                 std::to_string(e - b) + " elements of " + dataset_name(kGroups[g], tensors[i].name));
@@ -401,7 +405,7 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
     t.visit(true, [&](const parallel::StatePiece& p) {
       for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, float* x) {
         f.read(dataset_name(kGroups[g], tensors[i].name), b, x, e - b);
-        sums[g * tensors.size() + i] += checksum_at(x, b, e);
+        if (tensors[i].primary()) sums[g * tensors.size() + i] += checksum_at(x, b, e);  // each element once
       });
     });
   });

@@ -78,7 +78,7 @@ static int run(int argc, char** argv, bool require_moe) {
                        "give --num-experts E (E > 1; MoE goes on every --expert-interval-th layer), or run pretrain_gpt for a dense model");
   if (cfg.estimate.enabled) return estimate_memory(cfg, world.rank() == 0);
   kernels::BackendScope backend;
-  comm::ProcessGrid grid(world, 1, cfg.moe_ep);
+  comm::ProcessGrid grid(world, cfg.model.tensor_parallel, cfg.moe_ep);
   const bool root = world.rank() == 0;
 
   // Data first: a real dataset fixes the vocabulary size.
@@ -107,7 +107,7 @@ static int run(int argc, char** argv, bool require_moe) {
     seg.layout = {{"world_size", world.size()},
                   {"data_parallel", grid.dp().size()},
                   {"expert_parallel", grid.ep().size()},
-                  {"tensor_parallel", 1},
+                  {"tensor_parallel", grid.tp().size()},
                   {"zero_stage", cfg.zero.stage},
                   {"description", grid.describe()}};
     seg.config = engine::config_to_json(cfg);

@@ -46,20 +46,30 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
     comm::throw_if_any(world, comm::error_text_of([&] { ops_ = kernels::cuda_ops(local); }));
   }
   const int ep = grid_.ep().size();
+  if (grid_.tp().size() != cfg_.model.tensor_parallel)
+    throw config_error("--tensor-model-parallel-size", "the process grid's tensor-parallel size " + std::to_string(grid_.tp().size()) +
+                                                           " differs from --tensor-model-parallel-size " +
+                                                           std::to_string(cfg_.model.tensor_parallel));
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get(),
-                                        ep > 1 ? &grid_.ep() : nullptr);
+                                        ep > 1 ? &grid_.ep() : nullptr, grid_.tp().size() > 1 ? &grid_.tp() : nullptr);
   // Dense blocks are reduced over the dense data-parallel group; this rank's experts over the ranks
   // that hold the same experts. A dense model has one group: one engine over the whole layout.
+  // With tensor parallelism the layout is this rank's parts and both groups keep its tp index.
   const ParamLayout& schema = model_->layout();
   std::vector<parallel::StoreGroup> groups;
-  groups.push_back({ReduceGroup::dense, schema.blocks_of(ReduceGroup::dense), &grid_.dp(), ""});
+  // Swap files are named per rank and engine on a node: tensor-parallel ranks share dp indices.
+  const std::string tp_tag = grid_.tp().size() > 1 ? ".tp" + std::to_string(grid_.tp().rank()) : "";
+  groups.push_back({ReduceGroup::dense, schema.blocks_of(ReduceGroup::dense), &grid_.dp(),
+                    tp_tag.empty() ? "" : "zero" + tp_tag + ".dp" + std::to_string(grid_.dp().rank())});
   std::vector<int> experts;
   for (int b : model_->held_blocks())
     if (schema.blocks()[b].group == ReduceGroup::expert) experts.push_back(b);
   if (!experts.empty())
     groups.push_back({ReduceGroup::expert, experts, &grid_.expert_dp(),
-                      "zero.expert.ep" + std::to_string(grid_.ep().rank()) + ".dp" + std::to_string(grid_.expert_dp().rank())});
-  zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(), &grid_.ep());
+                      "zero.expert" + tp_tag + ".ep" + std::to_string(grid_.ep().rank()) + ".dp" +
+                          std::to_string(grid_.expert_dp().rank())});
+  zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(), &grid_.ep(),
+                                                   &grid_.tp());
   if (ops_ || cfg_.via_device_store)
     device_store_ = std::make_unique<parallel::DeviceStore>(
         *zero_, model_->layout(), model_->ops(), /*cache_params=*/cfg_.zero.stage <= 2,
@@ -75,6 +85,25 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   targets_.resize((size_t)cfg_.micro_batch * T);
 }
 
+
+std::vector<float> Trainer::gather_full_params() {
+  std::vector<float> local = zero_->gather_params();
+  if (grid_.tp().size() == 1) return local;
+  const auto& tensors = model_->layout().tensors();
+  std::vector<size_t> at;  // each tensor's offset in the full flat buffer
+  size_t total = 0;
+  for (const auto& t : tensors) at.push_back(total), total += t.full_numel();
+  std::vector<float> full(total, 0.0f);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
+    if (!t.primary()) continue;  // a replica comes from its primary copy's rank
+    t.for_full_runs(0, t.numel, [&](uint64_t f, uint64_t l, uint64_t n) {
+      std::copy_n(local.begin() + t.offset + l, n, full.begin() + at[i] + f);
+    });
+  }
+  grid_.tp().allreduce_sum(full.data(), full.size());  // each element is nonzero on one rank only
+  return full;
+}
 
 kernels::Precision Trainer::compute_precision() const {
   switch (cfg_.precision) {

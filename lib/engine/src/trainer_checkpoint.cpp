@@ -153,7 +153,7 @@ void Trainer::start_async_save() {
   });
   a->record.iteration = iteration_;
   a->record.async = true;
-  a->record.bytes = 3.0 * model_->layout().numel() * sizeof(float);
+  a->record.bytes = 3.0 * model_->layout().full_numel() * sizeof(float);
   a->stall = stall.seconds();
   const double started = grid_.world().allreduce_max(a->stall);
   if (root) {
@@ -207,7 +207,7 @@ std::string Trainer::save_checkpoint() {
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   std::string file = ck.save(t, st, checkpoint_meta());
   if (root) {
-    double bytes = 3.0 * model_->layout().numel() * sizeof(float), secs = timer.seconds();
+    double bytes = 3.0 * model_->layout().full_numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s, %.2f GB/s)\n", iteration_,
                 file.c_str(), format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
     std::fflush(stdout);
@@ -257,7 +257,7 @@ std::string Trainer::load_checkpoint() {
   sample_base_ = st.consumed_samples - st.iteration * cfg_.global_batch;
   scaler_.restore(st.loss_scaler);
   if (root) {
-    double bytes = 3.0 * model_->layout().numel() * sizeof(float), secs = timer.seconds();
+    double bytes = 3.0 * model_->layout().full_numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully loaded checkpoint from %s at iteration %lld (%s in %.2f s, %.2f GB/s)\n", file.c_str(),
                 iteration_, format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
     std::fflush(stdout);

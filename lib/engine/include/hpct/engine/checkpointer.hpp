@@ -19,7 +19,9 @@
 // of its replica) into the full-shape datasets, and on load reads the ranges it owns under the
 // layout it runs with (the caller re-replicates), so any rank count and ZeRO stage loads any
 // other's checkpoint. State offloaded to NVMe is staged piece by piece through the same path.
-// Not here yet: TP/EP slices (async save: begin_save / write_pieces / finish_save below).
+// Tensor parallelism: a rank's part of a tensor is a set of runs of the full dataset (ParamLayout's
+// Partition); replicas are written by their primary copy's rank and read by every rank. Expert
+// blocks are written by the ranks holding them. (Async save: begin_save / write_pieces / finish_save.)
 #pragma once
 #include <atomic>
 #include <cstdint>

@@ -105,8 +105,12 @@ class Trainer {
   double evaluate(const io::TokenDataset& data);
 
   const model::Gpt& model() const { return *model_; }
-  /// Collective: the full flat parameters (gathered from the shards at ZeRO stage 3).
+  /// Collective: this rank's flat parameters in model().layout() (gathered from the shards at ZeRO
+  /// stage 3; with tensor parallelism, this rank's parts).
   std::vector<float> gather_params() { return zero_->gather_params(); }
+  /// Collective over the world: every tensor whole (tensor-parallel parts assembled), in layout
+  /// order, each of its full shape's size: what a T = 1 run's gather_params() holds. Tests, export.
+  std::vector<float> gather_full_params();
   const parallel::GroupedStore& zero() const { return *zero_; }
   /// ZeRO-Offload's bridge to the GPU model (--device cuda), nullptr on the CPU backend.
   const parallel::DeviceStore* device_store() const { return device_store_.get(); }
