@@ -61,6 +61,19 @@ TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
   }
 }
 
+// With tensor parallelism the counts are one rank's parts: what Gpt::layout_for holds per tp rank.
+TEST(MemoryEstimate, TensorParallelCountsOneRanksParts) {
+  for (int T : {2, 4}) {
+    auto g = shape(12, 768, 12, 1024, 50257);
+    g.tensor_parallel = T;
+    const ParamLayout l = model::Gpt::layout_for(g, T - 1);
+    const GptSize s = gpt_size(g);
+    EXPECT_EQ(s.params, l.numel()) << "T=" << T;
+    EXPECT_EQ(s.layer, l.blocks()[1].numel) << "T=" << T;
+    EXPECT_EQ(l.full_numel(), gpt_size(shape(12, 768, 12, 1024, 50257)).params) << "the parts make the T=1 model";
+  }
+}
+
 TEST(MemoryEstimate, GptNamesComeOutNearTheirSizes) {
   // GPT-2 vocabulary, padded to 50304 as a real run does.
   EXPECT_NEAR(gpt_size(shape(96, 12288, 96, 2048, 50257)).params / 1e9, 174.6, 0.1);

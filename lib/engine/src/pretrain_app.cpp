@@ -120,7 +120,9 @@ static int run(int argc, char** argv, bool require_moe) {
   const std::vector<double> held = world.allgather(double(mem.params + mem.grads + mem.optimizer + mem.grad_shard));
   if (root) {
     std::cout << "> " << cfg.model.describe() << "\n"
-              << "> parameters: " << trainer.model().layout().numel() << "  (" << grid.describe() << ")\n"
+              << "> parameters: " << trainer.model().layout().full_numel()
+              << (grid.tp().size() > 1 ? ", " + std::to_string(trainer.model().layout().numel()) + " per tensor-parallel rank" : std::string())
+              << "  (" << grid.describe() << ")\n"
               << "> backend: " << kernels::backend_description() << "\n"
               << "> precision: " << (cfg.precision == engine::PrecisionMode::fp32 ? "fp32" : cfg.precision == engine::PrecisionMode::bf16 ? "bf16 mixed (fp32 master)" : "fp16 mixed (fp32 master, dynamic loss scale)")
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
@@ -155,6 +157,12 @@ static int run(int argc, char** argv, bool require_moe) {
                 << "; expert-parallel size " << cfg.moe_ep << " (" << grid.expert_dp().size()
                 << " ranks hold each expert; expert gradients reduced over them only)\n";
     }
+    if (grid.tp().size() > 1)
+      std::cout << "> tensor parallel: each layer split over " << grid.tp().size()
+                << " ranks (QKV by heads and fc column-parallel, attention output and fc2 row-parallel, vocab-parallel "
+                   "embedding and loss; norms, positions"
+                << (cfg.model.moe.enabled(cfg.model.num_layers) ? ", routers and experts" : "") << " replicated); ZeRO and "
+                << "gradient reduction over the " << grid.dp().size() << " data-parallel ranks of each tensor-parallel index\n";
     if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
     std::cout << std::flush;
   }
@@ -182,6 +190,11 @@ static int run(int argc, char** argv, bool require_moe) {
                                             std::max<double>(1, double(s.last_iteration - s.start_iteration)));
   const auto& tr = trainer.zero().swap_traffic();
   const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));
+  // Tensor parallelism: the activations' all-reduces (f and g) per step, against Megatron's count
+  // for the layers, 4 all-reduces of B*s*h per layer and micro-batch (docs/tensor-parallel.md).
+  const std::vector<double> tp_bytes = world.allgather(trainer.tp_bytes_per_step());
+  const double tp_formula = 4.0 * cfg.model.num_layers * cfg.grad_accum * cfg.micro_batch * cfg.model.max_seq_length *
+                            cfg.model.hidden_size * sizeof(float);
   nlohmann::json nvme = {{"parameters", world.allgather(double(mem.nvme_params))},
                          {"optimizer_states", world.allgather(double(mem.nvme_optimizer))},
                          {"file_bytes", world.allgather(double(mem.nvme_file))}};
@@ -206,6 +219,10 @@ static int run(int argc, char** argv, bool require_moe) {
     }
     std::printf("> data-parallel traffic: %s sent per step per rank (ring volume of the collectives issued; %.2f x parameters x 4 B)\n",
                 format_bytes(sent[0]).c_str(), sent[0] / (4.0 * trainer.model().layout().numel()));
+    if (grid.tp().size() > 1)
+      std::printf("> tensor-parallel traffic: %s all-reduced per step per rank (Megatron's 4 x B*s*h per layer: %s; "
+                  "ours adds the embedding's and the LM head's, and 2 per layer with recomputation)\n",
+                  format_bytes(tp_bytes[0]).c_str(), format_bytes(tp_formula).c_str());
     double final_val = s.val_losses.empty() ? NAN : s.val_losses.back().second;
     if (cfg.skip_train)
       std::printf("> --skip-train: evaluated the checkpoint of iteration %lld in %.1f s, peak resident memory per rank %s\n",
@@ -237,7 +254,8 @@ static int run(int argc, char** argv, bool require_moe) {
                               {"skipped_iterations", s.skipped_iterations},
                               {"world_size", world.size()},
                               {"peak_rss_bytes_per_rank", s.peak_rss_per_rank},
-                              {"parameters", trainer.model().layout().numel()},
+                              {"parameters", trainer.model().layout().full_numel()},
+                              {"parameters_per_rank", trainer.model().layout().numel()},
                               {"zero_stage", cfg.zero.stage},
                               {"device", cfg.device},
                               // bytes each rank holds, per tier (index = rank); the CPU backend's
@@ -254,6 +272,11 @@ static int run(int argc, char** argv, bool require_moe) {
                         // forward, two in backward; evaluation's too), averaged over the steps run
                         {"alltoall_bytes_per_step_per_rank", a2a}};
     }
+    if (grid.tp().size() > 1)
+      summary["tensor_parallel"] = {{"size", grid.tp().size()},
+                                    // payload bytes of the f/g all-reduces per training step
+                                    {"allreduce_bytes_per_step_per_rank", tp_bytes},
+                                    {"megatron_layer_formula_bytes_per_step", tp_formula}};
     if (!s.val_losses.empty()) {
       summary["final_val_loss"] = final_val;
       summary["final_val_ppl"] = std::exp(final_val);

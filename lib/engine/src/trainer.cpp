@@ -156,7 +156,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   const long long GB = cfg_.global_batch;
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
-  const double sent0 = zero_->bytes_sent();
+  const double sent0 = zero_->bytes_sent(), tp0 = model_->tensor_parallel().activation_bytes();
   // Phase timers: the model times its halves, the ZeRO engines their waits, the swap its IO.
   PhaseClock& clk = *clock_;
   const model::Gpt::PhaseSeconds ph0 = model_->phase_seconds();
@@ -193,6 +193,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   clk.seconds[detail::kReduceWait] += zero_->reduce_wait_seconds() - reduce0;
   clk.seconds[detail::kNvme] += nvme_seconds() - nvme0;
   comm_bytes_ += zero_->bytes_sent() - sent0;
+  tp_bytes_ += model_->tensor_parallel().activation_bytes() - tp0;
   ++comm_steps_;
   return rec.lm_loss;
 }

@@ -30,10 +30,12 @@ GptSize gpt_size(const model::GptConfig& cfg) {
   cfg.validate();
   const uint64_t C = (uint64_t)cfg.hidden_size, L = (uint64_t)cfg.num_layers;
   const uint64_t T = (uint64_t)cfg.max_seq_length, Vp = (uint64_t)cfg.padded_vocab();
+  const uint64_t P = (uint64_t)cfg.tensor_parallel;  // divides heads, hence C, and Vp (validated)
   GptSize s;
-  s.embedding = Vp * C + T * C;  // wte (Vp, C), also the output head; wpe (T, C)
-  // ln1 (2C) + qkv (3C*C + 3C) + proj (C*C + C) + ln2 (2C) + fc (4C*C + 4C) + fcproj (4C*C + C)
-  s.layer = 12 * C * C + 13 * C;
+  s.tensor_parallel = cfg.tensor_parallel;
+  s.embedding = Vp / P * C + T * C;  // wte (Vp/P, C), also the output head; wpe (T, C) whole
+  // ln1 (2C) + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 (2C) + fc (4C*C + 4C)/P + fcproj 4C*C/P + C
+  s.layer = (12 * C * C + 7 * C) / P + 6 * C;
   s.final_norm = 2 * C;
   s.params = s.embedding + L * s.layer + s.final_norm;
   if (L > 0 && s.layer >= s.embedding) {
@@ -117,7 +119,13 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
                                       std::to_string(stage),
                        "optimizer offload to CPU needs stage 1-3; NVMe and parameter offload need stage 3");
   const StateBytes sb = state_bytes(prec);
-  const uint64_t psi = size.params, N = (uint64_t)c.devices(), B = size.largest_block;
+  const uint64_t T = (uint64_t)std::max(1, size.tensor_parallel);
+  if (c.devices() % T != 0)
+    throw config_error("--tensor-model-parallel-size", std::to_string(c.devices()) + " devices do not divide into tensor-parallel groups of " +
+                                                           std::to_string(T),
+                       "choose a tensor-parallel size that divides the devices");
+  // Ψ is one tensor-parallel rank's share; ZeRO partitions it over the data-parallel ranks.
+  const uint64_t psi = size.params, N = (uint64_t)c.devices() / T, B = size.largest_block;
   const uint64_t part = ceil_div(psi, N);  // one rank's partition, elements
   const std::string p = std::to_string(sb.param), g = std::to_string(sb.grad), k = std::to_string(sb.optimizer);
   // What the CPU step reads and writes per partitioned parameter: the fp32 optimizer arrays
@@ -267,7 +275,9 @@ std::string MemoryEstimate::header_text() const {
   const StateBytes sb = state_bytes(precision);
   std::ostringstream os;
   os << "# model: " << model.describe() << "\n"
-     << "# parameters: Ψ = " << size.params << " (embedding " << size.embedding << ", per layer " << size.layer
+     << "# parameters: Ψ = " << size.params
+     << (size.tensor_parallel > 1 ? " per tensor-parallel rank (T = " + std::to_string(size.tensor_parallel) + ")" : std::string())
+     << " (embedding " << size.embedding << ", per layer " << size.layer
      << ", largest block: " << size.largest_block_name << " " << size.largest_block << ")\n"
      << "# precision: " << precision_name(precision) << ", bytes per parameter: params " << sb.param << " + grads "
      << sb.grad << " + optimizer K=" << sb.optimizer << "\n"
@@ -283,7 +293,8 @@ std::string MemoryEstimate::header_text() const {
      << buffers.optimizer_swap_buffers << " slots x 3 fp32 tiles of " << buffers.optimizer_tile_elems
      << " elements; NVMe params " << buffers.param_swap_buffers
      << " staging slices per rank\n"
-     << "# device_formula: model states on one device; P = Ψ parameters, N = devices.\n"
+     << "# device_formula: model states on one device; P = Ψ parameters, N = devices"
+     << (size.tensor_parallel > 1 ? " / T (the data-parallel ranks)" : "") << ".\n"
      << "# not counted: activations, communication-library buffers, fragmentation. GB = 1e9 bytes.\n"
      << "# ds_*: DeepSpeed's own estimators for comparison (16-bit training only); we plan with ours.\n";
   return os.str();
@@ -320,6 +331,7 @@ nlohmann::json MemoryEstimate::json() const {
             {"seq_length", model.max_seq_length},
             {"vocab_size", model.vocab_size},
             {"padded_vocab_size", model.padded_vocab()},
+            {"tensor_model_parallel_size", size.tensor_parallel},
             {"params", size.params},
             {"embedding_params", size.embedding},
             {"layer_params", size.layer},

@@ -25,7 +25,10 @@ namespace hpct::parallel {
 
 /// Parameter counts of our GPT (model/gpt.hpp: tied output head, learned positions, biases, two
 /// LayerNorms per layer and a final one), computed from the shape alone.
+/// With tensor parallelism (cfg.tensor_parallel = T) every count is one tensor-parallel rank's:
+/// 1/T of the split matrices (and the vocabulary's rows) plus the replicas whole.
 struct GptSize {
+  int tensor_parallel = 1;     // T: the planner's ZeRO group is devices / T ranks
   uint64_t params = 0;         // Ψ: equals model::Gpt(cfg, ...).layout().numel()
   uint64_t embedding = 0;      // block 0: word (Vp, C) + position (T, C) embeddings
   uint64_t layer = 0;          // one transformer block: 12 C^2 + 13 C
