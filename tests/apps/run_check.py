@@ -43,7 +43,19 @@ def check_schema(recs):
     print(f"{len(train)} train records; peak rss per rank {s['peak_rss_bytes_per_rank']}")
 
 
-CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema}
+def check_tp_bytes(recs):
+    """Tensor parallelism: the f/g all-reduce bytes per step are Megatron's 4 x B*s*h per layer plus
+    the embedding's and the LM head's: (4L + 2) / 4L times the formula, on every rank, exactly."""
+    seg = [r for r in recs if r.get("type") == "segment"][-1]
+    L = seg["config"]["model"]["num_layers"]
+    tp = [r for r in recs if r.get("type") == "summary"][-1]["tensor_parallel"]
+    want = (4 * L + 2) / (4 * L) * tp["megatron_layer_formula_bytes_per_step"]
+    got = tp["allreduce_bytes_per_step_per_rank"]
+    assert all(g == want for g in got), f"f/g bytes per step {got}, expected {want}"
+    print(f"tensor-parallel all-reduce bytes per step {got[0]:.0f} = ({4 * L + 2}/{4 * L}) x Megatron's formula")
+
+
+CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema, "tp_bytes": check_tp_bytes}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rc", type=int)
