@@ -154,6 +154,7 @@ TEST(TensorParallelTraining, MoeMatchesOneRank) {
   const TpRun ref = train(tiny(10, true), comm::Communicator::self(), 1);
   expect_close(train(tiny(10, true), w, 2), ref, "MoE T=2");
   if (w.size() == 4) {
+    expect_close(train(tiny(10, true), w, 4), ref, "MoE T=4");
     auto c = tiny(10, true);
     c.moe_ep = 2;
     expect_close(train(c, w, 2, 2), ref, "MoE T=2 x EP=2");

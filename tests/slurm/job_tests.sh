@@ -110,6 +110,19 @@ case "${case_name}" in
     [[ -s "${run}/metrics.jsonl" ]] || fail "no metrics in ${run}"
     ;;
 
+  pretrain_gpt_tp)
+    # Arguments after the script go to pretrain_gpt: the 2 ranks of the default job as one
+    # tensor-parallel group.
+    id=$(as_user sbatch --parsable "${SLURM_DIR}/pretrain_gpt.sbatch" --tensor-model-parallel-size 2)
+    st=$(wait_job "${id}" 240)
+    out=${WORK}/pretrain_gpt-${id}.out
+    [[ "${st}" == COMPLETED ]] || { show_log "${out}"; fail "job ${id} ended ${st:-in no state}, exit $(job_field "${id}" ExitCode)"; }
+    expect_in "${out}" "world 2 = tp 2 x ep 1 x dp 1"
+    expect_in "${out}" "iteration +20/ +20"
+    json_check "${WORK}/pretrain_gpt-${id}/summary.json" \
+      'j["iterations"] == 20 and j["tensor_parallel"]["size"] == 2 and j["parameters_per_rank"] < j["parameters"] and math.isfinite(j["final_lm_loss"])'
+    ;;
+
   nvme_bench)
     # The job loads the module itself (HPCT_MODULE), on a scratch directory of this test.
     mkdir -p "${WORK}/scratch"
