@@ -45,14 +45,23 @@ def check_schema(recs):
 
 def check_tp_bytes(recs):
     """Tensor parallelism: the f/g all-reduce bytes per step are Megatron's 4 x B*s*h per layer plus
-    the embedding's and the LM head's: (4L + 2) / 4L times the formula, on every rank, exactly."""
+    the embedding's and the LM head's: (4L + 2) / 4L times the formula, on every rank, exactly. With
+    sequence parallelism each becomes an all-gather and a reduce-scatter of the same buffer (twice
+    the payload); either way a ring moves 2(T-1)/T of the all-reduces' payload per rank."""
     seg = [r for r in recs if r.get("type") == "segment"][-1]
     L = seg["config"]["model"]["num_layers"]
     tp = [r for r in recs if r.get("type") == "summary"][-1]["tensor_parallel"]
-    want = (4 * L + 2) / (4 * L) * tp["megatron_layer_formula_bytes_per_step"]
+    T = tp["size"]
+    allreduced = (4 * L + 2) / (4 * L) * tp["megatron_layer_formula_bytes_per_step"]
+    want = allreduced * (2 if tp["sequence_parallel"] else 1)
     got = tp["allreduce_bytes_per_step_per_rank"]
     assert all(g == want for g in got), f"f/g bytes per step {got}, expected {want}"
-    print(f"tensor-parallel all-reduce bytes per step {got[0]:.0f} = ({4 * L + 2}/{4 * L}) x Megatron's formula")
+    wire = tp["wire_bytes_per_step_per_rank"]
+    want_wire = allreduced * 2 * (T - 1) / T
+    assert all(abs(w - want_wire) <= 1e-9 * want_wire for w in wire), f"ring bytes per step {wire}, expected {want_wire}"
+    kind = "all-gather + reduce-scatter" if tp["sequence_parallel"] else "all-reduce"
+    print(f"tensor-parallel {kind} bytes per step {got[0]:.0f} = {want / tp['megatron_layer_formula_bytes_per_step']:.4f}"
+          f" x Megatron's formula; ring bytes {wire[0]:.0f} = 2(T-1)/T x the all-reduces'")
 
 
 CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema, "tp_bytes": check_tp_bytes}

@@ -16,6 +16,10 @@
 // Checkpoints: a T=2 run saves; T=1 and T=4 runs (and one rank alone) load it with every tensor
 // bitwise what was saved, and continue within the tolerance above; at the same layout a resume is
 // bitwise. Bad layouts are refused naming the flag.
+//
+// Sequence parallelism (norms on 1/T of the tokens, all-gather / reduce-scatter) against the same
+// one-rank run, same tolerance: the norms' weight gradients become per-rank partial sums added
+// across ranks, another fp32 order. With recomputation, ZeRO, and the MoE.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -158,6 +162,35 @@ TEST(TensorParallelTraining, MoeMatchesOneRank) {
     auto c = tiny(10, true);
     c.moe_ep = 2;
     expect_close(train(c, w, 2, 2), ref, "MoE T=2 x EP=2");
+  }
+}
+
+TEST(TensorParallelTraining, SequenceParallelMatchesOneRank) {
+  const auto& w = world();
+  const TpRun ref = train(tiny(10), comm::Communicator::self(), 1);
+  for (int tp : {2, 4}) {
+    if (w.size() % tp) continue;
+    for (int stage : {1, 3}) {
+      auto c = tiny(10);
+      c.model.sequence_parallel = true;
+      c.zero.stage = stage;
+      c.recompute_activations = stage == 3;
+      const TpRun got = train(c, w, tp);
+      expect_close(got, ref, "T=" + std::to_string(tp) + " sequence-parallel ZeRO-" + std::to_string(stage) +
+                                 (c.recompute_activations ? " recompute" : ""));
+      // Each all-reduce became an all-gather and a reduce-scatter of the same (B*s, h) buffer; with
+      // recomputation the forward's 4 per layer run twice (docs/tensor-parallel.md).
+      const double micro = 10.0 * 12 / (w.size() / tp), per_layer = c.recompute_activations ? 12 : 8;
+      EXPECT_EQ(got.tp_bytes, micro * (per_layer * 2 + 4) * 16 * 32 * sizeof(float));
+    }
+  }
+  const TpRun moe_ref = train(tiny(10, true), comm::Communicator::self(), 1);
+  auto m = tiny(10, true);
+  m.model.sequence_parallel = true;
+  expect_close(train(m, w, 2), moe_ref, "MoE T=2 sequence-parallel");
+  if (w.size() == 4) {
+    m.moe_ep = 2;
+    expect_close(train(m, w, 2, 2), moe_ref, "MoE T=2 x EP=2 sequence-parallel");
   }
 }
 

@@ -14,6 +14,10 @@
 // - The vocab-parallel cross entropy against the backend's whole-row one: loss and gradient within
 //   1e-6 (relative to the loss, absolute on gradients that are O(1/V)); padding never takes part;
 //   and its gradient against central finite differences of the distributed loss.
+// - Sequence parallelism equals its absence: the same whole-model check with --sequence-parallel
+//   (norms on N/T rows, all-gather / reduce-scatter), same tolerances (the norms' weight gradients
+//   become per-rank partial sums plus a sum over ranks: again fp32 reordering), and the collectives'
+//   payload and ring bytes against the count below.
 // - f/g: Megatron's rank-valued check, exact sums.
 #include <gtest/gtest.h>
 
@@ -23,6 +27,7 @@
 #include <numeric>
 
 #include "../engine/mpi_gtest_main.hpp"
+#include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
 #include "hpct/kernels/ops.hpp"
 #include "hpct/model/gpt.hpp"
@@ -36,8 +41,9 @@ const comm::Communicator& world() {
   return w;
 }
 
-model::GptConfig tiny(int tp, bool moe, bool residual) {
+model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false) {
   model::GptConfig c;
+  c.sequence_parallel = sp;
   c.num_layers = 2;
   c.hidden_size = 16;
   c.num_heads = 4;
@@ -70,11 +76,11 @@ std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& loca
   return full;
 }
 
-void check_model(bool moe, bool residual) {
+void check_model(bool moe, bool residual, bool sp = false) {
   const auto& w = world();
   const int T = w.size();
   model::Gpt ref(tiny(1, moe, residual), kernels::Precision::fp32, false);
-  model::Gpt par(tiny(T, moe, residual), kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
+  model::Gpt par(tiny(T, moe, residual, sp), kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
   std::vector<float> rp(ref.layout().numel()), rg(rp.size(), 0.0f), pp(par.layout().numel()), pg(pp.size(), 0.0f);
   ref.init_params(rp.data(), 42);
   par.init_params(pp.data(), 42);
@@ -104,7 +110,8 @@ void check_model(bool moe, bool residual) {
     at += t.numel;
   }
   if (w.rank() == 0)
-    std::printf("T=%d: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T, lp, lr, worst_all / gmax);
+    std::printf("T=%d%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
+                sp ? " sequence-parallel" : "", lp, lr, worst_all / gmax);
   // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
   for (const auto& t : par.layout().tensors()) {
     if (t.partitioned()) continue;
@@ -115,15 +122,53 @@ void check_model(bool moe, bool residual) {
   // Megatron's count: 2 all-reduces of (B*s, h) per layer forward and 2 backward, plus the
   // embedding's (forward) and the LM head's input gradient (backward). A standard MoE layer has
   // only the attention's (its experts are not split); a residual one adds its dense MLP's.
+  const double act = double(B) * S * 16 * sizeof(float);  // one (B*s, h) buffer
   const int per_layer = moe && !residual ? 4 + 2 : 4 + 4;
-  const double want = (per_layer + 2.0) * B * S * 16 * sizeof(float);
-  EXPECT_EQ(par.tensor_parallel().activation_bytes(), T > 1 ? want : 0.0);
+  const double ring = 2.0 * (T - 1) / T;  // an all-reduce's bytes per rank on a ring, per payload byte
+  const auto& tpc = par.tensor_parallel();
+  if (!sp || T == 1) {
+    EXPECT_EQ(tpc.activation_bytes(), T > 1 ? (per_layer + 2.0) * act : 0.0);
+    EXPECT_DOUBLE_EQ(tpc.activation_wire_bytes(), (per_layer + 2.0) * act * ring);
+    return;
+  }
+  // Sequence parallel: each all-reduce of a dense layer becomes an all-gather and a reduce-scatter
+  // (4 + 4 of (B*s, h), each half a ring all-reduce's bytes), as do the embedding's and the head's.
+  // An MoE layer gathers ln2 forward and the output gradient backward and routes every row on every
+  // rank (its experts are not split), 2 + 2 + 2; a residual one adds its dense MLP's 2 all-reduces.
+  // The tiny model: layer 1 dense, layer 2 MoE when moe.
+  const int gathers_scatters = 8 + (moe ? 6 : 8), allreduces = moe && residual ? 2 : 0;
+  EXPECT_EQ(tpc.activation_bytes(), (gathers_scatters + allreduces + 4.0) * act);
+  EXPECT_DOUBLE_EQ(tpc.activation_wire_bytes(), ((gathers_scatters + 4.0) * ring / 2 + allreduces * ring) * act);
+  if (!moe) {
+    EXPECT_DOUBLE_EQ(tpc.activation_wire_bytes(), (per_layer + 2.0) * act * ring) << "not what it replaces";
+  }
 }
 }  // namespace
 
 TEST(TensorParallel, GptMatchesUnsplitModel) { check_model(false, false); }
 TEST(TensorParallel, MoeMatchesUnsplitModel) { check_model(true, false); }
 TEST(TensorParallel, ResidualMoeMatchesUnsplitModel) { check_model(true, true); }
+TEST(TensorParallel, SequenceParallelGptMatchesUnsplitModel) { check_model(false, false, true); }
+TEST(TensorParallel, SequenceParallelMoeMatchesUnsplitModel) { check_model(true, false, true); }
+TEST(TensorParallel, SequenceParallelResidualMoeMatchesUnsplitModel) { check_model(true, true, true); }
+
+TEST(TensorParallel, SequenceParallelRefusesRowsItCannotSplit) {
+  const auto& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "needs a tensor-parallel group";
+  model::Gpt par(tiny(w.size(), false, false, true), kernels::Precision::fp32, false, nullptr, nullptr, &w);
+  std::vector<float> p(par.layout().numel()), g(p.size(), 0.0f);
+  par.init_params(p.data(), 1);
+  model::FlatParamStore ps(par.layout(), p.data(), g.data());
+  std::vector<int32_t> tok(3, 1), tgt(3, 2);  // 1 x 3 rows: not divisible by 2 or 4
+  try {
+    par.forward_backward(ps, tok.data(), tgt.data(), 1, 3, 1.0f);
+    FAIL() << "3 rows split over " << w.size();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--sequence-parallel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--tensor-model-parallel-size " + std::to_string(w.size())), std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(TensorParallel, ConjugateOperatorsSumExactly) {
   const auto& w = world();
@@ -147,8 +192,16 @@ TEST(TensorParallel, EmbeddingEqualsTheBackendsBitwise) {
   kernels::encoder_forward(want.data(), tok.data(), wte.data(), wpe.data(), B, S, C);
   model::TensorParallel tp(&w);
   tp.embedding_forward(got.data(), tok.data(), wte.data() + (size_t)w.rank() * Vl * C, wpe.data(), B, S, C,
-                       w.rank() * Vl, Vl);
+                       w.rank() * Vl, Vl, nullptr);
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+  // Sequence parallel: this rank's rows only (reduce-scattered), the same bits.
+  model::TensorParallel sp(&w);
+  sp.set_sequence_parallel(true);
+  const size_t rows = sp.local_rows(B * S), first = sp.first_row(B * S);
+  std::vector<float> mine(rows * C), scratch(want.size());
+  sp.embedding_forward(mine.data(), tok.data(), wte.data() + (size_t)w.rank() * Vl * C, wpe.data(), B, S, C,
+                       w.rank() * Vl, Vl, scratch.data());
+  EXPECT_EQ(std::memcmp(mine.data(), want.data() + first * C, mine.size() * 4), 0);
   // Backward: this rank's rows of the full gradient, bitwise; positions whole on every rank.
   std::vector<float> dout(want.size());
   for (auto& v : dout) v = (float)rng.normal();

@@ -1,6 +1,7 @@
 #include "hpct/comm/mpi.hpp"
 
 #include <climits>
+#include <cstring>
 
 namespace hpct::comm {
 
@@ -131,6 +132,21 @@ void Communicator::alltoallv_rows(const float* send, const std::vector<int>& sen
     so += s, ro += r;
   }
   HPCT_CHECK_MPI(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, comm_));
+}
+
+void Communicator::allgather_blocks(float* data, size_t n) const {
+  if (size_ == 1) return;
+  if ((unsigned long long)n * size_ > INT_MAX) throw Error("allgather_blocks: more than 2^31 elements; use smaller micro-batches");
+  HPCT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(n), MPI_FLOAT, comm_));
+}
+
+void Communicator::reduce_scatter_blocks(const float* send, float* recv, size_t n) const {
+  if (size_ == 1) {
+    if (recv != send) std::memmove(recv, send, n * sizeof(float));
+    return;
+  }
+  if ((unsigned long long)n * size_ > INT_MAX) throw Error("reduce_scatter_blocks: more than 2^31 elements; use smaller micro-batches");
+  HPCT_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_));
 }
 
 double Communicator::allreduce_max(double v) const {

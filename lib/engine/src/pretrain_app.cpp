@@ -162,7 +162,11 @@ static int run(int argc, char** argv, bool require_moe) {
                 << " ranks (QKV by heads and fc column-parallel, attention output and fc2 row-parallel, vocab-parallel "
                    "embedding and loss; norms, positions"
                 << (cfg.model.moe.enabled(cfg.model.num_layers) ? ", routers and experts" : "") << " replicated); ZeRO and "
-                << "gradient reduction over the " << grid.dp().size() << " data-parallel ranks of each tensor-parallel index\n";
+                << "gradient reduction over the " << grid.dp().size() << " data-parallel ranks of each tensor-parallel index"
+                << (cfg.model.sequence_parallel ? "; sequence parallel: norms and residuals on 1/" + std::to_string(grid.tp().size()) +
+                                                      " of the tokens, all-gather/reduce-scatter in place of the all-reduces"
+                                                : std::string())
+                << "\n";
     if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
     std::cout << std::flush;
   }
@@ -193,6 +197,7 @@ static int run(int argc, char** argv, bool require_moe) {
   // Tensor parallelism: the activations' all-reduces (f and g) per step, against Megatron's count
   // for the layers, 4 all-reduces of B*s*h per layer and micro-batch (docs/tensor-parallel.md).
   const std::vector<double> tp_bytes = world.allgather(trainer.tp_bytes_per_step());
+  const std::vector<double> tp_wire = world.allgather(trainer.tp_wire_bytes_per_step());
   const double tp_formula = 4.0 * cfg.model.num_layers * cfg.grad_accum * cfg.micro_batch * cfg.model.max_seq_length *
                             cfg.model.hidden_size * sizeof(float);
   nlohmann::json nvme = {{"parameters", world.allgather(double(mem.nvme_params))},
@@ -220,9 +225,12 @@ static int run(int argc, char** argv, bool require_moe) {
     std::printf("> data-parallel traffic: %s sent per step per rank (ring volume of the collectives issued; %.2f x parameters x 4 B)\n",
                 format_bytes(sent[0]).c_str(), sent[0] / (4.0 * trainer.model().layout().numel()));
     if (grid.tp().size() > 1)
-      std::printf("> tensor-parallel traffic: %s all-reduced per step per rank (Megatron's 4 x B*s*h per layer: %s; "
-                  "ours adds the embedding's and the LM head's, and 2 per layer with recomputation)\n",
-                  format_bytes(tp_bytes[0]).c_str(), format_bytes(tp_formula).c_str());
+      std::printf("> tensor-parallel traffic: %s of activations %s per step per rank, %s on a ring (Megatron's "
+                  "4 x B*s*h all-reduced per layer: %s; ours adds the embedding's and the LM head's, and the "
+                  "forward's again with recomputation)\n",
+                  format_bytes(tp_bytes[0]).c_str(),
+                  cfg.model.sequence_parallel ? "all-gathered or reduce-scattered" : "all-reduced",
+                  format_bytes(tp_wire[0]).c_str(), format_bytes(tp_formula).c_str());
     double final_val = s.val_losses.empty() ? NAN : s.val_losses.back().second;
     if (cfg.skip_train)
       std::printf("> --skip-train: evaluated the checkpoint of iteration %lld in %.1f s, peak resident memory per rank %s\n",
@@ -274,8 +282,12 @@ static int run(int argc, char** argv, bool require_moe) {
     }
     if (grid.tp().size() > 1)
       summary["tensor_parallel"] = {{"size", grid.tp().size()},
-                                    // payload bytes of the f/g all-reduces per training step
+                                    {"sequence_parallel", cfg.model.sequence_parallel},
+                                    // payload bytes of the f/g collectives per training step (the
+                                    // all-reduces, or with sequence parallelism the all-gathers and
+                                    // reduce-scatters), and what a ring moves per rank for them
                                     {"allreduce_bytes_per_step_per_rank", tp_bytes},
+                                    {"wire_bytes_per_step_per_rank", tp_wire},
                                     {"megatron_layer_formula_bytes_per_step", tp_formula}};
     if (!s.val_losses.empty()) {
       summary["final_val_loss"] = final_val;

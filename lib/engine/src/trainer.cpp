@@ -157,6 +157,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
   const double sent0 = zero_->bytes_sent(), tp0 = model_->tensor_parallel().activation_bytes();
+  const double tpw0 = model_->tensor_parallel().activation_wire_bytes();
   // Phase timers: the model times its halves, the ZeRO engines their waits, the swap its IO.
   PhaseClock& clk = *clock_;
   const model::Gpt::PhaseSeconds ph0 = model_->phase_seconds();
@@ -194,6 +195,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   clk.seconds[detail::kNvme] += nvme_seconds() - nvme0;
   comm_bytes_ += zero_->bytes_sent() - sent0;
   tp_bytes_ += model_->tensor_parallel().activation_bytes() - tp0;
+  tp_wire_bytes_ += model_->tensor_parallel().activation_wire_bytes() - tpw0;
   ++comm_steps_;
   return rec.lm_loss;
 }

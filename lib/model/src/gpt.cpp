@@ -85,7 +85,9 @@ std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
          std::to_string(num_heads) + " heads, seq " + std::to_string(max_seq_length) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +
-         (tensor_parallel > 1 ? ", tensor-parallel " + std::to_string(tensor_parallel) : std::string());
+         (tensor_parallel > 1 ? ", tensor-parallel " + std::to_string(tensor_parallel) +
+                                    (sequence_parallel ? " (sequence-parallel)" : "")
+                              : std::string());
 }
 
 // Rows of the LM head processed at once: bounds the (rows, Vp) logits buffer (51 MB at
@@ -191,6 +193,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   if (tp_.enabled() && !ops_->host_memory())
     throw config_error("--tensor-model-parallel-size", "tensor parallelism runs on the CPU backend only in this version (--device " + ops_->name() + ")",
                        "train with --device cpu, or --tensor-model-parallel-size 1 on the GPU");
+  tp_.set_sequence_parallel(cfg_.sequence_parallel);
   Cl_ = cfg_.hidden_size / tp_.size();
   NHl_ = cfg_.num_heads / tp_.size();
   Fl_ = 4 * cfg_.hidden_size / tp_.size();
@@ -265,6 +268,12 @@ void Gpt::ensure_workspace(int B, int T) {
   if (T > cfg_.max_seq_length)
     throw config_error("--seq-length", "sequence of " + std::to_string(T) + " tokens exceeds the model's " +
                                            std::to_string(cfg_.max_seq_length) + " positions");
+  if (tp_.sequence_parallel() && ((long long)B * T) % tp_.size() != 0)
+    throw config_error("--sequence-parallel", "--sequence-parallel splits the " + std::to_string((long long)B * T) +
+                                                  " token rows of a micro-batch (" + std::to_string(B) + " x " +
+                                                  std::to_string(T) + ") over --tensor-model-parallel-size " +
+                                                  std::to_string(tp_.size()) + ", which does not divide them",
+                       "choose --seq-length or --micro-batch-size so that their product is divisible by the size");
   if (ws_ && (size_t)B * T <= (size_t)ws_->B * ws_->T && T <= ws_->T && B <= ws_->B) return;
   auto ws = std::make_unique<Workspace>();
   ws->B = B;
@@ -272,10 +281,13 @@ void Gpt::ensure_workspace(int B, int T) {
   // Tensor-parallel parts: attention channels Cl = C/T, heads NH/T, MLP width F = 4C/T, Vl = Vp/T.
   const size_t N = (size_t)B * T, C = cfg_.hidden_size, L = cfg_.num_layers;
   const size_t Cl = Cl_, NHl = NHl_, F = Fl_, Vl = Vl_;
+  // Sequence parallelism: the residual stream, res2, dres and the norms' statistics hold n = N/T
+  // rows; the gathered norm outputs, dfull (gathered gradients) and dslice (scattered) are extra.
+  const size_t n = tp_.local_rows(N), sp = tp_.sequence_parallel() ? 1 : 0;
   const size_t nsets = recompute_ ? 1 : L;
-  size_t per_layer = N * C * 3 + N * Cl + N * 4 + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
-  size_t total = nsets * per_layer + (L + 1) * N * C + N * C + 2 * N + N * C * 2 + N * Cl + N * 3 * Cl + N * F * 2 +
-                 (size_t)kHeadRows * Vl + N;
+  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
+  size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
+                 N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C);
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
@@ -284,23 +296,23 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->acts.resize(nsets);
   for (auto& a : ws->acts) {
     a.ln1 = take(N * C);
-    a.ln1_mean = take(N);
-    a.ln1_rstd = take(N);
+    a.ln1_mean = take(n);
+    a.ln1_rstd = take(n);
     a.qkv = take(N * 3 * Cl);
     a.att = take((size_t)B * NHl * T * T);
     a.atty = take(N * Cl);
-    a.res2 = take(N * C);
+    a.res2 = take(n * C);
     a.ln2 = take(N * C);
-    a.ln2_mean = take(N);
-    a.ln2_rstd = take(N);
+    a.ln2_mean = take(n);
+    a.ln2_rstd = take(n);
     a.fch = take(N * F);
     a.fch_gelu = take(N * F);
   }
-  ws->res = take((L + 1) * N * C);
+  ws->res = take((L + 1) * n * C);
   ws->lnf = take(N * C);
-  ws->lnf_mean = take(N);
-  ws->lnf_rstd = take(N);
-  ws->dres = take(N * C);
+  ws->lnf_mean = take(n);
+  ws->lnf_rstd = take(n);
+  ws->dres = take(n * C);
   ws->dln = take(N * C);
   ws->datty = take(N * Cl);
   ws->dqkv = take(N * 3 * Cl);
@@ -308,6 +320,11 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->dfch_gelu = take(N * F);
   ws->logits = take((size_t)kHeadRows * Vl);
   ws->losses = take(N);
+  if (sp) {
+    ws->dfull = take(N * C);
+    ws->dslice = take(n * C);
+    ws->dnorm = take(4 * C);
+  }
   if (!ops_->host_memory()) {
     ws->host_losses.assign(N, 0.0f);
     ws->tokens = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
@@ -376,53 +393,87 @@ void Gpt::mlp_backward(const float* fcw, const float* projw, float* dfcw, float*
   ops_->matmul_backward(dx, dfcw, dfcb, dfch, x, fcw, rows, C, F, precision_);
 }
 
+// in, out and a.res2 hold this rank's n token rows (all N without sequence parallelism, else the n
+// from row r0): the norms run on them and write their rows of the full a.ln1 / a.ln2, which f
+// gathers; g sums the row-parallel partial outputs (all N rows, in w.dln) into this rank's rows.
 void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                         int T) {
   const int N = B * T, C = cfg_.hidden_size;
   const Block& o = blocks_[l];
-  ops_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, lp + o.ln1w, lp + o.ln1b, N, C);
+  const bool sp = tp_.sequence_parallel();
+  const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N), nC = n * C;
+  float* part = sp ? ws_->dln : a.res2;
+  ops_->layernorm_forward(a.ln1 + r0 * C, a.ln1_mean, a.ln1_rstd, in, lp + o.ln1w, lp + o.ln1b, (int)n, C);
+  tp_.all_gather(a.ln1, NC);
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
   ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_);
-  ops_->matmul_forward(a.res2, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
-  tp_.all_reduce(a.res2, (size_t)N * C);
-  ops_->residual_forward(a.res2, in, a.res2, (size_t)N * C);
-  ops_->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, lp + o.ln2w, lp + o.ln2b, N, C);
+  ops_->matmul_forward(part, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
+  tp_.reduce_scatter(part, a.res2, NC);
+  ops_->residual_forward(a.res2, in, a.res2, nC);
+  ops_->layernorm_forward(a.ln2 + r0 * C, a.ln2_mean, a.ln2_rstd, a.res2, lp + o.ln2w, lp + o.ln2b, (int)n, C);
+  tp_.all_gather(a.ln2, NC);
+  float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
-    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), a.ln2, a.fch, a.fch_gelu, out, N, Fl_);
-    tp_.all_reduce(out, (size_t)N * C);
+    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_);
+    tp_.reduce_scatter(ff, out, NC);
   } else {
-    moe_forward(store, l, lp, a, out, N);
+    moe_forward(store, l, lp, a, ff, N);  // every tensor-parallel rank routes every row alike
+    if (sp) std::memcpy(out, ff + r0 * C, nC * sizeof(float));
   }
-  ops_->residual_forward(out, a.res2, out, (size_t)N * C);
+  ops_->residual_forward(out, a.res2, out, nC);
 }
 
-// dres holds d(loss)/d(layer output) on entry and d(loss)/d(layer input) on return.
+const float* Gpt::gather_rows(const float* d, int N) {
+  if (!tp_.sequence_parallel()) return d;
+  const size_t C = cfg_.hidden_size;
+  std::memcpy(ws_->dfull + tp_.first_row(N) * C, d, tp_.local_rows(N) * C * sizeof(float));
+  tp_.all_gather(ws_->dfull, (size_t)N * C);
+  return ws_->dfull;
+}
+
+// dres holds d(loss)/d(layer output) on entry and d(loss)/d(layer input) on return (this rank's
+// rows under sequence parallelism: the linears get every row's gradient from gather_rows, and
+// their input gradients come back as this rank's rows, dsl; the norms' weight gradients are then
+// partial sums over those rows, summed over the group before they join lg).
 void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                          float* dres, int B, int T) {
   const int N = B * T, C = cfg_.hidden_size;
   const Block& o = blocks_[l];
   Workspace& w = *ws_;
-  const size_t NC = (size_t)N * C;
+  const bool sp = tp_.sequence_parallel();
+  const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
+  float* dsl = sp ? w.dslice : w.dln;
+  float* dn1 = sp ? w.dnorm : lg + o.ln1w;  // ln1 weight, bias; ln2 weight, bias (each C; w and b adjacent)
+  float* dn2 = sp ? w.dnorm + 2 * C : lg + o.ln2w;
+  if (sp) ops_->zero(w.dnorm, 4 * C * sizeof(float));
   ops_->zero(w.dln, NC * sizeof(float));
+  const float* dout = gather_rows(dres, N);
   if (o.experts == 0) {
     mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, a.ln2, a.fch,
-                 a.fch_gelu, dres, w.dln, N, w.dfch, w.dfch_gelu, Fl_);
-    tp_.all_reduce(w.dln, NC);  // f's backward: the parts' input gradients summed
+                 a.fch_gelu, dout, w.dln, N, w.dfch, w.dfch_gelu, Fl_);
+    tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {
-    moe_backward(store, l, lp, lg, a, dres, w.dln, N);
+    moe_backward(store, l, lp, lg, a, dout, w.dln, N);  // whole on every rank
+    if (sp) std::memcpy(dsl, w.dln + r0 * C, n * C * sizeof(float));
   }
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
-  ops_->layernorm_backward(dres, lg + o.ln2w, lg + o.ln2b, w.dln, a.res2, lp + o.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
+  ops_->layernorm_backward(dres, dn2, dn2 + C, dsl, a.res2, lp + o.ln2w, a.ln2_mean, a.ln2_rstd, (int)n, C);
   const size_t NCl = (size_t)N * Cl_;
   ops_->zero(w.datty, NCl * sizeof(float));
-  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, dres, a.atty, lp + o.projw, N, Cl_, C, precision_);
+  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, gather_rows(dres, N), a.atty, lp + o.projw, N, Cl_, C,
+                        precision_);
   ops_->zero(w.dqkv, NCl * 3 * sizeof(float));
   ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, Cl_, NHl_, precision_);
   ops_->zero(w.dln, NC * sizeof(float));
   ops_->matmul_backward(w.dln, lg + o.qkvw, lg + o.qkvb, w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * Cl_, precision_);
-  tp_.all_reduce(w.dln, NC);
-  ops_->layernorm_backward(dres, lg + o.ln1w, lg + o.ln1b, w.dln, in, lp + o.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
+  tp_.reduce_scatter(w.dln, dsl, NC);
+  ops_->layernorm_backward(dres, dn1, dn1 + C, dsl, in, lp + o.ln1w, a.ln1_mean, a.ln1_rstd, (int)n, C);
+  if (sp) {
+    tp_.reduce_partial_grads(w.dnorm, 4 * C);
+    ops_->residual_forward(lg + o.ln1w, lg + o.ln1w, w.dnorm, 2 * C);
+    ops_->residual_forward(lg + o.ln2w, lg + o.ln2w, w.dnorm + 2 * C, 2 * C);
+  }
 }
 
 // Final norm + tied LM head + loss, chunked over rows. With backward, also writes d(x) into dx
@@ -432,7 +483,11 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   const int N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   Workspace& w = *ws_;
   // Vocab-parallel: this rank's Vl_ columns of the logits; the loss over the group (tensor_parallel.hpp).
-  ops_->layernorm_forward(w.lnf, w.lnf_mean, w.lnf_rstd, x, fp + lnfw_, fp + lnfb_, N, C);
+  // x (and dx) hold this rank's rows under sequence parallelism; the norm's output is gathered.
+  const bool sp = tp_.sequence_parallel();
+  const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
+  ops_->layernorm_forward(w.lnf + r0 * C, w.lnf_mean, w.lnf_rstd, x, fp + lnfw_, fp + lnfb_, (int)n, C);
+  tp_.all_gather(w.lnf, NC);
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
   double loss_sum = 0;
   for (int r0 = 0; r0 < N; r0 += kHeadRows) {
@@ -454,9 +509,16 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   }
   for (int i = 0; i < N; ++i) loss_sum += losses[i];  // in row order, as on every backend
   if (backward) {
-    tp_.all_reduce(w.dln, (size_t)N * C);
-    ops_->zero(dx, (size_t)N * C * sizeof(float));
-    ops_->layernorm_backward(dx, fg + lnfw_, fg + lnfb_, w.dln, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, N, C);
+    float* dsl = sp ? w.dslice : w.dln;
+    tp_.reduce_scatter(w.dln, dsl, NC);
+    ops_->zero(dx, n * C * sizeof(float));
+    float* dn = sp ? w.dnorm : fg + lnfw_;  // weight, bias (adjacent)
+    if (sp) ops_->zero(w.dnorm, 2 * C * sizeof(float));
+    ops_->layernorm_backward(dx, dn, dn + C, dsl, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, (int)n, C);
+    if (sp) {
+      tp_.reduce_partial_grads(w.dnorm, 2 * C);
+      ops_->residual_forward(fg + lnfw_, fg + lnfw_, w.dnorm, 2 * C);
+    }
   }
   return loss_sum;
 }
@@ -467,9 +529,9 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
 const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts) {
   Workspace& w = *ws_;
   const int C = cfg_.hidden_size;
-  const size_t NC = (size_t)B * T * C;
+  const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const float* ep = store.params(0);
-  if (tp_.enabled()) tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_);
+  if (tp_.enabled()) tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_, w.dln);
   else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
@@ -490,7 +552,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   phase.reset();
   Workspace& w = *ws_;
   const int L = cfg_.num_layers, C = cfg_.hidden_size;
-  const size_t NC = (size_t)B * T * C;
+  const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const int F = final_block_;
   const float* fp = store.params(F);
   double loss = head(ep, store.grads(0), fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
@@ -507,7 +569,8 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(b);
   }
   float* eg = store.grads(0);
-  if (tp_.enabled()) TensorParallel::embedding_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C, vstart_, Vl_);
+  if (tp_.enabled())
+    TensorParallel::embedding_backward(eg + wte_, eg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_);
   else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
   store.grads_ready(0);
   phase_.backward += phase.seconds();
@@ -521,7 +584,7 @@ double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const in
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/false);
   Workspace& w = *ws_;
   const int L = cfg_.num_layers;
-  const size_t NC = (size_t)B * T * cfg_.hidden_size;
+  const size_t NC = tp_.local_rows((size_t)B * T) * cfg_.hidden_size;
   double loss = head(ep, nullptr, store.params(final_block_), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
   store.release(final_block_);
   store.release(0);

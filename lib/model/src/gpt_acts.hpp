@@ -10,16 +10,17 @@ namespace hpct::model {
 
 // One layer's saved activations. With recompute there is one set, refilled per layer in backward.
 struct Gpt::LayerActs {
+  // n = N, or N/T rows under sequence parallelism (the norms' statistics, res2)
   float* ln1;       // (N, C)
-  float* ln1_mean;  // (N)
-  float* ln1_rstd;  // (N)
+  float* ln1_mean;  // (n)
+  float* ln1_rstd;  // (n)
   float* qkv;       // (N, 3C)
   float* att;       // (B, NH, T, T)
   float* atty;      // (N, C)
-  float* res2;      // (N, C) residual after attention
+  float* res2;      // (n, C) residual after attention
   float* ln2;       // (N, C)
-  float* ln2_mean;  // (N)
-  float* ln2_rstd;  // (N)
+  float* ln2_mean;  // (n)
+  float* ln2_rstd;  // (n)
   float* fch;       // (N, 4C)
   float* fch_gelu;  // (N, 4C)
 };
@@ -28,12 +29,16 @@ struct Gpt::Workspace {
   int B = 0, T = 0;
   kernels::BackendBuffer mem;  // every float buffer below, in the backend's memory
   std::vector<LayerActs> acts;
-  float* res = nullptr;       // (L+1, N, C) layer inputs; res[L] is the last layer's output
+  // n = N, or this rank's N/T rows under sequence parallelism
+  float* res = nullptr;       // (L+1, n, C) layer inputs; res[L] is the last layer's output
   float* lnf = nullptr;       // (N, C)
-  float* lnf_mean = nullptr;  // (N)
-  float* lnf_rstd = nullptr;  // (N)
-  float* dres = nullptr;      // (N, C)
-  float* dln = nullptr;       // (N, C) scratch for dln1 / dln2 / datty / dlnf
+  float* lnf_mean = nullptr;  // (n)
+  float* lnf_rstd = nullptr;  // (n)
+  float* dres = nullptr;      // (n, C)
+  float* dln = nullptr;       // (N, C) scratch for dln1 / dln2 / datty / dlnf; partial sums before g
+  float* dfull = nullptr;     // (N, C) sequence parallelism: dres gathered from every rank
+  float* dslice = nullptr;    // (n, C) sequence parallelism: this rank's rows of a scattered sum
+  float* dnorm = nullptr;     // (4C) sequence parallelism: the norms' partial weight gradients
   float* datty = nullptr;     // (N, C)
   float* dqkv = nullptr;      // (N, 3C)
   float* dfch = nullptr;      // (N, 4C)

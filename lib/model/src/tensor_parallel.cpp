@@ -11,27 +11,54 @@ TensorParallel::TensorParallel(const comm::Communicator* tp) {
   if (tp && tp->size() > 1) comm_ = tp, size_ = tp->size(), rank_ = tp->rank();
 }
 
-void TensorParallel::all_reduce(float* x, size_t n) {
-  if (!comm_) return;
-  comm_->allreduce_sum(x, n);
-  bytes_ += double(n) * sizeof(float);
-  act_bytes_ += double(n) * sizeof(float);
+void TensorParallel::count(double payload, double wire_factor, bool activation) {
+  bytes_ += payload;
+  if (activation) act_bytes_ += payload, wire_bytes_ += payload * wire_factor * (size_ - 1) / size_;
   ++calls_;
 }
 
+void TensorParallel::all_reduce(float* x, size_t n) {
+  if (!comm_) return;
+  comm_->allreduce_sum(x, n);
+  count(double(n) * sizeof(float), 2, true);
+}
+
+void TensorParallel::all_gather(float* full, size_t n) {
+  if (!sequence_parallel()) return;
+  comm_->allgather_blocks(full, n / size_);
+  count(double(n) * sizeof(float), 1, true);
+}
+
+void TensorParallel::reduce_scatter(float* full, float* slice, size_t n) {
+  if (!sequence_parallel()) return all_reduce(full, n);
+  comm_->reduce_scatter_blocks(full, slice, n / size_);
+  count(double(n) * sizeof(float), 1, true);
+}
+
+void TensorParallel::reduce_partial_grads(float* g, size_t n) {
+  if (!comm_) return;
+  comm_->allreduce_sum(g, n);
+  count(double(n) * sizeof(float), 2, false);
+}
+
 void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B,
-                                       int T, int C, int vstart, int vrows) {
+                                       int T, int C, int vstart, int vrows, float* scratch) {
   const size_t N = (size_t)B * T;
+  float* parts = sequence_parallel() ? scratch : out;
   for (size_t i = 0; i < N; ++i) {
     const long long r = (long long)tokens[i] - vstart;
-    float* o = out + i * C;
+    float* o = parts + i * C;
     if (r >= 0 && r < vrows) std::memcpy(o, wte_part + (size_t)r * C, C * sizeof(float));
     else std::memset(o, 0, C * sizeof(float));
   }
-  all_reduce(out, N * C);  // g: every token's row comes from the one rank that holds it
-  for (size_t i = 0; i < N; ++i) {
+  // g: every token's row comes from the one rank that holds it (this rank's rows only under
+  // sequence parallelism, written from row 0 of out).
+  reduce_scatter(parts, out, N * C);
+  const size_t first = first_row(N), rows = local_rows(N);
+  for (size_t k = 0; k < rows; ++k) {
+    const size_t i = first + k;
     const float* p = wpe + (i % T) * C;
-    float* o = out + i * C;
+    float* o = out + k * C;
     for (int c = 0; c < C; ++c) o[c] += p[c];
   }
 }

@@ -109,6 +109,12 @@ class Communicator {
   /// must agree pairwise (exchange them with alltoall first). Element counts must fit an int.
   void alltoallv_rows(const float* send, const std::vector<int>& send_rows, float* recv,
                       const std::vector<int>& recv_rows, int width) const;
+  /// Collective over this comm: data holds size() blocks of n floats; rank r gives block r (in
+  /// place) and every rank ends with all of them (MPI_Allgather). size() * n must fit an int.
+  void allgather_blocks(float* data, size_t n) const;
+  /// Collective over this comm: send holds size() blocks of n floats; rank r receives into recv the
+  /// element-wise sum of every rank's block r (MPI_Reduce_scatter_block). size() * n must fit an int.
+  void reduce_scatter_blocks(const float* send, float* recv, size_t n) const;
   /// Collective over this comm: gathers one double from every rank on every rank.
   std::vector<double> allgather(double v) const;
   /// Collective over this comm: every rank gives v of the same length n; returns size() * n values,

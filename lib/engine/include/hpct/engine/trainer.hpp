@@ -130,6 +130,8 @@ class Trainer {
   double comm_bytes_per_step() const { return comm_steps_ ? comm_bytes_ / comm_steps_ : 0; }
   /// Payload bytes of the tensor-parallel all-reduces (f and g) per optimizer step, averaged the same way.
   double tp_bytes_per_step() const { return comm_steps_ ? tp_bytes_ / comm_steps_ : 0; }
+  /// Of those, the bytes a ring moves per rank (TensorParallel::activation_wire_bytes).
+  double tp_wire_bytes_per_step() const { return comm_steps_ ? tp_wire_bytes_ / comm_steps_ : 0; }
 
  private:
   double step(const io::TokenDataset& data, long long iteration, StepRecord& rec);
@@ -158,7 +160,7 @@ class Trainer {
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
   TrainingState training_state() const;
-  double comm_bytes_ = 0, tp_bytes_ = 0;
+  double comm_bytes_ = 0, tp_bytes_ = 0, tp_wire_bytes_ = 0;
   long long comm_steps_ = 0;
   LossScaler scaler_;
   long long adam_step_ = 0;

@@ -20,7 +20,9 @@
 // heads, 4h/T columns), the attention output and fc2 row-parallel, the word embedding and the LM
 // head vocab-parallel; norms, position embeddings, row-parallel biases, the router and the experts
 // are replicas. Every tensor keeps its full shape and name (the checkpoint schema), so a
-// checkpoint does not depend on T.
+// checkpoint does not depend on T. With sequence parallelism the residual stream, the norms and the
+// residual adds hold this rank's N/T token rows only; the norms' gradients are summed over the group.
+// An MoE layer then gathers every row and routes all of them on every rank, as without it.
 //
 // The ops run on a kernels::OpsBackend: the CPU one by default, or a CUDA device. Parameters,
 // gradients and activations then live in that backend's memory; tokens and targets are passed as
@@ -75,6 +77,7 @@ struct GptConfig {
   double init_std = 0.02;   // Megatron's --init-method-std
   MoeConfig moe;
   int tensor_parallel = 1;  // --tensor-model-parallel-size: ranks each layer is split over
+  bool sequence_parallel = false;  // --sequence-parallel: norms and residuals on 1/T of the tokens
 
   /// The vocabulary padded to a multiple of lcm(vocab_multiple, tensor_parallel): with the default
   /// 128 and a power-of-two T up to 128 that is the same table at every T (GPT-2: 50304), so a
@@ -197,6 +200,9 @@ class Gpt {
   void mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
                     const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
                     float* dfch, float* dfch_gelu, int F);
+  /// Under sequence parallelism: this rank's rows of d (N rows of C) gathered into the workspace's
+  /// full buffer, which is returned; without it, d itself.
+  const float* gather_rows(const float* d, int N);
   /// A row-parallel linear's bias: added on tensor-parallel rank 0 only, before the group's sum.
   const float* row_bias(const float* b) const { return tp_.rank() == 0 ? b : nullptr; }
   void moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N);

@@ -10,6 +10,10 @@
 // all-reduces (with their bytes counted), the vocab-parallel embedding (each rank a slice of the
 // vocabulary, out-of-slice ids give zero rows, then g) and the vocab-parallel cross entropy (max,
 // target logit and sum of exponentials all-reduced; no rank ever holds a full row of logits).
+// Sequence parallelism (Megatron's --sequence-parallel, Korthikanti et al. 2022): the residual stream,
+// the norms and the residual adds hold 1/T of the N token rows on each rank (rank r rows
+// [r*N/T, (r+1)*N/T)); f becomes an all-gather of those rows (backward: reduce-scatter) and g a
+// reduce-scatter (backward: all-gather). Same arithmetic, same wire bytes as the all-reduces.
 // Host memory only in this version (the model refuses tensor parallelism on a device backend).
 #pragma once
 #include <cstddef>
@@ -27,6 +31,12 @@ class TensorParallel {
   int size() const { return size_; }
   int rank() const { return rank_; }
   bool enabled() const { return size_ > 1; }
+  /// Sequence parallelism on (a no-op at size 1, as in Megatron).
+  void set_sequence_parallel(bool on) { sp_ = on; }
+  bool sequence_parallel() const { return sp_ && size_ > 1; }
+  /// This rank's token rows of N under sequence parallelism: [first, first + count); all N without.
+  size_t local_rows(size_t N) const { return sequence_parallel() ? N / size_ : N; }
+  size_t first_row(size_t N) const { return sequence_parallel() ? rank_ * (N / size_) : 0; }
 
   /// g forward / f backward: in-place sum of n floats over the group (nothing at size 1).
   void all_reduce(float* x, size_t n);
@@ -36,11 +46,26 @@ class TensorParallel {
   /// Of those, the activations' all-reduces (g and f), apart from the cross entropy's row scalars.
   double activation_bytes() const { return act_bytes_; }
   int calls() const { return calls_; }
+  /// Bytes a ring moves per rank for the activations' collectives: 2(T-1)/T of an all-reduce's
+  /// buffer, (T-1)/T of an all-gather's or reduce-scatter's full buffer (so sequence parallelism's
+  /// all-gather + reduce-scatter pairs move what the all-reduces they replace move).
+  double activation_wire_bytes() const { return wire_bytes_; }
 
+  /// Sequence parallelism's f forward / g backward: full (n floats, all N rows) holds this rank's
+  /// slice at its place; the other ranks' slices are gathered in (nothing without sequence parallelism).
+  void all_gather(float* full, size_t n);
+  /// Sequence parallelism's g forward / f backward: slice (n/T floats) = this rank's rows of the sum
+  /// of every rank's full (n floats). Without sequence parallelism: all_reduce(full) in place, and
+  /// slice must be full.
+  void reduce_scatter(float* full, float* slice, size_t n);
+  /// Replicated tensors' gradients from split rows (norms under sequence parallelism): in-place sum
+  /// of g (n floats, this micro-batch's partial sums only) over the group; not an activation's bytes.
+  void reduce_partial_grads(float* g, size_t n);
   /// Vocab-parallel embedding with learned positions: out (B*T, C) = wte[token] + wpe[t], where this
-  /// rank holds rows [vstart, vstart + vrows) of wte (wte_part) and every rank the whole wpe.
+  /// rank holds rows [vstart, vstart + vrows) of wte (wte_part) and every rank the whole wpe. Under
+  /// sequence parallelism out gets this rank's rows only, and scratch (B*T, C) takes the parts.
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B, int T,
-                         int C, int vstart, int vrows);
+                         int C, int vstart, int vrows, float* scratch);
   /// Accumulates d(wte_part) (this rank's rows only) and d(wpe) (every rank alike) from dout (B*T, C).
   static void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                  int C, int vstart, int vrows);
@@ -55,7 +80,9 @@ class TensorParallel {
  private:
   const comm::Communicator* comm_ = nullptr;
   int size_ = 1, rank_ = 0;
-  double bytes_ = 0, act_bytes_ = 0;
+  bool sp_ = false;
+  double bytes_ = 0, act_bytes_ = 0, wire_bytes_ = 0;
+  void count(double payload, double wire_factor, bool activation);
   int calls_ = 0;
   std::vector<float> fbuf_;
   std::vector<double> dbuf_;
