@@ -64,7 +64,33 @@ def check_tp_bytes(recs):
           f" x Megatron's formula; ring bytes {wire[0]:.0f} = 2(T-1)/T x the all-reduces'")
 
 
-CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema, "tp_bytes": check_tp_bytes}
+def check_slw(recs):
+    """Sequence-length warmup: every logged step's curriculum_seqlen and the consumed tokens are
+    DeepSpeed's fixed_linear/fixed_root pacing (recomputed here from the segment's config), the
+    length reaches the maximum, and the tokens count the truncated lengths."""
+    seg = [r for r in recs if r.get("type") == "segment"][-1]
+    cl, gb = seg["config"]["curriculum"], seg["config"]["global_batch_size"]
+    assert cl and cl["schedule_type"] in ("fixed_linear", "fixed_root"), f"curriculum {cl}"
+    root = cl["root_degree"] if cl["schedule_type"] == "fixed_root" else 1.0
+
+    def seqlen(it):  # iteration it (0-based) trains at difficulty(it + 1)
+        d = math.floor(((it + 1) / cl["total_curriculum_step"]) ** (1.0 / root) *
+                       (cl["max_difficulty"] - cl["min_difficulty"]) + cl["min_difficulty"])
+        return min(d - d % cl["difficulty_step"], cl["max_difficulty"])
+
+    train = [r for r in recs if r.get("type") == "train"]
+    assert train, "no train records"
+    for r in train:
+        it = r["iteration"]
+        assert r["curriculum_seqlen"] == seqlen(it - 1), f"iteration {it}: seqlen {r['curriculum_seqlen']}, want {seqlen(it - 1)}"
+        want = sum(gb * seqlen(i) for i in range(it))
+        assert r["consumed_tokens"] == want, f"iteration {it}: consumed tokens {r['consumed_tokens']}, want {want}"
+    assert train[-1]["curriculum_seqlen"] == cl["max_difficulty"], "never reached the full length"
+    print(f"curriculum seqlen {train[0]['curriculum_seqlen']} -> {train[-1]['curriculum_seqlen']}, "
+          f"consumed tokens {train[-1]['consumed_tokens']} as DeepSpeed's pacing gives")
+
+
+CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema, "tp_bytes": check_tp_bytes, "slw": check_slw}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rc", type=int)

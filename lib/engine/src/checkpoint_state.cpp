@@ -21,14 +21,16 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 // The attributes' stored text, in one fixed order.
+// consumed_tokens (< 0: absent, as before sequence-length warmup) joins the text only when stored.
 uint64_t checksum_of(long long it, long long consumed, long long step, long long skipped, long long nan, uint64_t seed,
                      const std::string& scaler, const std::string& config, const std::string& arch,
-                     const std::string& tokenizer, const std::string& layout) {
+                     const std::string& tokenizer, const std::string& layout, long long tokens) {
   std::string t = std::string(kCheckpointFormat) + "\niteration=" + std::to_string(it) + "\nconsumed_samples=" +
                   std::to_string(consumed) + "\noptimizer_step=" + std::to_string(step) + "\nskipped_iterations=" +
                   std::to_string(skipped) + "\nnan_iterations=" + std::to_string(nan) + "\nseed=" + std::to_string(seed) +
                   "\nloss_scaler=" + scaler + "\nconfig=" + config + "\narchitecture=" + arch + "\ntokenizer=" + tokenizer +
                   "\nparallel_layout=" + layout;
+  if (tokens >= 0) t += "\nconsumed_tokens=" + std::to_string(tokens);
   return fnv1a(t);
 }
 
@@ -36,7 +38,8 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
 
 uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m) {
   return checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, m.seed,
-                     s.loss_scaler.dump(), m.config.dump(), m.architecture.dump(), m.tokenizer, m.layout.dump());
+                     s.loss_scaler.dump(), m.config.dump(), m.architecture.dump(), m.tokenizer, m.layout.dump(),
+                     s.consumed_tokens);
 }
 
 StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
@@ -73,6 +76,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   TrainingState& s = r.state;
   s.iteration = geti("iteration");
   s.consumed_samples = geti("consumed_samples");
+  if (f.i64("consumed_tokens")) s.consumed_tokens = geti("consumed_tokens");
   s.adam_step = geti("optimizer_step");
   s.skipped_iterations = geti("skipped_iterations");
   s.nan_iterations = geti("nan_iterations");
@@ -89,7 +93,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   if (auto sum = f.u64("run_state_checksum")) {
     r.has_checksum = true;
     if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
-                            scaler, config, arch, r.meta.tokenizer, layout))
+                            scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens))
       throw file_error(file, "fails its run-state checksum (iteration, samples, optimizer step, config or architecture "
                              "attributes were altered or are corrupt)",
                        "load an earlier checkpoint (pass its file to --load)");
@@ -103,6 +107,8 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   rel(s.skipped_iterations <= s.iteration, "skipped_iterations " + std::to_string(s.skipped_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.nan_iterations <= s.iteration, "nan_iterations " + std::to_string(s.nan_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.consumed_samples >= s.iteration, "consumed_samples " + std::to_string(s.consumed_samples) + " < iteration " + std::to_string(s.iteration));
+  rel(s.consumed_tokens < 0 || s.consumed_tokens >= s.consumed_samples,
+      "consumed_tokens " + std::to_string(s.consumed_tokens) + " < consumed_samples " + std::to_string(s.consumed_samples));
   if (auto e = LossScaler::state_error(s.loss_scaler); !e.empty())
     throw file_error(file, "has attribute 'loss_scaler' that " + e + ": the checkpoint is damaged");
   gpt_config_of(r.meta.architecture, file);  // a describable model

@@ -157,6 +157,16 @@ static int run(int argc, char** argv, bool require_moe) {
                 << "; expert-parallel size " << cfg.moe_ep << " (" << grid.expert_dp().size()
                 << " ranks hold each expert; expert gradients reduced over them only)\n";
     }
+    if (cfg.curriculum.enabled) {
+      const auto& cl = cfg.curriculum;
+      std::cout << "> sequence-length warmup (" << cl.key << "): " << cl.schedule_type << ", "
+                << cl.seqlen(trainer.iteration(), cfg.model.max_seq_length) << " tokens per sample at iteration "
+                << trainer.iteration() + 1 << ", " << cl.min_difficulty << " -> " << cl.max_difficulty
+                << (cl.schedule_type == "fixed_discrete" ? std::string(" in steps")
+                                                         : " over " + std::to_string(cl.total_curriculum_step) +
+                                                               " steps in multiples of " + std::to_string(cl.difficulty_step))
+                << "; evaluation at " << cfg.model.max_seq_length << "\n";
+    }
     if (grid.tp().size() > 1)
       std::cout << "> tensor parallel: each layer split over " << grid.tp().size()
                 << " ranks (QKV by heads and fc column-parallel, attention output and fc2 row-parallel, vocab-parallel "
@@ -258,6 +268,7 @@ static int run(int argc, char** argv, bool require_moe) {
                                }()},
                               {"total_seconds", s.seconds},
                               {"tokens_per_second", s.tokens_per_second},
+                              {"consumed_tokens", trainer.consumed_tokens()},
                               {"final_lm_loss", s.steps.empty() ? NAN : s.steps.back().lm_loss},
                               {"skipped_iterations", s.skipped_iterations},
                               {"world_size", world.size()},

@@ -150,6 +150,7 @@ const FlagTable& flag_table() {
       {"--keep-last", {true, [](TrainConfig& c, const std::string& v) { c.keep_last = to_i32("--keep-last", v); }, "keep only the newest K checkpoints (0: all)"}},
       {"--async-save", {false, [](TrainConfig& c, const std::string&) { c.async_save = true; }, "interval saves: copy the state to host memory and write it in the background while training goes on"}},
       {"--deepspeed", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts"}},
+      {"--data-efficiency-curriculum-learning", {false, [](TrainConfig& c, const std::string&) { c.curriculum_flag = true; }, "Megatron-DeepSpeed's switch for the ds_config's data_efficiency curriculum (sequence-length warmup; docs/data-efficiency.md)"}},
       // --estimate-memory and its cluster shape (docs/zero.md); a bad value names its flag.
       {"--estimate-memory", {false, [](TrainConfig& c, const std::string&) { c.estimate.enabled = true; }, "print memory per device/host/NVMe for ZeRO stages 0-3 and offloads, then exit"}},
       {"--estimate-nodes", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nodes = to_i32("--estimate-nodes", v); if (c.estimate.nodes <= 0) throw config_error("--estimate-nodes", "--estimate-nodes must be positive, got " + v); }, "estimate: nodes (default 1)"}},
@@ -260,6 +261,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   if (auto v = root.get_number("gradient_clipping")) cfg.clip_grad = *v;
   if (auto v = root.get_int("steps_per_print")) cfg.log_interval = i32(*v, "steps_per_print", 1);
   apply_ds_monitors(root, cfg);  // wall_clock_breakdown, tensorboard, csv_monitor
+  apply_ds_data_efficiency(root, j, cfg.curriculum);  // curriculum_learning, data_efficiency
   root.ignore("zero_allow_untested_optimizer");
   root.ignore("prescale_gradients");
   if (root.has("optimizer")) {
@@ -408,6 +410,12 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
 
 void TrainConfig::finalize(int dp) {
   model.validate();
+  curriculum.validate(model.max_seq_length, ds_config_path);
+  if (curriculum_flag && !curriculum.enabled)
+    throw config_error("--data-efficiency-curriculum-learning",
+                       "--data-efficiency-curriculum-learning needs an enabled curriculum in the ds_config",
+                       "set data_efficiency.data_sampling.curriculum_learning (seqlen_truncate) or curriculum_learning "
+                       "in the --deepspeed_config file (docs/data-efficiency.md)");
   if (mock_data) {
     if (!data_path.empty()) throw config_error("--mock-data", "--mock-data and --data-path are exclusive");
   } else if (data_path.empty()) {
@@ -506,6 +514,16 @@ nlohmann::json config_to_json(const TrainConfig& c) {
             {"vocab_size", c.model.vocab_size},
             {"padded_vocab_size", c.model.padded_vocab()},
             {"init_method_std", c.model.init_std}}},
+          {"curriculum", c.curriculum.enabled ? nlohmann::json{{"source", c.curriculum.key},
+                                                                {"schedule_type", c.curriculum.schedule_type},
+                                                                {"min_difficulty", c.curriculum.min_difficulty},
+                                                                {"max_difficulty", c.curriculum.max_difficulty},
+                                                                {"total_curriculum_step", c.curriculum.total_curriculum_step},
+                                                                {"difficulty_step", c.curriculum.difficulty_step},
+                                                                {"root_degree", c.curriculum.root_degree},
+                                                                {"difficulty", c.curriculum.difficulty},
+                                                                {"max_step", c.curriculum.max_step}}
+                                              : nlohmann::json(nullptr)},
           {"tensor_model_parallel_size", c.model.tensor_parallel},
           {"sequence_parallel", c.model.sequence_parallel && c.model.tensor_parallel > 1},
           {"micro_batch_size", c.micro_batch},

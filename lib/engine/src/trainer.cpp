@@ -129,14 +129,14 @@ Trainer::MemoryReport Trainer::memory_report() const {
   return r;
 }
 
-void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample) {
-  const int T = cfg_.model.max_seq_length, V = cfg_.model.vocab_size;
+void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample, int T) {
+  const int V = cfg_.model.vocab_size;
   for (int j = 0; j < cfg_.micro_batch; ++j) {
     const size_t sample = (size_t)(first_sample + j) % data.size();
     data.get(sample, sample_buf_.data());  // (T+1) tokens
     // The dataset reader bounds structure only: an id from another tokenizer (or a corrupt .bin)
     // would index past the embedding table.
-    for (int t = 0; t <= T; ++t)
+    for (int t = 0; t <= cfg_.model.max_seq_length; ++t)  // the whole sample: its bytes are checked alike at every length
       if (sample_buf_[t] < 0 || sample_buf_[t] >= V) {
         std::string files;
         for (const auto& p : cfg_.data_path) files += (files.empty() ? "" : ", ") + p + ".bin";
@@ -152,7 +152,10 @@ void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sam
 }
 
 double Trainer::step(const io::TokenDataset& data, long long iteration, StepRecord& rec) {
-  const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
+  // Sequence-length warmup: this step's samples are truncated to the scheduled length.
+  const int T = cfg_.curriculum.seqlen(iteration, cfg_.model.max_seq_length);
+  const int mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
+  rec.seqlen = T;
   const long long GB = cfg_.global_batch;
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
@@ -175,7 +178,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     // see exactly the samples one rank sees with N*k micro-steps.
     const long long first = sample_base_ + iteration * GB + ((long long)m * dp + r) * mb;
     t.reset();
-    load_micro_batch(data, first);
+    load_micro_batch(data, first, T);
     clk.seconds[detail::kData] += t.seconds();
     zero_->begin_micro_step(m == cfg_.grad_accum - 1);
     model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x726f757465));
@@ -194,6 +197,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   clk.seconds[detail::kReduceWait] += zero_->reduce_wait_seconds() - reduce0;
   clk.seconds[detail::kNvme] += nvme_seconds() - nvme0;
   comm_bytes_ += zero_->bytes_sent() - sent0;
+  consumed_tokens_ += GB * T;
   tp_bytes_ += model_->tensor_parallel().activation_bytes() - tp0;
   tp_wire_bytes_ += model_->tensor_parallel().activation_wire_bytes() - tpw0;
   ++comm_steps_;
@@ -203,7 +207,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.
 void Trainer::update(StepRecord& rec, double loss_sum, double scale) {
   const long long GB = cfg_.global_batch;
-  const int T = cfg_.model.max_seq_length;
+  const int T = rec.seqlen;
   grid_.dp().allreduce_sum(&loss_sum, 1);
   rec.lm_loss = loss_sum / (double(GB) * T);
   if (cfg_.model.moe.enabled(cfg_.model.num_layers)) {
@@ -256,7 +260,7 @@ double Trainer::evaluate(const io::TokenDataset& data) {
   for (int e = 0; e < cfg_.eval_iters; ++e) {
     for (int m = 0; m < cfg_.grad_accum; ++m) {
       const long long first = e * GB + ((long long)m * dp + r) * mb;
-      load_micro_batch(data, first);
+      load_micro_batch(data, first, T);  // evaluation always at the full length
       model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x6576616c));
       sums[0] += model_->forward_loss(store, tokens_.data(), targets_.data(), mb, T);
       sums[1] += (double)mb * T;
@@ -270,7 +274,7 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
-                            double moe_loss) {
+                            double moe_loss, int curriculum_seqlen) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
@@ -284,6 +288,12 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
     char m[64];
     std::snprintf(m, sizeof m, " moe loss: %.6E |", moe_loss);
     const size_t at = line.find(" loss scale:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  if (curriculum_seqlen > 0) {  // Megatron-DeepSpeed: after the grad norm, before the skipped count
+    char m[96];
+    std::snprintf(m, sizeof m, " curriculum seqlen: %5d | actual seqlen: %5d |", curriculum_seqlen, curriculum_seqlen);
+    const size_t at = line.find(" number of skipped iterations:");
     line.insert(at == std::string::npos ? line.size() : at, m);
   }
   return line;
@@ -324,7 +334,6 @@ static std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRec
 
 TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDataset* valid, RunRecorder* records) {
   const bool root = grid_.world_rank() == 0;
-  const int T = cfg_.model.max_seq_length;
   const int world = grid_.world_size();
   const RunRecordsConfig& rc = cfg_.records;
   TrainSummary sum;
@@ -334,7 +343,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   int n_acc = 0, n_steps_in_interval = 0;
   long long& skipped = skipped_;
   long long& nan_iters = nan_iters_;
-  const double flops_per_iter = model_->flops_per_iteration(cfg_.global_batch, T);
+  // Tokens and model FLOPs of the interval's steps at their real lengths (sequence-length warmup).
+  double interval_tokens = 0, interval_flops = 0, run_tokens = 0;
   const bool saving = !cfg_.save_dir.empty();
   if (saving) install_save_on_signal_handlers();
   sum.start_iteration = iteration_;
@@ -379,13 +389,16 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       ++n_acc;
     }
     ++n_steps_in_interval;
+    interval_tokens += double(cfg_.global_batch) * rec.seqlen;
+    interval_flops += model_->flops_per_iteration(cfg_.global_batch, rec.seqlen);
+    run_tokens += double(cfg_.global_batch) * rec.seqlen;
     sum.steps.push_back(rec);
     if (records) records->iteration(it + 1, iteration_scalars(rec, rc, cfg_.global_batch));
     if ((it + 1) % cfg_.log_interval == 0 || it + 1 == cfg_.train_iters) {
       const double trained = interval.seconds() - excluded;
       double secs = trained / n_steps_in_interval;
-      double tps = double(cfg_.global_batch) * T / secs;
-      double tflops = flops_per_iter / secs / world / 1e12;
+      double tps = interval_tokens / trained;
+      double tflops = interval_flops / trained / world / 1e12;
       double loss = n_acc ? loss_acc / n_acc : NAN;
       // Every rank's phase times and peak memory (one small all-gather per log line).
       clock_->seconds[detail::kIteration] = trained;
@@ -395,9 +408,9 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       // changed at the resume, so not iteration x batch).
       const long long consumed = sample_base_ + (it + 1) * cfg_.global_batch;
       if (root) {
-        std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed * (long long)T, secs * 1e3, rec.learning_rate,
+        std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
                                      cfg_.global_batch, loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
-                                     tps / world, tflops, rec.moe_loss)
+                                     tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1)
                   << "\n";
         if (rc.timing_log_level > 0) std::cout << detail::timer_line(timers, rc.timing_log_level, rc.timing_log_option) << "\n";
         std::cout << std::flush;
@@ -406,7 +419,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         nlohmann::json j = {{"type", "train"},
                             {"iteration", it + 1},
                             {"consumed_samples", consumed},
-                            {"consumed_tokens", consumed * (long long)T},
+                            {"consumed_tokens", consumed_tokens_},
                             {"elapsed_ms_per_iteration", secs * 1e3},
                             {"learning_rate", rec.learning_rate},
                             {"global_batch_size", cfg_.global_batch},
@@ -420,6 +433,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"tflops_per_rank", tflops},
                             {"timers_ms", detail::timers_json(timers, rc.timing_log_option)},
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
+        if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
         if (std::isfinite(rec.moe_loss)) {
           j["moe_loss"] = rec.moe_loss;
           j["moe_layers"] = rec.moe_layers;
@@ -429,11 +443,13 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         if (rc.log_timers) detail::timer_scalars(timers, it + 1, sc);
         if (rc.log_memory) sc.push_back({"memory/peak resident bytes", timers.peak_rss_max(), it + 1});
         if (rc.log_world_size) sc.push_back({"world-size/world-size", double(world), it + 1});
+        if (cfg_.curriculum.enabled) sc.push_back({"seqlen/curriculum seqlen", double(rec.seqlen), it + 1});
         records->record(j, sc);
       }
       loss_acc = 0;
       n_acc = 0;
       n_steps_in_interval = 0;
+      interval_tokens = interval_flops = 0;
       clock_->clear();
       interval.reset();
       excluded = 0;
@@ -492,7 +508,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   sum.last_iteration = it;
   sum.seconds = total.seconds();
   sum.skipped_iterations = skipped;
-  sum.tokens_per_second = double(it - sum.start_iteration) * cfg_.global_batch * T / sum.seconds;
+  sum.tokens_per_second = run_tokens / sum.seconds;
   // Peak resident memory of every rank (measured, VmHWM), gathered everywhere for the summary.
   sum.peak_rss_per_rank = grid_.world().allgather((double)peak_rss_bytes());
   for (double v : sum.peak_rss_per_rank) sum.peak_rss_bytes = std::max<uint64_t>(sum.peak_rss_bytes, (uint64_t)v);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hpct/engine/curriculum.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/parallel/zero.hpp"
 
@@ -87,6 +88,9 @@ struct TrainConfig {
   std::string metrics_file;
   std::string json_summary;
   RunRecordsConfig records;
+  // data efficiency: sequence-length warmup from the ds_config (curriculum.hpp)
+  CurriculumConfig curriculum;
+  bool curriculum_flag = false;  // --data-efficiency-curriculum-learning was given
   bool skip_train = false;  // --skip-train: load, evaluate on the validation split, exit (Megatron)
   std::string ds_config_path;
   // checkpoints (Megatron's flags; see docs/checkpoints.md)

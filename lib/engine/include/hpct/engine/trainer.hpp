@@ -38,6 +38,7 @@ struct StepRecord {
   double learning_rate = 0;
   double loss_scale = 1;
   bool skipped = false;
+  int seqlen = 0;                 // the tokens per sample this step trained on (sequence-length warmup)
   double moe_loss = NAN;          // MoE models: the load-balancing (and z) loss term of the step
   nlohmann::json moe_layers;      // MoE models: per layer expert load, dropped fraction, aux loss
   // --log-optimizer-states-to-tensorboard: L2 norms after the update (NaN when not computed)
@@ -94,6 +95,8 @@ class Trainer {
   /// with wait, after waiting for them). Returns the record of the save finished, if any.
   bool finish_async_save(bool wait, TrainSummary::Save* done = nullptr, std::string* file = nullptr);
   long long iteration() const { return iteration_; }
+  /// Training tokens consumed so far (sequence-length warmup: at the truncated lengths), checkpointed.
+  long long consumed_tokens() const { return consumed_tokens_; }
 
   /// Collective over the world. Trains up to cfg.train_iters steps (from the loaded iteration);
   /// saves every save_interval, at exit_interval, at the end, and on SIGUSR1/SIGTERM when --save is
@@ -137,7 +140,8 @@ class Trainer {
   double step(const io::TokenDataset& data, long long iteration, StepRecord& rec);
   void update(StepRecord& rec, double loss_sum, double scale);  // the step after its micro-steps
   /// Fills tokens_/targets_ (micro_batch, T) with samples first_sample .. first_sample+micro_batch-1.
-  void load_micro_batch(const io::TokenDataset& data, long long first_sample);
+  /// The micro-batch's samples truncated to T tokens (and their T next-token targets), packed (mb, T).
+  void load_micro_batch(const io::TokenDataset& data, long long first_sample, int T);
   kernels::Precision compute_precision() const;
   CheckpointMeta checkpoint_meta() const;
 
@@ -166,6 +170,7 @@ class Trainer {
   long long adam_step_ = 0;
   long long iteration_ = 0;          // optimizer steps taken, including skipped ones
   long long sample_base_ = 0;        // consumed samples - iteration * global batch (batch size changes)
+  long long consumed_tokens_ = 0;    // training tokens so far (sequence-length warmup: the truncated lengths)
   long long skipped_ = 0, nan_iters_ = 0;
   std::unique_ptr<detail::PhaseClock> clock_;
   bool want_state_norms_ = false;  // this step also reports the optimizer states' norms  // this rank's phase times since the last log line
@@ -177,6 +182,6 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
-                            double moe_loss = NAN);
+                            double moe_loss = NAN, int curriculum_seqlen = -1);
 
 }  // namespace hpct::engine
