@@ -158,3 +158,25 @@ TEST(Curriculum, BadKeysAreNamed) {
     EXPECT_NE(std::string(e.what()).find("--data-efficiency-curriculum-learning"), std::string::npos) << e.what();
   }
 }
+
+TEST(Curriculum, TokenFlagsAreCheckedByName) {
+  auto run = [](std::vector<std::string> args) -> std::string {
+    engine::TrainConfig c;
+    try {
+      std::vector<std::string> base = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                                       "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "10",
+                                       "--lr", "1e-3", "--mock-data"};
+      base.insert(base.end(), args.begin(), args.end());
+      engine::parse_args(base, c);
+      c.finalize(1);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(run({"--lr-warmup-tokens", "1e3", "--lr-decay-tokens", "3e5", "--train-tokens", "1e6"}), "");
+  EXPECT_NE(run({"--lr-warmup-tokens", "100", "--lr-warmup-iters", "5"}).find("--lr-warmup-tokens"), std::string::npos);
+  EXPECT_NE(run({"--lr-warmup-tokens", "1000", "--lr-decay-tokens", "1000"}).find("--lr-decay-tokens"), std::string::npos);
+  EXPECT_NE(run({"--train-tokens", "0"}).find("--train-tokens"), std::string::npos);
+  EXPECT_NE(run({"--lr-decay-tokens", "-5"}).find("--lr-decay-tokens"), std::string::npos);
+}

@@ -47,6 +47,31 @@ TEST(LrSchedule, DeepSpeedWarmupLogDefault) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 1000), 1.0);
 }
 
+// Megatron-DeepSpeed's token-based schedule (OptimizerParamScheduler with lr_warmup_tokens /
+// lr_decay_tokens): warmup lr * tokens / warmup_tokens, then decay over (tokens - warmup end) /
+// (decay_tokens - warmup end), min_lr past decay_tokens; the step count no longer matters.
+TEST(LrSchedule, TokenWarmupAndDecay) {
+  auto c = sched(LrStyle::cosine);
+  c.lr_warmup_iters = 0;
+  c.lr_warmup_tokens = 1000;
+  c.lr_decay_tokens = 11000;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, 250), 0.25);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 7, 1000), 1.0);
+  EXPECT_NEAR(learning_rate(c, 3, 6000), 0.1 + 0.9 * 0.5 * (std::cos(M_PI * 0.5) + 1), 1e-12);  // half way
+  EXPECT_DOUBLE_EQ(learning_rate(c, 3, 11001), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 500, 6000), learning_rate(c, 5, 6000));  // steps do not count
+  c.lr_style = LrStyle::linear;
+  EXPECT_NEAR(learning_rate(c, 3, 3500), 1.0 - 0.9 * 0.25, 1e-12);
+}
+TEST(LrSchedule, StepWarmupThenTokenDecay) {
+  auto c = sched(LrStyle::linear);  // warmup 10 steps
+  c.lr_decay_tokens = 10000;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 4, 123, 2000), 0.5);  // step-based warmup
+  // Decay from the 2000 tokens the warmup's steps consumed: a quarter of the way at 4000.
+  EXPECT_NEAR(learning_rate(c, 20, 4000, 2000), 1.0 - 0.9 * 0.25, 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 20, 10001, 2000), 0.1);
+}
+
 TEST(LossScaler, HysteresisThenHalve) {
   LossScaleConfig lc;
   lc.initial_scale_power = 4;

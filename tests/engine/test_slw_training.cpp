@@ -43,7 +43,8 @@ engine::TrainConfig tiny(int iters, int lo = 0, int hi = 0) {
 }
 
 struct SlwRun {
-  std::vector<double> losses;
+  std::vector<double> losses, lrs;
+  std::string exit_reason;
   std::vector<int> seqlens;
   std::vector<float> params;
   long long tokens = 0;
@@ -58,7 +59,8 @@ SlwRun train(engine::TrainConfig c, const comm::Communicator& comm) {
   SlwRun r;
   r.loaded = t.load_checkpoint();
   auto s = t.train(data, nullptr);
-  for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.seqlens.push_back(st.seqlen);
+  for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.seqlens.push_back(st.seqlen), r.lrs.push_back(st.learning_rate);
+  r.exit_reason = s.exit_reason;
   r.params = t.gather_params();
   r.tokens = t.consumed_tokens();
   return r;
@@ -130,6 +132,26 @@ TEST(SequenceLengthWarmup, DataParallelMatchesOneRank) {
   for (size_t i = 0; i < one.losses.size(); ++i)
     EXPECT_NEAR(dp.losses[i], one.losses[i], 1e-5 * std::fabs(one.losses[i])) << "step " << i + 1;
   EXPECT_EQ(dp.tokens, one.tokens);
+}
+
+// --train-tokens stops at the step whose tokens reach it; --lr-decay-tokens decays by the tokens
+// through each step (4 x 4, 4 x 4, 4 x 8, ...: 16, 32, 64, 96, 128), from the end of a 2-step warmup.
+TEST(SequenceLengthWarmup, TokenBudgetAndTokenDecay) {
+  auto c = tiny(10, 4, 16);
+  c.train_tokens = 100;
+  c.lr_warmup_iters = 2;
+  c.lr_decay_tokens = 160;
+  c.lr_style = engine::LrStyle::linear;
+  const SlwRun r = train(c, world());
+  EXPECT_EQ(r.exit_reason, "train_tokens");
+  ASSERT_EQ(r.losses.size(), 5u);  // 96 < 100 <= 128
+  EXPECT_EQ(r.tokens, 128);
+  const double through[] = {16, 32, 64, 96, 128}, warm_end = 32;
+  EXPECT_DOUBLE_EQ(r.lrs[0], c.lr * 1 / 2);
+  EXPECT_DOUBLE_EQ(r.lrs[1], c.lr);
+  for (int i = 2; i < 5; ++i)
+    EXPECT_NEAR(r.lrs[i], c.min_lr + (1 - (through[i] - warm_end) / (160 - warm_end)) * (c.lr - c.min_lr), 1e-12)
+        << "step " << i + 1;
 }
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -29,5 +29,9 @@ double to_double(const std::string& flag, const std::string& v);
 void add_run_record_flags(FlagTable& table);
 /// ds_config's wall_clock_breakdown, tensorboard and csv_monitor blocks (keys as DeepSpeed's).
 void apply_ds_monitors(JsonSection& root, TrainConfig& cfg);
+/// --data-efficiency-curriculum-learning, --lr-warmup-tokens, --lr-decay-tokens, --train-tokens.
+void add_data_efficiency_flags(FlagTable& table);
+/// Their checks (and the curriculum's), from TrainConfig::finalize.
+void finalize_data_efficiency(TrainConfig& cfg);
 
 }  // namespace hpct::engine::detail

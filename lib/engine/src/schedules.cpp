@@ -7,7 +7,7 @@
 
 namespace hpct::engine {
 
-double learning_rate(const TrainConfig& c, long long step) {
+double learning_rate(const TrainConfig& c, long long step, double tokens, double warmup_end_tokens) {
   const double W = (double)c.lr_warmup_iters;
   const double t = (double)step;
   switch (c.lr_style) {
@@ -40,8 +40,22 @@ double learning_rate(const TrainConfig& c, long long step) {
   }
   // Megatron's OptimizerParamScheduler: linear warmup from 0, then decay to min_lr.
   const double it = t + 1;  // Megatron counts the step being taken from 1
-  if (W > 0 && it <= W) return c.lr * it / W;
+  if (c.lr_warmup_tokens > 0) {
+    if (tokens <= c.lr_warmup_tokens) return c.lr * tokens / c.lr_warmup_tokens;
+  } else if (W > 0 && it <= W) {
+    return c.lr * it / W;
+  }
   if (c.lr_style == LrStyle::constant) return c.lr;
+  if (c.lr_decay_tokens > 0) {  // Megatron-DeepSpeed's token-wise decay, from the warmup's end
+    const double Dt = (double)c.lr_decay_tokens;
+    if (tokens > Dt) return c.min_lr;
+    const double Wt = c.lr_warmup_tokens > 0 ? (double)c.lr_warmup_tokens : warmup_end_tokens;
+    if (c.lr_style == LrStyle::inverse_square_root)
+      return std::max(c.min_lr, c.lr * std::sqrt(std::max(1.0, Wt)) / std::sqrt(std::max(tokens, 1.0)));
+    const double ratio = std::clamp((tokens - Wt) / std::max(1.0, Dt - Wt), 0.0, 1.0);
+    const double coeff = c.lr_style == LrStyle::cosine ? 0.5 * (std::cos(M_PI * ratio) + 1.0) : 1.0 - ratio;
+    return c.min_lr + coeff * (c.lr - c.min_lr);
+  }
   const double D = (double)c.lr_decay_iters;
   if (it > D) return c.min_lr;
   if (c.lr_style == LrStyle::inverse_square_root) {

@@ -150,7 +150,6 @@ const FlagTable& flag_table() {
       {"--keep-last", {true, [](TrainConfig& c, const std::string& v) { c.keep_last = to_i32("--keep-last", v); }, "keep only the newest K checkpoints (0: all)"}},
       {"--async-save", {false, [](TrainConfig& c, const std::string&) { c.async_save = true; }, "interval saves: copy the state to host memory and write it in the background while training goes on"}},
       {"--deepspeed", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts"}},
-      {"--data-efficiency-curriculum-learning", {false, [](TrainConfig& c, const std::string&) { c.curriculum_flag = true; }, "Megatron-DeepSpeed's switch for the ds_config's data_efficiency curriculum (sequence-length warmup; docs/data-efficiency.md)"}},
       // --estimate-memory and its cluster shape (docs/zero.md); a bad value names its flag.
       {"--estimate-memory", {false, [](TrainConfig& c, const std::string&) { c.estimate.enabled = true; }, "print memory per device/host/NVMe for ZeRO stages 0-3 and offloads, then exit"}},
       {"--estimate-nodes", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nodes = to_i32("--estimate-nodes", v); if (c.estimate.nodes <= 0) throw config_error("--estimate-nodes", "--estimate-nodes must be positive, got " + v); }, "estimate: nodes (default 1)"}},
@@ -160,6 +159,7 @@ const FlagTable& flag_table() {
       {"--estimate-nvme", {true, [](TrainConfig& c, const std::string& v) { c.estimate.nvme_gb = to_double("--estimate-nvme", v); if (!(c.estimate.nvme_gb >= 0)) throw config_error("--estimate-nvme", "--estimate-nvme must be >= 0 GB, got " + v); }, "estimate: NVMe GB per node (default: free disk here)"}},
   };
   add_run_record_flags(t);  // run records: TensorBoard, CSV, timers (train_config_records.cpp)
+  add_data_efficiency_flags(t);  // curriculum switch, token-based schedule (train_config_data_efficiency.cpp)
   return t;
   }();
   return t;
@@ -410,12 +410,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
 
 void TrainConfig::finalize(int dp) {
   model.validate();
-  curriculum.validate(model.max_seq_length, ds_config_path);
-  if (curriculum_flag && !curriculum.enabled)
-    throw config_error("--data-efficiency-curriculum-learning",
-                       "--data-efficiency-curriculum-learning needs an enabled curriculum in the ds_config",
-                       "set data_efficiency.data_sampling.curriculum_learning (seqlen_truncate) or curriculum_learning "
-                       "in the --deepspeed_config file (docs/data-efficiency.md)");
+  finalize_data_efficiency(*this);
   if (mock_data) {
     if (!data_path.empty()) throw config_error("--mock-data", "--mock-data and --data-path are exclusive");
   } else if (data_path.empty()) {
@@ -533,6 +528,9 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"lr", c.lr},
           {"min_lr", c.min_lr},
           {"lr_warmup_iters", c.lr_warmup_iters},
+          {"lr_warmup_tokens", c.lr_warmup_tokens},
+          {"lr_decay_tokens", c.lr_decay_tokens},
+          {"train_tokens", c.train_tokens},
           {"lr_decay_iters", c.lr_decay_iters},
           {"lr_style", static_cast<int>(c.lr_style)},
           {"adam_beta1", c.beta1},

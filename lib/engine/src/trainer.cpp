@@ -80,6 +80,10 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   if (cfg_.async_save && !cfg_.save_dir.empty()) map_staging();
   scaler_ = LossScaler(cfg_.loss_scale, cfg_.precision == PrecisionMode::fp16);
   const int T = cfg_.model.max_seq_length;
+  // Step-based warmup with token-based decay: the decay starts from the tokens of the warmup's
+  // steps (Megatron-DeepSpeed records them when the warmup ends; here they follow from the schedule).
+  for (long long it = 0; it < cfg_.lr_warmup_iters; ++it)
+    warmup_end_tokens_ += double(cfg_.global_batch) * cfg_.curriculum.seqlen(it, T);
   sample_buf_.resize(T + 1);
   tokens_.resize((size_t)cfg_.micro_batch * T);
   targets_.resize((size_t)cfg_.micro_batch * T);
@@ -224,12 +228,13 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale) {
   rec.grad_norm = overflow ? NAN : std::sqrt(sumsq) / scale;
   if (!ok) {
     rec.skipped = true;
-    rec.learning_rate = learning_rate(cfg_, adam_step_);
+    rec.learning_rate = learning_rate(cfg_, adam_step_, double(consumed_tokens_ + GB * T), warmup_end_tokens_);
     return;
   }
   double clip = 1.0;
   if (cfg_.clip_grad > 0 && rec.grad_norm > cfg_.clip_grad) clip = cfg_.clip_grad / (rec.grad_norm + 1e-6);
-  const double lr = learning_rate(cfg_, adam_step_);
+  // Token-based schedules see the tokens through this step (as steps count the one being taken).
+  const double lr = learning_rate(cfg_, adam_step_, double(consumed_tokens_ + GB * T), warmup_end_tokens_);
   rec.learning_rate = lr;
   ++adam_step_;
   parallel::AdamParams ap;
@@ -392,9 +397,12 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     interval_tokens += double(cfg_.global_batch) * rec.seqlen;
     interval_flops += model_->flops_per_iteration(cfg_.global_batch, rec.seqlen);
     run_tokens += double(cfg_.global_batch) * rec.seqlen;
+    // --train-tokens: this is the last step once that many tokens are consumed (Megatron-DeepSpeed).
+    const bool tokens_done = cfg_.train_tokens > 0 && consumed_tokens_ >= cfg_.train_tokens;
+    const bool final_step = it + 1 == cfg_.train_iters || tokens_done;
     sum.steps.push_back(rec);
     if (records) records->iteration(it + 1, iteration_scalars(rec, rc, cfg_.global_batch));
-    if ((it + 1) % cfg_.log_interval == 0 || it + 1 == cfg_.train_iters) {
+    if ((it + 1) % cfg_.log_interval == 0 || final_step) {
       const double trained = interval.seconds() - excluded;
       double secs = trained / n_steps_in_interval;
       double tps = interval_tokens / trained;
@@ -454,7 +462,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       interval.reset();
       excluded = 0;
     }
-    if (valid && cfg_.eval_iters > 0 && ((it + 1) % cfg_.eval_interval == 0 || it + 1 == cfg_.train_iters)) {
+    if (valid && cfg_.eval_iters > 0 && ((it + 1) % cfg_.eval_interval == 0 || final_step)) {
       Timer ev;
       run_evaluation(it + 1);
       excluded += ev.seconds();  // evaluation time is not training throughput
@@ -462,7 +470,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     // Save and stop decisions are taken together by all ranks (a signal may reach only some).
     bool signalled = saving && grid_.world().allreduce_max(g_stop_flag ? 1.0 : 0.0) > 0;
     bool exit_now = signalled || (cfg_.exit_interval > 0 && (it + 1) % cfg_.exit_interval == 0);
-    bool last = it + 1 == cfg_.train_iters;
+    bool last = final_step;
     Timer ckpt;  // saving is not training throughput either: its time goes to the checkpoint timer
     if (async_) {  // a background save finished? (one tiny all-reduce per iteration while one runs)
       TrainSummary::Save rec;
@@ -493,6 +501,14 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       if (root)
         std::cout << (signalled ? "> stop requested by a signal: " : "> exit interval reached: ")
                   << "exiting after iteration " << it + 1 << std::endl;
+      ++it;
+      break;
+    }
+    if (tokens_done) {
+      sum.exit_reason = "train_tokens";
+      if (root)
+        std::cout << "> --train-tokens reached: " << consumed_tokens_ << " tokens consumed after iteration " << it + 1
+                  << std::endl;
       ++it;
       break;
     }

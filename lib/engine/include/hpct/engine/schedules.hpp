@@ -7,8 +7,10 @@
 
 namespace hpct::engine {
 
-/// Learning rate for optimizer step `step` (0-based: the step about to be taken).
-double learning_rate(const TrainConfig& cfg, long long step);
+/// Learning rate for optimizer step `step` (0-based: the step about to be taken). With
+/// --lr-warmup-tokens / --lr-decay-tokens (Megatron-DeepSpeed) warmup and decay follow `tokens`, the
+/// tokens consumed through this step; warmup_end_tokens is where a step-based warmup ended in tokens.
+double learning_rate(const TrainConfig& cfg, long long step, double tokens = 0, double warmup_end_tokens = 0);
 
 /// DeepSpeed/Megatron dynamic loss scaling: on overflow skip the step and (after `hysteresis`
 /// overflows) halve the scale; after `window` clean steps double it. A static scale never moves.

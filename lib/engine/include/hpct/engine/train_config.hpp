@@ -59,6 +59,9 @@ struct TrainConfig {
   double min_lr = 0;
   long long lr_warmup_iters = 0;
   long long lr_decay_iters = 0;  // 0 = train_iters
+  // Megatron-DeepSpeed's token-based schedule (0: not given): warmup and decay by consumed tokens,
+  // and a stop when --train-tokens are consumed (what sequence-length warmup is paired with).
+  long long lr_warmup_tokens = 0, lr_decay_tokens = 0, train_tokens = 0;
   LrStyle lr_style = LrStyle::linear;
   double ds_warmup_min_lr = 0, ds_warmup_max_lr = 0.001, ds_warmup_min_ratio = 0, ds_cos_min_ratio = 0.0001;
   bool ds_warmup_log = true;

@@ -55,7 +55,7 @@ struct TrainSummary {
   long long skipped_iterations = 0;
   long long start_iteration = 0;       // > 0 when resumed from a checkpoint
   long long last_iteration = 0;        // the iteration training stopped after
-  std::string exit_reason = "completed";  // "completed", "exit_interval", "signal"
+  std::string exit_reason = "completed";  // "completed", "exit_interval", "signal", "train_tokens"
   std::vector<std::string> saved;      // checkpoint files written, in order
   struct Save {
     long long iteration = 0;
@@ -171,6 +171,7 @@ class Trainer {
   long long iteration_ = 0;          // optimizer steps taken, including skipped ones
   long long sample_base_ = 0;        // consumed samples - iteration * global batch (batch size changes)
   long long consumed_tokens_ = 0;    // training tokens so far (sequence-length warmup: the truncated lengths)
+  double warmup_end_tokens_ = 0;     // tokens of the --lr-warmup-iters steps (token-based decay starts there)
   long long skipped_ = 0, nan_iters_ = 0;
   std::unique_ptr<detail::PhaseClock> clock_;
   bool want_state_norms_ = false;  // this step also reports the optimizer states' norms  // this rank's phase times since the last log line
