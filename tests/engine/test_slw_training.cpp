@@ -43,6 +43,7 @@ engine::TrainConfig tiny(int iters, int lo = 0, int hi = 0) {
 }
 
 struct SlwRun {
+  size_t act_start = 0, act_end = 0;  // the model's activation bytes before and after training
   std::vector<double> losses, lrs;
   std::string exit_reason;
   std::vector<int> seqlens;
@@ -58,7 +59,9 @@ SlwRun train(engine::TrainConfig c, const comm::Communicator& comm) {
   engine::Trainer t(c, grid);
   SlwRun r;
   r.loaded = t.load_checkpoint();
+  r.act_start = t.model().activation_bytes();
   auto s = t.train(data, nullptr);
+  r.act_end = t.model().activation_bytes();
   for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.seqlens.push_back(st.seqlen), r.lrs.push_back(st.learning_rate);
   r.exit_reason = s.exit_reason;
   r.params = t.gather_params();
@@ -90,6 +93,10 @@ TEST(SequenceLengthWarmup, TrainsAtTheScheduledLengths) {
   for (int T : want) tokens += 4LL * T;
   EXPECT_EQ(slw.tokens, tokens);
   EXPECT_NE(slw.losses[0], base.losses[0]) << "the first step did not truncate";
+  // The full length's activations are taken before the first (short) step and never grow.
+  EXPECT_GT(slw.act_start, 0u);
+  EXPECT_EQ(slw.act_end, slw.act_start);
+  EXPECT_EQ(slw.act_end, base.act_end);
   for (double l : slw.losses) EXPECT_TRUE(std::isfinite(l));
 }
 

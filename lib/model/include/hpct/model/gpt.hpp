@@ -162,6 +162,9 @@ class Gpt {
   /// The tensor-parallel collectives since construction (bytes all-reduced; TensorParallel).
   const TensorParallel& tensor_parallel() const { return tp_; }
 
+  /// Allocates the activations for micro-batches up to B x T now, so that shorter ones (sequence-length
+  /// warmup) reuse them and the peak is taken at the start. Throws as a step of that shape would.
+  void reserve(int B, int T) { ensure_workspace(B, T); }
   /// Bytes of activations and scratch currently allocated (grows to the largest (B, T) seen), in the
   /// backend's memory, with the scratch the backend keeps for its ops (OpsBackend::scratch_bytes).
   size_t activation_bytes() const;
