@@ -3,11 +3,33 @@
 #pragma once
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
 
 #include "hpct/comm/mpi.hpp"
 #include "hpct/kernels/backend.hpp"
 
 namespace hpct::test {
+
+/// MPI_COMM_WORLD as a Communicator (after mpi_gtest_main has started MPI).
+inline const comm::Communicator& world() {
+  static comm::Communicator w = comm::Communicator::world();
+  return w;
+}
+
+/// A scratch directory shared by all ranks of `comm` (named by rank 0's pid and `tag`), created empty.
+inline std::string shared_dir(const comm::Communicator& comm, const std::string& tag) {
+  std::string d;
+  if (comm.rank() == 0) {
+    d = (std::filesystem::temp_directory_path() / ("hpct_test_" + std::to_string(::getpid()) + "_" + tag)).string();
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directories(d);
+  }
+  comm.bcast_string(d, 0);
+  return d;
+}
 
 inline int mpi_gtest_main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mount.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -19,12 +18,16 @@
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/trainer.hpp"
+#include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/kernels/backend.hpp"
 
 using namespace hpct;
 namespace fs = std::filesystem;
+
+using test::shared_dir;
+using test::world;
 
 namespace {
 
@@ -52,18 +55,6 @@ RunOut train(engine::TrainConfig c, const comm::Communicator& comm) {
   return r;
 }
 
-// A scratch directory shared by all ranks of `comm` (named by rank 0's pid), removed at the end.
-std::string shared_dir(const comm::Communicator& comm, const std::string& tag) {
-  std::string d;
-  if (comm.rank() == 0) {
-    d = (fs::temp_directory_path() / ("hpct_ckpt_" + std::to_string(::getpid()) + "_" + tag)).string();
-    fs::remove_all(d);
-    fs::create_directories(d);
-  }
-  comm.bcast_string(d, 0);
-  return d;
-}
-
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -71,11 +62,6 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "no error";
-}
-
-const comm::Communicator& world() {
-  static comm::Communicator w = comm::Communicator::world();
-  return w;
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 // - On 2 ranks (data parallel, ZeRO-1) it equals the one-rank run within 1e-5 relative on every
 //   loss: gradients are summed in MPI's order instead of one rank's (fp32 rounding, ~1e-7).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -23,11 +22,9 @@
 using namespace hpct;
 namespace fs = std::filesystem;
 
+using test::world;
+
 namespace {
-const comm::Communicator& world() {
-  static comm::Communicator w = comm::Communicator::world();
-  return w;
-}
 
 engine::TrainConfig tiny(int iters, int lo = 0, int hi = 0) {
   engine::TrainConfig c = test::tiny_gpt(iters, 2, 4);  // seq 16
@@ -102,13 +99,7 @@ TEST(SequenceLengthWarmup, TrainsAtTheScheduledLengths) {
 
 TEST(SequenceLengthWarmup, ResumeMidScheduleIsExact) {
   const auto& w = world();
-  std::string d;
-  if (w.rank() == 0) {
-    d = (fs::temp_directory_path() / ("hpct_slw_" + std::to_string(::getpid()))).string();
-    fs::remove_all(d);
-    fs::create_directories(d);
-  }
-  w.bcast_string(d, 0);
+  const std::string d = test::shared_dir(w, "slw");
   const SlwRun whole = train(tiny(10, 4, 16), w);
   auto first = tiny(4, 4, 16);
   first.save_dir = d;

@@ -21,7 +21,6 @@
 // one-rank run, same tolerance: the norms' weight gradients become per-rank partial sums added
 // across ranks, another fp32 order. With recomputation, ZeRO, and the MoE.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -38,11 +37,10 @@
 using namespace hpct;
 namespace fs = std::filesystem;
 
+using test::shared_dir;
+using test::world;
+
 namespace {
-const comm::Communicator& world() {
-  static comm::Communicator w = comm::Communicator::world();
-  return w;
-}
 
 engine::TrainConfig tiny(int iters, bool moe = false) {
   engine::TrainConfig c = test::tiny_gpt(iters, 2, 12);  // 4 heads, vocab 101 (padded 104)
@@ -104,16 +102,6 @@ void expect_close(const TpRun& got, const TpRun& ref, const std::string& what) {
   EXPECT_TRUE(got.replicas_equal) << what << ": a replica differs across the tensor-parallel group";
 }
 
-std::string shared_dir(const comm::Communicator& comm, const std::string& tag) {
-  std::string d;
-  if (comm.rank() == 0) {
-    d = (fs::temp_directory_path() / ("hpct_tp_" + std::to_string(::getpid()) + "_" + tag)).string();
-    fs::remove_all(d);
-    fs::create_directories(d);
-  }
-  comm.bcast_string(d, 0);
-  return d;
-}
 }  // namespace
 
 TEST(TensorParallelTraining, GptMatchesOneRankAtEveryLayoutAndStage) {

@@ -35,11 +35,9 @@
 
 using namespace hpct;
 
+using test::world;
+
 namespace {
-const comm::Communicator& world() {
-  static comm::Communicator w = comm::Communicator::world();
-  return w;
-}
 
 model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false) {
   model::GptConfig c;

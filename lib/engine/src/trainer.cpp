@@ -351,7 +351,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   long long& skipped = skipped_;
   long long& nan_iters = nan_iters_;
   // Tokens and model FLOPs of the interval's steps at their real lengths (sequence-length warmup).
-  double interval_tokens = 0, interval_flops = 0, run_tokens = 0;
+  double interval_tokens = 0, interval_flops = 0;
+  const long long tokens_at_start = consumed_tokens_;
   const bool saving = !cfg_.save_dir.empty();
   if (saving) install_save_on_signal_handlers();
   sum.start_iteration = iteration_;
@@ -398,7 +399,6 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     ++n_steps_in_interval;
     interval_tokens += double(cfg_.global_batch) * rec.seqlen;
     interval_flops += model_->flops_per_iteration(cfg_.global_batch, rec.seqlen);
-    run_tokens += double(cfg_.global_batch) * rec.seqlen;
     // --train-tokens: this is the last step once that many tokens are consumed (Megatron-DeepSpeed).
     const bool tokens_done = cfg_.train_tokens > 0 && consumed_tokens_ >= cfg_.train_tokens;
     const bool final_step = it + 1 == cfg_.train_iters || tokens_done;
@@ -526,7 +526,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   sum.last_iteration = it;
   sum.seconds = total.seconds();
   sum.skipped_iterations = skipped;
-  sum.tokens_per_second = run_tokens / sum.seconds;
+  sum.tokens_per_second = double(consumed_tokens_ - tokens_at_start) / sum.seconds;
   // Peak resident memory of every rank (measured, VmHWM), gathered everywhere for the summary.
   sum.peak_rss_per_rank = grid_.world().allgather((double)peak_rss_bytes());
   for (double v : sum.peak_rss_per_rank) sum.peak_rss_bytes = std::max<uint64_t>(sum.peak_rss_bytes, (uint64_t)v);
