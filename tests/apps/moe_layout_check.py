@@ -8,7 +8,8 @@ bitwise: with EP > 1 an expert's GEMM takes the rows of several ranks' micro-bat
 gradients are summed in another order (observed differences ~1e-9 relative; 1e-6 leaves margin for
 BLAS blocking while still catching any routing or reduction error, which moves losses by >1e-4).
 Top-2 without token dropping and residual MoE with Jitter are compared the same way on (2,2,1) and
-(4,4,2). Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
+(4,4,2); TED's T=2 x E=2 on 4 ranks with and without duplicate token dropping too (and the two
+against each other exactly, with their all-to-all bytes). Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
 iterations 3-4 must match the uninterrupted run. Also: the bad-flag errors name their flag.
 """
 import json
@@ -77,6 +78,36 @@ for name, extra in [("top-2, no token dropping", ["--topk", "2", "--disable-moe-
         good = ok and rc == 0 and len(got) == len(vref) and all(
             close(r[k], g[k]) for r, g in zip(vref, got) for k in ("lm_loss", "moe_loss", "grad_norm"))
         c.check(good, f"{name}: {np} ranks, EP {ep}, ZeRO {zero} equal the single-rank run")
+
+# TED: tensor x expert parallelism (T=2 x E=2 on 4 ranks) with duplicate token dropping (default)
+# and without; both equal the single-rank run, and each other exactly (it moves rows, not
+# arithmetic). Bytes from the summaries: the two tensor-parallel ranks of a pair send, together,
+# the rows one of them sends without it; the counts exchange ((E-1) x El ints per MoE layer and
+# micro-batch: 2 layers x 2 micro-batches per step here) is the same for both.
+ted = {}
+for dtd in (True, False):
+    tag = "ted" if dtd else "ted_nodtd"
+    js = os.path.join(a.workdir, tag + ".json")
+    extra = ["--tensor-model-parallel-size", "2", "--json", js] + ([] if dtd else ["--disable-duplicate-token-dropping"])
+    rc, got = run(4, 2, 1, extra, tag=tag)
+    ok = rc == 0 and len(got) == len(ref) and all(close(r[k], g[k]) for r, g in zip(ref, got)
+                                                  for k in ("lm_loss", "moe_loss", "grad_norm"))
+    c.check(ok, f"T=2 x E=2 x D=1 {'with' if dtd else 'without'} duplicate token dropping equals the single-rank run")
+    ted[dtd] = (got, json.load(open(js)) if rc == 0 else {})
+(on, son), (off, soff) = ted[True], ted[False]
+c.check(son.get("moe", {}).get("duplicate_token_dropping") is True and soff.get("moe", {}).get("duplicate_token_dropping") is False,
+        "the summary says whether duplicate token dropping ran")
+c.check(len(on) == 4 and [g["lm_loss"] for g in on] == [g["lm_loss"] for g in off] and
+        [g["grad_norm"] for g in on] == [g["grad_norm"] for g in off], "duplicate token dropping changes no loss or gradient norm")
+if son and soff:
+    a_on, a_off = son["moe"]["alltoall_bytes_per_step_per_rank"], soff["moe"]["alltoall_bytes_per_step_per_rank"]
+    counts = 2 * 2 * (2 - 1) * 2 * 4
+    pairs = [(0, 1), (2, 3)]
+    c.check(all((a_on[i] - counts) + (a_on[j] - counts) == a_off[i] - counts == a_off[j] - counts for i, j in pairs),
+            f"all-to-all bytes per step: with dropping {a_on}, without {a_off}; each tensor-parallel pair's sum equals one rank's")
+    g_on = son["moe"]["tp_gather_bytes_per_step_per_rank"]
+    c.check(all(v > 0 for v in g_on) and soff["moe"]["tp_gather_bytes_per_step_per_rank"] == [0, 0, 0, 0],
+            f"only duplicate token dropping gathers over the tensor-parallel group ({g_on} bytes per step)")
 
 # Checkpoints across EP: save at iteration 2 on 2 ranks with EP 2, resume elsewhere.
 ck = os.path.join(a.workdir, "ckpt")

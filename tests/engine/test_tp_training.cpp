@@ -225,6 +225,63 @@ TEST(TensorParallelTraining, CheckpointMovesBetweenSizes) {
   if (w.rank() == 0) fs::remove_all(d);
 }
 
+// TED: the three 4-rank grids of tensor x expert x data parallelism (T=2 x E=2, T=2 x D=2 and
+// E=2 x D=2) against one rank, ZeRO 0-3 on the full grid; duplicate token dropping (on by
+// default) against its absence bitwise (it moves rows, not arithmetic: test_ted.cpp); and a T=2 x
+// E=2 checkpoint resumed on one rank and at T=1 x E=1 x D=4.
+TEST(TensorParallelTraining, TedGridsMatchOneRank) {
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "the TED grids need 4 ranks";
+  const TpRun ref = train(tiny(10, true), comm::Communicator::self(), 1);
+  for (int stage : {0, 1, 2, 3}) {
+    auto c = tiny(10, true);
+    c.zero.stage = stage;
+    c.zero.param_persistence_threshold = 0;
+    const TpRun got = train(c, w, 2, 2);
+    expect_close(got, ref, "MoE T=2 x E=2 ZeRO-" + std::to_string(stage));
+    if (stage != 1) continue;
+    c.model.moe.drop_duplicate_tokens = false;
+    const TpRun plain = train(c, w, 2, 2);
+    EXPECT_EQ(plain.losses, got.losses) << "duplicate token dropping changed a loss";
+    EXPECT_EQ(std::memcmp(plain.params.data(), got.params.data(), got.params.size() * 4), 0)
+        << "duplicate token dropping changed a weight";
+  }
+  auto c = tiny(10, true);
+  c.zero.stage = 2;
+  expect_close(train(c, w, 2, 1), ref, "MoE T=2 x D=2 ZeRO-2");
+  expect_close(train(c, w, 1, 2), ref, "MoE E=2 x D=2 ZeRO-2");
+}
+
+TEST(TensorParallelTraining, TedCheckpointResumesOnOneRank) {
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "the TED grid needs 4 ranks";
+  const std::string d = shared_dir(w, "ted");
+  auto c = tiny(3, true);
+  c.save_dir = d;
+  const TpRun saved = train(c, w, 2, 2);
+  const TpRun whole = train(tiny(6, true), w, 2, 2);
+  auto cont = [&](int tp, int ep, const comm::Communicator& comm, int iters) {
+    auto k = tiny(iters, true);
+    k.load_path = d;
+    return train(k, comm, tp, ep);
+  };
+  const TpRun same = cont(2, 2, w, 6);
+  ASSERT_EQ(same.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(same.losses[i], whole.losses[3 + i]) << "step " << i + 4;
+  TpRun ref = whole;
+  ref.losses.erase(ref.losses.begin(), ref.losses.begin() + 3);
+  ref.grad_norms.clear();
+  const comm::Communicator self = comm::Communicator::self();
+  for (const comm::Communicator* comm : {&self, &w}) {
+    const std::string what = "T=2 x E=2 checkpoint on " + std::to_string(comm->size()) + " rank(s) at T=1 x E=1";
+    const TpRun at = cont(1, 1, *comm, 3);
+    EXPECT_EQ(std::memcmp(at.params.data(), saved.params.data(), saved.params.size() * 4), 0) << what;
+    expect_close(cont(1, 1, *comm, 6), ref, what);
+  }
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
+}
+
 TEST(TensorParallelTraining, BadLayoutsNameTheFlag) {
   const auto& w = world();
   auto c = tiny(1);

@@ -140,6 +140,19 @@ void Communicator::allgather_blocks(float* data, size_t n) const {
   HPCT_CHECK_MPI(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(n), MPI_FLOAT, comm_));
 }
 
+void Communicator::allgatherv_rows(float* data, const std::vector<int>& rows, int width) const {
+  if (size_ == 1) return;
+  std::vector<int> counts(size_), displs(size_);
+  long long at = 0;
+  for (int i = 0; i < size_; ++i) {
+    const long long n = (long long)rows[i] * width;
+    if (at + n > INT_MAX) throw Error("allgatherv_rows: more than 2^31 elements; use smaller micro-batches");
+    counts[i] = (int)n, displs[i] = (int)at;
+    at += n;
+  }
+  HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), MPI_FLOAT, comm_));
+}
+
 void Communicator::reduce_scatter_blocks(const float* send, float* recv, size_t n) const {
   if (size_ == 1) {
     if (recv != send) std::memmove(recv, send, n * sizeof(float));

@@ -155,7 +155,13 @@ static int run(int argc, char** argv, bool require_moe) {
                 << (m.residual ? ", residual MoE" : "") << ", capacity factor " << m.train_capacity_factor << " (eval "
                 << m.eval_capacity_factor << "), " << (m.drop_tokens ? "token dropping" : "no token dropping")
                 << "; expert-parallel size " << cfg.moe_ep << " (" << grid.expert_dp().size()
-                << " ranks hold each expert; expert gradients reduced over them only)\n";
+                << " ranks hold each expert; expert gradients reduced over them only)"
+                << (trainer.model().drops_duplicate_tokens()
+                        ? "; duplicate token dropping: each of the " + std::to_string(grid.tp().size()) +
+                              " tensor-parallel ranks sends 1/" + std::to_string(grid.tp().size()) +
+                              " of the routed rows, then an all-gather over them"
+                        : std::string())
+                << "\n";
     }
     if (cfg.curriculum.enabled) {
       const auto& cl = cfg.curriculum;
@@ -202,6 +208,8 @@ static int run(int argc, char** argv, bool require_moe) {
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
   std::vector<double> a2a = world.allgather(trainer.model().alltoall_bytes() /
                                             std::max<double>(1, double(s.last_iteration - s.start_iteration)));
+  const std::vector<double> moe_gather = world.allgather(
+      trainer.model().moe_tp_gather_bytes() / std::max<double>(1, double(s.last_iteration - s.start_iteration)));
   const auto& tr = trainer.zero().swap_traffic();
   const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));
   // Tensor parallelism: the activations' all-reduces (f and g) per step, against Megatron's count
@@ -289,7 +297,11 @@ static int run(int argc, char** argv, bool require_moe) {
                         {"layers", s.steps.empty() ? nlohmann::json(nullptr) : s.steps.back().moe_layers},
                         // bytes each rank sent to other ranks in MoE all-to-alls (two per MoE layer in
                         // forward, two in backward; evaluation's too), averaged over the steps run
-                        {"alltoall_bytes_per_step_per_rank", a2a}};
+                        {"alltoall_bytes_per_step_per_rank", a2a},
+                        // TED (tensor and expert parallelism): each tensor-parallel rank sends 1/T of
+                        // the rows and the tensor-parallel group all-gathers them (bytes received)
+                        {"duplicate_token_dropping", trainer.model().drops_duplicate_tokens()},
+                        {"tp_gather_bytes_per_step_per_rank", moe_gather}};
     }
     if (grid.tp().size() > 1)
       summary["tensor_parallel"] = {{"size", grid.tp().size()},

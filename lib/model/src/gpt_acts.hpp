@@ -56,8 +56,8 @@ struct Gpt::MoeActs {
   std::vector<float> logits;    // (N, E)
   Routing routing;
   std::vector<int32_t> pos;     // (N, K) row of each route in the send buffer, -1 = dropped
-  std::vector<int> send_rows, recv_rows;  // per ep rank
-  std::vector<int> recv_counts;           // (ep, El): rows from source s for local expert j
+  std::vector<int> send_counts;  // (ep, El) = (E): rows to expert e = d*El + j (its kept load)
+  std::vector<int> recv_counts;  // (ep, El): rows from source s for local expert j
   std::vector<float> rows;      // (R, C) received rows, grouped by local expert
   std::vector<float> fch, fch_gelu;  // (R, 4C)
   std::vector<float> y;         // (R, C) expert outputs

@@ -62,7 +62,94 @@ void regroup(const float* in, float* out, const std::vector<int>& counts, int ra
     else std::memcpy(out + src_major[i] * C, in + start[i] * C, n * sizeof(float));
   }
 }
+
+// Duplicate token dropping (TED): every tensor-parallel rank routes the same rows, so each sends
+// only its share of every run of rows (a run: one (rank, local expert) pair's rows, counts[i]) and
+// the tensor-parallel group gathers the shares back after the all-to-all. Rank t of T takes rows
+// [c*t/T, c*(t+1)/T) of a run of c: the shares partition the run whatever c (no padding to a
+// multiple of T as DeepSpeed's capacity split needs).
+long long share_lo(long long c, int t, int T) { return c * t / T; }
+
+std::vector<int> share_counts(const std::vector<int>& counts, int t, int T) {
+  std::vector<int> out(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i)
+    out[i] = static_cast<int>(share_lo(counts[i], t + 1, T) - share_lo(counts[i], t, T));
+  return out;
+}
+
+// full: runs packed in order; part: rank t's share of each run, packed in the same order.
+void take_share(const float* full, float* part, const std::vector<int>& counts, int t, int T, int C) {
+  size_t at = 0, out = 0;
+  for (int c : counts) {
+    const long long lo = share_lo(c, t, T), hi = share_lo(c, t + 1, T);
+    std::memcpy(part + out * C, full + (at + lo) * C, (size_t)(hi - lo) * C * sizeof(float));
+    out += hi - lo, at += c;
+  }
+}
+
+// gathered: every rank's part (take_share) in rank order; full: the runs whole again.
+void join_shares(const float* gathered, float* full, const std::vector<int>& counts, int T, int C) {
+  const float* in = gathered;
+  for (int t = 0; t < T; ++t) {
+    size_t at = 0;
+    for (int c : counts) {
+      const long long lo = share_lo(c, t, T), hi = share_lo(c, t + 1, T);
+      std::memcpy(full + (at + lo) * C, in, (size_t)(hi - lo) * C * sizeof(float));
+      in += (hi - lo) * C, at += c;
+    }
+  }
+}
+
+// Rows per ep rank of runs indexed (rank, local expert).
+std::vector<int> rows_per_rank(const std::vector<int>& counts, int ranks) {
+  const int local = static_cast<int>(counts.size()) / ranks;
+  std::vector<int> out(ranks, 0);
+  for (int d = 0; d < ranks; ++d)
+    for (int j = 0; j < local; ++j) out[d] += counts[d * local + j];
+  return out;
+}
 }  // namespace
+
+bool Gpt::drops_duplicate_tokens() const { return cfg_.moe.drop_duplicate_tokens && tp_.enabled() && ep_size_ > 1; }
+
+// One all-to-all of expert rows: to the experts (in: send layout, runs send_counts; out: receive
+// layout, runs recv_counts) or back (the reverse). With duplicate token dropping each
+// tensor-parallel rank exchanges its share only and the group gathers the rest.
+void Gpt::moe_exchange(const MoeActs& m, const float* in, float* out, int C, bool to_experts) {
+  const std::vector<int>& rin = to_experts ? m.send_counts : m.recv_counts;
+  const std::vector<int>& rout = to_experts ? m.recv_counts : m.send_counts;
+  const int P = ep_size_;
+  auto count_sent = [&](const std::vector<int>& rows) {
+    for (int d = 0; d < P; ++d)
+      if (d != ep_rank_) alltoall_bytes_ += (double)rows[d] * C * sizeof(float);
+  };
+  if (!drops_duplicate_tokens()) {
+    const std::vector<int> sr = rows_per_rank(rin, P), rr = rows_per_rank(rout, P);
+    count_sent(sr);
+    if (P > 1) ep_->alltoallv_rows(in, sr, out, rr, C);
+    else std::memcpy(out, in, (size_t)sr[0] * C * sizeof(float));
+    return;
+  }
+  const int T = tp_.size(), t = tp_.rank();
+  const std::vector<int> sin = share_counts(rin, t, T), sout = share_counts(rout, t, T);
+  const std::vector<int> sr = rows_per_rank(sin, P), rr = rows_per_rank(sout, P);
+  size_t ns = 0, total = 0;
+  for (int v : sr) ns += v;
+  for (int v : rout) total += v;
+  std::vector<int> pieces(T);  // rows each tensor-parallel rank received
+  size_t before = 0;
+  for (int u = 0; u < T; ++u) {
+    for (int v : share_counts(rout, u, T)) pieces[u] += v;
+    if (u < t) before += pieces[u];
+  }
+  std::vector<float> part(ns * C), gathered(total * C);
+  take_share(in, part.data(), rin, t, T, C);
+  count_sent(sr);
+  ep_->alltoallv_rows(part.data(), sr, gathered.data() + before * C, rr, C);
+  tp_.gather_rows(gathered.data(), pieces, C);
+  moe_tp_gather_bytes_ += double(total - pieces[t]) * C * sizeof(float);
+  join_shares(gathered.data(), out, rout, T, C);
+}
 
 Gpt::MoeActs& Gpt::moe_acts(int set) {
   if (moe_acts_.size() <= static_cast<size_t>(set)) moe_acts_.resize(set + 1);
@@ -127,21 +214,20 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
       std::memcpy(&send[p * C], x + (size_t)n * C, C * sizeof(float));
     }
   // Counts: rows of (dest rank d, its local expert j), and what comes back from each source.
-  std::vector<int> sc(P * El), rc(P * El);
-  for (int e = 0; e < E; ++e) sc[e] = r.load[e];  // expert e = d*El + j
-  if (P > 1) ep_->alltoall(sc.data(), rc.data(), El);
-  else rc = sc;
-  m.recv_counts = rc;
-  m.send_rows.assign(P, 0);
-  m.recv_rows.assign(P, 0);
-  for (int d = 0; d < P; ++d)
-    for (int j = 0; j < El; ++j) m.send_rows[d] += sc[d * El + j], m.recv_rows[d] += rc[d * El + j];
+  std::vector<int>& sc = m.send_counts;
+  std::vector<int>& rc = m.recv_counts;
+  sc.assign(r.load.begin(), r.load.end());  // expert e = d*El + j
+  rc.resize(P * El);
+  if (P > 1) {
+    ep_->alltoall(sc.data(), rc.data(), El);
+    alltoall_bytes_ += double(P - 1) * El * sizeof(int);
+  } else {
+    rc = sc;
+  }
   size_t R = 0;
   for (int v : rc) R += v;
   std::vector<float> recv(R * C);
-  if (P > 1) ep_->alltoallv_rows(send.data(), m.send_rows, recv.data(), m.recv_rows, C);
-  else recv.swap(send);
-  note_alltoall(m, C);
+  moe_exchange(m, send.data(), recv.data(), C, /*to_experts=*/true);
   m.rows.resize(R * C);
   regroup(recv.data(), m.rows.data(), rc, P, El, C, true);
 
@@ -166,8 +252,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   std::vector<float> back(R * C);
   regroup(m.y.data(), back.data(), rc, P, El, C, false);
   m.yback.resize(S * C);
-  if (P > 1) ep_->alltoallv_rows(back.data(), m.recv_rows, m.yback.data(), m.send_rows, C);
-  else m.yback.swap(back);
+  moe_exchange(m, back.data(), m.yback.data(), C, /*to_experts=*/false);
   float* moe_out = out;
   if (cfg_.moe.residual) {
     m.moe_out.assign((size_t)N * C, 0.0f);
@@ -263,8 +348,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   // To the experts, their backward, and the input gradients back.
   const size_t R = m.rows.size() / C;
   std::vector<float> recv(R * C), dy(R * C);
-  if (P > 1) ep_->alltoallv_rows(dyback.data(), m.send_rows, recv.data(), m.recv_rows, C);
-  else recv = dyback;
+  moe_exchange(m, dyback.data(), recv.data(), C, /*to_experts=*/true);
   regroup(recv.data(), dy.data(), m.recv_counts, P, El, C, true);
   std::vector<float> drows(R * C, 0.0f), dscratch(R * 4 * C), dscratch2(R * 4 * C);
   size_t row = 0;
@@ -284,9 +368,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   }
   std::vector<float> back(R * C), dsend(S * C);
   regroup(drows.data(), back.data(), m.recv_counts, P, El, C, false);
-  if (P > 1) ep_->alltoallv_rows(back.data(), m.recv_rows, dsend.data(), m.send_rows, C);
-  else dsend.swap(back);
-  note_alltoall(m, C);
+  moe_exchange(m, back.data(), dsend.data(), C, /*to_experts=*/false);
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) {
       const int i = n * K + k;
@@ -325,17 +407,6 @@ void Gpt::note_routing(int moe_index, const Routing& r) {
   s.micro_batches += 1;
   for (size_t i = 0; i < r.expert.size(); ++i)
     s.routing_hash += splitmix64((uint64_t)i << 32 ^ (uint64_t)(uint32_t)r.expert[i] << 16 ^ (uint64_t)(uint32_t)(r.slot[i] + 1));
-}
-
-void Gpt::note_alltoall(const MoeActs& m, int C) {
-  // What this rank sends to other ranks in one pair of exchanges (there and back): the counts and
-  // the rows of every other rank. Forward and backward each call it once per MoE layer.
-  if (ep_size_ <= 1) return;
-  double rows = 0;
-  for (int d = 0; d < ep_size_; ++d)
-    if (d != ep_rank_) rows += m.send_rows[d] + m.recv_rows[d];
-  const int El = static_cast<int>(m.recv_counts.size()) / ep_size_;
-  alltoall_bytes_ += rows * C * sizeof(float) + double(ep_size_ - 1) * El * sizeof(int);
 }
 
 }  // namespace hpct::model

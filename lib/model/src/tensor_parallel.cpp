@@ -41,6 +41,10 @@ void TensorParallel::reduce_partial_grads(float* g, size_t n) {
   count(double(n) * sizeof(float), 2, false);
 }
 
+void TensorParallel::gather_rows(float* data, const std::vector<int>& rows, int width) {
+  if (comm_ && size_ > 1) comm_->allgatherv_rows(data, rows, width);
+}
+
 void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B,
                                        int T, int C, int vstart, int vrows, float* scratch) {
   const size_t N = (size_t)B * T;

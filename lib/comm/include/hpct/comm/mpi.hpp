@@ -112,6 +112,10 @@ class Communicator {
   /// Collective over this comm: data holds size() blocks of n floats; rank r gives block r (in
   /// place) and every rank ends with all of them (MPI_Allgather). size() * n must fit an int.
   void allgather_blocks(float* data, size_t n) const;
+  /// Collective over this comm: data holds every rank's rows of `width` floats packed in rank
+  /// order, rows[r] of them from rank r; rank r gives its own (in place) and every rank ends with
+  /// all of them (MPI_Allgatherv). rows must be the same on every rank; the total must fit an int.
+  void allgatherv_rows(float* data, const std::vector<int>& rows, int width) const;
   /// Collective over this comm: send holds size() blocks of n floats; rank r receives into recv the
   /// element-wise sum of every rank's block r (MPI_Reduce_scatter_block). size() * n must fit an int.
   void reduce_scatter_blocks(const float* send, float* recv, size_t n) const;

@@ -60,6 +60,7 @@ struct MoeConfig {
   std::string noisy_gate_policy = "None";  // None | Jitter | RSample
   double loss_coeff = 0.1;       // --moe-loss-coeff
   double z_loss_coeff = 0;       // --moe-z-loss-coeff (router z-loss; DeepSpeed has none)
+  bool drop_duplicate_tokens = true;  // TED's DTD; --disable-duplicate-token-dropping clears it
 
   /// Experts of layer l (0-based) of a num_layers model; 0 = the dense MLP.
   int experts_of(int layer, int num_layers) const;
@@ -157,8 +158,14 @@ class Gpt {
   };
   const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats() { moe_stats_.clear(); }
-  /// Bytes this rank sent to other ranks in MoE all-to-alls since construction.
+  /// Bytes this rank sent to other ranks in MoE all-to-alls since construction (rows and counts).
   double alltoall_bytes() const { return alltoall_bytes_; }
+  /// Duplicate token dropping (TED; tensor and expert parallelism together, unless
+  /// --disable-duplicate-token-dropping): each tensor-parallel rank sends 1/T of the routed rows
+  /// through the all-to-all and the tensor-parallel group all-gathers them. The bytes this rank
+  /// received from the other tensor-parallel ranks in those gathers since construction.
+  bool drops_duplicate_tokens() const;
+  double moe_tp_gather_bytes() const { return moe_tp_gather_bytes_; }
   /// The tensor-parallel collectives since construction (bytes all-reduced; TensorParallel).
   const TensorParallel& tensor_parallel() const { return tp_; }
 
@@ -213,7 +220,7 @@ class Gpt {
                     int N);
   MoeActs& moe_acts(int set);
   void note_routing(int moe_index, const Routing& r);
-  void note_alltoall(const MoeActs& m, int C);
+  void moe_exchange(const MoeActs& m, const float* in, float* out, int C, bool to_experts);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
   static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
@@ -239,7 +246,7 @@ class Gpt {
   uint64_t routing_seed_ = 0;
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
   float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
-  double alltoall_bytes_ = 0;
+  double alltoall_bytes_ = 0, moe_tp_gather_bytes_ = 0;
   PhaseSeconds phase_;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;

@@ -1,0 +1,125 @@
+// TED's MoE exchange on a tensor x expert grid (4 ranks: T = 2, E = 2), model level.
+//
+// Duplicate token dropping changes who sends which rows, not what any expert computes: every
+// expert still runs on all of its rows in the same order (the tensor-parallel group gathers the
+// shares back before the GEMMs), so a model with it and one without, from the same weights and
+// tokens, give bitwise the same loss and gradients. The bytes are checked against the formula:
+// - all-to-all: the shares partition every run of rows, so the rows the T ranks of a
+//   tensor-parallel group send with it sum to what one of them sends without (the counts
+//   exchange, (E-1) x El ints per MoE layer, is the same for both);
+// - the gathers: in each of the 4 exchanges per MoE layer (2 forward, 2 backward) a rank receives
+//   every row of the output but its own share, so over the group they sum to (T-1) x the rows
+//   that arrive: 2 x (rows routed here + rows this rank's experts receive), from the layer's stats.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "../engine/mpi_gtest_main.hpp"
+#include "hpct/comm/process_grid.hpp"
+#include "hpct/core/rng.hpp"
+#include "hpct/model/gpt.hpp"
+
+using namespace hpct;
+using test::world;
+
+namespace {
+
+model::GptConfig tiny(bool dtd, int topk) {
+  model::GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_heads = 4;
+  c.max_seq_length = 8;
+  c.vocab_size = 29;
+  c.vocab_multiple = 8;
+  c.init_std = 0.2;
+  c.tensor_parallel = 2;
+  c.moe.num_experts = {4};
+  c.moe.expert_interval = 2;
+  c.moe.topk = topk;
+  c.moe.second_expert_sampling = false;
+  c.moe.train_capacity_factor = 0.75;  // some routes dropped, uneven loads: shares of odd runs
+  c.moe.min_capacity = 1;
+  c.moe.drop_duplicate_tokens = dtd;
+  return c;
+}
+
+struct Result {
+  double loss = 0, a2a = 0, gathered = 0;
+  std::vector<float> grads;
+  std::vector<long long> load;
+};
+
+Result run(const comm::ProcessGrid& grid, bool dtd, int topk) {
+  model::Gpt g(tiny(dtd, topk), kernels::Precision::fp32, false, nullptr, &grid.ep(), &grid.tp());
+  EXPECT_EQ(g.drops_duplicate_tokens(), dtd);
+  std::vector<float> p(g.layout().numel()), d(p.size(), 0.0f);
+  g.init_params(p.data(), 42);
+  // Each expert-parallel rank its own tokens (the tensor-parallel pair the same ones).
+  const int B = 2, S = 8;
+  std::vector<int32_t> tok(B * S), tgt(B * S);
+  Rng rng(7 + grid.ep().rank());
+  for (int i = 0; i < B * S; ++i) tok[i] = (int)rng.below(29), tgt[i] = (int)rng.below(29);
+  model::FlatParamStore store(g.layout(), p.data(), d.data());
+  g.set_routing_seed(3 + grid.ep().rank());
+  Result r;
+  r.loss = g.forward_backward(store, tok.data(), tgt.data(), B, S, 0.05f);
+  r.grads = d;
+  r.a2a = g.alltoall_bytes();
+  r.gathered = g.moe_tp_gather_bytes();
+  r.load = g.moe_stats().at(0).load;
+  return r;
+}
+
+TEST(Ted, DuplicateTokenDroppingChangesNoBitAndDividesTheAllToAll) {
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks (T = 2 x E = 2)";
+  comm::ProcessGrid grid(w, 2, 2);
+  for (int topk : {1, 2}) {
+    const Result on = run(grid, true, topk), off = run(grid, false, topk);
+    EXPECT_EQ(on.loss, off.loss) << "top-" << topk;
+    ASSERT_EQ(on.grads.size(), off.grads.size());
+    EXPECT_EQ(std::memcmp(on.grads.data(), off.grads.data(), on.grads.size() * 4), 0) << "top-" << topk << " gradients";
+
+    const int C = 16, El = 2, T = 2, E = 2;
+    const double counts = double(E - 1) * El * sizeof(int);  // one counts exchange, forward
+    double on_rows = on.a2a - counts, off_rows = off.a2a - counts, sum_on = on_rows;
+    grid.tp().allreduce_sum(&sum_on, 1);
+    EXPECT_EQ(sum_on, off_rows) << "top-" << topk << ": the shares do not partition the rows";
+    EXPECT_GT(off_rows, 0.0);
+    EXPECT_LT(on_rows, off_rows);
+    if (w.rank() == 0)
+      std::printf("top-%d: all-to-all row bytes per rank %.0f with dropping, %.0f without (%.3fx)\n", topk, on_rows,
+                  off_rows, off_rows / on_rows);
+
+    // Rows routed from here (S) and rows that reach this rank's experts (R), from the routing stats.
+    std::vector<double> load(on.load.begin(), on.load.end());
+    double sent = 0;
+    for (double v : load) sent += v;
+    grid.ep().allreduce_sum(load.data(), load.size());
+    double received = 0;
+    for (int j = 0; j < El; ++j) received += load[grid.ep().rank() * El + j];
+    double gathered = on.gathered;
+    grid.tp().allreduce_sum(&gathered, 1);
+    EXPECT_EQ(gathered, (T - 1) * 2.0 * (sent + received) * C * sizeof(float)) << "top-" << topk;
+    EXPECT_EQ(off.gathered, 0.0);
+  }
+}
+
+TEST(Ted, NoDroppingWithoutBothAxes) {
+  // Tensor parallelism alone (no all-to-all to save) or expert parallelism alone (no duplicates).
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  comm::ProcessGrid tp_only(w, 4, 1), ep_only(w, 1, 4);
+  auto c = tiny(true, 1);
+  c.tensor_parallel = 4;
+  model::Gpt a(c, kernels::Precision::fp32, false, nullptr, nullptr, &tp_only.tp());
+  EXPECT_FALSE(a.drops_duplicate_tokens());
+  c.tensor_parallel = 1;
+  model::Gpt b(c, kernels::Precision::fp32, false, nullptr, &ep_only.ep(), nullptr);
+  EXPECT_FALSE(b.drops_duplicate_tokens());
+}
+
+}  // namespace
+int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }
