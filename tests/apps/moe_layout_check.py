@@ -94,6 +94,10 @@ for dtd in (True, False):
                                                   for k in ("lm_loss", "moe_loss", "grad_norm"))
     c.check(ok, f"T=2 x E=2 x D=1 {'with' if dtd else 'without'} duplicate token dropping equals the single-rank run")
     ted[dtd] = (got, json.load(open(js)) if rc == 0 else {})
+rc, got = run(4, 2, 3, ["--tensor-model-parallel-size", "2", "--enable-expert-tensor-parallelism"], tag="ted_etp")
+c.check(rc == 0 and len(got) == len(ref) and all(close(r[k], g[k]) for r, g in zip(ref, got)
+                                                 for k in ("lm_loss", "moe_loss", "grad_norm")),
+        "T=2 x E=2 with experts split over the tensor-parallel group, ZeRO 3, equals the single-rank run")
 (on, son), (off, soff) = ted[True], ted[False]
 c.check(son.get("moe", {}).get("duplicate_token_dropping") is True and soff.get("moe", {}).get("duplicate_token_dropping") is False,
         "the summary says whether duplicate token dropping ran")
@@ -105,8 +109,8 @@ if son and soff:
     pairs = [(0, 1), (2, 3)]
     c.check(all((a_on[i] - counts) + (a_on[j] - counts) == a_off[i] - counts == a_off[j] - counts for i, j in pairs),
             f"all-to-all bytes per step: with dropping {a_on}, without {a_off}; each tensor-parallel pair's sum equals one rank's")
-    g_on = son["moe"]["tp_gather_bytes_per_step_per_rank"]
-    c.check(all(v > 0 for v in g_on) and soff["moe"]["tp_gather_bytes_per_step_per_rank"] == [0, 0, 0, 0],
+    g_on = son["moe"]["tp_bytes_per_step_per_rank"]
+    c.check(all(v > 0 for v in g_on) and soff["moe"]["tp_bytes_per_step_per_rank"] == [0, 0, 0, 0],
             f"only duplicate token dropping gathers over the tensor-parallel group ({g_on} bytes per step)")
 
 # Checkpoints across EP: save at iteration 2 on 2 ranks with EP 2, resume elsewhere.

@@ -228,7 +228,8 @@ TEST(TensorParallelTraining, CheckpointMovesBetweenSizes) {
 // TED: the three 4-rank grids of tensor x expert x data parallelism (T=2 x E=2, T=2 x D=2 and
 // E=2 x D=2) against one rank, ZeRO 0-3 on the full grid; duplicate token dropping (on by
 // default) against its absence bitwise (it moves rows, not arithmetic: test_ted.cpp); and a T=2 x
-// E=2 checkpoint resumed on one rank and at T=1 x E=1 x D=4.
+// E=2 checkpoint resumed on one rank and at T=1 x E=1 x D=4; the same with experts split over the
+// tensor-parallel group (--enable-expert-tensor-parallelism).
 TEST(TensorParallelTraining, TedGridsMatchOneRank) {
   const auto& w = world();
   if (w.size() != 4) GTEST_SKIP() << "the TED grids need 4 ranks";
@@ -250,6 +251,14 @@ TEST(TensorParallelTraining, TedGridsMatchOneRank) {
   c.zero.stage = 2;
   expect_close(train(c, w, 2, 1), ref, "MoE T=2 x D=2 ZeRO-2");
   expect_close(train(c, w, 1, 2), ref, "MoE E=2 x D=2 ZeRO-2");
+  // --enable-expert-tensor-parallelism: experts split like the dense MLP, ZeRO over their parts.
+  c.model.moe.expert_tensor_parallel = true;
+  for (int stage : {1, 3}) {
+    c.zero.stage = stage;
+    expect_close(train(c, w, 2, 2), ref, "MoE T=2 x E=2 expert-tensor-parallel ZeRO-" + std::to_string(stage));
+  }
+  c.zero.stage = 2;
+  expect_close(train(c, w, 2, 1), ref, "MoE T=2 x D=2 expert-tensor-parallel ZeRO-2");
 }
 
 TEST(TensorParallelTraining, TedCheckpointResumesOnOneRank) {
@@ -257,11 +266,15 @@ TEST(TensorParallelTraining, TedCheckpointResumesOnOneRank) {
   if (w.size() != 4) GTEST_SKIP() << "the TED grid needs 4 ranks";
   const std::string d = shared_dir(w, "ted");
   auto c = tiny(3, true);
+  c.model.moe.expert_tensor_parallel = true;  // saved as parts; loaded whole at T=1
   c.save_dir = d;
   const TpRun saved = train(c, w, 2, 2);
-  const TpRun whole = train(tiny(6, true), w, 2, 2);
+  auto straight = tiny(6, true);
+  straight.model.moe.expert_tensor_parallel = true;
+  const TpRun whole = train(straight, w, 2, 2);
   auto cont = [&](int tp, int ep, const comm::Communicator& comm, int iters) {
     auto k = tiny(iters, true);
+    k.model.moe.expert_tensor_parallel = tp > 1;
     k.load_path = d;
     return train(k, comm, tp, ep);
   };
@@ -273,7 +286,7 @@ TEST(TensorParallelTraining, TedCheckpointResumesOnOneRank) {
   ref.grad_norms.clear();
   const comm::Communicator self = comm::Communicator::self();
   for (const comm::Communicator* comm : {&self, &w}) {
-    const std::string what = "T=2 x E=2 checkpoint on " + std::to_string(comm->size()) + " rank(s) at T=1 x E=1";
+    const std::string what = "T=2 x E=2 expert-tensor-parallel checkpoint on " + std::to_string(comm->size()) + " rank(s) at T=1 x E=1";
     const TpRun at = cont(1, 1, *comm, 3);
     EXPECT_EQ(std::memcmp(at.params.data(), saved.params.data(), saved.params.size() * 4), 0) << what;
     expect_close(cont(1, 1, *comm, 6), ref, what);

@@ -25,7 +25,7 @@ using test::world;
 
 namespace {
 
-model::GptConfig tiny(bool dtd, int topk) {
+model::GptConfig tiny(bool dtd, int topk, bool etp = false) {
   model::GptConfig c;
   c.num_layers = 2;
   c.hidden_size = 16;
@@ -42,6 +42,7 @@ model::GptConfig tiny(bool dtd, int topk) {
   c.moe.train_capacity_factor = 0.75;  // some routes dropped, uneven loads: shares of odd runs
   c.moe.min_capacity = 1;
   c.moe.drop_duplicate_tokens = dtd;
+  c.moe.expert_tensor_parallel = etp;
   return c;
 }
 
@@ -51,8 +52,8 @@ struct Result {
   std::vector<long long> load;
 };
 
-Result run(const comm::ProcessGrid& grid, bool dtd, int topk) {
-  model::Gpt g(tiny(dtd, topk), kernels::Precision::fp32, false, nullptr, &grid.ep(), &grid.tp());
+Result run(const comm::ProcessGrid& grid, bool dtd, int topk, bool etp = false) {
+  model::Gpt g(tiny(dtd, topk, etp), kernels::Precision::fp32, false, nullptr, &grid.ep(), &grid.tp());
   EXPECT_EQ(g.drops_duplicate_tokens(), dtd);
   std::vector<float> p(g.layout().numel()), d(p.size(), 0.0f);
   g.init_params(p.data(), 42);
@@ -67,7 +68,7 @@ Result run(const comm::ProcessGrid& grid, bool dtd, int topk) {
   r.loss = g.forward_backward(store, tok.data(), tgt.data(), B, S, 0.05f);
   r.grads = d;
   r.a2a = g.alltoall_bytes();
-  r.gathered = g.moe_tp_gather_bytes();
+  r.gathered = g.moe_tp_bytes();
   r.load = g.moe_stats().at(0).load;
   return r;
 }
@@ -104,6 +105,34 @@ TEST(Ted, DuplicateTokenDroppingChangesNoBitAndDividesTheAllToAll) {
     grid.tp().allreduce_sum(&gathered, 1);
     EXPECT_EQ(gathered, (T - 1) * 2.0 * (sent + received) * C * sizeof(float)) << "top-" << topk;
     EXPECT_EQ(off.gathered, 0.0);
+  }
+}
+
+// Tensor-parallel experts: the partial outputs (and input gradients) are reduce-scattered into the
+// shares with dropping, all-reduced without. At T = 2 either sums two numbers, a + b = b + a
+// bitwise, so the two still agree exactly. Bytes per rank in the MoE tensor-parallel collectives:
+// with dropping, a reduce-scatter of the outputs going back (each rank sends the others' shares) and
+// the all-gathers as above; without, a ring all-reduce of them, 2(T-1)/T x the rows.
+TEST(Ted, ExpertTensorParallelWithAndWithoutDropping) {
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks (T = 2 x E = 2)";
+  comm::ProcessGrid grid(w, 2, 2);
+  for (int topk : {1, 2}) {
+    const Result on = run(grid, true, topk, true), off = run(grid, false, topk, true);
+    EXPECT_EQ(on.loss, off.loss) << "top-" << topk;
+    EXPECT_EQ(std::memcmp(on.grads.data(), off.grads.data(), on.grads.size() * 4), 0) << "top-" << topk << " gradients";
+    const double row = 16 * sizeof(float);
+    std::vector<double> load(on.load.begin(), on.load.end());
+    double sent = 0, received = 0;
+    for (double v : load) sent += v;
+    grid.ep().allreduce_sum(load.data(), load.size());
+    for (int j = 0; j < 2; ++j) received += load[grid.ep().rank() * 2 + j];
+    // Without dropping: the outputs (received rows) forward and the input gradients backward, all-reduced.
+    EXPECT_DOUBLE_EQ(off.gathered, 2 * 2.0 * (2 - 1) / 2 * received * row) << "top-" << topk;
+    // With: over the pair, the gathers as before plus reduce-scatters sending the other's share of the same rows.
+    double pair = on.gathered;
+    grid.tp().allreduce_sum(&pair, 1);
+    EXPECT_EQ(pair, (2.0 * (sent + received) + 2.0 * received) * row) << "top-" << topk;
   }
 }
 

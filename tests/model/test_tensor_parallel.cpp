@@ -39,8 +39,9 @@ using test::world;
 
 namespace {
 
-model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false) {
+model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false) {
   model::GptConfig c;
+  c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
   c.hidden_size = 16;
@@ -74,14 +75,16 @@ std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& loca
   return full;
 }
 
-void check_model(bool moe, bool residual, bool sp = false) {
+void check_model(bool moe, bool residual, bool sp = false, bool etp = false) {
   const auto& w = world();
   const int T = w.size();
   model::Gpt ref(tiny(1, moe, residual), kernels::Precision::fp32, false);
-  model::Gpt par(tiny(T, moe, residual, sp), kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
+  model::Gpt par(tiny(T, moe, residual, sp, etp), kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
   std::vector<float> rp(ref.layout().numel()), rg(rp.size(), 0.0f), pp(par.layout().numel()), pg(pp.size(), 0.0f);
   ref.init_params(rp.data(), 42);
   par.init_params(pp.data(), 42);
+  if (etp && T > 1)
+    EXPECT_EQ(par.layout().find("layers.1.mlp.experts.0.dense_h_to_4h.weight").numel, 4u * 16 * 16 / T) << "experts not split";
   const std::vector<float> assembled = assemble(par.layout(), pp, w);
   ASSERT_EQ(assembled.size(), rp.size());
   EXPECT_EQ(std::memcmp(assembled.data(), rp.data(), rp.size() * 4), 0) << "a part is not its slice of the T=1 init";
@@ -108,8 +111,8 @@ void check_model(bool moe, bool residual, bool sp = false) {
     at += t.numel;
   }
   if (w.rank() == 0)
-    std::printf("T=%d%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
-                sp ? " sequence-parallel" : "", lp, lr, worst_all / gmax);
+    std::printf("T=%d%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
+                sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", lp, lr, worst_all / gmax);
   // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
   for (const auto& t : par.layout().tensors()) {
     if (t.partitioned()) continue;
@@ -119,7 +122,8 @@ void check_model(bool moe, bool residual, bool sp = false) {
   }
   // Megatron's count: 2 all-reduces of (B*s, h) per layer forward and 2 backward, plus the
   // embedding's (forward) and the LM head's input gradient (backward). A standard MoE layer has
-  // only the attention's (its experts are not split); a residual one adds its dense MLP's.
+  // only the attention's (its experts are not split, or split and counted by the MoE layer itself); a
+  // residual one adds its dense MLP's.
   const double act = double(B) * S * 16 * sizeof(float);  // one (B*s, h) buffer
   const int per_layer = moe && !residual ? 4 + 2 : 4 + 4;
   const double ring = 2.0 * (T - 1) / T;  // an all-reduce's bytes per rank on a ring, per payload byte
@@ -149,6 +153,12 @@ TEST(TensorParallel, ResidualMoeMatchesUnsplitModel) { check_model(true, true); 
 TEST(TensorParallel, SequenceParallelGptMatchesUnsplitModel) { check_model(false, false, true); }
 TEST(TensorParallel, SequenceParallelMoeMatchesUnsplitModel) { check_model(true, false, true); }
 TEST(TensorParallel, SequenceParallelResidualMoeMatchesUnsplitModel) { check_model(true, true, true); }
+
+// --enable-expert-tensor-parallelism: every expert split like the dense MLP (fc column-, fc2
+// row-parallel; the partial outputs summed over the group before they go back to their tokens).
+TEST(TensorParallel, ExpertTensorParallelMoeMatchesUnsplitModel) { check_model(true, false, false, true); }
+TEST(TensorParallel, ExpertTensorParallelResidualMoeMatchesUnsplitModel) { check_model(true, true, false, true); }
+TEST(TensorParallel, ExpertTensorParallelSequenceParallelMoeMatchesUnsplitModel) { check_model(true, false, true, true); }
 
 TEST(TensorParallel, SequenceParallelRefusesRowsItCannotSplit) {
   const auto& w = world();

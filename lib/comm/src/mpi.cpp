@@ -153,6 +153,22 @@ void Communicator::allgatherv_rows(float* data, const std::vector<int>& rows, in
   HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), MPI_FLOAT, comm_));
 }
 
+void Communicator::reduce_scatterv_rows(const float* send, float* recv, const std::vector<int>& rows, int width) const {
+  std::vector<int> counts(size_);
+  long long at = 0;
+  for (int i = 0; i < size_; ++i) {
+    const long long n = (long long)rows[i] * width;
+    if (at + n > INT_MAX) throw Error("reduce_scatterv_rows: more than 2^31 elements; use smaller micro-batches");
+    counts[i] = (int)n;
+    at += n;
+  }
+  if (size_ == 1) {
+    if (recv != send) std::memmove(recv, send, (size_t)counts[0] * sizeof(float));
+    return;
+  }
+  HPCT_CHECK_MPI(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_));
+}
+
 void Communicator::reduce_scatter_blocks(const float* send, float* recv, size_t n) const {
   if (size_ == 1) {
     if (recv != send) std::memmove(recv, send, n * sizeof(float));

@@ -161,6 +161,10 @@ static int run(int argc, char** argv, bool require_moe) {
                               " tensor-parallel ranks sends 1/" + std::to_string(grid.tp().size()) +
                               " of the routed rows, then an all-gather over them"
                         : std::string())
+                << (cfg.model.moe.expert_tensor_parallel && grid.tp().size() > 1
+                        ? "; experts split over the " + std::to_string(grid.tp().size()) +
+                              " tensor-parallel ranks like the dense MLP"
+                        : std::string())
                 << "\n";
     }
     if (cfg.curriculum.enabled) {
@@ -177,7 +181,10 @@ static int run(int argc, char** argv, bool require_moe) {
       std::cout << "> tensor parallel: each layer split over " << grid.tp().size()
                 << " ranks (QKV by heads and fc column-parallel, attention output and fc2 row-parallel, vocab-parallel "
                    "embedding and loss; norms, positions"
-                << (cfg.model.moe.enabled(cfg.model.num_layers) ? ", routers and experts" : "") << " replicated); ZeRO and "
+                << (!cfg.model.moe.enabled(cfg.model.num_layers) ? ""
+                    : cfg.model.moe.expert_tensor_parallel    ? " and routers replicated, experts split like fc and fc2"
+                                                              : ", routers and experts")
+                << (cfg.model.moe.expert_tensor_parallel ? "" : " replicated") << "); ZeRO and "
                 << "gradient reduction over the " << grid.dp().size() << " data-parallel ranks of each tensor-parallel index"
                 << (cfg.model.sequence_parallel ? "; sequence parallel: norms and residuals on 1/" + std::to_string(grid.tp().size()) +
                                                       " of the tokens, all-gather/reduce-scatter in place of the all-reduces"
@@ -208,8 +215,8 @@ static int run(int argc, char** argv, bool require_moe) {
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
   std::vector<double> a2a = world.allgather(trainer.model().alltoall_bytes() /
                                             std::max<double>(1, double(s.last_iteration - s.start_iteration)));
-  const std::vector<double> moe_gather = world.allgather(
-      trainer.model().moe_tp_gather_bytes() / std::max<double>(1, double(s.last_iteration - s.start_iteration)));
+  const std::vector<double> moe_tp = world.allgather(
+      trainer.model().moe_tp_bytes() / std::max<double>(1, double(s.last_iteration - s.start_iteration)));
   const auto& tr = trainer.zero().swap_traffic();
   const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));
   // Tensor parallelism: the activations' all-reduces (f and g) per step, against Megatron's count
@@ -299,9 +306,10 @@ static int run(int argc, char** argv, bool require_moe) {
                         // forward, two in backward; evaluation's too), averaged over the steps run
                         {"alltoall_bytes_per_step_per_rank", a2a},
                         // TED (tensor and expert parallelism): each tensor-parallel rank sends 1/T of
-                        // the rows and the tensor-parallel group all-gathers them (bytes received)
+                        // the rows and the tensor-parallel group all-gathers them; tensor-parallel
+                        // experts sum their outputs over it: ring bytes per rank of those collectives
                         {"duplicate_token_dropping", trainer.model().drops_duplicate_tokens()},
-                        {"tp_gather_bytes_per_step_per_rank", moe_gather}};
+                        {"tp_bytes_per_step_per_rank", moe_tp}};
     }
     if (grid.tp().size() > 1)
       summary["tensor_parallel"] = {{"size", grid.tp().size()},

@@ -157,10 +157,12 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
         std::string ep = p + "mlp.experts." + std::to_string(e);
         layout.begin_block(ep, ReduceGroup::expert);
         o.expert_blocks.push_back(static_cast<int>(layout.blocks().size()) - 1);
-        // Experts stay whole on a rank: every tensor-parallel rank holds the same ones.
-        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true, rep);
-        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false, rep);
-        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true, rep);
+        // Experts stay whole on a rank (every tensor-parallel rank holds the same ones), or with
+        // --enable-expert-tensor-parallelism are split like the dense MLP.
+        const bool split = cfg.moe.expert_tensor_parallel;
+        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true, split ? col : rep);
+        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false, split ? col : rep);
+        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true, split ? row : rep);
         layout.add(ep + ".dense_4h_to_h.bias", {C}, false, rep);
       }
     }
@@ -202,7 +204,8 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   build_layout(cfg_, tp_.rank(), layout_, &blocks_, &wte_, &wpe_, &lnfw_, &lnfb_);
   final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
   const size_t C = cfg_.hidden_size;
-  ex_ = ExpertOffsets{0, 4 * C * C, 4 * C * C + 4 * C, 8 * C * C + 4 * C};
+  const size_t Fe = expert_width();  // 4C, or 4C/T with expert tensor parallelism
+  ex_ = ExpertOffsets{0, Fe * C, Fe * C + Fe, 2 * Fe * C + Fe};
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block& o = blocks_[l];
     if (o.experts == 0) continue;

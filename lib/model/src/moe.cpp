@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
@@ -114,40 +115,50 @@ bool Gpt::drops_duplicate_tokens() const { return cfg_.moe.drop_duplicate_tokens
 
 // One all-to-all of expert rows: to the experts (in: send layout, runs send_counts; out: receive
 // layout, runs recv_counts) or back (the reverse). With duplicate token dropping each
-// tensor-parallel rank exchanges its share only and the group gathers the rest.
-void Gpt::moe_exchange(const MoeActs& m, const float* in, float* out, int C, bool to_experts) {
+// tensor-parallel rank exchanges its share only and the group gathers the rest. `partial` (back
+// only): `in` holds this rank's partial sums of tensor-parallel experts, summed over the group on
+// the way (a reduce-scatter into the shares with dropping, else an all-reduce). `in` is scratch.
+void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial) {
   const std::vector<int>& rin = to_experts ? m.send_counts : m.recv_counts;
   const std::vector<int>& rout = to_experts ? m.recv_counts : m.send_counts;
-  const int P = ep_size_;
+  const int P = ep_size_, T = tp_.size(), t = tp_.rank();
+  const double row = double(C) * sizeof(float);
   auto count_sent = [&](const std::vector<int>& rows) {
     for (int d = 0; d < P; ++d)
-      if (d != ep_rank_) alltoall_bytes_ += (double)rows[d] * C * sizeof(float);
+      if (d != ep_rank_) alltoall_bytes_ += rows[d] * row;
   };
+  auto total = [](const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), size_t(0)); };
   if (!drops_duplicate_tokens()) {
     const std::vector<int> sr = rows_per_rank(rin, P), rr = rows_per_rank(rout, P);
+    if (partial && T > 1) {
+      tp_.moe_all_reduce(in, total(rin) * C);
+      moe_tp_bytes_ += 2.0 * (T - 1) / T * total(rin) * row;  // a ring all-reduce, per rank
+    }
     count_sent(sr);
     if (P > 1) ep_->alltoallv_rows(in, sr, out, rr, C);
     else std::memcpy(out, in, (size_t)sr[0] * C * sizeof(float));
     return;
   }
-  const int T = tp_.size(), t = tp_.rank();
-  const std::vector<int> sin = share_counts(rin, t, T), sout = share_counts(rout, t, T);
-  const std::vector<int> sr = rows_per_rank(sin, P), rr = rows_per_rank(sout, P);
-  size_t ns = 0, total = 0;
-  for (int v : sr) ns += v;
-  for (int v : rout) total += v;
-  std::vector<int> pieces(T);  // rows each tensor-parallel rank received
-  size_t before = 0;
-  for (int u = 0; u < T; ++u) {
-    for (int v : share_counts(rout, u, T)) pieces[u] += v;
-    if (u < t) before += pieces[u];
+  // This rank's share of every run (summed over the group when partial), then the all-to-all.
+  std::vector<int> in_pieces(T), out_pieces(T);
+  for (int u = 0; u < T; ++u) in_pieces[u] = (int)total(share_counts(rin, u, T)), out_pieces[u] = (int)total(share_counts(rout, u, T));
+  std::vector<float> part((size_t)in_pieces[t] * C);
+  if (partial) {
+    std::vector<float> by_rank(total(rin) * C);  // every rank's share of every run, rank-major
+    for (int u = 0, at = 0; u < T; at += in_pieces[u], ++u) take_share(in, &by_rank[(size_t)at * C], rin, u, T, C);
+    tp_.moe_reduce_scatter(by_rank.data(), part.data(), in_pieces, C);
+    moe_tp_bytes_ += double(total(rin) - in_pieces[t]) * row;
+  } else {
+    take_share(in, part.data(), rin, t, T, C);
   }
-  std::vector<float> part(ns * C), gathered(total * C);
-  take_share(in, part.data(), rin, t, T, C);
+  const std::vector<int> sr = rows_per_rank(share_counts(rin, t, T), P), rr = rows_per_rank(share_counts(rout, t, T), P);
+  const size_t before = std::accumulate(out_pieces.begin(), out_pieces.begin() + t, size_t(0));
+  std::vector<float> gathered(total(rout) * C);
   count_sent(sr);
   ep_->alltoallv_rows(part.data(), sr, gathered.data() + before * C, rr, C);
-  tp_.gather_rows(gathered.data(), pieces, C);
-  moe_tp_gather_bytes_ += double(total - pieces[t]) * C * sizeof(float);
+  // The other ranks' shares, and every run whole again.
+  tp_.moe_all_gather(gathered.data(), out_pieces, C);
+  moe_tp_bytes_ += double(total(rout) - out_pieces[t]) * row;
   join_shares(gathered.data(), out, rout, T, C);
 }
 
@@ -231,9 +242,12 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   m.rows.resize(R * C);
   regroup(recv.data(), m.rows.data(), rc, P, El, C, true);
 
-  // Experts: one MLP per local expert over its rows (every source's rows in one GEMM).
-  m.fch.resize(R * 4 * C);
-  m.fch_gelu.resize(R * 4 * C);
+  // Experts: one MLP per local expert over its rows (every source's rows in one GEMM). Tensor-
+  // parallel experts hold F = 4C/T of the hidden width: partial outputs, summed on the way back.
+  const int F = expert_width();
+  const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
+  m.fch.resize(R * F);
+  m.fch_gelu.resize(R * F);
   m.y.resize(R * C);
   size_t row = 0;
   for (int j = 0; j < El; ++j) {
@@ -242,8 +256,8 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     const int b = o.expert_blocks[ep_rank_ * El + j];
     const float* w = store.params(b);
     if (rows > 0)
-      mlp_forward(w + ex_.fcw, w + ex_.fcb, w + ex_.projw, w + ex_.projb, &m.rows[row * C], &m.fch[row * 4 * C],
-                  &m.fch_gelu[row * 4 * C], &m.y[row * C], rows, 4 * C);
+      mlp_forward(w + ex_.fcw, w + ex_.fcb, w + ex_.projw, split ? row_bias(w + ex_.projb) : w + ex_.projb,
+                  &m.rows[row * C], &m.fch[row * F], &m.fch_gelu[row * F], &m.y[row * C], rows, F);
     store.release(b);
     row += rows;
   }
@@ -252,7 +266,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   std::vector<float> back(R * C);
   regroup(m.y.data(), back.data(), rc, P, El, C, false);
   m.yback.resize(S * C);
-  moe_exchange(m, back.data(), m.yback.data(), C, /*to_experts=*/false);
+  moe_exchange(m, back.data(), m.yback.data(), C, /*to_experts=*/false, /*partial=*/split);
   float* moe_out = out;
   if (cfg_.moe.residual) {
     m.moe_out.assign((size_t)N * C, 0.0f);
@@ -350,7 +364,9 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   std::vector<float> recv(R * C), dy(R * C);
   moe_exchange(m, dyback.data(), recv.data(), C, /*to_experts=*/true);
   regroup(recv.data(), dy.data(), m.recv_counts, P, El, C, true);
-  std::vector<float> drows(R * C, 0.0f), dscratch(R * 4 * C), dscratch2(R * 4 * C);
+  const int F = expert_width();
+  const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
+  std::vector<float> drows(R * C, 0.0f), dscratch(R * F), dscratch2(R * F);
   size_t row = 0;
   for (int j = 0; j < El; ++j) {
     int rows = 0;
@@ -360,15 +376,15 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     float* g = store.grads(b);
     if (rows > 0)
       mlp_backward(w + ex_.fcw, w + ex_.projw, g + ex_.fcw, g + ex_.fcb, g + ex_.projw, g + ex_.projb, &m.rows[row * C],
-                   &m.fch[row * 4 * C], &m.fch_gelu[row * 4 * C], &dy[row * C], &drows[row * C], rows,
-                   dscratch.data(), dscratch2.data(), 4 * C);
+                   &m.fch[row * F], &m.fch_gelu[row * F], &dy[row * C], &drows[row * C], rows, dscratch.data(),
+                   dscratch2.data(), F);
     store.release(b);
     store.grads_ready(b);
     row += rows;
   }
   std::vector<float> back(R * C), dsend(S * C);
   regroup(drows.data(), back.data(), m.recv_counts, P, El, C, false);
-  moe_exchange(m, back.data(), dsend.data(), C, /*to_experts=*/false);
+  moe_exchange(m, back.data(), dsend.data(), C, /*to_experts=*/false, /*partial=*/split);
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) {
       const int i = n * K + k;

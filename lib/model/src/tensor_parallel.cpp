@@ -41,8 +41,17 @@ void TensorParallel::reduce_partial_grads(float* g, size_t n) {
   count(double(n) * sizeof(float), 2, false);
 }
 
-void TensorParallel::gather_rows(float* data, const std::vector<int>& rows, int width) {
+void TensorParallel::moe_all_gather(float* data, const std::vector<int>& rows, int width) {
   if (comm_ && size_ > 1) comm_->allgatherv_rows(data, rows, width);
+}
+
+void TensorParallel::moe_reduce_scatter(const float* send, float* mine, const std::vector<int>& rows, int width) {
+  if (comm_ && size_ > 1) comm_->reduce_scatterv_rows(send, mine, rows, width);
+  else std::memmove(mine, send, (size_t)rows[0] * width * sizeof(float));
+}
+
+void TensorParallel::moe_all_reduce(float* x, size_t n) {
+  if (comm_ && size_ > 1) comm_->allreduce_sum(x, n);
 }
 
 void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B,

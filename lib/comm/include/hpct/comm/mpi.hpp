@@ -116,6 +116,10 @@ class Communicator {
   /// order, rows[r] of them from rank r; rank r gives its own (in place) and every rank ends with
   /// all of them (MPI_Allgatherv). rows must be the same on every rank; the total must fit an int.
   void allgatherv_rows(float* data, const std::vector<int>& rows, int width) const;
+  /// Collective over this comm: send holds rows for every rank packed in rank order (rows[r] rows
+  /// of `width` floats for rank r); rank r receives into recv the element-wise sum of every rank's
+  /// rows for it (MPI_Reduce_scatter). rows must be the same on every rank; the total must fit an int.
+  void reduce_scatterv_rows(const float* send, float* recv, const std::vector<int>& rows, int width) const;
   /// Collective over this comm: send holds size() blocks of n floats; rank r receives into recv the
   /// element-wise sum of every rank's block r (MPI_Reduce_scatter_block). size() * n must fit an int.
   void reduce_scatter_blocks(const float* send, float* recv, size_t n) const;

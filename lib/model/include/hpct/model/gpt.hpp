@@ -61,6 +61,7 @@ struct MoeConfig {
   double loss_coeff = 0.1;       // --moe-loss-coeff
   double z_loss_coeff = 0;       // --moe-z-loss-coeff (router z-loss; DeepSpeed has none)
   bool drop_duplicate_tokens = true;  // TED's DTD; --disable-duplicate-token-dropping clears it
+  bool expert_tensor_parallel = false;  // --enable-expert-tensor-parallelism: experts split like the MLP
 
   /// Experts of layer l (0-based) of a num_layers model; 0 = the dense MLP.
   int experts_of(int layer, int num_layers) const;
@@ -162,10 +163,11 @@ class Gpt {
   double alltoall_bytes() const { return alltoall_bytes_; }
   /// Duplicate token dropping (TED; tensor and expert parallelism together, unless
   /// --disable-duplicate-token-dropping): each tensor-parallel rank sends 1/T of the routed rows
-  /// through the all-to-all and the tensor-parallel group all-gathers them. The bytes this rank
-  /// received from the other tensor-parallel ranks in those gathers since construction.
+  /// through the all-to-all and the tensor-parallel group all-gathers them.
+  /// moe_tp_bytes: what a ring moves per rank in the MoE layers' tensor-parallel collectives since
+  /// construction (those gathers, and tensor-parallel experts' reduce-scatters or all-reduces).
   bool drops_duplicate_tokens() const;
-  double moe_tp_gather_bytes() const { return moe_tp_gather_bytes_; }
+  double moe_tp_bytes() const { return moe_tp_bytes_; }
   /// The tensor-parallel collectives since construction (bytes all-reduced; TensorParallel).
   const TensorParallel& tensor_parallel() const { return tp_; }
 
@@ -220,7 +222,9 @@ class Gpt {
                     int N);
   MoeActs& moe_acts(int set);
   void note_routing(int moe_index, const Routing& r);
-  void moe_exchange(const MoeActs& m, const float* in, float* out, int C, bool to_experts);
+  void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
+  /// An expert's hidden width on this rank: 4C, or 4C/T when experts are tensor-parallel.
+  int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : 4 * cfg_.hidden_size; }
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
   static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
@@ -246,7 +250,7 @@ class Gpt {
   uint64_t routing_seed_ = 0;
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
   float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
-  double alltoall_bytes_ = 0, moe_tp_gather_bytes_ = 0;
+  double alltoall_bytes_ = 0, moe_tp_bytes_ = 0;
   PhaseSeconds phase_;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;

@@ -58,10 +58,15 @@ class TensorParallel {
   /// of every rank's full (n floats). Without sequence parallelism: all_reduce(full) in place, and
   /// slice must be full.
   void reduce_scatter(float* full, float* slice, size_t n);
-  /// MoE duplicate token dropping: data holds every rank's rows (rows[r] rows of width floats from
-  /// rank r, in rank order) with this rank's in place; the others' are gathered in. Not counted
-  /// here (the MoE layer counts its own bytes).
-  void gather_rows(float* data, const std::vector<int>& rows, int width);
+  // The MoE layer's collectives over the group (duplicate token dropping, tensor-parallel experts).
+  // Not counted here: the MoE layer counts its own bytes.
+  /// data holds every rank's rows (rows[r] rows of width floats from rank r, in rank order) with
+  /// this rank's in place; the others' are gathered in.
+  void moe_all_gather(float* data, const std::vector<int>& rows, int width);
+  /// send: rows for every rank in rank order; mine (rows[rank()] rows) = their sum over the group.
+  void moe_reduce_scatter(const float* send, float* mine, const std::vector<int>& rows, int width);
+  /// In-place sum of n floats over the group.
+  void moe_all_reduce(float* x, size_t n);
   /// Replicated tensors' gradients from split rows (norms under sequence parallelism): in-place sum
   /// of g (n floats, this micro-batch's partial sums only) over the group; not an activation's bytes.
   void reduce_partial_grads(float* g, size_t n);
