@@ -1,0 +1,119 @@
+// The model's parameter table (Megatron's names and tensor-parallel partitions) and its
+// layout-independent initialisation; split from gpt.cpp. See gpt.hpp.
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/rng.hpp"
+#include "hpct/model/gpt.hpp"
+
+namespace hpct::model {
+
+void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte,
+                       size_t* wpe, size_t* lnfw, size_t* lnfb) {
+  const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.max_seq_length;
+  // Megatron's split: column-parallel (rows of the (out, in) weight and its bias; QKV by sections
+  // q|k|v), row-parallel (columns; the bias is a replica), everything else a replica.
+  const int P = cfg.tensor_parallel;
+  if (tp_rank < 0 || tp_rank >= P) throw Error("GPT layout: tensor-parallel rank " + std::to_string(tp_rank) + " of " + std::to_string(P));
+  const Partition col{0, P, tp_rank, 1}, qkv{0, P, tp_rank, 3}, row{1, P, tp_rank, 1}, rep{-1, P, tp_rank, 1};
+  layout.begin_block("embedding");
+  *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col).offset;
+  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep).offset;
+  int moe_index = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    std::string p = "layers." + std::to_string(l) + ".";
+    layout.begin_block("layers." + std::to_string(l));
+    Block o;
+    o.block = static_cast<int>(layout.blocks().size()) - 1;
+    size_t base = layout.numel();
+    auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd, const Partition& part) {
+      return layout.add(p + n, std::move(s), wd, part).offset - base;
+    };
+    o.ln1w = rel("input_layernorm.weight", {C}, false, rep);
+    o.ln1b = rel("input_layernorm.bias", {C}, false, rep);
+    o.qkvw = rel("attention.query_key_value.weight", {3 * C, C}, true, qkv);
+    o.qkvb = rel("attention.query_key_value.bias", {3 * C}, false, qkv);
+    o.projw = rel("attention.dense.weight", {C, C}, true, row);
+    o.projb = rel("attention.dense.bias", {C}, false, rep);
+    o.ln2w = rel("post_attention_layernorm.weight", {C}, false, rep);
+    o.ln2b = rel("post_attention_layernorm.bias", {C}, false, rep);
+    o.experts = cfg.moe.experts_of(l, cfg.num_layers);
+    if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep);  // DeepSpeed's wg: no bias
+    if (o.experts == 0 || cfg.moe.residual) {
+      o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true, col);
+      o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false, col);
+      o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true, row);
+      o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false, rep);
+    }
+    if (o.experts > 0 && cfg.moe.residual) {
+      o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep);
+      o.coefb = rel("mlp.coefficient.bias", {2}, false, rep);
+    }
+    if (o.experts > 0) {
+      o.moe_index = moe_index++;
+      for (int e = 0; e < o.experts; ++e) {
+        // Every expert block has the same internal offsets as the dense MLP's tensors would alone.
+        std::string ep = p + "mlp.experts." + std::to_string(e);
+        layout.begin_block(ep, ReduceGroup::expert);
+        o.expert_blocks.push_back(static_cast<int>(layout.blocks().size()) - 1);
+        // Experts stay whole on a rank (every tensor-parallel rank holds the same ones), or with
+        // --enable-expert-tensor-parallelism are split like the dense MLP.
+        const bool split = cfg.moe.expert_tensor_parallel;
+        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true, split ? col : rep);
+        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false, split ? col : rep);
+        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true, split ? row : rep);
+        layout.add(ep + ".dense_4h_to_h.bias", {C}, false, rep);
+      }
+    }
+    if (blocks) blocks->push_back(std::move(o));
+  }
+  layout.begin_block("final_norm");
+  size_t base = layout.numel();
+  *lnfw = layout.add("final_layernorm.weight", {C}, false, rep).offset - base;
+  *lnfb = layout.add("final_layernorm.bias", {C}, false, rep).offset - base;
+}
+
+ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank) {
+  cfg.validate();
+  ParamLayout layout;
+  size_t a, b, c, d;
+  build_layout(cfg, tp_rank, layout, nullptr, &a, &b, &c, &d);
+  return layout;
+}
+
+void Gpt::init_params(float* params, uint64_t seed) const {
+  for (size_t b = 0; b < layout_.blocks().size(); ++b)
+    init_block(static_cast<int>(b), params + layout_.blocks()[b].offset, seed);
+}
+
+void Gpt::init_block(int block, float* dst, uint64_t seed) const {
+  const double std_w = cfg_.init_std;
+  const double std_out = cfg_.init_std / std::sqrt(2.0 * cfg_.num_layers);
+  const size_t base = layout_.blocks()[block].offset;
+  for (const auto& t : layout_.tensors()) {
+    if (t.block != block) continue;
+    float* p = dst + (t.offset - base);
+    // One stream per tensor, keyed by its index: init does not depend on how others are laid out.
+    Rng rng(mix_seed(seed, std::hash<std::string>{}(t.name) & 0xffffffffu, 0x1417));
+    bool is_norm_weight = t.name.find("layernorm.weight") != std::string::npos;
+    bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+    bool is_out = t.name.find("attention.dense.weight") != std::string::npos ||
+                  t.name.find("dense_4h_to_h.weight") != std::string::npos;
+    if (is_norm_weight || is_bias) {
+      std::fill(p, p + t.numel, is_norm_weight ? 1.0f : 0.0f);
+      continue;
+    }
+    const double sd = is_out ? std_out : std_w;
+    // A tensor-parallel part draws the full tensor's sequence and keeps its own elements, so every
+    // element has the value it has at T = 1 (Megatron's --use-cpu-initialization does the same).
+    uint64_t next = 0;  // full-tensor index of the next draw
+    t.for_full_runs(0, t.numel, [&](uint64_t full, uint64_t local, uint64_t n) {
+      for (; next < full; ++next) rng.normal();
+      for (uint64_t k = 0; k < n; ++k, ++next) p[local + k] = static_cast<float>(rng.normal() * sd);
+    });
+  }
+}
+
+}  // namespace hpct::model
