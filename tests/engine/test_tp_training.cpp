@@ -259,6 +259,12 @@ TEST(TensorParallelTraining, TedGridsMatchOneRank) {
   }
   c.zero.stage = 2;
   expect_close(train(c, w, 2, 1), ref, "MoE T=2 x D=2 expert-tensor-parallel ZeRO-2");
+  // Recomputation replaying from the forward's communication (CAC), sequence parallel too.
+  c.recompute_activations = c.communication_aware_checkpointing = true;
+  expect_close(train(c, w, 2, 2), ref, "MoE T=2 x E=2 expert-tensor-parallel ZeRO-2 recompute CAC");
+  c.model.sequence_parallel = true;
+  c.model.moe.expert_tensor_parallel = false;
+  expect_close(train(c, w, 2, 2), ref, "MoE T=2 x E=2 sequence-parallel ZeRO-2 recompute CAC");
 }
 
 TEST(TensorParallelTraining, TedCheckpointResumesOnOneRank) {

@@ -113,24 +113,33 @@ INSTANTIATE_TEST_SUITE_P(Gating, MoeBackward,
                            return "top" + std::to_string(info.param.topk) + (info.param.residual ? "_residual" : "");
                          });
 
-// Recompute reruns the MoE forward in backward (routing, all of it): gradients bitwise equal.
+// Recompute reruns the MoE forward in backward (routing, all of it): gradients bitwise equal. With
+// communication-aware checkpointing the rerun replays from the kept routing, rows and outputs
+// (and residual MoE's dense output): bitwise equal too, and it holds memory for them.
 TEST(Moe, RecomputeGivesIdenticalGradients) {
   const int B = 2, T = 8;
   std::vector<int32_t> tok(B * T), tgt(B * T);
   for (int i = 0; i < B * T; ++i) tok[i] = (i * 3 + 1) % 23, tgt[i] = (i * 11 + 2) % 23;
-  std::vector<float> grads[2];
-  for (int r = 0; r < 2; ++r) {
-    model::GptConfig c = tiny_moe({1, false});
-    c.moe.noisy_gate_policy = "Jitter";  // noise too must be reproduced exactly
-    model::Gpt m(c, kernels::Precision::fp32, r == 1);
-    m.set_routing_seed(5);
-    std::vector<float> p(m.layout().numel());
-    grads[r].assign(p.size(), 0.0f);
-    m.init_params(p.data(), 3);
-    model::FlatParamStore st(m.layout(), p.data(), grads[r].data());
-    m.forward_backward(st, tok.data(), tgt.data(), B, T, 0.5f);
+  for (bool residual : {false, true}) {
+    std::vector<float> grads[3];
+    double loss[3];
+    for (int r = 0; r < 3; ++r) {
+      model::GptConfig c = tiny_moe({1, residual});
+      c.moe.noisy_gate_policy = "Jitter";  // noise too must be reproduced exactly
+      model::Gpt m(c, kernels::Precision::fp32, r >= 1);
+      m.set_communication_aware_checkpointing(r == 2);
+      m.set_routing_seed(5);
+      std::vector<float> p(m.layout().numel());
+      grads[r].assign(p.size(), 0.0f);
+      m.init_params(p.data(), 3);
+      model::FlatParamStore st(m.layout(), p.data(), grads[r].data());
+      loss[r] = m.forward_backward(st, tok.data(), tgt.data(), B, T, 0.5f);
+      EXPECT_EQ(m.kept_for_replay_bytes() > 0, r == 2);
+    }
+    EXPECT_EQ(grads[0], grads[1]) << (residual ? "residual " : "") << "recompute";
+    EXPECT_EQ(grads[0], grads[2]) << (residual ? "residual " : "") << "recompute with CAC";
+    EXPECT_EQ(loss[0], loss[2]);
   }
-  EXPECT_EQ(grads[0], grads[1]);
 }
 
 TEST(Moe, LayoutListsEveryExpertUnderItsGlobalIndex) {

@@ -47,13 +47,19 @@ model::GptConfig tiny(bool dtd, int topk, bool etp = false) {
 }
 
 struct Result {
-  double loss = 0, a2a = 0, gathered = 0;
+  double loss = 0, a2a = 0, gathered = 0, tp_bytes = 0;
+  long long calls = 0;
+  size_t kept = 0;
   std::vector<float> grads;
   std::vector<long long> load;
 };
 
-Result run(const comm::ProcessGrid& grid, bool dtd, int topk, bool etp = false) {
-  model::Gpt g(tiny(dtd, topk, etp), kernels::Precision::fp32, false, nullptr, &grid.ep(), &grid.tp());
+Result run(const comm::ProcessGrid& grid, bool dtd, int topk, bool etp = false, bool recompute = false, bool cac = false,
+           bool sp = false) {
+  auto cfg = tiny(dtd, topk, etp);
+  cfg.sequence_parallel = sp;
+  model::Gpt g(cfg, kernels::Precision::fp32, recompute, nullptr, &grid.ep(), &grid.tp());
+  g.set_communication_aware_checkpointing(cac);
   EXPECT_EQ(g.drops_duplicate_tokens(), dtd);
   std::vector<float> p(g.layout().numel()), d(p.size(), 0.0f);
   g.init_params(p.data(), 42);
@@ -70,6 +76,9 @@ Result run(const comm::ProcessGrid& grid, bool dtd, int topk, bool etp = false) 
   r.a2a = g.alltoall_bytes();
   r.gathered = g.moe_tp_bytes();
   r.load = g.moe_stats().at(0).load;
+  r.calls = g.alltoall_calls();
+  r.kept = g.kept_for_replay_bytes();
+  r.tp_bytes = g.tensor_parallel().activation_bytes();
   return r;
 }
 
@@ -134,6 +143,40 @@ TEST(Ted, ExpertTensorParallelWithAndWithoutDropping) {
     grid.tp().allreduce_sum(&pair, 1);
     EXPECT_EQ(pair, (2.0 * (sent + received) + 2.0 * received) * row) << "top-" << topk;
   }
+}
+
+// Communication-aware checkpointing: with recomputation the backward replays each layer from what
+// the forward's collectives produced. Bitwise the same as recomputing (and as not recomputing);
+// the MoE layer's row all-to-alls per step: 4 (2 forward, 2 backward) without recomputation or with
+// CAC, 6 when the recompute runs the forward's 2 again; the tensor-parallel activation bytes are
+// those of a run without recomputation (the replay skips g after attention and after the MLP).
+TEST(Ted, CommunicationAwareCheckpointingReplaysWithoutCommunicating) {
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks (T = 2 x E = 2)";
+  comm::ProcessGrid grid(w, 2, 2);
+  for (bool etp : {false, true})
+    for (bool sp : {false, true}) {
+      const std::string what = std::string(etp ? "expert-tensor-parallel" : "whole experts") + (sp ? ", sequence parallel" : "");
+      const Result plain = run(grid, true, 2, etp, false, false, sp), re = run(grid, true, 2, etp, true, false, sp),
+                   cac = run(grid, true, 2, etp, true, true, sp);
+      EXPECT_EQ(plain.loss, re.loss) << what;
+      EXPECT_EQ(re.loss, cac.loss) << what;
+      EXPECT_EQ(plain.grads, re.grads) << what;
+      EXPECT_EQ(re.grads, cac.grads) << what;
+      EXPECT_EQ(plain.calls, 4) << what;
+      EXPECT_EQ(re.calls, 6) << what;
+      EXPECT_EQ(cac.calls, 4) << what;
+      EXPECT_EQ(cac.a2a, plain.a2a) << what;
+      EXPECT_EQ(cac.gathered, plain.gathered) << what;
+      EXPECT_GT(re.a2a, plain.a2a) << what;
+      // Without sequence parallelism the replay sends nothing over the tensor-parallel group; with
+      // it the norms' all-gathers run again (2 per layer of (B*s, h), kept neither way).
+      const double act = 2.0 * 8 * 16 * sizeof(float);
+      EXPECT_EQ(cac.tp_bytes, plain.tp_bytes + (sp ? 2 * 2 * act : 0.0)) << what;
+      EXPECT_GT(re.tp_bytes, cac.tp_bytes) << what;
+      EXPECT_GT(cac.kept, 0u) << what;
+      EXPECT_EQ(re.kept, 0u) << what;
+    }
 }
 
 TEST(Ted, NoDroppingWithoutBothAxes) {

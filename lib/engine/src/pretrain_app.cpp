@@ -167,6 +167,14 @@ static int run(int argc, char** argv, bool require_moe) {
                         : std::string())
                 << "\n";
     }
+    if (cfg.recompute_activations)
+      std::cout << "> activation checkpointing: each layer's forward recomputed in backward"
+                << (cfg.communication_aware_checkpointing
+                        ? "; communication-aware: the forward's collective results (post-attention residuals, MoE "
+                          "routing, exchanged rows and outputs) kept and replayed, so the recompute communicates "
+                          "nothing but sequence parallelism's norm gathers (the bytes kept are in the summary)"
+                        : std::string())
+                << "\n";
     if (cfg.curriculum.enabled) {
       const auto& cl = cfg.curriculum;
       std::cout << "> sequence-length warmup (" << cl.key << "): " << cl.schedule_type << ", "
@@ -215,6 +223,7 @@ static int run(int argc, char** argv, bool require_moe) {
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
   std::vector<double> a2a = world.allgather(trainer.model().alltoall_bytes() /
                                             std::max<double>(1, double(s.last_iteration - s.start_iteration)));
+  const std::vector<double> cac_kept = world.allgather(double(trainer.model().kept_for_replay_bytes()));
   const std::vector<double> moe_tp = world.allgather(
       trainer.model().moe_tp_bytes() / std::max<double>(1, double(s.last_iteration - s.start_iteration)));
   const auto& tr = trainer.zero().swap_traffic();
@@ -309,8 +318,13 @@ static int run(int argc, char** argv, bool require_moe) {
                         // the rows and the tensor-parallel group all-gathers them; tensor-parallel
                         // experts sum their outputs over it: ring bytes per rank of those collectives
                         {"duplicate_token_dropping", trainer.model().drops_duplicate_tokens()},
-                        {"tp_bytes_per_step_per_rank", moe_tp}};
+                        {"tp_bytes_per_step_per_rank", moe_tp},
+                        {"alltoall_calls_per_step", double(trainer.model().alltoall_calls()) / steps}};
     }
+    if (cfg.recompute_activations)
+      summary["activation_checkpointing"] = {{"communication_aware", cfg.communication_aware_checkpointing},
+                                             // CAC: the kept collective results, per rank
+                                             {"kept_for_replay_bytes_per_rank", cac_kept}};
     if (grid.tp().size() > 1)
       summary["tensor_parallel"] = {{"size", grid.tp().size()},
                                     {"sequence_parallel", cfg.model.sequence_parallel},

@@ -52,6 +52,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
                                                            std::to_string(cfg_.model.tensor_parallel));
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get(),
                                         ep > 1 ? &grid_.ep() : nullptr, grid_.tp().size() > 1 ? &grid_.tp() : nullptr);
+  model_->set_communication_aware_checkpointing(cfg_.communication_aware_checkpointing);
   // Sequence-length warmup: the full length's activations now, reused by every shorter step.
   if (cfg_.curriculum.enabled) model_->reserve(cfg_.micro_batch, cfg_.model.max_seq_length);
   // Dense blocks are reduced over the dense data-parallel group; this rank's experts over the ranks

@@ -182,9 +182,10 @@ void Gpt::ensure_workspace(int B, int T) {
   // rows; the gathered norm outputs, dfull (gathered gradients) and dslice (scattered) are extra.
   const size_t n = tp_.local_rows(N), sp = tp_.sequence_parallel() ? 1 : 0;
   const size_t nsets = recompute_ ? 1 : L;
+  const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
   size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
   size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
-                 N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C);
+                 N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept;
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
@@ -217,6 +218,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->dfch_gelu = take(N * F);
   ws->logits = take((size_t)kHeadRows * Vl);
   ws->losses = take(N);
+  if (kept) ws->kept_res2 = take(kept);
   if (sp) {
     ws->dfull = take(N * C);
     ws->dslice = take(n * C);
@@ -269,12 +271,15 @@ double Gpt::flops_per_iteration(long long B, long long T) const {
   return recompute_ ? f : f * 0.75;
 }
 
+void Gpt::mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F) {
+  ops_->matmul_forward(fch, x, fcw, fcb, rows, cfg_.hidden_size, F, precision_);
+  ops_->gelu_forward(fch_gelu, fch, (size_t)rows * F);
+}
+
 void Gpt::mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
                       float* fch, float* fch_gelu, float* out, int rows, int F) {
-  const int C = cfg_.hidden_size;
-  ops_->matmul_forward(fch, x, fcw, fcb, rows, C, F, precision_);
-  ops_->gelu_forward(fch_gelu, fch, (size_t)rows * F);
-  ops_->matmul_forward(out, fch_gelu, projw, projb, rows, F, C, precision_);
+  mlp_hidden(fcw, fcb, x, fch, fch_gelu, rows, F);
+  ops_->matmul_forward(out, fch_gelu, projw, projb, rows, F, cfg_.hidden_size, precision_);
 }
 
 // dx is ACCUMULATED (zero it first for an overwrite); the weight gradients too.
@@ -305,12 +310,23 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
   ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_);
-  ops_->matmul_forward(part, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
-  tp_.reduce_scatter(part, a.res2, NC);
-  ops_->residual_forward(a.res2, in, a.res2, nC);
+  float* kept = keeps_communication() ? ws_->kept_res2 + (size_t)l * nC : nullptr;
+  if (replaying_) {  // CAC: the attention output's g is not run again
+    std::memcpy(a.res2, kept, nC * sizeof(float));
+  } else {
+    ops_->matmul_forward(part, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
+    tp_.reduce_scatter(part, a.res2, NC);
+    ops_->residual_forward(a.res2, in, a.res2, nC);
+    if (kept) std::memcpy(kept, a.res2, nC * sizeof(float));
+  }
   ops_->layernorm_forward(a.ln2 + r0 * C, a.ln2_mean, a.ln2_rstd, a.res2, lp + o.ln2w, lp + o.ln2b, (int)n, C);
   tp_.all_gather(a.ln2, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
+  if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
+    if (o.experts == 0) mlp_hidden(lp + o.fcw, lp + o.fcb, a.ln2, a.fch, a.fch_gelu, N, Fl_);
+    else moe_forward(store, l, lp, a, ff, N);
+    return;
+  }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
     mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_);
     tp_.reduce_scatter(ff, out, NC);
@@ -460,7 +476,11 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     LayerActs& a = w.acts[recompute_ ? 0 : l];
     const int b = blocks_[l].block;
     const float* lp = store.params(b);
-    if (recompute_) layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
+    if (recompute_) {  // with CAC a replay: the kept results of the forward's collectives
+      replaying_ = keeps_communication();
+      layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
+      replaying_ = false;
+    }
     layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
     store.release(b);
     store.grads_ready(b);

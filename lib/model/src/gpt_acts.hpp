@@ -39,6 +39,7 @@ struct Gpt::Workspace {
   float* dfull = nullptr;     // (N, C) sequence parallelism: dres gathered from every rank
   float* dslice = nullptr;    // (n, C) sequence parallelism: this rank's rows of a scattered sum
   float* dnorm = nullptr;     // (4C) sequence parallelism: the norms' partial weight gradients
+  float* kept_res2 = nullptr; // (L, n, C) CAC: each layer's res2 from the forward, for the replay
   float* datty = nullptr;     // (N, C)
   float* dqkv = nullptr;      // (N, 3C)
   float* dfch = nullptr;      // (N, 4C)
@@ -49,7 +50,9 @@ struct Gpt::Workspace {
   kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend
 };
 
-// One MoE layer's saved state for backward (one set per layer, or one shared with recompute).
+// One MoE layer's saved state for backward (one set per layer, or one shared with recompute). With
+// CAC the routing, exchanged rows and outputs are kept per MoE layer and the experts' hidden
+// activations (fch, fch_gelu, y) live in the shared set.
 struct Gpt::MoeActs {
   std::vector<float> xr;        // (N, C) router input (jittered x; empty without jitter)
   std::vector<float> jitter;    // (N, C) the jitter factors

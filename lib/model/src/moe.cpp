@@ -135,6 +135,7 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
       moe_tp_bytes_ += 2.0 * (T - 1) / T * total(rin) * row;  // a ring all-reduce, per rank
     }
     count_sent(sr);
+    alltoall_calls_ += P > 1;
     if (P > 1) ep_->alltoallv_rows(in, sr, out, rr, C);
     else std::memcpy(out, in, (size_t)sr[0] * C * sizeof(float));
     return;
@@ -155,6 +156,7 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
   const size_t before = std::accumulate(out_pieces.begin(), out_pieces.begin() + t, size_t(0));
   std::vector<float> gathered(total(rout) * C);
   count_sent(sr);
+  ++alltoall_calls_;
   ep_->alltoallv_rows(part.data(), sr, gathered.data() + before * C, rr, C);
   // The other ranks' shares, and every run whole again.
   tp_.moe_all_gather(gathered.data(), out_pieces, C);
@@ -168,10 +170,60 @@ Gpt::MoeActs& Gpt::moe_acts(int set) {
   return *moe_acts_[set];
 }
 
+Gpt::MoeActs& Gpt::moe_state(const Block& o, int set) {
+  if (!keeps_communication()) return moe_acts(set);
+  if (kept_moe_.size() <= static_cast<size_t>(o.moe_index)) kept_moe_.resize(o.moe_index + 1);
+  if (!kept_moe_[o.moe_index]) kept_moe_[o.moe_index] = std::make_unique<MoeActs>();
+  return *kept_moe_[o.moe_index];
+}
+
+void Gpt::set_communication_aware_checkpointing(bool on) {
+  cac_ = on;
+  ws_.reset();  // the next step sizes the workspace with (or without) the kept residuals
+  kept_moe_.clear();
+}
+
+size_t Gpt::kept_for_replay_bytes() const {
+  if (!keeps_communication() || !ws_) return 0;
+  size_t b = (size_t)cfg_.num_layers * tp_.local_rows((size_t)ws_->B * ws_->T) * cfg_.hidden_size * sizeof(float);
+  for (const auto& m : kept_moe_) {
+    if (!m) continue;
+    const Routing& r = m->routing;
+    b += (m->xr.size() + m->jitter.size() + m->logits.size() + m->rows.size() + m->yback.size() + m->moe_out.size() +
+          m->dense_out.size() + m->coef.size() + r.probs.size() + r.weight.size()) * sizeof(float);
+    b += (m->pos.size() + m->send_counts.size() + m->recv_counts.size() + r.expert.size() + r.slot.size() +
+          r.demand.size() + r.load.size()) * sizeof(int32_t);
+  }
+  return b;
+}
+
 void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N) {
   const Block& o = blocks_[l];
   const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
-  MoeActs& m = moe_acts(static_cast<int>(&a - ws_->acts.data()));
+  const int set = static_cast<int>(&a - ws_->acts.data());
+  MoeActs& m = moe_state(o, set);  // routing and exchanged rows (kept per layer with CAC)
+  MoeActs& xa = moe_acts(set);      // the experts' hidden activations
+  const int F = expert_width();
+  const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
+  if (replaying_) {
+    // CAC's replay: the experts' hidden activations from the kept rows, the residual MoE's dense
+    // MLP's likewise; the routing, the exchanges and the outputs are the forward's.
+    const size_t R = m.rows.size() / C;
+    xa.fch.resize(R * F);
+    xa.fch_gelu.resize(R * F);
+    size_t row = 0;
+    for (int j = 0; j < El; ++j) {
+      int rows = 0;
+      for (int s = 0; s < P; ++s) rows += m.recv_counts[s * El + j];
+      const int b = o.expert_blocks[ep_rank_ * El + j];
+      const float* w = store.params(b);
+      if (rows > 0) mlp_hidden(w + ex_.fcw, w + ex_.fcb, &m.rows[row * C], &xa.fch[row * F], &xa.fch_gelu[row * F], rows, F);
+      store.release(b);
+      row += rows;
+    }
+    if (cfg_.moe.residual) mlp_hidden(lp + o.fcw, lp + o.fcb, a.ln2, a.fch, a.fch_gelu, N, Fl_);
+    return;
+  }
   m.N = N;
   const bool training = training_;
   const GateConfig gc = gate_config(cfg_.moe, E, training);
@@ -244,11 +296,9 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
 
   // Experts: one MLP per local expert over its rows (every source's rows in one GEMM). Tensor-
   // parallel experts hold F = 4C/T of the hidden width: partial outputs, summed on the way back.
-  const int F = expert_width();
-  const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
-  m.fch.resize(R * F);
-  m.fch_gelu.resize(R * F);
-  m.y.resize(R * C);
+  xa.fch.resize(R * F);
+  xa.fch_gelu.resize(R * F);
+  xa.y.resize(R * C);
   size_t row = 0;
   for (int j = 0; j < El; ++j) {
     int rows = 0;
@@ -257,14 +307,14 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     const float* w = store.params(b);
     if (rows > 0)
       mlp_forward(w + ex_.fcw, w + ex_.fcb, w + ex_.projw, split ? row_bias(w + ex_.projb) : w + ex_.projb,
-                  &m.rows[row * C], &m.fch[row * F], &m.fch_gelu[row * F], &m.y[row * C], rows, F);
+                  &m.rows[row * C], &xa.fch[row * F], &xa.fch_gelu[row * F], &xa.y[row * C], rows, F);
     store.release(b);
     row += rows;
   }
 
   // Return and combine.
   std::vector<float> back(R * C);
-  regroup(m.y.data(), back.data(), rc, P, El, C, false);
+  regroup(xa.y.data(), back.data(), rc, P, El, C, false);
   m.yback.resize(S * C);
   moe_exchange(m, back.data(), m.yback.data(), C, /*to_experts=*/false, /*partial=*/split);
   float* moe_out = out;
@@ -308,7 +358,9 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
                        int N) {
   const Block& o = blocks_[l];
   const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
-  MoeActs& m = moe_acts(static_cast<int>(&a - ws_->acts.data()));
+  const int set = static_cast<int>(&a - ws_->acts.data());
+  MoeActs& m = moe_state(o, set);
+  const MoeActs& xa = moe_acts(set);
   const Routing& r = m.routing;
   const float* x = a.ln2;
   const size_t S = m.yback.size() / C;
@@ -376,7 +428,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     float* g = store.grads(b);
     if (rows > 0)
       mlp_backward(w + ex_.fcw, w + ex_.projw, g + ex_.fcw, g + ex_.fcb, g + ex_.projw, g + ex_.projb, &m.rows[row * C],
-                   &m.fch[row * F], &m.fch_gelu[row * F], &dy[row * C], &drows[row * C], rows, dscratch.data(),
+                   &xa.fch[row * F], &xa.fch_gelu[row * F], &dy[row * C], &drows[row * C], rows, dscratch.data(),
                    dscratch2.data(), F);
     store.release(b);
     store.grads_ready(b);

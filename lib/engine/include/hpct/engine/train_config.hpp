@@ -70,6 +70,7 @@ struct TrainConfig {
   PrecisionMode precision = PrecisionMode::fp32;
   LossScaleConfig loss_scale;
   bool recompute_activations = false;
+  bool communication_aware_checkpointing = false;  // TED's CAC: the recompute replays without communicating
   parallel::ZeroConfig zero;  // ds_config zero_optimization; stage also --zero-stage
   int moe_ep = 1;             // --moe-expert-parallel-size (the MoE architecture is model.moe)
   // --device: where the model computes. cuda = the node-local GPU (node-local rank modulo the GPUs

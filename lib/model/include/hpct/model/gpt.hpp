@@ -171,6 +171,19 @@ class Gpt {
   /// The tensor-parallel collectives since construction (bytes all-reduced; TensorParallel).
   const TensorParallel& tensor_parallel() const { return tp_; }
 
+  /// Communication-aware activation checkpointing (TED's CAC; --communication-aware-checkpointing):
+  /// with recomputation, the forward keeps what its collectives produced (each layer's post-attention
+  /// residual, each MoE layer's routing, exchanged rows and returned outputs) and the recompute pass
+  /// replays the layer from them without communicating, computing only what backward reads. Call
+  /// before the first step. No effect without recomputation.
+  void set_communication_aware_checkpointing(bool on);
+  bool keeps_communication() const { return cac_ && recompute_; }
+  /// Bytes CAC holds for the replay (0 without it): the kept residuals and MoE state, as of the last step.
+  size_t kept_for_replay_bytes() const;
+  /// Row all-to-alls issued by the MoE layers since construction (2 per MoE layer forward, 2 backward,
+  /// 2 more per layer when recomputation replays the forward without CAC).
+  long long alltoall_calls() const { return alltoall_calls_; }
+
   /// Allocates the activations for micro-batches up to B x T now, so that shorter ones (sequence-length
   /// warmup) reuse them and the peak is taken at the start. Throws as a step of that shape would.
   void reserve(int B, int T) { ensure_workspace(B, T); }
@@ -207,6 +220,7 @@ class Gpt {
                       int B, int T);
   // The GELU MLP of hidden width F (4C, or 4C/T for a tensor-parallel part: the caller passes
   // projb on one rank only and sums `out`, and dx, over the group).
+  void mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F);
   void mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
                    float* fch, float* fch_gelu, float* out, int rows, int F);
   void mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
@@ -221,6 +235,8 @@ class Gpt {
   void moe_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* dout, float* dx,
                     int N);
   MoeActs& moe_acts(int set);
+  /// The routing and exchanged state of MoE layer o for activation set `set` (CAC: kept per layer).
+  MoeActs& moe_state(const Block& o, int set);
   void note_routing(int moe_index, const Routing& r);
   void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
   /// An expert's hidden width on this rank: 4C, or 4C/T when experts are tensor-parallel.
@@ -246,6 +262,9 @@ class Gpt {
     size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
   } ex_;  // tensors inside an expert block (every expert alike)
   std::vector<std::unique_ptr<MoeActs>> moe_acts_;
+  std::vector<std::unique_ptr<MoeActs>> kept_moe_;  // CAC: one per MoE layer
+  bool cac_ = false, replaying_ = false;
+  long long alltoall_calls_ = 0;
   std::vector<MoeLayerStats> moe_stats_;
   uint64_t routing_seed_ = 0;
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
