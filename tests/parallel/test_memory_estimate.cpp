@@ -74,6 +74,66 @@ TEST(MemoryEstimate, TensorParallelCountsOneRanksParts) {
   }
 }
 
+// MoE: Ψ is what a rank holds, the dense blocks and its E/EP experts of every MoE layer (each
+// expert's part with expert tensor parallelism): the layout's dense blocks plus 1/EP of its expert
+// blocks, for pyramid, residual and split-expert shapes.
+TEST(MemoryEstimate, MoeCountsWhatARankHolds) {
+  struct Case {
+    int T, EP;
+    std::vector<int> experts;
+    bool residual, etp;
+  };
+  for (const Case& k : {Case{1, 1, {4}, false, false}, Case{1, 2, {4}, false, false}, Case{2, 2, {4, 8}, false, false},
+                        Case{2, 4, {8}, true, false}, Case{2, 2, {4}, false, true}, Case{4, 2, {4, 8}, true, true}}) {
+    auto g = shape(4, 64, 4, 32, 300);
+    g.tensor_parallel = k.T;
+    g.moe.num_experts = k.experts;
+    g.moe.residual = k.residual;
+    g.moe.expert_tensor_parallel = k.etp;
+    const ParamLayout l = model::Gpt::layout_for(g, k.T - 1);
+    uint64_t dense = 0, experts = 0, largest = 0;
+    for (const auto& b : l.blocks()) {
+      (b.group == ReduceGroup::expert ? experts : dense) += b.numel;
+      largest = std::max<uint64_t>(largest, b.numel);
+    }
+    const GptSize s = gpt_size(g, k.EP);
+    const std::string what = "T=" + std::to_string(k.T) + " EP=" + std::to_string(k.EP) + (k.residual ? " residual" : "") +
+                             (k.etp ? " split experts" : "");
+    EXPECT_EQ(s.dense, dense) << what;
+    EXPECT_EQ(s.experts, experts / k.EP) << what;
+    EXPECT_EQ(s.params, dense + experts / k.EP) << what;
+    EXPECT_EQ(s.largest_block, largest) << what;
+    EXPECT_EQ(s.moe_layers, 2) << what;
+    auto whole = g;
+    whole.tensor_parallel = 1;
+    whole.moe.expert_tensor_parallel = false;
+    EXPECT_EQ(s.whole_model, model::Gpt::layout_for(whole).numel()) << what;
+  }
+  auto g = shape(4, 64, 4, 32, 300);
+  g.moe.num_experts = {4};
+  EXPECT_THROW(gpt_size(g, 3), Error);  // 3 does not divide 4 experts
+}
+
+// TED's headline shape (Singh et al. 2023): a 6.7B base (32 layers, h 4096, 32 heads, seq 2048)
+// with 16 experts on every other layer is the paper's "40B-parameter MoE" (ours: 38.9B, the paper
+// rounds). On 128 devices at T=4, EP=16 (D=2), ZeRO-1 in mixed precision: the dense states over
+// the 32 data-parallel ranks of a tensor index, each rank's 1 expert per MoE layer over its 2
+// expert-data-parallel ranks.
+TEST(MemoryEstimate, TedPaperShape) {
+  auto g = shape(32, 4096, 32, 2048, 50257);
+  g.moe.num_experts = {16};
+  EXPECT_NEAR(gpt_size(g, 1).whole_model / 1e9, 38.9, 0.05);
+  g.tensor_parallel = 4;
+  g.moe.expert_tensor_parallel = true;
+  const GptSize s = gpt_size(g, 16);
+  EXPECT_EQ(s.experts, 16u * s.expert);  // one expert per MoE layer per rank
+  const MemoryPlan p = plan_memory(s, StatePrecision::mixed, 1, Offload::none, gpus(16, 8, 32));
+  const uint64_t part = (s.dense + 31) / 32 + (s.experts + 1) / 2;
+  EXPECT_EQ(p.device_states, 4 * s.params + 12 * part);
+  EXPECT_LT(p.ds_device, 0);  // DeepSpeed's estimators know no experts: not shown
+  EXPECT_THROW(plan_memory(gpt_size(g, 16), StatePrecision::mixed, 1, Offload::none, gpus(1, 8, 32)), Error);  // 2 dp ranks, EP 16
+}
+
 TEST(MemoryEstimate, GptNamesComeOutNearTheirSizes) {
   // GPT-2 vocabulary, padded to 50304 as a real run does.
   EXPECT_NEAR(gpt_size(shape(96, 12288, 96, 2048, 50257)).params / 1e9, 174.6, 0.1);

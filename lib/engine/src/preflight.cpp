@@ -100,7 +100,7 @@ void check_host_memory(const TrainConfig& cfg, int ranks_on_node, int world_size
   c.host_bytes = avail;
   c.nvme_bytes = UINT64_MAX / 4;  // NVMe space is checked where the swap files are made
   const auto prec = cfg.precision == PrecisionMode::fp32 ? parallel::StatePrecision::fp32 : parallel::StatePrecision::mixed;
-  const parallel::MemoryPlan p = parallel::plan_memory(parallel::gpt_size(cfg.model), prec, z.stage, o, c);
+  const parallel::MemoryPlan p = parallel::plan_memory(parallel::gpt_size(cfg.model, cfg.moe_ep), prec, z.stage, o, c);
   if (p.host_per_node <= avail) return;
   const uint64_t per_rank = p.device_total() + p.host_states_per_rank + p.host_buffers_per_rank;
   throw config_error("--num-layers/--hidden-size", "the model states of this run need " + format_bytes(double(p.host_per_node)) +

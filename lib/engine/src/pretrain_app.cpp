@@ -48,7 +48,7 @@ static int estimate_memory(engine::TrainConfig cfg, bool root) {
   if (e.nvme_gb >= 0) c.nvme_bytes = bytes(e.nvme_gb);
   const auto prec = cfg.precision == engine::PrecisionMode::fp32 ? parallel::StatePrecision::fp32
                                                                  : parallel::StatePrecision::mixed;
-  parallel::MemoryEstimate est = parallel::estimate_memory(cfg.model, prec, c);
+  parallel::MemoryEstimate est = parallel::estimate_memory(cfg.model, prec, c, {}, cfg.moe_ep);
   if (!root) return 0;
   Provenance prov(std::string(g_prog) + " --estimate-memory");
   std::string fitting;

@@ -26,24 +26,59 @@ std::string gb_text(uint64_t bytes) {
 
 }  // namespace
 
-GptSize gpt_size(const model::GptConfig& cfg) {
+GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   cfg.validate();
-  const uint64_t C = (uint64_t)cfg.hidden_size, L = (uint64_t)cfg.num_layers;
+  const uint64_t C = (uint64_t)cfg.hidden_size;
   const uint64_t T = (uint64_t)cfg.max_seq_length, Vp = (uint64_t)cfg.padded_vocab();
   const uint64_t P = (uint64_t)cfg.tensor_parallel;  // divides heads, hence C, and Vp (validated)
+  if (expert_parallel < 1)
+    throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size must be at least 1");
   GptSize s;
   s.tensor_parallel = cfg.tensor_parallel;
+  s.expert_parallel = expert_parallel;
   s.embedding = Vp / P * C + T * C;  // wte (Vp/P, C), also the output head; wpe (T, C) whole
   // ln1 (2C) + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 (2C) + fc (4C*C + 4C)/P + fcproj 4C*C/P + C
   s.layer = (12 * C * C + 7 * C) / P + 6 * C;
   s.final_norm = 2 * C;
-  s.params = s.embedding + L * s.layer + s.final_norm;
-  if (L > 0 && s.layer >= s.embedding) {
-    s.largest_block = s.layer;
-    s.largest_block_name = "layer";
+  // An MoE layer: the attention and norms, the router (E, C) whole, a residual MoE's dense MLP and
+  // coefficient (2C + 2); each expert fc (4C*C + 4C) + fcproj (4C*C) + C, split like the MLP with
+  // expert tensor parallelism.
+  const uint64_t attention = (4 * C * C + 3 * C) / P + 5 * C, mlp = (8 * C * C + 4 * C) / P + C;
+  s.expert = cfg.moe.expert_tensor_parallel ? mlp : 8 * C * C + 5 * C;
+  s.dense = s.embedding + s.final_norm;
+  uint64_t largest_moe = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const int E = cfg.moe.experts_of(l, cfg.num_layers);
+    if (E == 0) {
+      s.dense += s.layer;
+      continue;
+    }
+    if (E % expert_parallel != 0)
+      throw config_error("--moe-expert-parallel-size",
+                         "--moe-expert-parallel-size " + std::to_string(expert_parallel) + " does not divide the " +
+                             std::to_string(E) + " experts of layer " + std::to_string(l + 1),
+                         "choose an expert-parallel size that divides every --num-experts entry");
+    const uint64_t moe = attention + (uint64_t)E * C + (cfg.moe.residual ? mlp + 2 * C + 2 : 0);
+    s.dense += moe;
+    s.experts += (uint64_t)(E / expert_parallel) * s.expert;
+    s.moe_layer = moe;
+    largest_moe = std::max(largest_moe, moe);
+    ++s.moe_layers;
+  }
+  s.params = s.dense + s.experts;
+  s.largest_block = s.embedding;
+  s.largest_block_name = "embedding";
+  const bool dense_layers = s.moe_layers < cfg.num_layers;
+  for (auto [n, name] : {std::pair{dense_layers ? s.layer : 0, "layer"}, {largest_moe, "moe layer"},
+                         {s.moe_layers ? s.expert : 0, "expert"}})
+    if (n > s.largest_block) s.largest_block = n, s.largest_block_name = name;
+  if (P == 1 && expert_parallel == 1 && !cfg.moe.expert_tensor_parallel) {
+    s.whole_model = s.params;
   } else {
-    s.largest_block = s.embedding;
-    s.largest_block_name = "embedding";
+    model::GptConfig whole = cfg;
+    whole.tensor_parallel = 1;
+    whole.moe.expert_tensor_parallel = false;
+    s.whole_model = gpt_size(whole, 1).params;
   }
   return s;
 }
@@ -124,9 +159,15 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
     throw config_error("--tensor-model-parallel-size", std::to_string(c.devices()) + " devices do not divide into tensor-parallel groups of " +
                                                            std::to_string(T),
                        "choose a tensor-parallel size that divides the devices");
-  // Ψ is one tensor-parallel rank's share; ZeRO partitions it over the data-parallel ranks.
+  // Ψ is one tensor-parallel rank's share; ZeRO partitions it over the data-parallel ranks, its
+  // experts over the expert-data-parallel ranks (N / EP).
   const uint64_t psi = size.params, N = (uint64_t)c.devices() / T, B = size.largest_block;
-  const uint64_t part = ceil_div(psi, N);  // one rank's partition, elements
+  const uint64_t EP = (uint64_t)std::max(1, size.expert_parallel);
+  if (size.experts > 0 && N % EP != 0)
+    throw config_error("--moe-expert-parallel-size", std::to_string(N) + " data-parallel ranks (devices / T) do not divide into "
+                                                       "expert-parallel groups of " + std::to_string(EP),
+                       "choose an expert-parallel size that divides devices / tensor-parallel size");
+  const uint64_t part = ceil_div(psi - size.experts, N) + (size.experts ? ceil_div(size.experts, N / EP) : 0);
   const std::string p = std::to_string(sb.param), g = std::to_string(sb.grad), k = std::to_string(sb.optimizer);
   // What the CPU step reads and writes per partitioned parameter: the fp32 optimizer arrays
   // (master, m, v: 12 bytes in both precisions, since in fp32 training the device keeps its own
@@ -213,7 +254,7 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
   // DeepSpeed's estimators (estimate_zero2/zero3_model_states_mem_needs in its stage_1_and_2.py and
   // stage3.py, with zero_init and the 1.5 buffer factor), written for 16-bit training; shown beside
   // ours, not used for the verdicts.
-  if (prec == StatePrecision::mixed) {
+  if (prec == StatePrecision::mixed && size.experts == 0) {  // DeepSpeed's estimators know no experts
     const double P = (double)psi, n = (double)N, L4 = 4.0 * (double)B, gp = (double)c.devices_per_node;
     if (stage == 2 && o == Offload::none) {
       m.ds_device = 4 * P + 16 * P / n;
@@ -236,11 +277,11 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
 }
 
 MemoryEstimate estimate_memory(const model::GptConfig& cfg, StatePrecision p, const ClusterShape& c,
-                               const BufferModel& b) {
+                               const BufferModel& b, int expert_parallel) {
   c.validate();
   MemoryEstimate e;
   e.model = cfg;
-  e.size = gpt_size(cfg);
+  e.size = gpt_size(cfg, expert_parallel);
   e.precision = p;
   e.cluster = c;
   e.buffers = b;
@@ -278,7 +319,13 @@ std::string MemoryEstimate::header_text() const {
      << "# parameters: Ψ = " << size.params
      << (size.tensor_parallel > 1 ? " per tensor-parallel rank (T = " + std::to_string(size.tensor_parallel) + ")" : std::string())
      << " (embedding " << size.embedding << ", per layer " << size.layer
-     << ", largest block: " << size.largest_block_name << " " << size.largest_block << ")\n"
+     << ", largest block: " << size.largest_block_name << " " << size.largest_block << ")\n";
+  if (size.moe_layers > 0)
+    os << "# MoE: " << size.moe_layers << " MoE layers, expert-parallel size " << size.expert_parallel
+       << (model.moe.expert_tensor_parallel ? ", experts tensor-parallel" : "") << "; Ψ = dense " << size.dense
+       << " + this rank's experts " << size.experts << " (" << size.expert << " each); the whole model "
+       << size.whole_model << " parameters\n";
+  os
      << "# precision: " << precision_name(precision) << ", bytes per parameter: params " << sb.param << " + grads "
      << sb.grad << " + optimizer K=" << sb.optimizer << "\n"
      << "# cluster: " << cluster.nodes << " node(s) x " << cluster.devices_per_node << " device(s) = N "
@@ -294,7 +341,9 @@ std::string MemoryEstimate::header_text() const {
      << " elements; NVMe params " << buffers.param_swap_buffers
      << " staging slices per rank\n"
      << "# device_formula: model states on one device; P = Ψ parameters, N = devices"
-     << (size.tensor_parallel > 1 ? " / T (the data-parallel ranks)" : "") << ".\n"
+     << (size.tensor_parallel > 1 ? " / T (the data-parallel ranks)" : "")
+     << (size.experts > 0 ? "; P/N = dense/N + experts/(N/EP) (experts sharded over the expert-data-parallel ranks)" : "")
+     << ".\n"
      << "# not counted: activations, communication-library buffers, fragmentation. GB = 1e9 bytes.\n"
      << "# ds_*: DeepSpeed's own estimators for comparison (16-bit training only); we plan with ours.\n";
   return os.str();
@@ -333,6 +382,12 @@ nlohmann::json MemoryEstimate::json() const {
             {"padded_vocab_size", model.padded_vocab()},
             {"tensor_model_parallel_size", size.tensor_parallel},
             {"params", size.params},
+            {"dense_params", size.dense},
+            {"expert_params", size.experts},
+            {"expert_parallel_size", size.expert_parallel},
+            {"moe_layers", size.moe_layers},
+            {"expert_block_params", size.expert},
+            {"whole_model_params", size.whole_model},
             {"embedding_params", size.embedding},
             {"layer_params", size.layer},
             {"final_norm_params", size.final_norm},

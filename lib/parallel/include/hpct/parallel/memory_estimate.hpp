@@ -27,17 +27,28 @@ namespace hpct::parallel {
 /// LayerNorms per layer and a final one), computed from the shape alone.
 /// With tensor parallelism (cfg.tensor_parallel = T) every count is one tensor-parallel rank's:
 /// 1/T of the split matrices (and the vocabulary's rows) plus the replicas whole.
+/// MoE (cfg.moe, expert_parallel = EP): every expert-parallel rank holds E/EP of each MoE layer's
+/// experts (1/T of each with expert tensor parallelism); their states are ZeRO-sharded over the
+/// expert-data-parallel ranks, devices / (T x EP), the dense ones over devices / T.
 struct GptSize {
   int tensor_parallel = 1;     // T: the planner's ZeRO group is devices / T ranks
-  uint64_t params = 0;         // Ψ: equals model::Gpt(cfg, ...).layout().numel()
+  int expert_parallel = 1;     // EP: expert states are sharded over devices / (T x EP) ranks
+  uint64_t params = 0;         // Ψ = dense + experts: equals the numel of the blocks a rank holds
+  uint64_t dense = 0;          // everything but the experts (this tensor-parallel rank's parts)
+  uint64_t experts = 0;        // this rank's experts, every MoE layer
   uint64_t embedding = 0;      // block 0: word (Vp, C) + position (T, C) embeddings
-  uint64_t layer = 0;          // one transformer block: 12 C^2 + 13 C
+  uint64_t layer = 0;          // one dense transformer block: 12 C^2 + 13 C
+  uint64_t moe_layer = 0;      // an MoE layer's block without its experts (attention, norms, router, residual MLP)
+  uint64_t expert = 0;         // one expert's block: 8 C^2 + 5 C (its part with expert tensor parallelism)
+  int moe_layers = 0;
   uint64_t final_norm = 0;     // 2 C
-  uint64_t largest_block = 0;  // ZeRO-3's gather unit: the larger of the embedding and one layer
+  uint64_t largest_block = 0;  // ZeRO-3's gather unit: the largest block
   std::string largest_block_name;
+  uint64_t whole_model = 0;    // every parameter, every expert, tensor-parallel parts whole
 };
-/// Validates cfg (config_error naming the flag) and counts.
-GptSize gpt_size(const model::GptConfig& cfg);
+/// Validates cfg (config_error naming the flag) and counts; expert_parallel must divide every MoE
+/// layer's experts (config_error naming --moe-expert-parallel-size).
+GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel = 1);
 
 enum class StatePrecision { mixed, fp32 };
 
@@ -86,7 +97,7 @@ struct BufferModel {
 };
 
 /// One (stage, offload) row. Per-rank figures are exact integers: a partition is ceil(Ψ/N)
-/// elements (the engine pads Ψ to a multiple of N).
+/// elements (the engine pads Ψ to a multiple of N); with experts ceil(dense/N) + ceil(experts/(N/EP)).
 struct MemoryPlan {
   int stage = 0;
   Offload offload = Offload::none;
@@ -130,6 +141,6 @@ struct MemoryEstimate {
 
 /// Plans every allowed (stage, offload) for the model on the cluster. Validates both.
 MemoryEstimate estimate_memory(const model::GptConfig& cfg, StatePrecision p, const ClusterShape& c,
-                               const BufferModel& b = {});
+                               const BufferModel& b = {}, int expert_parallel = 1);
 
 }  // namespace hpct::parallel
