@@ -259,6 +259,18 @@ TEST(TensorParallelTraining, TedGridsMatchOneRank) {
   }
   c.zero.stage = 2;
   expect_close(train(c, w, 2, 1), ref, "MoE T=2 x D=2 expert-tensor-parallel ZeRO-2");
+  // Offload on the grid: CPU optimizer (ZeRO-2), and NVMe optimizer and parameters (ZeRO-3), each
+  // rank's dense and expert engines with their own swap files.
+  const std::string d = shared_dir(w, "ted_nvme");
+  auto o = c;
+  o.zero.offload_optimizer.device = "cpu";
+  expect_close(train(o, w, 2, 2), ref, "MoE T=2 x E=2 expert-tensor-parallel ZeRO-2 CPU offload");
+  o.zero.stage = 3;
+  o.zero.offload_optimizer.device = o.zero.offload_param.device = "nvme";
+  o.zero.offload_optimizer.nvme_path = o.zero.offload_param.nvme_path = d;
+  expect_close(train(o, w, 2, 2), ref, "MoE T=2 x E=2 expert-tensor-parallel ZeRO-3 NVMe offload");
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
   // Recomputation replaying from the forward's communication (CAC), sequence parallel too.
   c.recompute_activations = c.communication_aware_checkpointing = true;
   expect_close(train(c, w, 2, 2), ref, "MoE T=2 x E=2 expert-tensor-parallel ZeRO-2 recompute CAC");
