@@ -92,6 +92,49 @@ module_version() {
   for f in "${PREFIX}"/modulefiles/hpctrain/*; do basename "${f}"; return; done
 }
 
+requeue_resume() {  # APP [APP ARGS...]: signalled, saved, requeued, resumed = uninterrupted (below)
+  local app=$1 ref id out i n
+  shift
+  common=(HPCT_TRAIN_ITERS=60 HPCT_LOG_INTERVAL=1 HPCT_CHECKPOINTING=1 HPCT_SAVE_INTERVAL=1000)
+  ref=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/ref" sbatch --parsable "${SLURM_DIR}/${app}.sbatch" "$@")
+  [[ "$(wait_job "${ref}" 300)" == COMPLETED ]] || fail "uninterrupted run ${ref} failed"
+  id=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/cut" sbatch --parsable "${SLURM_DIR}/${app}.sbatch" "$@")
+  out=${WORK}/${app}-${id}.out
+  for ((i = 0; i < 600; i++)); do
+    grep -Eq "iteration +10/" "${out}" 2>/dev/null && break
+    sleep 0.2
+  done
+  scancel --signal=USR1 --batch "${id}"
+  [[ "$(wait_job "${id}" 120 PENDING)" == PENDING ]] || { show_log "${out}"; fail "job ${id} was not requeued"; }
+  [[ "$(wait_job "${id}" 300)" == COMPLETED ]] || { show_log "${out}"; fail "job ${id} did not complete after the requeue"; }
+  show_log "${out}"
+  expect_in "${out}" "pretrain_gpt exited with (75|1[0-9][0-9])"  # the template's wording for either app
+  expect_in "${out}" "requeueing: start 2 resumes from iter_0*[0-9]+\\.h5; progress \\(no checkpoint -> iteration [0-9]+\\): a free restart"
+  expect_in "${out}" "^# job ${id} \\(${app}\\), start 2, 0 restarts without progress"
+  expect_in "${out}" "resuming from"
+  python3 - "${WORK}/ref/summary.json" "${WORK}/cut/summary.json" <<'EOF' || fail "the resumed run does not end as the uninterrupted one"
+import json, sys
+ref, cut = (json.load(open(p)) for p in sys.argv[1:])
+print(f"uninterrupted: final lm loss {ref['final_lm_loss']!r} at iteration {ref['iterations']}")
+print(f"signalled, requeued, resumed from iteration {cut.get('start_iteration')}: final lm loss {cut['final_lm_loss']!r}")
+ok = cut["final_lm_loss"] == ref["final_lm_loss"] and cut["iterations"] == ref["iterations"] == 60
+ok = ok and cut.get("start_iteration", 0) > 0
+sys.exit(0 if ok else 1)
+EOF
+  # Both segments appended to the run dir's one metrics file (issue 19): every iteration once, in
+  # order, two segment records; and the TensorBoard directory holds one event file per segment.
+  python3 - "${WORK}/cut/metrics.jsonl" <<'EOF' || fail "the requeued run's metrics file lost or repeated iterations"
+import json, sys
+recs = [json.loads(line) for line in open(sys.argv[1])]
+its = [r["iteration"] for r in recs if r["type"] == "train"]
+segs = [r["resumed_from_iteration"] for r in recs if r["type"] == "segment"]
+print(f"metrics: {len(its)} train records, segments resumed from {segs}")
+sys.exit(0 if its == list(range(1, 61)) and len(segs) == 2 and segs[0] == 0 and segs[1] > 0 else 1)
+EOF
+  n=$(find "${WORK}/cut/tensorboard" -name 'events.out.tfevents.*' | wc -l)
+  ((n == 2)) || fail "${WORK}/cut/tensorboard holds ${n} event files, expected one per segment (2)"
+}
+
 case "${case_name}" in
   pretrain_gpt)
     # As it is, no argument: tiny GPT on mock data, 1 node x 2 ranks.
@@ -278,44 +321,24 @@ case "${case_name}" in
     if ! grep -q -- "--save" <<<"$("${PREFIX}/bin/pretrain_gpt" --help 2>&1)"; then  # not a pipe: see module_check.sh
       skip "pretrain_gpt has no --save/--load yet (issue 4)"
     fi
-    common=(HPCT_TRAIN_ITERS=60 HPCT_LOG_INTERVAL=1 HPCT_CHECKPOINTING=1 HPCT_SAVE_INTERVAL=1000)
-    ref=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/ref" sbatch --parsable "${SLURM_DIR}/pretrain_gpt.sbatch")
-    [[ "$(wait_job "${ref}" 300)" == COMPLETED ]] || fail "uninterrupted run ${ref} failed"
-    id=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/cut" sbatch --parsable "${SLURM_DIR}/pretrain_gpt.sbatch")
-    out=${WORK}/pretrain_gpt-${id}.out
-    for ((i = 0; i < 600; i++)); do
-      grep -Eq "iteration +10/" "${out}" 2>/dev/null && break
-      sleep 0.2
-    done
-    scancel --signal=USR1 --batch "${id}"
-    [[ "$(wait_job "${id}" 120 PENDING)" == PENDING ]] || { show_log "${out}"; fail "job ${id} was not requeued"; }
-    [[ "$(wait_job "${id}" 300)" == COMPLETED ]] || { show_log "${out}"; fail "job ${id} did not complete after the requeue"; }
-    show_log "${out}"
-    expect_in "${out}" "pretrain_gpt exited with (75|1[0-9][0-9])"
-    expect_in "${out}" "requeueing: start 2 resumes from iter_0*[0-9]+\\.h5; progress \\(no checkpoint -> iteration [0-9]+\\): a free restart"
-    expect_in "${out}" "^# job ${id} \\(pretrain_gpt\\), start 2, 0 restarts without progress"
-    expect_in "${out}" "resuming from"
-    python3 - "${WORK}/ref/summary.json" "${WORK}/cut/summary.json" <<'EOF' || fail "the resumed run does not end as the uninterrupted one"
-import json, sys
-ref, cut = (json.load(open(p)) for p in sys.argv[1:])
-print(f"uninterrupted: final lm loss {ref['final_lm_loss']!r} at iteration {ref['iterations']}")
-print(f"signalled, requeued, resumed from iteration {cut.get('start_iteration')}: final lm loss {cut['final_lm_loss']!r}")
-ok = cut["final_lm_loss"] == ref["final_lm_loss"] and cut["iterations"] == ref["iterations"] == 60
-ok = ok and cut.get("start_iteration", 0) > 0
-sys.exit(0 if ok else 1)
+    requeue_resume pretrain_gpt
+    ;;
+
+  requeue_resume_moe)
+    # The same for pretrain_moe.sbatch (the tiny MoE, expert-parallel over the job's 2 ranks): its
+    # TensorBoard files carry the moe loss at every iteration, across the two segments.
+    [[ -x "${PREFIX}/bin/pretrain_moe" ]] || skip "pretrain_moe is not built"
+    requeue_resume pretrain_moe --moe-expert-parallel-size 2
+    # Debian's interpreter: the event reader needs its python3-protobuf.
+    /usr/bin/python3 - "${WORK}/cut/tensorboard" "${HPCT_SOURCE_DIR}/tests/records" <<'EOF' || fail "no moe loss in the requeued run's TensorBoard files"
+import sys
+sys.path.insert(0, sys.argv[2])
+import tfevents
+tags = tfevents.scalars(sys.argv[1])
+steps = sorted(p[0] for p in tags.get("lm-loss-training/moe loss", []))
+print(f"TensorBoard tags: {sorted(tags)}; moe loss at {len(steps)} steps")
+sys.exit(0 if steps == list(range(1, 61)) else 1)
 EOF
-    # Both segments appended to the run dir's one metrics file (issue 19): every iteration once, in
-    # order, two segment records; and the TensorBoard directory holds one event file per segment.
-    python3 - "${WORK}/cut/metrics.jsonl" <<'EOF' || fail "the requeued run's metrics file lost or repeated iterations"
-import json, sys
-recs = [json.loads(line) for line in open(sys.argv[1])]
-its = [r["iteration"] for r in recs if r["type"] == "train"]
-segs = [r["resumed_from_iteration"] for r in recs if r["type"] == "segment"]
-print(f"metrics: {len(its)} train records, segments resumed from {segs}")
-sys.exit(0 if its == list(range(1, 61)) and len(segs) == 2 and segs[0] == 0 and segs[1] > 0 else 1)
-EOF
-    n=$(find "${WORK}/cut/tensorboard" -name 'events.out.tfevents.*' | wc -l)
-    ((n == 2)) || fail "${WORK}/cut/tensorboard holds ${n} event files, expected one per segment (2)"
     ;;
 
   healthcheck_too_few)
