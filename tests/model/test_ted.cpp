@@ -1,4 +1,5 @@
-// TED's MoE exchange on a tensor x expert grid (4 ranks: T = 2, E = 2), model level.
+// TED's MoE exchange on a tensor x expert grid (4 ranks: T = 2, E = 2), model level; and expert
+// parallelism alone (E = 4): its all-to-all bytes against the formula from the routing stats.
 //
 // Duplicate token dropping changes who sends which rows, not what any expert computes: every
 // expert still runs on all of its rows in the same order (the tensor-parallel group gathers the
@@ -177,6 +178,42 @@ TEST(Ted, CommunicationAwareCheckpointingReplaysWithoutCommunicating) {
       EXPECT_GT(cac.kept, 0u) << what;
       EXPECT_EQ(re.kept, 0u) << what;
     }
+}
+
+// Expert parallelism alone (E = 4 ranks, 8 experts): what a rank sends to the others in one step is
+// its rows for the other ranks' experts (dispatch, and the same rows' gradients back in backward)
+// plus the outputs of its own experts for the other ranks' rows (return, and their gradients in
+// backward): 2 x (out + in) rows of C floats, plus one counts exchange of (E-1) x El ints, from
+// every rank's routing stats.
+TEST(Ted, ExpertParallelAllToAllBytesMatchTheFormula) {
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  comm::ProcessGrid grid(w, 1, 4);
+  for (int topk : {1, 2}) {
+    auto c = tiny(true, topk);
+    c.tensor_parallel = 1;
+    c.moe.num_experts = {8};
+    model::Gpt g(c, kernels::Precision::fp32, false, nullptr, &grid.ep(), nullptr);
+    std::vector<float> p(g.layout().numel()), d(p.size(), 0.0f);
+    g.init_params(p.data(), 42);
+    std::vector<int32_t> tok(16), tgt(16);
+    Rng rng(11 + w.rank());
+    for (int i = 0; i < 16; ++i) tok[i] = (int)rng.below(29), tgt[i] = (int)rng.below(29);
+    model::FlatParamStore store(g.layout(), p.data(), d.data());
+    g.set_routing_seed(5 + w.rank());
+    g.forward_backward(store, tok.data(), tgt.data(), 2, 8, 0.05f);
+    const auto& load = g.moe_stats().at(0).load;
+    const std::vector<double> all = grid.ep().allgather(std::vector<double>(load.begin(), load.end()));
+    const int P = 4, El = 2, me = grid.ep().rank();
+    double out = 0, in = 0;
+    for (int e = 0; e < 8; ++e)
+      if (e / El != me) out += all[me * 8 + e];
+    for (int s = 0; s < P; ++s)
+      for (int e = me * El; e < (me + 1) * El && s != me; ++e) in += all[s * 8 + e];
+    EXPECT_EQ(g.alltoall_bytes(), 2 * (out + in) * 16 * sizeof(float) + (P - 1) * El * sizeof(int)) << "top-" << topk;
+    EXPECT_GT(out + in, 0.0);
+    EXPECT_EQ(g.alltoall_calls(), 4);
+  }
 }
 
 TEST(Ted, NoDroppingWithoutBothAxes) {
