@@ -102,6 +102,10 @@ rc, got = run(8, 2, 2, ["--tensor-model-parallel-size", "2", "--enable-expert-te
 c.check(rc == 0 and len(got) == len(ref) and all(close(r[k], g[k]) for r, g in zip(ref, got)
                                                  for k in ("lm_loss", "moe_loss", "grad_norm")),
         "8 ranks, T=2 x E=2 x D=2 with split experts, ZeRO 2, equals the single-rank run")
+rc, got = run(8, 2, 1, ["--tensor-model-parallel-size", "4", "--enable-expert-tensor-parallelism"], tag="ted8_t4")
+c.check(rc == 0 and len(got) == len(ref) and all(close(r[k], g[k]) for r, g in zip(ref, got)
+                                                 for k in ("lm_loss", "moe_loss", "grad_norm")),
+        "8 ranks, T=4 x E=2 with split experts and dropping 4 ways, ZeRO 1, equals the single-rank run")
 (on, son), (off, soff) = ted[True], ted[False]
 c.check(son.get("moe", {}).get("duplicate_token_dropping") is True and soff.get("moe", {}).get("duplicate_token_dropping") is False,
         "the summary says whether duplicate token dropping ran")

@@ -72,6 +72,14 @@ TEST(TrainConfig, NoData) {
 }
 TEST(TrainConfig, BadDecayStyle) { EXPECT_NE(error_of(with(base_args(), {"--lr-decay-style", "cosin"})).find("unknown learning-rate decay style 'cosin'"), std::string::npos); }
 TEST(TrainConfig, MinLrAboveLr) { EXPECT_NE(error_of(with(base_args(), {"--min-lr", "1"})).find("--min-lr must be in [0, --lr]"), std::string::npos); }
+// TED's flags need what they act on: one error line naming the flag.
+TEST(TrainConfig, TedFlagsNeedTheirParts) {
+  EXPECT_NE(error_of(with(base_args(), {"--enable-expert-tensor-parallelism"})).find("--enable-expert-tensor-parallelism needs MoE layers"),
+            std::string::npos);
+  EXPECT_NE(error_of(with(base_args(), {"--communication-aware-checkpointing"})).find("add --checkpoint-activations"),
+            std::string::npos);
+  EXPECT_EQ(error_of(with(base_args(), {"--communication-aware-checkpointing", "--checkpoint-activations"})), "");
+}
 TEST(TrainConfig, ZeroStageRange) { EXPECT_NE(error_of(with(base_args(), {"--zero-stage", "4"})).find("ZeRO stage must be 0, 1, 2 or 3"), std::string::npos); }
 
 TEST(DsConfig, ZeroOptimizationKnobs) {

@@ -130,6 +130,11 @@ TEST(MemoryEstimate, TedPaperShape) {
   const MemoryPlan p = plan_memory(s, StatePrecision::mixed, 1, Offload::none, gpus(16, 8, 32));
   const uint64_t part = (s.dense + 31) / 32 + (s.experts + 1) / 2;
   EXPECT_EQ(p.device_states, 4 * s.params + 12 * part);
+  // Stage 2: one gradient bucket per engine (dense; experts), each at least its group's largest block.
+  const MemoryPlan p2 = plan_memory(s, StatePrecision::mixed, 2, Offload::none, gpus(16, 8, 32));
+  const uint64_t bucket = 500000000ull;
+  EXPECT_EQ(p2.device_buffers, 2 * (std::max(s.largest_dense_block, std::min(bucket, s.dense)) +
+                                    std::max(s.expert, std::min(bucket, s.experts))));
   EXPECT_LT(p.ds_device, 0);  // DeepSpeed's estimators know no experts: not shown
   EXPECT_THROW(plan_memory(gpt_size(g, 16), StatePrecision::mixed, 1, Offload::none, gpus(1, 8, 32)), Error);  // 2 dp ranks, EP 16
 }

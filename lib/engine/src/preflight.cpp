@@ -93,17 +93,20 @@ void check_host_memory(const TrainConfig& cfg, int ranks_on_node, int world_size
   const Offload o = !opt_off ? Offload::none
                     : par_off ? (nvme ? Offload::optimizer_param_nvme : Offload::optimizer_param_cpu)
                               : (nvme ? Offload::optimizer_nvme : Offload::optimizer_cpu);
+  // Every rank as a one-device "node", so that the partitions are over the world exactly (nodes may
+  // hold different rank counts); this node's need is its ranks times one rank's.
   parallel::ClusterShape c;
-  c.devices_per_node = std::max(1, ranks_on_node);
-  c.nodes = std::max(1, (world_size + c.devices_per_node - 1) / c.devices_per_node);  // ZeRO partitions over all ranks
+  c.devices_per_node = 1;
+  c.nodes = std::max(1, world_size);
   c.device_bytes = 0;  // the CPU backend: ranks are host processes
   c.host_bytes = avail;
   c.nvme_bytes = UINT64_MAX / 4;  // NVMe space is checked where the swap files are made
   const auto prec = cfg.precision == PrecisionMode::fp32 ? parallel::StatePrecision::fp32 : parallel::StatePrecision::mixed;
   const parallel::MemoryPlan p = parallel::plan_memory(parallel::gpt_size(cfg.model, cfg.moe_ep), prec, z.stage, o, c);
-  if (p.host_per_node <= avail) return;
   const uint64_t per_rank = p.device_total() + p.host_states_per_rank + p.host_buffers_per_rank;
-  throw config_error("--num-layers/--hidden-size", "the model states of this run need " + format_bytes(double(p.host_per_node)) +
+  const uint64_t need = per_rank * (uint64_t)std::max(1, ranks_on_node);
+  if (need <= avail) return;
+  throw config_error("--num-layers/--hidden-size", "the model states of this run need " + format_bytes(double(need)) +
                          " of host memory on this node (" + format_bytes(double(per_rank)) + " per rank x " +
                          std::to_string(ranks_on_node) + " ranks; ZeRO stage " + std::to_string(z.stage) + ", " +
                          parallel::offload_name(o) + ", device states " + p.formula + "), the node has " +

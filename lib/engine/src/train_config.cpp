@@ -111,7 +111,7 @@ const FlagTable& flag_table() {
       {"--loss-scale-window", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.window = to_i32("--loss-scale-window", v); }, "steps before raising the scale"}},
       {"--hysteresis", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.hysteresis = to_i32("--hysteresis", v); }, "overflows before lowering the scale"}},
       {"--checkpoint-activations", {false, [](TrainConfig& c, const std::string&) { c.recompute_activations = true; }, "recompute each layer in backward"}},
-      {"--communication-aware-checkpointing", {false, [](TrainConfig& c, const std::string&) { c.communication_aware_checkpointing = true; }, "with --checkpoint-activations: keep what each layer's collectives produced (MoE all-to-alls, tensor-parallel sums) and replay the layer in backward without communicating (TED's CAC; the memory it holds is in the summary)"}},
+      {"--communication-aware-checkpointing", {false, [](TrainConfig& c, const std::string&) { c.communication_aware_checkpointing = true; }, "with --checkpoint-activations: keep what each layer's collectives produced (MoE all-to-alls, tensor-parallel sums) and replay the layer in backward without them (sequence parallelism's norm all-gathers still run; TED's CAC; CPU backend; the memory it holds is in the summary)"}},
       {"--device", {true, [](TrainConfig& c, const std::string& v) { c.device = v; }, "cpu (default) or cuda: the model on the node-local GPU, ZeRO states and the optimizer step on the host (ZeRO-Offload; needs offload_optimizer.device cpu or nvme)"}},
       {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero.stage = to_i32("--zero-stage", v); }, "ZeRO stage: 0 replicated, 1 optimizer states, 2 + gradients, 3 + parameters partitioned"}},
       // Mixture of experts (Megatron-DeepSpeed's flags; docs/moe.md)
@@ -489,6 +489,9 @@ void TrainConfig::finalize(int dp) {
     throw config_error("--communication-aware-checkpointing",
                        "--communication-aware-checkpointing keeps communication results for the recompute pass",
                        "add --checkpoint-activations");
+  if (model.moe.expert_tensor_parallel && !model.moe.enabled(model.num_layers))
+    throw config_error("--enable-expert-tensor-parallelism", "--enable-expert-tensor-parallelism needs MoE layers",
+                       "give --num-experts");
   if (moe_ep < 1) throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size must be at least 1");
   if (moe_ep > 1 && !model.moe.enabled(model.num_layers))
     throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size " + std::to_string(moe_ep) + " needs MoE layers",

@@ -268,7 +268,14 @@ double Gpt::flops_per_iteration(long long B, long long T) const {
   // layer runs one; each MLP is 16h^2 of the layer's 24h^2 per token. Router and combine omitted.
   for (const auto& o : blocks_)
     if (o.experts > 0) f += 64.0 * B * s * h * h * (cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0));
-  return recompute_ ? f : f * 0.75;
+  if (!recompute_) return f * 0.75;
+  // CAC's replay skips the attention output projection (2h^2 per token) and fc2 (8h^2 per MLP run).
+  if (keeps_communication()) {
+    f -= 10.0 * B * s * h * h * l;
+    for (const auto& o : blocks_)
+      if (o.experts > 0) f -= 8.0 * B * s * h * h * (cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0));
+  }
+  return f;
 }
 
 void Gpt::mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F) {
@@ -310,7 +317,8 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
   ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_);
-  float* kept = keeps_communication() ? ws_->kept_res2 + (size_t)l * nC : nullptr;
+  // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
+  float* kept = keeps_communication() && (training_ || replaying_) ? ws_->kept_res2 + (size_t)l * nC : nullptr;
   if (replaying_) {  // CAC: the attention output's g is not run again
     std::memcpy(a.res2, kept, nC * sizeof(float));
   } else {
@@ -477,9 +485,12 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     const int b = blocks_[l].block;
     const float* lp = store.params(b);
     if (recompute_) {  // with CAC a replay: the kept results of the forward's collectives
+      struct Replay {
+        bool& on;
+        ~Replay() { on = false; }  // cleared on a throw too: a later forward must not replay
+      } replay{replaying_};
       replaying_ = keeps_communication();
       layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
-      replaying_ = false;
     }
     layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
     store.release(b);

@@ -171,13 +171,17 @@ Gpt::MoeActs& Gpt::moe_acts(int set) {
 }
 
 Gpt::MoeActs& Gpt::moe_state(const Block& o, int set) {
-  if (!keeps_communication()) return moe_acts(set);
+  if (!keeps_communication() || !training_) return moe_acts(set);  // evaluation: the shared set
   if (kept_moe_.size() <= static_cast<size_t>(o.moe_index)) kept_moe_.resize(o.moe_index + 1);
   if (!kept_moe_[o.moe_index]) kept_moe_[o.moe_index] = std::make_unique<MoeActs>();
   return *kept_moe_[o.moe_index];
 }
 
 void Gpt::set_communication_aware_checkpointing(bool on) {
+  // The replay copies the kept residuals with host memcpy: the CPU backend's memory only.
+  if (on && recompute_ && !ops_->host_memory())
+    throw config_error("--communication-aware-checkpointing", "--communication-aware-checkpointing runs on the CPU backend only",
+                       "drop it, or train with --device cpu");
   cac_ = on;
   ws_.reset();  // the next step sizes the workspace with (or without) the kept residuals
   kept_moe_.clear();
@@ -189,10 +193,11 @@ size_t Gpt::kept_for_replay_bytes() const {
   for (const auto& m : kept_moe_) {
     if (!m) continue;
     const Routing& r = m->routing;
-    b += (m->xr.size() + m->jitter.size() + m->logits.size() + m->rows.size() + m->yback.size() + m->moe_out.size() +
-          m->dense_out.size() + m->coef.size() + r.probs.size() + r.weight.size()) * sizeof(float);
-    b += (m->pos.size() + m->send_counts.size() + m->recv_counts.size() + r.expert.size() + r.slot.size() +
-          r.demand.size() + r.load.size()) * sizeof(int32_t);
+    b += (m->xr.capacity() + m->jitter.capacity() + m->logits.capacity() + m->rows.capacity() + m->yback.capacity() +
+          m->moe_out.capacity() + m->dense_out.capacity() + m->coef.capacity() + r.probs.capacity() +
+          r.weight.capacity()) * sizeof(float);
+    b += (m->pos.capacity() + m->send_counts.capacity() + m->recv_counts.capacity() + r.expert.capacity() +
+          r.slot.capacity() + r.demand.capacity() + r.load.capacity()) * sizeof(int32_t);
   }
   return b;
 }
@@ -246,6 +251,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     xr = m.xr.data();
   } else {
     m.jitter.clear();
+    m.xr.clear();
   }
   m.logits.assign((size_t)N * E, 0.0f);
   ops_->matmul_forward(m.logits.data(), xr, lp + o.routerw, nullptr, N, C, E, Precision::fp32);

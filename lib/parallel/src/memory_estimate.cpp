@@ -72,6 +72,7 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   for (auto [n, name] : {std::pair{dense_layers ? s.layer : 0, "layer"}, {largest_moe, "moe layer"},
                          {s.moe_layers ? s.expert : 0, "expert"}})
     if (n > s.largest_block) s.largest_block = n, s.largest_block_name = name;
+  s.largest_dense_block = std::max({s.embedding, dense_layers ? s.layer : 0, largest_moe});
   if (P == 1 && expert_parallel == 1 && !cfg.moe.expert_tensor_parallel) {
     s.whole_model = s.params;
   } else {
@@ -167,7 +168,14 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
     throw config_error("--moe-expert-parallel-size", std::to_string(N) + " data-parallel ranks (devices / T) do not divide into "
                                                        "expert-parallel groups of " + std::to_string(EP),
                        "choose an expert-parallel size that divides devices / tensor-parallel size");
-  const uint64_t part = ceil_div(psi - size.experts, N) + (size.experts ? ceil_div(size.experts, N / EP) : 0);
+  // One ZeRO engine per group (dense; experts), each with its own buffers.
+  struct Group {
+    uint64_t psi, n, block;
+  };
+  std::vector<Group> groups = {{psi - size.experts, N, size.experts ? size.largest_dense_block : B}};
+  if (size.experts) groups.push_back({size.experts, N / EP, size.expert});
+  uint64_t part = 0;
+  for (const Group& g : groups) part += ceil_div(g.psi, g.n);
   const std::string p = std::to_string(sb.param), g = std::to_string(sb.grad), k = std::to_string(sb.optimizer);
   // What the CPU step reads and writes per partitioned parameter: the fp32 optimizer arrays
   // (master, m, v: 12 bytes in both precisions, since in fp32 training the device keeps its own
@@ -176,16 +184,19 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
   const uint64_t opt_arrays = 12, host_grad = 4;
   // Parameter offload moves the 16-bit working partition too; in fp32 the master is that copy.
   const uint64_t host_param = prec == StatePrecision::mixed ? sb.param : 0;
-  // Stage 2: a gradient bucket of reduce_bucket_size elements, at least one block, at most Ψ.
-  const uint64_t bucket = sb.grad * std::max(B, std::min(b.reduce_bucket_elems, psi));
-  // Stage 3: live_blocks gathered blocks + the prefetch, and one block's gradient before its reduce-scatter.
-  // (never more than the whole model: a small model is simply gathered whole).
-  const uint64_t gathered =
-      sb.param * std::min((uint64_t)b.live_blocks * B + std::min(b.prefetch_elems, psi), psi) + sb.grad * B;
-  // NVMe optimizer: buffer_count slots, each one tile of the 3 fp32 arrays (docs/offload.md).
-  const uint64_t opt_swap = (uint64_t)b.optimizer_swap_buffers * 3 * 4 * std::min(b.optimizer_tile_elems, part);
-  // NVMe params: staging slices of a block (each rank reads its 1/N of a block, then all-gathers).
-  const uint64_t param_swap = (uint64_t)b.param_swap_buffers * ceil_div(B, N) * sb.param;
+  uint64_t bucket = 0, gathered = 0, opt_swap = 0, param_swap = 0;
+  for (const Group& g : groups) {
+    // Stage 2: a gradient bucket of reduce_bucket_size elements, at least one block, at most Ψ.
+    bucket += sb.grad * std::max(g.block, std::min(b.reduce_bucket_elems, g.psi));
+    // Stage 3: live_blocks gathered blocks + the prefetch, and one block's gradient before its
+    // reduce-scatter (never more than the whole group: a small model is simply gathered whole).
+    gathered += sb.param * std::min((uint64_t)b.live_blocks * g.block + std::min(b.prefetch_elems, g.psi), g.psi) +
+                sb.grad * g.block;
+    // NVMe optimizer: buffer_count slots, each one tile of the 3 fp32 arrays (docs/offload.md).
+    opt_swap += (uint64_t)b.optimizer_swap_buffers * 3 * 4 * std::min(b.optimizer_tile_elems, ceil_div(g.psi, g.n));
+    // NVMe params: staging slices of a block (each rank reads its 1/N of a block, then all-gathers).
+    param_swap += (uint64_t)b.param_swap_buffers * ceil_div(g.block, g.n) * sb.param;
+  }
 
   MemoryPlan m;
   m.stage = stage;

@@ -44,6 +44,7 @@ struct GptSize {
   uint64_t final_norm = 0;     // 2 C
   uint64_t largest_block = 0;  // ZeRO-3's gather unit: the largest block
   std::string largest_block_name;
+  uint64_t largest_dense_block = 0;  // the largest block but the experts (MoE: each group's engine has its own buffers)
   uint64_t whole_model = 0;    // every parameter, every expert, tensor-parallel parts whole
 };
 /// Validates cfg (config_error naming the flag) and counts; expert_parallel must divide every MoE
