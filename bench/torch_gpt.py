@@ -1,6 +1,12 @@
 #!/usr/bin/python3
 """The same GPT-2 model as hpctrain's, trained in PyTorch on CPU with mock tokens, for
 bench/train_vs_pytorch.sh. Prints one JSON line: tokens_per_second, peak_rss_bytes (max over ranks).
+With --experts E: every --expert-interval-th layer's MLP is DeepSpeed's MoE layer as DeepSpeed
+writes it (sharded_moe.py top1gating and MOELayer): fp32 router, top-1, capacity
+ceil(S/E x factor) at least 4, Random Token Selection, the aux loss (x 0.01), one-hot combine and
+dispatch tensors (S, E, C) and the einsum dispatch "sec,sm->ecm" / combine "sec,ecm->sm", each
+expert a GPT MLP run on its (C, h) slice, in one process (DeepSpeed's layer without expert
+parallelism: no all-to-all).
 
 Set-up as the benchmark issue prescribes: fp32 runs WORLD_SIZE DDP processes over gloo with one
 thread each (started by the caller with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, since torchrun
@@ -26,6 +32,9 @@ ap.add_argument("--micro-batch", type=int, required=True)
 ap.add_argument("--iters", type=int, default=10)
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--bf16", action="store_true")
+ap.add_argument("--experts", type=int, default=0)
+ap.add_argument("--expert-interval", type=int, default=2)
+ap.add_argument("--capacity-factor", type=float, default=1.0)
 a = ap.parse_args()
 
 rank = int(os.environ.get("RANK", "0"))
@@ -35,12 +44,50 @@ if world > 1:
 torch.manual_seed(1234)
 
 
+class Mlp(nn.Module):
+    def __init__(self, C):
+        super().__init__()
+        self.fc, self.fcproj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        return self.fcproj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class MoE(nn.Module):
+    """DeepSpeed's top-1 MoE layer (sharded_moe.py: top1gating with RTS, MOELayer's einsums)."""
+
+    def __init__(self, C, E, factor, min_capacity=4):
+        super().__init__()
+        self.wg = nn.Linear(C, E, bias=False)
+        self.experts = nn.ModuleList(Mlp(C) for _ in range(E))
+        self.E, self.factor, self.min_capacity = E, factor, min_capacity
+
+    def forward(self, x):  # x (S, C) -> (S, C), l_aux
+        S, E = x.shape[0], self.E
+        with torch.autocast("cpu", enabled=False):  # DeepSpeed's gate runs in fp32
+            gates = F.softmax(self.wg(x.float()), dim=1)
+        cap = max(math.ceil(S / E * self.factor), self.min_capacity)
+        mask1 = F.one_hot(gates.argmax(dim=1), num_classes=E)
+        l_aux = torch.mean(gates.mean(dim=0) * mask1.float().mean(dim=0)) * E * E
+        # Random Token Selection: per expert, the cap tokens with the highest uniform priority
+        top = torch.topk(mask1 * torch.rand(S, 1), k=cap, dim=0)[1]
+        mask1 = mask1 * torch.zeros_like(mask1).scatter_(0, top, 1)
+        locations1 = torch.cumsum(mask1, dim=0) - 1
+        locations1_s = torch.sum(locations1 * mask1, dim=1)
+        gates1_s = (gates * mask1).sum(dim=1)
+        combine = torch.einsum("se,sc->sec", gates1_s.unsqueeze(1) * mask1, F.one_hot(locations1_s, num_classes=cap).float())
+        dispatch = combine.bool().type_as(x)
+        dispatched = torch.einsum("sec,sm->ecm", dispatch, x)
+        out = torch.stack([self.experts[e](dispatched[e]) for e in range(E)])
+        return torch.einsum("sec,ecm->sm", combine.type_as(out), out), l_aux
+
+
 class Block(nn.Module):
-    def __init__(self, C, NH):
+    def __init__(self, C, NH, experts=0, factor=1.0):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
         self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        self.fc, self.fcproj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+        self.mlp = MoE(C, experts, factor) if experts > 1 else Mlp(C)
         self.NH = NH
 
     def forward(self, x):
@@ -52,27 +99,34 @@ class Block(nn.Module):
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.proj(y)
-        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        if isinstance(self.mlp, MoE):
+            out, l_aux = self.mlp(self.ln2(x).view(B * T, C))
+            return x + out.view(B, T, C), l_aux
+        return x + self.mlp(self.ln2(x)), None
 
 
 class GPT(nn.Module):
-    def __init__(self, V, L, C, NH, T):
+    def __init__(self, V, L, C, NH, T, experts=0, interval=2, factor=1.0):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        self.blocks = nn.ModuleList(Block(C, NH) for _ in range(L))
+        # MoE on layers l (1-based) with l % interval == 0, as Megatron-DeepSpeed numbers them
+        self.blocks = nn.ModuleList(Block(C, NH, experts if (l + 1) % interval == 0 else 0, factor) for l in range(L))
         self.lnf = nn.LayerNorm(C)
 
     def forward(self, idx, targets):
         B, T = idx.shape
         x = self.wte(idx) + self.wpe(torch.arange(T))
+        aux = 0.0
         for b in self.blocks:
-            x = b(x)
+            x, l_aux = b(x)
+            if l_aux is not None:
+                aux = aux + l_aux
         logits = self.lnf(x) @ self.wte.weight.t()  # tied head
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1)) + 0.01 * aux
 
 
 Vp = (a.vocab + 127) // 128 * 128
-model = GPT(Vp, a.layers, a.hidden, a.heads, a.seq)
+model = GPT(Vp, a.layers, a.hidden, a.heads, a.seq, a.experts, a.expert_interval, a.capacity_factor)
 if world > 1:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)

@@ -3,6 +3,9 @@
 #
 #   bench/train_vs_pytorch.sh [ROUNDS] [SHAPES] [PRECISIONS]     e.g. bench/train_vs_pytorch.sh 3 "S M" "fp32 bf16"
 #
+# Shape SE is S with 8 experts top-1 on every other layer: pretrain_moe with EP 2 on the 2 ranks
+# against torch_gpt.py --experts 8, DeepSpeed's MoE layer (einsum dispatch) in PyTorch.
+#
 # hpctrain: 2 MPI ranks, mock data. PyTorch: its faster set-up here (fp32: 2 DDP processes over gloo,
 # 1 thread each; bf16: 1 process, 2 threads, autocast). The two programs alternate ROUNDS times and
 # the medians are compared (this machine's timings swing 20-40% run to run). Needs
@@ -22,10 +25,11 @@ trap 'rm -rf "$tmp"' EXIT
 # shellcheck source=scripts/env.sh
 source "$root/scripts/env.sh"
 
-shape_args() {  # vocab layers hidden heads seq micro
+shape_args() {  # vocab layers hidden heads seq micro experts
   case "$1" in
-    S) echo "8192 6 384 6 256 8" ;;
-    M) echo "50304 12 768 12 512 4" ;;
+    S) echo "8192 6 384 6 256 8 0" ;;
+    SE) echo "8192 6 384 6 256 8 8" ;;
+    M) echo "50304 12 768 12 512 4 0" ;;
     *) echo "unknown shape $1" >&2; exit 2 ;;
   esac
 }
@@ -33,10 +37,14 @@ shape_args() {  # vocab layers hidden heads seq micro
 median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
 run_hpct() {  # shape prec -> "tps rss"
-  read -r V L C NH T MB <<<"$(shape_args "$1")"
-  local extra=()
+  read -r V L C NH T MB E <<<"$(shape_args "$1")"
+  local extra=() bin=$gpt
   [[ "$2" == bf16 ]] && extra+=(--bf16)
-  mpirun -np 2 "${mpiflags[@]}" "$gpt" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$C" \
+  if ((E > 0)); then
+    bin="$root/build/apps/pretrain_moe/pretrain_moe"
+    extra+=(--num-experts "$E" --expert-interval 2 --topk 1 --moe-expert-parallel-size 2 --moe-loss-coeff 0.01)
+  fi
+  mpirun -np 2 "${mpiflags[@]}" "$bin" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$C" \
     --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$MB" --global-batch-size $((MB * 2)) \
     --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 "${extra[@]}" \
     --metrics-file "$tmp/m.jsonl" >"$tmp/hpct.log" 2>&1 || { cat "$tmp/hpct.log" >&2; exit 1; }
@@ -50,8 +58,9 @@ PY
 }
 
 run_torch() {  # shape prec -> "tps rss"
-  read -r V L C NH T MB <<<"$(shape_args "$1")"
+  read -r V L C NH T MB E <<<"$(shape_args "$1")"
   local args=(--vocab "$V" --layers "$L" --hidden "$C" --heads "$NH" --seq "$T" --iters "$iters" --warmup "$warm")
+  ((E > 0)) && args+=(--experts "$E" --expert-interval 2)
   if [[ "$2" == bf16 ]]; then
     OMP_NUM_THREADS=2 /usr/bin/python3 "$root/bench/torch_gpt.py" "${args[@]}" --micro-batch $((MB * 2)) --bf16 >"$tmp/t.json"
   else
