@@ -101,6 +101,13 @@ void join_shares(const float* gathered, float* full, const std::vector<int>& cou
   }
 }
 
+// Rows of local expert j from every source rank (runs indexed (rank, local expert)).
+int expert_rows(const std::vector<int>& counts, int ranks, int local, int j) {
+  int rows = 0;
+  for (int s = 0; s < ranks; ++s) rows += counts[s * local + j];
+  return rows;
+}
+
 // Rows per ep rank of runs indexed (rank, local expert).
 std::vector<int> rows_per_rank(const std::vector<int>& counts, int ranks) {
   const int local = static_cast<int>(counts.size()) / ranks;
@@ -218,8 +225,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     xa.fch_gelu.resize(R * F);
     size_t row = 0;
     for (int j = 0; j < El; ++j) {
-      int rows = 0;
-      for (int s = 0; s < P; ++s) rows += m.recv_counts[s * El + j];
+      const int rows = expert_rows(m.recv_counts, P, El, j);
       const int b = o.expert_blocks[ep_rank_ * El + j];
       const float* w = store.params(b);
       if (rows > 0) mlp_hidden(w + ex_.fcw, w + ex_.fcb, &m.rows[row * C], &xa.fch[row * F], &xa.fch_gelu[row * F], rows, F);
@@ -307,8 +313,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   xa.y.resize(R * C);
   size_t row = 0;
   for (int j = 0; j < El; ++j) {
-    int rows = 0;
-    for (int s = 0; s < P; ++s) rows += rc[s * El + j];
+    const int rows = expert_rows(rc, P, El, j);
     const int b = o.expert_blocks[ep_rank_ * El + j];
     const float* w = store.params(b);
     if (rows > 0)
@@ -427,8 +432,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   std::vector<float> drows(R * C, 0.0f), dscratch(R * F), dscratch2(R * F);
   size_t row = 0;
   for (int j = 0; j < El; ++j) {
-    int rows = 0;
-    for (int s = 0; s < P; ++s) rows += m.recv_counts[s * El + j];
+    const int rows = expert_rows(m.recv_counts, P, El, j);
     const int b = o.expert_blocks[ep_rank_ * El + j];
     const float* w = store.params(b);
     float* g = store.grads(b);
