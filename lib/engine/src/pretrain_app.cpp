@@ -208,26 +208,23 @@ static int run(int argc, char** argv, bool require_moe) {
                          {"optimizer_states", world.allgather(double(mem.optimizer))},
                          {"working_buffers_peak", world.allgather(double(mem.working_peak))},
                          {"activations", world.allgather(double(mem.activations))}};
+  const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));  // per-step averages
   nlohmann::json device = nullptr;
   if (cfg.device == "cuda") {
     const auto* ds = trainer.device_store();
-    const double steps_run = std::max<double>(1, double(s.last_iteration - s.start_iteration));
     device = {{"parameters_and_gradients", world.allgather(double(mem.device_params_grads))},
               {"activations", host["activations"]},
               // parameters copied in and gradients copied back, averaged over the steps run (an
               // evaluation's copies count too; tokens, targets and losses do not)
-              {"parameter_bytes_to_device_per_step", world.allgather(ds->bytes_to_device() / steps_run)},
-              {"gradient_bytes_to_host_per_step", world.allgather(ds->bytes_to_host() / steps_run)}};
+              {"parameter_bytes_to_device_per_step", world.allgather(ds->bytes_to_device() / steps)},
+              {"gradient_bytes_to_host_per_step", world.allgather(ds->bytes_to_host() / steps)}};
     host.erase("activations");
   }
   const std::vector<double> sent = world.allgather(trainer.comm_bytes_per_step());
-  std::vector<double> a2a = world.allgather(trainer.model().alltoall_bytes() /
-                                            std::max<double>(1, double(s.last_iteration - s.start_iteration)));
+  std::vector<double> a2a = world.allgather(trainer.model().alltoall_bytes() / steps);
   const std::vector<double> cac_kept = world.allgather(double(trainer.model().kept_for_replay_bytes()));
-  const std::vector<double> moe_tp = world.allgather(
-      trainer.model().moe_tp_bytes() / std::max<double>(1, double(s.last_iteration - s.start_iteration)));
+  const std::vector<double> moe_tp = world.allgather(trainer.model().moe_tp_bytes() / steps);
   const auto& tr = trainer.zero().swap_traffic();
-  const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));
   // Tensor parallelism: the activations' all-reduces (f and g) per step, against Megatron's count
   // for the layers, 4 all-reduces of B*s*h per layer and micro-batch (docs/tensor-parallel.md).
   const std::vector<double> tp_bytes = world.allgather(trainer.tp_bytes_per_step());

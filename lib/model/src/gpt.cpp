@@ -318,7 +318,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
   ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
-  float* kept = keeps_communication() && (training_ || replaying_) ? ws_->kept_res2 + (size_t)l * nC : nullptr;
+  float* kept = keeps_communication() && training_ ? ws_->kept_res2 + (size_t)l * nC : nullptr;
   if (replaying_) {  // CAC: the attention output's g is not run again
     std::memcpy(a.res2, kept, nC * sizeof(float));
   } else {
