@@ -1,6 +1,7 @@
 // GPT-2 forward/backward over hpct::kernels. See gpt.hpp for the contract.
 #include "hpct/model/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -185,7 +186,8 @@ void Gpt::ensure_workspace(int B, int T) {
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
   size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
   size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
-                 N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept;
+                 N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
+                 (ltd_layers_.empty() ? 0 : 3 * N * C);
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
@@ -219,6 +221,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->logits = take((size_t)kHeadRows * Vl);
   ws->losses = take(N);
   if (kept) ws->kept_res2 = take(kept);
+  if (!ltd_layers_.empty()) ws->ltd = take(3 * N * C);
   if (sp) {
     ws->dfull = take(N * C);
     ws->dslice = take(n * C);
@@ -259,23 +262,27 @@ std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* token
   return {w.tokens.as<int32_t>(), w.targets.as<int32_t>()};
 }
 
-double Gpt::flops_per_iteration(long long B, long long T) const {
+double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   // Megatron's 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) counts forward+backward (x3) plus one
-  // recompute forward (x4 in all); without recompute the same model FLOPs are 3/4 of it.
-  const double l = cfg_.num_layers, h = cfg_.hidden_size, s = (double)T, V = cfg_.padded_vocab();
-  double f = 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+  // recompute forward (x4 in all); without recompute the same model FLOPs are 3/4 of it. Summed
+  // layer by layer (96*B*s*h^2*(1 + s/(6h)) each, and 6*B*s*h*V for the head), so that a layer that
+  // random-LTD runs on `kept` tokens per sample counts at that length.
+  const double h = cfg_.hidden_size, s = (double)T, V = cfg_.padded_vocab();
   // MoE: a token runs k expert MLPs (and the dense one beside them in a residual MoE) where a dense
   // layer runs one; each MLP is 16h^2 of the layer's 24h^2 per token. Router and combine omitted.
-  for (const auto& o : blocks_)
-    if (o.experts > 0) f += 64.0 * B * s * h * h * (cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0));
-  if (!recompute_) return f * 0.75;
+  const double extra_mlps = cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0);
   // CAC's replay skips the attention output projection (2h^2 per token) and fc2 (8h^2 per MLP run).
-  if (keeps_communication()) {
-    f -= 10.0 * B * s * h * h * l;
-    for (const auto& o : blocks_)
-      if (o.experts > 0) f -= 8.0 * B * s * h * h * (cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0));
+  const bool cac = recompute_ && keeps_communication();
+  double f = 6.0 * B * s * h * V;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const bool short_layer = kept > 0 && kept < T && std::binary_search(ltd_layers_.begin(), ltd_layers_.end(), l);
+    const double sl = short_layer ? (double)kept : s;
+    const bool moe = blocks_[l].experts > 0;
+    f += 96.0 * B * sl * h * h * (1.0 + sl / (6.0 * h));
+    if (moe) f += 64.0 * B * sl * h * h * extra_mlps;
+    if (cac) f -= 10.0 * B * sl * h * h + (moe ? 8.0 * B * sl * h * h * extra_mlps : 0.0);
   }
-  return f;
+  return recompute_ ? f : f * 0.75;
 }
 
 void Gpt::mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F) {
@@ -318,7 +325,9 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
   ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
-  float* kept = keeps_communication() && training_ ? ws_->kept_res2 + (size_t)l * nC : nullptr;
+  // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
+  const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
+  float* kept = keeps_communication() && training_ ? ws_->kept_res2 + (size_t)l * slot : nullptr;
   if (replaying_) {  // CAC: the attention output's g is not run again
     std::memcpy(a.res2, kept, nC * sizeof(float));
   } else {
@@ -456,7 +465,9 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
-    layer_forward(store, l, store.params(b), w.acts[keep_acts ? l : 0], w.res + l * NC, w.res + (l + 1) * NC, B, T);
+    LayerActs& a = w.acts[keep_acts ? l : 0];
+    if (drops_tokens(l, T)) ltd_layer_forward(store, l, store.params(b), a, w.res + l * NC, w.res + (l + 1) * NC, B, T, true);
+    else layer_forward(store, l, store.params(b), a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
     store.release(b);
   }
   return ep;
@@ -467,6 +478,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
   training_ = true;
   dloss_ = dloss;
+  batch_rows_ = B * T;
   Timer phase;
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/!recompute_);
   phase_.forward += phase.seconds();
@@ -490,9 +502,11 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
         ~Replay() { on = false; }  // cleared on a throw too: a later forward must not replay
       } replay{replaying_};
       replaying_ = keeps_communication();
-      layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
+      if (drops_tokens(l, T)) ltd_layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T, false);
+      else layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
     }
-    layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
+    if (drops_tokens(l, T)) ltd_layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
+    else layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
     store.release(b);
     store.grads_ready(b);
   }
@@ -508,6 +522,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
 double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T) {
   const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
   training_ = false;
+  batch_rows_ = B * T;
   // evaluation keeps no activations for backward: every layer reuses the first set
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/false);
   Workspace& w = *ws_;

@@ -457,10 +457,11 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     }
 
   // Gate and router. The aux and z losses enter the total loss per micro-batch with their
-  // coefficients, on the same scale as the token losses' mean (dloss per token x N tokens).
+  // coefficients, on the same scale as the token losses' mean (dloss per token x the micro-batch's
+  // B*T tokens, which is N unless random-LTD runs this layer on fewer rows).
   std::vector<float> dlogits((size_t)N * E);
-  const float aux_scale = static_cast<float>(dloss_ * N * cfg_.moe.loss_coeff);
-  const float z_scale = static_cast<float>(dloss_ * N * cfg_.moe.z_loss_coeff);
+  const float aux_scale = static_cast<float>(dloss_ * batch_rows_ * cfg_.moe.loss_coeff);
+  const float z_scale = static_cast<float>(dloss_ * batch_rows_ * cfg_.moe.z_loss_coeff);
   route_backward(r, m.logits.data(), dweight.data(), aux_scale, z_scale, dlogits.data());
   const float* xr = m.jitter.empty() ? x : m.xr.data();
   if (m.jitter.empty()) {

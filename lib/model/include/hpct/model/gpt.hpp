@@ -184,6 +184,24 @@ class Gpt {
   /// 2 more per layer when recomputation replays the forward without CAC).
   long long alltoall_calls() const { return alltoall_calls_; }
 
+  // ---- random-LTD (random layerwise token dropping; docs/data-efficiency.md) ----
+  /// Layers (0-based) that, in training, run on a random subset of each sample's tokens: the kept
+  /// rows are gathered, the layer runs on them as a shorter sequence (causal among the kept tokens,
+  /// which keep the position embeddings they were given), its outputs are scattered back, and the
+  /// dropped rows pass the layer unchanged. {} = none. Call before the first step. Throws for a
+  /// layer out of range, under sequence parallelism and on a device backend (host code for now).
+  void set_random_ltd_layers(std::vector<int> layers);
+  const std::vector<int>& random_ltd_layers() const { return ltd_layers_; }
+  /// The next training micro-batches keep `kept` of each sample's T tokens in those layers (kept <= 0
+  /// or >= T: none dropped, the plain model bitwise). Sample b's positions in layer l are a uniform
+  /// random subset, sorted, drawn from mix_seed(seed, first_sample + b, l): a function of the
+  /// global sample, not of the rank layout.
+  void set_kept_tokens(int kept, uint64_t seed, long long first_sample) {
+    ltd_kept_ = kept, ltd_seed_ = seed, ltd_first_ = first_sample;
+  }
+  /// The positions kept in layer l for sample b of the last training micro-batch (empty: none dropped).
+  std::vector<int> kept_positions(int layer, int b) const;
+
   /// Allocates the activations for micro-batches up to B x T now, so that shorter ones (sequence-length
   /// warmup) reuse them and the peak is taken at the start. Throws as a step of that shape would.
   void reserve(int B, int T) { ensure_workspace(B, T); }
@@ -191,8 +209,9 @@ class Gpt {
   /// backend's memory, with the scratch the backend keeps for its ops (OpsBackend::scratch_bytes).
   size_t activation_bytes() const;
   /// Model FLOPs of one forward+backward over B*T tokens (2 per multiply-add; x3 for fwd+bwd,
-  /// +1 forward when activations are recomputed), for TFLOP/s reporting.
-  double flops_per_iteration(long long B, long long T) const;
+  /// +1 forward when activations are recomputed), for TFLOP/s reporting; random-LTD's layers at
+  /// `kept` tokens per sample when 0 < kept < T.
+  double flops_per_iteration(long long B, long long T, int kept = 0) const;
 
  private:
   struct LayerActs;
@@ -241,6 +260,18 @@ class Gpt {
   void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
   /// An expert's hidden width on this rank: 4C, or 4C/T when experts are tensor-parallel.
   int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : 4 * cfg_.hidden_size; }
+  /// random-LTD: whether layer l drops tokens in this micro-batch of T tokens per sample.
+  bool drops_tokens(int l, int T) const;
+  /// Draws layer l's kept positions for the micro-batch (B samples of T tokens) into ltd_idx_[l].
+  void choose_kept(int l, int B, int T);
+  /// Rows of `full` (B*T rows of C) at layer l's kept positions into `sub` (B*kept rows), or back.
+  void gather_kept(int l, const float* full, float* sub, int B, int T) const;
+  void scatter_kept(int l, const float* sub, float* full, int B, int T) const;
+  /// Layer l on its kept rows: in -> out over all B*T rows (dropped rows copied through).
+  void ltd_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
+                         int T, bool fresh);
+  void ltd_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
+                          float* dres, int B, int T);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
   static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
@@ -269,6 +300,12 @@ class Gpt {
   uint64_t routing_seed_ = 0;
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
   float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
+  int batch_rows_ = 0;     // B*T of the current micro-batch: the aux losses' weight (LTD layers see fewer rows)
+  std::vector<int> ltd_layers_;
+  std::vector<std::vector<int32_t>> ltd_idx_;  // per layer: (B, kept) positions of the last training micro-batch
+  int ltd_kept_ = 0, ltd_B_ = 0;
+  uint64_t ltd_seed_ = 0;
+  long long ltd_first_ = 0;
   double alltoall_bytes_ = 0, moe_tp_bytes_ = 0;
   PhaseSeconds phase_;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
