@@ -90,7 +90,40 @@ def check_slw(recs):
           f"consumed tokens {train[-1]['consumed_tokens']} as DeepSpeed's pacing gives")
 
 
-CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema, "tp_bytes": check_tp_bytes, "slw": check_slw}
+def check_ltd(recs):
+    """random-LTD: every logged step's reserved length is DeepSpeed's RandomLTDScheduler value
+    (fixed_linear, recomputed here from the segment's config), the consumed layer-tokens its
+    consumed_layer_tokens formula, the actual seqlen Megatron-DeepSpeed's effective length, and the
+    reserved length reaches the maximum."""
+    seg = [r for r in recs if r.get("type") == "segment"][-1]
+    cfg = seg["config"]
+    ltd, gb = cfg["random_ltd"], cfg["global_batch_size"]
+    S, L = cfg["model"]["seq_length"], cfg["model"]["num_layers"]
+    Lr = len(ltd["layers"])
+    assert ltd, "no random_ltd in the config"
+
+    def kept(it):  # iteration it (0-based) keeps get_value(global_steps = it)
+        r = math.floor(it / ltd["require_steps"] * (ltd["max_value"] - ltd["min_value"]) + ltd["min_value"])
+        return min(r - r % ltd["seq_per_step"], ltd["max_value"], S)
+
+    train = [r for r in recs if r.get("type") == "train"]
+    assert train, "no train records"
+    for r in train:
+        it = r["iteration"]
+        assert r["random_ltd_reserved_length"] == kept(it - 1), \
+            f"iteration {it}: reserved length {r['random_ltd_reserved_length']}, want {kept(it - 1)}"
+        want = sum(gb * (kept(i) * Lr + S * (L - Lr)) for i in range(it))
+        assert r["consumed_layer_tokens"] == want, f"iteration {it}: layer-tokens {r['consumed_layer_tokens']}, want {want}"
+        assert r["actual_seqlen"] == (kept(it - 1) * Lr + S * (L - Lr)) // L, f"iteration {it}: actual seqlen {r['actual_seqlen']}"
+        assert r["consumed_tokens"] == gb * S * it, "data tokens are consumed whole"
+    assert train[-1]["random_ltd_reserved_length"] == ltd["max_value"], "never reached max_value"
+    print(f"random ltd reserved length {train[0]['random_ltd_reserved_length']} -> "
+          f"{train[-1]['random_ltd_reserved_length']}, consumed layer-tokens {train[-1]['consumed_layer_tokens']} "
+          f"as DeepSpeed's scheduler gives")
+
+
+CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema, "tp_bytes": check_tp_bytes, "slw": check_slw,
+          "ltd": check_ltd}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rc", type=int)

@@ -136,8 +136,8 @@ TEST(Curriculum, BadKeysAreNamed) {
       {R"("curriculum_learning": {"enabled": true, "curriculum_type": "vocab"})", "curriculum_learning.curriculum_type"},
       {R"("data_efficiency": {"enabled": true, "data_sampling": {"enabled": true, "curriculum_learning": {"enabled": true, "curriculum_metrics": {"vocabularyrarity": {}}}}})",
        "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity"},
-      {R"("data_efficiency": {"enabled": true, "data_routing": {"enabled": true, "random_ltd": {}}})",
-       "data_efficiency.data_routing.random_ltd"},
+      {R"("data_efficiency": {"enabled": true, "data_routing": {"enabled": true, "random_ltd": {"enabled": true}}})",
+       "data_efficiency.data_routing.random_ltd.random_ltd_schedule"},  // random-LTD without its schedule
   };
   for (const auto& c : cases) {
     const std::string e = apply(c.body);

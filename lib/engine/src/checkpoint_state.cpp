@@ -21,16 +21,18 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 // The attributes' stored text, in one fixed order.
-// consumed_tokens (< 0: absent, as before sequence-length warmup) joins the text only when stored.
+// consumed_tokens (< 0: absent, as before sequence-length warmup) and consumed_layer_tokens (< 0:
+// absent, a run without random-LTD) join the text only when stored.
 uint64_t checksum_of(long long it, long long consumed, long long step, long long skipped, long long nan, uint64_t seed,
                      const std::string& scaler, const std::string& config, const std::string& arch,
-                     const std::string& tokenizer, const std::string& layout, long long tokens) {
+                     const std::string& tokenizer, const std::string& layout, long long tokens, long long layer_tokens) {
   std::string t = std::string(kCheckpointFormat) + "\niteration=" + std::to_string(it) + "\nconsumed_samples=" +
                   std::to_string(consumed) + "\noptimizer_step=" + std::to_string(step) + "\nskipped_iterations=" +
                   std::to_string(skipped) + "\nnan_iterations=" + std::to_string(nan) + "\nseed=" + std::to_string(seed) +
                   "\nloss_scaler=" + scaler + "\nconfig=" + config + "\narchitecture=" + arch + "\ntokenizer=" + tokenizer +
                   "\nparallel_layout=" + layout;
   if (tokens >= 0) t += "\nconsumed_tokens=" + std::to_string(tokens);
+  if (layer_tokens >= 0) t += "\nconsumed_layer_tokens=" + std::to_string(layer_tokens);
   return fnv1a(t);
 }
 
@@ -39,7 +41,7 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
 uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m) {
   return checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, m.seed,
                      s.loss_scaler.dump(), m.config.dump(), m.architecture.dump(), m.tokenizer, m.layout.dump(),
-                     s.consumed_tokens);
+                     s.consumed_tokens, s.consumed_layer_tokens);
 }
 
 StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
@@ -77,6 +79,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   s.iteration = geti("iteration");
   s.consumed_samples = geti("consumed_samples");
   if (f.i64("consumed_tokens")) s.consumed_tokens = geti("consumed_tokens");
+  if (f.i64("consumed_layer_tokens")) s.consumed_layer_tokens = geti("consumed_layer_tokens");
   s.adam_step = geti("optimizer_step");
   s.skipped_iterations = geti("skipped_iterations");
   s.nan_iterations = geti("nan_iterations");
@@ -93,7 +96,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   if (auto sum = f.u64("run_state_checksum")) {
     r.has_checksum = true;
     if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
-                            scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens))
+                            scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens, s.consumed_layer_tokens))
       throw file_error(file, "fails its run-state checksum (iteration, samples, optimizer step, config or architecture "
                              "attributes were altered or are corrupt)",
                        "load an earlier checkpoint (pass its file to --load)");

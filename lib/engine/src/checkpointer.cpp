@@ -284,6 +284,8 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       f.set_attr("/", "iteration", static_cast<int64_t>(s.iteration));
       f.set_attr("/", "consumed_samples", static_cast<int64_t>(s.consumed_samples));
       if (s.consumed_tokens >= 0) f.set_attr("/", "consumed_tokens", static_cast<int64_t>(s.consumed_tokens));
+      if (s.consumed_layer_tokens >= 0)
+        f.set_attr("/", "consumed_layer_tokens", static_cast<int64_t>(s.consumed_layer_tokens));
       f.set_attr("/", "optimizer_step", static_cast<int64_t>(s.adam_step));
       f.set_attr("/", "skipped_iterations", static_cast<int64_t>(s.skipped_iterations));
       f.set_attr("/", "nan_iterations", static_cast<int64_t>(s.nan_iterations));

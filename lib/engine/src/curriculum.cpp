@@ -131,7 +131,7 @@ void read_schedule(JsonSection& s, const nlohmann::json& raw, CurriculumConfig& 
 
 }  // namespace
 
-void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg) {
+void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd) {
   if (root.has("curriculum_learning")) {  // DeepSpeed's legacy block
     JsonSection s = root.section("curriculum_learning");
     if (s.get_bool("enabled").value_or(false)) {
@@ -152,8 +152,7 @@ void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, Curr
   de.get_int("seed");  // accepted: the data order is --seed's (one seed for the whole run)
   if (de.has("data_routing")) {
     JsonSection dr = de.section("data_routing");
-    if (dr.get_bool("enabled").value_or(false) && on) not_built(dr, "random_ltd", "random-LTD (data_routing)");
-    dr.ignore("random_ltd");
+    apply_ds_random_ltd(dr, rde.at("data_routing"), on, ltd);
     dr.finish();
   }
   if (de.has("data_sampling")) {

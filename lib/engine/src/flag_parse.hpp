@@ -33,5 +33,7 @@ void apply_ds_monitors(JsonSection& root, TrainConfig& cfg);
 void add_data_efficiency_flags(FlagTable& table);
 /// Their checks (and the curriculum's), from TrainConfig::finalize.
 void finalize_data_efficiency(TrainConfig& cfg);
+/// random-LTD's checks against the model, the batch and the learning-rate flags (after the batch sizes).
+void finalize_random_ltd(TrainConfig& cfg);
 
 }  // namespace hpct::engine::detail

@@ -185,6 +185,19 @@ static int run(int argc, char** argv, bool require_moe) {
                                                                " steps in multiples of " + std::to_string(cl.difficulty_step))
                 << "; evaluation at " << cfg.model.max_seq_length << "\n";
     }
+    if (cfg.random_ltd.enabled) {
+      const auto& r = cfg.random_ltd;
+      const auto layers = r.layers(cfg.model.num_layers);
+      std::cout << "> random-LTD (" << r.key << "): layers " << layers.front() << ".." << layers.back() << " ("
+                << layers.size() << " of " << cfg.model.num_layers << ", 0-based) keep "
+                << r.kept(trainer.iteration(), cfg.model.max_seq_length) << " tokens per sample at iteration "
+                << trainer.iteration() + 1 << ", " << r.min_value << " -> " << r.max_value << " over " << r.require_steps
+                << " steps in multiples of " << r.seq_per_step << "; learning rate by "
+                << (r.layer_token_lr ? "layer-tokens (" + std::to_string(r.warmup_layer_tokens) + " warmup, " +
+                                           std::to_string(r.total_layer_tokens) + " in all)"
+                                     : std::string("its own flags (token-based ones count effective tokens)"))
+                << "; evaluation on every token\n";
+    }
     if (grid.tp().size() > 1)
       std::cout << "> tensor parallel: each layer split over " << grid.tp().size()
                 << " ranks (QKV by heads and fc column-parallel, attention output and fc2 row-parallel, vocab-parallel "
@@ -290,6 +303,7 @@ static int run(int argc, char** argv, bool require_moe) {
                               {"total_seconds", s.seconds},
                               {"tokens_per_second", s.tokens_per_second},
                               {"consumed_tokens", trainer.consumed_tokens()},
+                              {"consumed_layer_tokens", trainer.consumed_layer_tokens()},
                               {"final_lm_loss", s.steps.empty() ? NAN : s.steps.back().lm_loss},
                               {"skipped_iterations", s.skipped_iterations},
                               {"world_size", world.size()},

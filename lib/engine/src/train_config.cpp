@@ -264,7 +264,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   if (auto v = root.get_number("gradient_clipping")) cfg.clip_grad = *v;
   if (auto v = root.get_int("steps_per_print")) cfg.log_interval = i32(*v, "steps_per_print", 1);
   apply_ds_monitors(root, cfg);  // wall_clock_breakdown, tensorboard, csv_monitor
-  apply_ds_data_efficiency(root, j, cfg.curriculum);  // curriculum_learning, data_efficiency
+  apply_ds_data_efficiency(root, j, cfg.curriculum, cfg.random_ltd);  // curriculum_learning, data_efficiency
   root.ignore("zero_allow_untested_optimizer");
   root.ignore("prescale_gradients");
   if (root.has("optimizer")) {
@@ -507,6 +507,7 @@ void TrainConfig::finalize(int dp) {
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
     throw config_error("fp16", "loss_scale_window, hysteresis and min_loss_scale must be positive");
+  finalize_random_ltd(*this);  // after the batch sizes, which its block may repeat
 }
 
 nlohmann::json config_to_json(const TrainConfig& c) {
@@ -528,6 +529,16 @@ nlohmann::json config_to_json(const TrainConfig& c) {
                                                                 {"root_degree", c.curriculum.root_degree},
                                                                 {"difficulty", c.curriculum.difficulty},
                                                                 {"max_step", c.curriculum.max_step}}
+                                              : nlohmann::json(nullptr)},
+          {"random_ltd", c.random_ltd.enabled ? nlohmann::json{{"source", c.random_ltd.key},
+                                                                {"layers", c.random_ltd.layers(c.model.num_layers)},
+                                                                {"min_value", c.random_ltd.min_value},
+                                                                {"max_value", c.random_ltd.max_value},
+                                                                {"require_steps", c.random_ltd.require_steps},
+                                                                {"seq_per_step", c.random_ltd.seq_per_step},
+                                                                {"layer_token_lr", c.random_ltd.layer_token_lr},
+                                                                {"total_layer_tokens", c.random_ltd.total_layer_tokens},
+                                                                {"warmup_layer_tokens", c.random_ltd.warmup_layer_tokens}}
                                               : nlohmann::json(nullptr)},
           {"tensor_model_parallel_size", c.model.tensor_parallel},
           {"sequence_parallel", c.model.sequence_parallel && c.model.tensor_parallel > 1},

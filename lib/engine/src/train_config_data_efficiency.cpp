@@ -15,6 +15,7 @@ void add_data_efficiency_flags(FlagTable& t) {
       {"--data-efficiency-curriculum-learning", {false, [](TrainConfig& c, const std::string&) { c.curriculum_flag = true; }, "Megatron-DeepSpeed's switch for the ds_config's data_efficiency curriculum (sequence-length warmup; docs/data-efficiency.md)"}},
       {"--lr-warmup-tokens", {true, tokens(&TrainConfig::lr_warmup_tokens, "--lr-warmup-tokens"), "linear warmup over this many consumed tokens (instead of --lr-warmup-iters)"}},
       {"--lr-decay-tokens", {true, tokens(&TrainConfig::lr_decay_tokens, "--lr-decay-tokens"), "decay over consumed tokens (instead of iterations): what sequence-length warmup is paired with"}},
+      {"--random-ltd", {false, [](TrainConfig& c, const std::string&) { c.random_ltd_flag = true; }, "Megatron-DeepSpeed's switch for the ds_config's data_efficiency.data_routing.random_ltd (random layerwise token dropping; docs/data-efficiency.md)"}},
       {"--train-tokens", {true, tokens(&TrainConfig::train_tokens, "--train-tokens"), "stop (and save) once this many tokens are consumed; --train-iters stays the upper bound"}},
   });
 }
@@ -39,6 +40,32 @@ void finalize_data_efficiency(TrainConfig& c) {
   if (c.lr_decay_tokens > 0 && c.lr_warmup_tokens >= c.lr_decay_tokens)
     throw config_error("--lr-decay-tokens", "--lr-decay-tokens " + std::to_string(c.lr_decay_tokens) +
                                                 " must exceed --lr-warmup-tokens " + std::to_string(c.lr_warmup_tokens));
+}
+
+void finalize_random_ltd(TrainConfig& c) {
+  const RandomLtdConfig& r = c.random_ltd;
+  if (c.random_ltd_flag && !r.enabled)
+    throw config_error("--random-ltd", "--random-ltd needs an enabled random_ltd block in the ds_config",
+                       "set data_efficiency.enabled, data_efficiency.data_routing.enabled and "
+                       "data_efficiency.data_routing.random_ltd.enabled in the --deepspeed_config file (docs/data-efficiency.md)");
+  if (!r.enabled) return;
+  r.validate(c.model.num_layers, c.model.max_seq_length, c.global_batch, c.micro_batch, c.ds_config_path);
+  if (c.model.sequence_parallel && c.model.tensor_parallel > 1)
+    throw config_error("--sequence-parallel", "random-LTD does not combine with --sequence-parallel in this version",
+                       "drop --sequence-parallel, or disable " + r.key);
+  if (!r.layer_token_lr) return;
+  const std::string key = r.key + ".layer_token_lr_schedule";
+  for (auto [given, flag] : {std::pair{c.lr_warmup_tokens > 0, "--lr-warmup-tokens"}, std::pair{c.lr_decay_tokens > 0, "--lr-decay-tokens"},
+                             std::pair{c.lr_warmup_iters > 0, "--lr-warmup-iters"}})
+    if (given)
+      throw config_error(flag, std::string(flag) + " and " + key + " both set the learning-rate clock",
+                         "give warmup and decay in layer-tokens (warmup_layer_tokens, total_layer_tokens), or disable the "
+                         "layer-token schedule");
+  const bool megatron_style = c.lr_style == LrStyle::constant || c.lr_style == LrStyle::linear ||
+                              c.lr_style == LrStyle::cosine || c.lr_style == LrStyle::inverse_square_root;
+  if (!megatron_style)
+    throw config_error(key, key + " follows Megatron's --lr-decay-style schedules, not the ds_config's scheduler block",
+                       "remove the ds_config's scheduler");
 }
 
 }  // namespace hpct::engine::detail

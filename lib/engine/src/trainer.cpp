@@ -53,8 +53,10 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get(),
                                         ep > 1 ? &grid_.ep() : nullptr, grid_.tp().size() > 1 ? &grid_.tp() : nullptr);
   model_->set_communication_aware_checkpointing(cfg_.communication_aware_checkpointing);
-  // Sequence-length warmup: the full length's activations now, reused by every shorter step.
-  if (cfg_.curriculum.enabled) model_->reserve(cfg_.micro_batch, cfg_.model.max_seq_length);
+  if (cfg_.random_ltd.enabled) model_->set_random_ltd_layers(cfg_.random_ltd.layers(cfg_.model.num_layers));
+  // Sequence-length warmup (and random-LTD): the full length's activations now, reused by every
+  // shorter step.
+  if (cfg_.curriculum.enabled || cfg_.random_ltd.enabled) model_->reserve(cfg_.micro_batch, cfg_.model.max_seq_length);
   // Dense blocks are reduced over the dense data-parallel group; this rank's experts over the ranks
   // that hold the same experts. A dense model has one group: one engine over the whole layout.
   // With tensor parallelism the layout is this rank's parts and both groups keep its tp index.
@@ -86,7 +88,13 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   // Step-based warmup with token-based decay: the decay starts from the tokens of the warmup's
   // steps (Megatron-DeepSpeed records them when the warmup ends; here they follow from the schedule).
   for (long long it = 0; it < cfg_.lr_warmup_iters; ++it)
-    warmup_end_tokens_ += double(cfg_.global_batch) * cfg_.curriculum.seqlen(it, T);
+    warmup_end_tokens_ += schedule_tokens(step_layer_tokens(it));
+  // random-LTD's layer-token schedule: Megatron's token warmup and decay, counted in layer-tokens.
+  lr_cfg_ = cfg_;
+  if (cfg_.random_ltd.layer_token_lr) {
+    lr_cfg_.lr_warmup_tokens = cfg_.random_ltd.warmup_layer_tokens;
+    lr_cfg_.lr_decay_tokens = cfg_.random_ltd.total_layer_tokens;
+  }
   sample_buf_.resize(T + 1);
   tokens_.resize((size_t)cfg_.micro_batch * T);
   targets_.resize((size_t)cfg_.micro_batch * T);
@@ -158,11 +166,22 @@ void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sam
   }
 }
 
+long long Trainer::step_layer_tokens(long long it) const {
+  const int T = cfg_.curriculum.seqlen(it, cfg_.model.max_seq_length);
+  return cfg_.random_ltd.step_layer_tokens(it, T, cfg_.model.num_layers, cfg_.global_batch);
+}
+
+double Trainer::schedule_tokens(long long layer_tokens) const {
+  if (cfg_.random_ltd.layer_token_lr) return double(layer_tokens);
+  return double(layer_tokens) / cfg_.model.num_layers;  // tokens (random-LTD: Megatron-DS's effective tokens)
+}
+
 double Trainer::step(const io::TokenDataset& data, long long iteration, StepRecord& rec) {
   // Sequence-length warmup: this step's samples are truncated to the scheduled length.
   const int T = cfg_.curriculum.seqlen(iteration, cfg_.model.max_seq_length);
   const int mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
   rec.seqlen = T;
+  rec.ltd_kept = cfg_.random_ltd.kept(iteration, T);  // random-LTD: tokens per sample its layers keep
   const long long GB = cfg_.global_batch;
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
@@ -189,13 +208,14 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     clk.seconds[detail::kData] += t.seconds();
     zero_->begin_micro_step(m == cfg_.grad_accum - 1);
     model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x726f757465));
+    model_->set_kept_tokens(rec.ltd_kept, mix_seed(cfg_.seed, 0x6c7464), first);
     loss_sum += model_->forward_backward(store(), tokens_.data(), targets_.data(), mb, T, dloss);
     t.reset();
     zero_->end_micro_step();
     clk.seconds[detail::kGradReduce] += t.seconds();
   }
   t.reset();
-  update(rec, loss_sum, scale);  // everything after the last micro-step is the optimizer's
+  update(rec, loss_sum, scale, iteration);  // everything after the last micro-step is the optimizer's
   clk.seconds[detail::kOptimizer] += t.seconds();
   const model::Gpt::PhaseSeconds ph1 = model_->phase_seconds();
   clk.seconds[detail::kForward] += ph1.forward - ph0.forward;
@@ -205,6 +225,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   clk.seconds[detail::kNvme] += nvme_seconds() - nvme0;
   comm_bytes_ += zero_->bytes_sent() - sent0;
   consumed_tokens_ += GB * T;
+  consumed_layer_tokens_ += step_layer_tokens(iteration);
   tp_bytes_ += model_->tensor_parallel().activation_bytes() - tp0;
   tp_wire_bytes_ += model_->tensor_parallel().activation_wire_bytes() - tpw0;
   ++comm_steps_;
@@ -212,7 +233,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
 }
 
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.
-void Trainer::update(StepRecord& rec, double loss_sum, double scale) {
+void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long iteration) {
   const long long GB = cfg_.global_batch;
   const int T = rec.seqlen;
   grid_.dp().allreduce_sum(&loss_sum, 1);
@@ -223,6 +244,8 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale) {
     rec.moe_layers = std::move(ms.layers);
   }
   rec.loss_scale = scale;
+  // Token-based schedules see the tokens through this step (as steps count the one being taken).
+  const double lr_tokens = schedule_tokens(consumed_layer_tokens_ + step_layer_tokens(iteration));
 
   double sumsq = zero_->grad_sumsq();
   bool overflow = !std::isfinite(sumsq);
@@ -231,13 +254,12 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale) {
   rec.grad_norm = overflow ? NAN : std::sqrt(sumsq) / scale;
   if (!ok) {
     rec.skipped = true;
-    rec.learning_rate = learning_rate(cfg_, adam_step_, double(consumed_tokens_ + GB * T), warmup_end_tokens_);
+    rec.learning_rate = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_);
     return;
   }
   double clip = 1.0;
   if (cfg_.clip_grad > 0 && rec.grad_norm > cfg_.clip_grad) clip = cfg_.clip_grad / (rec.grad_norm + 1e-6);
-  // Token-based schedules see the tokens through this step (as steps count the one being taken).
-  const double lr = learning_rate(cfg_, adam_step_, double(consumed_tokens_ + GB * T), warmup_end_tokens_);
+  const double lr = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_);
   rec.learning_rate = lr;
   ++adam_step_;
   parallel::AdamParams ap;
@@ -282,7 +304,7 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
-                            double moe_loss, int curriculum_seqlen) {
+                            double moe_loss, int curriculum_seqlen, int ltd_reserved, int actual_seqlen) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
@@ -298,9 +320,12 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
     const size_t at = line.find(" loss scale:");
     line.insert(at == std::string::npos ? line.size() : at, m);
   }
-  if (curriculum_seqlen > 0) {  // Megatron-DeepSpeed: after the grad norm, before the skipped count
-    char m[96];
-    std::snprintf(m, sizeof m, " curriculum seqlen: %5d | actual seqlen: %5d |", curriculum_seqlen, curriculum_seqlen);
+  if (curriculum_seqlen > 0 || ltd_reserved > 0) {  // Megatron-DeepSpeed: after the grad norm, before the skipped count
+    char m[160];
+    int n = 0;
+    if (curriculum_seqlen > 0) n += std::snprintf(m + n, sizeof m - n, " curriculum seqlen: %5d |", curriculum_seqlen);
+    if (ltd_reserved > 0) n += std::snprintf(m + n, sizeof m - n, " random ltd reserved length: %5d |", ltd_reserved);
+    std::snprintf(m + n, sizeof m - n, " actual seqlen: %5d |", actual_seqlen > 0 ? actual_seqlen : curriculum_seqlen);
     const size_t at = line.find(" number of skipped iterations:");
     line.insert(at == std::string::npos ? line.size() : at, m);
   }
@@ -399,9 +424,10 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     }
     ++n_steps_in_interval;
     interval_tokens += double(cfg_.global_batch) * rec.seqlen;
-    interval_flops += model_->flops_per_iteration(cfg_.global_batch, rec.seqlen);
+    interval_flops += model_->flops_per_iteration(cfg_.global_batch, rec.seqlen, rec.ltd_kept);
     // --train-tokens: this is the last step once that many tokens are consumed (Megatron-DeepSpeed).
-    const bool tokens_done = cfg_.train_tokens > 0 && consumed_tokens_ >= cfg_.train_tokens;
+    // (random-LTD: Megatron-DS's effective tokens, layer-tokens / layers; the same count without it)
+    const bool tokens_done = cfg_.train_tokens > 0 && consumed_layer_tokens_ >= cfg_.train_tokens * cfg_.model.num_layers;
     const bool final_step = it + 1 == cfg_.train_iters || tokens_done;
     sum.steps.push_back(rec);
     if (records) records->iteration(it + 1, iteration_scalars(rec, rc, cfg_.global_batch));
@@ -418,10 +444,15 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       // Samples drawn so far: the checkpoint's count plus this run's (the global batch may have
       // changed at the resume, so not iteration x batch).
       const long long consumed = sample_base_ + (it + 1) * cfg_.global_batch;
+      // random-LTD: Megatron-DS's actual seqlen, the step's layer-tokens per sample per layer.
+      const bool ltd = cfg_.random_ltd.enabled;
+      const int actual_seqlen =
+          static_cast<int>(step_layer_tokens(it) / ((long long)cfg_.global_batch * cfg_.model.num_layers));
       if (root) {
         std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
                                      cfg_.global_batch, loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
-                                     tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1)
+                                     tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1,
+                                     ltd ? rec.ltd_kept : -1, ltd ? actual_seqlen : -1)
                   << "\n";
         if (rc.timing_log_level > 0) std::cout << detail::timer_line(timers, rc.timing_log_level, rc.timing_log_option) << "\n";
         std::cout << std::flush;
@@ -445,6 +476,11 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"timers_ms", detail::timers_json(timers, rc.timing_log_option)},
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
         if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
+        if (ltd) {
+          j["random_ltd_reserved_length"] = rec.ltd_kept;
+          j["actual_seqlen"] = actual_seqlen;
+          j["consumed_layer_tokens"] = consumed_layer_tokens_;
+        }
         if (std::isfinite(rec.moe_loss)) {
           j["moe_loss"] = rec.moe_loss;
           j["moe_layers"] = rec.moe_layers;
@@ -455,6 +491,11 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         if (rc.log_memory) sc.push_back({"memory/peak resident bytes", timers.peak_rss_max(), it + 1});
         if (rc.log_world_size) sc.push_back({"world-size/world-size", double(world), it + 1});
         if (cfg_.curriculum.enabled) sc.push_back({"seqlen/curriculum seqlen", double(rec.seqlen), it + 1});
+        if (ltd) {
+          sc.push_back({"seqlen/random ltd reserved length", double(rec.ltd_kept), it + 1});
+          sc.push_back({"seqlen/actual seqlen", double(actual_seqlen), it + 1});
+          sc.push_back({"random-ltd/consumed layer tokens", double(consumed_layer_tokens_), it + 1});
+        }
         records->record(j, sc);
       }
       loss_acc = 0;

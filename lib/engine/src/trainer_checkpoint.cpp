@@ -83,6 +83,7 @@ TrainingState Trainer::training_state() const {
   st.iteration = iteration_;
   st.consumed_samples = sample_base_ + iteration_ * cfg_.global_batch;
   st.consumed_tokens = consumed_tokens_;
+  st.consumed_layer_tokens = cfg_.random_ltd.enabled ? consumed_layer_tokens_ : -1;
   st.adam_step = adam_step_;
   st.skipped_iterations = skipped_;
   st.nan_iterations = nan_iters_;
@@ -258,6 +259,9 @@ std::string Trainer::load_checkpoint() {
   sample_base_ = st.consumed_samples - st.iteration * cfg_.global_batch;
   // Before sequence-length warmup every sample was --seq-length tokens (the stored config's).
   consumed_tokens_ = st.consumed_tokens >= 0 ? st.consumed_tokens : st.consumed_samples * (long long)cfg_.model.max_seq_length;
+  // Without random-LTD every layer saw every token.
+  consumed_layer_tokens_ =
+      st.consumed_layer_tokens >= 0 ? st.consumed_layer_tokens : consumed_tokens_ * (long long)cfg_.model.num_layers;
   scaler_.restore(st.loss_scaler);
   if (root) {
     double bytes = 3.0 * model_->layout().full_numel() * sizeof(float), secs = timer.seconds();

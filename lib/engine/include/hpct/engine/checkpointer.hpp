@@ -44,6 +44,7 @@ struct TrainingState {
   long long iteration = 0;         // optimizer steps taken (including skipped ones)
   long long consumed_samples = 0;
   long long consumed_tokens = -1;  // -1: not stored (written before sequence-length warmup: samples x seq length)
+  long long consumed_layer_tokens = -1;  // -1: not stored (a run without random-LTD: tokens x layers)
   long long adam_step = 0;
   long long skipped_iterations = 0;
   long long nan_iterations = 0;

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpct/core/json_config.hpp"
+#include "hpct/engine/random_ltd.hpp"
 
 namespace hpct::engine {
 
@@ -47,9 +48,9 @@ struct CurriculumConfig {
 };
 
 namespace detail {
-/// ds_config's "curriculum_learning" and "data_efficiency" blocks into cfg (keys as DeepSpeed's;
-/// unknown or unsupported keys are errors naming the key).
-void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg);
+/// ds_config's "curriculum_learning" and "data_efficiency" blocks into cfg and ltd (keys as
+/// DeepSpeed's; unknown or unsupported keys are errors naming the key).
+void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd);
 }  // namespace detail
 
 }  // namespace hpct::engine

@@ -95,6 +95,9 @@ struct TrainConfig {
   // data efficiency: sequence-length warmup from the ds_config (curriculum.hpp)
   CurriculumConfig curriculum;
   bool curriculum_flag = false;  // --data-efficiency-curriculum-learning was given
+  // random-LTD from the ds_config's data_efficiency.data_routing (random_ltd.hpp)
+  RandomLtdConfig random_ltd;
+  bool random_ltd_flag = false;  // --random-ltd was given
   bool skip_train = false;  // --skip-train: load, evaluate on the validation split, exit (Megatron)
   std::string ds_config_path;
   // checkpoints (Megatron's flags; see docs/checkpoints.md)

@@ -39,6 +39,7 @@ struct StepRecord {
   double loss_scale = 1;
   bool skipped = false;
   int seqlen = 0;                 // the tokens per sample this step trained on (sequence-length warmup)
+  int ltd_kept = 0;               // random-LTD: tokens per sample its layers kept (= seqlen when none dropped)
   double moe_loss = NAN;          // MoE models: the load-balancing (and z) loss term of the step
   nlohmann::json moe_layers;      // MoE models: per layer expert load, dropped fraction, aux loss
   // --log-optimizer-states-to-tensorboard: L2 norms after the update (NaN when not computed)
@@ -97,6 +98,9 @@ class Trainer {
   long long iteration() const { return iteration_; }
   /// Training tokens consumed so far (sequence-length warmup: at the truncated lengths), checkpointed.
   long long consumed_tokens() const { return consumed_tokens_; }
+  /// Layer-tokens consumed so far: tokens x layers, less what random-LTD dropped (DeepSpeed's
+  /// consumed_layer_tokens), checkpointed.
+  long long consumed_layer_tokens() const { return consumed_layer_tokens_; }
 
   /// Collective over the world. Trains up to cfg.train_iters steps (from the loaded iteration);
   /// saves every save_interval, at exit_interval, at the end, and on SIGUSR1/SIGTERM when --save is
@@ -138,7 +142,13 @@ class Trainer {
 
  private:
   double step(const io::TokenDataset& data, long long iteration, StepRecord& rec);
-  void update(StepRecord& rec, double loss_sum, double scale);  // the step after its micro-steps
+  void update(StepRecord& rec, double loss_sum, double scale, long long iteration);  // the step after its micro-steps
+  /// Layer-tokens iteration `it` consumes: global batch x (its length x layers), less what random-LTD drops.
+  long long step_layer_tokens(long long it) const;
+  /// What token-based learning-rate schedules count, from a layer-token count: tokens (with
+  /// random-LTD, Megatron-DS's effective tokens = layer-tokens / layers), or layer-tokens under
+  /// random-LTD's layer-token schedule.
+  double schedule_tokens(long long layer_tokens) const;
   /// Fills tokens_/targets_ (micro_batch, T) with samples first_sample .. first_sample+micro_batch-1.
   /// The micro-batch's samples truncated to T tokens (and their T next-token targets), packed (mb, T).
   void load_micro_batch(const io::TokenDataset& data, long long first_sample, int T);
@@ -171,6 +181,8 @@ class Trainer {
   long long iteration_ = 0;          // optimizer steps taken, including skipped ones
   long long sample_base_ = 0;        // consumed samples - iteration * global batch (batch size changes)
   long long consumed_tokens_ = 0;    // training tokens so far (sequence-length warmup: the truncated lengths)
+  long long consumed_layer_tokens_ = 0;  // their layer-tokens (random-LTD: kept tokens in its layers)
+  TrainConfig lr_cfg_;               // cfg_ with random-LTD's layer-token schedule as the token schedule
   double warmup_end_tokens_ = 0;     // tokens of the --lr-warmup-iters steps (token-based decay starts there)
   long long skipped_ = 0, nan_iters_ = 0;
   std::unique_ptr<detail::PhaseClock> clock_;
@@ -183,6 +195,7 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
-                            double moe_loss = NAN, int curriculum_seqlen = -1);
+                            double moe_loss = NAN, int curriculum_seqlen = -1, int ltd_reserved = -1,
+                            int actual_seqlen = -1);
 
 }  // namespace hpct::engine
