@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Sequence-length warmup against the baseline on real text: gpt-tiny on the bundled Brown corpus,
-# 2 ranks, the same data order, iterations and learning-rate schedule; SLW grows the length from
-# 16 to 128 tokens over ITERS/4 steps (DeepSpeed's fixed_linear, multiples of 8, legacy
-# curriculum_learning block). Validation (always at full length) every EVAL iterations; prints
-# each run's final validation loss, tokens and wall-clock, and the tokens and wall-clock each
-# needed to first reach the baseline's final validation loss; scripts/plot_metrics.py draws both.
+# Data efficiency against the baseline on real text: gpt-tiny on the bundled Brown corpus, 2 ranks,
+# the same data order, iterations and learning-rate schedule, four runs:
+#   baseline;
+#   slw: sequence-length warmup, 16 -> 128 tokens over ITERS/4 steps (DeepSpeed's fixed_linear,
+#        multiples of 8, legacy curriculum_learning block);
+#   ltd: random-LTD, layers 1-2 of 4 keep 32 -> 128 tokens over 7*ITERS/10 steps (multiples of 16,
+#        data_efficiency.data_routing.random_ltd as Megatron-DeepSpeed's template writes it);
+#   slw+ltd: both (the layers keep at most the step's length).
+# Validation (always at full length, every token) every EVAL iterations; prints each run's final
+# validation loss, tokens and wall-clock, and the tokens and wall-clock each needed to first reach
+# the baseline's final validation loss; scripts/plot_metrics.py draws them. RUNS picks a subset
+# (e.g. RUNS="baseline ltd").
 #
 #   bench/data_efficiency_brown.sh [ITERS] [OUT_DIR]   defaults: 300, bench/out/data_efficiency_brown
 # Needs a build in ./build and the data of scripts/fetch_data.sh in ./data.
@@ -23,6 +29,20 @@ cat > "$out/ds_config_slw.json" <<JSON
  "curriculum_learning": {"enabled": true, "curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 128,
    "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": $((iters / 4)), "difficulty_step": 8}}}
 JSON
+ltd_block='"data_efficiency": {"enabled": true, "data_routing": {"enabled": true, "random_ltd": {"enabled": true,
+   "total_layer_num": 4, "random_ltd_layer_num": 2, "random_ltd_layer_id": [1, 2], "model_mask_name": "attention_mask",
+   "model_type": "decoder", "hidden_state_order": "batch_seq_dim",
+   "random_ltd_schedule": {"min_value": 32, "max_value": 128, "schedule_type": "fixed_linear",
+     "schedule_config": {"require_steps": '$((iters * 7 / 10))', "seq_per_step": 16}}}}}'
+cat > "$out/ds_config_ltd.json" <<JSON
+{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, $ltd_block}
+JSON
+cat > "$out/ds_config_slw_ltd.json" <<JSON
+{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0,
+ "curriculum_learning": {"enabled": true, "curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 128,
+   "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": $((iters / 4)), "difficulty_step": 8}},
+ $ltd_block}
+JSON
 # shellcheck disable=SC2054  # 949,50,1 is one value
 data=(--data-path "$root/data/brown_text_document" --vocab-file "$root/data/gpt2-vocab.json"
       --merge-file "$root/data/gpt2-merges.txt" --split 949,50,1)
@@ -36,18 +56,27 @@ run() {  # name extra...
   mpirun -np 2 "${mpiflags[@]}" "$gpt" "@$root/inputs/gpt-tiny.args" "${data[@]}" "${common[@]}" "$@" \
     --metrics-file "$out/$name.jsonl" --json "$out/$name.json" > "$out/$name.log" 2>&1 || { tail -20 "$out/$name.log" >&2; exit 1; }
 }
-run baseline
-run slw --deepspeed_config "$out/ds_config_slw.json"
-python3 - "$out" <<'PY'
+runs=${RUNS:-baseline slw ltd slw+ltd}
+for r in $runs; do
+  case $r in
+    baseline) run baseline ;;
+    slw) run slw --deepspeed_config "$out/ds_config_slw.json" ;;
+    ltd) run ltd --deepspeed_config "$out/ds_config_ltd.json" --random-ltd ;;
+    slw+ltd) run slw_ltd --deepspeed_config "$out/ds_config_slw_ltd.json" --random-ltd ;;
+    *) echo "unknown run '$r' (baseline, slw, ltd, slw+ltd)" >&2; exit 2 ;;
+  esac
+done
+names=$(echo "$runs" | sed 's/+/_/g')
+python3 - "$out" $names <<'PY'
 import json, sys
-out = sys.argv[1]
+out, names = sys.argv[1], sys.argv[2:]
 def load(name):
     recs = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
     t0 = min(r["wall_time"] for r in recs if "wall_time" in r)
     train = {r["iteration"]: r for r in recs if r.get("type") == "train"}
     evals = [(r["iteration"], r["val_loss"], r["wall_time"] - t0) for r in recs if r.get("type") == "eval"]
     return train, evals, json.load(open(f"{out}/{name}.json"))
-runs = {n: load(n) for n in ("baseline", "slw")}
+runs = {n: load(n) for n in names}
 target = runs["baseline"][1][-1][1]
 print(f"| run | final val loss | tokens | wall-clock s | tokens to reach {target:.4f} | wall-clock to reach it |")
 print("|---|---|---|---|---|---|")
@@ -59,6 +88,15 @@ for n, (train, evals, s) in runs.items():
 PY
 py=python3
 python3 -c 'import matplotlib' 2>/dev/null || py=/usr/bin/python3
-"$py" "$root/scripts/plot_metrics.py" "$out/baseline.jsonl" "$out/slw.jsonl" --label "baseline (seq 128)" \
-  --label "SLW 16->128 over $((iters / 4)) steps" --title "gpt-tiny on Brown, 2 ranks, $iters iterations" \
-  -o "$out/slw_vs_baseline_brown.png"
+files=() labels=()
+for n in $names; do
+  files+=("$out/$n.jsonl")
+  case $n in
+    baseline) labels+=(--label "baseline (seq 128)") ;;
+    slw) labels+=(--label "SLW 16->128 over $((iters / 4)) steps") ;;
+    ltd) labels+=(--label "random-LTD 32->128 over $((iters * 7 / 10)) steps") ;;
+    slw_ltd) labels+=(--label "SLW + random-LTD") ;;
+  esac
+done
+"$py" "$root/scripts/plot_metrics.py" "${files[@]}" "${labels[@]}" --title "gpt-tiny on Brown, 2 ranks, $iters iterations" \
+  -o "$out/data_efficiency_brown.png"
