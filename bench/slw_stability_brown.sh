@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Sequence-length warmup's stability claim on real text (Li, Zhang, He 2022: SLW trains stably at a
+# learning rate that makes the baseline spike): gpt-tiny on the bundled Brown corpus, 2 ranks, a
+# high peak learning rate LR (default 6e-2, 60x gpt-tiny's 1e-3) reached after a 5-step warmup,
+# cosine to 1e-4 over ITERS, gradient clipping 1.0 as in the recipes; the baseline (128 tokens
+# throughout) against SLW 16 -> 128 over ITERS/2 steps (legacy curriculum_learning block, multiples
+# of 8), for each seed in SEEDS. Every iteration is logged; a spike is the train loss rising above
+# the lowest loss seen so far: the script prints the largest rise, the iterations that rose more
+# than 0.3 nats, and the final validation loss (full length), and plots the runs.
+#
+#   bench/slw_stability_brown.sh [ITERS] [LR] [OUT_DIR]   defaults: 100, 6e-2, bench/out/slw_stability_brown
+#   SEEDS="1234 42" (default)
+# Needs a build in ./build and the data of scripts/fetch_data.sh in ./data.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+iters=${1:-100}
+lr=${2:-6e-2}
+out=${3:-$root/bench/out/slw_stability_brown}
+seeds=${SEEDS:-1234 42}
+mpiflags=(--oversubscribe)
+if [[ $(id -u) -eq 0 ]]; then mpiflags+=(--allow-run-as-root); fi
+# shellcheck source=scripts/env.sh
+source "$root/scripts/env.sh"
+mkdir -p "$out"
+cat > "$out/ds_config_slw.json" <<JSON
+{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0,
+ "curriculum_learning": {"enabled": true, "curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 128,
+   "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": $((iters / 2)), "difficulty_step": 8}}}
+JSON
+# shellcheck disable=SC2054  # 949,50,1 is one value
+data=(--data-path "$root/data/brown_text_document" --vocab-file "$root/data/gpt2-vocab.json"
+      --merge-file "$root/data/gpt2-merges.txt" --split 949,50,1)
+common=(--train-iters "$iters" --log-interval 1 --eval-interval "$iters" --eval-iters 10 --lr "$lr" --min-lr 1e-4
+        --lr-warmup-iters 5)
+gpt=$root/build/apps/pretrain_gpt/pretrain_gpt
+names=()
+n_runs=$(( $(wc -w <<< "$seeds") * 2 )) done_runs=0 t0=$SECONDS
+for seed in $seeds; do
+  for arm in baseline slw; do
+    name=${arm}_seed$seed
+    extra=()
+    [[ $arm == slw ]] && extra=(--deepspeed_config "$out/ds_config_slw.json")
+    rm -f "$out/$name.jsonl" "$out/$name.jsonl.discarded"
+    eta=""
+    if (( done_runs > 0 )); then eta=", ETA $(( (SECONDS - t0) * (n_runs - done_runs) / done_runs )) s"; fi
+    echo "# [$((done_runs + 1))/$n_runs] $name: lr $lr, $iters iterations${eta}" >&2
+    mpirun -np 2 "${mpiflags[@]}" "$gpt" "@$root/inputs/gpt-tiny.args" "${data[@]}" "${common[@]}" --seed "$seed" \
+      "${extra[@]}" --metrics-file "$out/$name.jsonl" --json "$out/$name.json" > "$out/$name.log" 2>&1 ||
+      { tail -20 "$out/$name.log" >&2; exit 1; }
+    names+=("$name")
+    done_runs=$((done_runs + 1))
+  done
+done
+python3 - "$out" "$lr" "${names[@]}" <<'PY'
+import json, sys
+out, lr, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+print(f"| run (peak lr {lr}) | largest rise above the running min (nats, at iteration) | iterations rising > 0.3 nats | final val loss |")
+print("|---|---|---|---|")
+for n in names:
+    recs = [json.loads(l) for l in open(f"{out}/{n}.jsonl")]
+    train = [(r["iteration"], r["lm_loss"]) for r in recs if r.get("type") == "train"]
+    val = [r["val_loss"] for r in recs if r.get("type") == "eval"]
+    low, worst, at, count = float("inf"), 0.0, 0, 0
+    for it, loss in train:
+        if loss - low > worst:
+            worst, at = loss - low, it
+        count += loss - low > 0.3
+        low = min(low, loss)
+    print(f"| {n} | {worst:.2f} (iteration {at}) | {count} | {val[-1]:.4f} |")
+PY
+py=python3
+python3 -c 'import matplotlib' 2>/dev/null || py=/usr/bin/python3
+files=() labels=()
+for n in "${names[@]}"; do files+=("$out/$n.jsonl"); labels+=(--label "$n"); done
+"$py" "$root/scripts/plot_metrics.py" "${files[@]}" "${labels[@]}" \
+  --title "gpt-tiny on Brown, 2 ranks, peak lr $lr after 5 warmup steps: baseline vs SLW 16->128 over $((iters / 2)) steps" \
+  -o "$out/slw_stability_brown.png"
