@@ -1,5 +1,6 @@
 // Sequence-length warmup: the schedule and its ds_config blocks. See curriculum.hpp.
 #include "hpct/engine/curriculum.hpp"
+#include "hpct/engine/data_sampling.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -131,7 +132,8 @@ void read_schedule(JsonSection& s, const nlohmann::json& raw, CurriculumConfig& 
 
 }  // namespace
 
-void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd) {
+void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd,
+                              MetricCurriculumConfig& metric) {
   if (root.has("curriculum_learning")) {  // DeepSpeed's legacy block
     JsonSection s = root.section("curriculum_learning");
     if (s.get_bool("enabled").value_or(false)) {
@@ -171,9 +173,26 @@ void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, Curr
           throw Error("'" + cl.key_path("curriculum_metrics") + "' must be an object", Error::Context{cl.file(), cl.key_path("curriculum_metrics"), ""});
         JsonSection ms(metrics, cl.file(), cl.key_path("curriculum_metrics"));
         for (auto it = metrics.begin(); it != metrics.end(); ++it) {
-          if (it.key() != "seqlen_truncate") {
-            if (enabled) not_built(ms, it.key(), "the curriculum metric '" + printable(it.key()) + "' (only seqlen_truncate)");
-            ms.ignore(it.key());
+          if (it.key() != "seqlen_truncate") {  // a data metric: the analyzer's index files
+            JsonSection m = ms.section(it.key());
+            if (!enabled) {
+              for (auto k = it.value().begin(); k != it.value().end(); ++k) m.ignore(k.key());
+              m.finish();
+              continue;
+            }
+            if (metric.enabled)
+              not_built(ms, it.key(), "a second data metric ('" + printable(metric.metric) + "' is the first; one metric "
+                                      "besides seqlen_truncate)");
+            metric.enabled = true;
+            metric.metric = it.key();
+            metric.index_to_sample_path = m.get_string("index_to_sample_path").value_or("");
+            metric.index_to_metric_path = m.get_string("index_to_metric_path").value_or("");
+            metric.difficulty_type = m.get_string("difficulty_type").value_or("value");
+            metric.clustering_type = m.get_string("clustering_type").value_or("schedule_based");
+            metric.schedule.enabled = true;
+            metric.schedule.key = ms.key_path(it.key());
+            read_schedule(m, it.value(), metric.schedule);
+            m.finish();
             continue;
           }
           JsonSection m = ms.section("seqlen_truncate");

@@ -92,6 +92,7 @@ static int run(int argc, char** argv, bool require_moe) {
   engine::Trainer trainer(cfg, grid);
   // Loading is collective and its checks fail on every rank alike: still the setup phase.
   const std::string loaded = trainer.load_checkpoint();
+  if (!cfg.skip_train) trainer.prepare(*data.train);  // the curriculum's index files, checked now
   if (cfg.skip_train && loaded.empty())
     throw config_error("--skip-train", "--skip-train evaluates a trained model, but --load names no checkpoint",
                        "give --load DIR (with a `latest`) or --load FILE of a saved checkpoint");
@@ -184,6 +185,13 @@ static int run(int argc, char** argv, bool require_moe) {
                                                          : " over " + std::to_string(cl.total_curriculum_step) +
                                                                " steps in multiples of " + std::to_string(cl.difficulty_step))
                 << "; evaluation at " << cfg.model.max_seq_length << "\n";
+    }
+    if (cfg.metric_curriculum.enabled) {
+      const auto& mc = cfg.metric_curriculum;
+      std::cout << "> curriculum by " << mc.metric << " (" << mc.schedule.key << "): " << mc.difficulty_type
+                << " difficulty " << mc.schedule.min_difficulty << " -> " << mc.schedule.max_difficulty << ", "
+                << mc.schedule.schedule_type << " over " << mc.schedule.total_curriculum_step << " steps, "
+                << mc.clustering_type << " clusters from " << mc.index_to_sample_path << "; evaluation on the whole validation split\n";
     }
     if (cfg.random_ltd.enabled) {
       const auto& r = cfg.random_ltd;

@@ -264,7 +264,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   if (auto v = root.get_number("gradient_clipping")) cfg.clip_grad = *v;
   if (auto v = root.get_int("steps_per_print")) cfg.log_interval = i32(*v, "steps_per_print", 1);
   apply_ds_monitors(root, cfg);  // wall_clock_breakdown, tensorboard, csv_monitor
-  apply_ds_data_efficiency(root, j, cfg.curriculum, cfg.random_ltd);  // curriculum_learning, data_efficiency
+  apply_ds_data_efficiency(root, j, cfg.curriculum, cfg.random_ltd, cfg.metric_curriculum);  // curriculum_learning, data_efficiency
   root.ignore("zero_allow_untested_optimizer");
   root.ignore("prescale_gradients");
   if (root.has("optimizer")) {
@@ -530,6 +530,20 @@ nlohmann::json config_to_json(const TrainConfig& c) {
                                                                 {"difficulty", c.curriculum.difficulty},
                                                                 {"max_step", c.curriculum.max_step}}
                                               : nlohmann::json(nullptr)},
+          {"metric_curriculum", c.metric_curriculum.enabled
+                                    ? nlohmann::json{{"source", c.metric_curriculum.schedule.key},
+                                                     {"metric", c.metric_curriculum.metric},
+                                                     {"index_to_sample_path", c.metric_curriculum.index_to_sample_path},
+                                                     {"index_to_metric_path", c.metric_curriculum.index_to_metric_path},
+                                                     {"difficulty_type", c.metric_curriculum.difficulty_type},
+                                                     {"clustering_type", c.metric_curriculum.clustering_type},
+                                                     {"schedule_type", c.metric_curriculum.schedule.schedule_type},
+                                                     {"min_difficulty", c.metric_curriculum.schedule.min_difficulty},
+                                                     {"max_difficulty", c.metric_curriculum.schedule.max_difficulty},
+                                                     {"total_curriculum_step", c.metric_curriculum.schedule.total_curriculum_step},
+                                                     {"difficulty_step", c.metric_curriculum.schedule.difficulty_step},
+                                                     {"root_degree", c.metric_curriculum.schedule.root_degree}}
+                                    : nlohmann::json(nullptr)},
           {"random_ltd", c.random_ltd.enabled ? nlohmann::json{{"source", c.random_ltd.key},
                                                                 {"layers", c.random_ltd.layers(c.model.num_layers)},
                                                                 {"min_value", c.random_ltd.min_value},

@@ -1,5 +1,6 @@
 // Data-efficiency flags -> TrainConfig: the curriculum switch and Megatron-DeepSpeed's token-based
 // learning-rate schedule. See train_config.hpp and docs/data-efficiency.md.
+#include <cstdint>
 #include <string>
 
 #include "flag_parse.hpp"
@@ -22,7 +23,9 @@ void add_data_efficiency_flags(FlagTable& t) {
 
 void finalize_data_efficiency(TrainConfig& c) {
   c.curriculum.validate(c.model.max_seq_length, c.ds_config_path);
-  if (c.curriculum_flag && !c.curriculum.enabled)
+  c.metric_curriculum.schedule.validate(INT32_MAX, c.ds_config_path);  // a metric's difficulty is not a length
+  c.metric_curriculum.validate(c.ds_config_path);
+  if (c.curriculum_flag && !c.curriculum.enabled && !c.metric_curriculum.enabled)
     throw config_error("--data-efficiency-curriculum-learning",
                        "--data-efficiency-curriculum-learning needs an enabled curriculum in the ds_config",
                        "set data_efficiency.data_sampling.curriculum_learning (seqlen_truncate) or curriculum_learning "

@@ -144,10 +144,10 @@ Trainer::MemoryReport Trainer::memory_report() const {
   return r;
 }
 
-void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample, int T) {
+void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample, int T, const int64_t* ids) {
   const int V = cfg_.model.vocab_size;
   for (int j = 0; j < cfg_.micro_batch; ++j) {
-    const size_t sample = (size_t)(first_sample + j) % data.size();
+    const size_t sample = ids ? (size_t)ids[j] : (size_t)(first_sample + j) % data.size();
     data.get(sample, sample_buf_.data());  // (T+1) tokens
     // The dataset reader bounds structure only: an id from another tokenizer (or a corrupt .bin)
     // would index past the embedding table.
@@ -182,6 +182,10 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   const int mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
   rec.seqlen = T;
   rec.ltd_kept = cfg_.random_ltd.kept(iteration, T);  // random-LTD: tokens per sample its layers keep
+  // Curriculum by a data metric: the global batch's samples come from the sampler.
+  if (cfg_.metric_curriculum.enabled && !sampler_) start_sampler(data);
+  const int64_t* batch_ids = sampler_ ? sampler_->batch(iteration).data() : nullptr;
+  if (sampler_) rec.difficulty = sampler_->difficulty(iteration), rec.allowed_samples = (long long)sampler_->allowed();
   const long long GB = cfg_.global_batch;
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
@@ -204,7 +208,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     // see exactly the samples one rank sees with N*k micro-steps.
     const long long first = sample_base_ + iteration * GB + ((long long)m * dp + r) * mb;
     t.reset();
-    load_micro_batch(data, first, T);
+    load_micro_batch(data, first, T, batch_ids ? batch_ids + (first - sample_base_ - iteration * GB) : nullptr);
     clk.seconds[detail::kData] += t.seconds();
     zero_->begin_micro_step(m == cfg_.grad_accum - 1);
     model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x726f757465));
@@ -230,6 +234,31 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   tp_wire_bytes_ += model_->tensor_parallel().activation_wire_bytes() - tpw0;
   ++comm_steps_;
   return rec.lm_loss;
+}
+
+void Trainer::start_sampler(const io::TokenDataset& data) {
+  const MetricCurriculumConfig& mc = cfg_.metric_curriculum;
+  MetricIndex ix = read_metric_index(mc.index_to_sample_path, mc.index_to_metric_path);
+  const nlohmann::json& h = ix.header;
+  const std::string file = mc.index_to_sample_path + ".json";
+  const bool same = h.value("samples", (size_t)0) == data.size() && h.value("seq_length", 0) == cfg_.model.max_seq_length &&
+                    h.value("seed", 0ull) == cfg_.seed && h.value("split", std::string()) == cfg_.split;
+  if (!same)
+    throw file_error(file, "was made for " + std::to_string(h.value("samples", (size_t)0)) + " samples of " +
+                               std::to_string(h.value("seq_length", 0)) + " tokens (seed " +
+                               std::to_string(h.value("seed", 0ull)) + ", split " + h.value("split", std::string()) +
+                               "); this run's training set has " + std::to_string(data.size()) + " of " +
+                               std::to_string(cfg_.model.max_seq_length) + " (seed " + std::to_string(cfg_.seed) +
+                               ", split " + cfg_.split + ")",
+                     "run analyze_data with this run's data flags (--split, --seq-length, --seed, --train-iters, batch sizes)");
+  if (h.value("metric", std::string()) != mc.metric)
+    throw file_error(file, "holds the metric '" + h.value("metric", std::string()) + "', the ds_config's block is '" +
+                               mc.metric + "'", "name the block after the metric, or give that metric's files");
+  if (sample_base_ != 0)
+    throw config_error("--global-batch-size", "the global batch changed at the resume, which the data-metric curriculum "
+                                              "cannot replay (its batches are drawn per iteration)",
+                       "resume with the global batch the run started with");
+  sampler_ = std::make_unique<CurriculumSampler>(mc, std::move(ix), cfg_.seed, cfg_.global_batch);
 }
 
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.
@@ -476,6 +505,10 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"timers_ms", detail::timers_json(timers, rc.timing_log_option)},
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
         if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
+        if (sampler_) {
+          j["curriculum_difficulty"] = rec.difficulty;
+          j["curriculum_allowed_samples"] = rec.allowed_samples;
+        }
         if (ltd) {
           j["random_ltd_reserved_length"] = rec.ltd_kept;
           j["actual_seqlen"] = actual_seqlen;
@@ -491,6 +524,10 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         if (rc.log_memory) sc.push_back({"memory/peak resident bytes", timers.peak_rss_max(), it + 1});
         if (rc.log_world_size) sc.push_back({"world-size/world-size", double(world), it + 1});
         if (cfg_.curriculum.enabled) sc.push_back({"seqlen/curriculum seqlen", double(rec.seqlen), it + 1});
+        if (sampler_) {
+          sc.push_back({"curriculum/" + cfg_.metric_curriculum.metric + " difficulty", double(rec.difficulty), it + 1});
+          sc.push_back({"curriculum/allowed samples", double(rec.allowed_samples), it + 1});
+        }
         if (ltd) {
           sc.push_back({"seqlen/random ltd reserved length", double(rec.ltd_kept), it + 1});
           sc.push_back({"seqlen/actual seqlen", double(actual_seqlen), it + 1});

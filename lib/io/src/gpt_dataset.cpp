@@ -205,6 +205,15 @@ void GptDataset::get_ordered(size_t k, int32_t* out) const {
   read_document(doc_order_[l.doc_pos], 0, static_cast<size_t>(l.offset) + 1, out);
 }
 
+size_t GptDataset::first_document_tokens(size_t i) const {
+  if (i >= shuffle_idx_.size())
+    throw Error("GptDataset: sample " + std::to_string(i) + " out of range (" + std::to_string(size()) + " samples)");
+  const size_t k = static_cast<size_t>(shuffle_idx_[i]);
+  const SamplePos f = sample_idx_[k], l = sample_idx_[k + 1];
+  if (f.doc_pos == l.doc_pos) return static_cast<size_t>(l.offset - f.offset + 1);
+  return static_cast<size_t>(doc_tokens_[doc_order_[f.doc_pos] - documents_.first] - f.offset);
+}
+
 void GptDataset::get(size_t i, int32_t* out) const {
   if (i >= shuffle_idx_.size())
     throw Error("GptDataset: sample " + std::to_string(i) + " out of range (" + std::to_string(size()) + " samples)");

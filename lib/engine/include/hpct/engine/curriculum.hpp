@@ -47,10 +47,13 @@ struct CurriculumConfig {
   void validate(int full, const std::string& file) const;
 };
 
+struct MetricCurriculumConfig;  // data_sampling.hpp
+
 namespace detail {
 /// ds_config's "curriculum_learning" and "data_efficiency" blocks into cfg and ltd (keys as
 /// DeepSpeed's; unknown or unsupported keys are errors naming the key).
-void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd);
+void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd,
+                              MetricCurriculumConfig& metric);
 }  // namespace detail
 
 }  // namespace hpct::engine

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpct/engine/curriculum.hpp"
+#include "hpct/engine/data_sampling.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/parallel/zero.hpp"
 
@@ -97,6 +98,8 @@ struct TrainConfig {
   bool curriculum_flag = false;  // --data-efficiency-curriculum-learning was given
   // random-LTD from the ds_config's data_efficiency.data_routing (random_ltd.hpp)
   RandomLtdConfig random_ltd;
+  // curriculum by a data metric (data_sampling.hpp): the analyzer's index files and the sampler
+  MetricCurriculumConfig metric_curriculum;
   bool random_ltd_flag = false;  // --random-ltd was given
   bool skip_train = false;  // --skip-train: load, evaluate on the validation split, exit (Megatron)
   std::string ds_config_path;

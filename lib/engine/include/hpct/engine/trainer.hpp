@@ -40,6 +40,8 @@ struct StepRecord {
   bool skipped = false;
   int seqlen = 0;                 // the tokens per sample this step trained on (sequence-length warmup)
   int ltd_kept = 0;               // random-LTD: tokens per sample its layers kept (= seqlen when none dropped)
+  int difficulty = 0;             // curriculum by a data metric: the difficulty the batch was drawn under
+  long long allowed_samples = 0;  // ... and the training samples it allowed
   double moe_loss = NAN;          // MoE models: the load-balancing (and z) loss term of the step
   nlohmann::json moe_layers;      // MoE models: per layer expert load, dropped fraction, aux loss
   // --log-optimizer-states-to-tensorboard: L2 norms after the update (NaN when not computed)
@@ -108,6 +110,12 @@ class Trainer {
   /// --skip-train). Log-interval, evaluation and per-iteration records go to `records` when given
   /// (its segment begun by the caller); the phase timers are always kept (docs/run-records.md).
   TrainSummary train(const io::TokenDataset& train, const io::TokenDataset* valid, RunRecorder* records = nullptr);
+  /// Checks and opens what training on `train` needs beyond the model (a data-metric curriculum's
+  /// index files, against train's samples); throws naming the file. Every rank alike, so an app
+  /// calls it during its set-up; train() does it itself otherwise.
+  void prepare(const io::TokenDataset& train) {
+    if (cfg_.metric_curriculum.enabled && !sampler_) start_sampler(train);
+  }
   /// Collective: mean token loss over eval_iters global batches of `data` from sample 0.
   double evaluate(const io::TokenDataset& data);
 
@@ -151,7 +159,12 @@ class Trainer {
   double schedule_tokens(long long layer_tokens) const;
   /// Fills tokens_/targets_ (micro_batch, T) with samples first_sample .. first_sample+micro_batch-1.
   /// The micro-batch's samples truncated to T tokens (and their T next-token targets), packed (mb, T).
-  void load_micro_batch(const io::TokenDataset& data, long long first_sample, int T);
+  /// ids: the dataset samples of the global batch from first_sample on (a metric curriculum's
+  /// sampler), or null for samples first_sample, first_sample + 1, ... in order.
+  void load_micro_batch(const io::TokenDataset& data, long long first_sample, int T, const int64_t* ids = nullptr);
+  /// Curriculum by a data metric: the sampler over `data`'s samples (built on the first step).
+  void start_sampler(const io::TokenDataset& data);
+  std::unique_ptr<CurriculumSampler> sampler_;
   kernels::Precision compute_precision() const;
   CheckpointMeta checkpoint_meta() const;
 

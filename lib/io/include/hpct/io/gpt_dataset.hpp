@@ -59,6 +59,9 @@ class GptDataset : public TokenDataset {
 
   /// Sample k in corpus order, before shuffle_idx (for tests and tools).
   void get_ordered(size_t k, int32_t* out) const;
+  /// Tokens of sample i's first document piece (its tokens up to where that document ends, at most
+  /// seq_length + 1): the data analyzer's seqlen metric.
+  size_t first_document_tokens(size_t i) const;
   size_t num_epochs() const { return num_epochs_; }
   uint64_t tokens_per_epoch() const { return tokens_per_epoch_; }
   std::pair<size_t, size_t> documents() const { return documents_; }
