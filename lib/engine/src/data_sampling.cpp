@@ -121,6 +121,27 @@ MetricIndex read_metric_index(const std::string& sample_path, const std::string&
   return ix;
 }
 
+std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const MetricCurriculumConfig& mc, size_t samples,
+                                                           int seq_length, uint64_t seed, const std::string& split,
+                                                           long long global_batch) {
+  MetricIndex ix = read_metric_index(mc.index_to_sample_path, mc.index_to_metric_path);
+  const nlohmann::json& h = ix.header;
+  const std::string file = mc.index_to_sample_path + ".json";
+  const bool same = h.value("samples", (size_t)0) == samples && h.value("seq_length", 0) == seq_length &&
+                    h.value("seed", (uint64_t)0) == seed && h.value("split", std::string()) == split;
+  if (!same)
+    throw file_error(file, "was made for " + std::to_string(h.value("samples", (size_t)0)) + " samples of " +
+                               std::to_string(h.value("seq_length", 0)) + " tokens (seed " +
+                               std::to_string(h.value("seed", (uint64_t)0)) + ", split " + h.value("split", std::string()) +
+                               "); this run's training set has " + std::to_string(samples) + " of " +
+                               std::to_string(seq_length) + " (seed " + std::to_string(seed) + ", split " + split + ")",
+                     "run analyze_data with this run's data flags (--split, --seq-length, --seed, --train-iters, batch sizes)");
+  if (h.value("metric", std::string()) != mc.metric)
+    throw file_error(file, "holds the metric '" + h.value("metric", std::string()) + "', the ds_config's block is '" +
+                               mc.metric + "'", "name the block after the metric, or give that metric's files");
+  return std::make_unique<CurriculumSampler>(mc, std::move(ix), seed, global_batch);
+}
+
 // ---- the sampler ----
 
 CurriculumSampler::CurriculumSampler(const MetricCurriculumConfig& cfg, MetricIndex index, uint64_t seed,

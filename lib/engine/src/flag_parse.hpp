@@ -35,5 +35,7 @@ void add_data_efficiency_flags(FlagTable& table);
 void finalize_data_efficiency(TrainConfig& cfg);
 /// random-LTD's checks against the model, the batch and the learning-rate flags (after the batch sizes).
 void finalize_random_ltd(TrainConfig& cfg);
+/// The data-efficiency blocks of config_to_json: curriculum, metric_curriculum, random_ltd.
+void data_efficiency_json(const TrainConfig& c, nlohmann::json& j);
 
 }  // namespace hpct::engine::detail

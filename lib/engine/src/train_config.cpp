@@ -512,7 +512,7 @@ void TrainConfig::finalize(int dp) {
 
 nlohmann::json config_to_json(const TrainConfig& c) {
   const char* prec = c.precision == PrecisionMode::fp32 ? "fp32" : c.precision == PrecisionMode::bf16 ? "bf16" : "fp16";
-  return {{"model",
+  nlohmann::json j = {{"model",
            {{"num_layers", c.model.num_layers},
             {"hidden_size", c.model.hidden_size},
             {"num_attention_heads", c.model.num_heads},
@@ -520,40 +520,6 @@ nlohmann::json config_to_json(const TrainConfig& c) {
             {"vocab_size", c.model.vocab_size},
             {"padded_vocab_size", c.model.padded_vocab()},
             {"init_method_std", c.model.init_std}}},
-          {"curriculum", c.curriculum.enabled ? nlohmann::json{{"source", c.curriculum.key},
-                                                                {"schedule_type", c.curriculum.schedule_type},
-                                                                {"min_difficulty", c.curriculum.min_difficulty},
-                                                                {"max_difficulty", c.curriculum.max_difficulty},
-                                                                {"total_curriculum_step", c.curriculum.total_curriculum_step},
-                                                                {"difficulty_step", c.curriculum.difficulty_step},
-                                                                {"root_degree", c.curriculum.root_degree},
-                                                                {"difficulty", c.curriculum.difficulty},
-                                                                {"max_step", c.curriculum.max_step}}
-                                              : nlohmann::json(nullptr)},
-          {"metric_curriculum", c.metric_curriculum.enabled
-                                    ? nlohmann::json{{"source", c.metric_curriculum.schedule.key},
-                                                     {"metric", c.metric_curriculum.metric},
-                                                     {"index_to_sample_path", c.metric_curriculum.index_to_sample_path},
-                                                     {"index_to_metric_path", c.metric_curriculum.index_to_metric_path},
-                                                     {"difficulty_type", c.metric_curriculum.difficulty_type},
-                                                     {"clustering_type", c.metric_curriculum.clustering_type},
-                                                     {"schedule_type", c.metric_curriculum.schedule.schedule_type},
-                                                     {"min_difficulty", c.metric_curriculum.schedule.min_difficulty},
-                                                     {"max_difficulty", c.metric_curriculum.schedule.max_difficulty},
-                                                     {"total_curriculum_step", c.metric_curriculum.schedule.total_curriculum_step},
-                                                     {"difficulty_step", c.metric_curriculum.schedule.difficulty_step},
-                                                     {"root_degree", c.metric_curriculum.schedule.root_degree}}
-                                    : nlohmann::json(nullptr)},
-          {"random_ltd", c.random_ltd.enabled ? nlohmann::json{{"source", c.random_ltd.key},
-                                                                {"layers", c.random_ltd.layers(c.model.num_layers)},
-                                                                {"min_value", c.random_ltd.min_value},
-                                                                {"max_value", c.random_ltd.max_value},
-                                                                {"require_steps", c.random_ltd.require_steps},
-                                                                {"seq_per_step", c.random_ltd.seq_per_step},
-                                                                {"layer_token_lr", c.random_ltd.layer_token_lr},
-                                                                {"total_layer_tokens", c.random_ltd.total_layer_tokens},
-                                                                {"warmup_layer_tokens", c.random_ltd.warmup_layer_tokens}}
-                                              : nlohmann::json(nullptr)},
           {"tensor_model_parallel_size", c.model.tensor_parallel},
           {"sequence_parallel", c.model.sequence_parallel && c.model.tensor_parallel > 1},
           {"micro_batch_size", c.micro_batch},
@@ -616,6 +582,8 @@ nlohmann::json config_to_json(const TrainConfig& c) {
                    {"noisy_gate_policy", c.model.moe.noisy_gate_policy},
                    {"loss_coeff", c.model.moe.loss_coeff},
                    {"z_loss_coeff", c.model.moe.z_loss_coeff}}}};
+  data_efficiency_json(c, j);  // curriculum, metric_curriculum, random_ltd
+  return j;
 }
 
 }  // namespace hpct::engine

@@ -237,28 +237,12 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
 }
 
 void Trainer::start_sampler(const io::TokenDataset& data) {
-  const MetricCurriculumConfig& mc = cfg_.metric_curriculum;
-  MetricIndex ix = read_metric_index(mc.index_to_sample_path, mc.index_to_metric_path);
-  const nlohmann::json& h = ix.header;
-  const std::string file = mc.index_to_sample_path + ".json";
-  const bool same = h.value("samples", (size_t)0) == data.size() && h.value("seq_length", 0) == cfg_.model.max_seq_length &&
-                    h.value("seed", 0ull) == cfg_.seed && h.value("split", std::string()) == cfg_.split;
-  if (!same)
-    throw file_error(file, "was made for " + std::to_string(h.value("samples", (size_t)0)) + " samples of " +
-                               std::to_string(h.value("seq_length", 0)) + " tokens (seed " +
-                               std::to_string(h.value("seed", 0ull)) + ", split " + h.value("split", std::string()) +
-                               "); this run's training set has " + std::to_string(data.size()) + " of " +
-                               std::to_string(cfg_.model.max_seq_length) + " (seed " + std::to_string(cfg_.seed) +
-                               ", split " + cfg_.split + ")",
-                     "run analyze_data with this run's data flags (--split, --seq-length, --seed, --train-iters, batch sizes)");
-  if (h.value("metric", std::string()) != mc.metric)
-    throw file_error(file, "holds the metric '" + h.value("metric", std::string()) + "', the ds_config's block is '" +
-                               mc.metric + "'", "name the block after the metric, or give that metric's files");
   if (sample_base_ != 0)
     throw config_error("--global-batch-size", "the global batch changed at the resume, which the data-metric curriculum "
                                               "cannot replay (its batches are drawn per iteration)",
                        "resume with the global batch the run started with");
-  sampler_ = std::make_unique<CurriculumSampler>(mc, std::move(ix), cfg_.seed, cfg_.global_batch);
+  sampler_ = open_curriculum_sampler(cfg_.metric_curriculum, data.size(), cfg_.model.max_seq_length, cfg_.seed, cfg_.split,
+                                     cfg_.global_batch);
 }
 
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.

@@ -21,6 +21,7 @@
 // the checkpoint) to the exact next sample.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,13 @@ MetricIndex read_metric_index(const std::string& index_to_sample_path, const std
 /// `data`, on every rank; each rank reads a contiguous block of the samples.
 std::vector<double> analyze_metric(const io::GptDataset& data, const std::string& metric, size_t vocab_size,
                                    const comm::Communicator& comm);
+
+class CurriculumSampler;
+/// Reads cfg's index files, checks their header against a training set of `samples` samples of
+/// seq_length tokens drawn with (seed, split), and returns the sampler; throws naming the file.
+std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const MetricCurriculumConfig& cfg, size_t samples,
+                                                           int seq_length, uint64_t seed, const std::string& split,
+                                                           long long global_batch);
 
 class CurriculumSampler {
  public:
