@@ -13,7 +13,8 @@
 # Validation (always at full length, every token) every EVAL iterations; prints each run's final
 # validation loss, tokens and wall-clock, and the tokens and wall-clock each needed to first reach
 # the baseline's final validation loss; scripts/plot_metrics.py draws them. RUNS picks which to run
-# (e.g. RUNS="voc"); the table and the plot take every run whose output is in OUT_DIR.
+# (e.g. RUNS="voc"); the table and the plot take every run whose output is in OUT_DIR. SEED sets
+# --seed (default 1234): the data order, the initialisation and the dropped tokens.
 #
 #   bench/data_efficiency_brown.sh [ITERS] [OUT_DIR]   defaults: 300, bench/out/data_efficiency_brown
 # Needs a build in ./build and the data of scripts/fetch_data.sh in ./data.
@@ -66,7 +67,7 @@ PY
 # shellcheck disable=SC2054  # 949,50,1 is one value
 data=(--data-path "$root/data/brown_text_document" --vocab-file "$root/data/gpt2-vocab.json"
       --merge-file "$root/data/gpt2-merges.txt" --split 949,50,1)
-common=(--train-iters "$iters" --log-interval 5 --eval-interval "$eval_every" --eval-iters 10 --seed 1234)
+common=(--train-iters "$iters" --log-interval 5 --eval-interval "$eval_every" --eval-iters 10 --seed "${SEED:-1234}")
 gpt=$root/build/apps/pretrain_gpt/pretrain_gpt
 
 run() {  # name extra...
@@ -127,5 +128,5 @@ for n in $names; do
     voc_ltd) labels+=(--label "vocab-rarity curriculum + random-LTD") ;;
   esac
 done
-"$py" "$root/scripts/plot_metrics.py" "${files[@]}" "${labels[@]}" --title "gpt-tiny on Brown, 2 ranks, $iters iterations" \
+"$py" "$root/scripts/plot_metrics.py" "${files[@]}" "${labels[@]}" --title "gpt-tiny on Brown, 2 ranks, $iters iterations, seed ${SEED:-1234}" \
   -o "$out/data_efficiency_brown.png"
