@@ -134,6 +134,8 @@ TEST(Curriculum, BadKeysAreNamed) {
       {legacy + R"("min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8, "typo": 1}})",
        "curriculum_learning.schedule_config.typo"},
       {R"("curriculum_learning": {"enabled": true, "curriculum_type": "vocab"})", "curriculum_learning.curriculum_type"},
+      {legacy + R"("min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear"})",
+       "curriculum_learning.schedule_config"},  // absent: named (it threw a JSON library error, found by fuzzing)
       {R"("data_efficiency": {"enabled": true, "data_sampling": {"enabled": true, "curriculum_learning": {"enabled": true, "curriculum_metrics": {"vocabularyrarity": {}}}}})",
        "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity"},
       {R"("data_efficiency": {"enabled": true, "data_routing": {"enabled": true, "random_ltd": {"enabled": true}}})",

@@ -97,6 +97,8 @@ void read_schedule(JsonSection& s, const nlohmann::json& raw, CurriculumConfig& 
   c.schedule_type = s.get_string("schedule_type").value_or("");
   if (c.schedule_type.empty())
     throw Error("'" + s.key_path("schedule_type") + "' is required", Error::Context{s.file(), s.key_path("schedule_type"), ""});
+  if (!raw.contains("schedule_config"))  // (section() would read an absent block as empty)
+    throw Error("'" + s.key_path("schedule_config") + "' is required", Error::Context{s.file(), s.key_path("schedule_config"), ""});
   JsonSection sc = s.section("schedule_config");
   const nlohmann::json& rsc = raw.at("schedule_config");
   if (c.schedule_type == "fixed_discrete") {
