@@ -9,7 +9,6 @@
 // Every other flag is pretrain_gpt's: give the data flags of the training run (data path, split,
 // --seq-length, --seed, --train-iters and the global batch) so the samples are the run's.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -17,6 +16,7 @@
 
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
 #include "hpct/core/timer.hpp"
 #include "hpct/engine/data.hpp"
 #include "hpct/engine/data_sampling.hpp"
@@ -113,11 +113,7 @@ static int run(int argc, char** argv) {
                                {"seconds", secs}};
     }
   }
-  if (root && !json.empty()) {
-    std::ofstream f(json);
-    f << summary.dump(1) << "\n";
-    if (!f) throw file_error(json, "could not be written");
-  }
+  if (root && !json.empty()) write_json_file(json, summary);
   return 0;
 }
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "hpct/core/error.hpp"
-#include "hpct/core/timer.hpp"
+#include "hpct/core/report.hpp"
 #include "hpct/engine/data_sampling.hpp"
 
 namespace hpct::engine {
@@ -14,23 +14,21 @@ namespace {
 // Rank r's samples of n: a contiguous block.
 std::pair<size_t, size_t> block(size_t n, int r, int p) { return {n * r / p, n * (r + 1) / p}; }
 
-// Calls f(i, tokens) for this rank's samples, printing progress with an ETA on rank 0.
+// Calls f(i, tokens) for this rank's samples, in quarters: rank 0 prints a progress line with an
+// ETA after each (core/report.hpp's Progress).
 template <class F>
 void for_my_samples(const io::GptDataset& data, const comm::Communicator& comm, const char* what, F f) {
   const auto [b, e] = block(data.size(), comm.rank(), comm.size());
   std::vector<int32_t> buf(data.seq_length() + 1);
-  Timer t;
-  size_t next_report = b + std::max<size_t>(1, (e - b) / 4);
-  for (size_t i = b; i < e; ++i) {
-    data.get(i, buf.data());
-    f(i, buf);
-    if (i + 1 == next_report && i + 1 < e && comm.rank() == 0 && t.seconds() > 2.0) {
-      const double done = double(i + 1 - b) / double(e - b);
-      std::printf("analyze_data: %s: %.0f%% of rank 0's %zu samples, elapsed %.1f s, ETA %.1f s\n", what, 100 * done,
-                  e - b, t.seconds(), t.seconds() * (1 - done) / done);
-      std::fflush(stdout);
-      next_report += std::max<size_t>(1, (e - b) / 4);
+  Progress progress(4, 0, comm.rank() == 0 ? stdout : nullptr);
+  for (int q = 0; q < 4; ++q) {
+    const auto [qb, qe] = block(e - b, q, 4);
+    for (size_t i = b + qb; i < b + qe; ++i) {
+      data.get(i, buf.data());
+      f(i, buf);
     }
+    progress.done(std::string("analyze_data: ") + what + ": rank 0's samples to " + std::to_string(qe) + " of " +
+                  std::to_string(e - b));
   }
 }
 }  // namespace

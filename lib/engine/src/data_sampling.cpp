@@ -10,6 +10,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
+#include "hpct/core/report.hpp"
 #include "hpct/core/rng.hpp"
 
 namespace hpct::engine {
@@ -43,18 +44,8 @@ void MetricCurriculumConfig::validate(const std::string& file) const {
 namespace {
 template <class T>
 void write_file(const std::string& path, const std::vector<T>& v, const nlohmann::json& header) {
-  auto put = [&](const std::string& name, const void* data, size_t bytes) {
-    const std::string tmp = name + ".tmp";
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw file_error(name, "cannot be written");
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    f.close();
-    if (!f) throw file_error(name, "could not be written whole (disk full?)");
-    if (std::rename(tmp.c_str(), name.c_str()) != 0) throw file_error(name, "cannot be renamed into place");
-  };
-  put(path + ".bin", v.data(), v.size() * sizeof(T));
-  const std::string text = header.dump(1) + "\n";
-  put(path + ".json", text.data(), text.size());
+  write_file_atomic(path + ".bin", std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T)));
+  write_json_file(path + ".json", header);
 }
 
 template <class T>

@@ -71,47 +71,47 @@ void finalize_random_ltd(TrainConfig& c) {
                        "remove the ds_config's scheduler");
 }
 
-nlohmann::json data_efficiency_entries(const TrainConfig& c) {
-  return {
-          {"curriculum", c.curriculum.enabled ? nlohmann::json{{"source", c.curriculum.key},
-                                                                {"schedule_type", c.curriculum.schedule_type},
-                                                                {"min_difficulty", c.curriculum.min_difficulty},
-                                                                {"max_difficulty", c.curriculum.max_difficulty},
-                                                                {"total_curriculum_step", c.curriculum.total_curriculum_step},
-                                                                {"difficulty_step", c.curriculum.difficulty_step},
-                                                                {"root_degree", c.curriculum.root_degree},
-                                                                {"difficulty", c.curriculum.difficulty},
-                                                                {"max_step", c.curriculum.max_step}}
-                                              : nlohmann::json(nullptr)},
-          {"metric_curriculum", c.metric_curriculum.enabled
-                                    ? nlohmann::json{{"source", c.metric_curriculum.schedule.key},
-                                                     {"metric", c.metric_curriculum.metric},
-                                                     {"index_to_sample_path", c.metric_curriculum.index_to_sample_path},
-                                                     {"index_to_metric_path", c.metric_curriculum.index_to_metric_path},
-                                                     {"difficulty_type", c.metric_curriculum.difficulty_type},
-                                                     {"clustering_type", c.metric_curriculum.clustering_type},
-                                                     {"schedule_type", c.metric_curriculum.schedule.schedule_type},
-                                                     {"min_difficulty", c.metric_curriculum.schedule.min_difficulty},
-                                                     {"max_difficulty", c.metric_curriculum.schedule.max_difficulty},
-                                                     {"total_curriculum_step", c.metric_curriculum.schedule.total_curriculum_step},
-                                                     {"difficulty_step", c.metric_curriculum.schedule.difficulty_step},
-                                                     {"root_degree", c.metric_curriculum.schedule.root_degree}}
-                                    : nlohmann::json(nullptr)},
-          {"random_ltd", c.random_ltd.enabled ? nlohmann::json{{"source", c.random_ltd.key},
-                                                                {"layers", c.random_ltd.layers(c.model.num_layers)},
-                                                                {"min_value", c.random_ltd.min_value},
-                                                                {"max_value", c.random_ltd.max_value},
-                                                                {"require_steps", c.random_ltd.require_steps},
-                                                                {"seq_per_step", c.random_ltd.seq_per_step},
-                                                                {"layer_token_lr", c.random_ltd.layer_token_lr},
-                                                                {"total_layer_tokens", c.random_ltd.total_layer_tokens},
-                                                                {"warmup_layer_tokens", c.random_ltd.warmup_layer_tokens}}
-                                              : nlohmann::json(nullptr)}};
+namespace {
+// A curriculum schedule's fields, as both curricula store them.
+nlohmann::json schedule_json(const CurriculumConfig& s) {
+  return {{"source", s.key},
+          {"schedule_type", s.schedule_type},
+          {"min_difficulty", s.min_difficulty},
+          {"max_difficulty", s.max_difficulty},
+          {"total_curriculum_step", s.total_curriculum_step},
+          {"difficulty_step", s.difficulty_step},
+          {"root_degree", s.root_degree}};
 }
+}  // namespace
 
 void data_efficiency_json(const TrainConfig& c, nlohmann::json& j) {
-  const nlohmann::json entries = data_efficiency_entries(c);  // kept alive: items() refers into it
-  for (auto it = entries.begin(); it != entries.end(); ++it) j[it.key()] = it.value();
+  j["curriculum"] = nullptr;
+  if (c.curriculum.enabled) {
+    j["curriculum"] = schedule_json(c.curriculum);
+    j["curriculum"]["difficulty"] = c.curriculum.difficulty;
+    j["curriculum"]["max_step"] = c.curriculum.max_step;
+  }
+  const MetricCurriculumConfig& m = c.metric_curriculum;
+  j["metric_curriculum"] = nullptr;
+  if (m.enabled) {
+    j["metric_curriculum"] = schedule_json(m.schedule);
+    j["metric_curriculum"].update({{"metric", m.metric},
+                                   {"index_to_sample_path", m.index_to_sample_path},
+                                   {"index_to_metric_path", m.index_to_metric_path},
+                                   {"difficulty_type", m.difficulty_type},
+                                   {"clustering_type", m.clustering_type}});
+  }
+  const RandomLtdConfig& r = c.random_ltd;
+  j["random_ltd"] = r.enabled ? nlohmann::json{{"source", r.key},
+                                               {"layers", r.layers(c.model.num_layers)},
+                                               {"min_value", r.min_value},
+                                               {"max_value", r.max_value},
+                                               {"require_steps", r.require_steps},
+                                               {"seq_per_step", r.seq_per_step},
+                                               {"layer_token_lr", r.layer_token_lr},
+                                               {"total_layer_tokens", r.total_layer_tokens},
+                                               {"warmup_layer_tokens", r.warmup_layer_tokens}}
+                              : nlohmann::json(nullptr);
 }
 
 }  // namespace hpct::engine::detail

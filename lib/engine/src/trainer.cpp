@@ -183,7 +183,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   rec.seqlen = T;
   rec.ltd_kept = cfg_.random_ltd.kept(iteration, T);  // random-LTD: tokens per sample its layers keep
   // Curriculum by a data metric: the global batch's samples come from the sampler.
-  if (cfg_.metric_curriculum.enabled && !sampler_) start_sampler(data);
+  prepare(data);
   const int64_t* batch_ids = sampler_ ? sampler_->batch(iteration).data() : nullptr;
   if (sampler_) rec.difficulty = sampler_->difficulty(iteration), rec.allowed_samples = (long long)sampler_->allowed();
   const long long GB = cfg_.global_batch;

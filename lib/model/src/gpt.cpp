@@ -466,8 +466,7 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
     LayerActs& a = w.acts[keep_acts ? l : 0];
-    if (drops_tokens(l, T)) ltd_layer_forward(store, l, store.params(b), a, w.res + l * NC, w.res + (l + 1) * NC, B, T, true);
-    else layer_forward(store, l, store.params(b), a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
+    run_layer_forward(store, l, store.params(b), a, w.res + l * NC, w.res + (l + 1) * NC, B, T, true);
     store.release(b);
   }
   return ep;
@@ -502,11 +501,9 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
         ~Replay() { on = false; }  // cleared on a throw too: a later forward must not replay
       } replay{replaying_};
       replaying_ = keeps_communication();
-      if (drops_tokens(l, T)) ltd_layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T, false);
-      else layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T);
+      run_layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T, false);
     }
-    if (drops_tokens(l, T)) ltd_layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
-    else layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
+    run_layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
     store.release(b);
     store.grads_ready(b);
   }

@@ -81,9 +81,9 @@ void Gpt::scatter_kept(int l, const float* sub, float* full, int B, int T) const
       std::memcpy(full + ((size_t)b * T + idx[b * k + j]) * C, sub + ((size_t)b * k + j) * C, C * sizeof(float));
 }
 
-// fresh: the forward pass draws the positions; recomputation in backward reuses them.
-void Gpt::ltd_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
+void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                             int T, bool fresh) {
+  if (!drops_tokens(l, T)) return layer_forward(store, l, lp, a, in, out, B, T);
   if (fresh) choose_kept(l, B, T);
   const size_t NC = (size_t)B * T * cfg_.hidden_size;
   float* sub_in = ws_->ltd;
@@ -95,8 +95,9 @@ void Gpt::ltd_layer_forward(ParamStore& store, int l, const float* lp, LayerActs
   scatter_kept(l, sub_out, out, B, T);
 }
 
-void Gpt::ltd_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
+void Gpt::run_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                              float* dres, int B, int T) {
+  if (!drops_tokens(l, T)) return layer_backward(store, l, lp, lg, a, in, dres, B, T);
   const size_t NC = (size_t)B * T * cfg_.hidden_size;
   float* sub_in = ws_->ltd;
   float* sub_d = ws_->ltd + 2 * NC;

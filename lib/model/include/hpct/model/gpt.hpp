@@ -267,10 +267,12 @@ class Gpt {
   /// Rows of `full` (B*T rows of C) at layer l's kept positions into `sub` (B*kept rows), or back.
   void gather_kept(int l, const float* full, float* sub, int B, int T) const;
   void scatter_kept(int l, const float* sub, float* full, int B, int T) const;
-  /// Layer l on its kept rows: in -> out over all B*T rows (dropped rows copied through).
-  void ltd_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
+  /// Layer l over all B*T rows: layer_forward / layer_backward, or, when random-LTD drops tokens in
+  /// it, the same on its kept rows with the dropped rows passed through. fresh: draw the positions
+  /// (the forward pass); recomputation reuses them.
+  void run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                          int T, bool fresh);
-  void ltd_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
+  void run_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                           float* dres, int B, int T);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
