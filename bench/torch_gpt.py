@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""The same GPT-2 model as hpctrain's, trained in PyTorch on CPU with mock tokens, for
-bench/train_vs_pytorch.sh. Prints one JSON line: tokens_per_second, peak_rss_bytes (max over ranks).
+"""The same GPT-2 model as hpctrain's, trained in PyTorch with mock tokens, for
+bench/train_vs_pytorch.sh (CPU) and bench/gpu_train.sh (--device cuda: one GPU). Prints one JSON line: tokens_per_second, peak_rss_bytes (max over ranks).
 With --experts E: every --expert-interval-th layer's MLP is DeepSpeed's MoE layer as DeepSpeed
 writes it (sharded_moe.py top1gating and MOELayer): fp32 router, top-1, capacity
 ceil(S/E x factor) at least 4, Random Token Selection, the aux loss (x 0.01), one-hot combine and
@@ -35,7 +35,10 @@ ap.add_argument("--bf16", action="store_true")
 ap.add_argument("--experts", type=int, default=0)
 ap.add_argument("--expert-interval", type=int, default=2)
 ap.add_argument("--capacity-factor", type=float, default=1.0)
+ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: one GPU, bf16 autocast on it")
+ap.add_argument("--sdpa", action="store_true", help="attention through F.scaled_dot_product_attention (flash)")
 a = ap.parse_args()
+dev = torch.device(a.device)
 
 rank = int(os.environ.get("RANK", "0"))
 world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -64,13 +67,13 @@ class MoE(nn.Module):
 
     def forward(self, x):  # x (S, C) -> (S, C), l_aux
         S, E = x.shape[0], self.E
-        with torch.autocast("cpu", enabled=False):  # DeepSpeed's gate runs in fp32
+        with torch.autocast(a.device, enabled=False):  # DeepSpeed's gate runs in fp32
             gates = F.softmax(self.wg(x.float()), dim=1)
         cap = max(math.ceil(S / E * self.factor), self.min_capacity)
         mask1 = F.one_hot(gates.argmax(dim=1), num_classes=E)
         l_aux = torch.mean(gates.mean(dim=0) * mask1.float().mean(dim=0)) * E * E
         # Random Token Selection: per expert, the cap tokens with the highest uniform priority
-        top = torch.topk(mask1 * torch.rand(S, 1), k=cap, dim=0)[1]
+        top = torch.topk(mask1 * torch.rand(S, 1, device=x.device), k=cap, dim=0)[1]
         mask1 = mask1 * torch.zeros_like(mask1).scatter_(0, top, 1)
         locations1 = torch.cumsum(mask1, dim=0) - 1
         locations1_s = torch.sum(locations1 * mask1, dim=1)
@@ -94,10 +97,14 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.NH)
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if a.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.NH)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.proj(y)
         if isinstance(self.mlp, MoE):
             out, l_aux = self.mlp(self.ln2(x).view(B * T, C))
@@ -115,7 +122,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         aux = 0.0
         for b in self.blocks:
             x, l_aux = b(x)
@@ -126,21 +133,25 @@ class GPT(nn.Module):
 
 
 Vp = (a.vocab + 127) // 128 * 128
-model = GPT(Vp, a.layers, a.hidden, a.heads, a.seq, a.experts, a.expert_interval, a.capacity_factor)
+model = GPT(Vp, a.layers, a.hidden, a.heads, a.seq, a.experts, a.expert_interval, a.capacity_factor).to(dev)
 if world > 1:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
 g = torch.Generator().manual_seed(rank)
 times = []
 for it in range(a.warmup + a.iters):
-    x = torch.randint(0, a.vocab, (a.micro_batch, a.seq + 1), generator=g)
+    x = torch.randint(0, a.vocab, (a.micro_batch, a.seq + 1), generator=g).to(dev)
+    if a.device == "cuda":
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+    with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.bf16):
         loss = model(x[:, :-1], x[:, 1:])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if a.device == "cuda":
+        torch.cuda.synchronize()
     if it >= a.warmup:
         times.append(time.perf_counter() - t0)
 sec = sorted(times)[len(times) // 2]
@@ -151,4 +162,7 @@ if world > 1:
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     rss = int(t.item())
 if rank == 0:
-    print(json.dumps({"tokens_per_second": tps, "peak_rss_bytes": rss, "loss": float(loss)}), flush=True)
+    out = {"tokens_per_second": tps, "peak_rss_bytes": rss, "loss": float(loss), "step_seconds": sec}
+    if a.device == "cuda":
+        out["peak_device_bytes"] = torch.cuda.max_memory_allocated()
+    print(json.dumps(out), flush=True)

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# On a GPU node: the gpu-labelled checks, then a bf16 training benchmark of `pretrain_gpt --device
+# cuda` (ZeRO-Offload: the model on the GPU, AdamW on the host) against PyTorch's bf16 on the same GPU.
+#
+#   bench/gpu_train.sh [BIN]      BIN: a folder holding pretrain_gpt and the test_*_cuda binaries
+#                                 (default: the build tree ./build)
+# Environment: SHAPES (default "124m 350m"), ITERS timed steps (default 4) after WARM (default 2),
+# ACCUM micro-batches per step (default 8), OUTDIR (default bench/out/gpu).
+#
+# Throughput is tokens per second of the median step; TFLOP/s use Megatron's formula as the trainer
+# logs it (Gpt::flops_per_iteration: 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)), x3/4 without recompute);
+# MFU is that over the bf16 matrix rate measured on this GPU at the start (an 8192^3 product through
+# PyTorch's cuBLAS), and over the datasheet's 989 TFLOP/s (H100/H200 SXM dense bf16).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${1:-}
+b() {  # binary name -> path
+  if [[ -n "$bin" ]]; then echo "$bin/$1"; else find "$root/build" -name "$1" -type f -perm -u+x | head -1; fi
+}
+out=${OUTDIR:-$root/bench/out/gpu}
+mkdir -p "$out"
+iters=${ITERS:-4} warm=${WARM:-2} accum=${ACCUM:-8}
+py=${PYTHON:-python3}
+fails=0
+
+echo "# GPU and host"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+
+echo "# gpu-labelled tests"
+for t in test_kernels_cuda test_ops_backend_cuda test_gpt_cuda; do
+  exe=$(b $t)
+  timeout 90 "$exe" --gtest_brief=1 >"$out/$t.log" 2>&1
+  rc=$?
+  skipped=$(grep -c '\[  SKIPPED \]' "$out/$t.log")
+  summary=$(grep -E '^\[  (PASSED|FAILED) +\]' "$out/$t.log" | tr '\n' ' ')
+  echo "$t: exit $rc, $summary skipped lines: $skipped"
+  ((rc != 0 || skipped != 0)) && { fails=$((fails + 1)); tail -40 "$out/$t.log"; }
+done
+timeout 150 "$py" "$root/tests/apps/cuda_offload_check.py" --mode train --gpt "$(b pretrain_gpt)" \
+  --args "$root/inputs/gpt-tiny.args" --workdir "$out/cuda_offload" >"$out/cuda_offload.log" 2>&1
+rc=$?
+echo "pretrain_gpt_device_cuda_offload: exit $rc"; tail -15 "$out/cuda_offload.log"
+((rc != 0)) && fails=$((fails + 1))
+
+echo "# bf16 matrix rate on this GPU (8192^3 through PyTorch)"
+peak=$("$py" - <<'PY'
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+for _ in range(3): a @ b
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+ts = []
+for _ in range(10):
+    s.record(); a @ b; e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) / 1e3)
+print(2 * 8192**3 / sorted(ts)[5] / 1e12)
+PY
+)
+echo "measured bf16 GEMM: ${peak:-?} TFLOP/s"
+
+shape() {  # name -> "V L H NH T MB"
+  case $1 in
+    124m) echo "50304 12 768 12 1024 8" ;;
+    350m) echo "50304 24 1024 16 1024 8" ;;
+    760m) echo "50304 24 1536 16 1024 4" ;;
+    1.3b) echo "50304 24 2048 16 1024 4" ;;
+    *) echo "unknown shape $1" >&2; exit 2 ;;
+  esac
+}
+megatron_flops() {  # V L H T tokens_per_step -> FLOPs per step without recompute (x3/4)
+  "$py" -c "V,L,h,s,n=map(float,'$*'.split()); print(0.75*(6*n*h*V+L*96*n*h*h*(1+s/(6*h))))"
+}
+
+echo "# bf16 training: pretrain_gpt --device cuda vs PyTorch (same GPU)"
+printf '%-6s %-28s %12s %10s %8s %8s %s\n' shape program tokens/s TFLOP/s MFU MFU/989 "peak device memory"
+for s in ${SHAPES:-124m 350m}; do
+  read -r V L H NH T MB <<<"$(shape "$s")"
+  cfg="$out/offload_$s.json"
+  echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' >"$cfg"
+  rm -f "$out/hpct_$s.jsonl" "$out/hpct_$s.json"
+  timeout 150 "$(b pretrain_gpt)" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$H" \
+    --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$MB" --global-batch-size $((MB * accum)) \
+    --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 --bf16 --device cuda \
+    --deepspeed_config "$cfg" --metrics-file "$out/hpct_$s.jsonl" --json "$out/hpct_$s.json" >"$out/hpct_$s.log" 2>&1
+  rc=$?
+  if ((rc != 0)); then
+    echo "$s pretrain_gpt: exit $rc"; tail -20 "$out/hpct_$s.log"; fails=$((fails + 1))
+  else
+    "$py" - "$out/hpct_$s.jsonl" "$out/hpct_$s.json" "$warm" "${peak:-0}" "$s" <<'PY'
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+tr = [r for r in recs if r["type"] == "train"][int(sys.argv[3]):]
+tps = statistics.median(r["tokens_per_second"] for r in tr)
+tf = statistics.median(r["tflops_per_rank"] for r in tr)
+dev = json.load(open(sys.argv[2]))["memory_per_rank"]["device"]
+mem = (dev["parameters_and_gradients"][0] + dev["activations"][0]) / 2**30
+peak = float(sys.argv[4])
+print(f"{sys.argv[5]:<6} {'hpctrain (offload, accum)':<28} {tps:12.0f} {tf:10.1f} {100*tf/peak if peak else 0:7.1f}% "
+      f"{100*tf/989:7.1f}%  {mem:.1f} GiB (params+grads+activations)")
+PY
+  fi
+  for att in naive sdpa; do
+    extra=(); [[ $att == sdpa ]] && extra=(--sdpa)
+    r=$(timeout 120 "$py" "$root/bench/torch_gpt.py" --device cuda --bf16 --vocab "$V" --layers "$L" --hidden "$H" \
+      --heads "$NH" --seq "$T" --micro-batch "$MB" --iters $((iters * 2)) --warmup "$warm" "${extra[@]}" 2>"$out/torch_${s}_$att.err")
+    if [[ -z "$r" ]]; then echo "$s torch $att: failed"; tail -5 "$out/torch_${s}_$att.err"; continue; fi
+    tps=$("$py" -c "import json; print(json.loads('$r')['tokens_per_second'])")
+    mem=$("$py" -c "import json; print(json.loads('$r')['peak_device_bytes']/2**30)")
+    fl=$(megatron_flops "$V" "$L" "$H" "$T" "$tps")
+    "$py" -c "tf=$fl/1e12; pk=float('${peak:-0}' or 0); print(f\"$s     {'PyTorch bf16 ($att attention)':<28} {$tps:12.0f} {tf:10.1f} {100*tf/pk if pk else 0:7.1f}% {100*tf/989:7.1f}%  {$mem:.1f} GiB (allocator peak)\")"
+  done
+done
+echo "# failures: $fails"
+exit $((fails > 0))
