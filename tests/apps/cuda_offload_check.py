@@ -6,10 +6,11 @@
   machine this mode prints "[  SKIPPED ]" (CTest reports it as skipped).
 --mode train: on a GPU machine, 4 iterations of the tiny GPT at ZeRO stage 2 with the optimizer
   offloaded to the host, on the CPU backend and on the GPU: the losses agree within 1e-3 (fp32; the
-  GPU sums in another order), and the JSON summary reports the device tier (fp32 parameters, 4 bytes
-  per parameter, with the gradients of the blocks in use; the activations; and 4 bytes per parameter
-  copied each way per step); then the same in bf16, where 2 bytes per parameter go to the GPU
-  per step. Without a GPU it prints "[  SKIPPED ]".
+  GPU sums in another order), and the JSON summary reports the device tier (fp32 parameters and
+  gradient sum, 4+4 bytes per parameter, with the gradients of the blocks in use; the activations;
+  and 4 bytes per parameter copied each way per step); then the same with 4 micro-steps per step,
+  whose gradients are summed on the GPU and cross once per step; then bf16, where 2 bytes per
+  parameter go each way per step. Without a GPU it prints "[  SKIPPED ]".
 
 cuda_offload_check.py --mode refused|train --gpt BIN --args FILE --workdir DIR
 """
@@ -34,14 +35,14 @@ with open(cfg, "w") as f:
     json.dump({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e5, "offload_optimizer": {"device": "cpu"}}}, f)
 
 
-def run(name, device, extra=()):
+def run(name, device, extra=(), gbs=2):
     out = os.path.join(a.workdir, name + ".json")
     metrics = os.path.join(a.workdir, name + ".metrics.jsonl")
     for f in (out, metrics):
         if os.path.exists(f):
             os.remove(f)
     cmd = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "4", "--log-interval", "1",
-           "--eval-iters", "0", "--micro-batch-size", "2", "--global-batch-size", "2", "--deepspeed_config", cfg,
+           "--eval-iters", "0", "--micro-batch-size", "2", "--global-batch-size", str(gbs), "--deepspeed_config", cfg,
            "--device", device, "--json", out, "--metrics-file", metrics, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0 or not os.path.exists(out):
@@ -82,10 +83,10 @@ if not fails:
             fails.append(f"loss {i}: cpu {x} vs cuda {y}")
     P = gpu["parameters"]
     dev = gpu["memory_per_rank"]["device"]
-    # fp32 at stage 2: the parameters resident (4 bytes each) and the gradients of the blocks in use
-    # (test_zero checks the exact figure on the CPU route).
-    if dev is None or not 4 * P < dev["parameters_and_gradients"][0] < 8 * P:
-        fails.append(f"device tier: {dev}, expected parameters_and_gradients between 4 and 8 x {P}")
+    # fp32 at stage 2: the parameters and the gradient sum resident (4 + 4 bytes each) and the
+    # gradients of the blocks in use (test_zero checks the exact figure on the CPU route).
+    if dev is None or not 8 * P < dev["parameters_and_gradients"][0] < 12 * P:
+        fails.append(f"device tier: {dev}, expected parameters_and_gradients between 8 and 12 x {P}")
     elif not dev["activations"][0] > 0:
         fails.append("device tier: no activations reported")
     # Stage 2 keeps the device copy for the step: one upload of the fp32 parameters per step, one
@@ -96,8 +97,24 @@ if not fails:
     if cpu["memory_per_rank"]["device"] is not None:
         fails.append("the CPU run reports a device tier")
     print(f"losses cpu {lc} cuda {lg}")
+# 4 micro-steps per step: the GPU sums them and hands the sum over once per step.
+pa, ga = run("cuda_accum", "cuda", gbs=8)
+pca, ca = run("cpu_accum", "cpu", gbs=8)
+if ga is None or ca is None:
+    print((pa.stdout + pa.stderr + pca.stdout + pca.stderr)[-3000:])
+    fails.append("runs with 4 micro-steps did not finish")
+else:
+    P = ga["parameters"]
+    dev = ga["memory_per_rank"]["device"]
+    if dev["gradient_bytes_to_host_per_step"][0] != 4 * P:
+        fails.append(f"4 micro-steps: {dev['gradient_bytes_to_host_per_step']} gradient bytes back per step, "
+                     f"expected 4 x {P} (once per step)")
+    for i, (x, y) in enumerate(zip(ca["losses"], ga["losses"])):
+        if abs(x - y) > 1e-3 * abs(x):
+            fails.append(f"4 micro-steps, loss {i}: cpu {x} vs cuda {y}")
+    print(f"4 micro-steps: losses cpu {ca['losses']} cuda {ga['losses']}")
 # bf16: the GPU keeps the engine's 16-bit parameters (2 bytes each, copied once per step) and widens
-# a block to fp32 only while in use; the gradients still come back in fp32.
+# a block to fp32 only while in use; the 16-bit gradient sum comes back once per step.
 pb, gb = run("cuda_bf16", "cuda", ["--bf16"])
 pcb, cb = run("cpu_bf16", "cpu", ["--bf16"])
 if gb is None or cb is None:
@@ -106,12 +123,12 @@ if gb is None or cb is None:
 else:
     P = gb["parameters"]
     dev = gb["memory_per_rank"]["device"]
-    if dev["parameter_bytes_to_device_per_step"][0] != 2 * P or dev["gradient_bytes_to_host_per_step"][0] != 4 * P:
+    if dev["parameter_bytes_to_device_per_step"][0] != 2 * P or dev["gradient_bytes_to_host_per_step"][0] != 2 * P:
         fails.append(f"bf16 copies per step: {dev['parameter_bytes_to_device_per_step']} in, "
-                     f"{dev['gradient_bytes_to_host_per_step']} back; expected 2 x and 4 x {P}")
+                     f"{dev['gradient_bytes_to_host_per_step']} back; expected 2 x {P} each")
     fp32_peak = gpu["memory_per_rank"]["device"]["parameters_and_gradients"][0] if gpu else float("inf")
-    if not 2 * P < dev["parameters_and_gradients"][0] < fp32_peak:
-        fails.append(f"bf16 device peak {dev['parameters_and_gradients']}: expected above 2 x {P} "
+    if not 4 * P < dev["parameters_and_gradients"][0] < fp32_peak:
+        fails.append(f"bf16 device peak {dev['parameters_and_gradients']}: expected above 4 x {P} "
                      f"and below the fp32 run's {fp32_peak}")
     for i, (x, y) in enumerate(zip(cb["losses"], gb["losses"])):
         if abs(x - y) > 1e-2 * abs(x):

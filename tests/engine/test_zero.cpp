@@ -162,10 +162,10 @@ TEST_P(ZeroStage, EqualsStageZero) {
 }
 
 // ZeRO-Offload's data flow (parallel::DeviceStore: parameters copied to the model's backend per
-// block, each micro-step's gradient computed from zero there and added into the engine's) on the
+// block, each micro-step's gradient computed from zero there; at stages 0-2 summed there over the
+// step and handed to the engine once, at stage 3 added into the engine's every micro-step) on the
 // CPU backend, where the copies are memcpys, against the engine used directly. With one micro-step
-// per rank the sums are the same (0 + g = g), so bitwise; with several, the micro-steps' gradients
-// are added in another order: within rounding.
+// per rank the sums are the same (0 + g = g), so bitwise; with several, see below.
 TEST_P(ZeroStage, DeviceStoreEqualsTheEngineDirectly) {
   const int stage = GetParam();
   auto world = comm::Communicator::world();
@@ -182,21 +182,34 @@ TEST_P(ZeroStage, DeviceStoreEqualsTheEngineDirectly) {
       c.via_device_store = true;
       Result ds = train(c, world);
       ASSERT_EQ(ds.losses.size(), ref.losses.size());
-      // 16-bit runs fold each micro-step's fp32 gradient into the 16-bit one from a fresh buffer on
-      // both routes, so they agree bitwise; fp32 with several micro-steps adds in another order.
+      // 16-bit runs fold each micro-step's fp32 gradient into the 16-bit sum from a fresh buffer on
+      // both routes (the device's accumulate_half is the engine's, bitwise), so at stages 0, 1 and 3
+      // they agree bitwise. fp32 with several micro-steps adds in another order (the direct route
+      // accumulates inside the GEMMs). Stage 2 with several micro-steps reduces once per step on the
+      // device route and once per micro-step directly: the 16-bit rounding of each micro-step's
+      // reduced sum differs, by one bf16 rounding (2^-9 relative) per micro-step. Adam's normalised
+      // update moves an element by at most about lr per step, so where such a difference flips the
+      // sign of a nearly cancelling gradient the two routes part by up to 2 lr per step: 3 steps of
+      // lr 1e-3 here bound it by 6e-3 (measured: 2.0e-3 on 1, 2 and 4 ranks); the losses stay
+      // within 1e-4 relative (measured: 1e-5).
       const int accum = 12 / (micro * n);
-      const bool bitwise = accum == 1 || prec != engine::PrecisionMode::fp32;
+      const bool half = prec != engine::PrecisionMode::fp32;
+      const bool bitwise = accum == 1 || (half && stage != 2);
+      const double tol = half ? 6e-3 : 1e-6, loss_tol = half ? 1e-4 : 1e-6;
       const double d = max_diff(ds.params, ref.params);
       for (size_t i = 0; i < ds.losses.size(); ++i) {
         if (bitwise) EXPECT_EQ(ds.losses[i], ref.losses[i]) << "step " << i << ", " << what;
-        else EXPECT_NEAR(ds.losses[i], ref.losses[i], 1e-6 * std::fabs(ref.losses[i])) << "step " << i << ", " << what;
+        else EXPECT_NEAR(ds.losses[i], ref.losses[i], loss_tol * std::fabs(ref.losses[i])) << "step " << i << ", " << what;
       }
       if (bitwise) EXPECT_EQ(d, 0.0) << what;
-      else EXPECT_LE(d, 1e-6) << "max parameter difference, " << what;
+      else EXPECT_LE(d, tol) << "max parameter difference, " << what;
+      if (!bitwise && world.rank() == 0)
+        std::printf("[ %s ] max |param difference| %.3g, final loss %.9f vs %.9f\n", what.c_str(), d,
+                    ds.losses.back(), ref.losses.back());
       EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-4) << "training moved nothing";
       EXPECT_EQ(ds.mem.device_params_grads, 0u) << "the CPU backend reports no device tier";
 
-      // What crossed to the device and back, and what it held: 4-byte parameters and gradients.
+      // What crossed to the device and back, and what it held.
       const std::vector<size_t>& blk = ds.blocks;
       const double P = static_cast<double>(ds.numel), e = blk.front(), f = blk.back();
       double layers = 0, largest_layer = 0;
@@ -204,21 +217,25 @@ TEST_P(ZeroStage, DeviceStoreEqualsTheEngineDirectly) {
       // Gradients live per block, from the first grads(b) to grads_ready(b). The embedding's is taken
       // in the head and given back after the encoder's backward, so the peaks below are the head
       // (embedding and final norm) or a layer's backward beside the embedding's gradient.
-      EXPECT_EQ(ds.to_host, 4 * P * accum * iters) << "gradients copied back, " << what;
-      const bool half = prec != engine::PrecisionMode::fp32;
       if (stage <= 2 && !half) {
-        // fp32 parameters of the whole model resident, each block copied once per step.
+        // fp32 parameters and gradient sum of the whole model resident; the parameters copied in
+        // once per step, the summed gradients back once per step.
         EXPECT_EQ(ds.to_device, 4 * P * iters) << "parameters copied in, " << what;
-        EXPECT_EQ(static_cast<double>(ds.store_bytes), 4 * P + 4 * (e + std::max(f, largest_layer))) << what;
+        EXPECT_EQ(ds.to_host, 4 * P * iters) << "gradients copied back, " << what;
+        EXPECT_EQ(static_cast<double>(ds.store_bytes), 8 * P + 4 * (e + std::max(f, largest_layer))) << what;
       } else if (stage <= 2) {
-        // 16-bit parameters resident (2 bytes, copied once per step), widened per block while in use.
+        // 16-bit parameters and gradient sum resident (2 + 2 bytes, each crossing once per step),
+        // the parameters widened per block while in use.
         EXPECT_EQ(ds.to_device, 2 * P * iters) << "parameters copied in, " << what;
-        EXPECT_EQ(static_cast<double>(ds.store_bytes), 2 * P + 4 * std::max(2 * e + 2 * f, e + 2 * largest_layer))
+        EXPECT_EQ(ds.to_host, 2 * P * iters) << "gradients copied back, " << what;
+        EXPECT_EQ(static_cast<double>(ds.store_bytes), 4 * P + 4 * std::max(2 * e + 2 * f, e + 2 * largest_layer))
             << what;
       } else {
         // Every use copies what the engine gathered (the layers twice per micro-step: forward and
-        // backward), fp32, and it lives on the device only while in use.
+        // backward), fp32, and it lives on the device only while in use; every micro-step's fp32
+        // gradient goes back.
         EXPECT_EQ(ds.to_device, 4 * (P + layers) * accum * iters) << "parameters copied in, " << what;
+        EXPECT_EQ(ds.to_host, 4 * P * accum * iters) << "gradients copied back, " << what;
         EXPECT_EQ(static_cast<double>(ds.store_bytes), 4 * std::max(2 * e + 2 * f, e + 2 * largest_layer)) << what;
       }
     }

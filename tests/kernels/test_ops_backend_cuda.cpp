@@ -241,3 +241,36 @@ TEST(CudaOps, WidenHalfEveryPattern) {
     EXPECT_EQ(bad, 0u) << precision_name(p);
   }
 }
+
+// The 16-bit gradient accumulator (ZeRO-Offload keeps it on the GPU over micro-steps): every 16-bit
+// pattern as the accumulator, plus fp32 addends of every scale (and inf, NaN, fp16 overflow), on the
+// GPU and by kernels::accumulate_half on the CPU: bitwise equal, so the GPU's accumulation over
+// micro-steps is the host engine's (fp16 NaNs need only stay NaN, as above).
+TEST(CudaOps, AccumulateHalfEveryPattern) {
+  NEED_GPU(g);
+  std::vector<uint16_t> acc(65536 * 2);
+  Vec add(acc.size());
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> scale(-30, 30);
+  for (size_t i = 0; i < acc.size(); ++i) {
+    acc[i] = static_cast<uint16_t>(i);
+    add[i] = std::ldexp(mant(rng), scale(rng));
+  }
+  add[7] = INFINITY, add[8] = -INFINITY, add[9] = NAN, add[10] = 70000.0f, add[11] = -1e30f;
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    std::vector<uint16_t> want = acc;
+    accumulate_half(add.data(), want.data(), want.size(), p);
+    uint16_t* d_acc = g.put(acc);
+    g.be->accumulate_half(d_acc, g.put(add), acc.size(), p);
+    std::vector<uint16_t> got(acc.size());
+    g.be->copy_to_host(got.data(), d_acc, got.size() * sizeof(uint16_t));
+    Vec wf(want.size()), gf(got.size());
+    from_half(want.data(), wf.data(), want.size(), p);
+    from_half(got.data(), gf.data(), got.size(), p);
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      bad += std::isnan(wf[i]) ? (!std::isnan(gf[i]) || (p == Precision::bf16 && got[i] != want[i])) : got[i] != want[i];
+    EXPECT_EQ(bad, 0u) << precision_name(p);
+  }
+}

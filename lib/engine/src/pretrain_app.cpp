@@ -124,7 +124,9 @@ static int run(int argc, char** argv, bool require_moe) {
               << "> parameters: " << trainer.model().layout().full_numel()
               << (grid.tp().size() > 1 ? ", " + std::to_string(trainer.model().layout().numel()) + " per tensor-parallel rank" : std::string())
               << "  (" << grid.describe() << ")\n"
-              << "> backend: " << kernels::backend_description() << "\n"
+              << "> backend: "
+              << (cfg.device == "cuda" ? trainer.model().ops().name() + " (CUDA kernels, cuBLAS); host: " : std::string())
+              << kernels::backend_description() << "\n"
               << "> precision: " << (cfg.precision == engine::PrecisionMode::fp32 ? "fp32" : cfg.precision == engine::PrecisionMode::bf16 ? "bf16 mixed (fp32 master)" : "fp16 mixed (fp32 master, dynamic loss scale)")
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
               << cfg.grad_accum << "\n"

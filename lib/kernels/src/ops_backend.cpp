@@ -33,6 +33,9 @@ class CpuOps final : public OpsBackend {
   }
 
   void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) override { kernels::from_half(src, dst, n, p); }
+  void accumulate_half(uint16_t* acc, const float* src, size_t n, Precision p) override {
+    kernels::accumulate_half(src, acc, n, p);
+  }
 
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) override {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "hpct/core/error.hpp"
+#include "hpct/kernels/half.hpp"
 
 namespace hpct::parallel {
 
@@ -14,6 +15,7 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
       layout_(layout),
       be_(be),
       active_(layout.blocks().size(), 0),
+      summed_(layout.blocks().size(), 0),
       cache_(cache_params),
       storage_(storage),
       fresh_(layout.blocks().size(), 0),
@@ -22,11 +24,14 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
       gblock_(layout.blocks().size()) {
   size_t largest = 0;
   for (const auto& b : layout.blocks()) largest = std::max(largest, b.numel);
-  staging_.resize(largest);
-  if (cache_) {  // the whole model's parameters stay on the device between uses
-    if (half16()) dparams16_ = kernels::BackendBuffer(be, layout.numel() * sizeof(uint16_t));
-    else dparams_ = kernels::BackendBuffer(be, layout.numel() * sizeof(float));
-    live_ = peak_ = dparams16_.bytes() + dparams_.bytes();
+  if (cache_ && half16()) staging16_.resize(largest);
+  else staging_.resize(largest);
+  if (cache_) {  // the whole model's parameters and gradient sum stay on the device between uses
+    const size_t elem = half16() ? sizeof(uint16_t) : sizeof(float);
+    if (half16()) dparams16_ = kernels::BackendBuffer(be, layout.numel() * elem);
+    else dparams_ = kernels::BackendBuffer(be, layout.numel() * elem);
+    dgrads_ = kernels::BackendBuffer(be, layout.numel() * elem);
+    live_ = peak_ = dparams16_.bytes() + dparams_.bytes() + dgrads_.bytes();
   }
 }
 
@@ -75,6 +80,11 @@ const float* DeviceStore::params(int b) {
 
 void DeviceStore::invalidate() { std::fill(fresh_.begin(), fresh_.end(), 0); }
 
+void DeviceStore::begin_micro_step(bool first, bool last) {
+  if (first) std::fill(summed_.begin(), summed_.end(), 0);
+  last_ = last;
+}
+
 float* DeviceStore::grads(int b) {
   const auto& blk = layout_.blocks()[b];
   float* d = take(gblock_, b);
@@ -92,7 +102,49 @@ void DeviceStore::release(int b) {
   host_.release(b);
 }
 
+void DeviceStore::fold(int b) {
+  const auto& blk = layout_.blocks()[b];
+  const float* g = gblock_[b].as<float>();
+  if (half16()) {
+    uint16_t* acc = dgrads_.as<uint16_t>() + blk.offset;
+    if (!summed_[b]) be_.zero(acc, blk.numel * sizeof(uint16_t));  // +0 in bf16 and fp16
+    be_.accumulate_half(acc, g, blk.numel, storage_);
+  } else {
+    float* acc = dgrads_.as<float>() + blk.offset;
+    if (!summed_[b]) be_.zero(acc, blk.numel * sizeof(float));
+    be_.residual_forward(acc, acc, g, blk.numel);
+  }
+  summed_[b] = 1;
+}
+
+void DeviceStore::hand_over(int b) {
+  const auto& blk = layout_.blocks()[b];
+  float* h = host_.grads(b);
+  if (!summed_[b]) return;  // no gradient this step (the engine's buffer stays zero)
+  if (half16()) {
+    be_.copy_to_host(staging16_.data(), dgrads_.as<uint16_t>() + blk.offset, blk.numel * sizeof(uint16_t));
+    to_host_ += static_cast<double>(blk.numel) * sizeof(uint16_t);
+    kernels::add_from_half(staging16_.data(), h, blk.numel, storage_);  // exact: the engine rounds it to itself
+  } else {
+    be_.copy_to_host(staging_.data(), dgrads_.as<float>() + blk.offset, blk.numel * sizeof(float));
+    to_host_ += static_cast<double>(blk.numel) * sizeof(float);
+    for (size_t i = 0; i < blk.numel; ++i) h[i] += staging_[i];
+  }
+  summed_[b] = 0;
+}
+
 void DeviceStore::grads_ready(int b) {
+  if (cache_) {  // stages 0-2: summed on the device, handed over once per step
+    if (active_[b]) {
+      fold(b);
+      active_[b] = 0;
+      give_back(gblock_, b);
+    }
+    if (!last_) return;
+    hand_over(b);
+    host_.grads_ready(b);
+    return;
+  }
   const auto& blk = layout_.blocks()[b];
   float* h = host_.grads(b);
   if (active_[b]) {

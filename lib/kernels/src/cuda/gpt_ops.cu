@@ -32,6 +32,22 @@ __global__ void widen_half_kernel(float* dst, const uint16_t* src, size_t n, boo
   }
 }
 
+// fp32 -> bf16 bits as lib/kernels/src/bits.hpp's bf16_bits (not __float2bfloat16_rn, whose NaN
+// payload may differ): round to nearest even, a NaN stays a quiet NaN.
+__device__ inline uint16_t bf16_bits(float f) {
+  const unsigned u = __float_as_uint(f);
+  const unsigned rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
+}
+
+__global__ void accumulate_half_kernel(uint16_t* acc, const float* src, size_t n, bool bf16) {
+  HPCT_GRID_STRIDE(i, n) {
+    const uint16_t h = acc[i];
+    if (bf16) acc[i] = bf16_bits(__uint_as_float(static_cast<unsigned>(h) << 16) + src[i]);
+    else acc[i] = __half_as_ushort(__float2half_rn(__half2float(__ushort_as_half(h)) + src[i]));
+  }
+}
+
 __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
                                        int C, size_t n) {
   HPCT_GRID_STRIDE(i, n) {
@@ -228,6 +244,12 @@ void widen_half(float* dst, const uint16_t* src, size_t n, bool bf16, cudaStream
   if (n == 0) return;
   widen_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, n, bf16);
   check_launch("widen_half");
+}
+
+void accumulate_half(uint16_t* acc, const float* src, size_t n, bool bf16, cudaStream_t stream) {
+  if (n == 0) return;
+  accumulate_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(acc, src, n, bf16);
+  check_launch("accumulate_half");
 }
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,

@@ -51,6 +51,10 @@ class CudaOps final : public OpsBackend {
     check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaMemPool_t pool = nullptr;
+    uint64_t keep = UINT64_MAX;
+    check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) {
       cudaStreamDestroy(stream_);
       throw Error("CUDA backend: cublasCreate failed on " + name_);
@@ -62,9 +66,9 @@ class CudaOps final : public OpsBackend {
     }
   }
   ~CudaOps() override {
+    if (scratch_) cudaFreeAsync(scratch_, stream_);
+    if (work_) cudaFreeAsync(work_, stream_);
     cudaStreamSynchronize(stream_);
-    if (scratch_) cudaFree(scratch_);
-    if (work_) cudaFree(work_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -75,15 +79,16 @@ class CudaOps final : public OpsBackend {
   bool host_memory() const override { return false; }
   size_t scratch_bytes() const override { return scratch_bytes_ + work_bytes_; }
 
+  // Stream-ordered: a buffer freed here is reused by a later allocation on the same stream without
+  // a device synchronization (cudaFree waits for the whole device), and the pool keeps what it
+  // reserved (the release threshold is raised in the constructor), so ZeRO-Offload's per-block
+  // working buffers cost no cudaMalloc after the first step.
   void* allocate(size_t bytes) override {
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc of " + std::to_string(bytes) + " bytes on " + name_);
+    check(cudaMallocAsync(&p, bytes ? bytes : 1, stream_), "cudaMallocAsync of " + std::to_string(bytes) + " bytes on " + name_);
     return p;
   }
-  void release(void* p) noexcept override {
-    cudaStreamSynchronize(stream_);  // nothing queued may still use it
-    cudaFree(p);
-  }
+  void release(void* p) noexcept override { cudaFreeAsync(p, stream_); }
   void zero(void* p, size_t bytes) override { check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync"); }
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
@@ -97,6 +102,10 @@ class CudaOps final : public OpsBackend {
   void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) override {
     if (p == Precision::fp32) throw Error("CUDA backend: widen_half needs bf16 or fp16");
     cuda::widen_half(dst, src, n, p == Precision::bf16, stream_);
+  }
+  void accumulate_half(uint16_t* acc, const float* src, size_t n, Precision p) override {
+    if (p == Precision::fp32) throw Error("CUDA backend: accumulate_half needs bf16 or fp16");
+    cuda::accumulate_half(acc, src, n, p == Precision::bf16, stream_);
   }
 
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,

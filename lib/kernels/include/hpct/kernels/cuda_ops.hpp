@@ -41,6 +41,9 @@ void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*
 
 /// dst = fp32 values of 16-bit src: bfloat16 (the top half of an fp32) when bf16, else IEEE half.
 void widen_half(float* dst /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
+/// acc = 16-bit(acc + src), round to nearest even (bf16: NaN stays a quiet NaN), as
+/// hpct::kernels::accumulate_half.
+void accumulate_half(uint16_t* acc /*(n)*/, const float* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
 /// out = wte[tokens] + wpe[t]; tokens in [0, V) (checked by the caller on the host).
 void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
                      const float* wpe /*(maxT,C)*/, int B, int T, int C, cudaStream_t stream);

@@ -12,15 +12,21 @@
 // What stays on the device:
 //   stages 0-2, 16-bit runs (storage bf16/fp16): the engine's 16-bit parameters of the whole model
 //     (2 bytes per parameter, copied once per step), each block widened to an fp32 working copy
-//     only while the model uses it: ZeRO-Offload's footprint;
-//   stages 0-2, fp32: fp32 parameters of the whole model (4 bytes), copied once per step;
+//     only while the model uses it, and a 16-bit gradient accumulator of the whole model (2 bytes):
+//     ZeRO-Offload's 2+2 bytes per parameter on the GPU;
+//   stages 0-2, fp32: fp32 parameters and an fp32 gradient accumulator of the whole model (4+4);
 //   stage 3: a block's fp32 parameters (what the engine gathered) only from params(b) to release(b).
-// Gradients: a block's fp32 gradient only from grads(b) to grads_ready(b), at every stage.
-// "Once per step": the copy is kept until invalidate(), which the trainer calls after each optimizer
-// step and checkpoint load.
-// What it is not (yet): a device-side pool (each working block is a fresh allocation) or overlap:
-// the copies are synchronous. Status: compiled in CUDA builds, never run on a GPU here; on the CPU
-// backend it is exercised by tests/engine/test_zero.cpp (its copies are then memcpys).
+// Gradients: a block's fp32 gradient lives from grads(b) to grads_ready(b), at every stage. At
+// stages 0-2 grads_ready(b) folds it into the accumulator on the device (16-bit runs: rounded once
+// per micro-step, bitwise as the engine's own accumulate_half), and only on the micro-step that ends
+// the step (begin_micro_step) is the accumulated block copied back (2 or 4 bytes per parameter, once
+// per step) and reported to the engine, which then reduces once per step. At stage 3 every
+// micro-step's fp32 gradient goes back as it is (the engine reduce-scatters it at once).
+// "Once per step": the parameter copy is kept until invalidate(), which the trainer calls after each
+// optimizer step and checkpoint load.
+// What it is not (yet): overlapped: the copies are synchronous, and the host side (the engine's
+// reduction, clipping and AdamW) runs after backward. On the CPU backend it is exercised by
+// tests/engine/test_zero.cpp (its copies are then memcpys); on a GPU by the gpu-labelled tests.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +47,9 @@ class DeviceStore final : public model::ParamStore {
               kernels::Precision storage = kernels::Precision::fp32);
   /// The host parameters changed (an optimizer step, a checkpoint load): copy every block again.
   void invalidate();
+  /// Before each micro-step: `first` starts a step's gradient accumulation, `last` ends it (the
+  /// accumulated gradients go to the engine then). Without calls every micro-step is first and last.
+  void begin_micro_step(bool first, bool last);
 
   const float* params(int block) override;
   float* grads(int block) override;
@@ -62,9 +71,16 @@ class DeviceStore final : public model::ParamStore {
   float* take(std::vector<kernels::BackendBuffer>& blocks, int b);  // allocate block b's buffer if absent
   void give_back(std::vector<kernels::BackendBuffer>& blocks, int b);
 
+  void fold(int b);       // the block's micro-step gradient into the accumulator (stages 0-2)
+  void hand_over(int b);  // the accumulated gradient of the step to the engine's buffer
+
   kernels::BackendBuffer dparams_, dparams16_;  // cache_params: the whole model, fp32 or 16-bit
-  std::vector<float> staging_;  // one block's gradient on its way to the engine
+  kernels::BackendBuffer dgrads_;               // cache_params: the step's gradient sum, fp32 or 16-bit
+  std::vector<float> staging_;                  // one block's gradient on its way to the engine
+  std::vector<uint16_t> staging16_;             // the same, 16-bit
   std::vector<char> active_;    // per block: its device gradient holds this micro-step's sum
+  std::vector<char> summed_;    // per block: the accumulator holds this step's sum so far
+  bool last_ = true;
   bool cache_;
   kernels::Precision storage_;
   std::vector<char> fresh_;     // per block: the device copy equals the host's (cache_ only)
