@@ -245,7 +245,9 @@ TEST(CudaOps, WidenHalfEveryPattern) {
 // The 16-bit gradient accumulator (ZeRO-Offload keeps it on the GPU over micro-steps): every 16-bit
 // pattern as the accumulator, plus fp32 addends of every scale (and inf, NaN, fp16 overflow), on the
 // GPU and by kernels::accumulate_half on the CPU: bitwise equal, so the GPU's accumulation over
-// micro-steps is the host engine's (fp16 NaNs need only stay NaN, as above).
+// micro-steps is the host engine's. NaNs need only stay NaN: the GPU's fp32 addition returns its
+// canonical NaN where the CPU's keeps the operand's payload (seen on an H200: the 505 NaN sums of
+// the bf16 run were the only differences).
 TEST(CudaOps, AccumulateHalfEveryPattern) {
   NEED_GPU(g);
   std::vector<uint16_t> acc(65536 * 2);
@@ -270,7 +272,7 @@ TEST(CudaOps, AccumulateHalfEveryPattern) {
     from_half(got.data(), gf.data(), got.size(), p);
     size_t bad = 0;
     for (size_t i = 0; i < got.size(); ++i)
-      bad += std::isnan(wf[i]) ? (!std::isnan(gf[i]) || (p == Precision::bf16 && got[i] != want[i])) : got[i] != want[i];
+      bad += std::isnan(wf[i]) ? !std::isnan(gf[i]) : got[i] != want[i];
     EXPECT_EQ(bad, 0u) << precision_name(p);
   }
 }

@@ -43,8 +43,8 @@ class OpsBackend {
   /// half.hpp's from_half does on the host (exact: every 16-bit value is an fp32 value).
   virtual void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) = 0;
   /// acc = acc + src rounded to 16 bits (p: bf16 or fp16, round to nearest even), element by
-  /// element, both in backend memory, bitwise as half.hpp's accumulate_half does on the host: a
-  /// 16-bit gradient accumulator.
+  /// element, both in backend memory, bitwise as half.hpp's accumulate_half does on the host (a NaN
+  /// stays a NaN, its payload may differ): a 16-bit gradient accumulator.
   virtual void accumulate_half(uint16_t* acc, const float* src, size_t n, Precision p) = 0;
 
   // ---- the GPT ops: contracts as in ops.hpp ----
