@@ -1,0 +1,69 @@
+// hpct/model/decoder.hpp — the GPT's forward for text generation, with a key/value cache.
+//
+// What it is: inference for a dense GPT (the same parameter table and math as model/gpt.hpp's
+// forward, fp32 on the CPU ops) over several sequences at once, each with its own cache of every
+// layer's keys and values. extend() runs new tokens of one sequence (a prompt: its rows attend to
+// the cache and causally to each other), step() one new token of each of several sequences
+// (batched GEMMs, each row attending to its own sequence's cache). Either way each token costs its
+// own rows only: the positions before it are read from the cache, not recomputed.
+// What it is not: a training path (no activations kept, no backward), MoE (refused: the router's
+// capacity depends on the batch), tensor parallel, or GPU-resident (kernels::cpu ops; the
+// parameters and caches are host memory).
+// Memory: the cache holds 2 x L x sequences x max_seq_length x C floats, allocated up front
+// (cache_bytes()).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "hpct/model/gpt.hpp"
+
+namespace hpct::model {
+
+class Decoder {
+ public:
+  /// params: the flat fp32 parameters of Gpt::layout_for(cfg) in host memory (must outlive the
+  /// decoder); sequences: how many caches. Throws for an MoE or tensor-parallel config. Needs a
+  /// kernels::BackendScope alive while it runs, as the CPU ops do.
+  Decoder(const GptConfig& cfg, const float* params, int sequences);
+
+  /// Appends n tokens to sequence s (positions length(s) .. length(s)+n-1, which must stay below
+  /// max_seq_length). logits: (n, Vp) for every new position if all_rows, else (Vp) for the last
+  /// one only; nullptr for none.
+  void extend(int s, const int32_t* tokens, int n, float* logits, bool all_rows = false);
+  /// One new token for each of k sequences seqs[0..k) (distinct), batched: logits (k, Vp).
+  void step(const int* seqs, const int32_t* tokens, int k, float* logits);
+
+  int length(int s) const { return len_.at(s); }
+  /// Forgets sequence s (its next token is position 0).
+  void clear(int s) { len_.at(s) = 0; }
+  int sequences() const { return static_cast<int>(len_.size()); }
+  const GptConfig& config() const { return cfg_; }
+  size_t cache_bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+
+ private:
+  struct Row {
+    int seq, pos;
+  };
+  // Runs the rows (tokens[r] at rows[r]), writes each row's k/v into the cache, and the logits of
+  // the rows listed in out_rows.
+  void run(const std::vector<Row>& rows, const int32_t* tokens, const std::vector<int>& out_rows, float* logits);
+  void attend(const std::vector<Row>& rows, int layer);  // atty_ from qkv_ and the cache
+  float* kcache(int layer, int seq, int pos) { return k_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
+  float* vcache(int layer, int seq, int pos) { return v_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
+
+  GptConfig cfg_;
+  const float* p_;
+  int C_, T_, L_, NH_, Vp_;
+  struct LayerOffsets {
+    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+  };
+  std::vector<LayerOffsets> layers_;
+  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  std::vector<int> len_;
+  std::vector<float> k_, v_;  // (L, sequences, T, C)
+  // Working rows, grown to the largest call.
+  std::vector<float> x_, ln_, qkv_, atty_, res_, fch_, fcg_, mean_, rstd_, scores_;
+};
+
+}  // namespace hpct::model
