@@ -50,6 +50,10 @@ std::string file_fingerprint(const std::string& path) {
 }
 }  // namespace
 
+std::string tokenizer_identity(const std::string& vocab_file, const std::string& merge_file) {
+  return "gpt2-bpe vocab:fnv1a64:" + file_fingerprint(vocab_file) + " merges:fnv1a64:" + file_fingerprint(merge_file);
+}
+
 CheckpointMeta Trainer::checkpoint_meta() const {
   CheckpointMeta m;
   m.config = config_to_json(cfg_);
@@ -67,8 +71,7 @@ CheckpointMeta Trainer::checkpoint_meta() const {
     m.architecture["mlp_type"] = mc.moe.residual ? "residual" : "standard";
   }
   m.tokenizer = cfg_.mock_data ? "mock (vocab " + std::to_string(mc.vocab_size) + ")"
-                                : "gpt2-bpe vocab:fnv1a64:" + file_fingerprint(cfg_.vocab_file) +
-                                      " merges:fnv1a64:" + file_fingerprint(cfg_.merge_file);
+                                : tokenizer_identity(cfg_.vocab_file, cfg_.merge_file);
   m.layout = {{"world_size", grid_.world_size()},
               {"dp", grid_.dp().size()},
               {"tp", grid_.tp().size()},

@@ -52,10 +52,14 @@ struct TrainingState {
 };
 
 /// What a checkpoint is written with and checked against on load.
+/// CheckpointMeta::tokenizer of a run with this GPT-2 BPE vocab and merges file (each file's FNV-1a
+/// 64; "unreadable" for one that cannot be read).
+std::string tokenizer_identity(const std::string& vocab_file, const std::string& merge_file);
+
 struct CheckpointMeta {
   nlohmann::json config;        // resolved TrainConfig
   nlohmann::json architecture;  // GptConfig: a different one is refused
-  std::string tokenizer;        // "gpt2-bpe sha256:<vocab>,<merges>" or "mock"
+  std::string tokenizer;        // tokenizer_identity(vocab, merges), or "mock (vocab V)"
   nlohmann::json layout;        // {"world_size", "dp", "tp", "ep", "zero_stage"}
   unsigned long long seed = 0;
 };

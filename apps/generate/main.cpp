@@ -1,0 +1,303 @@
+// generate — text from a trained GPT checkpoint: greedy, temperature, top-k, top-p, with a
+// key/value cache (model/decoder.hpp) and several prompts decoded together.
+//
+//   generate --load checkpoints/gpt-tiny --prompt "The jury said" --max-new-tokens 40 --temperature 0
+//
+// The tokenizer is the run's (its --vocab-file/--merge-file, stored in the checkpoint), or given.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
+#include "hpct/core/units.hpp"
+#include "hpct/engine/checkpoint_state.hpp"
+#include "hpct/engine/checkpointer.hpp"
+#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/h5_file.hpp"
+#include "hpct/kernels/backend.hpp"
+#include "hpct/model/decoder.hpp"
+#include "hpct/model/sampling.hpp"
+
+using namespace hpct;
+
+namespace {
+const char* kHelp =
+    "usage: generate --load PATH (--prompt TEXT ... | --prompts-file FILE | --prompt-ids IDS) [options]\n"
+    "\n"
+    "Continues each prompt with text from a pretrain_gpt checkpoint (dense GPT), on the CPU.\n"
+    "\n"
+    "  --load PATH             a checkpoint file (iter_0000050.h5) or a --save directory (its `latest`)\n"
+    "  --prompt TEXT           a prompt (repeat for several)\n"
+    "  --prompts-file FILE     one prompt per line\n"
+    "  --prompt-ids IDS        a prompt as comma-separated token ids (models trained on --mock-data)\n"
+    "  --max-new-tokens N      tokens to generate per prompt (default 32); generation also stops at the\n"
+    "                          end-of-document token and at the model's last position\n"
+    "  --temperature T         0: greedy (the most likely token); default 1\n"
+    "  --top-k K               keep the K most likely tokens (default 0: all)\n"
+    "  --top-p P               keep the most likely tokens whose probability reaches P (default 1: all)\n"
+    "  --seed S                sampling seed (default 1234); each prompt draws from its own stream, so\n"
+    "                          its text does not depend on the batching\n"
+    "  --micro-batch-size N    prompts decoded together (default 8)\n"
+    "  --no-kv-cache           recompute every position for every new token (for comparisons)\n"
+    "  --vocab-file, --merge-file  the GPT-2 BPE files (default: the ones the checkpoint's run used)\n"
+    "  --json FILE             per prompt: its ids, the generated ids, each one's log-probability (the\n"
+    "                          model's, temperature 1), the text and why it stopped; and the speeds\n"
+    "  -h, --help              this text\n";
+
+struct Options {
+  std::string load, prompts_file, prompt_ids, vocab, merges, json;
+  std::vector<std::string> prompts;
+  int max_new = 32, batch = 8;
+  uint64_t seed = 1234;
+  bool cache = true;
+  model::SamplingConfig sampling;
+};
+
+long long int_flag(const std::string& flag, const std::string& v, long long lo) {
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used == v.size() && x >= lo) return x;
+  } catch (const std::exception&) {
+  }
+  throw config_error(flag, flag + " needs an integer >= " + std::to_string(lo) + ", got '" + printable(v) + "'");
+}
+
+double real_flag(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw config_error(flag, flag + " needs a number, got '" + printable(v) + "'");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() {
+      if (i + 1 >= argc) throw config_error(a, a + " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (a == "--load") o.load = value();
+    else if (a == "--prompt") o.prompts.push_back(value());
+    else if (a == "--prompts-file") o.prompts_file = value();
+    else if (a == "--prompt-ids") o.prompt_ids = value();
+    else if (a == "--max-new-tokens") o.max_new = static_cast<int>(int_flag(a, value(), 1));
+    else if (a == "--temperature") o.sampling.temperature = real_flag(a, value());
+    else if (a == "--top-k") o.sampling.top_k = static_cast<int>(int_flag(a, value(), 0));
+    else if (a == "--top-p") o.sampling.top_p = real_flag(a, value());
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(int_flag(a, value(), 0));
+    else if (a == "--micro-batch-size") o.batch = static_cast<int>(int_flag(a, value(), 1));
+    else if (a == "--no-kv-cache") o.cache = false;
+    else if (a == "--vocab-file") o.vocab = value();
+    else if (a == "--merge-file") o.merges = value();
+    else if (a == "--json") o.json = value();
+    else throw config_error(a, "unknown flag '" + printable(a) + "'", "see generate --help");
+  }
+  if (o.load.empty()) throw config_error("--load", "--load PATH is required (a checkpoint file or --save directory)");
+  o.sampling.validate();
+  return o;
+}
+
+// The checkpoint's dense GPT: its config (vocabulary padded), real vocabulary, tokenizer identity
+// and the run's tokenizer files, and every parameter in layout order.
+struct Loaded {
+  model::GptConfig cfg;
+  int vocab = 0;
+  std::string file, tokenizer, vocab_file, merge_file;
+  std::vector<float> params;
+};
+
+Loaded load(const std::string& path) {
+  Loaded m;
+  m.file = engine::Checkpointer::resolve(path);
+  if (m.file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
+  io::H5File f = io::H5File::open(m.file, io::H5File::Mode::read, MPI_COMM_SELF);
+  const engine::StoredRun stored = engine::check_structure(f, m.file, &m.cfg);
+  const auto& c = stored.meta.config;
+  m.vocab = m.cfg.vocab_size;
+  if (c.contains("model") && c["model"].contains("vocab_size") && c["model"]["vocab_size"].is_number_integer())
+    m.vocab = std::min<int>(m.vocab, c["model"]["vocab_size"].get<int>());
+  m.tokenizer = stored.meta.tokenizer;
+  if (c.contains("vocab_file") && c["vocab_file"].is_string()) m.vocab_file = c["vocab_file"].get<std::string>();
+  if (c.contains("merge_file") && c["merge_file"].is_string()) m.merge_file = c["merge_file"].get<std::string>();
+  const ParamLayout layout = model::Gpt::layout_for(m.cfg);
+  m.params.resize(layout.numel());
+  for (const auto& t : layout.tensors())
+    f.read(engine::Checkpointer::dataset_name("model", t.name), 0, m.params.data() + t.offset, t.numel);
+  f.close();
+  return m;
+}
+
+struct Result {
+  std::vector<int32_t> prompt, ids;
+  std::vector<double> logprobs;
+  std::string stop = "max_new_tokens";
+};
+
+}  // namespace
+
+static int run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "-h" || std::string(argv[i]) == "--help") {
+      std::cout << kHelp;
+      return 0;
+    }
+  if (comm::Communicator::world().size() != 1)
+    throw config_error("mpirun", "generate runs as one process: start it without mpirun -np N (N > 1)");
+  const Options o = parse(argc, argv);
+  kernels::BackendScope backend;
+  Loaded m = load(o.load);
+
+  // Prompts as ids; text through the run's tokenizer (checked against the checkpoint's identity).
+  const bool mock = m.tokenizer.rfind("mock", 0) == 0;
+  std::unique_ptr<io::Gpt2Tokenizer> tok;
+  std::vector<std::string> texts = o.prompts;
+  if (!o.prompts_file.empty()) {
+    std::ifstream in(o.prompts_file);
+    if (!in) throw file_error(o.prompts_file, "cannot read (--prompts-file)");
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) texts.push_back(line);
+  }
+  if (!texts.empty()) {
+    const std::string vf = o.vocab.empty() ? m.vocab_file : o.vocab, mf = o.merges.empty() ? m.merge_file : o.merges;
+    if (mock || vf.empty() || mf.empty())
+      throw config_error("--prompt", m.file + " was trained on " + (mock ? m.tokenizer : "unknown tokens"),
+                         "give --prompt-ids, or --vocab-file and --merge-file");
+    if (m.tokenizer.rfind("gpt2-bpe", 0) == 0 && engine::tokenizer_identity(vf, mf) != m.tokenizer)
+      throw config_error("--vocab-file", vf + " / " + mf + " are not the tokenizer " + m.file + " was trained with (" +
+                                             m.tokenizer + ")");
+    tok = std::make_unique<io::Gpt2Tokenizer>(io::Gpt2Tokenizer::from_files(vf, mf));
+  }
+  std::vector<Result> res;
+  for (const auto& t : texts) res.push_back({tok->encode(t), {}, {}, {}});
+  if (!o.prompt_ids.empty()) {
+    Result r;
+    std::stringstream ss(o.prompt_ids);
+    for (std::string x; std::getline(ss, x, ',');) r.prompt.push_back(static_cast<int32_t>(int_flag("--prompt-ids", x, 0)));
+    res.push_back(r);
+  }
+  if (res.empty()) throw config_error("--prompt", "no prompt given", "use --prompt, --prompts-file or --prompt-ids");
+  const int T = m.cfg.max_seq_length;
+  for (size_t i = 0; i < res.size(); ++i) {
+    if (res[i].prompt.empty()) throw config_error("--prompt", "prompt " + std::to_string(i) + " is empty");
+    if ((int)res[i].prompt.size() >= T)
+      throw config_error("--prompt", "prompt " + std::to_string(i) + " has " + std::to_string(res[i].prompt.size()) +
+                                         " tokens; the model has " + std::to_string(T) + " positions (at most " +
+                                         std::to_string(T - 1) + " leave room to generate)");
+    for (int32_t id : res[i].prompt)
+      if (id >= m.vocab) throw config_error("--prompt-ids", "token " + std::to_string(id) + " is not below the vocabulary " + std::to_string(m.vocab));
+  }
+  const int32_t eod = tok ? tok->eod() : -1;
+  const int B = std::min<int>(o.batch, static_cast<int>(res.size())), Vp = m.cfg.padded_vocab();
+  model::Decoder dec(m.cfg, m.params.data(), B);
+  using clock = std::chrono::steady_clock;
+  double prefill_s = 0, decode_s = 0;
+  long long prefill_tokens = 0, new_tokens = 0;
+  std::vector<float> logits((size_t)B * Vp);
+  for (size_t g0 = 0; g0 < res.size(); g0 += B) {
+    const int n = std::min<int>(B, static_cast<int>(res.size() - g0));
+    std::vector<std::mt19937_64> rng;
+    std::vector<int> live;  // sequences still generating
+    std::vector<int32_t> next(n);
+    auto t0 = clock::now();
+    for (int s = 0; s < n; ++s) {
+      Result& r = res[g0 + s];
+      rng.emplace_back(o.seed * 0x9E3779B97F4A7C15ull + g0 + s);
+      dec.clear(s);
+      dec.extend(s, r.prompt.data(), (int)r.prompt.size(), logits.data() + (size_t)s * Vp);
+      prefill_tokens += (long long)r.prompt.size();
+      live.push_back(s);
+    }
+    auto t1 = clock::now();
+    prefill_s += std::chrono::duration<double>(t1 - t0).count();
+    while (!live.empty()) {
+      std::vector<int> going;
+      for (size_t i = 0; i < live.size(); ++i) {
+        const int s = live[i];
+        Result& r = res[g0 + s];
+        double lp = 0;
+        const int32_t id = model::sample_token(logits.data() + i * Vp, m.vocab, o.sampling, rng[s], &lp);
+        r.ids.push_back(id);
+        r.logprobs.push_back(lp);
+        ++new_tokens;
+        if (id == eod) r.stop = "eod";
+        else if ((int)r.ids.size() >= o.max_new) r.stop = "max_new_tokens";
+        else if (dec.length(s) >= T) r.stop = "length";
+        else {
+          going.push_back(s);
+          next[going.size() - 1] = id;
+        }
+      }
+      live = going;
+      if (live.empty()) break;
+      if (o.cache) {
+        dec.step(live.data(), next.data(), (int)live.size(), logits.data());
+      } else {  // every position again: the cost the cache saves
+        for (size_t i = 0; i < live.size(); ++i) {
+          const Result& r = res[g0 + live[i]];
+          std::vector<int32_t> ctx = r.prompt;
+          ctx.insert(ctx.end(), r.ids.begin(), r.ids.end());
+          dec.clear(live[i]);
+          dec.extend(live[i], ctx.data(), (int)ctx.size(), logits.data() + i * Vp);
+        }
+      }
+    }
+    decode_s += std::chrono::duration<double>(clock::now() - t1).count();
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < res.size(); ++i) {
+    const Result& r = res[i];
+    std::string text;
+    if (tok) {
+      std::vector<int32_t> shown = r.ids;
+      if (!shown.empty() && shown.back() == eod) shown.pop_back();
+      text = tok->decode(shown);
+      std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop << ")\n"
+                << tok->decode(r.prompt) << text << "\n";
+    } else {
+      std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop << ")\n";
+      for (int32_t id : r.ids) std::cout << id << " ";
+      std::cout << "\n";
+    }
+    out.push_back({{"prompt_ids", r.prompt}, {"ids", r.ids}, {"logprobs", r.logprobs}, {"text", text}, {"stop", r.stop}});
+  }
+  const double tps = decode_s > 0 ? new_tokens / decode_s : 0, pps = prefill_s > 0 ? prefill_tokens / prefill_s : 0;
+  std::printf("> generated %lld tokens for %zu prompts in %.2f s: %.1f tokens/s (%s), prompts read at %.1f tokens/s; "
+              "cache %s\n",
+              new_tokens, res.size(), prefill_s + decode_s, tps, o.cache ? "key/value cache" : "no cache, every position again",
+              pps, format_bytes(double(dec.cache_bytes())).c_str());
+  if (!o.json.empty())
+    write_json_file(o.json, {{"app", "generate"}, {"checkpoint", m.file}, {"kv_cache", o.cache},
+                             {"sampling", {{"temperature", o.sampling.temperature}, {"top_k", o.sampling.top_k},
+                                           {"top_p", o.sampling.top_p}, {"seed", o.seed}}},
+                             {"results", out}, {"generated_tokens", new_tokens}, {"tokens_per_second", tps},
+                             {"prefill_tokens_per_second", pps}, {"seconds", prefill_s + decode_s},
+                             {"cache_bytes", dec.cache_bytes()}});
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  comm::Environment env(&argc, &argv);
+  try {
+    return run(argc, argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "generate: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "generate: error: %s\n", e.what());
+    return 1;
+  }
+}

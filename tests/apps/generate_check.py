@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""generate as a user runs it, on a tiny GPT trained here for a few steps on Brown:
+
+- greedy text with the key/value cache is the text without it (every position recomputed);
+- sampling (temperature 0.9, top-k 50, top-p 0.95) is reproducible from --seed, does not depend on
+  how many prompts are decoded together, and changes with the seed;
+- the JSON has per prompt the prompt's ids (the tokenizer's), at most --max-new-tokens ids, each
+  with a log-probability <= 0, and why it stopped; the text printed is the decoded ids;
+- one-line errors naming the flag: a prompt longer than the model's positions, a tokenizer that is
+  not the run's, text prompts for a model trained on --mock-data, --top-p 0, no --load.
+
+generate_check.py --gpt PRETRAIN_GPT --generate GENERATE --args FILE --data DIR --workdir DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--gpt", required=True)
+ap.add_argument("--generate", required=True)
+ap.add_argument("--args", required=True)
+ap.add_argument("--data", required=True)
+ap.add_argument("--workdir", required=True)
+a = ap.parse_args()
+shutil.rmtree(a.workdir, ignore_errors=True)
+os.makedirs(a.workdir)
+vocab, merges = os.path.join(a.data, "gpt2-vocab.json"), os.path.join(a.data, "gpt2-merges.txt")
+fails = []
+
+
+def sh(cmd, want_rc=0):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if want_rc is not None and p.returncode != want_rc:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+        fails.append(f"exit {p.returncode} (wanted {want_rc}): {' '.join(cmd[:3])} ...")
+    return p
+
+
+ckpt = os.path.join(a.workdir, "ckpt")
+sh([a.gpt, "@" + a.args, "--data-path", os.path.join(a.data, "brown_text_document"), "--vocab-file", vocab,
+    "--merge-file", merges, "--split", "949,50,1", "--train-iters", "30", "--eval-iters", "0", "--log-interval", "10",
+    "--save", ckpt, "--save-interval", "30"])
+prompts = ["The jury said", "In the morning the", "He was"]
+
+
+def gen(name, *extra):
+    out = os.path.join(a.workdir, name + ".json")
+    cmd = [a.generate, "--load", ckpt, "--max-new-tokens", "12", "--json", out]
+    for pr in prompts:
+        cmd += ["--prompt", pr]
+    p = sh(cmd + list(extra))
+    return p, (json.load(open(out)) if os.path.exists(out) else None)
+
+
+p_cached, cached = gen("greedy", "--temperature", "0")
+_, full = gen("greedy_no_cache", "--temperature", "0", "--no-kv-cache")
+_, s1 = gen("sample_a", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95", "--seed", "7")
+_, s2 = gen("sample_b", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95", "--seed", "7", "--micro-batch-size", "1")
+_, s3 = gen("sample_c", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95", "--seed", "8")
+if None in (cached, full, s1, s2, s3):
+    fails.append("a generate run wrote no JSON")
+else:
+    ids = lambda j: [r["ids"] for r in j["results"]]
+    if ids(cached) != ids(full):
+        fails.append(f"greedy with the cache {ids(cached)} differs from without {ids(full)}")
+    if ids(s1) != ids(s2):
+        fails.append("sampling with one seed differs between --micro-batch-size 8 and 1")
+    if ids(s1) == ids(s3):
+        fails.append("seeds 7 and 8 sampled the same tokens")
+    if ids(s1) == ids(cached):
+        fails.append("sampling at temperature 0.9 gave the greedy tokens for every prompt")
+    for j in (cached, s1):
+        for i, r in enumerate(j["results"]):
+            if not 1 <= len(r["ids"]) <= 12 or len(r["logprobs"]) != len(r["ids"]):
+                fails.append(f"prompt {i}: {len(r['ids'])} ids, {len(r['logprobs'])} log-probabilities")
+            if any(lp > 1e-9 for lp in r["logprobs"]):
+                fails.append(f"prompt {i}: a log-probability above 0: {r['logprobs']}")
+            if r["stop"] not in ("eod", "max_new_tokens", "length"):
+                fails.append(f"prompt {i}: stop '{r['stop']}'")
+            if r["stop"] == "max_new_tokens" and len(r["ids"]) != 12:
+                fails.append(f"prompt {i}: stopped for max_new_tokens after {len(r['ids'])}")
+            if not r["prompt_ids"]:
+                fails.append(f"prompt {i}: no prompt ids")
+    # The greedy run's text is printed after its prompt.
+    for i, r in enumerate(cached["results"]):
+        if prompts[i] + r["text"] not in p_cached.stdout:
+            fails.append(f"prompt {i}: printed text is not the prompt + {r['text']!r}")
+    if "tokens/s (key/value cache)" not in p_cached.stdout:
+        fails.append("no tokens/s line")
+    print("greedy:", [r["text"] for r in cached["results"]])
+    print("sampled:", [r["text"] for r in s1["results"]])
+
+
+def one_line_error(name, cmd, needle):
+    p = sh(cmd, want_rc=None)
+    errs = [l for l in (p.stdout + p.stderr).splitlines() if "error" in l]
+    ok = p.returncode != 0 and len(errs) == 1 and needle in errs[0] and errs[0].startswith("generate: error:")
+    print(("ok   " if ok else "FAIL ") + name + ": " + (errs[0] if errs else "(no error line)"))
+    if not ok:
+        fails.append(f"{name}: exit {p.returncode}, {errs}")
+
+
+one_line_error("long prompt", [a.generate, "--load", ckpt, "--prompt", "word " * 200], "--prompt")
+bad_merges = os.path.join(a.workdir, "merges_other.txt")
+with open(merges) as f, open(bad_merges, "w") as g:
+    g.write(f.read() + "\n")
+one_line_error("other tokenizer", [a.generate, "--load", ckpt, "--prompt", "Hi", "--merge-file", bad_merges], "--vocab-file")
+one_line_error("top-p 0", [a.generate, "--load", ckpt, "--prompt", "Hi", "--top-p", "0"], "--top-p")
+one_line_error("no --load", [a.generate, "--prompt", "Hi"], "--load")
+mock = os.path.join(a.workdir, "mock")
+sh([a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "2", "--eval-iters", "0",
+    "--save", mock, "--save-interval", "2"])
+one_line_error("text prompt on a mock-data model", [a.generate, "--load", mock, "--prompt", "Hi"], "--prompt-ids")
+p = sh([a.generate, "--load", mock, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
+if "(4 tokens, stop: max_new_tokens)" not in p.stdout:
+    fails.append("--prompt-ids on a mock-data model did not generate 4 tokens")
+for f in fails:
+    print("FAIL " + f)
+sys.exit(1 if fails else 0)
