@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <utility>
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
@@ -169,7 +170,12 @@ void CurriculumSampler::step() {
   const int d = difficulty(it);
   if (!started_ || d != last_difficulty_) {
     const size_t now = std::max(allowed_, count_allowed(d));
-    if (now > allowed_) clusters_.push_back({allowed_, now});  // the newly allowed samples (none: no cluster)
+    if (now > allowed_) {  // the newly allowed samples (none: no cluster)
+      Cluster c;
+      c.begin = allowed_;
+      c.end = now;
+      clusters_.push_back(std::move(c));
+    }
     allowed_ = now;
     last_difficulty_ = d;
     started_ = true;
