@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -64,6 +66,34 @@ TEST(Safetensors, WellFormedReadsBack) {
   EXPECT_EQ(f.read_f32("b", {2}), (std::vector<float>{4, 5}));
   EXPECT_THROW(f.read_f32("b", {1, 2}), hpct::Error);  // shape must match exactly
   EXPECT_THROW(f.read_f32("c", {2}), hpct::Error);
+}
+
+// 16-bit tensors (Hugging Face's F16 and BF16 checkpoints) are widened exactly: every F16 pattern
+// against the compiler's _Float16 conversion (NaN only needs to stay NaN), BF16 by its top half.
+TEST(Safetensors, SixteenBitTensorsWidenExactly) {
+  std::vector<uint16_t> bits(65536 + 4);
+  for (size_t i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
+  const uint16_t bf[4] = {0x3f80, 0xc000, 0x0001, 0x7f80};  // 1, -2, the smallest subnormal, inf
+  std::copy(bf, bf + 4, bits.begin() + 65536);
+  std::vector<float> data(bits.size() / 2);
+  std::memcpy(data.data(), bits.data(), bits.size() * 2);
+  const std::string h = R"({"h":{"dtype":"F16","shape":[256,256],"data_offsets":[0,131072]},)"
+                        R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[131072,131080]}})";
+  auto f = SafetensorsFile::open(file_with(h, data));
+  const std::vector<float> x = f.read_f32("h", {256, 256});
+  int bad = 0;
+  for (size_t i = 0; i < 65536; ++i) {
+    _Float16 v;
+    std::memcpy(&v, &bits[i], 2);
+    const float want = static_cast<float>(v);
+    bad += std::isnan(want) ? !std::isnan(x[i]) : std::memcmp(&want, &x[i], 4) != 0;
+  }
+  EXPECT_EQ(bad, 0);
+  const std::vector<float> b = f.read_f32("b", {4});
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -2.0f);
+  EXPECT_EQ(b[2], std::ldexp(1.0f, -133));
+  EXPECT_TRUE(std::isinf(b[3]));
 }
 
 // The case of the report: a 1-element tensor whose offsets span 400000 bytes (heap overflow before).

@@ -165,16 +165,57 @@ const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
+namespace {
+// IEEE half -> float, exactly (every half is a float): subnormals, infinities and NaN included.
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: man * 2^-24, renormalised
+    int e = -1;
+    uint32_t m = man;
+    do {
+      ++e;
+      m <<= 1;
+    } while (!(m & 0x400u));
+    bits = sign | (uint32_t(112 - e) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+}  // namespace
+
 std::vector<float> SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape) const {
   const SafetensorsTensor* t = find(name);
   if (!t) throw file_error(path_, "has no tensor '" + printable(name) + "'");
-  if (t->dtype != "F32") throw file_error(path_, "tensor '" + printable(name) + "' is " + t->dtype + ", only F32 is read");
+  if (t->dtype != "F32" && t->dtype != "F16" && t->dtype != "BF16")
+    throw file_error(path_, "tensor '" + printable(name) + "' is " + t->dtype + ": F32, F16 and BF16 are read");
   if (t->shape != shape)
     throw file_error(path_, "tensor '" + printable(name) + "' has shape " + shape_string(t->shape) + ", this model needs " +
                                 shape_string(shape));
   std::vector<float> x(t->numel());
   static_assert(sizeof(float) == 4);
-  pread_all(*fd_, x.data(), t->end - t->begin, data_start_ + t->begin, path_, "tensor '" + printable(name) + "'");
+  const std::string what = "tensor '" + printable(name) + "'";
+  if (t->dtype == "F32") {
+    pread_all(*fd_, x.data(), t->end - t->begin, data_start_ + t->begin, path_, what);
+    return x;
+  }
+  std::vector<uint16_t> h(t->numel());  // 16-bit values widened exactly
+  pread_all(*fd_, h.data(), t->end - t->begin, data_start_ + t->begin, path_, what);
+  if (t->dtype == "BF16") {
+    for (size_t i = 0; i < h.size(); ++i) {
+      const uint32_t bits = uint32_t(h[i]) << 16;
+      std::memcpy(&x[i], &bits, 4);
+    }
+  } else {
+    for (size_t i = 0; i < h.size(); ++i) x[i] = half_to_float(h[i]);
+  }
   return x;
 }
 

@@ -37,7 +37,8 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const SafetensorsTensor* find(const std::string& name) const;
-  /// The tensor's values; it must be F32 and of exactly `shape` (the error names both shapes).
+  /// The tensor's values as fp32 (F16 and BF16 widened exactly); it must be F32, F16 or BF16 and of
+  /// exactly `shape` (the error names both shapes).
   std::vector<float> read_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
  private:
