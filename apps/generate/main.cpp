@@ -21,6 +21,7 @@
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/kernels/backend.hpp"
@@ -31,11 +32,15 @@ using namespace hpct;
 
 namespace {
 const char* kHelp =
-    "usage: generate --load PATH (--prompt TEXT ... | --prompts-file FILE | --prompt-ids IDS) [options]\n"
+    "usage: generate (--load PATH | --load-hf PATH) (--prompt TEXT ... | --prompts-file FILE | --prompt-ids IDS)\n"
+    "                [options]\n"
     "\n"
-    "Continues each prompt with text from a pretrain_gpt checkpoint (dense GPT), on the CPU.\n"
+    "Continues each prompt with text from a pretrain_gpt checkpoint or GPT-2 weights in Hugging Face's\n"
+    "layout (dense GPT), on the CPU.\n"
     "\n"
     "  --load PATH             a checkpoint file (iter_0000050.h5) or a --save directory (its `latest`)\n"
+    "  --load-hf PATH          a save_pretrained GPT-2 directory (model.safetensors, config.json, and\n"
+    "                          vocab.json + merges.txt for text prompts) or a .safetensors file\n"
     "  --prompt TEXT           a prompt (repeat for several)\n"
     "  --prompts-file FILE     one prompt per line\n"
     "  --prompt-ids IDS        a prompt as comma-separated token ids (models trained on --mock-data)\n"
@@ -54,7 +59,7 @@ const char* kHelp =
     "  -h, --help              this text\n";
 
 struct Options {
-  std::string load, prompts_file, prompt_ids, vocab, merges, json;
+  std::string load, load_hf, prompts_file, prompt_ids, vocab, merges, json;
   std::vector<std::string> prompts;
   int max_new = 32, batch = 8;
   uint64_t seed = 1234;
@@ -91,6 +96,7 @@ Options parse(int argc, char** argv) {
       return std::string(argv[++i]);
     };
     if (a == "--load") o.load = value();
+    else if (a == "--load-hf") o.load_hf = value();
     else if (a == "--prompt") o.prompts.push_back(value());
     else if (a == "--prompts-file") o.prompts_file = value();
     else if (a == "--prompt-ids") o.prompt_ids = value();
@@ -106,7 +112,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--json") o.json = value();
     else throw config_error(a, "unknown flag '" + printable(a) + "'", "see generate --help");
   }
-  if (o.load.empty()) throw config_error("--load", "--load PATH is required (a checkpoint file or --save directory)");
+  if (o.load.empty() == o.load_hf.empty())
+    throw config_error("--load", "give one of --load PATH (a checkpoint file or --save directory) and --load-hf PATH");
   o.sampling.validate();
   return o;
 }
@@ -119,6 +126,19 @@ struct Loaded {
   std::string file, tokenizer, vocab_file, merge_file;
   std::vector<float> params;
 };
+
+Loaded load_hf(const std::string& path) {
+  engine::HfGpt2 hf = engine::read_hf_gpt2(path);
+  Loaded m;
+  m.cfg = hf.cfg;
+  m.vocab = hf.cfg.vocab_size;
+  m.file = hf.file;
+  m.tokenizer = hf.vocab_file.empty() ? "unknown: Hugging Face weights without tokenizer files" : "hf";
+  m.vocab_file = hf.vocab_file;
+  m.merge_file = hf.merge_file;
+  m.params = std::move(hf.params);
+  return m;
+}
 
 Loaded load(const std::string& path) {
   Loaded m;
@@ -159,7 +179,7 @@ static int run(int argc, char** argv) {
     throw config_error("mpirun", "generate runs as one process: start it without mpirun -np N (N > 1)");
   const Options o = parse(argc, argv);
   kernels::BackendScope backend;
-  Loaded m = load(o.load);
+  Loaded m = o.load.empty() ? load_hf(o.load_hf) : load(o.load);
 
   // Prompts as ids; text through the run's tokenizer (checked against the checkpoint's identity).
   const bool mock = m.tokenizer.rfind("mock", 0) == 0;

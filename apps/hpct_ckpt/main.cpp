@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <new>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -26,6 +27,7 @@
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/io/h5_file.hpp"
+#include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/io/safetensors.hpp"
 #include "hpct/model/gpt.hpp"
 
@@ -35,7 +37,7 @@ namespace {
 
 const char* kHelp = R"(usage: hpct_ckpt list|verify PATH [--json FILE]
        hpct_ckpt export PATH OUT.safetensors
-       hpct_ckpt import IN.safetensors DIR [--num-attention-heads N] [--make-vocab-size-divisible-by M]
+       hpct_ckpt import IN DIR [--num-attention-heads N] [--make-vocab-size-divisible-by M]
 
 PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` is used).
   list     the run state and provenance attributes and every tensor with its shape
@@ -44,48 +46,18 @@ PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` 
            and every tensor's checksum recomputed (exit 1 at the first problem, named)
   export   the model weights as safetensors with GPT-2's names (wte.weight, h.0.attn.c_attn.weight,
            ...; linear weights as (in, out), as GPT-2's Conv1D stores them; the vocabulary
-           padding rows dropped), fp32
-  import   a GPT-2 safetensors file (those names) into DIR/iter_0000000.h5 + DIR/latest, Adam
-           moments zero; `pretrain_gpt --load DIR` then continues from those weights. Heads cannot
-           be read from the weights: --num-attention-heads (default hidden/64, GPT-2's)
+           padding rows dropped), fp32; beside it config.json and the run's tokenizer files as
+           vocab.json and merges.txt: name it DIR/model.safetensors and Hugging Face's
+           GPT2LMHeadModel.from_pretrained(DIR) opens DIR
+  import   GPT-2 weights in Hugging Face's layout into DIR/iter_0000000.h5 + DIR/latest, Adam
+           moments zero; `pretrain_gpt --load DIR` then continues from those weights. IN is a
+           save_pretrained directory (model.safetensors + config.json, and its vocab.json and
+           merges.txt if there) or a bare .safetensors file; names with or without
+           "transformer.", F32, F16 or BF16. A bare file has no head count: --num-attention-heads
+           (default hidden/64, GPT-2's)
   --json FILE   the same as JSON
 Exit status: 0 fine, 1 a tensor fails its checksum or the file cannot be read, 2 usage.
 )";
-
-// GPT-2 name <-> ours, and whether the weight is stored transposed ((in, out) in GPT-2's Conv1D).
-struct NameMap {
-  std::string ours, theirs;
-  bool transpose;
-};
-std::vector<NameMap> gpt2_names(int layers) {
-  std::vector<NameMap> m = {{"embedding.word_embeddings.weight", "wte.weight", false},
-                            {"embedding.position_embeddings.weight", "wpe.weight", false}};
-  for (int l = 0; l < layers; ++l) {
-    const std::string o = "layers." + std::to_string(l) + ".", t = "h." + std::to_string(l) + ".";
-    m.push_back({o + "input_layernorm.weight", t + "ln_1.weight", false});
-    m.push_back({o + "input_layernorm.bias", t + "ln_1.bias", false});
-    m.push_back({o + "attention.query_key_value.weight", t + "attn.c_attn.weight", true});
-    m.push_back({o + "attention.query_key_value.bias", t + "attn.c_attn.bias", false});
-    m.push_back({o + "attention.dense.weight", t + "attn.c_proj.weight", true});
-    m.push_back({o + "attention.dense.bias", t + "attn.c_proj.bias", false});
-    m.push_back({o + "post_attention_layernorm.weight", t + "ln_2.weight", false});
-    m.push_back({o + "post_attention_layernorm.bias", t + "ln_2.bias", false});
-    m.push_back({o + "mlp.dense_h_to_4h.weight", t + "mlp.c_fc.weight", true});
-    m.push_back({o + "mlp.dense_h_to_4h.bias", t + "mlp.c_fc.bias", false});
-    m.push_back({o + "mlp.dense_4h_to_h.weight", t + "mlp.c_proj.weight", true});
-    m.push_back({o + "mlp.dense_4h_to_h.bias", t + "mlp.c_proj.bias", false});
-  }
-  m.push_back({"final_layernorm.weight", "ln_f.weight", false});
-  m.push_back({"final_layernorm.bias", "ln_f.bias", false});
-  return m;
-}
-
-std::vector<float> transposed(const std::vector<float>& x, int64_t rows, int64_t cols) {
-  std::vector<float> y(x.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
-  return y;
-}
 
 int export_safetensors(const std::string& path, const std::string& out) {
   std::string file = engine::Checkpointer::resolve(path);
@@ -104,7 +76,7 @@ int export_safetensors(const std::string& path, const std::string& out) {
   nlohmann::json header = {{"__metadata__", {{"format", "pt"}, {"source", file}, {"software", hpct_version()}}}};
   std::vector<std::vector<float>> data;
   uint64_t off = 0;
-  for (const auto& nm : gpt2_names(layers)) {
+  for (const auto& nm : engine::gpt2_names(layers)) {
     const std::string ds = engine::Checkpointer::dataset_name("model", nm.ours);
     auto shape = f.dataset_shape(ds);
     uint64_t n = 1;
@@ -116,7 +88,7 @@ int export_safetensors(const std::string& path, const std::string& out) {
       shape[0] = vocab;
     }
     if (nm.transpose) {
-      x = transposed(x, shape[0], shape[1]);
+      x = engine::transposed(x, shape[0], shape[1]);
       std::swap(shape[0], shape[1]);
     }
     const uint64_t bytes = x.size() * sizeof(float);
@@ -137,70 +109,34 @@ int export_safetensors(const std::string& path, const std::string& out) {
   if (!o) throw file_error(out, "writing failed (disk full?)");
   std::printf("# %s: %zu tensors, %s, GPT-2 names, from %s\n", out.c_str(), data.size(), format_bytes(double(off)).c_str(),
               file.c_str());
+  // Beside it, what Hugging Face's from_pretrained reads with model.safetensors: config.json, and
+  // the run's tokenizer files as vocab.json and merges.txt.
+  const std::filesystem::path dir = std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
+  model::GptConfig hc = mc;
+  hc.vocab_size = static_cast<int>(vocab);
+  write_json_file((dir / "config.json").string(), engine::hf_gpt2_config(hc, static_cast<int>(vocab)));
+  std::printf("# %s: GPT-2 config (n_layer %d, n_embd %d, n_head %d, n_positions %d, vocab_size %lld)\n",
+              (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.max_seq_length,
+              static_cast<long long>(vocab));
+  for (const auto& [key, name] : {std::pair<const char*, const char*>{"vocab_file", "vocab.json"}, {"merge_file", "merges.txt"}}) {
+    if (!cfg.contains(key) || !cfg[key].is_string() || cfg[key].get<std::string>().empty()) continue;
+    const std::string src = cfg[key].get<std::string>();
+    std::error_code ec;
+    std::filesystem::copy_file(src, dir / name, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) std::printf("# %s not copied (%s: %s)\n", name, src.c_str(), ec.message().c_str());
+    else std::printf("# %s: the run's %s\n", (dir / name).c_str(), key);
+  }
   return 0;
 }
 
-// A positive dimension of an imported tensor that fits the model's int fields.
-int dim_of(const io::SafetensorsFile& st, const io::SafetensorsTensor& t, size_t axis, const char* what, int64_t max) {
-  if (t.shape.size() != 2)
-    throw file_error(st.path(), "tensor " + t.name + " has shape " + shape_string(t.shape) + ", GPT-2's is 2-D");
-  const int64_t d = t.shape[axis];
-  if (d < 1 || d > max)
-    throw file_error(st.path(), "tensor " + t.name + " has shape " + shape_string(t.shape) + ": " + what +
-                                    " must be 1.." + std::to_string(max));
-  return static_cast<int>(d);
-}
-
 int import_safetensors(const std::string& in, const std::string& dir, int heads, int vocab_multiple) {
-  // Every header rule (offsets, sizes, dtypes) is checked by the reader before anything is copied;
-  // every tensor must then have exactly the shape this GPT gives its name.
-  const io::SafetensorsFile sf = io::SafetensorsFile::open(in);
-  auto need = [&](const std::string& name) -> const io::SafetensorsTensor& {
-    const auto* t = sf.find(name);
-    if (!t) throw file_error(in, "has no tensor '" + name + "' (GPT-2 names expected: wte.weight, h.0.ln_1.weight, ...)");
-    return *t;
-  };
-  int layers = 0;
-  while (sf.find("h." + std::to_string(layers) + ".ln_1.weight")) ++layers;
-  if (layers == 0) throw file_error(in, "has no tensor 'h.0.ln_1.weight': not a GPT-2 model");
-  const auto& wte = need("wte.weight");
-  const auto& wpe = need("wpe.weight");
-  model::GptConfig mc;
-  mc.num_layers = layers;
-  mc.hidden_size = dim_of(sf, wte, 1, "the hidden size", 1 << 20);
-  mc.vocab_size = dim_of(sf, wte, 0, "the vocabulary", (1 << 30));
-  mc.max_seq_length = dim_of(sf, wpe, 0, "the positions", 1 << 24);
-  if (wpe.shape[1] != mc.hidden_size)
-    throw file_error(in, "tensor wpe.weight has shape " + shape_string(wpe.shape) + ", wte.weight's hidden size is " +
-                             std::to_string(mc.hidden_size));
-  mc.num_heads = heads > 0 ? heads : std::max(1, mc.hidden_size / 64);
-  mc.vocab_multiple = vocab_multiple;
-  mc.validate();
-  model::Gpt gpt(mc, kernels::Precision::fp32, false);
-  const auto& layout = gpt.layout();
-  // The shape GPT-2 stores each tensor with; every one is checked before anything is allocated,
-  // so the model's size is bounded by the data the file really holds.
-  auto theirs_of = [&](const NameMap& nm) {
-    std::vector<int64_t> theirs = layout.find(nm.ours).shape;
-    if (nm.transpose) std::swap(theirs[0], theirs[1]);
-    if (nm.theirs == "wte.weight") theirs[0] = mc.vocab_size;  // pad rows stay zero
-    return theirs;
-  };
-  for (const auto& nm : gpt2_names(layers)) {
-    const auto& t = need(nm.theirs);
-    if (t.dtype != "F32") throw file_error(in, "tensor " + nm.theirs + " is " + t.dtype + ", only F32 is read");
-    if (t.shape != theirs_of(nm))
-      throw file_error(in, "tensor " + nm.theirs + " has shape " + shape_string(t.shape) + ", this model needs " +
-                               shape_string(theirs_of(nm)));
-  }
-  std::vector<float> params(layout.numel(), 0.0f), zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
-  for (const auto& nm : gpt2_names(layers)) {
-    const auto& ts = layout.find(nm.ours);
-    const std::vector<int64_t> theirs = theirs_of(nm);
-    std::vector<float> x = sf.read_f32(nm.theirs, theirs);
-    if (nm.transpose) x = transposed(x, theirs[0], theirs[1]);
-    std::copy(x.begin(), x.end(), params.begin() + static_cast<std::ptrdiff_t>(ts.offset));
-  }
+  // One loader for every app (engine/hf_gpt2.hpp): names with or without "transformer.", F32/F16/
+  // BF16, config.json where `in` is a save_pretrained directory; every tensor checked before use.
+  engine::HfGpt2 hf = engine::read_hf_gpt2(in, vocab_multiple, heads);
+  const model::GptConfig& mc = hf.cfg;
+  const ParamLayout layout = model::Gpt::layout_for(mc);
+  std::vector<float>& params = hf.params;
+  std::vector<float> zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
   parallel::StatePiece piece;
   piece.begin = 0;
   piece.count = layout.numel();
@@ -214,6 +150,11 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
                        {"padded_vocab_size", mc.padded_vocab()}};
   meta.config = {{"imported_from", in}, {"model", {{"vocab_size", mc.vocab_size}}}};
   meta.tokenizer = "unknown: imported from safetensors (GPT-2 names)";
+  if (!hf.vocab_file.empty()) {  // the directory's tokenizer files: generate finds them there
+    meta.config["vocab_file"] = hf.vocab_file;
+    meta.config["merge_file"] = hf.merge_file;
+    meta.tokenizer = engine::tokenizer_identity(hf.vocab_file, hf.merge_file);
+  }
   meta.layout = {{"world_size", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}, {"zero_stage", 0}};
   comm::Communicator self = comm::Communicator::self();
   engine::Checkpointer ck(self, dir, 0);

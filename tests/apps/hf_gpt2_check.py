@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""GPT-2 weights in Hugging Face's layout, as a user brings them, through the one loader
+(engine/hf_gpt2.hpp) that generate --load-hf and hpct_ckpt import share.
+
+A save_pretrained-style directory is made here with numpy: random weights under GPT-2's names with
+the "transformer." prefix GPT2LMHeadModel writes, Conv1D (in, out) weights, the tied lm_head.weight,
+the h.N.attn.bias mask buffers of hub files, and config.json; in F32, F16 and BF16. Then:
+- generate --load-hf, greedy, gives the tokens and log-probabilities of GPT-2's forward computed in
+  float64 by numpy (gpt2_numpy_loss.py) on the same (16-bit rounded) weights: the same ids, the
+  log-probabilities within 1e-4 (hpctrain computes in fp32);
+- hpct_ckpt import of the directory, then generate --load of the checkpoint: the same ids;
+- hpct_ckpt export writes config.json with the model's shape beside model.safetensors, and importing
+  that directory again gives the same ids;
+- one-line errors naming the file and the tensor or key: an unknown tensor, a config.json that
+  disagrees with the tensors, another activation, an untied head.
+
+hf_gpt2_check.py --generate GENERATE --tool HPCT_CKPT --workdir DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+try:
+    import numpy as np
+except ImportError:  # numpy comes with Debian's python3-h5py (scripts/install_deps.sh): run under that python
+    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt2_numpy_loss import gpt2_logprobs  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--generate", required=True)
+ap.add_argument("--tool", required=True)
+ap.add_argument("--workdir", required=True)
+a = ap.parse_args()
+shutil.rmtree(a.workdir, ignore_errors=True)
+os.makedirs(a.workdir)
+fails = []
+L, C, H, T, V = 2, 64, 4, 64, 300
+rng = np.random.default_rng(5)
+
+
+def weights():
+    w = {"wte.weight": rng.normal(0, 0.5, (V, C)), "wpe.weight": rng.normal(0, 0.1, (T, C)),
+         "ln_f.weight": 1 + rng.normal(0, 0.1, C), "ln_f.bias": rng.normal(0, 0.1, C)}
+    for l in range(L):
+        p = f"h.{l}."
+        w[p + "ln_1.weight"], w[p + "ln_1.bias"] = 1 + rng.normal(0, 0.1, C), rng.normal(0, 0.1, C)
+        w[p + "ln_2.weight"], w[p + "ln_2.bias"] = 1 + rng.normal(0, 0.1, C), rng.normal(0, 0.1, C)
+        w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"] = rng.normal(0, 0.2, (C, 3 * C)), rng.normal(0, 0.1, 3 * C)
+        w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"] = rng.normal(0, 0.2, (C, C)), rng.normal(0, 0.1, C)
+        w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"] = rng.normal(0, 0.2, (C, 4 * C)), rng.normal(0, 0.1, 4 * C)
+        w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = rng.normal(0, 0.1, (4 * C, C)), rng.normal(0, 0.1, C)
+    return w
+
+
+def to_bits(x, dtype):
+    """The array's bytes in a safetensors dtype, and the float64 values those bytes hold."""
+    x32 = np.ascontiguousarray(x, dtype="<f4")
+    if dtype == "F32":
+        return x32.tobytes(), x32.astype(np.float64)
+    if dtype == "F16":
+        h = x32.astype("<f2")
+        return h.tobytes(), h.astype(np.float64)
+    u = x32.view("<u4").astype(np.uint64)  # BF16: round to nearest even
+    b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+    return b.tobytes(), (b.astype("<u4") << 16).view("<f4").astype(np.float64)
+
+
+def write_dir(d, w, dtype="F32", extra=None, config=None, prefix="transformer.", head=True):
+    os.makedirs(d, exist_ok=True)
+    tensors, seen = {}, {}
+    for k, x in w.items():
+        tensors[prefix + k], seen[k] = to_bits(x, dtype)
+    if head:
+        tensors["lm_head.weight"] = to_bits(w["wte.weight"], dtype)[0]
+    for l in range(L):  # the causal-mask buffer hub files carry
+        tensors[f"{prefix}h.{l}.attn.bias"] = np.tril(np.ones((T, T), dtype="<f4")).reshape(1, 1, T, T).tobytes()
+    for k, v in (extra or {}).items():
+        tensors[k] = v
+    header, off, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for k, b in tensors.items():
+        shape = list(w[k[len(prefix):]].shape) if k.startswith(prefix) and k[len(prefix):] in w else (
+            [V, C] if k == "lm_head.weight" else [1, 1, T, T] if k.endswith(".attn.bias") else [len(b) // 4])
+        header[k] = {"dtype": "F32" if k.endswith(".attn.bias") or (extra and k in extra) else dtype, "shape": shape,
+                     "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - (8 + len(h)) % 8) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    cfg = {"model_type": "gpt2", "n_layer": L, "n_embd": C, "n_head": H, "n_positions": T, "vocab_size": V,
+           "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+    cfg.update(config or {})
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    return seen
+
+
+def sh(cmd, want=0):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if want is not None and p.returncode != want:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+        fails.append(f"exit {p.returncode}: {' '.join(cmd[:4])}")
+    return p
+
+
+prompt = [5, 17, 250, 3, 99]
+
+
+def generate(flag, path, name):
+    out = os.path.join(a.workdir, name + ".json")
+    sh([a.generate, flag, path, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "10",
+        "--temperature", "0", "--json", out])
+    return json.load(open(out))["results"][0] if os.path.exists(out) else None
+
+
+w = weights()
+for dtype in ("F32", "F16", "BF16"):
+    d = os.path.join(a.workdir, "hf_" + dtype)
+    seen = write_dir(d, w, dtype)
+    r = generate("--load-hf", d, "gen_" + dtype)
+    if r is None:
+        fails.append(f"{dtype}: generate wrote nothing")
+        continue
+    ctx, want_ids, want_lp = list(prompt), [], []
+    for _ in range(10):
+        lp = gpt2_logprobs(seen, np.array(ctx), H)[-1]
+        nxt = int(np.argmax(lp))
+        want_ids.append(nxt)
+        want_lp.append(lp[nxt])
+        ctx.append(nxt)
+    gap = max(abs(x - y) for x, y in zip(r["logprobs"], want_lp)) if r["ids"] == want_ids else None
+    ok = r["ids"] == want_ids and gap < 1e-4
+    print(f"{'ok  ' if ok else 'FAIL'} {dtype}: ids {r['ids']} (numpy {want_ids}), largest log-probability gap {gap}")
+    if not ok:
+        fails.append(f"{dtype}: generate --load-hf differs from GPT-2's forward in numpy")
+    if dtype == "F32":
+        f32_ids = r["ids"]
+        ck = os.path.join(a.workdir, "imported")
+        sh([a.tool, "import", d, ck])
+        r2 = generate("--load", ck, "gen_imported")
+        if r2 is None or r2["ids"] != f32_ids:
+            fails.append(f"import then --load: {r2 and r2['ids']} vs {f32_ids}")
+        ex = os.path.join(a.workdir, "exported")
+        os.makedirs(ex)
+        sh([a.tool, "export", ck, os.path.join(ex, "model.safetensors")])
+        cfg = json.load(open(os.path.join(ex, "config.json"))) if os.path.exists(os.path.join(ex, "config.json")) else {}
+        if [cfg.get(k) for k in ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size")] != [L, C, H, T, V]:
+            fails.append(f"exported config.json: {cfg}")
+        r3 = generate("--load-hf", ex, "gen_exported")
+        if r3 is None or r3["ids"] != f32_ids:
+            fails.append(f"export then --load-hf: {r3 and r3['ids']} vs {f32_ids}")
+
+
+def one_line_error(name, d, needle):
+    p = sh([a.generate, "--load-hf", d, "--prompt-ids", "1,2"], want=None)
+    errs = [l for l in (p.stdout + p.stderr).splitlines() if "error" in l]
+    ok = p.returncode != 0 and len(errs) == 1 and all(n in errs[0] for n in needle)
+    print(("ok   " if ok else "FAIL ") + name + ": " + (errs[0] if errs else "(none)"))
+    if not ok:
+        fails.append(f"{name}: exit {p.returncode}, {errs}")
+
+
+bad = os.path.join(a.workdir, "bad_unknown")
+write_dir(bad, w, extra={"transformer.h.0.attn.rotary": np.zeros(4, "<f4").tobytes()})
+one_line_error("unknown tensor", bad, ["transformer.h.0.attn.rotary", "model.safetensors"])
+bad = os.path.join(a.workdir, "bad_config")
+write_dir(bad, w, config={"n_embd": 128})
+one_line_error("config disagrees", bad, ["n_embd", "config.json"])
+bad = os.path.join(a.workdir, "bad_act")
+write_dir(bad, w, config={"activation_function": "relu"})
+one_line_error("another activation", bad, ["activation_function"])
+bad = os.path.join(a.workdir, "bad_head")
+w2 = dict(w)
+write_dir(bad, w2, head=False, extra={"lm_head.weight": to_bits(w["wte.weight"] * 2, "F32")[0]})
+one_line_error("untied head", bad, ["lm_head.weight", "untied"])
+for f in fails:
+    print("FAIL " + f)
+sys.exit(1 if fails else 0)
