@@ -4,11 +4,13 @@ directory, `check` lines ("ok   ..." / "FAIL ...") and the closing "N failed" wi
     from checklib import Checks
     c = Checks("--gpt", "--workdir")      # parses these (required) flags; a is c.args
     c.check(cond, "what must hold")
+    c.one_line_error("bad flag", subprocess.run(...), "generate", ["--top-p"])
     c.finish()
 """
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 
 
@@ -29,6 +31,22 @@ class Checks:
         if not cond:
             self.fails.append(msg)
         return cond
+
+    def run(self, cmd, want=0, timeout=600):
+        """Runs cmd; an exit status other than `want` (None: any) is a failure, with its output's tail."""
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if want is not None and p.returncode != want:
+            print(p.stdout[-2000:], p.stderr[-2000:])
+            self.check(False, f"exit {p.returncode} (wanted {want}): {' '.join(map(str, cmd[:4]))} ...")
+        return p
+
+    def one_line_error(self, name, proc, app, needles):
+        """proc failed with exactly one "<app>: error:" line, holding every needle."""
+        errs = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l]
+        ok = proc.returncode != 0 and len(errs) == 1 and errs[0].startswith(app + ": error:") and \
+            all(n in errs[0] for n in needles)
+        return self.check(ok, f"{name}: one line naming {', '.join(needles)} (exit {proc.returncode}: "
+                              f"{errs[0] if len(errs) == 1 else errs})")
 
     def finish(self):
         print(f"{len(self.fails)} failed")

@@ -11,32 +11,20 @@
 
 generate_check.py --gpt PRETRAIN_GPT --generate GENERATE --args FILE --data DIR --workdir DIR
 """
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--gpt", required=True)
-ap.add_argument("--generate", required=True)
-ap.add_argument("--args", required=True)
-ap.add_argument("--data", required=True)
-ap.add_argument("--workdir", required=True)
-a = ap.parse_args()
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
+
+c = Checks("--gpt", "--generate", "--args", "--data", "--workdir")
+a, fails = c.args, c.fails
 vocab, merges = os.path.join(a.data, "gpt2-vocab.json"), os.path.join(a.data, "gpt2-merges.txt")
-fails = []
 
 
-def sh(cmd, want_rc=0):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if want_rc is not None and p.returncode != want_rc:
-        print(p.stdout[-2000:], p.stderr[-2000:])
-        fails.append(f"exit {p.returncode} (wanted {want_rc}): {' '.join(cmd[:3])} ...")
-    return p
+sh = c.run
 
 
 ckpt = os.path.join(a.workdir, "ckpt")
@@ -95,12 +83,7 @@ else:
 
 
 def one_line_error(name, cmd, needle):
-    p = sh(cmd, want_rc=None)
-    errs = [l for l in (p.stdout + p.stderr).splitlines() if "error" in l]
-    ok = p.returncode != 0 and len(errs) == 1 and needle in errs[0] and errs[0].startswith("generate: error:")
-    print(("ok   " if ok else "FAIL ") + name + ": " + (errs[0] if errs else "(no error line)"))
-    if not ok:
-        fails.append(f"{name}: exit {p.returncode}, {errs}")
+    c.one_line_error(name, sh(cmd, want=None), "generate", [needle])
 
 
 one_line_error("long prompt", [a.generate, "--load", ckpt, "--prompt", "word " * 200], "--prompt")
@@ -117,6 +100,4 @@ one_line_error("text prompt on a mock-data model", [a.generate, "--load", mock, 
 p = sh([a.generate, "--load", mock, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
 if "(4 tokens, stop: max_new_tokens)" not in p.stdout:
     fails.append("--prompt-ids on a mock-data model did not generate 4 tokens")
-for f in fails:
-    print("FAIL " + f)
-sys.exit(1 if fails else 0)
+c.finish()

@@ -16,10 +16,8 @@ the h.N.attn.bias mask buffers of hub files, and config.json; in F32, F16 and BF
 
 hf_gpt2_check.py --generate GENERATE --tool HPCT_CKPT --workdir DIR
 """
-import argparse
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -31,17 +29,13 @@ except ImportError:  # numpy comes with Debian's python3-h5py (scripts/install_d
         os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
     raise
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.join(here, "..")]
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
 from gpt2_numpy_loss import gpt2_logprobs  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--generate", required=True)
-ap.add_argument("--tool", required=True)
-ap.add_argument("--workdir", required=True)
-a = ap.parse_args()
-shutil.rmtree(a.workdir, ignore_errors=True)
-os.makedirs(a.workdir)
-fails = []
+c = Checks("--generate", "--tool", "--workdir")
+a, fails = c.args, c.fails
 L, C, H, T, V = 2, 64, 4, 64, 300
 rng = np.random.default_rng(5)
 
@@ -103,12 +97,7 @@ def write_dir(d, w, dtype="F32", extra=None, config=None, prefix="transformer.",
     return seen
 
 
-def sh(cmd, want=0):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if want is not None and p.returncode != want:
-        print(p.stdout[-2000:], p.stderr[-2000:])
-        fails.append(f"exit {p.returncode}: {' '.join(cmd[:4])}")
-    return p
+sh = c.run
 
 
 prompt = [5, 17, 250, 3, 99]
@@ -159,13 +148,8 @@ for dtype in ("F32", "F16", "BF16"):
             fails.append(f"export then --load-hf: {r3 and r3['ids']} vs {f32_ids}")
 
 
-def one_line_error(name, d, needle):
-    p = sh([a.generate, "--load-hf", d, "--prompt-ids", "1,2"], want=None)
-    errs = [l for l in (p.stdout + p.stderr).splitlines() if "error" in l]
-    ok = p.returncode != 0 and len(errs) == 1 and all(n in errs[0] for n in needle)
-    print(("ok   " if ok else "FAIL ") + name + ": " + (errs[0] if errs else "(none)"))
-    if not ok:
-        fails.append(f"{name}: exit {p.returncode}, {errs}")
+def one_line_error(name, d, needles):
+    c.one_line_error(name, sh([a.generate, "--load-hf", d, "--prompt-ids", "1,2"], want=None), "generate", needles)
 
 
 bad = os.path.join(a.workdir, "bad_unknown")
@@ -181,6 +165,4 @@ bad = os.path.join(a.workdir, "bad_head")
 w2 = dict(w)
 write_dir(bad, w2, head=False, extra={"lm_head.weight": to_bits(w["wte.weight"] * 2, "F32")[0]})
 one_line_error("untied head", bad, ["lm_head.weight", "untied"])
-for f in fails:
-    print("FAIL " + f)
-sys.exit(1 if fails else 0)
+c.finish()
