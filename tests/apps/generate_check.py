@@ -13,7 +13,6 @@ generate_check.py --gpt PRETRAIN_GPT --generate GENERATE --args FILE --data DIR 
 """
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))

@@ -19,7 +19,6 @@ hf_gpt2_check.py --generate GENERATE --tool HPCT_CKPT --workdir DIR
 import json
 import os
 import struct
-import subprocess
 import sys
 
 try:
