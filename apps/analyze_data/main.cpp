@@ -2,8 +2,8 @@
 // for every sample of the training set a pretrain_gpt / pretrain_moe run will draw from, over MPI
 // ranks, and writes the index files its ds_config names (docs/data-efficiency.md).
 //
-//   mpirun -np 2 analyze_data --metrics vocab_rarity,seqlen --output-prefix data/brown_analysis \
-//       @inputs/gpt-tiny.args --data-path data/brown_text_document --vocab-file ... --merge-file ... \
+//   mpirun -np 2 analyze_data --metrics vocab_rarity,seqlen --output-prefix data/brown_analysis
+//       @inputs/gpt-tiny.args --data-path data/brown_text_document --vocab-file ... --merge-file ...
 //       --split 949,50,1 --train-iters 400
 //
 // Every other flag is pretrain_gpt's: give the data flags of the training run (data path, split,

@@ -98,6 +98,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   sample_buf_.resize(T + 1);
   tokens_.resize((size_t)cfg_.micro_batch * T);
   targets_.resize((size_t)cfg_.micro_batch * T);
+  mask_buf_.resize(T);
 }
 
 
@@ -144,28 +145,6 @@ Trainer::MemoryReport Trainer::memory_report() const {
   return r;
 }
 
-void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample, int T, const int64_t* ids) {
-  const int V = cfg_.model.vocab_size;
-  for (int j = 0; j < cfg_.micro_batch; ++j) {
-    const size_t sample = ids ? (size_t)ids[j] : (size_t)(first_sample + j) % data.size();
-    data.get(sample, sample_buf_.data());  // (T+1) tokens
-    // The dataset reader bounds structure only: an id from another tokenizer (or a corrupt .bin)
-    // would index past the embedding table.
-    for (int t = 0; t <= cfg_.model.max_seq_length; ++t)  // the whole sample: its bytes are checked alike at every length
-      if (sample_buf_[t] < 0 || sample_buf_[t] >= V) {
-        std::string files;
-        for (const auto& p : cfg_.data_path) files += (files.empty() ? "" : ", ") + p + ".bin";
-        throw file_error(files.empty() ? "--mock-data" : files,
-                         "sample " + std::to_string(sample) + " holds token id " + std::to_string(sample_buf_[t]) +
-                             " at position " + std::to_string(t) + ", outside the vocabulary [0, " + std::to_string(V) + ")",
-                         "the dataset was written with another tokenizer or is corrupt: run preprocess_data again with "
-                         "this run's --vocab-file and --merge-file");
-      }
-    std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
-    std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
-  }
-}
-
 long long Trainer::step_layer_tokens(long long it) const {
   const int T = cfg_.curriculum.seqlen(it, cfg_.model.max_seq_length);
   return cfg_.random_ltd.step_layer_tokens(it, T, cfg_.model.num_layers, cfg_.global_batch);
@@ -188,7 +167,8 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   if (sampler_) rec.difficulty = sampler_->difficulty(iteration), rec.allowed_samples = (long long)sampler_->allowed();
   const long long GB = cfg_.global_batch;
   const double scale = scaler_.scale();
-  const float dloss = static_cast<float>(scale / (double(GB) * T));  // mean over the global batch
+  rec.targets = counted_targets(data, iteration, T, batch_ids);
+  const float dloss = static_cast<float>(scale / double(rec.targets));  // mean over the global batch's targets
   const double sent0 = zero_->bytes_sent(), tp0 = model_->tensor_parallel().activation_bytes();
   const double tpw0 = model_->tensor_parallel().activation_wire_bytes();
   // Phase timers: the model times its halves, the ZeRO engines their waits, the swap its IO.
@@ -248,10 +228,8 @@ void Trainer::start_sampler(const io::TokenDataset& data) {
 
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.
 void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long iteration) {
-  const long long GB = cfg_.global_batch;
-  const int T = rec.seqlen;
   grid_.dp().allreduce_sum(&loss_sum, 1);
-  rec.lm_loss = loss_sum / (double(GB) * T);
+  rec.lm_loss = loss_sum / double(rec.targets);
   if (cfg_.model.moe.enabled(cfg_.model.num_layers)) {
     MoeStepStats ms = gather_moe_stats(*model_, grid_.dp());
     rec.moe_loss = ms.moe_loss;
@@ -307,7 +285,7 @@ double Trainer::evaluate(const io::TokenDataset& data) {
       load_micro_batch(data, first, T);  // evaluation always at the full length
       model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x6576616c));
       sums[0] += model_->forward_loss(store, tokens_.data(), targets_.data(), mb, T);
-      sums[1] += (double)mb * T;
+      for (int i = 0; i < mb * T; ++i) sums[1] += targets_[i] >= 0;
     }
   }
   grid_.dp().allreduce_sum(sums, 2);

@@ -39,6 +39,7 @@ struct StepRecord {
   double loss_scale = 1;
   bool skipped = false;
   int seqlen = 0;                 // the tokens per sample this step trained on (sequence-length warmup)
+  long long targets = 0;          // the targets its loss averaged over (global batch; masked ones excluded)
   int ltd_kept = 0;               // random-LTD: tokens per sample its layers kept (= seqlen when none dropped)
   int difficulty = 0;             // curriculum by a data metric: the difficulty the batch was drawn under
   long long allowed_samples = 0;  // ... and the training samples it allowed
@@ -161,7 +162,11 @@ class Trainer {
   /// The micro-batch's samples truncated to T tokens (and their T next-token targets), packed (mb, T).
   /// ids: the dataset samples of the global batch from first_sample on (a metric curriculum's
   /// sampler), or null for samples first_sample, first_sample + 1, ... in order.
+  /// A target the dataset masks out (get_loss_mask) becomes -1: it adds nothing to loss or gradient.
   void load_micro_batch(const io::TokenDataset& data, long long first_sample, int T, const int64_t* ids = nullptr);
+  /// The targets that count in the global batch of `iteration` (ids as load_micro_batch's), summed
+  /// over the data-parallel ranks: GB*T unless the dataset masks some. The loss is their mean.
+  long long counted_targets(const io::TokenDataset& data, long long iteration, int T, const int64_t* batch_ids);
   /// Curriculum by a data metric: the sampler over `data`'s samples (built on the first step).
   void start_sampler(const io::TokenDataset& data);
   std::unique_ptr<CurriculumSampler> sampler_;
@@ -201,6 +206,7 @@ class Trainer {
   std::unique_ptr<detail::PhaseClock> clock_;
   bool want_state_norms_ = false;  // this step also reports the optimizer states' norms  // this rank's phase times since the last log line
   std::vector<int32_t> sample_buf_, tokens_, targets_;
+  std::vector<uint8_t> mask_buf_;
 };
 
 /// Megatron's log line for one interval (printed by rank 0).

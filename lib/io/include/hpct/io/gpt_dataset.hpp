@@ -29,6 +29,15 @@ class TokenDataset {
   virtual size_t seq_length() const = 0;
   /// Writes seq_length()+1 tokens to out. Const and thread-safe; a function of i alone.
   virtual void get(size_t i, int32_t* out) const = 0;
+  /// True for datasets whose samples say which targets count in the loss (prompt/response data:
+  /// the response's); the rest train on every next token.
+  virtual bool has_loss_mask() const { return false; }
+  /// Writes seq_length() flags to out: 1 where target t (token t+1 of get()) counts. Called only
+  /// where has_loss_mask(); const, thread-safe, a function of i alone.
+  virtual void get_loss_mask(size_t i, uint8_t* out) const {
+    (void)i;
+    (void)out;
+  }
 };
 
 /// Megatron's get_train_valid_test_split_: "949,50,1" or "98/2/0" (one or two weights are padded

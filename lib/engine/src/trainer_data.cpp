@@ -1,0 +1,58 @@
+// The trainer's data side: a micro-batch's tokens and targets from a dataset, and the targets a
+// step's loss averages over.
+#include <cstring>
+#include <string>
+
+#include "hpct/core/error.hpp"
+#include "hpct/engine/trainer.hpp"
+
+namespace hpct::engine {
+
+void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sample, int T, const int64_t* ids) {
+  const int V = cfg_.model.vocab_size;
+  for (int j = 0; j < cfg_.micro_batch; ++j) {
+    const size_t sample = ids ? (size_t)ids[j] : (size_t)(first_sample + j) % data.size();
+    data.get(sample, sample_buf_.data());  // (T+1) tokens
+    // The dataset reader bounds structure only: an id from another tokenizer (or a corrupt .bin)
+    // would index past the embedding table.
+    for (int t = 0; t <= cfg_.model.max_seq_length; ++t)  // the whole sample: its bytes are checked alike at every length
+      if (sample_buf_[t] < 0 || sample_buf_[t] >= V) {
+        std::string files;
+        for (const auto& p : cfg_.data_path) files += (files.empty() ? "" : ", ") + p + ".bin";
+        throw file_error(files.empty() ? "--mock-data" : files,
+                         "sample " + std::to_string(sample) + " holds token id " + std::to_string(sample_buf_[t]) +
+                             " at position " + std::to_string(t) + ", outside the vocabulary [0, " + std::to_string(V) + ")",
+                         "the dataset was written with another tokenizer or is corrupt: run preprocess_data again with "
+                         "this run's --vocab-file and --merge-file");
+      }
+    std::memcpy(&tokens_[(size_t)j * T], sample_buf_.data(), T * sizeof(int32_t));
+    std::memcpy(&targets_[(size_t)j * T], sample_buf_.data() + 1, T * sizeof(int32_t));
+    if (data.has_loss_mask()) {  // prompt/response data: only the targets it marks count
+      data.get_loss_mask(sample, mask_buf_.data());
+      for (int t = 0; t < T; ++t)
+        if (!mask_buf_[t]) targets_[(size_t)j * T + t] = -1;
+    }
+  }
+}
+
+long long Trainer::counted_targets(const io::TokenDataset& data, long long iteration, int T, const int64_t* batch_ids) {
+  const long long GB = cfg_.global_batch;
+  if (!data.has_loss_mask()) return GB * T;  // every target counts: no pass over the data
+  const int mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
+  double n = 0;
+  for (int m = 0; m < cfg_.grad_accum; ++m) {  // the samples step() loads, in its order
+    const long long first = sample_base_ + iteration * GB + ((long long)m * dp + r) * mb;
+    for (int j = 0; j < mb; ++j) {
+      const size_t sample = batch_ids ? (size_t)batch_ids[first - sample_base_ - iteration * GB + j]
+                                      : (size_t)(first + j) % data.size();
+      data.get_loss_mask(sample, mask_buf_.data());
+      for (int t = 0; t < T; ++t) n += mask_buf_[t] != 0;
+    }
+  }
+  grid_.dp().allreduce_sum(&n, 1);
+  // A batch whose every target is masked has no loss to average: 1 keeps the step finite (zero
+  // gradient) instead of dividing by zero.
+  return n > 0 ? static_cast<long long>(n) : 1;
+}
+
+}  // namespace hpct::engine

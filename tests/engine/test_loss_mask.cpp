@@ -1,0 +1,82 @@
+// Loss masks (TokenDataset::get_loss_mask, what prompt/response data will give): the trainer's step
+// on a dataset that masks each sample's first 3-7 targets equals, on 1 and 2 ranks with gradient
+// accumulation, the model run directly on the same samples with those targets set to -1 and the
+// loss averaged over the targets that count: the logged loss within 1e-6 relative (the same sums in
+// another order over ranks), the gradient norm within 1e-5 (the gradients summed over micro-steps
+// and ranks in another order; fp32). And the mean is over the counted targets, not B*T: the
+// loss differs from the masked sum divided by B*T by the ratio of the two counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "hpct/comm/process_grid.hpp"
+#include "hpct/engine/trainer.hpp"
+#include "hpct/io/gpt_dataset.hpp"
+#include "hpct/model/gpt.hpp"
+#include "mpi_gtest_main.hpp"
+#include "tiny_gpt.hpp"
+
+using namespace hpct;
+using test::world;
+
+namespace {
+
+// Mock tokens whose sample i counts only targets t >= 3 + i % 5 (a "prompt" of 3 to 7 tokens).
+class MaskedMock : public io::TokenDataset {
+ public:
+  MaskedMock(int V, int T) : base_(V, T, 7), T_(T) {}
+  size_t size() const override { return base_.size(); }
+  size_t seq_length() const override { return base_.seq_length(); }
+  void get(size_t i, int32_t* out) const override { base_.get(i, out); }
+  bool has_loss_mask() const override { return true; }
+  void get_loss_mask(size_t i, uint8_t* out) const override {
+    for (int t = 0; t < T_; ++t) out[t] = t >= prompt(i);
+  }
+  static int prompt(size_t i) { return 3 + static_cast<int>(i % 5); }
+
+ private:
+  io::MockGptDataset base_;
+  int T_;
+};
+
+}  // namespace
+
+TEST(LossMask, StepEqualsTheModelOnMaskedTargets) {
+  const auto& comm = world();
+  engine::TrainConfig c = test::tiny_gpt(1, 2, 4);
+  c.lr_warmup_iters = 0;
+  comm::ProcessGrid grid(comm, 1, 1);
+  c.finalize(grid.dp().size());
+  MaskedMock data(c.model.vocab_size, c.model.max_seq_length);
+  engine::Trainer t(c, grid);
+  const auto s = t.train(data, nullptr);
+  ASSERT_EQ(s.steps.size(), 1u);
+
+  // The same step by hand on one process: samples 0..3, prompt targets -1, mean over the rest.
+  const int T = c.model.max_seq_length, B = c.global_batch;
+  model::Gpt g(c.model, kernels::Precision::fp32, false);
+  std::vector<float> p(g.layout().numel()), grads(p.size(), 0.0f);
+  g.init_params(p.data(), c.seed);
+  model::FlatParamStore store(g.layout(), p.data(), grads.data());
+  std::vector<int32_t> buf(T + 1), tok((size_t)B * T), tgt((size_t)B * T);
+  long long counted = 0;
+  for (int i = 0; i < B; ++i) {
+    data.get(i, buf.data());
+    for (int k = 0; k < T; ++k) {
+      tok[(size_t)i * T + k] = buf[k];
+      tgt[(size_t)i * T + k] = k >= MaskedMock::prompt(i) ? buf[k + 1] : -1;
+      counted += k >= MaskedMock::prompt(i);
+    }
+  }
+  const double sum = g.forward_backward(store, tok.data(), tgt.data(), B, T, static_cast<float>(1.0 / counted));
+  double sq = 0;
+  for (float x : grads) sq += double(x) * x;
+  const auto& st = s.steps[0];
+  EXPECT_EQ(st.targets, counted);
+  EXPECT_NEAR(st.lm_loss, sum / counted, 1e-6 * sum / counted);
+  EXPECT_NEAR(st.grad_norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
+  EXPECT_GT(std::fabs(st.lm_loss - sum / (double(B) * T)), 0.1 * st.lm_loss) << "the mean must not be over B*T";
+}
+
+int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }
