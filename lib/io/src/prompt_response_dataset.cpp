@@ -1,0 +1,66 @@
+// Supervised finetuning data (see prompt_response_dataset.hpp).
+#include "hpct/io/prompt_response_dataset.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/json_config.hpp"
+
+namespace hpct::io {
+
+std::vector<PromptResponseExample> read_prompt_response(const std::string& path, const Gpt2Tokenizer& tok,
+                                                        const std::string& prompt_key, const std::string& response_key) {
+  std::ifstream in(path);
+  if (!in) throw file_error(path, "cannot read (JSON lines with '" + prompt_key + "' and '" + response_key + "' fields)");
+  std::vector<PromptResponseExample> out;
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    const nlohmann::json j = parse_json(line, where);
+    for (const auto& key : {prompt_key, response_key})
+      if (!j.is_object() || !j.contains(key) || !j[key].is_string())
+        throw file_error(where, "has no string field '" + key + "'",
+                         "each line is a JSON object with '" + prompt_key + "' and '" + response_key +
+                             "' (--prompt-key, --response-key)");
+    PromptResponseExample e;
+    e.ids = tok.encode(j[prompt_key].get<std::string>());
+    e.prompt = static_cast<int>(e.ids.size());
+    tok.encode_append(j[response_key].get<std::string>(), e.ids);
+    e.ids.push_back(tok.eod());
+    out.push_back(std::move(e));
+  }
+  if (out.empty()) throw file_error(path, "holds no example");
+  return out;
+}
+
+PromptResponseDataset::PromptResponseDataset(std::vector<PromptResponseExample> all, size_t begin, size_t end,
+                                             size_t seq_length, int32_t eod, uint64_t seed)
+    : T_(seq_length), eod_(eod) {
+  if (begin >= end || end > all.size() || seq_length == 0)
+    throw Error("PromptResponseDataset: examples [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                std::to_string(all.size()) + ", seq_length " + std::to_string(seq_length));
+  ex_.assign(std::make_move_iterator(all.begin() + begin), std::make_move_iterator(all.begin() + end));
+  order_.resize(ex_.size());
+  for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+  std::mt19937_64 g(seed ^ 0x736674);  // Fisher-Yates with explicit draws: the same order everywhere
+  for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[g() % i]);
+  for (const auto& e : ex_) truncated_ += e.ids.size() > T_ + 1;
+}
+
+void PromptResponseDataset::get(size_t i, int32_t* out) const {
+  const auto& ids = ex_[order_[i % order_.size()]].ids;
+  const size_t n = std::min(ids.size(), T_ + 1);
+  std::copy(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), out);
+  std::fill(out + n, out + T_ + 1, eod_);
+}
+
+void PromptResponseDataset::get_loss_mask(size_t i, uint8_t* out) const {
+  const auto& e = ex_[order_[i % order_.size()]];
+  const size_t end = e.ids.size();  // target t is token t+1: it counts from the response's first to the eod
+  for (size_t t = 0; t < T_; ++t) out[t] = t + 1 >= static_cast<size_t>(e.prompt) && t + 1 < end;
+}
+
+}  // namespace hpct::io

@@ -1,0 +1,71 @@
+// Prompt/response samples (io/prompt_response_dataset.hpp): prompt, response and end-of-document
+// laid out from position 0, padded with end-of-document; the loss mask counts exactly the targets
+// that are response tokens or the closing end-of-document; a long example is cut and counted; the
+// order is a seeded permutation of the split's examples, repeated for further epochs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "hpct/core/error.hpp"
+#include "hpct/io/prompt_response_dataset.hpp"
+
+using namespace hpct::io;
+
+namespace {
+constexpr int32_t kEod = 99;
+std::vector<PromptResponseExample> examples() {
+  // prompt ids 10.., response ids 20.., then eod
+  return {{{10, 11, 12, 20, 21, kEod}, 3}, {{10, 20, 21, 22, kEod}, 1}, {{10, 11, 12, 13, 14, 15, 20, 21, kEod}, 6}};
+}
+}  // namespace
+
+TEST(PromptResponse, LayoutMaskPaddingAndCut) {
+  const size_t T = 7;  // samples of 8 tokens: the third example (9 tokens) is cut
+  PromptResponseDataset d(examples(), 0, 3, T, kEod, 1);
+  EXPECT_EQ(d.size(), 3u);
+  EXPECT_EQ(d.truncated(), 1u);
+  std::set<int32_t> firsts;
+  for (size_t i = 0; i < 3; ++i) {
+    std::vector<int32_t> s(T + 1);
+    std::vector<uint8_t> m(T);
+    d.get(i, s.data());
+    d.get_loss_mask(i, m.data());
+    // Which example is it? Find it by its prompt length (the count of ids below 20).
+    const int prompt = static_cast<int>(std::count_if(s.begin(), s.end(), [](int32_t x) { return x >= 10 && x < 20; }));
+    firsts.insert(prompt);
+    const size_t n = prompt == 3 ? 6 : prompt == 1 ? 5 : 9;  // the example's tokens with its eod
+    for (size_t t = 0; t < T; ++t)  // target t is token t+1: a response token or the closing eod
+      EXPECT_EQ(m[t], t + 1 >= (size_t)prompt && t + 1 < n ? 1 : 0) << "example with prompt " << prompt << ", target " << t;
+    if (prompt == 3) {
+      EXPECT_EQ(s, (std::vector<int32_t>{10, 11, 12, 20, 21, kEod, kEod, kEod}));
+    }
+    if (prompt == 6) {
+      EXPECT_EQ(s, (std::vector<int32_t>{10, 11, 12, 13, 14, 15, 20, 21}));  // cut before its eod
+    }
+  }
+  EXPECT_EQ(firsts, (std::set<int32_t>{1, 3, 6})) << "every example once per epoch";
+  std::vector<int32_t> a(T + 1), b(T + 1);
+  d.get(1, a.data());
+  d.get(4, b.data());
+  EXPECT_EQ(a, b) << "epochs repeat the order";
+}
+
+TEST(PromptResponse, SplitAndSeed) {
+  PromptResponseDataset tail(examples(), 1, 3, 8, kEod, 1);
+  EXPECT_EQ(tail.size(), 2u);
+  EXPECT_THROW(PromptResponseDataset(examples(), 2, 2, 8, kEod, 1), hpct::Error);
+  std::vector<std::vector<int32_t>> orders;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    PromptResponseDataset d(examples(), 0, 3, 8, kEod, seed);
+    std::vector<int32_t> o;
+    for (size_t i = 0; i < 3; ++i) {
+      std::vector<int32_t> s(9);
+      d.get(i, s.data());
+      o.push_back(s[1]);
+    }
+    orders.push_back(o);
+  }
+  EXPECT_GT(std::set<std::vector<int32_t>>(orders.begin(), orders.end()).size(), 1u) << "the seed shuffles";
+}
