@@ -153,10 +153,7 @@ Loaded load(const std::string& path) {
   m.tokenizer = stored.meta.tokenizer;
   if (c.contains("vocab_file") && c["vocab_file"].is_string()) m.vocab_file = c["vocab_file"].get<std::string>();
   if (c.contains("merge_file") && c["merge_file"].is_string()) m.merge_file = c["merge_file"].get<std::string>();
-  const ParamLayout layout = model::Gpt::layout_for(m.cfg);
-  m.params.resize(layout.numel());
-  for (const auto& t : layout.tensors())
-    f.read(engine::Checkpointer::dataset_name("model", t.name), 0, m.params.data() + t.offset, t.numel);
+  m.params = engine::read_model_weights(f, model::Gpt::layout_for(m.cfg));
   f.close();
   return m;
 }

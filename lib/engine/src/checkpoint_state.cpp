@@ -220,4 +220,11 @@ model::GptConfig gpt_config_of(const nlohmann::json& a, const std::string& file)
   return c;
 }
 
+std::vector<float> read_model_weights(const io::H5File& f, const ParamLayout& layout) {
+  std::vector<float> params(layout.numel());
+  for (const auto& t : layout.tensors())
+    f.read(Checkpointer::dataset_name("model", t.name), 0, params.data() + t.offset, t.numel);
+  return params;
+}
+
 }  // namespace hpct::engine

@@ -8,6 +8,7 @@
 #include "hpct/core/error.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
+#include "hpct/io/prompt_response_dataset.hpp"
 
 namespace hpct::engine {
 
@@ -59,6 +60,24 @@ TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
     throw config_error(cfg.vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
   auto tok = io::Gpt2Tokenizer::from_files(cfg.vocab_file, cfg.merge_file);
   cfg.model.vocab_size = (int)tok.vocab_size();
+  const std::string& path = cfg.data_path[0];
+  if (path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {  // prompt/response examples
+    auto all = io::read_prompt_response(path, tok, cfg.prompt_key, cfg.response_key);
+    const size_t n = all.size();
+    auto r = io::split_document_ranges(cfg.split, n);
+    if (r[0].second <= r[0].first)
+      throw config_error("--split", "the split '" + cfg.split + "' leaves no training example of " + std::to_string(n));
+    auto train = std::make_shared<io::PromptResponseDataset>(all, r[0].first, r[0].second, T, tok.eod(), cfg.seed);
+    if (r[1].second > r[1].first)
+      out.valid = std::make_shared<io::PromptResponseDataset>(all, r[1].first, r[1].second, T, tok.eod(), cfg.seed);
+    if (verbose)
+      std::printf("> prompt/response data %s: %zu examples ('%s' -> '%s', loss on the responses); train [%zu, %zu), "
+                  "valid [%zu, %zu); %zu training examples longer than %zu tokens are cut\n",
+                  path.c_str(), n, cfg.prompt_key.c_str(), cfg.response_key.c_str(), r[0].first, r[0].second, r[1].first,
+                  r[1].second, train->truncated(), T + 1);
+    out.train = train;
+    return out;
+  }
   auto ds = std::make_shared<io::IndexedDataset>(io::IndexedDataset::open(cfg.data_path[0]));
   auto ranges = io::split_document_ranges(cfg.split, ds->num_documents());
   // Enough samples for every step (and the evaluations) without wrapping around.

@@ -31,6 +31,8 @@ void add_run_record_flags(FlagTable& table);
 void apply_ds_monitors(JsonSection& root, TrainConfig& cfg);
 /// --data-efficiency-curriculum-learning, --lr-warmup-tokens, --lr-decay-tokens, --train-tokens.
 void add_data_efficiency_flags(FlagTable& table);
+/// --finetune, --load-hf, --prompt-key, --response-key, --eval-only (train_config_finetune.cpp).
+void add_finetune_flags(FlagTable& table);
 /// Their checks (and the curriculum's), from TrainConfig::finalize.
 void finalize_data_efficiency(TrainConfig& cfg);
 /// random-LTD's checks against the model, the batch and the learning-rate flags (after the batch sizes).

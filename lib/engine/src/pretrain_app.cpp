@@ -18,6 +18,7 @@
 #include "hpct/core/sysinfo.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/data.hpp"
+#include "hpct/engine/finetune.hpp"
 #include "hpct/engine/run_records.hpp"
 #include "hpct/engine/trainer.hpp"
 #include "hpct/io/aio_config.hpp"
@@ -65,7 +66,7 @@ static int estimate_memory(engine::TrainConfig cfg, bool root) {
   return 0;
 }
 
-static int run(int argc, char** argv, bool require_moe) {
+static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
   comm::Communicator world = comm::Communicator::world();
   engine::TrainConfig cfg;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -77,6 +78,11 @@ static int run(int argc, char** argv, bool require_moe) {
     throw config_error("--num-experts", std::string(g_prog) + " trains mixture-of-experts models: no layer has more than one expert",
                        "give --num-experts E (E > 1; MoE goes on every --expert-interval-th layer), or run pretrain_gpt for a dense model");
   if (cfg.estimate.enabled) return estimate_memory(cfg, world.rank() == 0);
+  if (finetune_app) {  // finetune: --load's weights (Megatron's --finetune), or --load-hf's
+    if (cfg.load_path.empty() && cfg.load_hf.empty())
+      throw config_error("--load", "finetune starts from a model", "give --load DIR (a pretraining run's checkpoint) or --load-hf DIR (GPT-2 weights)");
+    if (cfg.load_hf.empty()) cfg.finetune = true;
+  }
   kernels::BackendScope backend;
   comm::ProcessGrid grid(world, cfg.model.tensor_parallel, cfg.moe_ep);
   const bool root = world.rank() == 0;
@@ -89,9 +95,12 @@ static int run(int argc, char** argv, bool require_moe) {
   const int ranks_on_node = world.node_local_size();
   comm::throw_if_any(world, comm::error_text_of([&] { engine::check_host_memory(cfg, ranks_on_node, world.size()); }));
 
+  // Finetuning starts from weights (a requeued job from its own checkpoint instead).
+  const engine::StartWeights start = engine::plan_start(cfg, world);
   engine::Trainer trainer(cfg, grid);
   // Loading is collective and its checks fail on every rank alike: still the setup phase.
-  const std::string loaded = trainer.load_checkpoint();
+  std::string loaded = trainer.load_checkpoint();
+  if (!start.from.empty()) loaded = engine::load_start_weights(trainer, cfg, start, world);
   if (!cfg.skip_train) trainer.prepare(*data.train);  // the curriculum's index files, checked now
   if (cfg.skip_train && loaded.empty())
     throw config_error("--skip-train", "--skip-train evaluates a trained model, but --load names no checkpoint",
@@ -371,11 +380,11 @@ static int run(int argc, char** argv, bool require_moe) {
   return s.exit_reason == "signal" ? engine::kExitSavedOnSignal : 0;
 }
 
-int pretrain_main(const char* prog, int argc, char** argv, bool require_moe) {
+int pretrain_main(const char* prog, int argc, char** argv, bool require_moe, bool finetune_app) {
   g_prog = prog;
   comm::Environment env(&argc, &argv);
   try {
-    return run(argc, argv, require_moe);
+    return run(argc, argv, require_moe, finetune_app);
   } catch (const Error& e) {
     // An error every rank threw together (setup checks, a save that failed anywhere) is printed once
     // and ends the job normally; one rank's own error aborts the job so no peer waits forever.

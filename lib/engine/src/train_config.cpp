@@ -163,6 +163,7 @@ const FlagTable& flag_table() {
   };
   add_run_record_flags(t);  // run records: TensorBoard, CSV, timers (train_config_records.cpp)
   add_data_efficiency_flags(t);  // curriculum switch, token-based schedule (train_config_data_efficiency.cpp)
+  add_finetune_flags(t);         // starting from weights, prompt/response data (train_config_finetune.cpp)
   return t;
   }();
   return t;

@@ -220,6 +220,20 @@ std::string Trainer::save_checkpoint() {
   return file;
 }
 
+void Trainer::load_weights(const std::vector<float>& full) {
+  if (grid_.tp().size() > 1)
+    throw config_error("--tensor-model-parallel-size", "starting from given weights (--finetune, --load-hf) with tensor parallelism is not supported yet",
+                       "start at --tensor-model-parallel-size 1, save, and resume at any size");
+  const ParamLayout& layout = model_->layout();
+  if (full.size() != layout.numel())
+    throw Error("Trainer::load_weights: " + std::to_string(full.size()) + " values for " + std::to_string(layout.numel()) + " parameters");
+  zero_->init_params([&](int block, float* dst) {
+    const auto& b = layout.blocks()[block];
+    std::copy(full.begin() + static_cast<std::ptrdiff_t>(b.offset), full.begin() + static_cast<std::ptrdiff_t>(b.offset + b.numel), dst);
+  });
+  if (device_store_) device_store_->invalidate();
+}
+
 std::string Trainer::load_checkpoint() {
   const bool root = grid_.world_rank() == 0;
   // Rank 0 resolves `latest` and tells everyone, so all ranks load the same file.

@@ -60,6 +60,10 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
 /// there), then check_tensor_set.
 StoredRun check_structure(const io::H5File& f, const std::string& file, model::GptConfig* cfg);
 
+/// Local. The model's parameters as `layout` (the stored architecture's, tensor_parallel 1) orders
+/// them, read from the file's model group (fp32 master weights), on this rank whole.
+std::vector<float> read_model_weights(const io::H5File& f, const ParamLayout& layout);
+
 /// The GPT a stored architecture describes (vocabulary = its padded size), for tools that check a
 /// checkpoint without a run. Throws naming `file` for a missing or impossible field.
 model::GptConfig gpt_config_of(const nlohmann::json& architecture, const std::string& file);

@@ -6,7 +6,8 @@
 
 namespace hpct::engine {
 
-/// Runs MPI (Environment), parses argv, trains, reports. require_moe: refuse a dense model (pretrain_moe).
-int pretrain_main(const char* prog, int argc, char** argv, bool require_moe);
+/// Runs MPI (Environment), parses argv, trains, reports. require_moe: refuse a dense model
+/// (pretrain_moe). finetune_app: start from --load's weights (implied --finetune) or --load-hf's.
+int pretrain_main(const char* prog, int argc, char** argv, bool require_moe, bool finetune_app = false);
 
 }  // namespace hpct::engine

@@ -82,6 +82,10 @@ struct TrainConfig {
   bool via_device_store = false;
   // data
   int max_position_embeddings = 0;  // --max-position-embeddings (0: not given); >= seq length
+  // finetuning (train_config_finetune.cpp): start from weights only, prompt/response JSON lines
+  bool finetune = false;          // --finetune: --load's weights only; iteration, optimizer, schedule start afresh
+  std::string load_hf;            // --load-hf: GPT-2 weights in Hugging Face's layout to start from
+  std::string prompt_key = "prompt", response_key = "response";  // fields of a --data-path FILE.jsonl
   std::vector<std::string> data_path;
   std::string vocab_file, merge_file, split = "969,30,1";
   bool mock_data = false;

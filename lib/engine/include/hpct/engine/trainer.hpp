@@ -87,6 +87,9 @@ class Trainer {
   /// `latest`), loads it and training continues from its iteration. Returns the file loaded, or ""
   /// for a fresh start (a --load directory without a checkpoint yet, e.g. the first job of a chain).
   std::string load_checkpoint();
+  /// Replaces the parameters with `full` (the whole model in layout() order: a finetuning start),
+  /// each rank keeping what it holds; optimizer state and counters are untouched (fresh).
+  void load_weights(const std::vector<float>& full);
   /// Collective over the world: saves the current state into cfg.save_dir (atomic). Returns the file.
   std::string save_checkpoint();
   /// Collective: starts an asynchronous save; a previous one is finished first. The file and its

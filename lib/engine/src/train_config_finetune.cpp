@@ -1,0 +1,19 @@
+// Finetuning flags -> TrainConfig (see train_config.hpp): start from a model's weights, and
+// prompt/response data (a --data-path ending in .jsonl, io/prompt_response_dataset.hpp).
+#include <string>
+
+#include "flag_parse.hpp"
+
+namespace hpct::engine::detail {
+
+void add_finetune_flags(FlagTable& t) {
+  t.insert({
+      {"--finetune", {false, [](TrainConfig& c, const std::string&) { c.finetune = true; }, "start from --load's weights only (Megatron's --finetune): iteration 0, fresh optimizer and schedule, any seed"}},
+      {"--load-hf", {true, [](TrainConfig& c, const std::string& v) { c.load_hf = v; }, "start from GPT-2 weights in Hugging Face's layout (a save_pretrained directory or .safetensors file)"}},
+      {"--prompt-key", {true, [](TrainConfig& c, const std::string& v) { c.prompt_key = v; }, "--data-path FILE.jsonl: the prompt's field (default prompt)"}},
+      {"--response-key", {true, [](TrainConfig& c, const std::string& v) { c.response_key = v; }, "--data-path FILE.jsonl: the response's field (default response); the loss is on the response only"}},
+      {"--eval-only", {false, [](TrainConfig& c, const std::string&) { c.skip_train = true; }, "the same as --skip-train: evaluate the loaded model on the validation split and exit"}},
+  });
+}
+
+}  // namespace hpct::engine::detail

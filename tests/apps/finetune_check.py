@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""finetune as a user runs it: a tiny GPT pretrained here on Brown for a few steps, then finetuned on
+prompt/response JSON lines the test writes (reverse a short word list), loss on the responses only.
+
+- it starts from the weights at iteration 0 (Megatron's --finetune) and the response loss falls;
+- a second start of the same command, whose --save now holds a checkpoint (a requeued job),
+  resumes that run instead of starting over;
+- --eval-only on the finetuned checkpoint gives the run's final validation loss (1e-6 relative);
+- --load-hf on the pretrained weights exported as a save_pretrained directory gives the same first
+  losses as --load (the same weights through export and the loader: 1e-6 relative);
+- one-line errors naming the flag or the file and line: a line without the response field, a model
+  flag that disagrees with the weights, finetune without weights.
+
+finetune_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --tool HPCT_CKPT --args FILE --data DIR --workdir DIR
+"""
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks  # noqa: E402  (tests/checklib.py)
+
+c = Checks("--gpt", "--finetune", "--tool", "--args", "--data", "--workdir")
+a, check = c.args, c.check
+tok = ["--vocab-file", os.path.join(a.data, "gpt2-vocab.json"), "--merge-file", os.path.join(a.data, "gpt2-merges.txt")]
+pre = os.path.join(a.workdir, "pretrained")
+c.run([a.gpt, "@" + a.args, "--data-path", os.path.join(a.data, "brown_text_document"), *tok, "--split", "949,50,1",
+       "--train-iters", "10", "--eval-iters", "0", "--save", pre, "--save-interval", "10"])
+
+rng = random.Random(3)
+words = ("apple river stone house green music paper window garden yellow summer winter table doctor school water "
+         "light market silver forest").split()
+sft = os.path.join(a.workdir, "reverse.jsonl")
+with open(sft, "w") as f:
+    for _ in range(400):
+        w = rng.sample(words, rng.randint(2, 4))
+        f.write(json.dumps({"prompt": "Reverse: " + " ".join(w) + " =>", "response": " " + " ".join(reversed(w)),
+                            "id": "ignored"}) + "\n")
+
+
+def finetune(name, *extra, iters=24, want=0):
+    out = os.path.join(a.workdir, name)
+    p = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--split", "90,10,0", "--train-iters", str(iters),
+               "--lr", "2e-3", "--lr-warmup-iters", "4", "--log-interval", "1", "--eval-interval", "1000",
+               "--eval-iters", "2", "--metrics-file", out + ".jsonl", "--json", out + ".json", *extra], want=want)
+    recs = [json.loads(line) for line in open(out + ".jsonl")] if os.path.exists(out + ".jsonl") else []
+    return p, [r for r in recs if r.get("type") == "train"], (json.load(open(out + ".json")) if os.path.exists(out + ".json") else {})
+
+
+ft = os.path.join(a.workdir, "ft")
+p, tr, summ = finetune("ft", "--load", pre, "--save", ft, "--save-interval", "24")
+check("starting from the weights of" in p.stdout and "iteration 0, fresh optimizer" in p.stdout,
+      "the start line says it starts from the weights at iteration 0")
+check(len(tr) == 24 and tr[0]["iteration"] == 1, f"24 steps from iteration 1 (got {[r['iteration'] for r in tr][:3]})")
+if tr:
+    first, last = sum(r["lm_loss"] for r in tr[:3]) / 3, sum(r["lm_loss"] for r in tr[-3:]) / 3
+    check(last < first - 1.5, f"the response loss falls: {first:.3f} over the first 3 steps, {last:.3f} over the last 3")
+final_val = summ.get("final_val_loss")
+
+# A requeued job: --save holds a checkpoint now, so the same command resumes it.
+p2, tr2, _ = finetune("ft_again", "--load", pre, "--save", ft, "--save-interval", "30", iters=30)
+check("resuming this run from it" in p2.stdout and tr2 and tr2[0]["iteration"] == 25,
+      f"a second start resumes its own checkpoint (first iteration {tr2[0]['iteration'] if tr2 else None})")
+
+# --eval-only on the finetuned weights: the run's final validation loss.
+pe, _, se = finetune("eval", "--load", os.path.join(ft, "iter_0000024.h5"), "--eval-only")
+vals = [line for line in pe.stdout.splitlines() if "validation loss" in line]
+check(bool(vals) and "iteration" not in "".join(line for line in pe.stdout.splitlines() if line.startswith(" iteration")),
+      f"--eval-only evaluates and trains nothing: {vals[-1] if vals else '(no validation line)'}")
+if final_val is not None and se.get("final_val_loss") is not None:
+    check(abs(se["final_val_loss"] - final_val) <= 1e-6 * abs(final_val),
+          f"--eval-only's loss {se['final_val_loss']} is the run's final {final_val}")
+else:
+    check(False, f"validation losses in the summaries: run {final_val}, eval-only {se.get('final_val_loss')}")
+
+# The same weights through Hugging Face's layout: the same first losses.
+hf = os.path.join(a.workdir, "hf")
+os.makedirs(hf)
+c.run([a.tool, "export", pre, os.path.join(hf, "model.safetensors")])
+_, trh, _ = finetune("from_hf", "--load-hf", hf, iters=3)
+_, trl, _ = finetune("from_load", "--load", pre, iters=3)
+check(len(trh) == 3 and len(trl) == 3 and all(abs(x["lm_loss"] - y["lm_loss"]) <= 1e-6 * abs(y["lm_loss"]) for x, y in zip(trh, trl)),
+      f"--load-hf and --load give the same losses: {[r['lm_loss'] for r in trh]} vs {[r['lm_loss'] for r in trl]}")
+
+# One-line errors.
+bad = os.path.join(a.workdir, "bad.jsonl")
+with open(bad, "w") as f:
+    f.write(json.dumps({"prompt": "a", "response": "b"}) + "\n" + json.dumps({"prompt": "a", "answer": "b"}) + "\n")
+pb = c.run([a.finetune, "@" + a.args, "--data-path", bad, *tok, "--load", pre, "--train-iters", "1"], want=None)
+c.one_line_error("a line without the response field", pb, "finetune", ["bad.jsonl:2", "'response'"])
+pm = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "--train-iters", "1", "--num-layers", "2"], want=None)
+c.one_line_error("a model flag that disagrees with the weights", pm, "finetune", ["--num-layers", "layers 4"])
+pn = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--train-iters", "1"], want=None)
+c.one_line_error("no weights to start from", pn, "finetune", ["--load"])
+c.finish()
