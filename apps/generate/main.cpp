@@ -23,7 +23,6 @@
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
-#include "hpct/io/h5_file.hpp"
 #include "hpct/kernels/backend.hpp"
 #include "hpct/model/decoder.hpp"
 #include "hpct/model/sampling.hpp"
@@ -141,20 +140,18 @@ Loaded load_hf(const std::string& path) {
 }
 
 Loaded load(const std::string& path) {
+  engine::CheckpointWeights w = engine::read_checkpoint_weights(path);
   Loaded m;
-  m.file = engine::Checkpointer::resolve(path);
-  if (m.file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
-  io::H5File f = io::H5File::open(m.file, io::H5File::Mode::read, MPI_COMM_SELF);
-  const engine::StoredRun stored = engine::check_structure(f, m.file, &m.cfg);
-  const auto& c = stored.meta.config;
+  m.cfg = w.cfg;
+  m.file = w.file;
+  const auto& c = w.stored.meta.config;
   m.vocab = m.cfg.vocab_size;
   if (c.contains("model") && c["model"].contains("vocab_size") && c["model"]["vocab_size"].is_number_integer())
     m.vocab = std::min<int>(m.vocab, c["model"]["vocab_size"].get<int>());
-  m.tokenizer = stored.meta.tokenizer;
+  m.tokenizer = w.stored.meta.tokenizer;
   if (c.contains("vocab_file") && c["vocab_file"].is_string()) m.vocab_file = c["vocab_file"].get<std::string>();
   if (c.contains("merge_file") && c["merge_file"].is_string()) m.merge_file = c["merge_file"].get<std::string>();
-  m.params = engine::read_model_weights(f, model::Gpt::layout_for(m.cfg));
-  f.close();
+  m.params = std::move(w.params);
   return m;
 }
 

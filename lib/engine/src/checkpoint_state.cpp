@@ -220,11 +220,18 @@ model::GptConfig gpt_config_of(const nlohmann::json& a, const std::string& file)
   return c;
 }
 
-std::vector<float> read_model_weights(const io::H5File& f, const ParamLayout& layout) {
-  std::vector<float> params(layout.numel());
+CheckpointWeights read_checkpoint_weights(const std::string& path) {
+  CheckpointWeights w;
+  w.file = Checkpointer::resolve(path);
+  if (w.file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
+  io::H5File f = io::H5File::open(w.file, io::H5File::Mode::read, MPI_COMM_SELF);
+  w.stored = check_structure(f, w.file, &w.cfg);
+  const ParamLayout layout = model::Gpt::layout_for(w.cfg);
+  w.params.resize(layout.numel());
   for (const auto& t : layout.tensors())
-    f.read(Checkpointer::dataset_name("model", t.name), 0, params.data() + t.offset, t.numel);
-  return params;
+    f.read(Checkpointer::dataset_name("model", t.name), 0, w.params.data() + t.offset, t.numel);
+  f.close();
+  return w;
 }
 
 }  // namespace hpct::engine

@@ -7,7 +7,6 @@
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
-#include "hpct/io/h5_file.hpp"
 
 namespace hpct::engine {
 
@@ -56,12 +55,10 @@ std::string load_start_weights(Trainer& t, const TrainConfig& cfg, const StartWe
       mc = hf.cfg;
       params = std::move(hf.params);
     } else {
-      file = Checkpointer::resolve(s.from);
-      if (file.empty()) throw config_error("--load", "'" + s.from + "' holds no checkpoint to finetune from");
-      io::H5File f = io::H5File::open(file, io::H5File::Mode::read, MPI_COMM_SELF);
-      check_structure(f, file, &mc);
-      params = read_model_weights(f, model::Gpt::layout_for(mc));
-      f.close();
+      CheckpointWeights w = read_checkpoint_weights(s.from);
+      file = w.file;
+      mc = w.cfg;
+      params = std::move(w.params);
     }
     if (mc.moe.enabled(mc.num_layers) || cfg.model.moe.enabled(cfg.model.num_layers))
       throw config_error("--num-experts", "starting from given weights is for dense models here (no MoE yet)");

@@ -1,10 +1,9 @@
 // Hugging Face GPT-2 weights <-> this project's parameter table (see hf_gpt2.hpp).
 #include "hpct/engine/hf_gpt2.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -41,15 +40,6 @@ std::vector<Gpt2Name> gpt2_names(int layers) {
 
 namespace {
 
-bool is_dir(const std::string& p) {
-  struct stat st{};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool is_file(const std::string& p) {
-  struct stat st{};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 // A positive 2-D dimension of a tensor, bounded so the model's int fields hold it.
 int dim_of(const io::SafetensorsFile& st, const io::SafetensorsTensor& t, size_t axis, const char* what, int64_t max) {
   if (t.shape.size() != 2)
@@ -84,17 +74,17 @@ HfGpt2 read_hf_gpt2(const std::string& path, int vocab_multiple, int heads) {
   HfGpt2 out;
   nlohmann::json config;
   std::string config_file;
-  if (is_dir(path)) {
+  if (std::filesystem::is_directory(path)) {
     out.file = path + "/model.safetensors";
     config_file = path + "/config.json";
-    if (!is_file(out.file)) throw file_error(path, "has no model.safetensors (a save_pretrained directory holds one)");
-    if (!is_file(config_file)) throw file_error(path, "has no config.json (a save_pretrained directory holds one)");
+    if (!std::filesystem::is_regular_file(out.file)) throw file_error(path, "has no model.safetensors (a save_pretrained directory holds one)");
+    if (!std::filesystem::is_regular_file(config_file)) throw file_error(path, "has no config.json (a save_pretrained directory holds one)");
     std::ifstream in(config_file);
     std::stringstream ss;
     ss << in.rdbuf();
     config = parse_json(ss.str(), config_file);
     if (!config.is_object()) throw file_error(config_file, "is not a JSON object");
-    if (is_file(path + "/vocab.json") && is_file(path + "/merges.txt"))
+    if (std::filesystem::is_regular_file(path + "/vocab.json") && std::filesystem::is_regular_file(path + "/merges.txt"))
       out.vocab_file = path + "/vocab.json", out.merge_file = path + "/merges.txt";
   } else {
     out.file = path;

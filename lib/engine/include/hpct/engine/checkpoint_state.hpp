@@ -60,9 +60,17 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
 /// there), then check_tensor_set.
 StoredRun check_structure(const io::H5File& f, const std::string& file, model::GptConfig* cfg);
 
-/// Local. The model's parameters as `layout` (the stored architecture's, tensor_parallel 1) orders
-/// them, read from the file's model group (fp32 master weights), on this rank whole.
-std::vector<float> read_model_weights(const io::H5File& f, const ParamLayout& layout);
+/// A checkpoint's model weights, whole, with the architecture they belong to (generate, finetuning).
+struct CheckpointWeights {
+  std::string file;         // the file read (a directory's `latest` resolved)
+  model::GptConfig cfg;     // the stored architecture (vocabulary = its padded size)
+  StoredRun stored;         // its run state and provenance (config, tokenizer)
+  std::vector<float> params;  // fp32 master weights in Gpt::layout_for(cfg) order
+};
+
+/// Local. Reads `path` (a checkpoint file or a --save directory with `latest`) after check_structure's
+/// checks. Throws naming the path or file.
+CheckpointWeights read_checkpoint_weights(const std::string& path);
 
 /// The GPT a stored architecture describes (vocabulary = its padded size), for tools that check a
 /// checkpoint without a run. Throws naming `file` for a missing or impossible field.
