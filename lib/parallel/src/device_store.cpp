@@ -126,11 +126,15 @@ void DeviceStore::hand_over(int b) {
     to_host_ += static_cast<double>(blk.numel) * sizeof(uint16_t);
     kernels::add_from_half(staging16_.data(), h, blk.numel, storage_);  // exact: the engine rounds it to itself
   } else {
-    be_.copy_to_host(staging_.data(), dgrads_.as<float>() + blk.offset, blk.numel * sizeof(float));
-    to_host_ += static_cast<double>(blk.numel) * sizeof(float);
-    for (size_t i = 0; i < blk.numel; ++i) h[i] += staging_[i];
+    add_to_host(h, dgrads_.as<float>() + blk.offset, blk.numel);
   }
   summed_[b] = 0;
+}
+
+void DeviceStore::add_to_host(float* h, const float* d, size_t n) {
+  be_.copy_to_host(staging_.data(), d, n * sizeof(float));
+  to_host_ += static_cast<double>(n) * sizeof(float);
+  for (size_t i = 0; i < n; ++i) h[i] += staging_[i];
 }
 
 void DeviceStore::grads_ready(int b) {
@@ -148,9 +152,7 @@ void DeviceStore::grads_ready(int b) {
   const auto& blk = layout_.blocks()[b];
   float* h = host_.grads(b);
   if (active_[b]) {
-    be_.copy_to_host(staging_.data(), gblock_[b].as<float>(), blk.numel * sizeof(float));
-    to_host_ += static_cast<double>(blk.numel) * sizeof(float);
-    for (size_t i = 0; i < blk.numel; ++i) h[i] += staging_[i];
+    add_to_host(h, gblock_[b].as<float>(), blk.numel);
     active_[b] = 0;
     give_back(gblock_, b);
   }

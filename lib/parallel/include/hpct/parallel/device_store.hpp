@@ -73,6 +73,7 @@ class DeviceStore final : public model::ParamStore {
 
   void fold(int b);       // the block's micro-step gradient into the accumulator (stages 0-2)
   void hand_over(int b);  // the accumulated gradient of the step to the engine's buffer
+  void add_to_host(float* h, const float* d, size_t n);  // h (host) += d (device), n fp32 values
 
   kernels::BackendBuffer dparams_, dparams16_;  // cache_params: the whole model, fp32 or 16-bit
   kernels::BackendBuffer dgrads_;               // cache_params: the step's gradient sum, fp32 or 16-bit
