@@ -116,7 +116,7 @@ int export_safetensors(const std::string& path, const std::string& out) {
   hc.vocab_size = static_cast<int>(vocab);
   write_json_file((dir / "config.json").string(), engine::hf_gpt2_config(hc, static_cast<int>(vocab)));
   std::printf("# %s: GPT-2 config (n_layer %d, n_embd %d, n_head %d, n_positions %d, vocab_size %lld)\n",
-              (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.max_seq_length,
+              (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.positions(),
               static_cast<long long>(vocab));
   for (const auto& [key, name] : {std::pair<const char*, const char*>{"vocab_file", "vocab.json"}, {"merge_file", "merges.txt"}}) {
     if (!cfg.contains(key) || !cfg[key].is_string() || cfg[key].get<std::string>().empty()) continue;
@@ -145,9 +145,7 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   piece.exp_avg_sq = zeros2.data();
   engine::TrainingState st;
   engine::CheckpointMeta meta;
-  meta.architecture = {{"model", "gpt"}, {"num_layers", mc.num_layers}, {"hidden_size", mc.hidden_size},
-                       {"num_attention_heads", mc.num_heads}, {"seq_length", mc.max_seq_length},
-                       {"padded_vocab_size", mc.padded_vocab()}};
+  meta.architecture = engine::architecture_of(mc);
   meta.config = {{"imported_from", in}, {"model", {{"vocab_size", mc.vocab_size}}}};
   meta.tokenizer = "unknown: imported from safetensors (GPT-2 names)";
   if (!hf.vocab_file.empty()) {  // the directory's tokenizer files: generate finds them there
@@ -159,7 +157,7 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   comm::Communicator self = comm::Communicator::self();
   engine::Checkpointer ck(self, dir, 0);
   std::string file = ck.save(engine::TensorSet::of(layout, {piece}), st, meta);
-  std::printf("# %s: %s (%d layers, hidden %d, %d heads, seq %d, vocab %d) from %s\n", file.c_str(),
+  std::printf("# %s: %s (%d layers, hidden %d, %d heads, %d positions, vocab %d) from %s\n", file.c_str(),
               format_bytes(4.0 * double(layout.numel())).c_str(), mc.num_layers, mc.hidden_size, mc.num_heads,
               mc.max_seq_length, mc.vocab_size, in.c_str());
   return 0;

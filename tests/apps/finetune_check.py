@@ -8,8 +8,12 @@ prompt/response JSON lines the test writes (reverse a short word list), loss on 
 - --eval-only on the finetuned checkpoint gives the run's final validation loss (1e-6 relative);
 - --load-hf on the pretrained weights exported as a save_pretrained directory gives the same first
   losses as --load (the same weights through export and the loader: 1e-6 relative);
+- the position table comes with the weights: pretrained with --max-position-embeddings 256 at
+  --seq-length 128, finetuning (from --load or --load-hf) keeps its 256 rows, the export's config.json
+  says n_positions 256, and the pretraining run resumes at --seq-length 256;
 - one-line errors naming the flag or the file and line: a line without the response field, a model
-  flag that disagrees with the weights, finetune without weights.
+  flag that disagrees with the weights, a position table or sequence length that does not fit,
+  finetune without weights.
 
 finetune_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --tool HPCT_CKPT --args FILE --data DIR --workdir DIR
 """
@@ -26,7 +30,26 @@ a, check = c.args, c.check
 tok = ["--vocab-file", os.path.join(a.data, "gpt2-vocab.json"), "--merge-file", os.path.join(a.data, "gpt2-merges.txt")]
 pre = os.path.join(a.workdir, "pretrained")
 c.run([a.gpt, "@" + a.args, "--data-path", os.path.join(a.data, "brown_text_document"), *tok, "--split", "949,50,1",
-       "--train-iters", "10", "--eval-iters", "0", "--save", pre, "--save-interval", "10"])
+       "--train-iters", "10", "--eval-iters", "0", "--save", pre, "--save-interval", "10", "--max-position-embeddings", "256"])
+
+
+def positions(ckpt):
+    """The position-table rows a checkpoint's architecture records (hpct_ckpt list)."""
+    out = c.run([a.tool, "list", ckpt]).stdout
+    line = next((x for x in out.splitlines() if x.startswith("# architecture:")), "")
+    return json.loads(line.split(":", 1)[1]).get("max_position_embeddings") if line else None
+
+
+check(positions(pre) == 256, f"the pretrained checkpoint records 256 positions (got {positions(pre)})")
+# Context extension: the same run resumed at twice the sequence length trains on.
+longer = os.path.join(a.workdir, "longer.jsonl")
+c.run([a.gpt, "@" + a.args, "--data-path", os.path.join(a.data, "brown_text_document"), *tok, "--split", "949,50,1",
+       "--train-iters", "12", "--eval-iters", "0", "--load", pre, "--seq-length", "256", "--micro-batch-size", "4",
+       "--log-interval", "1", "--metrics-file", longer])
+lr = [json.loads(x) for x in open(longer)] if os.path.exists(longer) else []
+lr = [r for r in lr if r.get("type") == "train" and r.get("iteration", 0) > 10]
+check([r["iteration"] for r in lr] == [11, 12] and all(0 < r["lm_loss"] < 20 for r in lr),
+      f"resumed at --seq-length 256 within the 256 positions: {[(r['iteration'], r['lm_loss']) for r in lr]}")
 
 rng = random.Random(3)
 words = ("apple river stone house green music paper window garden yellow summer winter table doctor school water "
@@ -52,6 +75,7 @@ ft = os.path.join(a.workdir, "ft")
 p, tr, summ = finetune("ft", "--load", pre, "--save", ft, "--save-interval", "24")
 check("starting from the weights of" in p.stdout and "iteration 0, fresh optimizer" in p.stdout,
       "the start line says it starts from the weights at iteration 0")
+check(positions(os.path.join(ft, "iter_0000024.h5")) == 256, "finetuning at --seq-length 128 keeps the weights' 256 positions")
 check(len(tr) == 24 and tr[0]["iteration"] == 1, f"24 steps from iteration 1 (got {[r['iteration'] for r in tr][:3]})")
 if tr:
     first, last = sum(r["lm_loss"] for r in tr[:3]) / 3, sum(r["lm_loss"] for r in tr[-3:]) / 3
@@ -78,6 +102,8 @@ else:
 hf = os.path.join(a.workdir, "hf")
 os.makedirs(hf)
 c.run([a.tool, "export", pre, os.path.join(hf, "model.safetensors")])
+hfc = json.load(open(os.path.join(hf, "config.json"))) if os.path.exists(os.path.join(hf, "config.json")) else {}
+check(hfc.get("n_positions") == 256, f"the export's config.json has n_positions 256 (got {hfc.get('n_positions')})")
 _, trh, _ = finetune("from_hf", "--load-hf", hf, iters=3)
 _, trl, _ = finetune("from_load", "--load", pre, iters=3)
 check(len(trh) == 3 and len(trl) == 3 and all(abs(x["lm_loss"] - y["lm_loss"]) <= 1e-6 * abs(y["lm_loss"]) for x, y in zip(trh, trl)),
@@ -91,6 +117,11 @@ pb = c.run([a.finetune, "@" + a.args, "--data-path", bad, *tok, "--load", pre, "
 c.one_line_error("a line without the response field", pb, "finetune", ["bad.jsonl:2", "'response'"])
 pm = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "--train-iters", "1", "--num-layers", "2"], want=None)
 c.one_line_error("a model flag that disagrees with the weights", pm, "finetune", ["--num-layers", "layers 4"])
+pp = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "--train-iters", "1",
+            "--max-position-embeddings", "128"], want=None)
+c.one_line_error("a position table that differs from the weights'", pp, "finetune", ["--max-position-embeddings", "position table of 256"])
+ps = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load-hf", hf, "--train-iters", "1", "--seq-length", "512"], want=None)
+c.one_line_error("a sequence longer than the weights' positions", ps, "finetune", ["--seq-length 512", "256 positions"])
 pn = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--train-iters", "1"], want=None)
 c.one_line_error("no weights to start from", pn, "finetune", ["--load"])
 c.finish()

@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include "hpct/comm/process_grid.hpp"
+#include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/trainer.hpp"
 #include "mpi_gtest_main.hpp"
@@ -381,4 +382,34 @@ int main(int argc, char** argv) {
   int all = rc;
   MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   return all;
+}
+
+// The architecture attribute: max_position_embeddings is the position table (written by every
+// writer through architecture_of); a file from before it was recorded names the table seq_length,
+// which reads as the same model and passes the resume check against today's attribute.
+TEST(Checkpoint, ArchitectureRecordsPositionsAndReadsOlderFiles) {
+  model::GptConfig mc;
+  mc.max_seq_length = 32;
+  mc.max_position_embeddings = 64;
+  const nlohmann::json a = engine::architecture_of(mc);
+  EXPECT_EQ(a.at("max_position_embeddings"), 64);
+  EXPECT_FALSE(a.contains("seq_length"));  // the sequence length is the run's, free on resume
+  EXPECT_EQ(engine::gpt_config_of(a, "f.h5").positions(), 64);
+
+  nlohmann::json old = a;
+  old.erase("max_position_embeddings");
+  old["seq_length"] = 64;
+  EXPECT_EQ(engine::gpt_config_of(old, "old.h5").positions(), 64);
+  engine::StoredRun r;
+  r.meta.architecture = old;
+  engine::CheckpointMeta here;
+  here.architecture = a;
+  EXPECT_NO_THROW(engine::check_compatible(r, here, "old.h5"));
+  here.architecture["max_position_embeddings"] = 128;
+  try {
+    engine::check_compatible(r, here, "old.h5");
+    ADD_FAILURE() << "a 64-row table loaded into a 128-row model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_position_embeddings is 64 in the checkpoint"), std::string::npos) << e.what();
+  }
 }

@@ -118,8 +118,19 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   return r;
 }
 
+namespace {
+// Checkpoints written before the position table was sized apart from --seq-length recorded its
+// rows as seq_length (the two were equal).
+nlohmann::json with_positions(nlohmann::json a) {
+  if (a.is_object() && !a.contains("max_position_embeddings") && a.contains("seq_length"))
+    a["max_position_embeddings"] = a["seq_length"];
+  if (a.is_object()) a.erase("seq_length");
+  return a;
+}
+}  // namespace
+
 void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std::string& file) {
-  const auto& a = r.meta.architecture;
+  const nlohmann::json a = with_positions(r.meta.architecture);
   for (auto it = here.architecture.begin(); it != here.architecture.end(); ++it) {
     if (!a.contains(it.key()))
       throw file_error(file, "architecture lacks '" + it.key() + "' (this run: " + it.value().dump() + "): the checkpoint is damaged");
@@ -181,7 +192,24 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   return r;
 }
 
-model::GptConfig gpt_config_of(const nlohmann::json& a, const std::string& file) {
+nlohmann::json architecture_of(const model::GptConfig& mc) {
+  nlohmann::json a = {{"model", "gpt"},
+                      {"num_layers", mc.num_layers},
+                      {"hidden_size", mc.hidden_size},
+                      {"num_attention_heads", mc.num_heads},
+                      {"max_position_embeddings", mc.positions()},
+                      {"padded_vocab_size", mc.padded_vocab()}};
+  if (mc.moe.enabled(mc.num_layers)) {
+    a["num_experts"] = mc.moe.num_experts;
+    a["expert_interval"] = mc.moe.expert_interval;
+    a["topk"] = mc.moe.topk;
+    a["mlp_type"] = mc.moe.residual ? "residual" : "standard";
+  }
+  return a;
+}
+
+model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& file) {
+  const nlohmann::json a = with_positions(stored);
   auto field = [&](const char* k) {
     if (!a.is_object() || !a.contains(k) || !a[k].is_number_integer() || a[k].get<long long>() <= 0 ||
         a[k].get<long long>() > std::numeric_limits<int>::max() / 4)
@@ -194,7 +222,7 @@ model::GptConfig gpt_config_of(const nlohmann::json& a, const std::string& file)
   c.num_layers = field("num_layers");
   c.hidden_size = field("hidden_size");
   c.num_heads = field("num_attention_heads");
-  c.max_seq_length = field("seq_length");
+  c.max_seq_length = field("max_position_embeddings");
   c.vocab_size = field("padded_vocab_size");
   c.vocab_multiple = 1;
   if (a.contains("num_experts")) {  // an MoE model (dense checkpoints carry no MoE keys)

@@ -7,8 +7,52 @@
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
+#include "hpct/io/h5_file.hpp"
 
 namespace hpct::engine {
+
+namespace {
+
+void same(const char* flag, long long ours, const std::string& file, const char* what, long long theirs) {
+  if (ours != theirs)
+    throw config_error(flag, std::string(flag) + " is " + std::to_string(ours) + " but " + file + " has " + what + " " +
+                                 std::to_string(theirs),
+                       "give the flags of the model the weights belong to");
+}
+
+// Reads the weights and fits the run's model to them: the shape flags must match; the position
+// table is the file's unless --max-position-embeddings says otherwise.
+void read_start(StartWeights& s, TrainConfig& cfg) {
+  model::GptConfig mc;
+  if (s.hf) {
+    HfGpt2 hf = read_hf_gpt2(s.from, cfg.model.vocab_multiple);
+    s.file = hf.file;
+    mc = hf.cfg;
+    s.params = std::move(hf.params);
+  } else {
+    CheckpointWeights w = read_checkpoint_weights(s.from);
+    s.file = w.file;
+    mc = w.cfg;
+    s.params = std::move(w.params);
+  }
+  const std::string& file = s.file;
+  if (mc.moe.enabled(mc.num_layers) || cfg.model.moe.enabled(cfg.model.num_layers))
+    throw config_error("--num-experts", "starting from given weights is for dense models here (no MoE yet)");
+  same("--num-layers", cfg.model.num_layers, file, "layers", mc.num_layers);
+  same("--hidden-size", cfg.model.hidden_size, file, "hidden size", mc.hidden_size);
+  same("--num-attention-heads", cfg.model.num_heads, file, "heads", mc.num_heads);
+  same("--vocab-file", cfg.model.padded_vocab(), file, "a padded vocabulary of", mc.padded_vocab());
+  const int rows = mc.positions();
+  if (cfg.model.max_position_embeddings > 0)
+    same("--max-position-embeddings", cfg.model.max_position_embeddings, file, "a position table of", rows);
+  if (cfg.model.max_seq_length > rows)
+    throw config_error("--seq-length", "--seq-length " + std::to_string(cfg.model.max_seq_length) + " is longer than the " +
+                                           std::to_string(rows) + " positions of " + file,
+                       "give --seq-length <= " + std::to_string(rows));
+  cfg.model.max_position_embeddings = rows;
+}
+
+}  // namespace
 
 StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
   if (!cfg.finetune && cfg.load_hf.empty()) return {};
@@ -25,55 +69,35 @@ StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
       std::cout << "> " << own << " exists: resuming this run from it (not from "
                 << (cfg.load_hf.empty() ? cfg.load_path : cfg.load_hf) << ")" << std::endl;
     cfg.load_path = cfg.save_dir;
+    // Its position table is the one its start weights brought, which the command may not name.
+    if (cfg.model.max_position_embeddings == 0) {
+      int rows = 0;
+      comm::throw_if_any(world, comm::error_text_of([&] {
+        if (world.rank() != 0) return;
+        io::H5File f = io::H5File::open(own, io::H5File::Mode::read, MPI_COMM_SELF);
+        rows = gpt_config_of(read_stored_run(f, own).meta.architecture, own).positions();
+      }));
+      world.bcast_bytes(&rows, sizeof rows, 0);
+      if (rows >= cfg.model.max_seq_length) cfg.model.max_position_embeddings = rows;
+    }
     return {};
   }
-  StartWeights s{cfg.load_hf.empty() ? cfg.load_path : cfg.load_hf, !cfg.load_hf.empty()};
+  StartWeights s;
+  s.from = cfg.load_hf.empty() ? cfg.load_path : cfg.load_hf;
+  s.hf = !cfg.load_hf.empty();
   cfg.load_path.clear();
+  comm::throw_if_any(world, comm::error_text_of([&] { read_start(s, cfg); }));
   return s;
 }
 
-namespace {
-
-void same(const char* flag, long long ours, const std::string& file, const char* what, long long theirs) {
-  if (ours != theirs)
-    throw config_error(flag, std::string(flag) + " is " + std::to_string(ours) + " but " + file + " has " + what + " " +
-                                 std::to_string(theirs),
-                       "give the flags of the model the weights belong to");
-}
-
-}  // namespace
-
-std::string load_start_weights(Trainer& t, const TrainConfig& cfg, const StartWeights& s, const comm::Communicator& world) {
+std::string load_start_weights(Trainer& t, StartWeights& s, const comm::Communicator& world) {
   if (s.from.empty()) return "";
-  std::string file;
-  std::vector<float> params;
-  comm::throw_if_any(world, comm::error_text_of([&] {
-    model::GptConfig mc;
-    if (s.hf) {
-      HfGpt2 hf = read_hf_gpt2(s.from, cfg.model.vocab_multiple);
-      file = hf.file;
-      mc = hf.cfg;
-      params = std::move(hf.params);
-    } else {
-      CheckpointWeights w = read_checkpoint_weights(s.from);
-      file = w.file;
-      mc = w.cfg;
-      params = std::move(w.params);
-    }
-    if (mc.moe.enabled(mc.num_layers) || cfg.model.moe.enabled(cfg.model.num_layers))
-      throw config_error("--num-experts", "starting from given weights is for dense models here (no MoE yet)");
-    same("--num-layers", cfg.model.num_layers, file, "layers", mc.num_layers);
-    same("--hidden-size", cfg.model.hidden_size, file, "hidden size", mc.hidden_size);
-    same("--num-attention-heads", cfg.model.num_heads, file, "heads", mc.num_heads);
-    same("--seq-length", cfg.model.max_seq_length, file, "positions (--max-position-embeddings apart from --seq-length: not yet)",
-         mc.max_seq_length);
-    same("--vocab-file", cfg.model.padded_vocab(), file, "a padded vocabulary of", mc.padded_vocab());
-  }));
-  t.load_weights(params);
+  t.load_weights(s.params);
+  s.params = std::vector<float>();
   if (world.rank() == 0)
-    std::cout << "> starting from the weights of " << file << (s.hf ? " (Hugging Face GPT-2)" : " (--finetune)")
+    std::cout << "> starting from the weights of " << s.file << (s.hf ? " (Hugging Face GPT-2)" : " (--finetune)")
               << ": iteration 0, fresh optimizer and learning-rate schedule" << std::endl;
-  return file;
+  return s.file;
 }
 
 }  // namespace hpct::engine

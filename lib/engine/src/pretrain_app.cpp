@@ -90,17 +90,18 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
   // Data first: a real dataset fixes the vocabulary size.
   engine::TrainData data = engine::build_train_data(cfg, grid.dp().size(), root);
   cfg.finalize(grid.dp().size());
-  // Before anything large is allocated: do the model states fit this node? (Every rank checks
+  // Finetuning starts from weights (a requeued job from its own checkpoint instead); they may bring
+  // their position table.
+  engine::StartWeights start = engine::plan_start(cfg, world);
+  // Before anything else large is allocated: do the model states fit this node? (Every rank checks
   // its own node; a refusal on one is everyone's.)
   const int ranks_on_node = world.node_local_size();
   comm::throw_if_any(world, comm::error_text_of([&] { engine::check_host_memory(cfg, ranks_on_node, world.size()); }));
 
-  // Finetuning starts from weights (a requeued job from its own checkpoint instead).
-  const engine::StartWeights start = engine::plan_start(cfg, world);
   engine::Trainer trainer(cfg, grid);
   // Loading is collective and its checks fail on every rank alike: still the setup phase.
   std::string loaded = trainer.load_checkpoint();
-  if (!start.from.empty()) loaded = engine::load_start_weights(trainer, cfg, start, world);
+  if (!start.from.empty()) loaded = engine::load_start_weights(trainer, start, world);
   if (!cfg.skip_train) trainer.prepare(*data.train);  // the curriculum's index files, checked now
   if (cfg.skip_train && loaded.empty())
     throw config_error("--skip-train", "--skip-train evaluates a trained model, but --load names no checkpoint",

@@ -86,7 +86,7 @@ const FlagTable& flag_table() {
       {"--hidden-size", {true, [](TrainConfig& c, const std::string& v) { c.model.hidden_size = to_i32("--hidden-size", v); }, "hidden size"}},
       {"--num-attention-heads", {true, [](TrainConfig& c, const std::string& v) { c.model.num_heads = to_i32("--num-attention-heads", v); }, "attention heads"}},
       {"--seq-length", {true, [](TrainConfig& c, const std::string& v) { c.model.max_seq_length = to_i32("--seq-length", v); }, "sequence length"}},
-      {"--max-position-embeddings", {true, [](TrainConfig& c, const std::string& v) { c.max_position_embeddings = to_i32("--max-position-embeddings", v, 1); }, "accepted; must be >= --seq-length"}},
+      {"--max-position-embeddings", {true, [](TrainConfig& c, const std::string& v) { c.model.max_position_embeddings = to_i32("--max-position-embeddings", v, 1); }, "position table rows (default: --seq-length)"}},
       {"--vocab-size", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_size = to_i32("--vocab-size", v); c.vocab_size_given = true; }, "vocabulary size for --mock-data"}},
       {"--make-vocab-size-divisible-by", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_multiple = to_i32("--make-vocab-size-divisible-by", v); }, "pad the vocabulary (default 128)"}},
       {"--init-method-std", {true, [](TrainConfig& c, const std::string& v) { c.model.init_std = to_double("--init-method-std", v); }, "weight init std (default 0.02)"}},
@@ -465,9 +465,6 @@ void TrainConfig::finalize(int dp) {
   if (lr_warmup_iters < 0) throw config_error("--lr-warmup-iters", "--lr-warmup-iters must be >= 0");
   if (lr_decay_iters < 0) throw config_error("--lr-decay-iters", "--lr-decay-iters must be >= 0 (0: --train-iters)");
   if (lr_decay_iters == 0) lr_decay_iters = train_iters;
-  if (max_position_embeddings > 0 && max_position_embeddings < model.max_seq_length)
-    throw config_error("--max-position-embeddings", "--max-position-embeddings " + std::to_string(max_position_embeddings) +
-                                                        " is smaller than --seq-length " + std::to_string(model.max_seq_length));
   if (!(beta1 >= 0 && beta1 < 1)) throw config_error("--adam-beta1", "--adam-beta1 must be in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) throw config_error("--adam-beta2", "--adam-beta2 must be in [0, 1)");
   if (!(eps > 0 && finite(eps))) throw config_error("--adam-eps", "--adam-eps must be positive");
@@ -518,6 +515,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
             {"hidden_size", c.model.hidden_size},
             {"num_attention_heads", c.model.num_heads},
             {"seq_length", c.model.max_seq_length},
+            {"max_position_embeddings", c.model.positions()},
             {"vocab_size", c.model.vocab_size},
             {"padded_vocab_size", c.model.padded_vocab()},
             {"init_method_std", c.model.init_std}}},

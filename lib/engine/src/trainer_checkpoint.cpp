@@ -5,6 +5,7 @@
 #include "trainer_async.hpp"
 #include "train_log.hpp"
 
+#include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/preflight.hpp"
 
 #include <sys/mman.h>
@@ -58,18 +59,7 @@ CheckpointMeta Trainer::checkpoint_meta() const {
   CheckpointMeta m;
   m.config = config_to_json(cfg_);
   const auto& mc = cfg_.model;
-  m.architecture = {{"model", "gpt"},
-                    {"num_layers", mc.num_layers},
-                    {"hidden_size", mc.hidden_size},
-                    {"num_attention_heads", mc.num_heads},
-                    {"seq_length", mc.max_seq_length},
-                    {"padded_vocab_size", mc.padded_vocab()}};
-  if (mc.moe.enabled(mc.num_layers)) {
-    m.architecture["num_experts"] = mc.moe.num_experts;
-    m.architecture["expert_interval"] = mc.moe.expert_interval;
-    m.architecture["topk"] = mc.moe.topk;
-    m.architecture["mlp_type"] = mc.moe.residual ? "residual" : "standard";
-  }
+  m.architecture = architecture_of(mc);
   m.tokenizer = cfg_.mock_data ? "mock (vocab " + std::to_string(mc.vocab_size) + ")"
                                 : tokenizer_identity(cfg_.vocab_file, cfg_.merge_file);
   m.layout = {{"world_size", grid_.world_size()},

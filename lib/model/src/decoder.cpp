@@ -17,7 +17,7 @@ void grow(std::vector<float>& v, size_t n) {
 }  // namespace
 
 Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
-    : cfg_(cfg), p_(params), C_(cfg.hidden_size), T_(cfg.max_seq_length), L_(cfg.num_layers), NH_(cfg.num_heads),
+    : cfg_(cfg), p_(params), C_(cfg.hidden_size), T_(cfg.positions()), L_(cfg.num_layers), NH_(cfg.num_heads),
       Vp_(cfg.padded_vocab()) {
   cfg.validate();
   if (cfg.moe.enabled(cfg.num_layers))

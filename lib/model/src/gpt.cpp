@@ -24,6 +24,10 @@ void GptConfig::validate() const {
   pos(hidden_size, "--hidden-size");
   pos(num_heads, "--num-attention-heads");
   pos(max_seq_length, "--seq-length");
+  if (max_position_embeddings < 0 || positions() < max_seq_length)
+    throw config_error("--max-position-embeddings", "--max-position-embeddings " + std::to_string(max_position_embeddings) +
+                                                        " is smaller than --seq-length " + std::to_string(max_seq_length),
+                       "give --max-position-embeddings >= --seq-length (the position table holds every position trained on)");
   pos(vocab_size, "--vocab-size");
   pos(vocab_multiple, "--make-vocab-size-divisible-by");
   pos(tensor_parallel, "--tensor-model-parallel-size");
@@ -84,7 +88,8 @@ int GptConfig::padded_vocab() const {
 
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
-         std::to_string(num_heads) + " heads, seq " + std::to_string(max_seq_length) + ", vocab " +
+         std::to_string(num_heads) + " heads, seq " + std::to_string(max_seq_length) +
+         (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +
          (tensor_parallel > 1 ? ", tensor-parallel " + std::to_string(tensor_parallel) +
                                     (sequence_parallel ? " (sequence-parallel)" : "")

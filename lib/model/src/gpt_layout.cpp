@@ -12,7 +12,7 @@ namespace hpct::model {
 
 void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte,
                        size_t* wpe, size_t* lnfw, size_t* lnfb) {
-  const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.max_seq_length;
+  const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.positions();
   // Megatron's split: column-parallel (rows of the (out, in) weight and its bias; QKV by sections
   // q|k|v), row-parallel (columns; the bias is a replica), everything else a replica.
   const int P = cfg.tensor_parallel;

@@ -29,7 +29,7 @@ std::string gb_text(uint64_t bytes) {
 GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   cfg.validate();
   const uint64_t C = (uint64_t)cfg.hidden_size;
-  const uint64_t T = (uint64_t)cfg.max_seq_length, Vp = (uint64_t)cfg.padded_vocab();
+  const uint64_t T = (uint64_t)cfg.positions(), Vp = (uint64_t)cfg.padded_vocab();
   const uint64_t P = (uint64_t)cfg.tensor_parallel;  // divides heads, hence C, and Vp (validated)
   if (expert_parallel < 1)
     throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size must be at least 1");
@@ -389,6 +389,7 @@ nlohmann::json MemoryEstimate::json() const {
             {"hidden_size", model.hidden_size},
             {"num_attention_heads", model.num_heads},
             {"seq_length", model.max_seq_length},
+            {"max_position_embeddings", model.positions()},
             {"vocab_size", model.vocab_size},
             {"padded_vocab_size", model.padded_vocab()},
             {"tensor_model_parallel_size", size.tensor_parallel},

@@ -72,7 +72,13 @@ struct CheckpointWeights {
 /// checks. Throws naming the path or file.
 CheckpointWeights read_checkpoint_weights(const std::string& path);
 
-/// The GPT a stored architecture describes (vocabulary = its padded size), for tools that check a
+/// What a checkpoint records of a model's shape (its "architecture" attribute): the one writer,
+/// for training runs and imports alike. The position table's rows are max_position_embeddings;
+/// the training sequence length is a run setting (in the config), free to change on resume.
+nlohmann::json architecture_of(const model::GptConfig& cfg);
+
+/// The GPT a stored architecture describes (vocabulary = its padded size; max_seq_length = its
+/// positions; files written before max_position_embeddings was recorded give seq_length) (vocabulary = its padded size), for tools that check a
 /// checkpoint without a run. Throws naming `file` for a missing or impossible field.
 model::GptConfig gpt_config_of(const nlohmann::json& architecture, const std::string& file);
 

@@ -81,7 +81,6 @@ struct TrainConfig {
   // with memcpys for the copies), so that path is checked where there is no GPU. Not a flag.
   bool via_device_store = false;
   // data
-  int max_position_embeddings = 0;  // --max-position-embeddings (0: not given); >= seq length
   // finetuning (train_config_finetune.cpp): start from weights only, prompt/response JSON lines
   bool finetune = false;          // --finetune: --load's weights only; iteration, optimizer, schedule start afresh
   std::string load_hf;            // --load-hf: GPT-2 weights in Hugging Face's layout to start from

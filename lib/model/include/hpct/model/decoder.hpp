@@ -9,7 +9,7 @@
 // What it is not: a training path (no activations kept, no backward), MoE (refused: the router's
 // capacity depends on the batch), tensor parallel, or GPU-resident (kernels::cpu ops; the
 // parameters and caches are host memory).
-// Memory: the cache holds 2 x L x sequences x max_seq_length x C floats, allocated up front
+// Memory: the cache holds 2 x L x sequences x positions() x C floats, allocated up front
 // (cache_bytes()).
 #pragma once
 #include <cstddef>
@@ -28,7 +28,7 @@ class Decoder {
   Decoder(const GptConfig& cfg, const float* params, int sequences);
 
   /// Appends n tokens to sequence s (positions length(s) .. length(s)+n-1, which must stay below
-  /// max_seq_length). logits: (n, Vp) for every new position if all_rows, else (Vp) for the last
+  /// cfg.positions()). logits: (n, Vp) for every new position if all_rows, else (Vp) for the last
   /// one only; nullptr for none.
   void extend(int s, const int32_t* tokens, int n, float* logits, bool all_rows = false);
   /// One new token for each of k sequences seqs[0..k) (distinct), batched: logits (k, Vp).

@@ -73,7 +73,8 @@ struct GptConfig {
   int num_layers = 2;
   int hidden_size = 64;
   int num_heads = 2;
-  int max_seq_length = 64;  // learned position table size (Megatron's --max-position-embeddings)
+  int max_seq_length = 64;  // the longest sequence trained on (--seq-length)
+  int max_position_embeddings = 0;  // learned position table rows (Megatron's flag); 0: max_seq_length
   int vocab_size = 256;     // tokenizer's vocabulary
   int vocab_multiple = 128; // Megatron's --make-vocab-size-divisible-by
   double init_std = 0.02;   // Megatron's --init-method-std
@@ -88,6 +89,8 @@ struct GptConfig {
   int padded_vocab() const;
   /// The multiple padded_vocab() rounds to.
   long long vocab_granule() const;
+  /// Rows of the position table: the longest sequence the model can read (generation included).
+  int positions() const { return max_position_embeddings > 0 ? max_position_embeddings : max_seq_length; }
   /// Throws config_error naming the flag for impossible shapes.
   void validate() const;
   std::string describe() const;
