@@ -166,7 +166,8 @@ void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, Curr
     ds.get_int("num_workers");  // accepted: the data loader is the trainer's own
     if (ds.has("curriculum_learning")) {
       JsonSection cl = ds.section("curriculum_learning");
-      const bool enabled = on && sampling && cl.get_bool("enabled").value_or(false);
+      const bool cl_on = cl.get_bool("enabled").value_or(false);  // read whatever the blocks above say
+      const bool enabled = on && sampling && cl_on;
       cl.get_string("data_cluster_path");  // accepted: seqlen_truncate needs no analyzer output
       if (cl.has("curriculum_metrics")) {
         cl.ignore("curriculum_metrics");
