@@ -33,6 +33,11 @@ void apply_ds_monitors(JsonSection& root, TrainConfig& cfg);
 void add_data_efficiency_flags(FlagTable& table);
 /// --finetune, --load-hf, --prompt-key, --response-key, --eval-only (train_config_finetune.cpp).
 void add_finetune_flags(FlagTable& table);
+/// Megatron-DeepSpeed's flags that change nothing here, aliases, sample-based runs, refusals by
+/// name (train_config_compat.cpp; docs/compatibility.md).
+void add_compat_flags(FlagTable& table);
+/// --train-samples and its schedule flags: Megatron's combination rules, train_iters from samples.
+void finalize_samples(TrainConfig& cfg);
 /// Their checks (and the curriculum's), from TrainConfig::finalize.
 void finalize_data_efficiency(TrainConfig& cfg);
 /// random-LTD's checks against the model, the batch and the learning-rate flags (after the batch sizes).

@@ -74,6 +74,8 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
     if (world.rank() == 0) std::cout << engine::help_text(g_prog);
     return 0;
   }
+  if (world.rank() == 0)
+    for (const auto& n : cfg.notes) std::cout << "> note: " << n << "\n";
   if (require_moe && !cfg.model.moe.enabled(cfg.model.num_layers))
     throw config_error("--num-experts", std::string(g_prog) + " trains mixture-of-experts models: no layer has more than one expert",
                        "give --num-experts E (E > 1; MoE goes on every --expert-interval-th layer), or run pretrain_gpt for a dense model");

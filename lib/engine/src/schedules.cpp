@@ -8,13 +8,13 @@
 namespace hpct::engine {
 
 double learning_rate(const TrainConfig& c, long long step, double tokens, double warmup_end_tokens) {
-  const double W = (double)c.lr_warmup_iters;
+  const double Wds = (double)c.lr_warmup_iters;
   const double t = (double)step;
   switch (c.lr_style) {
     case LrStyle::ds_warmup:
     case LrStyle::ds_warmup_decay: {
       // DeepSpeed WarmupLR / WarmupDecayLR (lr_schedules.py): warmup_num_steps is forced >= 2.
-      double Wd = std::max(2.0, W);
+      double Wd = std::max(2.0, Wds);
       double gamma = 1.0;
       if (t < Wd) gamma = c.ds_warmup_log ? std::log(t + 1) / std::log(Wd) : t / Wd;
       else if (c.lr_style == LrStyle::ds_warmup_decay) {
@@ -24,7 +24,7 @@ double learning_rate(const TrainConfig& c, long long step, double tokens, double
       return c.ds_warmup_min_lr + (c.ds_warmup_max_lr - c.ds_warmup_min_lr) * gamma;
     }
     case LrStyle::ds_warmup_cosine: {
-      double Wd = std::max(2.0, W);
+      double Wd = std::max(2.0, Wds);
       double ratio;
       if (t < Wd) {
         double gamma = c.ds_warmup_log ? std::log(t + 1) / std::log(Wd) : t / Wd;
@@ -38,8 +38,12 @@ double learning_rate(const TrainConfig& c, long long step, double tokens, double
     default:
       break;
   }
-  // Megatron's OptimizerParamScheduler: linear warmup from 0, then decay to min_lr.
-  const double it = t + 1;  // Megatron counts the step being taken from 1
+  // Megatron's OptimizerParamScheduler: linear warmup from 0, then decay to min_lr. It counts in
+  // samples, (step + 1) x global batch after the step being taken; an iteration-based run's
+  // lengths are iterations x global batch, so there the unit is the iteration.
+  const bool by_samples = c.train_samples > 0;
+  const double it = by_samples ? (t + 1) * double(c.global_batch) : t + 1;
+  const double W = by_samples ? (double)c.lr_warmup_samples : (double)c.lr_warmup_iters;
   if (c.lr_warmup_tokens > 0) {
     if (tokens <= c.lr_warmup_tokens) return c.lr * tokens / c.lr_warmup_tokens;
   } else if (W > 0 && it <= W) {
@@ -56,7 +60,7 @@ double learning_rate(const TrainConfig& c, long long step, double tokens, double
     const double coeff = c.lr_style == LrStyle::cosine ? 0.5 * (std::cos(M_PI * ratio) + 1.0) : 1.0 - ratio;
     return c.min_lr + coeff * (c.lr - c.min_lr);
   }
-  const double D = (double)c.lr_decay_iters;
+  const double D = by_samples ? (double)c.lr_decay_samples : (double)c.lr_decay_iters;
   if (it > D) return c.min_lr;
   if (c.lr_style == LrStyle::inverse_square_root) {
     double w = std::max(1.0, W);

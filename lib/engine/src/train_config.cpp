@@ -164,6 +164,7 @@ const FlagTable& flag_table() {
   add_run_record_flags(t);  // run records: TensorBoard, CSV, timers (train_config_records.cpp)
   add_data_efficiency_flags(t);  // curriculum switch, token-based schedule (train_config_data_efficiency.cpp)
   add_finetune_flags(t);         // starting from weights, prompt/response data (train_config_finetune.cpp)
+  add_compat_flags(t);           // recipes' no-op flags, aliases, sample-based runs, refusals (train_config_compat.cpp)
   return t;
   }();
   return t;
@@ -209,6 +210,10 @@ bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg) {
   const auto& table = flag_table();
   const std::vector<std::string> args = expand_arg_files(raw_args);
   std::vector<std::string> given;
+  // Every unknown, refused or malformed flag is collected, so one error names them all (a recipe
+  // is then fixed in one round, not one flag per run).
+  std::vector<Error> errors;
+  auto is_flag = [](const std::string& s) { return s.rfind("--", 0) == 0 && s.size() > 2; };
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i];
     if (a == "--help" || a == "-h") return false;
@@ -221,195 +226,38 @@ bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg) {
     }
     if (a == "--deepspeed-config") a = "--deepspeed_config";
     auto it = table.find(a);
-    if (it == table.end()) throw config_error(a, "unknown flag '" + a + "'", "see --help");
+    if (it == table.end()) {
+      errors.push_back(config_error(a, is_flag(a) ? "unknown flag '" + printable(a) + "'" : "unexpected value '" + printable(a) + "'",
+                                    "see --help; docs/compatibility.md lists the Megatron-DeepSpeed flags"));
+      while (is_flag(a) && i + 1 < args.size() && !is_flag(args[i + 1])) ++i;  // its values, if any
+      continue;
+    }
     if (it->second.takes_value && !has_inline) {
-      if (i + 1 >= args.size()) throw config_error(a, a + " needs a value");
+      if (i + 1 >= args.size()) {
+        errors.push_back(config_error(a, a + " needs a value"));
+        break;
+      }
       value = args[++i];
       while (it->second.many && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) value += " " + args[++i];
     }
-    it->second.apply(cfg, value);
+    try {
+      it->second.apply(cfg, value);
+    } catch (const Error& e) {
+      errors.push_back(e);
+    }
     given.push_back(a);
   }
+  if (errors.size() == 1) throw errors[0];
+  if (!errors.empty()) {
+    std::string all;
+    for (const auto& e : errors) all += (all.empty() ? "" : "; ") + e.message();
+    throw config_error(errors[0].context().key, std::to_string(errors.size()) + " flags are not accepted: " + all,
+                       "see --help; docs/compatibility.md lists the Megatron-DeepSpeed flags and what each does here");
+  }
+  if (std::count(given.begin(), given.end(), "--bf16") && std::count(given.begin(), given.end(), "--fp16"))
+    throw config_error("--bf16", "--bf16 and --fp16 are both given", "give one of them");
   if (!cfg.ds_config_path.empty()) apply_ds_config(cfg.ds_config_path, cfg, given);
   return true;
-}
-
-void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vector<std::string>& flags_given) {
-  nlohmann::json j = JsonSection::load_file(path);
-  JsonSection root(j, path);
-  auto flag_given = [&](const char* f) { return std::find(flags_given.begin(), flags_given.end(), f) != flags_given.end(); };
-  // A value given as a flag and in the file must agree; otherwise the file fills it in.
-  // An int field from the file: in range, never wrapped (4294967300 is not 4).
-  auto i32 = [&](long long v, const std::string& key, long long min) {
-    if (v < min || v > INT_MAX)
-      throw Error("'" + key + "' = " + std::to_string(v) + " is out of range (" + std::to_string(min) + " to " +
-                      std::to_string(INT_MAX) + ")", Error::Context{path, key, ""});
-    return static_cast<int>(v);
-  };
-  auto merge_int = [&](std::optional<long long> v, int& field, const char* flag, const std::string& key) {
-    if (!v) return;
-    if (*v <= 0) throw Error("'" + key + "' must be positive", Error::Context{path, key, ""});
-    i32(*v, key, 1);
-    if (flag_given(flag) && field != *v)
-      throw Error("'" + key + "' = " + std::to_string(*v) + " disagrees with " + flag + " " + std::to_string(field),
-                  Error::Context{path, key, "give the value once, or make both agree"});
-    field = (int)*v;
-  };
-  merge_int(root.get_int("train_batch_size"), cfg.global_batch, "--global-batch-size", "train_batch_size");
-  merge_int(root.get_int("train_micro_batch_size_per_gpu"), cfg.micro_batch, "--micro-batch-size",
-            "train_micro_batch_size_per_gpu");
-  if (auto v = root.get_int("gradient_accumulation_steps")) {
-    if (*v <= 0) throw Error("'gradient_accumulation_steps' must be positive", Error::Context{path, "gradient_accumulation_steps", ""});
-    cfg.grad_accum = i32(*v, "gradient_accumulation_steps", 1);
-  }
-  if (auto v = root.get_number("gradient_clipping")) cfg.clip_grad = *v;
-  if (auto v = root.get_int("steps_per_print")) cfg.log_interval = i32(*v, "steps_per_print", 1);
-  apply_ds_monitors(root, cfg);  // wall_clock_breakdown, tensorboard, csv_monitor
-  apply_ds_data_efficiency(root, j, cfg.curriculum, cfg.random_ltd, cfg.metric_curriculum);  // curriculum_learning, data_efficiency
-  root.ignore("zero_allow_untested_optimizer");
-  root.ignore("prescale_gradients");
-  if (root.has("optimizer")) {
-    JsonSection opt = root.section("optimizer");
-    std::string type = opt.get_string("type").value_or("");
-    std::string lower = type;
-    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    if (lower != "adam" && lower != "adamw")
-      throw Error("optimizer type '" + type + "' is not supported", Error::Context{path, "optimizer.type", "use Adam or AdamW"});
-    JsonSection p = opt.section("params");
-    if (auto v = p.get_number("lr")) cfg.lr = *v;
-    if (p.has("betas")) {
-      p.ignore("betas");
-      // read betas by hand: it is a 2-array
-      const auto& b = j["optimizer"]["params"]["betas"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
-        throw Error("'optimizer.params.betas' must be an array of two numbers", Error::Context{path, "optimizer.params.betas", ""});
-      cfg.beta1 = b[0].get<double>();
-      cfg.beta2 = b[1].get<double>();
-    }
-    if (auto v = p.get_number("eps")) cfg.eps = *v;
-    if (auto v = p.get_number("weight_decay")) cfg.weight_decay = *v;
-    if (auto v = p.get_bool("adam_w_mode"); v && !*v)
-      throw Error("adam_w_mode false (L2-coupled Adam) is not supported", Error::Context{path, "optimizer.params.adam_w_mode", "use AdamW"});
-    if (auto v = p.get_number("max_grad_norm"); v && *v > 0) cfg.clip_grad = *v;  // DS moves it to gradient_clipping
-    p.ignore("torch_adam");
-    p.finish();
-    opt.finish();
-  }
-  if (root.has("scheduler")) {
-    JsonSection s = root.section("scheduler");
-    std::string type = s.get_string("type").value_or("");
-    JsonSection p = s.section("params");
-    auto wtype = [&] {
-      auto t = p.get_string("warmup_type").value_or("log");
-      if (t != "log" && t != "linear")
-        throw Error("warmup_type must be log or linear", Error::Context{path, "scheduler.params.warmup_type", ""});
-      cfg.ds_warmup_log = (t == "log");
-    };
-    if (type == "WarmupLR" || type == "WarmupDecayLR") {
-      cfg.lr_style = type == "WarmupLR" ? LrStyle::ds_warmup : LrStyle::ds_warmup_decay;
-      cfg.ds_warmup_min_lr = p.get_number("warmup_min_lr").value_or(0.0);
-      cfg.ds_warmup_max_lr = p.get_number("warmup_max_lr").value_or(0.001);
-      cfg.lr_warmup_iters = p.get_int("warmup_num_steps").value_or(1000);
-      wtype();
-      if (type == "WarmupDecayLR") {
-        auto t = p.get_int("total_num_steps");
-        if (!t) throw Error("WarmupDecayLR needs total_num_steps", Error::Context{path, "scheduler.params.total_num_steps", ""});
-        cfg.lr_decay_iters = *t;
-      }
-      cfg.lr = cfg.ds_warmup_max_lr;
-    } else if (type == "WarmupCosineLR") {
-      cfg.lr_style = LrStyle::ds_warmup_cosine;
-      auto t = p.get_int("total_num_steps");
-      if (!t) throw Error("WarmupCosineLR needs total_num_steps", Error::Context{path, "scheduler.params.total_num_steps", ""});
-      cfg.lr_decay_iters = *t;
-      cfg.ds_warmup_min_ratio = p.get_number("warmup_min_ratio").value_or(0.0);
-      cfg.ds_cos_min_ratio = p.get_number("cos_min_ratio").value_or(0.0001);
-      cfg.lr_warmup_iters = p.get_int("warmup_num_steps").value_or(1000);
-      wtype();
-    } else {
-      throw Error("scheduler type '" + type + "' is not supported", Error::Context{path, "scheduler.type",
-                  "use WarmupLR, WarmupDecayLR or WarmupCosineLR"});
-    }
-    p.finish();
-    s.finish();
-  }
-  bool fp16 = false, bf16 = false;
-  if (root.has("fp16")) {
-    JsonSection f = root.section("fp16");
-    fp16 = f.get_bool("enabled").value_or(false);
-    if (auto v = f.get_number("loss_scale")) cfg.loss_scale.static_scale = *v;
-    if (auto v = f.get_int("initial_scale_power")) cfg.loss_scale.initial_scale_power = i32(*v, "fp16.initial_scale_power", 0);
-    if (auto v = f.get_int("loss_scale_window")) cfg.loss_scale.window = i32(*v, "fp16.loss_scale_window", 1);
-    if (auto v = f.get_int("hysteresis")) cfg.loss_scale.hysteresis = i32(*v, "fp16.hysteresis", 1);
-    if (auto v = f.get_number("min_loss_scale")) cfg.loss_scale.min_scale = *v;
-    f.ignore("auto_cast");
-    f.ignore("consecutive_hysteresis");
-    f.finish();
-  }
-  for (const char* key : {"bf16", "bfloat16"}) {
-    if (root.has(key)) {
-      JsonSection b = root.section(key);
-      bf16 = bf16 || b.get_bool("enabled").value_or(false);
-      b.ignore("immediate_grad_update");
-      b.finish();
-    } else {
-      root.ignore(key);
-    }
-  }
-  if (fp16 && bf16) throw Error("fp16 and bf16 are both enabled", Error::Context{path, "fp16.enabled", "enable one"});
-  if (fp16) cfg.precision = PrecisionMode::fp16;
-  if (bf16) cfg.precision = PrecisionMode::bf16;
-  // Gradient reductions: in the training dtype (DeepSpeed's default) or in fp32.
-  if (auto v = root.get_string("communication_data_type")) {
-    const std::string train = cfg.precision == PrecisionMode::bf16 ? "bf16" : cfg.precision == PrecisionMode::fp16 ? "fp16" : "fp32";
-    if (*v != "fp32" && *v != train && !(*v == "bfp16" && train == "bf16"))
-      throw Error("communication_data_type '" + *v + "' with " + train + " training is not supported",
-                  Error::Context{path, "communication_data_type", "use \"" + train + "\" (the default) or \"fp32\""});
-    cfg.zero.fp32_communication = *v == "fp32";
-  }
-  if (root.has("aio")) {
-    JsonSection a = root.section("aio");
-    cfg.zero.aio = io::AioConfig::from_json(a);
-  }
-  if (root.has("zero_optimization")) {
-    JsonSection z = root.section("zero_optimization");
-    if (auto v = z.get_int("stage")) {
-      if (flag_given("--zero-stage") && cfg.zero.stage != *v)
-        throw Error("'zero_optimization.stage' = " + std::to_string(*v) + " disagrees with --zero-stage " +
-                        std::to_string(cfg.zero.stage),
-                    Error::Context{path, "zero_optimization.stage", "give the value once, or make both agree"});
-      cfg.zero.stage = i32(*v, "zero_optimization.stage", 0);
-    }
-    if (auto v = z.get_number("reduce_bucket_size")) cfg.zero.reduce_bucket_size = *v;
-    if (auto v = z.get_bool("overlap_comm")) cfg.zero.overlap_comm = *v;
-    if (auto v = z.get_number("stage3_prefetch_bucket_size")) cfg.zero.prefetch_bucket_size = *v;
-    if (auto v = z.get_number("stage3_param_persistence_threshold")) cfg.zero.param_persistence_threshold = *v;
-    if (auto v = z.get_number("stage3_max_live_parameters")) cfg.zero.max_live_parameters = *v;
-    // What these choose is how we always work: reduce-scatter and all-gather, contiguous buffers;
-    // allgather buckets are one block each.
-    for (const char* k : {"allgather_bucket_size", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
-                          "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save"})
-      z.ignore(k);
-    if (auto v = z.get_number("sub_group_size")) cfg.zero.sub_group_size = *v;
-    for (const char* k : {"offload_optimizer", "offload_param"}) {
-      if (!z.has(k)) continue;
-      JsonSection o = z.section(k);
-      parallel::OffloadConfig& oc = std::string(k) == "offload_optimizer" ? cfg.zero.offload_optimizer : cfg.zero.offload_param;
-      if (auto v = o.get_string("device")) oc.device = *v;
-      if (auto v = o.get_string("nvme_path")) oc.nvme_path = *v;
-      if (auto v = o.get_bool("pin_memory")) oc.pin_memory = *v;
-      if (auto v = o.get_int("buffer_count")) oc.buffer_count = i32(*v, std::string("zero_optimization.") + k + ".buffer_count", 2);
-      // The swap pipeline always reads ahead and writes behind (pipeline_read/write on); tiles are
-      // sized by sub_group_size; the rest has no effect here.
-      for (const char* ok : {"buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init"}) o.ignore(ok);
-      if (auto r = o.get_number("ratio"); r && *r != 1.0)
-        throw Error(std::string("zero_optimization.") + k + ".ratio " + std::to_string(*r) + " (partial offload) is not supported",
-                    Error::Context{path, std::string("zero_optimization.") + k + ".ratio", "use 1.0"});
-      o.finish();
-    }
-    z.finish();
-  }
-  root.finish();
 }
 
 void TrainConfig::finalize(int dp) {
@@ -444,8 +292,9 @@ void TrainConfig::finalize(int dp) {
     throw config_error("gradient_accumulation_steps", "gradient_accumulation_steps " + std::to_string(grad_accum) +
                                                           " does not match train_batch_size / (micro * dp) = " + std::to_string(ga) + where);
   grad_accum = ga;
+  finalize_samples(*this);  // --train-samples: train_iters from the global batch
   if (skip_train && train_iters <= 0) train_iters = 1;  // evaluation only: the schedule is never stepped
-  if (train_iters <= 0) throw config_error("--train-iters", "--train-iters must be positive");
+  if (train_iters <= 0) throw config_error("--train-iters", "--train-iters must be positive", "give --train-iters N (or --train-samples N)");
   // Every number is checked here, after all flags and the ds_config are read, so no check depends
   // on the order flags are given in; !(x >= a) also refuses NaN (no flag or key gives inf or NaN).
   auto finite = [](double x) { return std::isfinite(x); };
@@ -465,6 +314,11 @@ void TrainConfig::finalize(int dp) {
   if (lr_warmup_iters < 0) throw config_error("--lr-warmup-iters", "--lr-warmup-iters must be >= 0");
   if (lr_decay_iters < 0) throw config_error("--lr-decay-iters", "--lr-decay-iters must be >= 0 (0: --train-iters)");
   if (lr_decay_iters == 0) lr_decay_iters = train_iters;
+  if (lr_warmup_fraction >= 0) {  // Megatron: warmup = fraction x decay, in the run's unit
+    if (train_samples > 0) lr_warmup_samples = std::llround(lr_warmup_fraction * double(lr_decay_samples));
+    else lr_warmup_iters = std::llround(lr_warmup_fraction * double(lr_decay_iters));
+  }
+  if (!(exit_duration_mins >= 0)) throw config_error("--exit-duration-in-mins", "--exit-duration-in-mins must be >= 0 (0: no limit)");
   if (!(beta1 >= 0 && beta1 < 1)) throw config_error("--adam-beta1", "--adam-beta1 must be in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) throw config_error("--adam-beta2", "--adam-beta2 must be in [0, 1)");
   if (!(eps > 0 && finite(eps))) throw config_error("--adam-eps", "--adam-eps must be positive");
@@ -531,6 +385,10 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"lr_warmup_tokens", c.lr_warmup_tokens},
           {"lr_decay_tokens", c.lr_decay_tokens},
           {"train_tokens", c.train_tokens},
+          {"train_samples", c.train_samples},
+          {"lr_warmup_samples", c.lr_warmup_samples},
+          {"lr_decay_samples", c.lr_decay_samples},
+          {"exit_duration_in_mins", c.exit_duration_mins},
           {"lr_decay_iters", c.lr_decay_iters},
           {"lr_style", static_cast<int>(c.lr_style)},
           {"adam_beta1", c.beta1},

@@ -513,7 +513,10 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     }
     // Save and stop decisions are taken together by all ranks (a signal may reach only some).
     bool signalled = saving && grid_.world().allreduce_max(g_stop_flag ? 1.0 : 0.0) > 0;
-    bool exit_now = signalled || (cfg_.exit_interval > 0 && (it + 1) % cfg_.exit_interval == 0);
+    // --exit-duration-in-mins: Megatron's wall-clock limit, agreed by all ranks (clocks differ).
+    const bool out_of_time = cfg_.exit_duration_mins > 0 &&
+                             grid_.world().allreduce_max(total.seconds() / 60.0 >= cfg_.exit_duration_mins ? 1.0 : 0.0) > 0;
+    bool exit_now = signalled || out_of_time || (cfg_.exit_interval > 0 && (it + 1) % cfg_.exit_interval == 0);
     bool last = final_step;
     Timer ckpt;  // saving is not training throughput either: its time goes to the checkpoint timer
     if (async_) {  // a background save finished? (one tiny all-reduce per iteration while one runs)
@@ -541,9 +544,10 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     clock_->seconds[detail::kCheckpoint] += ckpt.seconds();
     excluded += ckpt.seconds();
     if (exit_now) {
-      sum.exit_reason = signalled ? "signal" : "exit_interval";
+      sum.exit_reason = signalled ? "signal" : out_of_time ? "exit_duration" : "exit_interval";
       if (root)
-        std::cout << (signalled ? "> stop requested by a signal: " : "> exit interval reached: ")
+        std::cout << (signalled ? "> stop requested by a signal: "
+                                : out_of_time ? "> --exit-duration-in-mins reached: " : "> exit interval reached: ")
                   << "exiting after iteration " << it + 1 << std::endl;
       ++it;
       break;

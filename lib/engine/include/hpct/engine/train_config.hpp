@@ -63,6 +63,11 @@ struct TrainConfig {
   // Megatron-DeepSpeed's token-based schedule (0: not given): warmup and decay by consumed tokens,
   // and a stop when --train-tokens are consumed (what sequence-length warmup is paired with).
   long long lr_warmup_tokens = 0, lr_decay_tokens = 0, train_tokens = 0;
+  // Megatron's sample-based runs (train_config_compat.cpp): --train-samples sets train_iters =
+  // samples / global batch, warmup and decay counted in samples ((step + 1) x global batch).
+  long long train_samples = 0, lr_warmup_samples = 0, lr_decay_samples = 0;
+  double lr_warmup_fraction = -1;  // --lr-warmup-fraction (-1: not given): warmup = fraction x decay
+  double exit_duration_mins = 0;   // --exit-duration-in-mins: save and stop after this long (0: never)
   LrStyle lr_style = LrStyle::linear;
   double ds_warmup_min_lr = 0, ds_warmup_max_lr = 0.001, ds_warmup_min_ratio = 0, ds_cos_min_ratio = 0.0001;
   bool ds_warmup_log = true;
@@ -123,7 +128,9 @@ struct TrainConfig {
     double cpu_memory_gb = -1;
     double nvme_gb = -1;
   } estimate;
-  bool vocab_size_given = false;  // --vocab-size was given (the estimate otherwise assumes GPT-2's 50257)
+  bool vocab_size_given = false;
+  // Flags accepted without effect (Megatron-DeepSpeed recipes pass them): one line each, printed at start.
+  std::vector<std::string> notes;  // --vocab-size was given (the estimate otherwise assumes GPT-2's 50257)
 
   /// Every rank calls it with the same dp; throws config_error naming the flag or key.
   void finalize(int dp);

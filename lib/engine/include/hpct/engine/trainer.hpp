@@ -59,7 +59,7 @@ struct TrainSummary {
   long long skipped_iterations = 0;
   long long start_iteration = 0;       // > 0 when resumed from a checkpoint
   long long last_iteration = 0;        // the iteration training stopped after
-  std::string exit_reason = "completed";  // "completed", "exit_interval", "signal", "train_tokens"
+  std::string exit_reason = "completed";  // "completed", "exit_interval", "exit_duration", "signal", "train_tokens"
   std::vector<std::string> saved;      // checkpoint files written, in order
   struct Save {
     long long iteration = 0;

@@ -1,0 +1,171 @@
+// Megatron-DeepSpeed's flags that recipes pass and that change nothing here (accepted, one note
+// line each), aliases, sample-based runs, and what we refuse by name with the reason. Every flag
+// of the recipes in docs/compatibility.md is in the main table, here, or refused here.
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flag_parse.hpp"
+#include "hpct/core/error.hpp"
+
+namespace hpct::engine::detail {
+
+namespace {
+
+using Apply = std::function<void(TrainConfig&, const std::string&)>;
+
+// A switch that changes nothing here: accepted, and the run says so once.
+FlagSpec no_op(const char* flag, const char* why) {
+  return {false, [flag, why](TrainConfig& c, const std::string&) { c.notes.push_back(std::string(flag) + " has no effect here: " + why); },
+          why};
+}
+
+// A valued flag whose accepted values change nothing here; any other value is refused by name.
+FlagSpec no_op_values(const char* flag, std::vector<std::string> ok, const char* why, const char* refusal) {
+  std::string list;
+  for (const auto& v : ok) list += (list.empty() ? "" : ", ") + v;
+  return {true,
+          [flag, ok, why, refusal, list](TrainConfig& c, const std::string& v) {
+            for (const auto& o : ok)
+              if (v == o) {
+                c.notes.push_back(std::string(flag) + " " + v + " has no effect here: " + why);
+                return;
+              }
+            throw config_error(flag, std::string(flag) + " " + printable(v) + ": " + refusal, "accepted: " + list);
+          },
+          why};
+}
+
+// A flag for something this version does not have: refused whatever its value, with the reason.
+FlagSpec refused(const char* flag, bool takes_value, const char* why, const char* hint, bool many = false) {
+  return {takes_value, [flag, why, hint](TrainConfig&, const std::string&) { throw config_error(flag, std::string(flag) + ": " + why, hint); },
+          why, many};
+}
+
+// A number this version only has at 0 (what it always does): 0 is accepted, anything else refused.
+FlagSpec zero_only(const char* flag, const char* why) {
+  return {true,
+          [flag, why](TrainConfig&, const std::string& v) {
+            if (to_double(flag, v) != 0) throw config_error(flag, std::string(flag) + " " + printable(v) + ": " + why, "drop it, or give 0");
+          },
+          "accepted at 0 only: dropout is not implemented yet"};
+}
+
+Apply recompute(const char* flag) {
+  return [flag](TrainConfig& c, const std::string& v) {
+    if (!v.empty() && v != "full" && v != "selective")
+      throw config_error(flag, std::string(flag) + " must be full or selective, got '" + printable(v) + "'");
+    c.recompute_activations = true;
+    if (v == "selective" || std::string(flag) == "--recompute-activations")
+      c.notes.push_back(std::string(flag) + (v.empty() ? "" : " " + v) +
+                        ": selective recomputation is not implemented; whole layers are recomputed (same results, more compute)");
+  };
+}
+
+FlagSpec samples(long long TrainConfig::*field, const char* flag, const char* help) {
+  return {true, [field, flag](TrainConfig& c, const std::string& v) { c.*field = to_int_min(flag, v, 0); }, help};
+}
+
+}  // namespace
+
+void add_compat_flags(FlagTable& t) {
+  const char* speed = "a kernel-fusion or overlap choice of Megatron's CUDA path; the results are the same";
+  const std::vector<std::pair<std::string, FlagSpec>> compat = {
+      // Accepted without effect: what they choose is how this version always works.
+      {"--num-workers", no_op_values("--num-workers", {"0", "1", "2", "4", "8", "16"}, "the dataset is memory-mapped and read by the training thread", "expects a small worker count")},
+      {"--data-impl", no_op_values("--data-impl", {"mmap", "infer"}, "indexed datasets are always read as mmap (.bin/.idx)", "only the mmap indexed format is read (see preprocess_data)")},
+      {"--distributed-backend", no_op_values("--distributed-backend", {"nccl", "gloo", "mpi", "ccl"}, "ranks communicate over MPI (and NCCL between GPUs)", "is not a backend Megatron knows")},
+      {"--tokenizer-type", no_op_values("--tokenizer-type", {"GPT2BPETokenizer"}, "the tokenizer is GPT-2's BPE from --vocab-file/--merge-file", "only GPT2BPETokenizer is implemented")},
+      {"--DDP-impl", no_op_values("--DDP-impl", {"local", "torch"}, "data-parallel gradients are reduced by the ZeRO engine", "expects local or torch")},
+      {"--pipeline-model-parallel-size", no_op_values("--pipeline-model-parallel-size", {"1"}, "pipeline parallelism is off (size 1)", "pipeline parallelism is not implemented; ZeRO-3 and tensor parallelism split the model instead")},
+      {"--ds-sequence-parallel-size", no_op_values("--ds-sequence-parallel-size", {"1"}, "DeepSpeed-Ulysses sequence parallelism is off (size 1)", "DeepSpeed-Ulysses sequence parallelism is not implemented (Megatron's --sequence-parallel is)")},
+      {"--checkpoint-num-layers", no_op_values("--checkpoint-num-layers", {"1"}, "with --checkpoint-activations every layer is recomputed on its own", "recomputing groups of layers is not implemented")},
+      {"--recompute-num-layers", no_op_values("--recompute-num-layers", {"1"}, "with recomputation every layer is recomputed on its own", "recomputing groups of layers is not implemented")},
+      {"--recompute-method", no_op_values("--recompute-method", {"uniform", "block"}, "every layer is recomputed on its own (one layer per group)", "expects uniform or block")},
+      {"--optimizer", no_op_values("--optimizer", {"adam", "adamw"}, "the optimizer is AdamW (Megatron's adam, decoupled weight decay)", "only Adam(W) is implemented")},
+      {"--no-pipeline-parallel", no_op("--no-pipeline-parallel", "pipeline parallelism is never used")},
+      {"--no-masked-softmax-fusion", no_op("--no-masked-softmax-fusion", speed)},
+      {"--no-bias-gelu-fusion", no_op("--no-bias-gelu-fusion", speed)},
+      {"--no-bias-dropout-fusion", no_op("--no-bias-dropout-fusion", speed)},
+      {"--no-gradient-accumulation-fusion", no_op("--no-gradient-accumulation-fusion", speed)},
+      {"--no-persist-layer-norm", no_op("--no-persist-layer-norm", speed)},
+      {"--no-async-tensor-model-parallel-allreduce", no_op("--no-async-tensor-model-parallel-allreduce", speed)},
+      {"--use-flash-attn", no_op("--use-flash-attn", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
+      {"--use-flash-attn-v1", no_op("--use-flash-attn-v1", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
+      {"--use-flash-attn-v2", no_op("--use-flash-attn-v2", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
+      {"--use-flash-attn-triton", no_op("--use-flash-attn-triton", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
+      {"--no-query-key-layer-scaling", no_op("--no-query-key-layer-scaling", "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once")},
+      {"--apply-query-key-layer-scaling", no_op("--apply-query-key-layer-scaling", "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once")},
+      {"--attention-softmax-in-fp32", no_op("--attention-softmax-in-fp32", "the softmax is always computed in fp32")},
+      {"--fp16-lm-cross-entropy", no_op("--fp16-lm-cross-entropy", "the loss is always computed in fp32")},
+      {"--override-opt_param-scheduler", no_op("--override-opt_param-scheduler", "the learning-rate schedule always comes from this run's flags")},
+      {"--universal-checkpoint", no_op("--universal-checkpoint", "checkpoints are topology-free already: any rank count, ZeRO stage and tensor-parallel size loads them")},
+      {"--partition-activations", no_op("--partition-activations", "recomputed layers keep only their input, whole, on each rank")},
+      {"--contigious-checkpointing", no_op("--contigious-checkpointing", "recomputed layers' inputs are kept in one buffer each")},
+      {"--synchronize-each-layer", no_op("--synchronize-each-layer", "a debugging aid of DeepSpeed's activation checkpointing")},
+      {"--profile-backward", no_op("--profile-backward", "the timers (--timing-log-level) report backward times")},
+      {"--deepspeed_mpi", no_op("--deepspeed_mpi", "ranks are always started by MPI (mpirun or srun)")},
+      {"--cpu-optimizer", no_op("--cpu-optimizer", "the optimizer step runs where zero_optimization.offload_optimizer puts it")},
+      {"--accumulate-allreduce-grads-in-fp32", {false, [](TrainConfig& c, const std::string&) { c.zero.fp32_communication = true; }, "reduce gradients in fp32 (the ds_config's communication_data_type fp32)"}},
+      // Aliases.
+      {"--deepspeed-activation-checkpointing", {false, recompute("--deepspeed-activation-checkpointing"), "recompute each layer in backward (= --checkpoint-activations)"}},
+      {"--recompute-activations", {false, recompute("--recompute-activations"), "recompute in backward (whole layers here)"}},
+      {"--recompute-granularity", {true, recompute("--recompute-granularity"), "full | selective: recompute each layer in backward (whole layers here)"}},
+      {"--deepscale", {false, [](TrainConfig&, const std::string&) {}, "DeepSpeed's old name of --deepspeed"}},
+      {"--deepscale_config", {true, [](TrainConfig& c, const std::string& v) { c.ds_config_path = v; }, "DeepSpeed's old name of --deepspeed_config"}},
+      // Sample-based runs (Megatron's rules; train_config.cpp's finalize checks their combinations).
+      {"--train-samples", samples(&TrainConfig::train_samples, "--train-samples", "train on this many samples: --train-iters = samples / --global-batch-size (instead of --train-iters)")},
+      {"--lr-warmup-samples", samples(&TrainConfig::lr_warmup_samples, "--lr-warmup-samples", "with --train-samples: linear warmup over this many samples")},
+      {"--lr-decay-samples", samples(&TrainConfig::lr_decay_samples, "--lr-decay-samples", "with --train-samples: decay over this many samples (default --train-samples)")},
+      {"--lr-warmup-fraction", {true, [](TrainConfig& c, const std::string& v) { c.lr_warmup_fraction = to_double("--lr-warmup-fraction", v); }, "warmup over this fraction of the decay (instead of --lr-warmup-iters/-samples)"}},
+      {"--exit-duration-in-mins", {true, [](TrainConfig& c, const std::string& v) { c.exit_duration_mins = to_double("--exit-duration-in-mins", v); }, "save and exit once the run has trained this many minutes (checked every iteration, agreed by all ranks)"}},
+      // Refused by name: what this version does not have.
+      {"--rampup-batch-size", refused("--rampup-batch-size", true, "batch-size ramp-up is not implemented yet", "drop it (the global batch is fixed from the first step)", true)},
+      {"--checkpoint-in-cpu", refused("--checkpoint-in-cpu", false, "moving recomputation checkpoints to CPU memory is not implemented", "drop it; ZeRO offload moves optimizer states and parameters instead")},
+      {"--use-checkpoint-opt_param-scheduler", refused("--use-checkpoint-opt_param-scheduler", false, "the learning-rate schedule always comes from this run's flags", "give the schedule flags the checkpoint was trained with")},
+      {"--onebitadam", refused("--onebitadam", false, "1-bit Adam is not implemented", "drop it (AdamW)")},
+      {"--num-layers-per-virtual-pipeline-stage", refused("--num-layers-per-virtual-pipeline-stage", true, "pipeline parallelism is not implemented", "drop it")},
+      {"--train-doc-idx-path", refused("--train-doc-idx-path", true, "Megatron's .npy sample-index files are not read: the index is built from --data-path, --split and --seed", "drop it (a data-metric curriculum takes the analyzer's files in the ds_config)")},
+      {"--train-sample-idx-path", refused("--train-sample-idx-path", true, "Megatron's .npy sample-index files are not read: the index is built from --data-path, --split and --seed", "drop it (a data-metric curriculum takes the analyzer's files in the ds_config)")},
+      {"--train-shuffle-idx-path", refused("--train-shuffle-idx-path", true, "Megatron's .npy sample-index files are not read: the index is built from --data-path, --split and --seed", "drop it (a data-metric curriculum takes the analyzer's files in the ds_config)")},
+      {"--use-rotary-position-embeddings", refused("--use-rotary-position-embeddings", false, "rotary position embeddings are not implemented (the GPT has learned absolute positions)", "drop it")},
+      {"--rotary-percent", refused("--rotary-percent", true, "rotary position embeddings are not implemented (the GPT has learned absolute positions)", "drop it")},
+      {"--attention-dropout", zero_only("--attention-dropout", "dropout is not implemented yet (the model trains without it)")},
+      {"--hidden-dropout", zero_only("--hidden-dropout", "dropout is not implemented yet (the model trains without it)")},
+  };
+  for (const auto& [name, spec] : compat)
+    if (!t.emplace(name, spec).second) throw Error("internal: flag " + name + " is defined twice");  // each flag has one meaning
+}
+
+void finalize_samples(TrainConfig& c) {
+  if (c.lr_warmup_fraction != -1 && !(c.lr_warmup_fraction >= 0 && c.lr_warmup_fraction <= 1))
+    throw config_error("--lr-warmup-fraction", "--lr-warmup-fraction must be in [0, 1]");
+  if (c.lr_warmup_fraction >= 0 && (c.lr_warmup_iters > 0 || c.lr_warmup_samples > 0 || c.lr_warmup_tokens > 0))
+    throw config_error("--lr-warmup-fraction", "--lr-warmup-fraction and another warmup length are both given", "give one of them");
+  if (c.train_samples == 0) {
+    for (auto [v, flag] : {std::pair<long long, const char*>{c.lr_warmup_samples, "--lr-warmup-samples"}, {c.lr_decay_samples, "--lr-decay-samples"}})
+      if (v > 0) throw config_error(flag, std::string(flag) + " belongs to sample-based runs, but --train-samples is not given",
+                                    "give --train-samples (and no --train-iters), or use the -iters flags");
+    return;
+  }
+  // Megatron's rule: a run counts in iterations or in samples, not both.
+  if (c.train_iters > 0)
+    throw config_error("--train-samples", "--train-samples and --train-iters both set the run's length", "give one of them");
+  for (auto [v, flag] : {std::pair<long long, const char*>{c.lr_warmup_iters, "--lr-warmup-iters"}, {c.lr_decay_iters, "--lr-decay-iters"}})
+    if (v > 0) throw config_error(flag, std::string(flag) + " belongs to iteration-based runs, but --train-samples is given",
+                                  "use --lr-warmup-samples / --lr-decay-samples");
+  if (c.lr_style >= LrStyle::ds_warmup)
+    throw config_error("--train-samples", "--train-samples schedules Megatron's --lr-decay-style, not the ds_config's scheduler block",
+                       "remove the ds_config's scheduler, or give --train-iters");
+  c.train_iters = c.train_samples / c.global_batch;
+  if (c.train_iters <= 0)
+    throw config_error("--train-samples", "--train-samples " + std::to_string(c.train_samples) + " is less than one global batch (" +
+                                              std::to_string(c.global_batch) + ")");
+  if (c.lr_decay_samples == 0) c.lr_decay_samples = c.train_samples;
+  if (c.lr_warmup_samples > c.lr_decay_samples)
+    throw config_error("--lr-warmup-samples", "--lr-warmup-samples " + std::to_string(c.lr_warmup_samples) +
+                                                  " exceeds the decay's " + std::to_string(c.lr_decay_samples));
+}
+
+}  // namespace hpct::engine::detail

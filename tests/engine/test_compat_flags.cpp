@@ -1,0 +1,135 @@
+// Megatron-DeepSpeed recipes' flags (train_config_compat.cpp, train_config_ds.cpp): every refused
+// flag named in one error, no-op flags accepted with a note each, a flag and a ds_config value that
+// disagree refused naming both, sample-based runs with Megatron's schedule (hand values).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "hpct/core/error.hpp"
+#include "hpct/engine/schedules.hpp"
+#include "hpct/engine/train_config.hpp"
+
+using namespace hpct;
+using engine::TrainConfig;
+
+namespace {
+
+std::vector<std::string> base() {
+  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+          "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3", "--mock-data", "--vocab-size", "100"};
+}
+std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<std::string> more) {
+  a.insert(a.end(), more);
+  return a;
+}
+std::string error_of(const std::vector<std::string>& a, TrainConfig* out = nullptr) {
+  TrainConfig c;
+  try {
+    engine::parse_args(a, c);
+    c.finalize(2);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (out) *out = c;
+  return "";
+}
+std::string file(const std::string& name, const std::string& text) {
+  const std::string p = ::testing::TempDir() + name;
+  std::ofstream(p) << text;
+  return p;
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(RecipeFlags, EveryUnknownOrRefusedFlagInOneError) {
+  const std::string e = error_of(with(base(), {"--train-iters", "5", "--frobnicate", "3", "--pipeline-model-parallel-size", "2",
+                                               "--no-such-switch", "--rampup-batch-size", "16", "16", "1000", "--colour", "red"}));
+  EXPECT_TRUE(has(e, "5 flags are not accepted")) << e;
+  for (const char* f : {"'--frobnicate'", "--pipeline-model-parallel-size 2: pipeline parallelism is not implemented", "'--no-such-switch'",
+                        "--rampup-batch-size: batch-size ramp-up is not implemented", "'--colour'"})
+    EXPECT_TRUE(has(e, f)) << f << " missing from: " << e;
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 0) << "one line";
+  // One problem keeps its own key and hint.
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--tokenizer-type", "SentencePieceTokenizer"})),
+                  "only GPT2BPETokenizer is implemented"));
+}
+
+TEST(RecipeFlags, NoOpFlagsAcceptedWithOneNoteEach) {
+  TrainConfig c;
+  const std::vector<std::string> noops = {"--num-workers", "0", "--data-impl", "mmap", "--distributed-backend", "nccl",
+                                          "--tokenizer-type", "GPT2BPETokenizer", "--pipeline-model-parallel-size", "1",
+                                          "--no-pipeline-parallel", "--no-async-tensor-model-parallel-allreduce",
+                                          "--no-gradient-accumulation-fusion", "--use-flash-attn", "--override-opt_param-scheduler"};
+  ASSERT_EQ(error_of(with(with(base(), {"--train-iters", "5"}), {}), nullptr), "");
+  std::vector<std::string> a = with(base(), {"--train-iters", "5"});
+  a.insert(a.end(), noops.begin(), noops.end());
+  ASSERT_EQ(error_of(a, &c), "");
+  EXPECT_EQ(c.notes.size(), 10u);
+  for (const auto& n : c.notes) EXPECT_TRUE(has(n, "has no effect here: ")) << n;
+  // Aliases of recomputation; dropout only at 0 (what this version does).
+  EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--deepspeed-activation-checkpointing"}), &c), "");
+  EXPECT_TRUE(c.recompute_activations);
+  EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--recompute-granularity", "full", "--recompute-method", "uniform",
+                                   "--recompute-num-layers", "1", "--hidden-dropout", "0", "--attention-dropout", "0.0"}), &c), "");
+  EXPECT_TRUE(c.recompute_activations);
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--hidden-dropout", "0.1"})), "--hidden-dropout 0.1: dropout is not implemented"));
+}
+
+TEST(RecipeFlags, FlagAndDsConfigMustAgree) {
+  const std::vector<std::string> a = with(base(), {"--train-iters", "5", "--clip-grad", "1.0", "--log-interval", "10", "--fp16", "--hysteresis", "2"});
+  auto run = [&](const std::string& json) { return error_of(with(a, {"--deepspeed_config", file("agree.json", json)})); };
+  // The rebase recipes' own file agrees with their flags.
+  EXPECT_EQ(run(R"({"train_batch_size": 8, "steps_per_print": 10, "gradient_clipping": 1.0, "prescale_gradients": false,
+                    "fp16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1,
+                             "initial_scale_power": 11}, "wall_clock_breakdown": false})"), "");
+  struct Case { const char* json; const char* want; };
+  for (const Case& k : {Case{R"({"gradient_clipping": 0.5})", "'gradient_clipping' = 0.5 disagrees with --clip-grad 1"},
+                        Case{R"({"steps_per_print": 1})", "'steps_per_print' = 1 disagrees with --log-interval 10"},
+                        Case{R"({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}})", "'optimizer.params.lr' = 0.0003 disagrees with --lr 0.001"},
+                        Case{R"({"bf16": {"enabled": true}})", "bf16.enabled = true disagrees with --fp16"},
+                        Case{R"({"fp16": {"enabled": false}})", "fp16.enabled = false disagrees with --fp16"},
+                        Case{R"({"fp16": {"enabled": true, "hysteresis": 4}})", "'fp16.hysteresis' = 4 disagrees with --hysteresis 2"}}) {
+    const std::string e = run(k.json);
+    EXPECT_TRUE(has(e, k.want)) << k.json << " -> " << e;
+    EXPECT_TRUE(has(e, "agree.json")) << e;
+  }
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--bf16", "--fp16"})), "--bf16 and --fp16 are both given"));
+}
+
+TEST(RecipeFlags, SectionsThatAreOffAreAccepted) {
+  const std::string p = file("off.json", R"({"train_batch_size": 8, "curriculum_learning": {"enabled": false},
+      "data_efficiency": {"enabled": false}, "flops_profiler": {"enabled": false}, "wandb": {"enabled": false},
+      "comms_logger": {"enabled": false}, "compression_training": {"enabled": false}})");
+  EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", p})), "");
+  const std::string on = file("on.json", R"({"train_batch_size": 8, "flops_profiler": {"enabled": true}})");
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", on})), "flops_profiler"));
+}
+
+// Megatron's OptimizerParamScheduler in samples: after step t (0-based) (t+1) x 8 samples are
+// consumed; warmup 100 samples, cosine decay to 800. Hand values: step 0 -> 8/100 of the peak;
+// step 11 -> 96/100; step 49 -> 400 samples, ratio (400-100)/700 = 3/7, lr = min + (max-min) x
+// (cos(3pi/7)+1)/2; step 99 -> 800 samples: min_lr; past it min_lr.
+TEST(RecipeFlags, SampleBasedScheduleIsMegatrons) {
+  TrainConfig c;
+  ASSERT_EQ(error_of(with(base(), {"--train-samples", "1000", "--lr-warmup-samples", "100", "--lr-decay-samples", "800",
+                                   "--lr-decay-style", "cosine", "--min-lr", "1e-4"}), &c), "");
+  EXPECT_EQ(c.train_iters, 125);  // 1000 / 8
+  EXPECT_DOUBLE_EQ(engine::learning_rate(c, 0), 1e-3 * 0.08);
+  EXPECT_DOUBLE_EQ(engine::learning_rate(c, 11), 1e-3 * 0.96);
+  EXPECT_NEAR(engine::learning_rate(c, 49), 1e-4 + 9e-4 * 0.5 * (std::cos(M_PI * 3.0 / 7.0) + 1), 1e-15);
+  EXPECT_DOUBLE_EQ(engine::learning_rate(c, 99), 1e-4);
+  EXPECT_DOUBLE_EQ(engine::learning_rate(c, 120), 1e-4);
+  // --lr-decay-samples defaults to --train-samples; --lr-warmup-fraction is a share of the decay.
+  ASSERT_EQ(error_of(with(base(), {"--train-samples", "1000", "--lr-warmup-fraction", "0.1"}), &c), "");
+  EXPECT_EQ(c.lr_decay_samples, 1000);
+  EXPECT_EQ(c.lr_warmup_samples, 100);
+  ASSERT_EQ(error_of(with(base(), {"--train-iters", "50", "--lr-warmup-fraction", "0.2"}), &c), "");
+  EXPECT_EQ(c.lr_warmup_iters, 10);
+  // Megatron's rule: iterations or samples, not both.
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-samples", "1000", "--train-iters", "10"})), "--train-samples and --train-iters"));
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-samples", "1000", "--lr-warmup-iters", "10"})), "--lr-warmup-iters belongs to iteration-based"));
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "10", "--lr-decay-samples", "10"})), "--lr-decay-samples belongs to sample-based"));
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-samples", "4"})), "less than one global batch"));
+}
