@@ -82,6 +82,9 @@ static int run(int argc, char** argv) {
     return 0;
   }
   if (cfg.mock_data) throw config_error("--mock-data", "analyze_data reads a real dataset", "give --data-path PREFIX");
+  if (cfg.data_path.size() != 1 || !cfg.train_data_path.empty())
+    throw config_error(cfg.data_path.size() > 1 ? "--data-path" : "--train-data-path", "analyze_data indexes one dataset, not a blend",
+                       "give --data-path PREFIX (the curriculum's dataset)");
   engine::TrainData data = engine::build_train_data(cfg, 1, false);
   const auto* train = dynamic_cast<const io::GptDataset*>(data.train.get());
   if (!train) throw Error("analyze_data: the training set is not an indexed dataset");

@@ -1,11 +1,13 @@
-// Datasets of a run: mock tokens, or a Megatron indexed dataset split by documents into
-// train/valid (Megatron's --split), with a unigram baseline to judge what the model learned.
+// Datasets of a run: mock tokens, prompt/response lines, or Megatron indexed datasets split by
+// documents into train/valid (Megatron's --split; a unigram baseline judges what the model learned),
+// blended by weight (--data-path w1 p1 w2 p2 ...), or given per split (--train/valid-data-path).
 #include "hpct/engine/data.hpp"
 
 #include <cmath>
 #include <cstdio>
 
 #include "hpct/core/error.hpp"
+#include "hpct/io/blended_dataset.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
 #include "hpct/io/prompt_response_dataset.hpp"
@@ -44,6 +46,52 @@ double unigram_perplexity(const io::IndexedDataset& ds, std::pair<size_t, size_t
   return n > 0 ? std::exp(nll / n) : 0.0;
 }
 
+namespace {
+
+// One split of Megatron's blend: each prefix's documents of `part` of --split (-1: all of them), a
+// GptDataset of Megatron's ceil(w x samples x 1.005) samples each, blended by weight; one prefix
+// is that dataset alone. nullptr where no dataset has documents in the part (no validation).
+std::shared_ptr<io::TokenDataset> blend(const std::vector<std::string>& prefixes, const std::vector<double>& weights, int part,
+                                        size_t samples, const TrainConfig& cfg, const char* flag, const char* what, bool verbose) {
+  const size_t T = cfg.model.max_seq_length;
+  const std::vector<double> w = weights.empty() ? std::vector<double>(prefixes.size(), 1.0) : weights;
+  struct Source {
+    std::shared_ptr<io::IndexedDataset> ds;
+    std::pair<size_t, size_t> docs;
+    double weight;
+  };
+  std::vector<Source> src;
+  std::string report;
+  for (size_t k = 0; k < prefixes.size(); ++k) {
+    auto ds = std::make_shared<io::IndexedDataset>(io::IndexedDataset::open(prefixes[k]));
+    std::pair<size_t, size_t> docs{0, ds->num_documents()};
+    if (part >= 0) docs = io::split_document_ranges(cfg.split, ds->num_documents())[(size_t)part];
+    if (docs.second <= docs.first) {
+      if (part == 0)
+        throw config_error(flag, "the split '" + cfg.split + "' leaves " + prefixes[k] + " no training documents");
+      continue;  // Megatron skips a dataset without documents in a split
+    }
+    src.push_back({ds, docs, w[k]});
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " (weight %.4g, docs [%zu, %zu))", w[k], docs.first, docs.second);
+    report += (report.empty() ? "" : ", ") + prefixes[k] + buf;
+  }
+  std::vector<double> kept;
+  for (const auto& x : src) kept.push_back(x.weight);
+  const std::vector<size_t> need = io::BlendedDataset::samples_needed(kept, samples);
+  std::vector<std::shared_ptr<const io::TokenDataset>> parts;
+  for (size_t k = 0; k < src.size(); ++k)
+    parts.push_back(std::make_shared<io::GptDataset>(src[k].ds, src[k].docs, src.size() == 1 ? samples : need[k], T, cfg.seed));
+  if (parts.empty()) return nullptr;
+  if (verbose)
+    std::printf("> %s data: %s%s\n", what, report.c_str(),
+                parts.size() > 1 ? (", blended as Megatron's BlendableDataset over " + std::to_string(samples) + " samples").c_str() : "");
+  if (parts.size() == 1) return std::const_pointer_cast<io::TokenDataset>(parts[0]);
+  return std::make_shared<io::BlendedDataset>(parts, kept, samples);
+}
+
+}  // namespace
+
 TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
   TrainData out;
   const size_t T = cfg.model.max_seq_length;
@@ -53,15 +101,19 @@ TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
     out.valid = std::make_shared<io::MockGptDataset>(cfg.model.vocab_size, T, cfg.seed + 1000003);
     return out;
   }
-  if (cfg.data_path.size() != 1)
-    throw config_error("--data-path", "blended datasets (several --data-path prefixes) are not supported yet",
-                       "give one prefix");
+  const bool apart = !cfg.train_data_path.empty();  // --train-data-path: whole datasets per split
+  if (cfg.data_path.size() > 1 || apart)
+    for (const auto* v : {&cfg.data_path, &cfg.train_data_path, &cfg.valid_data_path})
+      for (const auto& p : *v)
+        if (p.size() > 6 && p.compare(p.size() - 6, 6, ".jsonl") == 0)
+          throw config_error(v == &cfg.data_path ? "--data-path" : v == &cfg.train_data_path ? "--train-data-path" : "--valid-data-path",
+                             "prompt/response files (" + p + ") are not blended", "give one FILE.jsonl as --data-path");
   if (cfg.vocab_file.empty() || cfg.merge_file.empty())
     throw config_error(cfg.vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
   auto tok = io::Gpt2Tokenizer::from_files(cfg.vocab_file, cfg.merge_file);
   cfg.model.vocab_size = (int)tok.vocab_size();
-  const std::string& path = cfg.data_path[0];
-  if (path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {  // prompt/response examples
+  const std::string& path = apart ? cfg.train_data_path[0] : cfg.data_path[0];
+  if (!apart && cfg.data_path.size() == 1 && path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {  // prompt/response examples
     auto all = io::read_prompt_response(path, tok, cfg.prompt_key, cfg.response_key);
     const size_t n = all.size();
     auto r = io::split_document_ranges(cfg.split, n);
@@ -78,12 +130,23 @@ TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
     out.train = train;
     return out;
   }
-  auto ds = std::make_shared<io::IndexedDataset>(io::IndexedDataset::open(cfg.data_path[0]));
-  auto ranges = io::split_document_ranges(cfg.split, ds->num_documents());
   // Enough samples for every step (and the evaluations) without wrapping around.
   long long gb = cfg.global_batch > 0 ? cfg.global_batch : (long long)cfg.micro_batch * dp * std::max(1, cfg.grad_accum);
-  size_t train_samples = (size_t)std::max(1LL, cfg.train_iters * gb);
-  size_t eval_samples = (size_t)std::max(1LL, (long long)cfg.eval_iters * gb);
+  const size_t train_samples = (size_t)std::max(1LL, cfg.train_samples > 0 ? cfg.train_samples : cfg.train_iters * gb);
+  const size_t eval_samples = (size_t)std::max(1LL, (long long)cfg.eval_iters * gb);
+  if (apart) {
+    out.train = blend(cfg.train_data_path, cfg.train_data_weights, -1, train_samples, cfg, "--train-data-path", "training", verbose);
+    if (!cfg.valid_data_path.empty())
+      out.valid = blend(cfg.valid_data_path, cfg.valid_data_weights, -1, eval_samples, cfg, "--valid-data-path", "validation", verbose);
+    return out;
+  }
+  if (cfg.data_path.size() > 1) {  // Megatron's blend, each dataset split by --split
+    out.train = blend(cfg.data_path, cfg.data_weights, 0, train_samples, cfg, "--data-path", "training", verbose);
+    out.valid = blend(cfg.data_path, cfg.data_weights, 1, eval_samples, cfg, "--data-path", "validation", verbose);
+    return out;
+  }
+  auto ds = std::make_shared<io::IndexedDataset>(io::IndexedDataset::open(cfg.data_path[0]));
+  auto ranges = io::split_document_ranges(cfg.split, ds->num_documents());
   if (ranges[0].second <= ranges[0].first)
     throw config_error("--split", "the split '" + cfg.split + "' leaves no training documents");
   out.train = std::make_shared<io::GptDataset>(ds, ranges[0], train_samples, T, cfg.seed);

@@ -65,6 +65,29 @@ static LrStyle parse_style(const std::string& key, const std::string& v) {
 }
 
 
+// Megatron's data-path list: one prefix, or weight/prefix pairs (weights first).
+static void parse_blend(const char* flag, const std::string& v, std::vector<std::string>& prefixes, std::vector<double>& weights) {
+  std::vector<std::string> tok;
+  std::istringstream is(v);
+  for (std::string t; is >> t;) tok.push_back(t);
+  prefixes.clear();
+  weights.clear();
+  if (tok.size() == 1) {
+    prefixes = tok;
+    return;
+  }
+  if (tok.empty() || tok.size() % 2 != 0)
+    throw config_error(flag, std::string(flag) + " takes one prefix or weight/prefix pairs (W1 PREFIX1 W2 PREFIX2 ...), got " +
+                                 std::to_string(tok.size()) + " values",
+                       "e.g. " + std::string(flag) + " 0.7 data/a_text_document 0.3 data/b_text_document");
+  for (size_t i = 0; i < tok.size(); i += 2) {
+    const double w = to_double(flag, tok[i]);
+    if (!(w > 0)) throw config_error(flag, std::string(flag) + " weight " + tok[i] + " of " + printable(tok[i + 1]) + " must be positive");
+    weights.push_back(w);
+    prefixes.push_back(tok[i + 1]);
+  }
+}
+
 static std::vector<int> to_i32_list(const char* flag, const std::string& v) {
   std::vector<int> out;
   std::istringstream is(v);
@@ -134,7 +157,10 @@ const FlagTable& flag_table() {
       {"--disable-moe-top2-2nd-expert-sampling", {false, [](TrainConfig& c, const std::string&) { c.model.moe.second_expert_sampling = false; }, "top-2: the second expert is the second-largest logit"}},
       {"--disable-moe-rts", {false, [](TrainConfig& c, const std::string&) { c.model.moe.use_rts = false; }, "top-1: drop over-capacity tokens by position instead of Random Token Selection"}},
       {"--create-moe-param-group", {false, [](TrainConfig&, const std::string&) {}, "accepted for Megatron-DeepSpeed scripts (expert parameters always form their own ZeRO group)"}},
-      {"--data-path", {true, [](TrainConfig& c, const std::string& v) { c.data_path.push_back(v); }, "indexed dataset prefix (.bin/.idx)"}},
+      {"--data-path", {true, [](TrainConfig& c, const std::string& v) { parse_blend("--data-path", v, c.data_path, c.data_weights); }, "indexed dataset prefix (.bin/.idx), a prompt/response FILE.jsonl, or a blend W1 PREFIX1 W2 PREFIX2 ... (Megatron's)", true}},
+      {"--train-data-path", {true, [](TrainConfig& c, const std::string& v) { parse_blend("--train-data-path", v, c.train_data_path, c.train_data_weights); }, "training data apart (PREFIX or W1 PREFIX1 ...; whole documents, no --split)", true}},
+      {"--valid-data-path", {true, [](TrainConfig& c, const std::string& v) { parse_blend("--valid-data-path", v, c.valid_data_path, c.valid_data_weights); }, "validation data apart (with --train-data-path)", true}},
+      {"--test-data-path", {true, [](TrainConfig& c, const std::string& v) { parse_blend("--test-data-path", v, c.test_data_path, c.test_data_weights); c.notes.push_back("--test-data-path has no effect here: the test split is not evaluated"); }, "test data apart (accepted; the test split is not evaluated here)", true}},
       {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
       {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
@@ -264,8 +290,14 @@ void TrainConfig::finalize(int dp) {
   model.validate();
   finalize_data_efficiency(*this);
   if (mock_data) {
-    if (!data_path.empty()) throw config_error("--mock-data", "--mock-data and --data-path are exclusive");
-  } else if (data_path.empty()) {
+    if (!data_path.empty() || !train_data_path.empty())
+      throw config_error("--mock-data", "--mock-data and --data-path (or --train-data-path) are exclusive");
+  } else if (!data_path.empty() && !train_data_path.empty()) {
+    throw config_error("--train-data-path", "--data-path and --train-data-path both name the training data",
+                       "give --data-path (split by --split), or --train-data-path with --valid-data-path");
+  } else if (train_data_path.empty() && !valid_data_path.empty()) {
+    throw config_error("--valid-data-path", "--valid-data-path goes with --train-data-path", "give --train-data-path too");
+  } else if (data_path.empty() && train_data_path.empty()) {
     throw config_error("--data-path", "no training data", "give --data-path PREFIX (see preprocess_data) or --mock-data");
   } else if (vocab_file.empty() || merge_file.empty()) {
     throw config_error(vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
@@ -412,6 +444,11 @@ nlohmann::json config_to_json(const TrainConfig& c) {
                                  {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
                                  {"stage3_max_live_parameters", c.zero.max_live_parameters}}},
           {"data_path", c.data_path},
+          {"data_weights", c.data_weights},
+          {"train_data_path", c.train_data_path},
+          {"train_data_weights", c.train_data_weights},
+          {"valid_data_path", c.valid_data_path},
+          {"valid_data_weights", c.valid_data_weights},
           {"vocab_file", c.vocab_file},
           {"merge_file", c.merge_file},
           {"split", c.split},

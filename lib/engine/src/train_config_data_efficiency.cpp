@@ -30,6 +30,10 @@ void finalize_data_efficiency(TrainConfig& c) {
                        "--data-efficiency-curriculum-learning needs an enabled curriculum in the ds_config",
                        "set data_efficiency.data_sampling.curriculum_learning (seqlen_truncate) or curriculum_learning "
                        "in the --deepspeed_config file (docs/data-efficiency.md)");
+  if (c.metric_curriculum.enabled && (c.data_path.size() > 1 || !c.train_data_path.empty()))
+    throw config_error(c.data_path.size() > 1 ? "--data-path" : "--train-data-path",
+                       "a data-metric curriculum samples one analysed dataset, not a blend",
+                       "give --data-path PREFIX (the dataset analyze_data indexed)");
   if (c.lr_warmup_tokens > 0 && c.lr_warmup_iters > 0)
     throw config_error("--lr-warmup-tokens", "--lr-warmup-tokens and --lr-warmup-iters both set the warmup",
                        "give one of them");

@@ -18,7 +18,8 @@ void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sam
     for (int t = 0; t <= cfg_.model.max_seq_length; ++t)  // the whole sample: its bytes are checked alike at every length
       if (sample_buf_[t] < 0 || sample_buf_[t] >= V) {
         std::string files;
-        for (const auto& p : cfg_.data_path) files += (files.empty() ? "" : ", ") + p + ".bin";
+        for (const auto* v : {&cfg_.data_path, &cfg_.train_data_path, &cfg_.valid_data_path})
+          for (const auto& p : *v) files += (files.empty() ? "" : ", ") + p + ".bin";
         throw file_error(files.empty() ? "--mock-data" : files,
                          "sample " + std::to_string(sample) + " holds token id " + std::to_string(sample_buf_[t]) +
                              " at position " + std::to_string(t) + ", outside the vocabulary [0, " + std::to_string(V) + ")",

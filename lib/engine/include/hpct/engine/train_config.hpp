@@ -90,7 +90,12 @@ struct TrainConfig {
   bool finetune = false;          // --finetune: --load's weights only; iteration, optimizer, schedule start afresh
   std::string load_hf;            // --load-hf: GPT-2 weights in Hugging Face's layout to start from
   std::string prompt_key = "prompt", response_key = "response";  // fields of a --data-path FILE.jsonl
+  // --data-path PREFIX, or Megatron's blend w1 PREFIX1 w2 PREFIX2 ... (weights normalised; empty
+  // when one prefix); --train/valid/test-data-path: blends per split instead of --split.
   std::vector<std::string> data_path;
+  std::vector<double> data_weights;
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  std::vector<double> train_data_weights, valid_data_weights, test_data_weights;
   std::string vocab_file, merge_file, split = "969,30,1";
   bool mock_data = false;
   unsigned long long seed = 1234;
