@@ -121,6 +121,7 @@ static int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  if (hpct::print_version_if_asked("analyze_data", argc, argv)) return 0;
   comm::Environment env(&argc, &argv);
   try {
     return run(argc, argv);

@@ -304,6 +304,7 @@ static int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  if (hpct::print_version_if_asked("generate", argc, argv)) return 0;
   comm::Environment env(&argc, &argv);
   try {
     return run(argc, argv);

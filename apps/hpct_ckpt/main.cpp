@@ -259,6 +259,7 @@ int run(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (hpct::print_version_if_asked("hpct_ckpt", argc, argv)) return 0;
   comm::Environment env(&argc, &argv);
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));

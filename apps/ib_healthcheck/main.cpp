@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "hpct/core/report.hpp"
 #include "healthcheck.hpp"
 #include "hpct/comm/mpi.hpp"
 
@@ -20,6 +21,7 @@ static int launcher_rank() {
 }
 
 int main(int argc, char** argv) {
+  if (hpct::print_version_if_asked("ib_healthcheck", argc, argv)) return 0;
   const bool print = launcher_rank() == 0;
   Options o;
   Profile p;

@@ -687,6 +687,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (hpct::print_version_if_asked("nvme_bench", argc, argv)) return 0;
   const sigset_t term = termination_signals();
   pthread_sigmask(SIG_BLOCK, &term, nullptr);
   comm::Environment env(&argc, &argv);

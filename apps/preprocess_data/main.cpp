@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "hpct/core/report.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
@@ -343,6 +344,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (hpct::print_version_if_asked("preprocess_data", argc, argv)) return 0;
   try {
     return run(argc, argv);
   } catch (const hpct::Error& e) {

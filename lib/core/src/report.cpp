@@ -25,6 +25,15 @@ namespace hpct {
 const char* hpct_version() { return HPCT_VERSION; }
 const char* hpct_git_sha() { return HPCT_GIT_SHA; }
 
+bool print_version_if_asked(const char* prog, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--version") {
+      std::printf("%s (hpctrain %s, git %s)\n", prog, HPCT_VERSION, HPCT_GIT_SHA);
+      return true;
+    }
+  return false;
+}
+
 namespace {
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

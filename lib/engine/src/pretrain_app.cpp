@@ -385,6 +385,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
 
 int pretrain_main(const char* prog, int argc, char** argv, bool require_moe, bool finetune_app) {
   g_prog = prog;
+  if (print_version_if_asked(prog, argc, argv)) return 0;
   comm::Environment env(&argc, &argv);
   try {
     return run(argc, argv, require_moe, finetune_app);

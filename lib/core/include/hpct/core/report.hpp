@@ -20,6 +20,9 @@ namespace hpct {
 /// Version of hpctrain and the git commit it was configured from ("unknown" outside a checkout).
 const char* hpct_version();
 const char* hpct_git_sha();
+/// Every app's --version: when an argument is exactly --version, prints "PROG (hpctrain VERSION,
+/// git SHA)" to stdout and returns true (the app then exits 0 before starting anything).
+bool print_version_if_asked(const char* prog, int argc, char** argv);
 
 /// "# key: value" lines: tool, version, git, date (UTC), host, then the caller's fields in order.
 /// The same fields go into the JSON twin under "provenance".
