@@ -30,206 +30,16 @@
 #include "hpct/io/aio_config.hpp"
 #include "hpct/io/async_io.hpp"
 #include "hpct/io/io_bench.hpp"
+#include "options.hpp"
 
 using namespace hpct;
 using hpct::io::AioConfig;
 using hpct::io::AioEngine;
 using hpct::io::IoMode;
+using nvme_bench::Options;
 
 namespace {
 
-const char* kHelp = R"(usage: nvme_bench --path DIR[,DIR...] [options]
-
-Measures sequential write/read bandwidth (and, on request, random-read IOPS and latency
-percentiles) of a storage path through hpctrain's async IO engine (io_uring, libaio or psync),
-with O_DIRECT. Under MPI every rank works on its own file, DIR/nvme_bench.<node>.<rank>.dat,
-and rank 0 reports each rank and the aggregate (total bytes / slowest rank's time).
-Flags taking a LIST accept comma-separated values and run every combination.
-
-  -p, --path DIR[,DIR...]     directories to test; rank r uses the (local rank mod n)-th (required)
-  -m, --mode LIST             write, read, randread                      (default: write,read)
-  -s, --size SIZE             bytes per rank's file, K/M/G/T suffixes (binary)    (default: 1G)
-  -b, --block-size LIST       bytes per IO request                       (default: 1M)
-  -q, --queue-depth LIST      requests in flight per thread              (default: 8)
-  -t, --threads LIST          threads splitting each request (ds: intra_op_parallelism) (default: 1)
-  -e, --engine LIST           auto, io_uring, libaio, psync; auto = the first of the others
-                              this kernel runs, as the offload engine picks (default: auto)
-      --single-submit         one submit call per request (ds: single_submit)
-      --no-overlap-events     submit a batch, wait for all of it, repeat (ds: overlap_events false)
-  -r, --runtime S             stop issuing IO in a case after S seconds  (default: no limit)
-      --loops N               run the whole grid N times over and report each case's
-                              median run                  (default: 1; 3 with --tune)
-      --latency               per-request latency percentiles for sequential modes too
-      --sweep                 sweep a grid: block 128K,1M,8M x depth 1,8,32 x threads 1,2 x
-                              the engines this machine runs x write,read (lists given override)
-      --tune                  run the sweep and write the best case (largest read + write GB/s
-                              of the medians, as ds_nvme_tune picks) as a ds_config "aio" block
-      --tune-output FILE      where --tune writes it                      (default: ds_aio_config.json)
-      --verify                read each written file back and compare with what was written
-                              (with --loops, the last loop's write)
-      --keep                  keep the files (default: delete them at the end)
-      --buffered              go through the page cache instead of O_DIRECT (only when asked;
-                              reads drop the file's cached pages first)
-      --pin                   mlock the IO buffers (DeepSpeed's locked tensors)
-      --no-fsync              do not fdatasync before a write case's clock stops
-      --seed N                data pattern and random-offset seed       (default: 1)
-      --json FILE             machine-readable results (same fields as the table)
-  -h, --help                  this text
-
-Units: MB/s = 1e6 bytes/s, GB/s = 1e9 bytes/s; latency from submission to completion, in us.
-Exit status: 0 all cases ran (and verified), 1 bad input or an IO error (the message names the
-rank, file, offset and length).
-)";
-
-struct Options {
-  std::vector<std::string> paths;
-  std::vector<IoMode> modes{IoMode::write, IoMode::read};
-  uint64_t size = 1ull << 30;
-  std::vector<size_t> block_sizes{1 << 20};
-  std::vector<int> queue_depths{8};
-  std::vector<int> threads{1};
-  std::vector<AioEngine> engines{AioEngine::automatic};
-  bool single_submit = false, overlap_events = true;
-  double runtime = 0;
-  int loops = 1;
-  bool latency = false, sweep = false, tune = false, verify = false, keep = false, buffered = false, pin = false;
-  bool fsync = true;
-  std::string tune_output = "ds_aio_config.json";
-  std::string json;
-  uint64_t seed = 1;
-  std::set<std::string> given;  // flags the user set (a sweep keeps those)
-};
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-long long parse_int(const std::string& v, const std::string& flag, long long lo, long long hi) {
-  size_t pos = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  if (pos != v.size() || v.empty() || x < lo || x > hi)
-    throw config_error(flag, "'" + v + "' is not an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
-  return x;
-}
-
-// Returns false for --help.
-bool parse_args(const std::vector<std::string>& args, Options& o) {
-  const std::map<std::string, std::string> alias = {{"-p", "--path"},  {"-m", "--mode"},        {"-s", "--size"},
-                                                    {"-b", "--block-size"}, {"-q", "--queue-depth"}, {"-t", "--threads"},
-                                                    {"-e", "--engine"}, {"-r", "--runtime"},    {"-h", "--help"}};
-  const std::set<std::string> with_value = {"--path",    "--mode",   "--size",  "--block-size", "--queue-depth",
-                                            "--threads", "--engine", "--runtime", "--loops",    "--tune-output",
-                                            "--seed",    "--json"};
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (alias.count(flag)) {
-      flag = alias.at(flag);
-    }
-    if (flag == "--help") return false;
-    if (with_value.count(flag) && value.empty()) {
-      if (i + 1 >= args.size()) throw config_error(flag, "needs a value", "see --help");
-      value = args[++i];
-    }
-    o.given.insert(flag);
-    if (flag == "--path") {
-      o.paths = split_list(value);
-    } else if (flag == "--mode") {
-      o.modes.clear();
-      for (auto& m : split_list(value)) o.modes.push_back(io::parse_mode(m, flag));
-    } else if (flag == "--size") {
-      o.size = parse_size(value, flag);
-    } else if (flag == "--block-size") {
-      o.block_sizes.clear();
-      for (auto& b : split_list(value)) o.block_sizes.push_back(parse_size(b, flag));
-    } else if (flag == "--queue-depth") {
-      o.queue_depths.clear();
-      for (auto& q : split_list(value)) o.queue_depths.push_back(static_cast<int>(parse_int(q, flag, 1, 4096)));
-    } else if (flag == "--threads") {
-      o.threads.clear();
-      for (auto& t : split_list(value)) o.threads.push_back(static_cast<int>(parse_int(t, flag, 1, 256)));
-    } else if (flag == "--engine") {
-      o.engines.clear();
-      for (auto& e : split_list(value)) o.engines.push_back(io::parse_engine(e, flag));
-    } else if (flag == "--runtime") {
-      char* end = nullptr;
-      o.runtime = std::strtod(value.c_str(), &end);
-      if (end == value.c_str() || *end || !(o.runtime >= 0)) throw config_error(flag, "'" + value + "' is not a number of seconds >= 0");
-    } else if (flag == "--loops") {
-      o.loops = static_cast<int>(parse_int(value, flag, 1, 1000));
-    } else if (flag == "--seed") {
-      o.seed = static_cast<uint64_t>(parse_int(value, flag, 0, (1LL << 62)));
-    } else if (flag == "--tune-output") {
-      o.tune_output = value;
-    } else if (flag == "--json") {
-      o.json = value;
-    } else if (flag == "--single-submit") {
-      o.single_submit = true;
-    } else if (flag == "--no-overlap-events" || flag == "--sequential-requests") {
-      o.overlap_events = false;
-    } else if (flag == "--latency") {
-      o.latency = true;
-    } else if (flag == "--sweep") {
-      o.sweep = true;
-    } else if (flag == "--tune") {
-      o.tune = o.sweep = true;
-    } else if (flag == "--verify") {
-      o.verify = true;
-    } else if (flag == "--keep") {
-      o.keep = true;
-    } else if (flag == "--buffered") {
-      o.buffered = true;
-    } else if (flag == "--pin") {
-      o.pin = true;
-    } else if (flag == "--no-fsync") {
-      o.fsync = false;
-    } else {
-      throw config_error(flag, "unknown flag '" + flag + "'", "see --help");
-    }
-  }
-  if (o.paths.empty()) throw config_error("--path", "is required: the directory (or directories) to test", "see --help");
-  if (o.modes.empty()) throw config_error("--mode", "lists no mode");
-  if (o.block_sizes.empty() || o.queue_depths.empty() || o.threads.empty() || o.engines.empty())
-    throw config_error("--block-size/--queue-depth/--threads/--engine", "an empty list");
-  if (o.sweep) {
-    if (!o.given.count("--block-size")) o.block_sizes = {128 << 10, 1 << 20, 8 << 20};
-    if (!o.given.count("--queue-depth")) o.queue_depths = {1, 8, 32};
-    if (!o.given.count("--threads")) o.threads = {1, 2};
-    if (!o.given.count("--engine")) {
-      o.engines.clear();
-      for (AioEngine e : {AioEngine::io_uring, AioEngine::libaio})
-        if (io::engine_available(e)) o.engines.push_back(e);
-      if (o.engines.empty()) o.engines.push_back(AioEngine::psync);  // the last fallback, as `auto`
-    }
-  }
-  if (o.tune) {
-    // One run per case lets a disk's swing pick the winner (on the development VM fio's own reads of
-    // one configuration land near the disk's rate or at twice it, from the host's cache; see
-    // docs/benchmarks.md); the median of three passes damps that.
-    if (!o.given.count("--loops")) o.loops = 3;
-    bool r = false, w = false;
-    for (auto m : o.modes) r |= m == IoMode::read, w |= m == IoMode::write;
-    if (!(r && w)) throw config_error("--mode", "--tune compares read + write bandwidth and needs both modes");
-  }
-  for (size_t bs : o.block_sizes) {
-    if (bs < 4096 || bs % 4096 != 0 || bs > (size_t{1} << 30))
-      throw config_error("--block-size", std::to_string(bs) + " bytes is not a multiple of 4096 in 4K..1G",
-                         "O_DIRECT needs requests aligned to the device's logical block size, e.g. 128K, 1M, 8M");
-  }
-  return true;
-}
 
 struct CaseSpec {
   IoMode mode;
@@ -381,8 +191,8 @@ int run(int argc, char** argv) {
   const bool root = world.rank() == 0;
   Options o;
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!parse_args(args, o)) {
-    if (root) std::cout << kHelp;
+  if (!nvme_bench::parse_args(args, o)) {
+    if (root) std::cout << nvme_bench::kHelp;
     return 0;
   }
   ::signal(SIGXFSZ, SIG_IGN);  // a file-size limit becomes an EFBIG error with the file named
