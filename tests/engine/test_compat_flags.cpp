@@ -75,6 +75,8 @@ TEST(RecipeFlags, NoOpFlagsAcceptedWithOneNoteEach) {
                                    "--recompute-num-layers", "1", "--hidden-dropout", "0", "--attention-dropout", "0.0"}), &c), "");
   EXPECT_TRUE(c.recompute_activations);
   EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--hidden-dropout", "0.1"})), "--hidden-dropout 0.1: dropout is not implemented"));
+  EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--num-workers", "3"})), "");  // any worker count
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--num-workers", "-1"})), "--num-workers -1 must be >= 0"));
 }
 
 TEST(RecipeFlags, FlagAndDsConfigMustAgree) {

@@ -48,6 +48,8 @@ double unigram_perplexity(const io::IndexedDataset& ds, std::pair<size_t, size_t
 
 namespace {
 
+bool is_jsonl(const std::string& p) { return p.size() > 6 && p.compare(p.size() - 6, 6, ".jsonl") == 0; }
+
 // One split of Megatron's blend: each prefix's documents of `part` of --split (-1: all of them), a
 // GptDataset of Megatron's ceil(w x samples x 1.005) samples each, blended by weight; one prefix
 // is that dataset alone. nullptr where no dataset has documents in the part (no validation).
@@ -105,7 +107,7 @@ TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
   if (cfg.data_path.size() > 1 || apart)
     for (const auto* v : {&cfg.data_path, &cfg.train_data_path, &cfg.valid_data_path})
       for (const auto& p : *v)
-        if (p.size() > 6 && p.compare(p.size() - 6, 6, ".jsonl") == 0)
+        if (is_jsonl(p))
           throw config_error(v == &cfg.data_path ? "--data-path" : v == &cfg.train_data_path ? "--train-data-path" : "--valid-data-path",
                              "prompt/response files (" + p + ") are not blended", "give one FILE.jsonl as --data-path");
   if (cfg.vocab_file.empty() || cfg.merge_file.empty())
@@ -113,7 +115,7 @@ TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
   auto tok = io::Gpt2Tokenizer::from_files(cfg.vocab_file, cfg.merge_file);
   cfg.model.vocab_size = (int)tok.vocab_size();
   const std::string& path = apart ? cfg.train_data_path[0] : cfg.data_path[0];
-  if (!apart && cfg.data_path.size() == 1 && path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {  // prompt/response examples
+  if (!apart && cfg.data_path.size() == 1 && is_jsonl(path)) {  // prompt/response examples
     auto all = io::read_prompt_response(path, tok, cfg.prompt_key, cfg.response_key);
     const size_t n = all.size();
     auto r = io::split_document_ranges(cfg.split, n);

@@ -73,7 +73,7 @@ void add_compat_flags(FlagTable& t) {
   const char* speed = "a kernel-fusion or overlap choice of Megatron's CUDA path; the results are the same";
   const std::vector<std::pair<std::string, FlagSpec>> compat = {
       // Accepted without effect: what they choose is how this version always works.
-      {"--num-workers", no_op_values("--num-workers", {"0", "1", "2", "4", "8", "16"}, "the dataset is memory-mapped and read by the training thread", "expects a small worker count")},
+      {"--num-workers", {true, [](TrainConfig& c, const std::string& v) { to_int_min("--num-workers", v, 0); c.notes.push_back("--num-workers " + v + " has no effect here: the dataset is memory-mapped and read by the training thread"); }, "the dataset is memory-mapped and read by the training thread"}},
       {"--data-impl", no_op_values("--data-impl", {"mmap", "infer"}, "indexed datasets are always read as mmap (.bin/.idx)", "only the mmap indexed format is read (see preprocess_data)")},
       {"--distributed-backend", no_op_values("--distributed-backend", {"nccl", "gloo", "mpi", "ccl"}, "ranks communicate over MPI (and NCCL between GPUs)", "is not a backend Megatron knows")},
       {"--tokenizer-type", no_op_values("--tokenizer-type", {"GPT2BPETokenizer"}, "the tokenizer is GPT-2's BPE from --vocab-file/--merge-file", "only GPT2BPETokenizer is implemented")},
