@@ -6,6 +6,7 @@
 // matmul 1e-2 of the norm (cuBLAS is allowed, not forced, to round its inputs as the CPU does).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdint>
@@ -275,4 +276,91 @@ TEST(CudaOps, AccumulateHalfEveryPattern) {
       bad += std::isnan(wf[i]) ? !std::isnan(gf[i]) : got[i] != want[i];
     EXPECT_EQ(bad, 0u) << precision_name(p);
   }
+}
+
+// The MoE layer's row moves and mixes (moe_ops.hpp): top-2 routes with some dropped (pos -1), a
+// token with both routes dropped, and C not a multiple of the warp.
+TEST(CudaOps, MoeGatherCombineAndBackwards) {
+  NEED_GPU(g)
+  auto cpu = cpu_ops();
+  const int N = 37, K = 2, C = 45;
+  std::vector<int32_t> pos(N * K, -1), order;
+  for (int i = 0; i < N * K; ++i)
+    if (!(i % 5 == 3 || i / K == 7)) order.push_back(i);
+  const int S = static_cast<int>(order.size());
+  std::shuffle(order.begin(), order.end(), std::mt19937(5));  // rows in another order than the routes
+  std::vector<int32_t> source(S);
+  for (int p = 0; p < S; ++p) pos[order[p]] = p, source[p] = order[p] / K;
+  const Vec x = randn((size_t)N * C, 1), y = randn((size_t)S * C, 2), w = randn((size_t)N * K, 3),
+            dout = randn((size_t)N * C, 4), dx0 = randn((size_t)N * C, 5);
+
+  Vec send(S * C);
+  cpu->gather_rows(send.data(), x.data(), source.data(), S, C);
+  float* dsend = g.put(Vec(S * C));
+  g.be->gather_rows(dsend, g.put(x), g.put(source), S, C);
+  expect_close("gather_rows", g.get(dsend, S * C), send, 0, 0);
+
+  Vec out(N * C);
+  cpu->moe_combine(out.data(), y.data(), pos.data(), w.data(), N, K, C);
+  float* dout_g = g.put(Vec(N * C, 7.0f));
+  const int32_t* dpos = g.put(pos);
+  const float *dy_in = g.put(y), *dw = g.put(w);
+  g.be->moe_combine(dout_g, dy_in, dpos, dw, N, K, C);
+  expect_close("moe_combine", g.get(dout_g, N * C), out);
+  for (int c = 0; c < C; ++c) EXPECT_EQ(out[7 * C + c], 0.0f);  // both routes dropped
+
+  Vec dy(S * C, 0.0f), dwt(N * K, 9.0f);
+  cpu->moe_combine_backward(dy.data(), dwt.data(), dout.data(), y.data(), pos.data(), w.data(), N, K, C);
+  float *ddy = g.put(Vec(S * C, 0.0f)), *ddw = g.put(Vec(N * K, 9.0f));
+  g.be->moe_combine_backward(ddy, ddw, g.put(dout), dy_in, dpos, dw, N, K, C);
+  expect_close("moe_combine_backward dy", g.get(ddy, S * C), dy);
+  expect_close("moe_combine_backward dweight", g.get(ddw, N * K), dwt);
+
+  Vec dx = dx0;
+  cpu->moe_dispatch_backward(dx.data(), y.data(), pos.data(), N, K, C);
+  float* ddx = g.put(dx0);
+  g.be->moe_dispatch_backward(ddx, dy_in, dpos, N, K, C);
+  expect_close("moe_dispatch_backward", g.get(ddx, N * C), dx);
+}
+
+TEST(CudaOps, MultiplyAndResidualMix) {
+  NEED_GPU(g)
+  auto cpu = cpu_ops();
+  const int N = 29, C = 70;
+  const size_t n = (size_t)N * C;
+  const Vec a = randn(n, 11), b = randn(n, 12), acc0 = randn(n, 13), coef0 = randn((size_t)N * 2, 14, 3.0f),
+            dout = randn(n, 15);
+  Vec prod(n), acc = acc0;
+  cpu->multiply(prod.data(), a.data(), b.data(), n, false);
+  cpu->multiply(acc.data(), a.data(), b.data(), n, true);
+  const float *da = g.put(a), *db = g.put(b);
+  float *dprod = g.put(Vec(n)), *dacc = g.put(acc0);
+  g.be->multiply(dprod, da, db, n, false);
+  g.be->multiply(dacc, da, db, n, true);
+  expect_close("multiply", g.get(dprod, n), prod);
+  expect_close("multiply accumulate", g.get(dacc, n), acc);
+
+  Vec out(n), coef = coef0;
+  cpu->residual_mix(out.data(), coef.data(), a.data(), b.data(), N, C);
+  float *dmix = g.put(Vec(n)), *dcoef = g.put(coef0);
+  g.be->residual_mix(dmix, dcoef, da, db, N, C);
+  expect_close("residual_mix out", g.get(dmix, n), out);
+  expect_close("residual_mix coef", g.get(dcoef, (size_t)N * 2), coef);
+
+  Vec dmoe(n), ddense(n), dlog((size_t)N * 2);
+  cpu->residual_mix_backward(dmoe.data(), ddense.data(), dlog.data(), dout.data(), coef.data(), a.data(), b.data(), N, C);
+  float *gm = g.put(Vec(n)), *gd = g.put(Vec(n)), *gl = g.put(Vec((size_t)N * 2));
+  g.be->residual_mix_backward(gm, gd, gl, g.put(dout), dcoef, da, db, N, C);
+  expect_close("residual_mix_backward dmoe", g.get(gm, n), dmoe);
+  expect_close("residual_mix_backward ddense", g.get(gd, n), ddense);
+  expect_close("residual_mix_backward dlogits", g.get(gl, (size_t)N * 2), dlog);
+}
+
+TEST(CudaOps, CopyOnTheDevice) {
+  NEED_GPU(g)
+  const Vec a = randn(1000, 21);
+  float *src = g.put(a), *dst = g.put(Vec(1000, 0.0f));
+  g.be->copy(dst + 10, src + 20, 500 * sizeof(float));
+  const Vec got = g.get(dst, 1000);
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(got[i], i >= 10 && i < 510 ? a[i + 10] : 0.0f) << i;
 }

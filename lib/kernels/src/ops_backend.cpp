@@ -8,6 +8,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/half.hpp"
+#include "hpct/kernels/moe_ops.hpp"
 #include "hpct/kernels/ops.hpp"
 
 namespace hpct::kernels {
@@ -30,6 +31,9 @@ class CpuOps final : public OpsBackend {
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (dst != src) std::memcpy(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (dst != src && bytes) std::memcpy(dst, src, bytes);
   }
 
   void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) override { kernels::from_half(src, dst, n, p); }
@@ -78,6 +82,30 @@ class CpuOps final : public OpsBackend {
   void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                              int Vp) override {
     kernels::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp);
+  }
+
+  void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
+    kernels::gather_rows(dst, src, rows, n, C);
+  }
+  void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C) override {
+    kernels::moe_combine(out, y, pos, weight, N, K, C);
+  }
+  void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* pos,
+                            const float* weight, int N, int K, int C) override {
+    kernels::moe_combine_backward(dy, dweight, dout, y, pos, weight, N, K, C);
+  }
+  void moe_dispatch_backward(float* dx, const float* drows, const int32_t* pos, int N, int K, int C) override {
+    kernels::moe_dispatch_backward(dx, drows, pos, N, K, C);
+  }
+  void multiply(float* out, const float* a, const float* b, size_t n, bool accumulate) override {
+    kernels::multiply(out, a, b, n, accumulate);
+  }
+  void residual_mix(float* out, float* coef, const float* moe, const float* dense, int N, int C) override {
+    kernels::residual_mix(out, coef, moe, dense, N, C);
+  }
+  void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
+                             const float* moe, const float* dense, int N, int C) override {
+    kernels::residual_mix_backward(dmoe, ddense, dlogits, dout, coef, moe, dense, N, C);
   }
 };
 

@@ -98,6 +98,10 @@ class CudaOps final : public OpsBackend {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to the host");
     check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (dst == src || bytes == 0) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy on the device");
+  }
 
   void widen_half(float* dst, const uint16_t* src, size_t n, Precision p) override {
     if (p == Precision::fp32) throw Error("CUDA backend: widen_half needs bf16 or fp16");
@@ -194,6 +198,30 @@ class CudaOps final : public OpsBackend {
   void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                              int Vp) override {
     cuda::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp, stream_);
+  }
+
+  void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
+    cuda::gather_rows(dst, src, rows, n, C, stream_);
+  }
+  void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C) override {
+    cuda::moe_combine(out, y, pos, weight, N, K, C, stream_);
+  }
+  void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* pos,
+                            const float* weight, int N, int K, int C) override {
+    cuda::moe_combine_backward(dy, dweight, dout, y, pos, weight, N, K, C, stream_);
+  }
+  void moe_dispatch_backward(float* dx, const float* drows, const int32_t* pos, int N, int K, int C) override {
+    cuda::moe_dispatch_backward(dx, drows, pos, N, K, C, stream_);
+  }
+  void multiply(float* out, const float* a, const float* b, size_t n, bool accumulate) override {
+    cuda::multiply(out, a, b, n, accumulate, stream_);
+  }
+  void residual_mix(float* out, float* coef, const float* moe, const float* dense, int N, int C) override {
+    cuda::residual_mix(out, coef, moe, dense, N, C, stream_);
+  }
+  void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
+                             const float* moe, const float* dense, int N, int C) override {
+    cuda::residual_mix_backward(dmoe, ddense, dlogits, dout, coef, moe, dense, N, C, stream_);
   }
 
  private:

@@ -1,7 +1,7 @@
 // hpct/kernels/cuda_ops.hpp — CUDA kernels for the element-wise and per-row GPT-2 ops.
 //
 // What it is: the device twins of ops.hpp's element-wise and per-row ops (gelu, residual, adamw,
-// layernorm, embedding, softmax cross-entropy) and the pieces that cuda_ops() (ops_backend.hpp)
+// layernorm, embedding, softmax cross-entropy, the MoE layer's row moves) and the pieces that cuda_ops() (ops_backend.hpp)
 // builds matmul and attention from around cuBLAS: bias broadcast and reduction, the causal
 // softmax. Same math and contracts (backward accumulates), on device pointers and an explicit
 // stream. Nothing here allocates or copies memory. Trade-off: one thread per element (per row: a
@@ -71,6 +71,19 @@ void causal_softmax_backward(float* datt /*(rows,T)*/, const float* att /*(rows,
 /// checks them on the host; a kernel cannot throw).
 void softmax_cross_entropy(float* logits_inout /*(N,Vp)*/, float* losses /*(N)*/, const int32_t* targets /*(N)*/,
                            float dloss, int N, int V, int Vp, cudaStream_t stream);
+
+// The MoE layer's row moves and mixes, as in moe_ops.hpp (pos and rows in range: the caller's).
+void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C, cudaStream_t stream);
+void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C,
+                 cudaStream_t stream);
+void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* pos,
+                          const float* weight, int N, int K, int C, cudaStream_t stream);
+void moe_dispatch_backward(float* dx, const float* drows, const int32_t* pos, int N, int K, int C,
+                           cudaStream_t stream);
+void multiply(float* out, const float* a, const float* b, size_t n, bool accumulate, cudaStream_t stream);
+void residual_mix(float* out, float* coef, const float* moe, const float* dense, int N, int C, cudaStream_t stream);
+void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
+                           const float* moe, const float* dense, int N, int C, cudaStream_t stream);
 
 }  // namespace hpct::kernels::cuda
 #endif  // HPCT_HAVE_CUDA

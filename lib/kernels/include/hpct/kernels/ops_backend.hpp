@@ -38,6 +38,8 @@ class OpsBackend {
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   /// dst (host memory) <- src (backend memory), after every op queued before; returns when done.
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  /// dst <- src, both in backend memory (queued like an op; the ranges must not overlap).
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
 
   /// dst = the fp32 values of n 16-bit src values (p: bf16 or fp16), both in backend memory, as
   /// half.hpp's from_half does on the host (exact: every 16-bit value is an fp32 value).
@@ -71,6 +73,18 @@ class OpsBackend {
   /// cannot throw): Gpt checks them on the host before they are copied in.
   virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,
                                      int V, int Vp) = 0;
+
+  // ---- the MoE layer's row moves and mixes: contracts as in moe_ops.hpp ----
+  virtual void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) = 0;
+  virtual void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K,
+                           int C) = 0;
+  virtual void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* pos,
+                                    const float* weight, int N, int K, int C) = 0;
+  virtual void moe_dispatch_backward(float* dx, const float* drows, const int32_t* pos, int N, int K, int C) = 0;
+  virtual void multiply(float* out, const float* a, const float* b, size_t n, bool accumulate) = 0;
+  virtual void residual_mix(float* out, float* coef, const float* moe, const float* dense, int N, int C) = 0;
+  virtual void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
+                                     const float* moe, const float* dense, int N, int C) = 0;
 };
 
 /// The CPU backend: ops.hpp on host memory (64-byte aligned allocations). Needs a BackendScope
