@@ -1,8 +1,11 @@
 // GPT on the CUDA backend against the same model on the CPU backend: the loss and every gradient
 // of one forward-backward, with and without activation recompute, in fp32 and bf16; evaluation;
 // and the host-side refusal of a bad token. The CPU model's gradients are checked against finite
-// differences in test_gpt.cpp, so agreement here carries that over. Without a CUDA device every
-// test is SKIPPED (CTest reports the test as skipped, not passed).
+// differences in test_gpt.cpp and test_moe.cpp, so agreement here carries that over. The MoE variants
+// (top-1 with router jitter, top-2 Residual-MoE with recompute; tokens dropped) compare the routing
+// too, in fp32 only: in bf16 the two backends' router inputs differ by bf16 rounding, enough to flip
+// near-tied routes, after which gradients differ by design. Without a CUDA device every test is
+// SKIPPED (CTest reports the test as skipped, not passed).
 // Tolerances, per tensor against the larger of its own largest gradient and 1e-3 of the model's
 // (so a tensor of small gradients is judged at its own scale): fp32 1e-4 (cuBLAS and the CPU sum in
 // different orders, and the token-embedding gradient uses atomics); bf16 1e-2 (the CPU rounds GEMM
@@ -65,13 +68,29 @@ double max_abs(const std::vector<float>& v) {
   return m;
 }
 
-void compare_one_step(Precision p, bool recompute, double tol) {
+// The tiny GPT with its second layer an MoE layer of 4 experts that drops tokens (capacity factor
+// 0.75), with the aux and z losses on: top-1 with router jitter, or top-2 Residual-MoE.
+model::GptConfig tiny_moe(int topk, bool residual) {
+  model::GptConfig c = tiny();
+  c.moe.num_experts = {4};
+  c.moe.expert_interval = 2;
+  c.moe.topk = topk;
+  c.moe.residual = residual;
+  c.moe.train_capacity_factor = c.moe.eval_capacity_factor = 0.75;
+  c.moe.min_capacity = 1;
+  c.moe.noisy_gate_policy = topk == 1 ? "Jitter" : "None";
+  c.moe.loss_coeff = 0.1;
+  c.moe.z_loss_coeff = 0.05;
+  return c;
+}
+
+void compare_one_step(Precision p, bool recompute, double tol, const model::GptConfig& c = tiny()) {
   std::string why;
   if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
   auto gpu_be = kernels::cuda_ops(0);
-  const model::GptConfig c = tiny();
   model::Gpt cpu(c, p, recompute);
   model::Gpt gpu(c, p, recompute, gpu_be.get());
+  cpu.set_routing_seed(5), gpu.set_routing_seed(5);
   const size_t n = cpu.layout().numel();
   std::vector<float> params(n), grads(n, 0.0f);
   cpu.init_params(params.data(), 1234);
@@ -86,6 +105,14 @@ void compare_one_step(Precision p, bool recompute, double tol) {
   const double lc = cpu.forward_backward(cs, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
   const double lg = gpu.forward_backward(gs, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
   EXPECT_NEAR(lg, lc, tol * std::fabs(lc)) << "loss sum on " << gpu_be->name();
+  // MoE: the gate sees the router's logits from either backend; the same routes must come out
+  // (a flip would be a near-tie of two logits, which the fixed seed and weights do not have).
+  ASSERT_EQ(gpu.moe_stats().size(), cpu.moe_stats().size());
+  for (size_t i = 0; i < cpu.moe_stats().size(); ++i) {
+    EXPECT_EQ(gpu.moe_stats()[i].routing_hash, cpu.moe_stats()[i].routing_hash) << "MoE layer " << i;
+    EXPECT_GT(cpu.moe_stats()[i].dropped, 0) << "capacity factor 0.75 must drop routes";
+    EXPECT_NEAR(gpu.moe_stats()[i].aux_loss, cpu.moe_stats()[i].aux_loss, 1e-5);
+  }
 
   std::vector<float> g(n);
   gpu_be->copy_to_host(g.data(), dgrads.as<void>(), n * sizeof(float));
@@ -111,6 +138,10 @@ void compare_one_step(Precision p, bool recompute, double tol) {
 TEST(GptCuda, Fp32MatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4); }
 TEST(GptCuda, Fp32WithRecomputeMatchesTheCpu) { compare_one_step(Precision::fp32, true, 1e-4); }
 TEST(GptCuda, Bf16MatchesTheCpu) { compare_one_step(Precision::bf16, false, 1e-2); }
+TEST(GptCuda, MoeTop1JitterMatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4, tiny_moe(1, false)); }
+TEST(GptCuda, MoeTop2ResidualWithRecomputeMatchesTheCpu) {
+  compare_one_step(Precision::fp32, true, 1e-4, tiny_moe(2, true));
+}
 
 // A token outside the vocabulary is refused on the host, before any kernel reads with it.
 TEST(GptCuda, BadTokenRefusedOnTheHost) {

@@ -147,9 +147,6 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
                          "--moe-expert-parallel-size " + std::to_string(ep_size_) + " does not divide the " +
                              std::to_string(o.experts) + " experts of layer " + std::to_string(l + 1),
                          "choose an expert-parallel size that divides every --num-experts entry");
-    if (!ops_->host_memory())
-      throw config_error("--device", "MoE layers run on the CPU backend only in this version (--device " + ops_->name() + ")",
-                         "train MoE models with --device cpu");
   }
 }
 

@@ -51,22 +51,63 @@ struct Gpt::Workspace {
   kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend
 };
 
+// A growable array in a backend's memory (the MoE layer's rows and scratch). resize() keeps
+// nothing when it grows and never shrinks, so a layer's buffers stop allocating after the first step.
+template <class T>
+class BackendArray {
+ public:
+  explicit BackendArray(kernels::OpsBackend& be) : be_(&be) {}
+  T* resize(size_t n) {
+    if (n > cap_) buf_ = kernels::BackendBuffer(*be_, n * sizeof(T)), cap_ = n;
+    n_ = n;
+    return data();
+  }
+  T* zeros(size_t n) {
+    resize(n);
+    if (n) be_->zero(buf_.as<void>(), n * sizeof(T));
+    return data();
+  }
+  /// n host values into the array (resized to n).
+  T* upload(const T* host, size_t n) {
+    resize(n);
+    if (n) be_->copy_from_host(buf_.as<void>(), host, n * sizeof(T));
+    return data();
+  }
+  void clear() { n_ = 0; }
+  T* data() const { return buf_.as<T>(); }
+  size_t size() const { return n_; }
+  size_t capacity() const { return cap_; }
+  bool empty() const { return n_ == 0; }
+
+ private:
+  kernels::OpsBackend* be_;
+  kernels::BackendBuffer buf_;
+  size_t n_ = 0, cap_ = 0;
+};
+
 // One MoE layer's saved state for backward (one set per layer, or one shared with recompute). With
 // CAC the routing, exchanged rows and outputs are kept per MoE layer and the experts' hidden
-// activations (fch, fch_gelu, y) live in the shared set.
+// activations (fch, fch_gelu, y) live in the shared set. Rows and weights are in the backend's
+// memory; the gate's inputs and decisions (host_logits, routing, pos, counts) on the host.
 struct Gpt::MoeActs {
-  std::vector<float> xr;        // (N, C) router input (jittered x; empty without jitter)
-  std::vector<float> jitter;    // (N, C) the jitter factors
-  std::vector<float> logits;    // (N, E)
+  explicit MoeActs(kernels::OpsBackend& be)
+      : xr(be), jitter(be), logits(be), dpos(be), weight(be), rows(be), fch(be), fch_gelu(be), y(be), yback(be),
+        moe_out(be), dense_out(be), coef(be) {}
+  BackendArray<float> xr;       // (N, C) router input (jittered x; empty without jitter)
+  BackendArray<float> jitter;   // (N, C) the jitter factors
+  BackendArray<float> logits;   // (N, E)
+  std::vector<float> host_logits;  // (N, E) the gate's copy
   Routing routing;
   std::vector<int32_t> pos;     // (N, K) row of each route in the send buffer, -1 = dropped
+  BackendArray<int32_t> dpos;   // pos, in the backend's memory
+  BackendArray<float> weight;   // (N, K) the routes' combine weights (routing.weight), in the backend's memory
   std::vector<int> send_counts;  // (ep, El) = (E): rows to expert e = d*El + j (its kept load)
   std::vector<int> recv_counts;  // (ep, El): rows from source s for local expert j
-  std::vector<float> rows;      // (R, C) received rows, grouped by local expert
-  std::vector<float> fch, fch_gelu;  // (R, 4C)
-  std::vector<float> y;         // (R, C) expert outputs
-  std::vector<float> yback;     // (S, C) outputs back in send order
-  std::vector<float> moe_out, dense_out, coef;  // residual MoE: (N, C), (N, C), (N, 2) softmaxed
+  BackendArray<float> rows;     // (R, C) received rows, grouped by local expert
+  BackendArray<float> fch, fch_gelu;  // (R, 4C)
+  BackendArray<float> y;        // (R, C) expert outputs
+  BackendArray<float> yback;    // (S, C) outputs back in send order
+  BackendArray<float> moe_out, dense_out, coef;  // residual MoE: (N, C), (N, C), (N, 2) softmaxed
   int N = 0;
 };
 

@@ -12,8 +12,10 @@
 //   combine  out[n] = sum_k weight[n,k] y[route(n,k)]; a dropped route adds nothing (the residual
 //            stream carries the token); residual MoE mixes in the dense MLP with a learned softmax
 //            coefficient (DeepSpeed's Residual-MoE).
-// Backward runs the same steps in reverse (two more all-to-alls). The rows live in host memory:
-// MoE layers run on the CPU backend (Gpt refuses a device backend for an MoE model).
+// Backward runs the same steps in reverse (two more all-to-alls). The rows live in the backend's
+// memory and move through its ops (kernels/moe_ops.hpp); the gate decides on the host, from a copy
+// of the router's logits (N x E floats), and hands its decisions back as route positions and
+// weights (N x K). On a device backend the all-to-all stages the rows through host memory.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -47,8 +49,8 @@ GateConfig gate_config(const MoeConfig& m, int experts, bool training) {
 
 // Rows of (expert-major) order: from the send layout [dest][local expert][slot] to the receive
 // layout [local expert][source][slot], and back.
-void regroup(const float* in, float* out, const std::vector<int>& counts, int ranks, int local, int C,
-             bool to_expert_major) {
+void regroup(kernels::OpsBackend& ops, const float* in, float* out, const std::vector<int>& counts, int ranks,
+             int local, int C, bool to_expert_major) {
   // counts[s*local + j]: rows of local expert j from/to rank s
   std::vector<size_t> src_major(ranks * local + 1, 0), exp_major(ranks * local + 1, 0);
   for (int s = 0, i = 0; s < ranks; ++s)
@@ -58,9 +60,9 @@ void regroup(const float* in, float* out, const std::vector<int>& counts, int ra
   for (int j = 0; j < local; ++j)
     for (int s = 0; s < ranks; ++s) start[s * local + j] = at, at += counts[s * local + j];
   for (int i = 0; i < ranks * local; ++i) {
-    const size_t n = (size_t)counts[i] * C;
-    if (to_expert_major) std::memcpy(out + start[i] * C, in + src_major[i] * C, n * sizeof(float));
-    else std::memcpy(out + src_major[i] * C, in + start[i] * C, n * sizeof(float));
+    const size_t n = (size_t)counts[i] * C * sizeof(float);
+    if (to_expert_major) ops.copy(out + start[i] * C, in + src_major[i] * C, n);
+    else ops.copy(out + src_major[i] * C, in + start[i] * C, n);
   }
 }
 
@@ -143,10 +145,19 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
     }
     count_sent(sr);
     alltoall_calls_ += P > 1;
-    if (P > 1) ep_->alltoallv_rows(in, sr, out, rr, C);
-    else std::memcpy(out, in, (size_t)sr[0] * C * sizeof(float));
+    if (P == 1) {
+      ops_->copy(out, in, (size_t)sr[0] * C * sizeof(float));
+    } else if (ops_->host_memory()) {
+      ep_->alltoallv_rows(in, sr, out, rr, C);
+    } else {  // device rows through host buffers (MPI here is not CUDA-aware)
+      std::vector<float> hin(total(sr) * C), hout(total(rr) * C);
+      ops_->copy_to_host(hin.data(), in, hin.size() * sizeof(float));
+      ep_->alltoallv_rows(hin.data(), sr, hout.data(), rr, C);
+      ops_->copy_from_host(out, hout.data(), hout.size() * sizeof(float));
+    }
     return;
   }
+  // Tensor parallelism (and so this path) runs in host memory only: Gpt refuses it on a device.
   // This rank's share of every run (summed over the group when partial), then the all-to-all.
   std::vector<int> in_pieces(T), out_pieces(T);
   for (int u = 0; u < T; ++u) in_pieces[u] = (int)total(share_counts(rin, u, T)), out_pieces[u] = (int)total(share_counts(rout, u, T));
@@ -173,14 +184,14 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
 
 Gpt::MoeActs& Gpt::moe_acts(int set) {
   if (moe_acts_.size() <= static_cast<size_t>(set)) moe_acts_.resize(set + 1);
-  if (!moe_acts_[set]) moe_acts_[set] = std::make_unique<MoeActs>();
+  if (!moe_acts_[set]) moe_acts_[set] = std::make_unique<MoeActs>(*ops_);
   return *moe_acts_[set];
 }
 
 Gpt::MoeActs& Gpt::moe_state(const Block& o, int set) {
   if (!keeps_communication() || !training_) return moe_acts(set);  // evaluation: the shared set
   if (kept_moe_.size() <= static_cast<size_t>(o.moe_index)) kept_moe_.resize(o.moe_index + 1);
-  if (!kept_moe_[o.moe_index]) kept_moe_[o.moe_index] = std::make_unique<MoeActs>();
+  if (!kept_moe_[o.moe_index]) kept_moe_[o.moe_index] = std::make_unique<MoeActs>(*ops_);
   return *kept_moe_[o.moe_index];
 }
 
@@ -200,10 +211,10 @@ size_t Gpt::kept_for_replay_bytes() const {
   for (const auto& m : kept_moe_) {
     if (!m) continue;
     const Routing& r = m->routing;
-    b += (m->xr.capacity() + m->jitter.capacity() + m->logits.capacity() + m->rows.capacity() + m->yback.capacity() +
-          m->moe_out.capacity() + m->dense_out.capacity() + m->coef.capacity() + r.probs.capacity() +
-          r.weight.capacity()) * sizeof(float);
-    b += (m->pos.capacity() + m->send_counts.capacity() + m->recv_counts.capacity() + r.expert.capacity() +
+    b += (m->xr.capacity() + m->jitter.capacity() + m->logits.capacity() + m->host_logits.capacity() +
+          m->weight.capacity() + m->rows.capacity() + m->yback.capacity() + m->moe_out.capacity() +
+          m->dense_out.capacity() + m->coef.capacity() + r.probs.capacity() + r.weight.capacity()) * sizeof(float);
+    b += (m->pos.capacity() + m->dpos.capacity() + m->send_counts.capacity() + m->recv_counts.capacity() + r.expert.capacity() +
           r.slot.capacity() + r.demand.capacity() + r.load.capacity()) * sizeof(int32_t);
   }
   return b;
@@ -228,7 +239,9 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
       const int rows = expert_rows(m.recv_counts, P, El, j);
       const int b = o.expert_blocks[ep_rank_ * El + j];
       const float* w = store.params(b);
-      if (rows > 0) mlp_hidden(w + ex_.fcw, w + ex_.fcb, &m.rows[row * C], &xa.fch[row * F], &xa.fch_gelu[row * F], rows, F);
+      if (rows > 0)
+        mlp_hidden(w + ex_.fcw, w + ex_.fcb, m.rows.data() + row * C, xa.fch.data() + row * F,
+                   xa.fch_gelu.data() + row * F, rows, F);
       store.release(b);
       row += rows;
     }
@@ -244,26 +257,24 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   // Router, fp32. Jitter multiplies the router's input only (DeepSpeed's multiplicative_jitter).
   const float* xr = x;
   if (training && gc.noise == GateNoise::jitter) {
-    m.jitter.resize((size_t)N * C);
-    m.xr.resize((size_t)N * C);
+    std::vector<float> f((size_t)N * C);
     for (int n = 0; n < N; ++n) {
       Rng rng(mix_seed(seed, static_cast<uint64_t>(n), 0x6a6974));
-      for (int c = 0; c < C; ++c) {
-        const size_t i = (size_t)n * C + c;
-        m.jitter[i] = static_cast<float>(1.0 - 1e-2 + 2e-2 * rng.uniform());
-        m.xr[i] = x[i] * m.jitter[i];
-      }
+      for (int c = 0; c < C; ++c) f[(size_t)n * C + c] = static_cast<float>(1.0 - 1e-2 + 2e-2 * rng.uniform());
     }
+    m.jitter.upload(f.data(), f.size());
+    ops_->multiply(m.xr.resize(f.size()), x, m.jitter.data(), f.size(), /*accumulate=*/false);
     xr = m.xr.data();
   } else {
     m.jitter.clear();
     m.xr.clear();
   }
-  m.logits.assign((size_t)N * E, 0.0f);
-  ops_->matmul_forward(m.logits.data(), xr, lp + o.routerw, nullptr, N, C, E, Precision::fp32);
+  ops_->matmul_forward(m.logits.zeros((size_t)N * E), xr, lp + o.routerw, nullptr, N, C, E, Precision::fp32);
+  m.host_logits.resize((size_t)N * E);
+  ops_->copy_to_host(m.host_logits.data(), m.logits.data(), m.host_logits.size() * sizeof(float));
 
-  // Gate. Without dropping, the capacity is the largest demand over the expert-parallel group.
-  m.routing = select_experts(m.logits.data(), N, gc, seed, training);
+  // Gate (on the host). Without dropping, the capacity is the largest demand over the expert-parallel group.
+  m.routing = select_experts(m.host_logits.data(), N, gc, seed, training);
   Routing& r = m.routing;
   int capacity = moe_capacity(N, gc);
   if (!gc.drop_tokens) {
@@ -279,15 +290,21 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   for (int e = 0; e < E; ++e) first[e + 1] = first[e] + r.load[e];
   const size_t S = first[E];
   m.pos.assign((size_t)N * K, -1);
-  std::vector<float> send(S * C);
+  std::vector<int32_t> source(S);  // the token of each send row
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) {
       const int i = n * K + k;
       if (r.slot[i] < 0) continue;
       const size_t p = first[r.expert[i]] + r.slot[i];
       m.pos[i] = static_cast<int32_t>(p);
-      std::memcpy(&send[p * C], x + (size_t)n * C, C * sizeof(float));
+      source[p] = n;
     }
+  m.dpos.upload(m.pos.data(), m.pos.size());
+  m.weight.upload(r.weight.data(), r.weight.size());
+  BackendArray<int32_t> dsource(*ops_);
+  dsource.upload(source.data(), S);
+  BackendArray<float> send(*ops_);
+  ops_->gather_rows(send.resize(S * C), x, dsource.data(), S, C);
   // Counts: rows of (dest rank d, its local expert j), and what comes back from each source.
   std::vector<int>& sc = m.send_counts;
   std::vector<int>& rc = m.recv_counts;
@@ -301,10 +318,9 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   }
   size_t R = 0;
   for (int v : rc) R += v;
-  std::vector<float> recv(R * C);
-  moe_exchange(m, send.data(), recv.data(), C, /*to_experts=*/true);
-  m.rows.resize(R * C);
-  regroup(recv.data(), m.rows.data(), rc, P, El, C, true);
+  BackendArray<float> recv(*ops_);
+  moe_exchange(m, send.data(), recv.resize(R * C), C, /*to_experts=*/true);
+  regroup(*ops_, recv.data(), m.rows.resize(R * C), rc, P, El, C, true);
 
   // Experts: one MLP per local expert over its rows (every source's rows in one GEMM). Tensor-
   // parallel experts hold F = 4C/T of the hidden width: partial outputs, summed on the way back.
@@ -318,49 +334,26 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     const float* w = store.params(b);
     if (rows > 0)
       mlp_forward(w + ex_.fcw, w + ex_.fcb, w + ex_.projw, split ? row_bias(w + ex_.projb) : w + ex_.projb,
-                  &m.rows[row * C], &xa.fch[row * F], &xa.fch_gelu[row * F], &xa.y[row * C], rows, F);
+                  m.rows.data() + row * C, xa.fch.data() + row * F, xa.fch_gelu.data() + row * F,
+                  xa.y.data() + row * C, rows, F);
     store.release(b);
     row += rows;
   }
 
-  // Return and combine.
-  std::vector<float> back(R * C);
-  regroup(xa.y.data(), back.data(), rc, P, El, C, false);
-  m.yback.resize(S * C);
-  moe_exchange(m, back.data(), m.yback.data(), C, /*to_experts=*/false, /*partial=*/split);
-  float* moe_out = out;
-  if (cfg_.moe.residual) {
-    m.moe_out.assign((size_t)N * C, 0.0f);
-    moe_out = m.moe_out.data();
-  } else {
-    std::memset(out, 0, (size_t)N * C * sizeof(float));
-  }
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) {
-      const int i = n * K + k;
-      if (m.pos[i] < 0) continue;
-      const float w = r.weight[i];
-      const float* yr = &m.yback[(size_t)m.pos[i] * C];
-      float* dst = moe_out + (size_t)n * C;
-      for (int c = 0; c < C; ++c) dst[c] += w * yr[c];
-    }
+  // Return and combine: a dropped route adds nothing (the residual stream carries the token).
+  BackendArray<float> back(*ops_);
+  regroup(*ops_, xa.y.data(), back.resize(R * C), rc, P, El, C, false);
+  moe_exchange(m, back.data(), m.yback.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
+  float* moe_out = cfg_.moe.residual ? m.moe_out.resize((size_t)N * C) : out;
+  ops_->moe_combine(moe_out, m.yback.data(), m.dpos.data(), m.weight.data(), N, K, C);
   if (cfg_.moe.residual) {
     // out = c0 * moe + c1 * mlp(x), (c0, c1) = softmax(x Wc^T + bc) per token.
-    m.dense_out.resize((size_t)N * C);
     // The dense MLP beside the experts is tensor-parallel like a dense layer's (the experts are not).
     mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), x, a.fch, a.fch_gelu,
-                m.dense_out.data(), N, Fl_);
+                m.dense_out.resize((size_t)N * C), N, Fl_);
     tp_.all_reduce(m.dense_out.data(), (size_t)N * C);
-    m.coef.resize((size_t)N * 2);
-    ops_->matmul_forward(m.coef.data(), x, lp + o.coefw, lp + o.coefb, N, C, 2, Precision::fp32);
-    for (int n = 0; n < N; ++n) {
-      float* c2 = &m.coef[(size_t)n * 2];
-      const float mx = std::max(c2[0], c2[1]);
-      const float e0 = std::exp(c2[0] - mx), e1 = std::exp(c2[1] - mx);
-      c2[0] = e0 / (e0 + e1), c2[1] = e1 / (e0 + e1);
-      for (int c = 0; c < C; ++c)
-        out[(size_t)n * C + c] = c2[0] * m.moe_out[(size_t)n * C + c] + c2[1] * m.dense_out[(size_t)n * C + c];
-    }
+    ops_->matmul_forward(m.coef.resize((size_t)N * 2), x, lp + o.coefw, lp + o.coefb, N, C, 2, Precision::fp32);
+    ops_->residual_mix(out, m.coef.data(), m.moe_out.data(), m.dense_out.data(), N, C);
   }
 }
 
@@ -377,26 +370,12 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   const size_t S = m.yback.size() / C;
 
   // Residual MoE: split dout into the expert and dense paths and the coefficient's gradient.
-  std::vector<float> dmoe;
+  BackendArray<float> dmoe(*ops_);
   const float* dm = dout;
   if (cfg_.moe.residual) {
-    dmoe.resize((size_t)N * C);
-    std::vector<float> dd((size_t)N * C), dlog((size_t)N * 2);
-    for (int n = 0; n < N; ++n) {
-      const float* c2 = &m.coef[(size_t)n * 2];
-      double g0 = 0, g1 = 0;
-      for (int c = 0; c < C; ++c) {
-        const size_t i = (size_t)n * C + c;
-        dmoe[i] = c2[0] * dout[i];
-        dd[i] = c2[1] * dout[i];
-        g0 += (double)dout[i] * m.moe_out[i];
-        g1 += (double)dout[i] * m.dense_out[i];
-      }
-      // softmax backward: dz_i = c_i (g_i - sum_j c_j g_j)
-      const double dot = c2[0] * g0 + c2[1] * g1;
-      dlog[(size_t)n * 2] = static_cast<float>(c2[0] * (g0 - dot));
-      dlog[(size_t)n * 2 + 1] = static_cast<float>(c2[1] * (g1 - dot));
-    }
+    BackendArray<float> dd(*ops_), dlog(*ops_);
+    ops_->residual_mix_backward(dmoe.resize((size_t)N * C), dd.resize((size_t)N * C), dlog.resize((size_t)N * 2), dout,
+                                m.coef.data(), m.moe_out.data(), m.dense_out.data(), N, C);
     // dx is zero here: the dense MLP's part first, summed over the tensor-parallel group (f's
     // backward), then the whole contributions of the coefficient and the experts.
     Workspace& w = *ws_;
@@ -408,28 +387,21 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   }
 
   // Combine backward: d(y) of each kept route, and d(weight) for the gate.
-  std::vector<float> dyback(S * C, 0.0f), dweight((size_t)N * K, 0.0f);
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) {
-      const int i = n * K + k;
-      if (m.pos[i] < 0) continue;
-      const float w = r.weight[i];
-      const float* g = dm + (size_t)n * C;
-      const float* yr = &m.yback[(size_t)m.pos[i] * C];
-      float* dyr = &dyback[(size_t)m.pos[i] * C];
-      double dw = 0;
-      for (int c = 0; c < C; ++c) dyr[c] = w * g[c], dw += (double)g[c] * yr[c];
-      dweight[i] = static_cast<float>(dw);
-    }
+  BackendArray<float> dyback(*ops_), dweight(*ops_);
+  ops_->moe_combine_backward(dyback.zeros(S * C), dweight.resize((size_t)N * K), dm, m.yback.data(), m.dpos.data(),
+                             m.weight.data(), N, K, C);
 
   // To the experts, their backward, and the input gradients back.
   const size_t R = m.rows.size() / C;
-  std::vector<float> recv(R * C), dy(R * C);
-  moe_exchange(m, dyback.data(), recv.data(), C, /*to_experts=*/true);
-  regroup(recv.data(), dy.data(), m.recv_counts, P, El, C, true);
+  BackendArray<float> recv(*ops_), dy(*ops_);
+  moe_exchange(m, dyback.data(), recv.resize(R * C), C, /*to_experts=*/true);
+  regroup(*ops_, recv.data(), dy.resize(R * C), m.recv_counts, P, El, C, true);
   const int F = expert_width();
   const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
-  std::vector<float> drows(R * C, 0.0f), dscratch(R * F), dscratch2(R * F);
+  BackendArray<float> drows(*ops_), dscratch(*ops_), dscratch2(*ops_);
+  drows.zeros(R * C);
+  dscratch.resize(R * F);
+  dscratch2.resize(R * F);
   size_t row = 0;
   for (int j = 0; j < El; ++j) {
     const int rows = expert_rows(m.recv_counts, P, El, j);
@@ -437,40 +409,35 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     const float* w = store.params(b);
     float* g = store.grads(b);
     if (rows > 0)
-      mlp_backward(w + ex_.fcw, w + ex_.projw, g + ex_.fcw, g + ex_.fcb, g + ex_.projw, g + ex_.projb, &m.rows[row * C],
-                   &xa.fch[row * F], &xa.fch_gelu[row * F], &dy[row * C], &drows[row * C], rows, dscratch.data(),
-                   dscratch2.data(), F);
+      mlp_backward(w + ex_.fcw, w + ex_.projw, g + ex_.fcw, g + ex_.fcb, g + ex_.projw, g + ex_.projb,
+                   m.rows.data() + row * C, xa.fch.data() + row * F, xa.fch_gelu.data() + row * F,
+                   dy.data() + row * C, drows.data() + row * C, rows, dscratch.data(), dscratch2.data(), F);
     store.release(b);
     store.grads_ready(b);
     row += rows;
   }
-  std::vector<float> back(R * C), dsend(S * C);
-  regroup(drows.data(), back.data(), m.recv_counts, P, El, C, false);
-  moe_exchange(m, back.data(), dsend.data(), C, /*to_experts=*/false, /*partial=*/split);
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) {
-      const int i = n * K + k;
-      if (m.pos[i] < 0) continue;
-      const float* src = &dsend[(size_t)m.pos[i] * C];
-      float* d = dx + (size_t)n * C;
-      for (int c = 0; c < C; ++c) d[c] += src[c];
-    }
+  BackendArray<float> back(*ops_), dsend(*ops_);
+  regroup(*ops_, drows.data(), back.resize(R * C), m.recv_counts, P, El, C, false);
+  moe_exchange(m, back.data(), dsend.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
+  ops_->moe_dispatch_backward(dx, dsend.data(), m.dpos.data(), N, K, C);
 
-  // Gate and router. The aux and z losses enter the total loss per micro-batch with their
-  // coefficients, on the same scale as the token losses' mean (dloss per token x the micro-batch's
-  // B*T tokens, which is N unless random-LTD runs this layer on fewer rows).
-  std::vector<float> dlogits((size_t)N * E);
+  // Gate and router (the gate's backward on the host). The aux and z losses enter the total loss
+  // per micro-batch with their coefficients, on the same scale as the token losses' mean (dloss per
+  // token x the micro-batch's B*T tokens, which is N unless random-LTD runs this layer on fewer rows).
+  std::vector<float> host_dweight((size_t)N * K), host_dlogits((size_t)N * E);
+  ops_->copy_to_host(host_dweight.data(), dweight.data(), host_dweight.size() * sizeof(float));
   const float aux_scale = static_cast<float>(dloss_ * batch_rows_ * cfg_.moe.loss_coeff);
   const float z_scale = static_cast<float>(dloss_ * batch_rows_ * cfg_.moe.z_loss_coeff);
-  route_backward(r, m.logits.data(), dweight.data(), aux_scale, z_scale, dlogits.data());
-  const float* xr = m.jitter.empty() ? x : m.xr.data();
+  route_backward(r, m.host_logits.data(), host_dweight.data(), aux_scale, z_scale, host_dlogits.data());
+  BackendArray<float> dlogits(*ops_);
+  dlogits.upload(host_dlogits.data(), host_dlogits.size());
   if (m.jitter.empty()) {
-    ops_->matmul_backward(dx, lg + o.routerw, nullptr, dlogits.data(), xr, lp + o.routerw, N, C, E, Precision::fp32);
+    ops_->matmul_backward(dx, lg + o.routerw, nullptr, dlogits.data(), x, lp + o.routerw, N, C, E, Precision::fp32);
   } else {
-    std::vector<float> dxr((size_t)N * C, 0.0f);
-    ops_->matmul_backward(dxr.data(), lg + o.routerw, nullptr, dlogits.data(), xr, lp + o.routerw, N, C, E,
-                          Precision::fp32);
-    for (size_t i = 0; i < dxr.size(); ++i) dx[i] += dxr[i] * m.jitter[i];
+    BackendArray<float> dxr(*ops_);
+    ops_->matmul_backward(dxr.zeros((size_t)N * C), lg + o.routerw, nullptr, dlogits.data(), m.xr.data(),
+                          lp + o.routerw, N, C, E, Precision::fp32);
+    ops_->multiply(dx, dxr.data(), m.jitter.data(), (size_t)N * C, /*accumulate=*/true);
   }
 }
 

@@ -297,8 +297,6 @@ class Gpt {
   struct ExpertOffsets {
     size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
   } ex_;  // tensors inside an expert block (every expert alike)
-  std::vector<std::unique_ptr<MoeActs>> moe_acts_;
-  std::vector<std::unique_ptr<MoeActs>> kept_moe_;  // CAC: one per MoE layer
   bool cac_ = false, replaying_ = false;
   long long alltoall_calls_ = 0;
   std::vector<MoeLayerStats> moe_stats_;
@@ -315,7 +313,9 @@ class Gpt {
   PhaseSeconds phase_;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;
-  std::unique_ptr<Workspace> ws_;                 // declared last: its buffers go back to ops_ first
+  std::unique_ptr<Workspace> ws_;                 // declared after ops_: its buffers go back to ops_ first
+  std::vector<std::unique_ptr<MoeActs>> moe_acts_;  // likewise (rows in the backend's memory)
+  std::vector<std::unique_ptr<MoeActs>> kept_moe_;  // CAC: one per MoE layer
 };
 
 }  // namespace hpct::model
