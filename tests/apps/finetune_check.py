@@ -41,11 +41,12 @@ def positions(ckpt):
 
 
 check(positions(pre) == 256, f"the pretrained checkpoint records 256 positions (got {positions(pre)})")
-# Context extension: the same run resumed at twice the sequence length trains on.
+# Context extension: the same run resumed at twice the sequence length trains on, with a schedule
+# of its own (12 iterations: --override-opt_param-scheduler, as a Megatron user would give).
 longer = os.path.join(a.workdir, "longer.jsonl")
 c.run([a.gpt, "@" + a.args, "--data-path", os.path.join(a.data, "brown_text_document"), *tok, "--split", "949,50,1",
        "--train-iters", "12", "--eval-iters", "0", "--load", pre, "--seq-length", "256", "--micro-batch-size", "4",
-       "--log-interval", "1", "--metrics-file", longer])
+       "--log-interval", "1", "--metrics-file", longer, "--override-opt_param-scheduler"])
 lr = [json.loads(x) for x in open(longer)] if os.path.exists(longer) else []
 lr = [r for r in lr if r.get("type") == "train" and r.get("iteration", 0) > 10]
 check([r["iteration"] for r in lr] == [11, 12] and all(0 < r["lm_loss"] < 20 for r in lr),
@@ -65,7 +66,7 @@ with open(sft, "w") as f:
 def finetune(name, *extra, iters=24, want=0):
     out = os.path.join(a.workdir, name)
     p = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--split", "90,10,0", "--train-iters", str(iters),
-               "--lr", "2e-3", "--lr-warmup-iters", "4", "--log-interval", "1", "--eval-interval", "1000",
+               "--lr", "2e-3", "--lr-warmup-iters", "4", "--lr-decay-iters", "30", "--log-interval", "1", "--eval-interval", "1000",
                "--eval-iters", "2", "--metrics-file", out + ".jsonl", "--json", out + ".json", *extra], want=want)
     recs = [json.loads(line) for line in open(out + ".jsonl")] if os.path.exists(out + ".jsonl") else []
     return p, [r for r in recs if r.get("type") == "train"], (json.load(open(out + ".json")) if os.path.exists(out + ".json") else {})

@@ -26,7 +26,7 @@ a, check = c.args, c.check
 data = ["--data-path", os.path.join(a.data, "brown_text_document"), "--vocab-file", os.path.join(a.data, "gpt2-vocab.json"),
         "--merge-file", os.path.join(a.data, "gpt2-merges.txt")]
 # The flags accepted without effect (train_config_compat.cpp): each must say so once.
-NO_OP = {"--override-opt_param-scheduler", "--num-workers", "--no-async-tensor-model-parallel-allreduce", "--data-impl",
+NO_OP = {"--num-workers", "--no-async-tensor-model-parallel-allreduce", "--data-impl",
          "--pipeline-model-parallel-size", "--no-pipeline-parallel", "--use-flash-attn", "--recompute-method",
          "--recompute-num-layers"}
 

@@ -32,7 +32,8 @@ def run(cmd):
 
 d1, d2 = os.path.join(a.workdir, "trained"), os.path.join(a.workdir, "imported")
 st1, st2 = os.path.join(a.workdir, "gpt.safetensors"), os.path.join(a.workdir, "again.safetensors")
-common = ["@" + a.args, "--mock-data", "--vocab-size", "500", "--eval-iters", "0", "--log-interval", "1"]
+common = ["@" + a.args, "--mock-data", "--vocab-size", "500", "--eval-iters", "0", "--log-interval", "1",
+          "--lr-decay-iters", "100"]  # one schedule for every run length (resumes may not change it)
 run([a.gpt, *common, "--train-iters", "3", "--save", d1])
 run([a.tool, "export", d1, st1])
 
@@ -160,7 +161,7 @@ check(p.returncode == 2 and "--num-attention-heads expects an integer" in p.stde
 # rows (with padding, GPT-2's softmax would lack the padding logits hpctrain has).
 d3, st3, m3 = (os.path.join(a.workdir, x) for x in ("fwd", "fwd.safetensors", "fwd.jsonl"))
 fwd = ["@" + a.args, "--mock-data", "--vocab-size", "512", "--seq-length", "32", "--micro-batch-size", "1",
-       "--global-batch-size", "1", "--eval-iters", "0", "--log-interval", "1"]
+       "--global-batch-size", "1", "--eval-iters", "0", "--log-interval", "1", "--lr-decay-iters", "100"]
 run([a.gpt, *fwd, "--train-iters", "1", "--save", d3])
 run([a.gpt, *fwd, "--train-iters", "2", "--load", d3, "--metrics-file", m3])
 run([a.tool, "export", d3, st3])

@@ -36,7 +36,7 @@ ap.add_argument("--mpi", required=True)
 a = ap.parse_args()
 mpi = a.mpi.split()
 base = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--micro-batch-size", "4", "--global-batch-size", "8",
-        "--log-interval", "1", "--eval-iters", "0"]
+        "--log-interval", "1", "--eval-iters", "0", "--lr-decay-iters", "100"]  # one schedule for every run length
 errors = []
 
 

@@ -37,7 +37,8 @@ if not shutil.which("mkfs.ext2"):
     skip("mkfs.ext2 (e2fsprogs) is not installed")
 
 base = a.mpi.split() + [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--micro-batch-size", "2",
-                        "--global-batch-size", "4", "--log-interval", "1", "--eval-iters", "0"]
+                        "--global-batch-size", "4", "--log-interval", "1", "--eval-iters", "0",
+                        "--lr-decay-iters", "100"]  # one schedule for every run length
 
 
 def mount(mib):

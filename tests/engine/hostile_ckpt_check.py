@@ -28,7 +28,8 @@ from checklib import Checks  # noqa: E402  (tests/checklib.py)
 c = Checks("--gpt", "--tool", "--args", "--workdir")
 a, check, fails = c.args, c.check, c.fails
 base = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--micro-batch-size", "2", "--global-batch-size", "2",
-        "--log-interval", "1", "--eval-iters", "0", "--num-layers", "2"]
+        "--log-interval", "1", "--eval-iters", "0", "--num-layers", "2",
+        "--lr-decay-iters", "100"]  # one schedule for every run length (resumes may not change it)
 
 
 def run(args, timeout=120):

@@ -34,6 +34,9 @@ namespace {
 
 engine::TrainConfig tiny(int iters, int hidden = 32) {
   engine::TrainConfig c = test::tiny_gpt(iters, 2, 6, hidden);  // 6: divisible by 1, 2, 3
+  // One schedule for every run length, so that a run continued with more iterations resumes the
+  // checkpoint's schedule (a changed one is refused without --override-opt_param-scheduler).
+  c.lr_decay_iters = 8;
   return c;
 }
 
@@ -412,4 +415,36 @@ TEST(Checkpoint, ArchitectureRecordsPositionsAndReadsOlderFiles) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("max_position_embeddings is 64 in the checkpoint"), std::string::npos) << e.what();
   }
+}
+
+// Megatron's rule for the learning-rate schedule on resume: the checkpoint's, unless
+// --override-opt_param-scheduler; nothing to keep at iteration 0 (an import), for a key the
+// checkpoint predates, or for a run that trains nothing (--skip-train).
+TEST(Checkpoint, ResumeKeepsTheScheduleUnlessOverridden) {
+  engine::StoredRun r;
+  r.state.iteration = 5;
+  r.meta.architecture = nlohmann::json::object();
+  r.meta.tokenizer = "unknown: test";
+  r.meta.config = {{"lr", 1e-3}, {"lr_decay_iters", 24}};
+  engine::CheckpointMeta here;
+  here.architecture = nlohmann::json::object();
+  here.config = {{"lr", 1e-3}, {"lr_decay_iters", 30}, {"lr_decay_samples", 0}};
+  try {
+    engine::check_compatible(r, here, "ck.h5");
+    ADD_FAILURE() << "a changed --lr-decay-iters was taken silently";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--lr-decay-iters 30 differs from the checkpoint's 24 (ck.h5)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--override-opt_param-scheduler"), std::string::npos) << e.what();
+  }
+  here.config["override_opt_param_scheduler"] = true;
+  EXPECT_NO_THROW(engine::check_compatible(r, here, "ck.h5"));
+  here.config["override_opt_param_scheduler"] = false;
+  here.config["skip_train"] = true;  // an evaluation steps no schedule
+  EXPECT_NO_THROW(engine::check_compatible(r, here, "ck.h5"));
+  here.config["skip_train"] = false;
+  r.state.iteration = 0;
+  EXPECT_NO_THROW(engine::check_compatible(r, here, "ck.h5"));
+  r.state.iteration = 5;
+  here.config["lr_decay_iters"] = 24;  // the same schedule; lr_decay_samples is not in the older file
+  EXPECT_NO_THROW(engine::check_compatible(r, here, "ck.h5"));
 }

@@ -143,6 +143,23 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
   if (r.meta.tokenizer.rfind("unknown", 0) != 0 && r.meta.tokenizer != here.tokenizer)
     throw file_error(file, "was trained with tokenizer '" + r.meta.tokenizer.substr(0, 120) + "', this run has '" + here.tokenizer + "'",
                      "give the --vocab-file/--merge-file (or --mock-data --vocab-size) the checkpoint was trained with");
+  // Megatron's OptimizerParamScheduler rule: a resumed run keeps the checkpoint's learning-rate
+  // schedule unless --override-opt_param-scheduler takes this run's (imports, at iteration 0,
+  // and checkpoints that predate a key have nothing to keep); a run that trains nothing
+  // (--skip-train) steps no schedule.
+  const nlohmann::json& was = r.meta.config;
+  if (r.state.iteration > 0 && was.is_object() && !here.config.value("override_opt_param_scheduler", false) &&
+      !here.config.value("skip_train", false))
+    for (const auto& [key, flag] : {std::pair<const char*, const char*>{"lr", "--lr"}, {"min_lr", "--min-lr"},
+                                    {"lr_style", "--lr-decay-style"}, {"lr_warmup_iters", "--lr-warmup-iters"},
+                                    {"lr_decay_iters", "--lr-decay-iters"}, {"lr_warmup_tokens", "--lr-warmup-tokens"},
+                                    {"lr_decay_tokens", "--lr-decay-tokens"}, {"lr_warmup_samples", "--lr-warmup-samples"},
+                                    {"lr_decay_samples", "--lr-decay-samples"}})
+      if (was.contains(key) && here.config.contains(key) && was[key] != here.config[key])
+        throw config_error(flag, std::string(flag) + " " + json_excerpt(here.config[key]) + " differs from the checkpoint's " +
+                                     json_excerpt(was[key]) + " (" + file + "): the learning-rate schedule would change mid-run",
+                           "resume with the checkpoint's schedule flags (--lr-decay-iters defaults to --train-iters), or give "
+                           "--override-opt_param-scheduler to take this run's (Megatron's rule)");
   if (r.state.iteration > 0 && r.meta.seed != here.seed)
     throw config_error("--seed", "--seed " + std::to_string(here.seed) + " differs from the checkpoint's seed " +
                                      std::to_string(r.meta.seed) + " (" + file + "): the data order would change mid-run",

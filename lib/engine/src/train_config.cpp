@@ -418,6 +418,8 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"lr_decay_tokens", c.lr_decay_tokens},
           {"train_tokens", c.train_tokens},
           {"train_samples", c.train_samples},
+          {"override_opt_param_scheduler", c.override_opt_param_scheduler},
+          {"skip_train", c.skip_train},
           {"lr_warmup_samples", c.lr_warmup_samples},
           {"lr_decay_samples", c.lr_decay_samples},
           {"exit_duration_in_mins", c.exit_duration_mins},

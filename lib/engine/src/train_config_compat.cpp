@@ -99,7 +99,7 @@ void add_compat_flags(FlagTable& t) {
       {"--apply-query-key-layer-scaling", no_op("--apply-query-key-layer-scaling", "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once")},
       {"--attention-softmax-in-fp32", no_op("--attention-softmax-in-fp32", "the softmax is always computed in fp32")},
       {"--fp16-lm-cross-entropy", no_op("--fp16-lm-cross-entropy", "the loss is always computed in fp32")},
-      {"--override-opt_param-scheduler", no_op("--override-opt_param-scheduler", "the learning-rate schedule always comes from this run's flags")},
+      {"--override-opt_param-scheduler", {false, [](TrainConfig& c, const std::string&) { c.override_opt_param_scheduler = true; }, "on resume, take this run's learning-rate schedule flags even where they differ from the checkpoint's (otherwise refused, as Megatron does)"}},
       {"--universal-checkpoint", no_op("--universal-checkpoint", "checkpoints are topology-free already: any rank count, ZeRO stage and tensor-parallel size loads them")},
       {"--partition-activations", no_op("--partition-activations", "recomputed layers keep only their input, whole, on each rank")},
       {"--contigious-checkpointing", no_op("--contigious-checkpointing", "recomputed layers' inputs are kept in one buffer each")},

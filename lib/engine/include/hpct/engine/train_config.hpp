@@ -67,6 +67,7 @@ struct TrainConfig {
   // samples / global batch, warmup and decay counted in samples ((step + 1) x global batch).
   long long train_samples = 0, lr_warmup_samples = 0, lr_decay_samples = 0;
   double lr_warmup_fraction = -1;  // --lr-warmup-fraction (-1: not given): warmup = fraction x decay
+  bool override_opt_param_scheduler = false;  // a resume may change the schedule flags (Megatron's flag)
   double exit_duration_mins = 0;   // --exit-duration-in-mins: save and stop after this long (0: never)
   LrStyle lr_style = LrStyle::linear;
   double ds_warmup_min_lr = 0, ds_warmup_max_lr = 0.001, ds_warmup_min_ratio = 0, ds_cos_min_ratio = 0.0001;
