@@ -10,7 +10,9 @@ BLAS blocking while still catching any routing or reduction error, which moves l
 Top-2 without token dropping and residual MoE with Jitter are compared the same way on (2,2,1) and
 (4,4,2); TED's T=2 x E=2 on 4 ranks with and without duplicate token dropping too (and the two
 against each other exactly, with their all-to-all bytes). Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
-iterations 3-4 must match the uninterrupted run. Also: the bad-flag errors name their flag.
+iterations 3-4 must match the uninterrupted run; --finetune from it (weights only) gives equal
+losses on 1 rank and at EP 2, and refuses other experts than the weights'. Also: the bad-flag
+errors name their flag.
 """
 import json
 import os
@@ -133,6 +135,26 @@ for np, ep, zero in [(1, 1, 0), (4, 4, 2)]:
             r = ref[g["iteration"] - 1]
             ok = ok and close(r["lm_loss"], g["lm_loss"]) and close(r["grad_norm"], g["grad_norm"])
     c.check(ok, f"the EP 2 checkpoint resumes on {np} ranks at EP {ep}, ZeRO {zero}: iterations 3-4 match the uninterrupted run")
+
+# Starting from the checkpoint's weights (--finetune: iteration 0, fresh optimizer) on 1 rank and
+# on 2 ranks with EP 2: the same losses (the layout tolerance), and not those of a fresh start.
+fts = {}
+for np, ep, zero in [(1, 1, 0), (2, 2, 1)]:
+    rc, fts[ep] = run(np, ep, zero, ["--finetune", "--load", ck], tag=f"finetune_n{np}_ep{ep}")
+f1, f2 = fts[1], fts[2]
+ok = [s["iteration"] for s in f1] == [1, 2, 3, 4] == [s["iteration"] for s in f2]
+ok = ok and all(close(x["lm_loss"], y["lm_loss"]) and close(x["moe_loss"], y["moe_loss"]) for x, y in zip(f1, f2))
+c.check(ok, "--finetune from the EP 2 checkpoint: iterations 1-4 on 1 rank equal those on 2 ranks at EP 2")
+c.check(bool(f1) and abs(f1[0]["lm_loss"] - ref[0]["lm_loss"]) > 1e-2,
+        f"--finetune starts from the trained weights: first loss {f1[0]['lm_loss'] if f1 else None:.4f}, "
+        f"a fresh start's {ref[0]['lm_loss']:.4f}")
+other = list(base)
+other[other.index("--num-experts") + 1] = "8"
+p = subprocess.run(mpi[:2] + ["1"] + mpi[3:] + [a.moe] + other + ["--finetune", "--load", ck], capture_output=True,
+                   text=True, timeout=300)
+lines = [l for l in p.stderr.splitlines() if "error:" in l]
+c.check(p.returncode == 1 and len(lines) == 1 and "--num-experts" in lines[0] and "4 in" in lines[0],
+        f"--finetune with other experts than the weights': one error line naming --num-experts: {lines[:1]}")
 
 # Bad input: one line naming the flag.
 for extra, np, want in [(["--moe-expert-parallel-size", "3", "--global-batch-size", "6"], 3, "--moe-expert-parallel-size"),

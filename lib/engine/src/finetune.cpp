@@ -36,9 +36,21 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
     s.params = std::move(w.params);
   }
   const std::string& file = s.file;
-  if (mc.moe.enabled(mc.num_layers) || cfg.model.moe.enabled(cfg.model.num_layers))
-    throw config_error("--num-experts", "starting from given weights is for dense models here (no MoE yet)");
   same("--num-layers", cfg.model.num_layers, file, "layers", mc.num_layers);
+  // MoE: the same experts on the same layers (the expert-parallel size, top-k and capacity are the
+  // run's own: they do not change the weights).
+  const auto experts = [](const model::GptConfig& m) {
+    std::string list;
+    for (int l = 0; l < m.num_layers; ++l) list += (list.empty() ? "" : " ") + std::to_string(m.moe.experts_of(l, m.num_layers));
+    return list;
+  };
+  if (experts(cfg.model) != experts(mc))
+    throw config_error("--num-experts", "experts per layer are " + experts(cfg.model) + " here but " + experts(mc) + " in " + file,
+                       "give the --num-experts and --expert-interval of the model the weights belong to");
+  if (cfg.model.moe.enabled(cfg.model.num_layers) && cfg.model.moe.residual != mc.moe.residual)
+    throw config_error("--mlp-type", std::string("--mlp-type is ") + (cfg.model.moe.residual ? "residual" : "standard") +
+                                         " but " + file + " holds a " + (mc.moe.residual ? "residual" : "standard") + " MoE",
+                       "give the --mlp-type of the model the weights belong to");
   same("--hidden-size", cfg.model.hidden_size, file, "hidden size", mc.hidden_size);
   same("--num-attention-heads", cfg.model.num_heads, file, "heads", mc.num_heads);
   same("--vocab-file", cfg.model.padded_vocab(), file, "a padded vocabulary of", mc.padded_vocab());
