@@ -71,6 +71,8 @@ FlagSpec samples(long long TrainConfig::*field, const char* flag, const char* he
 
 void add_compat_flags(FlagTable& t) {
   const char* speed = "a kernel-fusion or overlap choice of Megatron's CUDA path; the results are the same";
+  const char* flash = "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed";
+  const char* scaling = "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once";
   const std::vector<std::pair<std::string, FlagSpec>> compat = {
       // Accepted without effect: what they choose is how this version always works.
       {"--num-workers", {true, [](TrainConfig& c, const std::string& v) { to_int_min("--num-workers", v, 0); c.notes.push_back("--num-workers " + v + " has no effect here: the dataset is memory-mapped and read by the training thread"); }, "the dataset is memory-mapped and read by the training thread"}},
@@ -91,12 +93,12 @@ void add_compat_flags(FlagTable& t) {
       {"--no-gradient-accumulation-fusion", no_op("--no-gradient-accumulation-fusion", speed)},
       {"--no-persist-layer-norm", no_op("--no-persist-layer-norm", speed)},
       {"--no-async-tensor-model-parallel-allreduce", no_op("--no-async-tensor-model-parallel-allreduce", speed)},
-      {"--use-flash-attn", no_op("--use-flash-attn", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
-      {"--use-flash-attn-v1", no_op("--use-flash-attn-v1", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
-      {"--use-flash-attn-v2", no_op("--use-flash-attn-v2", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
-      {"--use-flash-attn-triton", no_op("--use-flash-attn-triton", "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed")},
-      {"--no-query-key-layer-scaling", no_op("--no-query-key-layer-scaling", "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once")},
-      {"--apply-query-key-layer-scaling", no_op("--apply-query-key-layer-scaling", "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once")},
+      {"--use-flash-attn", no_op("--use-flash-attn", flash)},
+      {"--use-flash-attn-v1", no_op("--use-flash-attn-v1", flash)},
+      {"--use-flash-attn-v2", no_op("--use-flash-attn-v2", flash)},
+      {"--use-flash-attn-triton", no_op("--use-flash-attn-triton", flash)},
+      {"--no-query-key-layer-scaling", no_op("--no-query-key-layer-scaling", scaling)},
+      {"--apply-query-key-layer-scaling", no_op("--apply-query-key-layer-scaling", scaling)},
       {"--attention-softmax-in-fp32", no_op("--attention-softmax-in-fp32", "the softmax is always computed in fp32")},
       {"--fp16-lm-cross-entropy", no_op("--fp16-lm-cross-entropy", "the loss is always computed in fp32")},
       {"--override-opt_param-scheduler", {false, [](TrainConfig& c, const std::string&) { c.override_opt_param_scheduler = true; }, "on resume, take this run's learning-rate schedule flags even where they differ from the checkpoint's (otherwise refused, as Megatron does)"}},
