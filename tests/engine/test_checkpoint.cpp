@@ -103,10 +103,16 @@ TEST(H5Boxes, FlatRangesCoverExactlyTheirElements) {
   }
 }
 
-// 8 steps straight == 4 steps + save + a new process state loading it + 4 steps, bitwise.
-TEST(Checkpoint, ExactResumeIsBitwise) {
+// 8 steps straight == 4 steps + save + a new process state loading it + 4 steps, bitwise. With
+// dropout too: its masks are a function of the seed and the samples, so nothing else need be saved.
+void check_exact_resume(const char* tag, double dropout) {
   const auto& w = world();
-  std::string d = shared_dir(w, "exact");
+  std::string d = shared_dir(w, tag);
+  auto tiny = [dropout](int iters) {
+    auto c = ::tiny(iters);
+    c.model.attention_dropout = c.model.hidden_dropout = dropout;
+    return c;
+  };
   RunOut straight = train(tiny(8), w);
   auto c1 = tiny(8);
   c1.save_dir = d;
@@ -135,6 +141,9 @@ TEST(Checkpoint, ExactResumeIsBitwise) {
   w.barrier();
   if (w.rank() == 0) fs::remove_all(d);
 }
+
+TEST(Checkpoint, ExactResumeIsBitwise) { check_exact_resume("exact", 0.0); }
+TEST(Checkpoint, ExactResumeWithDropoutIsBitwise) { check_exact_resume("exact_dropout", 0.1); }
 
 // --async-save: interval saves are written by a background thread while training goes on. Each
 // must hold the state of its own iteration (the copy is taken at the boundary, training then moves

@@ -68,13 +68,18 @@ TEST(RecipeFlags, NoOpFlagsAcceptedWithOneNoteEach) {
   ASSERT_EQ(error_of(a, &c), "");
   EXPECT_EQ(c.notes.size(), 9u);
   for (const auto& n : c.notes) EXPECT_TRUE(has(n, "has no effect here: ")) << n;
-  // Aliases of recomputation; dropout only at 0 (what this version does).
+  // Aliases of recomputation; dropout at any probability in [0, 1).
   EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--deepspeed-activation-checkpointing"}), &c), "");
   EXPECT_TRUE(c.recompute_activations);
   EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--recompute-granularity", "full", "--recompute-method", "uniform",
                                    "--recompute-num-layers", "1", "--hidden-dropout", "0", "--attention-dropout", "0.0"}), &c), "");
   EXPECT_TRUE(c.recompute_activations);
-  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--hidden-dropout", "0.1"})), "--hidden-dropout 0.1: dropout is not implemented"));
+  EXPECT_EQ(c.model.hidden_dropout, 0.0);
+  EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--hidden-dropout", "0.1", "--attention-dropout", "0.2"}), &c), "");
+  EXPECT_EQ(c.model.hidden_dropout, 0.1);
+  EXPECT_EQ(c.model.attention_dropout, 0.2);
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--hidden-dropout", "1"})), "--hidden-dropout must be in [0, 1), got 1"));
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--attention-dropout", "-0.5"})), "--attention-dropout must be in [0, 1)"));
   EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--num-workers", "3"})), "");  // any worker count
   EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--num-workers", "-1"})), "--num-workers -1 must be >= 0"));
 }

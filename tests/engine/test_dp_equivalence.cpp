@@ -30,9 +30,10 @@
 using namespace hpct;
 
 namespace {
-engine::TrainConfig tiny(engine::PrecisionMode prec, int iters) {
+engine::TrainConfig tiny(engine::PrecisionMode prec, int iters, double dropout = 0) {
   engine::TrainConfig c = test::tiny_gpt(iters, 2, 12);  // 12: divisible by every N in 1..4
   c.precision = prec;
+  c.model.attention_dropout = c.model.hidden_dropout = dropout;
   return c;
 }
 
@@ -56,13 +57,18 @@ Run train(engine::TrainConfig c, const comm::Communicator& comm) {
   return r;
 }
 
-void check(engine::PrecisionMode prec, int iters) {
+void check(engine::PrecisionMode prec, int iters, double dropout = 0) {
   const bool half = prec != engine::PrecisionMode::fp32;
   const double ltol = half ? 1e-4 : 1e-5;
   auto world = comm::Communicator::world();
-  Run dp = train(tiny(prec, iters), world);
+  Run dp = train(tiny(prec, iters, dropout), world);
   auto self = comm::Communicator::self();
-  Run ref = train(tiny(prec, iters), self);
+  Run ref = train(tiny(prec, iters, dropout), self);
+  if (dropout > 0) {  // the masks really changed the run (else the check below proves nothing new)
+    Run plain = train(tiny(prec, iters), self);
+    // (at init the logits are near uniform, so the first loss moves by ~5e-4: far above rounding)
+    EXPECT_GT(std::fabs(plain.losses.front() - ref.losses.front()), 1e-4) << "dropout dropped nothing";
+  }
   ASSERT_EQ(dp.losses.size(), ref.losses.size());
   for (size_t i = 0; i < dp.losses.size(); ++i)
     EXPECT_NEAR(dp.losses[i], ref.losses[i], ltol * std::fabs(ref.losses[i])) << "step " << i << " on " << world.size() << " ranks";
@@ -99,6 +105,9 @@ void check(engine::PrecisionMode prec, int iters) {
 }  // namespace
 
 TEST(DpEquivalence, Fp32) { check(engine::PrecisionMode::fp32, 4); }
+// Dropout 0.1 on every site (Megatron's default): the masks follow each sample's global index, so
+// N ranks drop what one rank drops; the same tolerances as without it.
+TEST(DpEquivalence, Fp32WithDropout) { check(engine::PrecisionMode::fp32, 4, 0.1); }
 TEST(DpEquivalence, Bf16OneStep) { check(engine::PrecisionMode::bf16, 1); }
 TEST(DpEquivalence, Bf16FourSteps) { check(engine::PrecisionMode::bf16, 4); }
 TEST(DpEquivalence, Fp16FourSteps) { check(engine::PrecisionMode::fp16, 4); }

@@ -168,7 +168,8 @@ void matmul_case(Precision p) {
 TEST(CudaOps, MatmulFp32) { matmul_case(Precision::fp32); }
 TEST(CudaOps, MatmulBf16) { matmul_case(Precision::bf16); }
 
-TEST(CudaOps, CausalAttention) {
+// drop: attention dropout on both backends (the same mask bits: dropout.hpp is shared code).
+void attention_case(const Dropout* drop) {
   NEED_GPU(g);
   auto cpu = cpu_ops();
   const int B = 2, T = 9, C = 24, NH = 3;
@@ -178,13 +179,35 @@ TEST(CudaOps, CausalAttention) {
   float* d_out = g.put(out);
   float* d_att = g.put(att);
   float* d_dqkv = g.put(dqkv);
-  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32);
-  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32);
-  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32);
-  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, B, T, C, NH, Precision::fp32);
+  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, drop);
+  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, drop);
+  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32, drop);
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, B, T, C, NH, Precision::fp32, drop);
   expect_close("attention out", g.get(d_out, out.size()), out);
   expect_close("attention probabilities (zero above the diagonal)", g.get(d_att, att.size()), att);
   expect_close("attention dqkv", g.get(d_dqkv, dqkv.size()), dqkv);
+}
+TEST(CudaOps, CausalAttention) { attention_case(nullptr); }
+TEST(CudaOps, CausalAttentionWithDropout) {
+  Dropout d;
+  d.p = 0.3f, d.key = 77, d.first_sample = 5, d.T = 9, d.head0 = 2;
+  attention_case(&d);
+}
+
+// Token-row dropout: the same elements dropped and the same products on both backends (bitwise).
+TEST(CudaOps, DropoutRowsBitwise) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const size_t rows = 37;
+  const int C = 48;
+  Vec x = randn(rows * C, 5), y = x;
+  Dropout d;
+  d.p = 0.1f, d.key = 123, d.first_sample = 1000, d.T = 8, d.first_row = 3;
+  float* d_x = g.put(x);
+  cpu->dropout(y.data(), rows, C, d);
+  g.be->dropout(d_x, rows, C, d);
+  const Vec got = g.get(d_x, x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], y[i]) << "element " << i;
 }
 
 TEST(CudaOps, GeluAndResidual) {

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/backend.hpp"
@@ -23,9 +25,11 @@ model::GptConfig tiny() {
   c.init_std = 0.2;  // larger than GPT-2's so every path carries a visible gradient
   return c;
 }
-}  // namespace
 
-TEST(Gpt, BackwardMatchesFiniteDifferences) {
+// With dropout the loss of a training step is the function whose gradient backward computes (the
+// masks are fixed by the seed and the samples), so the differences are taken of forward_backward's
+// loss into a scratch gradient store; evaluation (forward_loss) does not drop.
+void check_finite_differences(const model::GptConfig& cfg, bool dropout) {
   const int B = 2, T = 6;
   std::vector<int32_t> tok(B * T), tgt(B * T);
   for (int i = 0; i < B * T; ++i) {
@@ -34,13 +38,18 @@ TEST(Gpt, BackwardMatchesFiniteDifferences) {
   }
   tgt[4] = -1;  // an ignored position
   for (bool recompute : {false, true}) {
-    model::Gpt m(tiny(), kernels::Precision::fp32, recompute);
+    model::Gpt m(cfg, kernels::Precision::fp32, recompute);
+    m.set_dropout_seed(1234, 50);
     std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f), dummy(p.size());
     m.init_params(p.data(), 42);
     model::FlatParamStore st(m.layout(), p.data(), g.data());
     double loss = m.forward_backward(st, tok.data(), tgt.data(), B, T, 1.0f);
     model::FlatParamStore fst(m.layout(), p.data(), dummy.data());
-    EXPECT_NEAR(loss, m.forward_loss(fst, tok.data(), tgt.data(), B, T), 1e-4);
+    auto step_loss = [&] {
+      return dropout ? m.forward_backward(fst, tok.data(), tgt.data(), B, T, 1.0f)
+                     : m.forward_loss(fst, tok.data(), tgt.data(), B, T);
+    };
+    EXPECT_NEAR(loss, step_loss(), 1e-4);
     int checked = 0, bad = 0;
     for (const auto& t : m.layout().tensors()) {
       size_t step = std::max<size_t>(1, t.numel / 5);
@@ -50,9 +59,9 @@ TEST(Gpt, BackwardMatchesFiniteDifferences) {
         float keep = p[i];
         const float eps = 1e-2f;
         p[i] = keep + eps;
-        double lp = m.forward_loss(fst, tok.data(), tgt.data(), B, T);
+        double lp = step_loss();
         p[i] = keep - eps;
-        double lm = m.forward_loss(fst, tok.data(), tgt.data(), B, T);
+        double lm = step_loss();
         p[i] = keep;
         double fd = (lp - lm) / (2 * eps);
         ++checked;
@@ -63,6 +72,75 @@ TEST(Gpt, BackwardMatchesFiniteDifferences) {
     }
     EXPECT_GT(checked, 100);
     EXPECT_EQ(bad, 0);
+  }
+}
+
+model::GptConfig with_dropout(double attention, double hidden) {
+  model::GptConfig c = tiny();
+  c.attention_dropout = attention;
+  c.hidden_dropout = hidden;
+  return c;
+}
+
+// Loss and gradients of one training step of cfg on fixed tokens (dropout seed 9, first sample first).
+std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bool recompute, long long first) {
+  const int B = 2, T = 6;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tok[i] = (i * 3 + 1) % 23;
+    tgt[i] = (i * 11 + 2) % 23;
+  }
+  model::Gpt m(cfg, kernels::Precision::fp32, recompute);
+  m.set_dropout_seed(9, first);
+  std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+  m.init_params(p.data(), 7);
+  model::FlatParamStore st(m.layout(), p.data(), g.data());
+  const double loss = m.forward_backward(st, tok.data(), tgt.data(), B, T, 1.0f);
+  return {loss, g};
+}
+
+}  // namespace
+
+TEST(Gpt, BackwardMatchesFiniteDifferences) { check_finite_differences(tiny(), false); }
+
+// Tolerances as above: the masks are constants of the step, so the same fp32 differences apply.
+TEST(Gpt, BackwardWithDropoutMatchesFiniteDifferences) { check_finite_differences(with_dropout(0.2, 0.2), true); }
+
+// Recompute replays the forward with the same masks (bitwise); the mask follows the samples'
+// global index; p = 0 is the model without dropout bitwise; evaluation never drops.
+TEST(Gpt, DropoutIsAFunctionOfTheSamples) {
+  const auto c = with_dropout(0.1, 0.1);
+  const auto plain = train_step(tiny(), false, 0);
+  const auto a = train_step(c, false, 100), b = train_step(c, true, 100), other = train_step(c, false, 101);
+  EXPECT_EQ(a.second, b.second) << "recompute changed the masks";
+  EXPECT_EQ(a.first, b.first);
+  EXPECT_NE(a.first, other.first) << "another first sample must draw other masks";
+  EXPECT_NE(a.first, plain.first) << "nothing was dropped";
+  const auto zero = train_step(with_dropout(0.0, 0.0), false, 100);
+  EXPECT_EQ(zero.first, plain.first);
+  EXPECT_EQ(zero.second, plain.second);
+  // Each site alone drops something.
+  EXPECT_NE(train_step(with_dropout(0.1, 0.0), false, 100).first, plain.first);
+  EXPECT_NE(train_step(with_dropout(0.0, 0.1), false, 100).first, plain.first);
+  // Evaluation: the dropout model's forward_loss equals the plain model's.
+  const int B = 1, T = 6;
+  std::vector<int32_t> tok = {1, 5, 9, 2, 7, 3}, tgt = {5, 9, 2, 7, 3, 4};
+  double eval[2];
+  for (int k = 0; k < 2; ++k) {
+    model::Gpt m(k ? c : tiny(), kernels::Precision::fp32, false);
+    m.set_dropout_seed(9, 0);
+    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+    m.init_params(p.data(), 7);
+    model::FlatParamStore st(m.layout(), p.data(), g.data());
+    eval[k] = m.forward_loss(st, tok.data(), tgt.data(), B, T);
+  }
+  EXPECT_EQ(eval[0], eval[1]);
+}
+
+TEST(Gpt, DropoutOutsideZeroToOneIsRefused) {
+  for (double bad : {-0.1, 1.0, 1.5}) {
+    EXPECT_THROW(model::Gpt(with_dropout(bad, 0), kernels::Precision::fp32, false), hpct::Error);
+    EXPECT_THROW(model::Gpt(with_dropout(0, bad), kernels::Precision::fp32, false), hpct::Error);
   }
 }
 

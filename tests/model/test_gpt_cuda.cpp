@@ -91,6 +91,7 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   model::Gpt cpu(c, p, recompute);
   model::Gpt gpu(c, p, recompute, gpu_be.get());
   cpu.set_routing_seed(5), gpu.set_routing_seed(5);
+  cpu.set_dropout_seed(11, 300), gpu.set_dropout_seed(11, 300);
   const size_t n = cpu.layout().numel();
   std::vector<float> params(n), grads(n, 0.0f);
   cpu.init_params(params.data(), 1234);
@@ -139,6 +140,13 @@ TEST(GptCuda, Fp32MatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4
 TEST(GptCuda, Fp32WithRecomputeMatchesTheCpu) { compare_one_step(Precision::fp32, true, 1e-4); }
 TEST(GptCuda, Bf16MatchesTheCpu) { compare_one_step(Precision::bf16, false, 1e-2); }
 TEST(GptCuda, MoeTop1JitterMatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4, tiny_moe(1, false)); }
+// Dropout on every site: the device kernels draw the CPU's mask bits (kernels/dropout.hpp), so the
+// same tolerances hold; with recompute the replayed forward must draw them again.
+TEST(GptCuda, Fp32WithDropoutAndRecomputeMatchesTheCpu) {
+  model::GptConfig c = tiny();
+  c.attention_dropout = c.hidden_dropout = 0.1;
+  compare_one_step(Precision::fp32, true, 1e-4, c);
+}
 TEST(GptCuda, MoeTop2ResidualWithRecomputeMatchesTheCpu) {
   compare_one_step(Precision::fp32, true, 1e-4, tiny_moe(2, true));
 }

@@ -75,11 +75,15 @@ std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& loca
   return full;
 }
 
-void check_model(bool moe, bool residual, bool sp = false, bool etp = false) {
+void check_model(bool moe, bool residual, bool sp = false, bool etp = false, bool dropout = false) {
   const auto& w = world();
   const int T = w.size();
-  model::Gpt ref(tiny(1, moe, residual), kernels::Precision::fp32, false);
-  model::Gpt par(tiny(T, moe, residual, sp, etp), kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
+  model::GptConfig rc = tiny(1, moe, residual), pc = tiny(T, moe, residual, sp, etp);
+  if (dropout) rc.attention_dropout = pc.attention_dropout = rc.hidden_dropout = pc.hidden_dropout = 0.2;
+  model::Gpt ref(rc, kernels::Precision::fp32, false);
+  model::Gpt par(pc, kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
+  ref.set_dropout_seed(77, 1000);
+  par.set_dropout_seed(77, 1000);
   std::vector<float> rp(ref.layout().numel()), rg(rp.size(), 0.0f), pp(par.layout().numel()), pg(pp.size(), 0.0f);
   ref.init_params(rp.data(), 42);
   par.init_params(pp.data(), 42);
@@ -111,8 +115,9 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false) {
     at += t.numel;
   }
   if (w.rank() == 0)
-    std::printf("T=%d%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
-                sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", lp, lr, worst_all / gmax);
+    std::printf("T=%d%s%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
+                sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", dropout ? " dropout" : "", lp, lr,
+                worst_all / gmax);
   // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
   for (const auto& t : par.layout().tensors()) {
     if (t.partitioned()) continue;
@@ -151,6 +156,10 @@ TEST(TensorParallel, GptMatchesUnsplitModel) { check_model(false, false); }
 TEST(TensorParallel, MoeMatchesUnsplitModel) { check_model(true, false); }
 TEST(TensorParallel, ResidualMoeMatchesUnsplitModel) { check_model(true, true); }
 TEST(TensorParallel, SequenceParallelGptMatchesUnsplitModel) { check_model(false, false, true); }
+// Dropout (0.2 on every site): the masks are functions of the sample, position and global head, so
+// the split model drops exactly what the whole one drops; same tolerances.
+TEST(TensorParallel, GptWithDropoutMatchesUnsplitModel) { check_model(false, false, false, false, true); }
+TEST(TensorParallel, SequenceParallelMoeWithDropoutMatchesUnsplitModel) { check_model(true, false, true, false, true); }
 TEST(TensorParallel, SequenceParallelMoeMatchesUnsplitModel) { check_model(true, false, true); }
 TEST(TensorParallel, SequenceParallelResidualMoeMatchesUnsplitModel) { check_model(true, true, true); }
 

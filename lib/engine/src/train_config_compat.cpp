@@ -43,15 +43,6 @@ FlagSpec refused(const char* flag, bool takes_value, const char* why, const char
           why, many};
 }
 
-// A number this version only has at 0 (what it always does): 0 is accepted, anything else refused.
-FlagSpec zero_only(const char* flag, const char* why) {
-  return {true,
-          [flag, why](TrainConfig&, const std::string& v) {
-            if (to_double(flag, v) != 0) throw config_error(flag, std::string(flag) + " " + printable(v) + ": " + why, "drop it, or give 0");
-          },
-          "accepted at 0 only: dropout is not implemented yet"};
-}
-
 Apply recompute(const char* flag) {
   return [flag](TrainConfig& c, const std::string& v) {
     if (!v.empty() && v != "full" && v != "selective")
@@ -133,8 +124,6 @@ void add_compat_flags(FlagTable& t) {
       {"--train-shuffle-idx-path", refused("--train-shuffle-idx-path", true, "Megatron's .npy sample-index files are not read: the index is built from --data-path, --split and --seed", "drop it (a data-metric curriculum takes the analyzer's files in the ds_config)")},
       {"--use-rotary-position-embeddings", refused("--use-rotary-position-embeddings", false, "rotary position embeddings are not implemented (the GPT has learned absolute positions)", "drop it")},
       {"--rotary-percent", refused("--rotary-percent", true, "rotary position embeddings are not implemented (the GPT has learned absolute positions)", "drop it")},
-      {"--attention-dropout", zero_only("--attention-dropout", "dropout is not implemented yet (the model trains without it)")},
-      {"--hidden-dropout", zero_only("--hidden-dropout", "dropout is not implemented yet (the model trains without it)")},
   };
   for (const auto& [name, spec] : compat)
     if (!t.emplace(name, spec).second) throw Error("internal: flag " + name + " is defined twice");  // each flag has one meaning

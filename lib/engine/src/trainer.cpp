@@ -194,6 +194,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     if (device_store_) device_store_->begin_micro_step(m == 0, m == cfg_.grad_accum - 1);
     model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x726f757465));
     model_->set_kept_tokens(rec.ltd_kept, mix_seed(cfg_.seed, 0x6c7464), first);
+    model_->set_dropout_seed(mix_seed(cfg_.seed, 0x64726f70), first);
     loss_sum += model_->forward_backward(store(), tokens_.data(), targets_.data(), mb, T, dloss);
     t.reset();
     zero_->end_micro_step();

@@ -131,6 +131,22 @@ void causal_softmax_rows(float* P /*(T,T)*/, int T, int r0, int rows) {
   });
 }
 
+// D = the block's probabilities (rows r0.., keys columns of the (T, T) P) with attention dropout:
+// kept ones times 1/(1-p), dropped ones 0, the upper triangle 0; (rows, keys) row-major.
+void dropped_probs(float* D, const float* Pblock, int T, int b, int h, int r0, int rows, int keys, const Dropout& d) {
+  const uint32_t thr = d.threshold();
+  const float s = d.scale();
+  Kokkos::parallel_for("attention_dropout", Policy(0, rows), KOKKOS_LAMBDA(int i) {
+    const int t = r0 + i;
+    const uint64_t key = dropout_row_key(d.key, d.first_sample + b, dropout_attention_code(d.head0 + h, t));
+    const float* pr = Pblock + (size_t)i * T;
+    float* dr = D + (size_t)i * keys;
+#pragma omp simd
+    for (int j = 0; j <= t; ++j) dr[j] = dropout_keep(key, (uint64_t)j, thr) ? pr[j] * s : 0.0f;
+    std::fill(dr + t + 1, dr + keys, 0.0f);
+  });
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -302,13 +318,17 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // ---------------------------------------------------------------------------------------------
 // attention
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p) {
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+                       const Dropout* drop) {
   require_backend("attention_forward");
   require(B >= 0 && T >= 0 && C > 0 && NH > 0 && C % NH == 0, "attention_forward",
           "need C > 0 divisible by NH > 0 (C=" + std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
   const int HS = C / NH;
   const int C3 = 3 * C;
   const float sc = 1.0f / std::sqrt((float)HS);
+  const bool dropping = drop && drop->on();
+  thread_local std::vector<float> pd_buf;
+  float* Pd = dropping ? scratch(pd_buf, (size_t)std::min(T, kAttnBlock) * T) : nullptr;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
       const float* q = qkv + (size_t)b * T * C3 + h * HS;  // (T, HS), row stride 3C
@@ -320,14 +340,19 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
         const int rows = std::min(kAttnBlock, T - r0), keys = r0 + rows;  // rows r0.. see keys 0..keys-1
         gemm(false, true, rows, keys, HS, sc, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T, p);
         causal_softmax_rows(P, T, r0, rows);
-        gemm(false, false, rows, HS, keys, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C, p);
+        if (dropping) {  // the values mix the dropped probabilities; att keeps the softmax for backward
+          dropped_probs(Pd, P + (size_t)r0 * T, T, b, h, r0, rows, keys, *drop);
+          gemm(false, false, rows, HS, keys, 1.0f, Pd, keys, v, C3, 0.0f, o + (size_t)r0 * C, C, p);
+        } else {
+          gemm(false, false, rows, HS, keys, 1.0f, P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C, p);
+        }
       }
     }
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
-                        Precision p) {
+                        Precision p, const Dropout* drop) {
   require_backend("attention_backward");
   require(B >= 0 && T >= 0 && C > 0 && NH > 0 && C % NH == 0, "attention_backward",
           "need C > 0 divisible by NH > 0 (C=" + std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
@@ -336,6 +361,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const float sc = 1.0f / std::sqrt((float)HS);
   thread_local std::vector<float> ds_buf;
   float* dS = scratch(ds_buf, (size_t)std::min(T, kAttnBlock) * T);  // (rows, keys) of one block
+  const bool dropping = drop && drop->on();
+  thread_local std::vector<float> pd_buf;
+  float* Pd = dropping ? scratch(pd_buf, (size_t)std::min(T, kAttnBlock) * T) : nullptr;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
       const size_t base = (size_t)b * T * C3 + h * HS;
@@ -352,6 +380,27 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         const float* Pb = P + (size_t)r0 * T;  // (rows, keys), row stride T
         const float* dOb = dO + (size_t)r0 * C;
         gemm(false, true, rows, keys, HS, 1.0f, dOb, C, v, C3, 0.0f, dS, keys, p);  // dP = dO V^T
+        if (dropping) {
+          // With dropout the values saw D = P * m (m: mask / (1 - p)): dV += D^T dO, and the
+          // softmax backward of dD becomes dS = D * dD - P * rowsum(D * dD).
+          dropped_probs(Pd, Pb, T, b, h, r0, rows, keys, *drop);
+          gemm(true, false, keys, HS, rows, 1.0f, Pd, keys, dOb, C, 1.0f, dv, C3, p);
+          Kokkos::parallel_for("attention_dropout_softmax_backward", Policy(0, rows), KOKKOS_LAMBDA(int i) {
+            const int t = r0 + i;
+            const float* pr = Pb + (size_t)i * T;
+            const float* dr = Pd + (size_t)i * keys;
+            float* d = dS + (size_t)i * keys;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int j = 0; j <= t; ++j) dot += dr[j] * d[j];
+#pragma omp simd
+            for (int j = 0; j <= t; ++j) d[j] = dr[j] * d[j] - pr[j] * dot;
+            std::fill(d + t + 1, d + keys, 0.0f);
+          });
+          gemm(false, false, rows, HS, keys, sc, dS, keys, k, C3, 1.0f, dq + (size_t)r0 * C3, C3, p);
+          gemm(true, false, keys, HS, rows, sc, dS, keys, q + (size_t)r0 * C3, C3, 1.0f, dk, C3, p);
+          continue;
+        }
         gemm(true, false, keys, HS, rows, 1.0f, Pb, T, dOb, C, 1.0f, dv, C3, p);    // dV += P^T dO
         // Softmax backward in place: dS = P * (dP - rowsum(P * dP)); the masked part stays 0.
         Kokkos::parallel_for("attention_softmax_backward", Policy(0, rows), KOKKOS_LAMBDA(int i) {
@@ -401,6 +450,23 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
       const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
       dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
     }
+  });
+}
+
+void dropout(float* x, size_t rows, int C, const Dropout& d) {
+  require_backend("dropout");
+  require(C > 0 && d.T > 0 && d.p >= 0.0f && d.p < 1.0f, "dropout",
+          "need C > 0, T > 0 and 0 <= p < 1 (C=" + std::to_string(C) + ", T=" + std::to_string(d.T) +
+              ", p=" + std::to_string(d.p) + ")");
+  if (!d.on()) return;
+  const uint32_t thr = d.threshold();
+  const float s = d.scale();
+  Kokkos::parallel_for("dropout", Policy(0, static_cast<int64_t>(rows)), KOKKOS_LAMBDA(int64_t r) {
+    const long long row = d.first_row + r;
+    const uint64_t key = dropout_row_key(d.key, d.first_sample + row / d.T, (uint64_t)(row % d.T));
+    float* xr = x + r * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) xr[c] = dropout_keep(key, (uint64_t)c, thr) ? xr[c] * s : 0.0f;
   });
 }
 

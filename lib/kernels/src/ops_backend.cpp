@@ -65,13 +65,15 @@ class CpuOps final : public OpsBackend {
                        const float* weight, int N, int C, int OC, Precision p) override {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p) override {
-    kernels::attention_forward(out, att, qkv, B, T, C, NH, p);
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+                         const Dropout* drop) override {
+    kernels::attention_forward(out, att, qkv, B, T, C, NH, p, drop);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, Precision p) override {
-    kernels::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p);
+                          int NH, Precision p, const Dropout* drop) override {
+    kernels::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop);
   }
+  void dropout(float* x, size_t rows, int C, const Dropout& d) override { kernels::dropout(x, rows, C, d); }
   void gelu_forward(float* out, const float* inp, size_t n) override { kernels::gelu_forward(out, inp, n); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
     kernels::gelu_backward(dinp, inp, dout, n);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -45,6 +46,10 @@ void GptConfig::validate() const {
                                                            std::to_string(tensor_parallel),
                        "each tensor-parallel rank computes whole heads: choose a size that divides the heads");
   if (!(init_std > 0)) throw config_error("--init-method-std", "--init-method-std must be positive");
+  if (!(attention_dropout >= 0 && attention_dropout < 1))
+    throw config_error("--attention-dropout", "--attention-dropout must be in [0, 1), got " + std::to_string(attention_dropout));
+  if (!(hidden_dropout >= 0 && hidden_dropout < 1))
+    throw config_error("--hidden-dropout", "--hidden-dropout must be in [0, 1), got " + std::to_string(hidden_dropout));
   const auto& m = moe;
   if (m.expert_interval < 1)
     throw config_error("--expert-interval", "--expert-interval must be at least 1, got " + std::to_string(m.expert_interval));
@@ -86,6 +91,12 @@ int GptConfig::padded_vocab() const {
   return static_cast<int>((vocab_size + g - 1) / g * g);
 }
 
+static std::string fmt_prob(double p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", p);
+  return b;
+}
+
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
          std::to_string(num_heads) + " heads, seq " + std::to_string(max_seq_length) +
@@ -93,7 +104,10 @@ std::string GptConfig::describe() const {
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +
          (tensor_parallel > 1 ? ", tensor-parallel " + std::to_string(tensor_parallel) +
                                     (sequence_parallel ? " (sequence-parallel)" : "")
-                              : std::string());
+                              : std::string()) +
+         (attention_dropout > 0 || hidden_dropout > 0
+              ? ", dropout " + fmt_prob(attention_dropout) + " attention / " + fmt_prob(hidden_dropout) + " hidden"
+              : std::string());
 }
 
 // Rows of the LM head processed at once: bounds the (rows, Vp) logits buffer (51 MB at
@@ -189,7 +203,7 @@ void Gpt::ensure_workspace(int B, int T) {
   size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
   size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
                  N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
-                 (ltd_layers_.empty() ? 0 : 3 * N * C);
+                 (ltd_layers_.empty() ? 0 : 3 * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
@@ -224,6 +238,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->losses = take(N);
   if (kept) ws->kept_res2 = take(kept);
   if (!ltd_layers_.empty()) ws->ltd = take(3 * N * C);
+  if (cfg_.hidden_dropout > 0) ws->ddrop = take(n * C);
   if (sp) {
     ws->dfull = take(N * C);
     ws->dslice = take(n * C);
@@ -325,7 +340,8 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   tp_.all_gather(a.ln1, NC);
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
-  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_);
+  const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
+  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_, &attn_drop);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
   // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
   const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
@@ -335,6 +351,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   } else {
     ops_->matmul_forward(part, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
     tp_.reduce_scatter(part, a.res2, NC);
+    hidden_dropout(a.res2, l, kernels::DropoutSite::attention_out, B, T);
     ops_->residual_forward(a.res2, in, a.res2, nC);
     if (kept) std::memcpy(kept, a.res2, nC * sizeof(float));
   }
@@ -353,6 +370,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
     moe_forward(store, l, lp, a, ff, N);  // every tensor-parallel rank routes every row alike
     if (sp) std::memcpy(out, ff + r0 * C, nC * sizeof(float));
   }
+  hidden_dropout(out, l, kernels::DropoutSite::mlp_out, B, T);
   ops_->residual_forward(out, a.res2, out, nC);
 }
 
@@ -380,7 +398,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   float* dn2 = sp ? w.dnorm + 2 * C : lg + o.ln2w;
   if (sp) ops_->zero(w.dnorm, 4 * C * sizeof(float));
   ops_->zero(w.dln, NC * sizeof(float));
-  const float* dout = gather_rows(dres, N);
+  const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
     mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, a.ln2, a.fch,
                  a.fch_gelu, dout, w.dln, N, w.dfch, w.dfch_gelu, Fl_);
@@ -393,10 +411,11 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   ops_->layernorm_backward(dres, dn2, dn2 + C, dsl, a.res2, lp + o.ln2w, a.ln2_mean, a.ln2_rstd, (int)n, C);
   const size_t NCl = (size_t)N * Cl_;
   ops_->zero(w.datty, NCl * sizeof(float));
-  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, gather_rows(dres, N), a.atty, lp + o.projw, N, Cl_, C,
-                        precision_);
+  const float* dproj = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::attention_out, B, T), N);
+  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, dproj, a.atty, lp + o.projw, N, Cl_, C, precision_);
   ops_->zero(w.dqkv, NCl * 3 * sizeof(float));
-  ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, Cl_, NHl_, precision_);
+  const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
+  ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, Cl_, NHl_, precision_, &attn_drop);
   ops_->zero(w.dln, NC * sizeof(float));
   ops_->matmul_backward(w.dln, lg + o.qkvw, lg + o.qkvb, w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * Cl_, precision_);
   tp_.reduce_scatter(w.dln, dsl, NC);
@@ -465,6 +484,7 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const float* ep = store.params(0);
   if (tp_.enabled()) tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_, w.dln);
   else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
+  hidden_dropout(w.res, -1, kernels::DropoutSite::embedding, B, T);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
     LayerActs& a = w.acts[keep_acts ? l : 0];
@@ -510,6 +530,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(b);
   }
   float* eg = store.grads(0);
+  hidden_dropout(w.dres, -1, kernels::DropoutSite::embedding, B, T);  // in place: nothing reads dres after
   if (tp_.enabled())
     TensorParallel::embedding_backward(eg + wte_, eg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_);
   else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);

@@ -46,6 +46,7 @@ struct Gpt::Workspace {
   float* dfch_gelu = nullptr; // (N, 4C)
   float* logits = nullptr;    // (kHeadRows, Vp)
   float* ltd = nullptr;       // (3, N, C) random-LTD: a layer's kept input rows, output rows, gradient rows
+  float* ddrop = nullptr;     // (n, C) hidden dropout: the gradient reaching a dropped output
   float* losses = nullptr;    // (N), in the backend's memory
   std::vector<float> host_losses;       // (N): the losses read back, on a device backend
   kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend

@@ -199,6 +199,55 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, in
   }
 }
 
+// Dropout: one thread per element; the mask is dropout.hpp's, the CPU's bit for bit.
+__global__ void dropout_kernel(float* x, size_t rows, int C, Dropout d, uint32_t thr, float s) {
+  HPCT_GRID_STRIDE(i, rows * (size_t)C) {
+    const long long row = d.first_row + (long long)(i / C);
+    const uint64_t key = dropout_row_key(d.key, d.first_sample + row / d.T, (uint64_t)(row % d.T));
+    x[i] = dropout_keep(key, (uint64_t)(i % C), thr) ? x[i] * s : 0.0f;
+  }
+}
+
+// The row key of attention row r of a (B, NH, T, T) stack.
+__device__ inline uint64_t attention_row_key(const Dropout& d, size_t r, int T, int NH) {
+  const int i = (int)(r % T);
+  const size_t bh = r / T;
+  const int h = (int)(bh % NH);
+  const long long b = (long long)(bh / NH);
+  return dropout_row_key(d.key, d.first_sample + b, dropout_attention_code(d.head0 + h, i));
+}
+
+__global__ void attention_dropout_kernel(float* dst, const float* att, int T, int NH, size_t rows, Dropout d,
+                                         uint32_t thr, float s) {
+  const size_t warps = blockDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += (size_t)gridDim.x * warps) {
+    const int t = (int)(r % T);
+    const uint64_t key = attention_row_key(d, r, T, NH);
+    const float* a = att + r * T;
+    float* o = dst + r * T;
+    for (int j = lane; j < T; j += 32) o[j] = j <= t && dropout_keep(key, (uint64_t)j, thr) ? a[j] * s : 0.0f;
+  }
+}
+
+// As causal_softmax_backward_kernel with D = att * mask / (1-p) (the CPU's formula).
+__global__ void causal_softmax_backward_dropout_kernel(float* datt, const float* att, int T, int NH, size_t rows,
+                                                       Dropout d, uint32_t thr, float s) {
+  const size_t warps = blockDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += (size_t)gridDim.x * warps) {
+    const int t = (int)(r % T);
+    const uint64_t key = attention_row_key(d, r, T, NH);
+    const float* a = att + r * T;
+    float* g = datt + r * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += 32) dot += (dropout_keep(key, (uint64_t)j, thr) ? a[j] * s : 0.0f) * g[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < T; j += 32)
+      g[j] = j <= t ? (dropout_keep(key, (uint64_t)j, thr) ? a[j] * s : 0.0f) * g[j] - a[j] * dot : 0.0f;
+  }
+}
+
 // One block per row, as the CPU: max and the normaliser (in double) over the V real columns, loss
 // -log softmax[target]; the row becomes (softmax - onehot) * dloss, padding columns 0. A target < 0
 // gives loss 0 and a zero row. Targets >= V were refused on the host.
@@ -307,6 +356,29 @@ void causal_softmax_backward(float* datt, const float* att, int T, size_t rows, 
   if (rows == 0) return;
   causal_softmax_backward_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(datt, att, T, rows);
   check_launch("causal_softmax_backward");
+}
+
+void dropout(float* x, size_t rows, int C, const Dropout& d, cudaStream_t stream) {
+  require(C > 0 && d.T > 0 && d.p >= 0.0f && d.p < 1.0f, "dropout", "need C > 0, T > 0 and 0 <= p < 1");
+  if (!d.on() || rows == 0) return;
+  dropout_kernel<<<blocks_for(rows * (size_t)C), kThreads, 0, stream>>>(x, rows, C, d, d.threshold(), d.scale());
+  check_launch("dropout");
+}
+
+void attention_dropout(float* dst, const float* att, int T, int NH, size_t rows, const Dropout& d,
+                       cudaStream_t stream) {
+  if (rows == 0) return;
+  attention_dropout_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(dst, att, T, NH, rows, d, d.threshold(),
+                                                                          d.scale());
+  check_launch("attention_dropout");
+}
+
+void causal_softmax_backward_dropout(float* datt, const float* att, int T, int NH, size_t rows, const Dropout& d,
+                                     cudaStream_t stream) {
+  if (rows == 0) return;
+  causal_softmax_backward_dropout_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(datt, att, T, NH, rows, d,
+                                                                                        d.threshold(), d.scale());
+  check_launch("causal_softmax_backward_dropout");
 }
 
 void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,

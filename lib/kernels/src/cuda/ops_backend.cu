@@ -145,7 +145,8 @@ class CudaOps final : public OpsBackend {
     if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
   }
 
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p) override {
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+                         const Dropout* drop) override {
     require_heads("attention_forward", B, T, C, NH);
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
@@ -156,29 +157,49 @@ class CudaOps final : public OpsBackend {
       gemm(false, true, T, T, HS, scale, q, 3 * C, HS, q + C, 3 * C, HS, 0.0f, att + (size_t)b * NH * TT, T, TT, NH, p);
     }
     cuda::causal_softmax_forward(att, T, (size_t)B * NH * T, stream_);
+    // With attention dropout the values see the dropped probabilities (in the scratch); att keeps
+    // the softmax for backward.
+    const float* probs = att;
+    if (drop && drop->on()) {
+      float* dropped = scratch((size_t)B * NH * TT);
+      cuda::attention_dropout(dropped, att, T, NH, (size_t)B * NH * T, *drop, stream_);
+      probs = dropped;
+    }
     for (int b = 0; b < B; ++b) {
       const float* v = qkv + (size_t)b * T * 3 * C + 2 * C;
-      gemm(false, false, T, HS, T, 1.0f, att + (size_t)b * NH * TT, T, TT, v, 3 * C, HS, 0.0f, out + (size_t)b * T * C,
-           C, HS, NH, p);
+      gemm(false, false, T, HS, T, 1.0f, probs + (size_t)b * NH * TT, T, TT, v, 3 * C, HS, 0.0f,
+           out + (size_t)b * T * C, C, HS, NH, p);
     }
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, Precision p) override {
+                          int NH, Precision p, const Dropout* drop) override {
     require_heads("attention_backward", B, T, C, NH);
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
     const long long TT = (long long)T * T;
-    float* datt = scratch((size_t)B * NH * TT);
+    const size_t rows = (size_t)B * NH * T;
+    const bool dropping = drop && drop->on();
+    // With dropout the scratch holds d(att) and, after it, the dropped probabilities the values saw.
+    float* datt = scratch((size_t)B * NH * TT * (dropping ? 2 : 1));
+    const float* probs = att;
+    if (dropping) {
+      float* dropped = datt + (size_t)B * NH * TT;
+      cuda::attention_dropout(dropped, att, T, NH, rows, *drop, stream_);
+      probs = dropped;
+    }
     for (int b = 0; b < B; ++b) {
       const float* q = qkv + (size_t)b * T * 3 * C;
       const float* d = dout + (size_t)b * T * C;
       float* da = datt + (size_t)b * NH * TT;
-      const float* a = att + (size_t)b * NH * TT;
+      const float* a = probs + (size_t)b * NH * TT;
       float* dv = dqkv + (size_t)b * T * 3 * C + 2 * C;
       gemm(false, true, T, T, HS, 1.0f, d, C, HS, q + 2 * C, 3 * C, HS, 0.0f, da, T, TT, NH, p);  // d(att) = dout v^T
       gemm(true, false, T, HS, T, 1.0f, a, T, TT, d, C, HS, 1.0f, dv, 3 * C, HS, NH, p);         // dv += att^T dout
     }
-    cuda::causal_softmax_backward(datt, att, T, (size_t)B * NH * T, stream_);  // d(att) -> d(scores)
+    if (dropping)
+      cuda::causal_softmax_backward_dropout(datt, att, T, NH, rows, *drop, stream_);
+    else
+      cuda::causal_softmax_backward(datt, att, T, rows, stream_);  // d(att) -> d(scores)
     for (int b = 0; b < B; ++b) {
       const float* q = qkv + (size_t)b * T * 3 * C;
       const float* ds = datt + (size_t)b * NH * TT;
@@ -188,6 +209,7 @@ class CudaOps final : public OpsBackend {
     }
   }
 
+  void dropout(float* x, size_t rows, int C, const Dropout& d) override { cuda::dropout(x, rows, C, d, stream_); }
   void gelu_forward(float* out, const float* inp, size_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
     cuda::gelu_backward(dinp, inp, dout, n, stream_);
@@ -259,7 +281,7 @@ class CudaOps final : public OpsBackend {
     return static_cast<float*>(p);
   }
   float* workspace(size_t floats) { return grown(work_, work_bytes_, floats); }      // the column sums'
-  float* scratch(size_t floats) { return grown(scratch_, scratch_bytes_, floats); }  // attention backward's d(att)
+  float* scratch(size_t floats) { return grown(scratch_, scratch_bytes_, floats); }  // attention: d(att), dropped probabilities
 
   std::string name_;
   cudaStream_t stream_ = nullptr;

@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hpct/kernels/dropout.hpp"
+
 #if defined(__CUDACC__)
 #include <cuda_runtime_api.h>
 #else
@@ -67,6 +69,16 @@ void causal_softmax_forward(float* att /*(rows,T)*/, int T, size_t rows, cudaStr
 /// In place: datt becomes att * (datt - rowsum(att * datt)) below the diagonal, 0 above.
 void causal_softmax_backward(float* datt /*(rows,T)*/, const float* att /*(rows,T)*/, int T, size_t rows,
                              cudaStream_t stream);
+/// Dropout (dropout.hpp), as hpct::kernels::dropout: in place on (rows, C) token rows.
+void dropout(float* x /*(rows,C)*/, size_t rows, int C, const Dropout& d, cudaStream_t stream);
+/// dst = att with attention dropout (kept times 1/(1-p), dropped and upper triangle 0); rows of
+/// the (B, NH, T, T) stack, row r = ((b * NH + h) * T + i). dst may be att.
+void attention_dropout(float* dst /*(rows,T)*/, const float* att /*(rows,T)*/, int T, int NH, size_t rows,
+                       const Dropout& d, cudaStream_t stream);
+/// The softmax backward when the values saw D = att with attention dropout: datt (d(loss)/dD) becomes
+/// D * datt - att * rowsum(D * datt) below the diagonal, 0 above (the mask regenerated from d).
+void causal_softmax_backward_dropout(float* datt /*(rows,T)*/, const float* att /*(rows,T)*/, int T, int NH,
+                                     size_t rows, const Dropout& d, cudaStream_t stream);
 /// As hpct::kernels::softmax_cross_entropy, except that targets >= V are not checked (the caller
 /// checks them on the host; a kernel cannot throw).
 void softmax_cross_entropy(float* logits_inout /*(N,Vp)*/, float* losses /*(N)*/, const int32_t* targets /*(N)*/,

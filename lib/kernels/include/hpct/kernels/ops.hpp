@@ -19,6 +19,7 @@
 #include <string>
 
 #include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/dropout.hpp"
 #include "hpct/kernels/precision.hpp"
 
 namespace hpct::kernels {
@@ -56,10 +57,18 @@ void matmul_backward(float* dinp /*(N,C)*/, float* dweight /*(OC,C)*/, float* db
 /// Causal multi-head attention. qkv holds q, k, v side by side per token; head h uses columns
 /// h*HS..(h+1)*HS of each third. att saves the softmax probabilities for backward (upper triangle
 /// zero). Scale 1/sqrt(HS). C must be divisible by NH.
+/// drop: attention dropout on the probabilities (nullptr or p = 0: none, bitwise the plain op). att
+/// still saves the undropped probabilities; the values are mixed with the dropped and rescaled
+/// ones, and backward regenerates the same mask from drop (dropout.hpp), so pass it to both.
 void attention_forward(float* out /*(B,T,C)*/, float* att /*(B,NH,T,T)*/, const float* qkv /*(B,T,3C)*/, int B, int T,
-                       int C, int NH, Precision p = Precision::fp32);
+                       int C, int NH, Precision p = Precision::fp32, const Dropout* drop = nullptr);
 void attention_backward(float* dqkv /*(B,T,3C)*/, const float* dout /*(B,T,C)*/, const float* qkv /*(B,T,3C)*/,
-                        const float* att /*(B,NH,T,T)*/, int B, int T, int C, int NH, Precision p = Precision::fp32);
+                        const float* att /*(B,NH,T,T)*/, int B, int T, int C, int NH, Precision p = Precision::fp32,
+                        const Dropout* drop = nullptr);
+
+/// Dropout in place on token rows: x[r][c] = keep ? x[r][c] / (1 - p) : 0 with dropout.hpp's mask
+/// (row r is micro-batch row d.first_row + r). Linear, so backward is the same call on the gradient.
+void dropout(float* x /*(rows,C)*/, size_t rows, int C, const Dropout& d);
 
 /// GELU, tanh approximation (GPT-2).
 void gelu_forward(float* out /*(n)*/, const float* inp /*(n)*/, size_t n);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "hpct/kernels/dropout.hpp"
 #include "hpct/kernels/precision.hpp"
 
 namespace hpct::kernels {
@@ -62,10 +63,13 @@ class OpsBackend {
                               int OC, Precision p) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int N, int C, int OC, Precision p) = 0;
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
-                                 Precision p) = 0;
+  /// drop: attention dropout (nullptr or p = 0: none); pass the same to forward and backward.
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+                                 const Dropout* drop) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int C, int NH, Precision p) = 0;
+                                  int C, int NH, Precision p, const Dropout* drop) = 0;
+  /// In place on (rows, C) token rows; the mask is dropout.hpp's, bitwise the same on every backend.
+  virtual void dropout(float* x, size_t rows, int C, const Dropout& d) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;

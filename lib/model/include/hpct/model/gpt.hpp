@@ -81,6 +81,11 @@ struct GptConfig {
   MoeConfig moe;
   int tensor_parallel = 1;  // --tensor-model-parallel-size: ranks each layer is split over
   bool sequence_parallel = false;  // --sequence-parallel: norms and residuals on 1/T of the tokens
+  // Dropout in training (Megatron's places): attention_dropout on the attention probabilities,
+  // hidden_dropout on the embedding output and on the attention and MLP (or MoE) outputs before
+  // their residual adds. 0: off, the model bitwise without it. Masks: kernels/dropout.hpp.
+  double attention_dropout = 0.0;  // --attention-dropout
+  double hidden_dropout = 0.0;     // --hidden-dropout
 
   /// The vocabulary padded to a multiple of lcm(vocab_multiple, tensor_parallel): with the default
   /// 128 and a power-of-two T up to 128 that is the same table at every T (GPT-2: 50304), so a
@@ -187,6 +192,11 @@ class Gpt {
   /// 2 more per layer when recomputation replays the forward without CAC).
   long long alltoall_calls() const { return alltoall_calls_; }
 
+  /// Dropout masks of the next training micro-batches derive from this seed and sample b's global
+  /// index first_sample + b (kernels/dropout.hpp): the same on any rank layout, in a recompute pass
+  /// and after a resume. Evaluation (forward_loss) never drops.
+  void set_dropout_seed(uint64_t seed, long long first_sample) { drop_seed_ = seed, drop_first_ = first_sample; }
+
   // ---- random-LTD (random layerwise token dropping; docs/data-efficiency.md) ----
   /// Layers (0-based) that, in training, run on a random subset of each sample's tokens: the kept
   /// rows are gathered, the layer runs on them as a shorter sequence (causal among the kept tokens,
@@ -263,6 +273,14 @@ class Gpt {
   void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
   /// An expert's hidden width on this rank: 4C, or 4C/T when experts are tensor-parallel.
   int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : 4 * cfg_.hidden_size; }
+  /// Dropout site `site` of layer l (-1: the embedding) for this micro-batch (T tokens per sample),
+  /// p = 0 outside training; rows start at micro-batch row first_row.
+  kernels::Dropout dropout_at(int l, kernels::DropoutSite site, int T, long long first_row = 0) const;
+  /// Hidden dropout of the n local rows of a (this rank's rows of the) residual-stream buffer, in place.
+  void hidden_dropout(float* x, int l, kernels::DropoutSite site, int B, int T);
+  /// The gradient that reaches a dropped output from d (this rank's rows): d itself without dropout,
+  /// else d with the site's mask applied, in the workspace.
+  const float* hidden_dropout_grad(const float* d, int l, kernels::DropoutSite site, int B, int T);
   /// random-LTD: whether layer l drops tokens in this micro-batch of T tokens per sample.
   bool drops_tokens(int l, int T) const;
   /// Draws layer l's kept positions for the micro-batch (B samples of T tokens) into ltd_idx_[l].
@@ -304,6 +322,8 @@ class Gpt {
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
   float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
   int batch_rows_ = 0;     // B*T of the current micro-batch: the aux losses' weight (LTD layers see fewer rows)
+  uint64_t drop_seed_ = 0;
+  long long drop_first_ = 0;
   std::vector<int> ltd_layers_;
   std::vector<std::vector<int32_t>> ltd_idx_;  // per layer: (B, kept) positions of the last training micro-batch
   int ltd_kept_ = 0, ltd_B_ = 0;
