@@ -79,7 +79,7 @@ for s in ${SHAPES:-124m 350m}; do
   rm -f "$out/hpct_$s.jsonl" "$out/hpct_$s.json"
   timeout 150 "$(b pretrain_gpt)" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$H" \
     --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$MB" --global-batch-size $((MB * accum)) \
-    --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 --bf16 --device cuda \
+    --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 --attention-dropout 0 --hidden-dropout 0 --bf16 --device cuda \
     --deepspeed_config "$cfg" --metrics-file "$out/hpct_$s.jsonl" --json "$out/hpct_$s.json" >"$out/hpct_$s.log" 2>&1
   rc=$?
   if ((rc != 0)); then

@@ -6,8 +6,9 @@
 # Shape SE is S with 8 experts top-1 on every other layer: pretrain_moe with EP 2 on the 2 ranks
 # against torch_gpt.py --experts 8, DeepSpeed's MoE layer (einsum dispatch) in PyTorch.
 #
-# hpctrain: 2 MPI ranks, mock data. PyTorch: its faster set-up here (fp32: 2 DDP processes over gloo,
-# 1 thread each; bf16: 1 process, 2 threads, autocast). The two programs alternate ROUNDS times and
+# hpctrain: 2 MPI ranks, mock data, dropout 0 (torch_gpt.py has none: equal work). PyTorch: its
+# faster set-up here (fp32: 2 DDP processes over gloo, 1 thread each; bf16: 1 process, 2 threads,
+# autocast). The two programs alternate ROUNDS times and
 # the medians are compared (this machine's timings swing 20-40% run to run). Needs
 # `scripts/install_deps.sh --bench` (python3-torch) and a build in ./build.
 set -euo pipefail
@@ -46,7 +47,7 @@ run_hpct() {  # shape prec -> "tps rss"
   fi
   mpirun -np 2 "${mpiflags[@]}" "$bin" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$C" \
     --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$MB" --global-batch-size $((MB * 2)) \
-    --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 "${extra[@]}" \
+    --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 --attention-dropout 0 --hidden-dropout 0 "${extra[@]}" \
     --metrics-file "$tmp/m.jsonl" >"$tmp/hpct.log" 2>&1 || { cat "$tmp/hpct.log" >&2; exit 1; }
   python3 - "$tmp/m.jsonl" "$warm" <<'PY'
 import json, statistics, sys

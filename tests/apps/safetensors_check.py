@@ -158,10 +158,12 @@ check(p.returncode == 2 and "--num-attention-heads expects an integer" in p.stde
 # (gpt2_numpy_loss.py), on the exported weights, gives the loss pretrain_gpt logs with the same
 # weights on the same sample. One step is saved; the run resumed from it logs iteration 2's loss,
 # computed with those weights on mock sample 1 (global batch 1). Vocabulary 512 has no padding
-# rows (with padding, GPT-2's softmax would lack the padding logits hpctrain has).
+# rows (with padding, GPT-2's softmax would lack the padding logits hpctrain has). Dropout off: the
+# training loss is then the plain forward's.
 d3, st3, m3 = (os.path.join(a.workdir, x) for x in ("fwd", "fwd.safetensors", "fwd.jsonl"))
 fwd = ["@" + a.args, "--mock-data", "--vocab-size", "512", "--seq-length", "32", "--micro-batch-size", "1",
-       "--global-batch-size", "1", "--eval-iters", "0", "--log-interval", "1", "--lr-decay-iters", "100"]
+       "--global-batch-size", "1", "--eval-iters", "0", "--log-interval", "1", "--lr-decay-iters", "100",
+       "--attention-dropout", "0", "--hidden-dropout", "0"]
 run([a.gpt, *fwd, "--train-iters", "1", "--save", d3])
 run([a.gpt, *fwd, "--train-iters", "2", "--load", d3, "--metrics-file", m3])
 run([a.tool, "export", d3, st3])

@@ -112,8 +112,8 @@ const FlagTable& flag_table() {
       {"--max-position-embeddings", {true, [](TrainConfig& c, const std::string& v) { c.model.max_position_embeddings = to_i32("--max-position-embeddings", v, 1); }, "position table rows (default: --seq-length)"}},
       {"--vocab-size", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_size = to_i32("--vocab-size", v); c.vocab_size_given = true; }, "vocabulary size for --mock-data"}},
       {"--make-vocab-size-divisible-by", {true, [](TrainConfig& c, const std::string& v) { c.model.vocab_multiple = to_i32("--make-vocab-size-divisible-by", v); }, "pad the vocabulary (default 128)"}},
-      {"--attention-dropout", {true, [](TrainConfig& c, const std::string& v) { c.model.attention_dropout = to_double("--attention-dropout", v); }, "dropout on the attention probabilities in training"}},
-      {"--hidden-dropout", {true, [](TrainConfig& c, const std::string& v) { c.model.hidden_dropout = to_double("--hidden-dropout", v); }, "dropout on the embedding, attention and MLP outputs in training"}},
+      {"--attention-dropout", {true, [](TrainConfig& c, const std::string& v) { c.model.attention_dropout = to_double("--attention-dropout", v); }, "dropout on the attention probabilities in training (default 0.1)"}},
+      {"--hidden-dropout", {true, [](TrainConfig& c, const std::string& v) { c.model.hidden_dropout = to_double("--hidden-dropout", v); }, "dropout on the embedding, attention and MLP outputs in training (default 0.1)"}},
       {"--init-method-std", {true, [](TrainConfig& c, const std::string& v) { c.model.init_std = to_double("--init-method-std", v); }, "weight init std (default 0.02)"}},
       {"--micro-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.micro_batch = to_i32("--micro-batch-size", v, 1); }, "samples per rank per micro-step"}},
       {"--global-batch-size", {true, [](TrainConfig& c, const std::string& v) { c.global_batch = to_i32("--global-batch-size", v, 1); }, "samples per optimizer step"}},
@@ -234,8 +234,12 @@ static std::vector<std::string> expand_arg_files(const std::vector<std::string>&
   return out;
 }
 
+// Megatron's --attention-dropout and --hidden-dropout default: recipes that never name them train with it.
+constexpr double kMegatronDropout = 0.1;
+
 bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg) {
   const auto& table = flag_table();
+  cfg.model.attention_dropout = cfg.model.hidden_dropout = kMegatronDropout;
   const std::vector<std::string> args = expand_arg_files(raw_args);
   std::vector<std::string> given;
   // Every unknown, refused or malformed flag is collected, so one error names them all (a recipe

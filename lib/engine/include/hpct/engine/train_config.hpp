@@ -144,6 +144,8 @@ struct TrainConfig {
 
 /// Parses Megatron-style flags (and --deepspeed_config FILE) into cfg. Unknown flags are errors.
 /// Returns false if --help was asked (help text printed to stdout by the caller via help_text()).
+/// Defaults that are Megatron's on its command line but not in TrainConfig{} (whose model trains
+/// as a library call asks) are set first: --attention-dropout and --hidden-dropout 0.1.
 bool parse_args(const std::vector<std::string>& args, TrainConfig& cfg);
 /// Applies a ds_config.json file: batch, optimizer, scheduler, fp16/bf16, gradient_clipping,
 /// steps_per_print, zero_optimization. Unknown keys are errors naming the key.
