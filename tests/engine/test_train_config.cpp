@@ -59,6 +59,22 @@ TEST(TrainConfig, ValidConfigParses) {
   EXPECT_EQ(c.lr_decay_iters, 10);
 }
 
+// The resolved arguments, as Megatron prints them: sorted, dotted to one column, the values after
+// finalize (the accumulation steps derived, the dropout default, a flag's value).
+TEST(TrainConfig, ArgumentsTextListsResolvedValues) {
+  TrainConfig c;
+  ASSERT_TRUE(engine::parse_args(with(base_args(), {"--hidden-dropout", "0.05"}), c));
+  c.finalize(2);
+  const std::string t = engine::arguments_text(c);
+  EXPECT_EQ(t.rfind("------------------------ arguments ------------------------\n", 0), 0u) << t;
+  EXPECT_NE(t.find("\n  gradient_accumulation_steps ..................... 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("\n  attention_dropout ............................... 0.1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("\n  hidden_dropout .................................. 0.05\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("\n  zero_optimization.stage ......................... 0\n"), std::string::npos) << t;
+  EXPECT_LT(t.find("  adam_beta1 "), t.find("  num_layers ")) << "not sorted";
+  EXPECT_NE(t.find("-------------------- end of arguments ---------------------\n"), std::string::npos);
+}
+
 TEST(TrainConfig, HelpReturnsFalse) {
   TrainConfig c;
   EXPECT_FALSE(engine::parse_args({"--help"}, c));

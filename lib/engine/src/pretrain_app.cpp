@@ -92,6 +92,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
   // Data first: a real dataset fixes the vocabulary size.
   engine::TrainData data = engine::build_train_data(cfg, grid.dp().size(), root);
   cfg.finalize(grid.dp().size());
+  if (root) std::cout << engine::arguments_text(cfg) << std::flush;  // as Megatron prints them at start
   // Finetuning starts from weights (a requeued job from its own checkpoint instead); they may bring
   // their position table.
   engine::StartWeights start = engine::plan_start(cfg, world);

@@ -2,6 +2,7 @@
 #include "hpct/engine/train_config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <functional>
@@ -488,6 +489,28 @@ nlohmann::json config_to_json(const TrainConfig& c) {
                    {"z_loss_coeff", c.model.moe.z_loss_coeff}}}};
   data_efficiency_json(c, j);  // curriculum, metric_curriculum, random_ltd
   return j;
+}
+
+std::string arguments_text(const TrainConfig& c) {
+  // Megatron's names are flat: the model's keys go without their "model." prefix; other groups keep theirs.
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::function<void(const nlohmann::json&, const std::string&)> walk = [&](const nlohmann::json& j, const std::string& at) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string key = at.empty() || at == "model" ? it.key() : at + "." + it.key();
+      if (it.value().is_object()) walk(it.value(), key);
+      else rows.emplace_back(key, it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+    }
+  };
+  walk(config_to_json(c), "");
+  auto lower = [](std::string s) {
+    for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) { return lower(a.first) < lower(b.first); });
+  std::string out = "------------------------ arguments ------------------------\n";
+  for (const auto& [k, v] : rows)
+    out += "  " + k + " " + std::string(k.size() < 48 ? 48 - k.size() : 1, '.') + " " + (v.empty() ? "None" : v) + "\n";
+  return out + "-------------------- end of arguments ---------------------\n";
 }
 
 }  // namespace hpct::engine

@@ -142,6 +142,10 @@ struct TrainConfig {
   void finalize(int dp);
 };
 
+/// The resolved arguments as Megatron prints them at start: one "  name ..... value" line per
+/// setting of config_to_json (the model's without their group prefix), sorted by name, between
+/// Megatron's "arguments" rulers.
+std::string arguments_text(const TrainConfig& cfg);
 /// Parses Megatron-style flags (and --deepspeed_config FILE) into cfg. Unknown flags are errors.
 /// Returns false if --help was asked (help text printed to stdout by the caller via help_text()).
 /// Defaults that are Megatron's on its command line but not in TrainConfig{} (whose model trains
