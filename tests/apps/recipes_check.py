@@ -8,6 +8,7 @@ ds_configs, sizes scaled down, paths given here):
 - every flag that changes nothing here says so in exactly one "> note:" line, and no other
   flag does;
 - the rebase recipe runs on 2 ranks (ZeRO-1), and with _125M_flashattn.sh's --use-flash-attn;
+- the MoE dense recipe with the 6.7B script's --rampup-batch-size ramps its global batch;
 - run_deepspeed_example.sh's --global-batch-size disagrees with its ds_config's
   train_batch_size (1024 vs 64 there): refused in one line naming both; agreed, it trains;
 - three unknown flags added to a recipe are named together in one error line.
@@ -77,6 +78,13 @@ trains("rebase_gpt", "rebase_gpt", "rebase_ds_config", ranks=2)
 trains("rebase_flashattn", "rebase_gpt", "rebase_ds_config", "--use-flash-attn")
 trains("rebase_new_125M", "rebase_new_125M", "rebase_ds_config")
 trains("moe_dense", "moe_dense", "moe_ds_config")
+# ds_pretrain_gpt_6.7B_dense.sh adds --rampup-batch-size (32 32 1953125 there): here 2 2 16 samples
+# to the recipe's global batch of 8; the metrics show the batch growing to it.
+trains("moe_dense_rampup", "moe_dense", "moe_ds_config", "--rampup-batch-size", "2", "2", "16")
+gb = [json.loads(x).get("global_batch_size") for x in open(os.path.join(a.workdir, "moe_dense_rampup", "m.jsonl"))
+      if json.loads(x).get("type") == "train"]
+check(gb[:1] == [2] and gb[-1] == 8 and all(x <= y for x, y in zip(gb, gb[1:])),
+      f"--rampup-batch-size 2 2 16: the global batch grows from 2 to 8 ({gb})")
 trains("data_efficiency", "data_efficiency", "data_efficiency_ds_config")
 
 # --exit-duration-in-mins (Megatron's wall-clock limit; here 6 ms): saves and stops after the first step.

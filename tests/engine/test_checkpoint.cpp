@@ -143,6 +143,47 @@ void check_exact_resume(const char* tag, double dropout) {
 }
 
 TEST(Checkpoint, ExactResumeIsBitwise) { check_exact_resume("exact", 0.0); }
+
+// --rampup-batch-size 6 6 12 to a global batch of 12 (batches 6, 6, 12, 12, ...), 84 samples = 8
+// iterations: 2 steps, save, resume inside the ramp, 6 more == 8 straight, bitwise; and a resume
+// under a ramp that would have consumed other samples by then is refused naming the flag.
+TEST(Checkpoint, ExactResumeInsideABatchRamp) {
+  const auto& w = world();
+  std::string d = shared_dir(w, "ramp");
+  auto ramped = [](long long start) {
+    auto c = tiny(0);
+    c.global_batch = 12;
+    c.train_iters = 0;
+    c.train_samples = 84;
+    c.lr_decay_iters = 0;
+    c.lr_warmup_iters = 0;
+    c.lr_warmup_samples = 12;
+    c.rampup = {start, 6, 12};
+    return c;
+  };
+  RunOut straight = train(ramped(6), w);
+  ASSERT_EQ(straight.losses.size(), 8u);
+  auto c1 = ramped(6);
+  c1.save_dir = d;
+  c1.exit_interval = 2;
+  RunOut first = train(c1, w);
+  ASSERT_EQ(first.losses.size(), 2u);
+  auto c2 = ramped(6);
+  c2.load_path = d;
+  RunOut second = train(c2, w);
+  ASSERT_EQ(second.losses.size(), 6u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(first.losses[i], straight.losses[i]) << "iteration " << i + 1;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(second.losses[i], straight.losses[2 + i]) << "iteration " << 3 + i;
+  EXPECT_EQ(std::memcmp(second.params.data(), straight.params.data(), straight.params.size() * 4), 0)
+      << "final weights differ after resuming inside the ramp";
+  auto other = ramped(6);  // ramped over 3 samples: batches 6, 12, ...: 18 samples before iteration 3, not 12
+  other.rampup.samples = 3;
+  other.load_path = d;
+  const std::string e = error_of([&] { train(other, w); });
+  EXPECT_NE(e.find("--rampup-batch-size"), std::string::npos) << e;
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
+}
 TEST(Checkpoint, ExactResumeWithDropoutIsBitwise) { check_exact_resume("exact_dropout", 0.1); }
 
 // --async-save: interval saves are written by a background thread while training goes on. Each

@@ -108,6 +108,32 @@ TEST(DpEquivalence, Fp32) { check(engine::PrecisionMode::fp32, 4); }
 // Dropout 0.1 on every site (Megatron's default): the masks follow each sample's global index, so
 // N ranks drop what one rank drops; the same tolerances as without it.
 TEST(DpEquivalence, Fp32WithDropout) { check(engine::PrecisionMode::fp32, 4, 0.1); }
+// --rampup-batch-size 12 12 24 to a global batch of 24 (12 is a multiple of every N in 1..4):
+// batches 12, 12, 24, 24 on 96 samples; N ranks must equal one rank step by step as without a
+// ramp (each step's micro-steps follow its batch), with the same tolerances.
+TEST(DpEquivalence, Fp32WithBatchRampup) {
+  auto ramped = [] {
+    engine::TrainConfig c = tiny(engine::PrecisionMode::fp32, 0);
+    c.global_batch = 24;
+    c.train_iters = 0;
+    c.train_samples = 72;
+    c.lr_warmup_iters = 0;
+    c.lr_warmup_samples = 12;
+    c.rampup = {12, 12, 24};
+    return c;
+  };
+  auto world = comm::Communicator::world();
+  auto self = comm::Communicator::self();
+  const auto dp = train(ramped(), world), ref = train(ramped(), self);
+  ASSERT_EQ(ref.losses.size(), 4u) << "12 + 12 + 24 + 24 samples";
+  ASSERT_EQ(dp.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < dp.losses.size(); ++i)
+    EXPECT_NEAR(dp.losses[i], ref.losses[i], 1e-5 * std::fabs(ref.losses[i])) << "step " << i << " on " << world.size() << " ranks";
+  double maxdiff = 0;
+  for (size_t i = 0; i < dp.params.size(); ++i) maxdiff = std::max(maxdiff, std::fabs(double(dp.params[i]) - ref.params[i]));
+  EXPECT_LE(maxdiff, 2e-6) << "max parameter difference on " << world.size() << " ranks";
+}
+
 TEST(DpEquivalence, Bf16OneStep) { check(engine::PrecisionMode::bf16, 1); }
 TEST(DpEquivalence, Bf16FourSteps) { check(engine::PrecisionMode::bf16, 4); }
 TEST(DpEquivalence, Fp16FourSteps) { check(engine::PrecisionMode::fp16, 4); }

@@ -148,6 +148,10 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
   // and checkpoints that predate a key have nothing to keep); a run that trains nothing
   // (--skip-train) steps no schedule.
   const nlohmann::json& was = r.meta.config;
+  // A sample-based run schedules by samples: its iteration lengths (derived from --train-samples and
+  // the batch ramp) are not part of the schedule.
+  const bool by_samples = here.config.is_object() && was.is_object() && here.config.value("train_samples", 0LL) > 0 &&
+                          was.value("train_samples", 0LL) > 0;
   if (r.state.iteration > 0 && was.is_object() && !here.config.value("override_opt_param_scheduler", false) &&
       !here.config.value("skip_train", false))
     for (const auto& [key, flag] : {std::pair<const char*, const char*>{"lr", "--lr"}, {"min_lr", "--min-lr"},
@@ -155,7 +159,8 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
                                     {"lr_decay_iters", "--lr-decay-iters"}, {"lr_warmup_tokens", "--lr-warmup-tokens"},
                                     {"lr_decay_tokens", "--lr-decay-tokens"}, {"lr_warmup_samples", "--lr-warmup-samples"},
                                     {"lr_decay_samples", "--lr-decay-samples"}})
-      if (was.contains(key) && here.config.contains(key) && was[key] != here.config[key])
+      if (was.contains(key) && here.config.contains(key) && was[key] != here.config[key] &&
+          !(by_samples && std::string(key).find("_iters") != std::string::npos))
         throw config_error(flag, std::string(flag) + " " + json_excerpt(here.config[key]) + " differs from the checkpoint's " +
                                      json_excerpt(was[key]) + " (" + file + "): the learning-rate schedule would change mid-run",
                            "resume with the checkpoint's schedule flags (--lr-decay-iters defaults to --train-iters), or give "

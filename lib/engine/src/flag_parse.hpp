@@ -37,7 +37,7 @@ void add_finetune_flags(FlagTable& table);
 /// name (train_config_compat.cpp; docs/compatibility.md).
 void add_compat_flags(FlagTable& table);
 /// --train-samples and its schedule flags: Megatron's combination rules, train_iters from samples.
-void finalize_samples(TrainConfig& cfg);
+void finalize_samples(TrainConfig& cfg, int dp);
 /// Their checks (and the curriculum's), from TrainConfig::finalize.
 void finalize_data_efficiency(TrainConfig& cfg);
 /// random-LTD's checks against the model, the batch and the learning-rate flags (after the batch sizes).

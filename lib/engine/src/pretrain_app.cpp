@@ -142,7 +142,10 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
               << kernels::backend_description() << "\n"
               << "> precision: " << (cfg.precision == engine::PrecisionMode::fp32 ? "fp32" : cfg.precision == engine::PrecisionMode::bf16 ? "bf16 mixed (fp32 master)" : "fp16 mixed (fp32 master, dynamic loss scale)")
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
-              << cfg.grad_accum << "\n"
+              << cfg.grad_accum
+              << (cfg.rampup.on() ? " (batch " + engine::BatchSchedule(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup).describe() + ")"
+                                  : std::string())
+              << "\n"
               << "> ZeRO stage " << cfg.zero.stage << " over " << grid.dp().size()
               << " data-parallel ranks; model states in host memory on rank 0: parameters "
               << format_bytes(mem.params) << ", gradients " << format_bytes(mem.grads + mem.grad_shard)

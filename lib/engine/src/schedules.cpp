@@ -7,7 +7,7 @@
 
 namespace hpct::engine {
 
-double learning_rate(const TrainConfig& c, long long step, double tokens, double warmup_end_tokens) {
+double learning_rate(const TrainConfig& c, long long step, double tokens, double warmup_end_tokens, double samples) {
   const double Wds = (double)c.lr_warmup_iters;
   const double t = (double)step;
   switch (c.lr_style) {
@@ -42,7 +42,7 @@ double learning_rate(const TrainConfig& c, long long step, double tokens, double
   // samples, (step + 1) x global batch after the step being taken; an iteration-based run's
   // lengths are iterations x global batch, so there the unit is the iteration.
   const bool by_samples = c.train_samples > 0;
-  const double it = by_samples ? (t + 1) * double(c.global_batch) : t + 1;
+  const double it = by_samples ? (samples >= 0 ? samples : (t + 1) * double(c.global_batch)) : t + 1;
   const double W = by_samples ? (double)c.lr_warmup_samples : (double)c.lr_warmup_iters;
   if (c.lr_warmup_tokens > 0) {
     if (tokens <= c.lr_warmup_tokens) return c.lr * tokens / c.lr_warmup_tokens;

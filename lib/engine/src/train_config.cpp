@@ -331,7 +331,8 @@ void TrainConfig::finalize(int dp) {
     throw config_error("gradient_accumulation_steps", "gradient_accumulation_steps " + std::to_string(grad_accum) +
                                                           " does not match train_batch_size / (micro * dp) = " + std::to_string(ga) + where);
   grad_accum = ga;
-  finalize_samples(*this);  // --train-samples: train_iters from the global batch
+  BatchSchedule(global_batch, (long long)micro_batch * dp, rampup);  // checks --rampup-batch-size against the batch
+  finalize_samples(*this, dp);  // --train-samples: train_iters from the global batch (and its ramp)
   if (skip_train && train_iters <= 0) train_iters = 1;  // evaluation only: the schedule is never stepped
   if (train_iters <= 0) throw config_error("--train-iters", "--train-iters must be positive", "give --train-iters N (or --train-samples N)");
   // Every number is checked here, after all flags and the ds_config are read, so no check depends
@@ -427,6 +428,8 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"lr_decay_tokens", c.lr_decay_tokens},
           {"train_tokens", c.train_tokens},
           {"train_samples", c.train_samples},
+          {"rampup_batch_size", c.rampup.on() ? nlohmann::json::array({c.rampup.start, c.rampup.increment, c.rampup.samples})
+                                              : nlohmann::json(nullptr)},
           {"override_opt_param_scheduler", c.override_opt_param_scheduler},
           {"skip_train", c.skip_train},
           {"lr_warmup_samples", c.lr_warmup_samples},

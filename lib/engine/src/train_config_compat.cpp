@@ -2,6 +2,7 @@
 // line each), aliases, sample-based runs, and what we refuse by name with the reason. Every flag
 // of the recipes in docs/compatibility.md is in the main table, here, or refused here.
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,7 +115,14 @@ void add_compat_flags(FlagTable& t) {
       {"--lr-warmup-fraction", {true, [](TrainConfig& c, const std::string& v) { c.lr_warmup_fraction = to_double("--lr-warmup-fraction", v); }, "warmup over this fraction of the decay (instead of --lr-warmup-iters/-samples)"}},
       {"--exit-duration-in-mins", {true, [](TrainConfig& c, const std::string& v) { c.exit_duration_mins = to_double("--exit-duration-in-mins", v); }, "save and exit once the run has trained this many minutes (checked every iteration, agreed by all ranks)"}},
       // Refused by name: what this version does not have.
-      {"--rampup-batch-size", refused("--rampup-batch-size", true, "batch-size ramp-up is not implemented yet", "drop it (the global batch is fixed from the first step)", true)},
+      {"--rampup-batch-size", {true, [](TrainConfig& c, const std::string& v) {
+         std::istringstream is(v);
+         std::string a, b, n, extra;
+         is >> a >> b >> n;
+         if (n.empty() || (is >> extra))
+           throw config_error("--rampup-batch-size", "--rampup-batch-size takes three values, <start> <increment> <ramp-up samples>, got '" + printable(v) + "'");
+         c.rampup = {to_int_min("--rampup-batch-size", a, 1), to_int_min("--rampup-batch-size", b, 1), to_int_min("--rampup-batch-size", n, 1)};
+       }, "<start> <increment> <samples>: grow the global batch from start by increment over that many samples (Megatron's; with --train-samples)", true}},
       {"--checkpoint-in-cpu", refused("--checkpoint-in-cpu", false, "moving recomputation checkpoints to CPU memory is not implemented", "drop it; ZeRO offload moves optimizer states and parameters instead")},
       {"--use-checkpoint-opt_param-scheduler", refused("--use-checkpoint-opt_param-scheduler", false, "the learning-rate schedule always comes from this run's flags", "give the schedule flags the checkpoint was trained with")},
       {"--onebitadam", refused("--onebitadam", false, "1-bit Adam is not implemented", "drop it (AdamW)")},
@@ -129,12 +137,16 @@ void add_compat_flags(FlagTable& t) {
     if (!t.emplace(name, spec).second) throw Error("internal: flag " + name + " is defined twice");  // each flag has one meaning
 }
 
-void finalize_samples(TrainConfig& c) {
+void finalize_samples(TrainConfig& c, int dp) {
   if (c.lr_warmup_fraction != -1 && !(c.lr_warmup_fraction >= 0 && c.lr_warmup_fraction <= 1))
     throw config_error("--lr-warmup-fraction", "--lr-warmup-fraction must be in [0, 1]");
   if (c.lr_warmup_fraction >= 0 && (c.lr_warmup_iters > 0 || c.lr_warmup_samples > 0 || c.lr_warmup_tokens > 0))
     throw config_error("--lr-warmup-fraction", "--lr-warmup-fraction and another warmup length are both given", "give one of them");
   if (c.train_samples == 0) {
+    // Megatron's rule: the batch ramps by samples, so the run must count in samples.
+    if (c.rampup.on())
+      throw config_error("--rampup-batch-size", "--rampup-batch-size ramps the batch by consumed samples: it needs a sample-based run",
+                         "give --train-samples (with --lr-warmup-samples / --lr-decay-samples) instead of --train-iters");
     for (auto [v, flag] : {std::pair<long long, const char*>{c.lr_warmup_samples, "--lr-warmup-samples"}, {c.lr_decay_samples, "--lr-decay-samples"}})
       if (v > 0) throw config_error(flag, std::string(flag) + " belongs to sample-based runs, but --train-samples is not given",
                                     "give --train-samples (and no --train-iters), or use the -iters flags");
@@ -149,7 +161,10 @@ void finalize_samples(TrainConfig& c) {
   if (c.lr_style >= LrStyle::ds_warmup)
     throw config_error("--train-samples", "--train-samples schedules Megatron's --lr-decay-style, not the ds_config's scheduler block",
                        "remove the ds_config's scheduler, or give --train-iters");
-  c.train_iters = c.train_samples / c.global_batch;
+  if (c.rampup.on() && c.metric_curriculum.enabled)
+    throw config_error("--rampup-batch-size", "--rampup-batch-size with the data-metric curriculum: its sampler draws whole global batches",
+                       "drop one of them");
+  c.train_iters = BatchSchedule(c.global_batch, (long long)c.micro_batch * dp, c.rampup).iterations_for(c.train_samples);
   if (c.train_iters <= 0)
     throw config_error("--train-samples", "--train-samples " + std::to_string(c.train_samples) + " is less than one global batch (" +
                                               std::to_string(c.global_batch) + ")");

@@ -37,7 +37,8 @@ namespace hpct::engine {
 using detail::PhaseClock;
 
 Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
-    : cfg_(cfg), grid_(grid), clock_(std::make_unique<PhaseClock>()) {
+    : cfg_(cfg), grid_(grid), batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
+      clock_(std::make_unique<PhaseClock>()) {
   if (cfg_.device == "cuda") {
     // One GPU per rank, picked by the node-local rank (modulo the GPUs seen). Taking it can fail on
     // one rank only (a busy exclusive-mode GPU, no memory), so every rank learns of it and stops.
@@ -147,7 +148,7 @@ Trainer::MemoryReport Trainer::memory_report() const {
 
 long long Trainer::step_layer_tokens(long long it) const {
   const int T = cfg_.curriculum.seqlen(it, cfg_.model.max_seq_length);
-  return cfg_.random_ltd.step_layer_tokens(it, T, cfg_.model.num_layers, cfg_.global_batch);
+  return cfg_.random_ltd.step_layer_tokens(it, T, cfg_.model.num_layers, batches_.batch_of(it));
 }
 
 double Trainer::schedule_tokens(long long layer_tokens) const {
@@ -165,7 +166,9 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   prepare(data);
   const int64_t* batch_ids = sampler_ ? sampler_->batch(iteration).data() : nullptr;
   if (sampler_) rec.difficulty = sampler_->difficulty(iteration), rec.allowed_samples = (long long)sampler_->allowed();
-  const long long GB = cfg_.global_batch;
+  const long long GB = batches_.batch_of(iteration), base = first_sample(iteration);
+  const int micro_steps = batches_.micro_steps(iteration);
+  rec.global_batch = GB;
   const double scale = scaler_.scale();
   rec.targets = counted_targets(data, iteration, T, batch_ids);
   const float dloss = static_cast<float>(scale / double(rec.targets));  // mean over the global batch's targets
@@ -183,15 +186,15 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   zero_->begin_step();
   double loss_sum = 0;
   Timer t;
-  for (int m = 0; m < cfg_.grad_accum; ++m) {
+  for (int m = 0; m < micro_steps; ++m) {
     // Sample order is a function of (iteration, micro-step, dp rank) only: N ranks with k micro-steps
     // see exactly the samples one rank sees with N*k micro-steps.
-    const long long first = sample_base_ + iteration * GB + ((long long)m * dp + r) * mb;
+    const long long first = base + ((long long)m * dp + r) * mb;
     t.reset();
-    load_micro_batch(data, first, T, batch_ids ? batch_ids + (first - sample_base_ - iteration * GB) : nullptr);
+    load_micro_batch(data, first, T, batch_ids ? batch_ids + (first - base) : nullptr);
     clk.seconds[detail::kData] += t.seconds();
-    zero_->begin_micro_step(m == cfg_.grad_accum - 1);
-    if (device_store_) device_store_->begin_micro_step(m == 0, m == cfg_.grad_accum - 1);
+    zero_->begin_micro_step(m == micro_steps - 1);
+    if (device_store_) device_store_->begin_micro_step(m == 0, m == micro_steps - 1);
     model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x726f757465));
     model_->set_kept_tokens(rec.ltd_kept, mix_seed(cfg_.seed, 0x6c7464), first);
     model_->set_dropout_seed(mix_seed(cfg_.seed, 0x64726f70), first);
@@ -239,6 +242,10 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
   rec.loss_scale = scale;
   // Token-based schedules see the tokens through this step (as steps count the one being taken).
   const double lr_tokens = schedule_tokens(consumed_layer_tokens_ + step_layer_tokens(iteration));
+  // Sample-based schedules count the samples through this step; the n-th optimizer step's count is
+  // the batch schedule's first n batches (Megatron adds each successful step's batch: the same unless
+  // an fp16 step is skipped while the batch ramps).
+  const double lr_samples = double(batches_.consumed_before(adam_step_ + 1));
 
   double sumsq = zero_->grad_sumsq();
   bool overflow = !std::isfinite(sumsq);
@@ -247,12 +254,12 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
   rec.grad_norm = overflow ? NAN : std::sqrt(sumsq) / scale;
   if (!ok) {
     rec.skipped = true;
-    rec.learning_rate = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_);
+    rec.learning_rate = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_, lr_samples);
     return;
   }
   double clip = 1.0;
   if (cfg_.clip_grad > 0 && rec.grad_norm > cfg_.clip_grad) clip = cfg_.clip_grad / (rec.grad_norm + 1e-6);
-  const double lr = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_);
+  const double lr = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_, lr_samples);
   rec.learning_rate = lr;
   ++adam_step_;
   parallel::AdamParams ap;
@@ -416,14 +423,14 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       ++n_acc;
     }
     ++n_steps_in_interval;
-    interval_tokens += double(cfg_.global_batch) * rec.seqlen;
-    interval_flops += model_->flops_per_iteration(cfg_.global_batch, rec.seqlen, rec.ltd_kept);
+    interval_tokens += double(rec.global_batch) * rec.seqlen;
+    interval_flops += model_->flops_per_iteration(rec.global_batch, rec.seqlen, rec.ltd_kept);
     // --train-tokens: this is the last step once that many tokens are consumed (Megatron-DeepSpeed).
     // (random-LTD: Megatron-DS's effective tokens, layer-tokens / layers; the same count without it)
     const bool tokens_done = cfg_.train_tokens > 0 && consumed_layer_tokens_ >= cfg_.train_tokens * cfg_.model.num_layers;
     const bool final_step = it + 1 == cfg_.train_iters || tokens_done;
     sum.steps.push_back(rec);
-    if (records) records->iteration(it + 1, iteration_scalars(rec, rc, cfg_.global_batch));
+    if (records) records->iteration(it + 1, iteration_scalars(rec, rc, rec.global_batch));
     if ((it + 1) % cfg_.log_interval == 0 || final_step) {
       const double trained = interval.seconds() - excluded;
       double secs = trained / n_steps_in_interval;
@@ -435,15 +442,15 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       const detail::IntervalTimers timers =
           detail::gather_interval(grid_.world(), *clock_, n_steps_in_interval, (double)peak_rss_bytes());
       // Samples drawn so far: the checkpoint's count plus this run's (the global batch may have
-      // changed at the resume, so not iteration x batch).
-      const long long consumed = sample_base_ + (it + 1) * cfg_.global_batch;
+      // changed at the resume, or ramp up, so not iteration x batch).
+      const long long consumed = first_sample(it + 1);
       // random-LTD: Megatron-DS's actual seqlen, the step's layer-tokens per sample per layer.
       const bool ltd = cfg_.random_ltd.enabled;
       const int actual_seqlen =
-          static_cast<int>(step_layer_tokens(it) / ((long long)cfg_.global_batch * cfg_.model.num_layers));
+          static_cast<int>(step_layer_tokens(it) / (rec.global_batch * cfg_.model.num_layers));
       if (root) {
         std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
-                                     cfg_.global_batch, loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
+                                     static_cast<int>(rec.global_batch), loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
                                      tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1,
                                      ltd ? rec.ltd_kept : -1, ltd ? actual_seqlen : -1)
                   << "\n";
@@ -457,7 +464,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"consumed_tokens", consumed_tokens_},
                             {"elapsed_ms_per_iteration", secs * 1e3},
                             {"learning_rate", rec.learning_rate},
-                            {"global_batch_size", cfg_.global_batch},
+                            {"global_batch_size", rec.global_batch},
                             {"lm_loss", loss},
                             {"loss_scale", rec.loss_scale},
                             {"grad_norm", std::isfinite(rec.grad_norm) ? nlohmann::json(rec.grad_norm) : nlohmann::json(nullptr)},

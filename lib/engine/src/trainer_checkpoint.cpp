@@ -74,7 +74,7 @@ CheckpointMeta Trainer::checkpoint_meta() const {
 TrainingState Trainer::training_state() const {
   TrainingState st;
   st.iteration = iteration_;
-  st.consumed_samples = sample_base_ + iteration_ * cfg_.global_batch;
+  st.consumed_samples = first_sample(iteration_);
   st.consumed_tokens = consumed_tokens_;
   st.consumed_layer_tokens = cfg_.random_ltd.enabled ? consumed_layer_tokens_ : -1;
   st.adam_step = adam_step_;
@@ -263,7 +263,13 @@ std::string Trainer::load_checkpoint() {
   adam_step_ = st.adam_step;
   skipped_ = st.skipped_iterations;
   nan_iters_ = st.nan_iterations;
-  sample_base_ = st.consumed_samples - st.iteration * cfg_.global_batch;
+  sample_base_ = st.consumed_samples - batches_.consumed_before(st.iteration);
+  // A ramp is a function of the consumed samples: resuming it needs the run's own batches so far.
+  if (batches_.ramps() && sample_base_ != 0)
+    throw config_error("--rampup-batch-size", "the checkpoint consumed " + std::to_string(st.consumed_samples) + " samples in " +
+                                                  std::to_string(st.iteration) + " iterations, but this run's batch ramp gives " +
+                                                  std::to_string(batches_.consumed_before(st.iteration)),
+                       "resume with the --rampup-batch-size and --global-batch-size the run was saved with");
   // Before sequence-length warmup every sample was --seq-length tokens (the stored config's).
   consumed_tokens_ = st.consumed_tokens >= 0 ? st.consumed_tokens : st.consumed_samples * (long long)cfg_.model.max_seq_length;
   // Without random-LTD every layer saw every token.

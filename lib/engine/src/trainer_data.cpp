@@ -37,14 +37,14 @@ void Trainer::load_micro_batch(const io::TokenDataset& data, long long first_sam
 }
 
 long long Trainer::counted_targets(const io::TokenDataset& data, long long iteration, int T, const int64_t* batch_ids) {
-  const long long GB = cfg_.global_batch;
+  const long long GB = batches_.batch_of(iteration), base = first_sample(iteration);
   if (!data.has_loss_mask()) return GB * T;  // every target counts: no pass over the data
   const int mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
   double n = 0;
-  for (int m = 0; m < cfg_.grad_accum; ++m) {  // the samples step() loads, in its order
-    const long long first = sample_base_ + iteration * GB + ((long long)m * dp + r) * mb;
+  for (int m = 0; m < batches_.micro_steps(iteration); ++m) {  // the samples step() loads, in its order
+    const long long first = base + ((long long)m * dp + r) * mb;
     for (int j = 0; j < mb; ++j) {
-      const size_t sample = batch_ids ? (size_t)batch_ids[first - sample_base_ - iteration * GB + j]
+      const size_t sample = batch_ids ? (size_t)batch_ids[first - base + j]
                                       : (size_t)(first + j) % data.size();
       data.get_loss_mask(sample, mask_buf_.data());
       for (int t = 0; t < T; ++t) n += mask_buf_[t] != 0;

@@ -10,7 +10,10 @@ namespace hpct::engine {
 /// Learning rate for optimizer step `step` (0-based: the step about to be taken). With
 /// --lr-warmup-tokens / --lr-decay-tokens (Megatron-DeepSpeed) warmup and decay follow `tokens`, the
 /// tokens consumed through this step; warmup_end_tokens is where a step-based warmup ended in tokens.
-double learning_rate(const TrainConfig& cfg, long long step, double tokens = 0, double warmup_end_tokens = 0);
+/// samples: a sample-based run's count through this step (< 0: (step + 1) x the global batch;
+/// with --rampup-batch-size the trainer passes the ramped batches' sum).
+double learning_rate(const TrainConfig& cfg, long long step, double tokens = 0, double warmup_end_tokens = 0,
+                     double samples = -1);
 
 /// DeepSpeed/Megatron dynamic loss scaling: on overflow skip the step and (after `hysteresis`
 /// overflows) halve the scale; after `window` clean steps double it. A static scale never moves.

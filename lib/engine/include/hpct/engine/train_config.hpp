@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hpct/engine/batch_schedule.hpp"
 #include "hpct/engine/curriculum.hpp"
 #include "hpct/engine/data_sampling.hpp"
 #include "hpct/model/gpt.hpp"
@@ -66,6 +67,8 @@ struct TrainConfig {
   // Megatron's sample-based runs (train_config_compat.cpp): --train-samples sets train_iters =
   // samples / global batch, warmup and decay counted in samples ((step + 1) x global batch).
   long long train_samples = 0, lr_warmup_samples = 0, lr_decay_samples = 0;
+  // --rampup-batch-size start increment samples (sample-based runs only; batch_schedule.hpp).
+  BatchRampup rampup;
   double lr_warmup_fraction = -1;  // --lr-warmup-fraction (-1: not given): warmup = fraction x decay
   bool override_opt_param_scheduler = false;  // a resume may change the schedule flags (Megatron's flag)
   double exit_duration_mins = 0;   // --exit-duration-in-mins: save and stop after this long (0: never)

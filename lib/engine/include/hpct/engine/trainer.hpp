@@ -38,6 +38,7 @@ struct StepRecord {
   double learning_rate = 0;
   double loss_scale = 1;
   bool skipped = false;
+  long long global_batch = 0;     // the samples this step trained on (--rampup-batch-size: growing)
   int seqlen = 0;                 // the tokens per sample this step trained on (sequence-length warmup)
   long long targets = 0;          // the targets its loss averaged over (global batch; masked ones excluded)
   int ltd_kept = 0;               // random-LTD: tokens per sample its layers kept (= seqlen when none dropped)
@@ -200,7 +201,10 @@ class Trainer {
   LossScaler scaler_;
   long long adam_step_ = 0;
   long long iteration_ = 0;          // optimizer steps taken, including skipped ones
-  long long sample_base_ = 0;        // consumed samples - iteration * global batch (batch size changes)
+  long long sample_base_ = 0;        // consumed samples - the batches' (the global batch changed at a resume)
+  BatchSchedule batches_;            // each iteration's global batch (--rampup-batch-size)
+  /// The run's index of iteration's first sample: the samples consumed before it.
+  long long first_sample(long long iteration) const { return sample_base_ + batches_.consumed_before(iteration); }
   long long consumed_tokens_ = 0;    // training tokens so far (sequence-length warmup: the truncated lengths)
   long long consumed_layer_tokens_ = 0;  // their layer-tokens (random-LTD: kept tokens in its layers)
   TrainConfig lr_cfg_;               // cfg_ with random-LTD's layer-token schedule as the token schedule
