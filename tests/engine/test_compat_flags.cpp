@@ -45,10 +45,10 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 
 TEST(RecipeFlags, EveryUnknownOrRefusedFlagInOneError) {
   const std::string e = error_of(with(base(), {"--train-iters", "5", "--frobnicate", "3", "--pipeline-model-parallel-size", "2",
-                                               "--no-such-switch", "--rampup-batch-size", "16", "16", "1000", "--colour", "red"}));
+                                               "--no-such-switch", "--checkpoint-in-cpu", "--colour", "red"}));
   EXPECT_TRUE(has(e, "5 flags are not accepted")) << e;
   for (const char* f : {"'--frobnicate'", "--pipeline-model-parallel-size 2: pipeline parallelism is not implemented", "'--no-such-switch'",
-                        "--rampup-batch-size: batch-size ramp-up is not implemented", "'--colour'"})
+                        "--checkpoint-in-cpu: moving recomputation checkpoints to CPU memory is not implemented", "'--colour'"})
     EXPECT_TRUE(has(e, f)) << f << " missing from: " << e;
   EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 0) << "one line";
   // One problem keeps its own key and hint.
