@@ -34,8 +34,8 @@ const char* kHelp =
     "usage: generate (--load PATH | --load-hf PATH) (--prompt TEXT ... | --prompts-file FILE | --prompt-ids IDS)\n"
     "                [options]\n"
     "\n"
-    "Continues each prompt with text from a pretrain_gpt checkpoint or GPT-2 weights in Hugging Face's\n"
-    "layout (dense GPT), on the CPU.\n"
+    "Continues each prompt with text from a pretrain_gpt or pretrain_moe checkpoint or GPT-2 weights in\n"
+    "Hugging Face's layout, on the CPU (MoE layers route every token to its top-k experts).\n"
     "\n"
     "  --load PATH             a checkpoint file (iter_0000050.h5) or a --save directory (its `latest`)\n"
     "  --load-hf PATH          a save_pretrained GPT-2 directory (model.safetensors, config.json, and\n"
@@ -117,7 +117,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The checkpoint's dense GPT: its config (vocabulary padded), real vocabulary, tokenizer identity
+// The checkpoint's GPT (dense or MoE): its config (vocabulary padded), real vocabulary, tokenizer identity
 // and the run's tokenizer files, and every parameter in layout order.
 struct Loaded {
   model::GptConfig cfg;

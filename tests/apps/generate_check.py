@@ -7,9 +7,11 @@
 - the JSON has per prompt the prompt's ids (the tokenizer's), at most --max-new-tokens ids, each
   with a log-probability <= 0, and why it stopped; the text printed is the decoded ids;
 - one-line errors naming the flag: a prompt longer than the model's positions, a tokenizer that is
-  not the run's, text prompts for a model trained on --mock-data, --top-p 0, no --load.
+  not the run's, text prompts for a model trained on --mock-data, --top-p 0, no --load;
+- an MoE model (pretrain_moe, 4 experts, top-2 Residual-MoE, 20 steps on Brown): greedy with the
+  cache is the text without it, and the JSON's log-probabilities are those of a distribution.
 
-generate_check.py --gpt PRETRAIN_GPT --generate GENERATE --args FILE --data DIR --workdir DIR
+generate_check.py --gpt PRETRAIN_GPT --moe PRETRAIN_MOE --generate GENERATE --args FILE --data DIR --workdir DIR
 """
 import json
 import os
@@ -18,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks  # noqa: E402  (tests/checklib.py)
 
-c = Checks("--gpt", "--generate", "--args", "--data", "--workdir")
+c = Checks("--gpt", "--moe", "--generate", "--args", "--data", "--workdir")
 a, fails = c.args, c.fails
 vocab, merges = os.path.join(a.data, "gpt2-vocab.json"), os.path.join(a.data, "gpt2-merges.txt")
 
@@ -99,4 +101,25 @@ one_line_error("text prompt on a mock-data model", [a.generate, "--load", mock, 
 p = sh([a.generate, "--load", mock, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
 if "(4 tokens, stop: max_new_tokens)" not in p.stdout:
     fails.append("--prompt-ids on a mock-data model did not generate 4 tokens")
+
+# An MoE checkpoint: the decoder routes every token to its top-k experts (nothing dropped).
+moe = os.path.join(a.workdir, "moe")
+sh([a.moe, "@" + a.args, "--num-experts", "4", "--expert-interval", "2", "--topk", "2", "--mlp-type", "residual",
+    "--data-path", os.path.join(a.data, "brown_text_document"), "--vocab-file", vocab, "--merge-file", merges,
+    "--split", "949,50,1", "--train-iters", "20", "--eval-iters", "0", "--log-interval", "10", "--save", moe,
+    "--save-interval", "20"])
+outs = {}
+for name, extra in (("moe_cached", []), ("moe_full", ["--no-kv-cache"])):
+    out = os.path.join(a.workdir, name + ".json")
+    sh([a.generate, "--load", moe, "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", "10",
+        "--temperature", "0", "--json", out] + extra)
+    outs[name] = json.load(open(out)) if os.path.exists(out) else None
+if None in outs.values():
+    fails.append("MoE: a generate run wrote no JSON")
+else:
+    mc, mf = ([r["ids"] for r in outs[k]["results"]] for k in ("moe_cached", "moe_full"))
+    c.check(mc == mf and all(len(i) >= 1 for i in mc),
+            f"MoE (top-2 residual): greedy with the cache equals without it ({mc})")
+    lps = [lp for r in outs["moe_cached"]["results"] for lp in r["logprobs"]]
+    c.check(lps and all(lp <= 1e-9 for lp in lps), f"MoE: log-probabilities <= 0 ({lps[:4]} ...)")
 c.finish()

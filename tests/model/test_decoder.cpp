@@ -5,6 +5,7 @@
 // - greedy decoding with the key/value cache chooses the same tokens as the argmax of a full
 //   forward pass over the whole context at every step (no cache), and their logits agree within
 //   1e-4 of the largest (the GEMMs see other row counts, so bits may differ);
+// - the same two for MoE models (top-1, and top-2 Residual-MoE) that drop nothing, same tolerances;
 // - several sequences stepped together equal each stepped alone (within 1e-5: batched GEMMs);
 // - sampling: temperature 0 and top-k 1 are the argmax; frequencies follow the softmax (20000
 //   draws, within 0.015: about 4 standard deviations); top-k and top-p cut what they should; the
@@ -58,10 +59,20 @@ std::vector<int32_t> tokens(int n, uint64_t seed, int V) {
 
 int argmax(const float* x, int V) { return static_cast<int>(std::max_element(x, x + V) - x); }
 
-}  // namespace
+// The tiny model with MoE on its second layer: 4 experts, top-1, or top-2 Residual-MoE; nothing
+// dropped (the training model's forward then equals the decoder's, which keeps every route).
+GptConfig tiny_moe(int topk, bool residual) {
+  GptConfig c = tiny();
+  c.moe.num_experts = {4};
+  c.moe.expert_interval = 2;
+  c.moe.topk = topk;
+  c.moe.residual = residual;
+  c.moe.drop_tokens = false;
+  return c;
+}
 
-TEST(Decoder, WholeSequenceLossIsTheTrainingModels) {
-  const GptConfig c = tiny();
+
+void whole_sequence_loss(const GptConfig& c) {
   std::vector<float> p = params_of(c, 5);
   const int T = 40, Vp = c.padded_vocab();
   const auto tok = tokens(T + 1, 7, c.vocab_size);
@@ -85,8 +96,7 @@ TEST(Decoder, WholeSequenceLossIsTheTrainingModels) {
   EXPECT_EQ(d.length(0), T);
 }
 
-TEST(Decoder, CachedGreedyIsTheArgmaxOfFullPasses) {
-  const GptConfig c = tiny();
+void cached_greedy(const GptConfig& c) {
   std::vector<float> p = params_of(c, 11);
   const int Vp = c.padded_vocab(), V = c.vocab_size;
   std::vector<int32_t> ctx = tokens(6, 3, V);
@@ -109,8 +119,22 @@ TEST(Decoder, CachedGreedyIsTheArgmaxOfFullPasses) {
   EXPECT_GT(distinct, 1) << "greedy text that repeats one token checks little";
 }
 
-TEST(Decoder, BatchedStepsEqualSeparateOnes) {
-  const GptConfig c = tiny();
+}  // namespace
+
+TEST(Decoder, WholeSequenceLossIsTheTrainingModels) { whole_sequence_loss(tiny()); }
+TEST(Decoder, CachedGreedyIsTheArgmaxOfFullPasses) { cached_greedy(tiny()); }
+// MoE: the same checks and tolerances (the router's logits are one more fp32 GEMM; a route flip
+// would be a near-tie, which these weights do not have).
+TEST(Decoder, MoeWholeSequenceLossIsTheTrainingModels) {
+  whole_sequence_loss(tiny_moe(1, false));
+  whole_sequence_loss(tiny_moe(2, true));
+}
+TEST(Decoder, MoeCachedGreedyIsTheArgmaxOfFullPasses) {
+  cached_greedy(tiny_moe(1, false));
+  cached_greedy(tiny_moe(2, true));
+}
+
+void batched_steps(const GptConfig& c) {
   std::vector<float> p = params_of(c, 13);
   const int Vp = c.padded_vocab();
   const auto a = tokens(5, 1, c.vocab_size), b = tokens(9, 2, c.vocab_size);
@@ -133,6 +157,10 @@ TEST(Decoder, BatchedStepsEqualSeparateOnes) {
   }
 }
 
+TEST(Decoder, BatchedStepsEqualSeparateOnes) { batched_steps(tiny()); }
+// MoE: a token's routes do not depend on the other sequences of the step (nothing is dropped).
+TEST(Decoder, MoeBatchedStepsEqualSeparateOnes) { batched_steps(tiny_moe(2, true)); }
+
 TEST(Decoder, RefusesWhatItCannotRun) {
   GptConfig c = tiny();
   std::vector<float> p = params_of(c, 1);
@@ -141,12 +169,12 @@ TEST(Decoder, RefusesWhatItCannotRun) {
   EXPECT_THROW(d.extend(0, t.data(), (int)t.size(), nullptr), hpct::Error);
   t[0] = c.vocab_size;  // beyond the vocabulary
   EXPECT_THROW(d.extend(0, t.data(), 1, nullptr), hpct::Error);
-  c.moe.num_experts = {4};
+  c.tensor_parallel = 2;
   try {
     Decoder m(c, p.data(), 1);
-    ADD_FAILURE() << "an MoE config was accepted";
+    ADD_FAILURE() << "a tensor-parallel config was accepted";
   } catch (const hpct::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dense"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--tensor-model-parallel-size"), std::string::npos) << e.what();
   }
 }
 

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "hpct/core/error.hpp"
+#include "hpct/kernels/moe_ops.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/model/moe_gate.hpp"
 
 namespace hpct::model {
 
@@ -20,8 +22,6 @@ Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
     : cfg_(cfg), p_(params), C_(cfg.hidden_size), T_(cfg.positions()), L_(cfg.num_layers), NH_(cfg.num_heads),
       Vp_(cfg.padded_vocab()) {
   cfg.validate();
-  if (cfg.moe.enabled(cfg.num_layers))
-    throw config_error("--num-experts", "text generation supports dense GPT models only (this one has MoE layers)");
   if (cfg.tensor_parallel != 1)
     throw config_error("--tensor-model-parallel-size", "the decoder runs the whole model on one process (tensor_parallel 1)");
   if (sequences < 1) throw Error("Decoder: need at least one sequence (got " + std::to_string(sequences) + ")");
@@ -33,12 +33,25 @@ Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
   lnfb_ = at("final_layernorm.bias");
   for (int l = 0; l < L_; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    layers_.push_back({at(p + "input_layernorm.weight"), at(p + "input_layernorm.bias"),
-                       at(p + "attention.query_key_value.weight"), at(p + "attention.query_key_value.bias"),
-                       at(p + "attention.dense.weight"), at(p + "attention.dense.bias"),
-                       at(p + "post_attention_layernorm.weight"), at(p + "post_attention_layernorm.bias"),
-                       at(p + "mlp.dense_h_to_4h.weight"), at(p + "mlp.dense_h_to_4h.bias"),
-                       at(p + "mlp.dense_4h_to_h.weight"), at(p + "mlp.dense_4h_to_h.bias")});
+    LayerOffsets o{at(p + "input_layernorm.weight"), at(p + "input_layernorm.bias"),
+                   at(p + "attention.query_key_value.weight"), at(p + "attention.query_key_value.bias"),
+                   at(p + "attention.dense.weight"), at(p + "attention.dense.bias"),
+                   at(p + "post_attention_layernorm.weight"), at(p + "post_attention_layernorm.bias")};
+    o.experts = cfg.moe.experts_of(l, cfg.num_layers);
+    if (o.experts == 0 || cfg.moe.residual) {
+      o.fcw = at(p + "mlp.dense_h_to_4h.weight"), o.fcb = at(p + "mlp.dense_h_to_4h.bias");
+      o.fcprojw = at(p + "mlp.dense_4h_to_h.weight"), o.fcprojb = at(p + "mlp.dense_4h_to_h.bias");
+    }
+    if (o.experts > 0) {
+      o.routerw = at(p + "mlp.router.weight");
+      if (cfg.moe.residual) o.coefw = at(p + "mlp.coefficient.weight"), o.coefb = at(p + "mlp.coefficient.bias");
+      for (int e = 0; e < o.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        o.expert.push_back({at(x + "dense_h_to_4h.weight"), at(x + "dense_h_to_4h.bias"), at(x + "dense_4h_to_h.weight"),
+                            at(x + "dense_4h_to_h.bias")});
+      }
+    }
+    layers_.push_back(std::move(o));
   }
   len_.assign(sequences, 0);
   const size_t cache = (size_t)L_ * sequences * T_ * C_;
@@ -110,9 +123,8 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
     kernels::matmul_forward(res_.data(), atty_.data(), p_ + o.projw, p_ + o.projb, R, C, C);
     kernels::residual_forward(res_.data(), x_.data(), res_.data(), RC);
     kernels::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), res_.data(), p_ + o.ln2w, p_ + o.ln2b, R, C);
-    kernels::matmul_forward(fch_.data(), ln_.data(), p_ + o.fcw, p_ + o.fcb, R, C, F);
-    kernels::gelu_forward(fcg_.data(), fch_.data(), (size_t)R * F);
-    kernels::matmul_forward(x_.data(), fcg_.data(), p_ + o.fcprojw, p_ + o.fcprojb, R, F, C);
+    if (o.experts == 0) mlp(o.fcw, o.fcb, o.fcprojw, o.fcprojb, ln_.data(), x_.data(), R);
+    else moe(l, R, x_.data());
     kernels::residual_forward(x_.data(), res_.data(), x_.data(), RC);
   }
   if (out_rows.empty() || !logits) return;
@@ -121,6 +133,56 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
     std::copy(x_.data() + (size_t)out_rows[i] * C, x_.data() + (size_t)(out_rows[i] + 1) * C, res_.data() + (size_t)i * C);
   kernels::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), res_.data(), p_ + lnfw_, p_ + lnfb_, K, C);
   kernels::matmul_forward(logits, ln_.data(), p_ + wte_, nullptr, K, C, Vp_);  // the head is the tied embedding
+}
+
+void Decoder::mlp(size_t fcw, size_t fcb, size_t projw, size_t projb, const float* in, float* out, int R) {
+  const int C = C_, F = 4 * C_;
+  grow(fch_, (size_t)R * F), grow(fcg_, (size_t)R * F);
+  kernels::matmul_forward(fch_.data(), in, p_ + fcw, p_ + fcb, R, C, F);
+  kernels::gelu_forward(fcg_.data(), fch_.data(), (size_t)R * F);
+  kernels::matmul_forward(out, fcg_.data(), p_ + projw, p_ + projb, R, F, C);
+}
+
+// The training model's MoE forward (moe.cpp) in evaluation, every route kept: router logits in
+// fp32, the gate's experts and weights, each expert's MLP over its rows, the weighted combine, and
+// Residual-MoE's mix with the dense MLP.
+void Decoder::moe(int l, int R, float* out) {
+  const LayerOffsets& o = layers_[l];
+  const int C = C_, E = o.experts, K = cfg_.moe.topk;
+  grow(logits_, (size_t)R * E);
+  kernels::matmul_forward(logits_.data(), ln_.data(), p_ + o.routerw, nullptr, R, C, E);
+  GateConfig gc = gate_config(cfg_.moe, E, /*training=*/false);
+  gc.drop_tokens = false;
+  Routing r = select_experts(logits_.data(), R, gc, 0, /*training=*/false);
+  assign_slots(r, *std::max_element(r.demand.begin(), r.demand.end()), gc, 0, /*training=*/false);
+  // Rows in (expert, slot) order, as the training layer's dispatch buffer.
+  std::vector<size_t> first(E + 1, 0);
+  for (int e = 0; e < E; ++e) first[e + 1] = first[e] + r.load[e];
+  const size_t S = first[E];
+  std::vector<int32_t> pos((size_t)R * K, -1), source(S);
+  for (int n = 0; n < R; ++n)
+    for (int k = 0; k < K; ++k) {
+      const int i = n * K + k;
+      pos[i] = static_cast<int32_t>(first[r.expert[i]] + r.slot[i]);
+      source[pos[i]] = n;
+    }
+  grow(erows_, S * C), grow(ey_, S * C);
+  kernels::gather_rows(erows_.data(), ln_.data(), source.data(), S, C);
+  for (int e = 0; e < E; ++e)
+    if (const int rows = r.load[e]; rows > 0) {
+      const auto& w = o.expert[e];
+      mlp(w[0], w[1], w[2], w[3], erows_.data() + first[e] * C, ey_.data() + first[e] * C, rows);
+    }
+  if (!cfg_.moe.residual) {
+    kernels::moe_combine(out, ey_.data(), pos.data(), r.weight.data(), R, K, C);
+    return;
+  }
+  grow(dense_, (size_t)R * C), grow(coef_, (size_t)R * 2);
+  std::vector<float> moe_out((size_t)R * C);
+  kernels::moe_combine(moe_out.data(), ey_.data(), pos.data(), r.weight.data(), R, K, C);
+  mlp(o.fcw, o.fcb, o.fcprojw, o.fcprojb, ln_.data(), dense_.data(), R);
+  kernels::matmul_forward(coef_.data(), ln_.data(), p_ + o.coefw, p_ + o.coefb, R, C, 2);
+  kernels::residual_mix(out, coef_.data(), moe_out.data(), dense_.data(), R, C);
 }
 
 void Decoder::attend(const std::vector<Row>& rows, int layer) {

@@ -31,7 +31,6 @@ namespace hpct::model {
 
 using kernels::Precision;
 
-namespace {
 GateConfig gate_config(const MoeConfig& m, int experts, bool training) {
   GateConfig g;
   g.num_experts = experts;
@@ -46,6 +45,8 @@ GateConfig gate_config(const MoeConfig& m, int experts, bool training) {
                                               : GateNoise::none;
   return g;
 }
+
+namespace {
 
 // Rows of (expert-major) order: from the send layout [dest][local expert][slot] to the receive
 // layout [local expert][source][slot], and back.

@@ -6,12 +6,17 @@
 // the cache and causally to each other), step() one new token of each of several sequences
 // (batched GEMMs, each row attending to its own sequence's cache). Either way each token costs its
 // own rows only: the positions before it are read from the cache, not recomputed.
-// What it is not: a training path (no activations kept, no backward), MoE (refused: the router's
-// capacity depends on the batch), tensor parallel, or GPU-resident (kernels::cpu ops; the
-// parameters and caches are host memory).
+// MoE layers route each token to its top-k experts with the model's evaluation gate (no noise;
+// top-2's second expert the second-largest logit) and keep every route: a token's output does not
+// depend on which other tokens share the step (DeepSpeed's inference does not drop either), so a
+// cached step equals a full pass. The training model's forward equals it when nothing is dropped.
+// What it is not: a training path (no activations kept, no backward), tensor parallel, expert
+// parallel (one process holds every expert), or GPU-resident (kernels::cpu ops; the parameters
+// and caches are host memory).
 // Memory: the cache holds 2 x L x sequences x positions() x C floats, allocated up front
 // (cache_bytes()).
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -23,7 +28,7 @@ namespace hpct::model {
 class Decoder {
  public:
   /// params: the flat fp32 parameters of Gpt::layout_for(cfg) in host memory (must outlive the
-  /// decoder); sequences: how many caches. Throws for an MoE or tensor-parallel config. Needs a
+  /// decoder); sequences: how many caches. Throws for a tensor-parallel config. Needs a
   /// kernels::BackendScope alive while it runs, as the CPU ops do.
   Decoder(const GptConfig& cfg, const float* params, int sequences);
 
@@ -49,6 +54,9 @@ class Decoder {
   // the rows listed in out_rows.
   void run(const std::vector<Row>& rows, const int32_t* tokens, const std::vector<int>& out_rows, float* logits);
   void attend(const std::vector<Row>& rows, int layer);  // atty_ from qkv_ and the cache
+  // The feed-forward of layer l on R rows of ln_ into out: the GELU MLP, or the MoE.
+  void mlp(size_t fcw, size_t fcb, size_t projw, size_t projb, const float* in, float* out, int R);
+  void moe(int l, int R, float* out);
   float* kcache(int layer, int seq, int pos) { return k_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
   float* vcache(int layer, int seq, int pos) { return v_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
 
@@ -56,7 +64,11 @@ class Decoder {
   const float* p_;
   int C_, T_, L_, NH_, Vp_;
   struct LayerOffsets {
-    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b;
+    size_t fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;  // the dense MLP (or the residual MoE's)
+    int experts = 0;                                      // 0: dense
+    size_t routerw = 0, coefw = 0, coefb = 0;
+    std::vector<std::array<size_t, 4>> expert;            // each expert's fc weight, fc bias, proj weight, proj bias
   };
   std::vector<LayerOffsets> layers_;
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
@@ -64,6 +76,7 @@ class Decoder {
   std::vector<float> k_, v_;  // (L, sequences, T, C)
   // Working rows, grown to the largest call.
   std::vector<float> x_, ln_, qkv_, atty_, res_, fch_, fcg_, mean_, rstd_, scores_;
+  std::vector<float> logits_, erows_, ey_, dense_, coef_;  // MoE layers
 };
 
 }  // namespace hpct::model

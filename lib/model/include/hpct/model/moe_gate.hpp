@@ -34,6 +34,11 @@ struct GateConfig {
   GateNoise noise = GateNoise::none;
 };
 
+struct MoeConfig;  // gpt.hpp
+/// The gate's settings for an MoE layer of `experts` experts of model config m, in training (the
+/// train capacity factor and noise) or evaluation.
+GateConfig gate_config(const MoeConfig& m, int experts, bool training);
+
 /// Throws hpct::config_error naming the flag: --num-experts, --topk, the capacity factor's flag
 /// (pass "--moe-eval-capacity-factor" when cfg carries the eval factor), --moe-min-capacity.
 /// Pure: every rank validates identically.
