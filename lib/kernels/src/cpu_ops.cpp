@@ -397,23 +397,21 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             for (int j = 0; j <= t; ++j) d[j] = dr[j] * d[j] - pr[j] * dot;
             std::fill(d + t + 1, d + keys, 0.0f);
           });
-          gemm(false, false, rows, HS, keys, sc, dS, keys, k, C3, 1.0f, dq + (size_t)r0 * C3, C3, p);
-          gemm(true, false, keys, HS, rows, sc, dS, keys, q + (size_t)r0 * C3, C3, 1.0f, dk, C3, p);
-          continue;
-        }
-        gemm(true, false, keys, HS, rows, 1.0f, Pb, T, dOb, C, 1.0f, dv, C3, p);    // dV += P^T dO
-        // Softmax backward in place: dS = P * (dP - rowsum(P * dP)); the masked part stays 0.
-        Kokkos::parallel_for("attention_softmax_backward", Policy(0, rows), KOKKOS_LAMBDA(int i) {
-          const int t = r0 + i;
-          const float* pr = Pb + (size_t)i * T;
-          float* d = dS + (size_t)i * keys;
-          float dot = 0.0f;
+        } else {
+          gemm(true, false, keys, HS, rows, 1.0f, Pb, T, dOb, C, 1.0f, dv, C3, p);  // dV += P^T dO
+          // Softmax backward in place: dS = P * (dP - rowsum(P * dP)); the masked part stays 0.
+          Kokkos::parallel_for("attention_softmax_backward", Policy(0, rows), KOKKOS_LAMBDA(int i) {
+            const int t = r0 + i;
+            const float* pr = Pb + (size_t)i * T;
+            float* d = dS + (size_t)i * keys;
+            float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int j = 0; j <= t; ++j) dot += pr[j] * d[j];
+            for (int j = 0; j <= t; ++j) dot += pr[j] * d[j];
 #pragma omp simd
-          for (int j = 0; j <= t; ++j) d[j] = pr[j] * (d[j] - dot);
-          std::fill(d + t + 1, d + keys, 0.0f);
-        });
+            for (int j = 0; j <= t; ++j) d[j] = pr[j] * (d[j] - dot);
+            std::fill(d + t + 1, d + keys, 0.0f);
+          });
+        }
         gemm(false, false, rows, HS, keys, sc, dS, keys, k, C3, 1.0f, dq + (size_t)r0 * C3, C3, p);  // dQ += s dS K
         gemm(true, false, keys, HS, rows, sc, dS, keys, q + (size_t)r0 * C3, C3, 1.0f, dk, C3, p);   // dK += s dS^T Q
       }
