@@ -25,7 +25,8 @@ uint64_t fnv1a(const std::string& s) {
 // absent, a run without random-LTD) join the text only when stored.
 uint64_t checksum_of(long long it, long long consumed, long long step, long long skipped, long long nan, uint64_t seed,
                      const std::string& scaler, const std::string& config, const std::string& arch,
-                     const std::string& tokenizer, const std::string& layout, long long tokens, long long layer_tokens) {
+                     const std::string& tokenizer, const std::string& layout, long long tokens, long long layer_tokens,
+                     long long step_base) {
   std::string t = std::string(kCheckpointFormat) + "\niteration=" + std::to_string(it) + "\nconsumed_samples=" +
                   std::to_string(consumed) + "\noptimizer_step=" + std::to_string(step) + "\nskipped_iterations=" +
                   std::to_string(skipped) + "\nnan_iterations=" + std::to_string(nan) + "\nseed=" + std::to_string(seed) +
@@ -33,6 +34,7 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
                   "\nparallel_layout=" + layout;
   if (tokens >= 0) t += "\nconsumed_tokens=" + std::to_string(tokens);
   if (layer_tokens >= 0) t += "\nconsumed_layer_tokens=" + std::to_string(layer_tokens);
+  if (step_base > 0) t += "\noptimizer_step_base=" + std::to_string(step_base);
   return fnv1a(t);
 }
 
@@ -41,7 +43,7 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
 uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m) {
   return checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, m.seed,
                      s.loss_scaler.dump(), m.config.dump(), m.architecture.dump(), m.tokenizer, m.layout.dump(),
-                     s.consumed_tokens, s.consumed_layer_tokens);
+                     s.consumed_tokens, s.consumed_layer_tokens, s.adam_step_base);
 }
 
 StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
@@ -81,6 +83,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   if (f.i64("consumed_tokens")) s.consumed_tokens = geti("consumed_tokens");
   if (f.i64("consumed_layer_tokens")) s.consumed_layer_tokens = geti("consumed_layer_tokens");
   s.adam_step = geti("optimizer_step");
+  if (f.i64("optimizer_step_base")) s.adam_step_base = geti("optimizer_step_base");
   s.skipped_iterations = geti("skipped_iterations");
   s.nan_iterations = geti("nan_iterations");
   const std::string scaler = gets("loss_scaler"), config = gets("config"), arch = gets("architecture"),
@@ -96,7 +99,8 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   if (auto sum = f.u64("run_state_checksum")) {
     r.has_checksum = true;
     if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
-                            scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens, s.consumed_layer_tokens))
+                            scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens, s.consumed_layer_tokens,
+                            s.adam_step_base))
       throw file_error(file, "fails its run-state checksum (iteration, samples, optimizer step, config or architecture "
                              "attributes were altered or are corrupt)",
                        "load an earlier checkpoint (pass its file to --load)");
@@ -107,6 +111,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   rel(s.iteration <= INT32_MAX, "iteration " + std::to_string(s.iteration) + " beyond 2^31-1");
   rel(s.consumed_samples <= (1ll << 53), "consumed_samples " + std::to_string(s.consumed_samples) + " beyond 2^53");
   rel(s.adam_step <= s.iteration, "optimizer_step " + std::to_string(s.adam_step) + " > iteration " + std::to_string(s.iteration));
+  rel(s.adam_step_base <= INT32_MAX, "optimizer_step_base " + std::to_string(s.adam_step_base) + " beyond 2^31-1");
   rel(s.skipped_iterations <= s.iteration, "skipped_iterations " + std::to_string(s.skipped_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.nan_iterations <= s.iteration, "nan_iterations " + std::to_string(s.nan_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.consumed_samples >= s.iteration, "consumed_samples " + std::to_string(s.consumed_samples) + " < iteration " + std::to_string(s.iteration));
@@ -152,8 +157,10 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
   // the batch ramp) are not part of the schedule.
   const bool by_samples = here.config.is_object() && was.is_object() && here.config.value("train_samples", 0LL) > 0 &&
                           was.value("train_samples", 0LL) > 0;
+  // --finetune-resume-optimizer starts a new schedule and data order from the checkpoint's optimizer states.
+  const bool finetune = here.config.is_object() && here.config.value("finetune_resume_optimizer", false);
   if (r.state.iteration > 0 && was.is_object() && !here.config.value("override_opt_param_scheduler", false) &&
-      !here.config.value("skip_train", false))
+      !here.config.value("skip_train", false) && !finetune)
     for (const auto& [key, flag] : {std::pair<const char*, const char*>{"lr", "--lr"}, {"min_lr", "--min-lr"},
                                     {"lr_style", "--lr-decay-style"}, {"lr_warmup_iters", "--lr-warmup-iters"},
                                     {"lr_decay_iters", "--lr-decay-iters"}, {"lr_warmup_tokens", "--lr-warmup-tokens"},
@@ -165,7 +172,7 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
                                      json_excerpt(was[key]) + " (" + file + "): the learning-rate schedule would change mid-run",
                            "resume with the checkpoint's schedule flags (--lr-decay-iters defaults to --train-iters), or give "
                            "--override-opt_param-scheduler to take this run's (Megatron's rule)");
-  if (r.state.iteration > 0 && r.meta.seed != here.seed)
+  if (r.state.iteration > 0 && r.meta.seed != here.seed && !finetune)
     throw config_error("--seed", "--seed " + std::to_string(here.seed) + " differs from the checkpoint's seed " +
                                      std::to_string(r.meta.seed) + " (" + file + "): the data order would change mid-run",
                        "resume with --seed " + std::to_string(r.meta.seed));

@@ -287,6 +287,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       if (s.consumed_layer_tokens >= 0)
         f.set_attr("/", "consumed_layer_tokens", static_cast<int64_t>(s.consumed_layer_tokens));
       f.set_attr("/", "optimizer_step", static_cast<int64_t>(s.adam_step));
+      if (s.adam_step_base > 0) f.set_attr("/", "optimizer_step_base", static_cast<int64_t>(s.adam_step_base));
       f.set_attr("/", "skipped_iterations", static_cast<int64_t>(s.skipped_iterations));
       f.set_attr("/", "nan_iterations", static_cast<int64_t>(s.nan_iterations));
       f.set_attr("/", "loss_scaler", s.loss_scaler.dump());
@@ -296,8 +297,8 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       f.set_attr("/", "parallel_layout", meta.layout.dump());
       f.set_attr("/", "seed", static_cast<uint64_t>(meta.seed));
       f.set_attr("/", "software", std::string("hpctrain ") + hpct_version() + " (git " + hpct_git_sha() + ")");
-      f.set_attr("/", "rng", std::string("no random state is consumed during training (no dropout); data order and "
-                                         "initialisation are pure functions of 'seed' and the sample index"));
+      f.set_attr("/", "rng", std::string("no random state is consumed during training: data order, initialisation, "
+                                         "dropout masks and routing noise are pure functions of 'seed' and the sample index"));
       f.set_attr("/", "run_state_checksum", run_state_checksum(s, meta));
       for (int g = 0; g < 3; ++g)
         for (size_t i = 0; i < tensors.size(); ++i)

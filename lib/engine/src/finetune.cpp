@@ -67,6 +67,14 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
 }  // namespace
 
 StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
+  if (cfg.finetune_resume_optimizer && !cfg.load_hf.empty())
+    throw config_error("--finetune-resume-optimizer", "--finetune-resume-optimizer takes a checkpoint's optimizer states, and "
+                                                      "--load-hf's Hugging Face weights have none",
+                       "drop it (the optimizer starts fresh), or --finetune --load an hpctrain checkpoint");
+  if (cfg.finetune_resume_optimizer && !cfg.finetune)
+    throw config_error("--finetune-resume-optimizer", "--finetune-resume-optimizer goes with --finetune (a plain --load resumes "
+                                                      "everything already)",
+                       "add --finetune (the finetune app implies it)");
   if (!cfg.finetune && cfg.load_hf.empty()) return {};
   if (cfg.finetune && !cfg.load_hf.empty())
     throw config_error("--load-hf", "--load-hf and --finetune both name the weights to start from", "give one of them");
@@ -97,6 +105,7 @@ StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
   StartWeights s;
   s.from = cfg.load_hf.empty() ? cfg.load_path : cfg.load_hf;
   s.hf = !cfg.load_hf.empty();
+  s.with_optimizer = cfg.finetune_resume_optimizer;
   cfg.load_path.clear();
   comm::throw_if_any(world, comm::error_text_of([&] { read_start(s, cfg); }));
   return s;
@@ -104,11 +113,14 @@ StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
 
 std::string load_start_weights(Trainer& t, StartWeights& s, const comm::Communicator& world) {
   if (s.from.empty()) return "";
-  t.load_weights(s.params);
+  if (s.with_optimizer) t.load_for_finetune(s.file);  // weights and optimizer states, at any layout
+  else t.load_weights(s.params);
   s.params = std::vector<float>();
   if (world.rank() == 0)
     std::cout << "> starting from the weights of " << s.file << (s.hf ? " (Hugging Face GPT-2)" : " (--finetune)")
-              << ": iteration 0, fresh optimizer and learning-rate schedule" << std::endl;
+              << (s.with_optimizer ? ": iteration 0, the checkpoint's optimizer states, a fresh learning-rate schedule"
+                                   : ": iteration 0, fresh optimizer and learning-rate schedule")
+              << std::endl;
   return s.file;
 }
 

@@ -268,7 +268,7 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
   ap.beta2 = (float)cfg_.beta2;
   ap.eps = (float)cfg_.eps;
   ap.weight_decay = (float)cfg_.weight_decay;
-  ap.step = (int)adam_step_;
+  ap.step = (int)(adam_base_ + adam_step_);  // bias correction counts the moments' every step
   ap.grad_scale = static_cast<float>(clip / scale);
   ap.state_norms = want_state_norms_;
   snapshot_fence();  // a background save may still be copying the state this step changes

@@ -78,6 +78,7 @@ TrainingState Trainer::training_state() const {
   st.consumed_tokens = consumed_tokens_;
   st.consumed_layer_tokens = cfg_.random_ltd.enabled ? consumed_layer_tokens_ : -1;
   st.adam_step = adam_step_;
+  st.adam_step_base = adam_base_;
   st.skipped_iterations = skipped_;
   st.nan_iterations = nan_iters_;
   st.loss_scaler = scaler_.state();
@@ -261,6 +262,7 @@ std::string Trainer::load_checkpoint() {
   if (device_store_) device_store_->invalidate();
   iteration_ = st.iteration;
   adam_step_ = st.adam_step;
+  adam_base_ = st.adam_step_base;
   skipped_ = st.skipped_iterations;
   nan_iters_ = st.nan_iterations;
   sample_base_ = st.consumed_samples - batches_.consumed_before(st.iteration);
@@ -283,6 +285,20 @@ std::string Trainer::load_checkpoint() {
     std::fflush(stdout);
   }
   return file;
+}
+
+void Trainer::load_for_finetune(const std::string& file) {
+  TrainingState st;
+  TensorSet t;
+  t.layout = &model_->layout();
+  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
+  CheckpointMeta meta = checkpoint_meta();
+  meta.config["finetune_resume_optimizer"] = true;  // a new schedule and seed are this run's to choose
+  Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta);
+  zero_->after_load();
+  if (device_store_) device_store_->invalidate();
+  adam_base_ = st.adam_step_base + st.adam_step;
+  scaler_.restore(st.loss_scaler);
 }
 
 Trainer::~Trainer() {

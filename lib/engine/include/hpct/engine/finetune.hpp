@@ -15,6 +15,7 @@ namespace hpct::engine {
 struct StartWeights {
   std::string from;  // "" : no weights to start from (a fresh or resumed run)
   bool hf = false;   // from is --load-hf's, else a checkpoint (--finetune --load)
+  bool with_optimizer = false;  // --finetune-resume-optimizer: the checkpoint's optimizer states too
   std::string file;  // the file the weights were read from
   std::vector<float> params;  // the whole model, in the layout of cfg.model (emptied by loading)
 };
@@ -25,7 +26,8 @@ struct StartWeights {
 /// The position table comes with the weights: without --max-position-embeddings the run takes the
 /// file's rows (GPT-2's 1024 at any --seq-length up to them). A run whose --save already holds a
 /// checkpoint (a requeued job) resumes that instead: cfg.load_path = --save, and no start weights.
-/// Throws config_error for --finetune without --load, or --load-hf with --finetune.
+/// Throws config_error for --finetune without --load, or --load-hf with --finetune, or
+/// --finetune-resume-optimizer without --finetune (or with --load-hf, which has no optimizer states).
 StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world);
 
 /// Hands the planned weights to the trainer (local; every rank holds them). Returns the file read.

@@ -92,6 +92,7 @@ struct TrainConfig {
   // data
   // finetuning (train_config_finetune.cpp): start from weights only, prompt/response JSON lines
   bool finetune = false;          // --finetune: --load's weights only; iteration, optimizer, schedule start afresh
+  bool finetune_resume_optimizer = false;  // --finetune-resume-optimizer: --finetune, with the Adam moments and step count
   std::string load_hf;            // --load-hf: GPT-2 weights in Hugging Face's layout to start from
   std::string prompt_key = "prompt", response_key = "response";  // fields of a --data-path FILE.jsonl
   // --data-path PREFIX, or Megatron's blend w1 PREFIX1 w2 PREFIX2 ... (weights normalised; empty

@@ -88,6 +88,10 @@ class Trainer {
   /// `latest`), loads it and training continues from its iteration. Returns the file loaded, or ""
   /// for a fresh start (a --load directory without a checkpoint yet, e.g. the first job of a chain).
   std::string load_checkpoint();
+  /// --finetune-resume-optimizer: file's weights and optimizer states (Adam moments, loss scale),
+  /// at any layout, as load_checkpoint reads them; the iteration, samples, schedule and data order
+  /// start afresh, and Adam's bias correction continues from the file's step count. Collective.
+  void load_for_finetune(const std::string& file);
   /// Replaces the parameters with `full` (the whole model in layout() order: a finetuning start),
   /// each rank keeping what it holds; optimizer state and counters are untouched (fresh).
   void load_weights(const std::vector<float>& full);
@@ -200,6 +204,7 @@ class Trainer {
   long long comm_steps_ = 0;
   LossScaler scaler_;
   long long adam_step_ = 0;
+  long long adam_base_ = 0;          // Adam steps the moments took before this run (--finetune-resume-optimizer)
   long long iteration_ = 0;          // optimizer steps taken, including skipped ones
   long long sample_base_ = 0;        // consumed samples - the batches' (the global batch changed at a resume)
   BatchSchedule batches_;            // each iteration's global batch (--rampup-batch-size)
