@@ -78,7 +78,18 @@ TEST(TrainConfig, ArgumentsTextListsResolvedValues) {
 TEST(TrainConfig, HelpReturnsFalse) {
   TrainConfig c;
   EXPECT_FALSE(engine::parse_args({"--help"}, c));
-  EXPECT_NE(engine::help_text("pretrain_gpt").find("--global-batch-size"), std::string::npos);
+  const std::string h = engine::help_text("pretrain_gpt");
+  EXPECT_NE(h.find("--global-batch-size"), std::string::npos);
+  // Grouped as Megatron groups its arguments, each flag once.
+  EXPECT_NE(h.find("\nnetwork size:\n  --hidden-size"), std::string::npos) << h;
+  EXPECT_LT(h.find("\nregularization:\n"), h.find("  --hidden-dropout"));
+  EXPECT_LT(h.find("  --hidden-dropout"), h.find("\ntraining:\n"));
+  EXPECT_EQ(h.find("\nother:\n"), std::string::npos) << "a flag without a group";
+  for (const char* f : {"  --lr V", "  --bf16 ", "  --num-experts V", "  --rampup-batch-size V"}) {
+    const size_t at = h.find(f);
+    EXPECT_NE(at, std::string::npos) << f;
+    EXPECT_EQ(h.find(f, at + 1), std::string::npos) << f << " listed twice";
+  }
 }
 
 TEST(TrainConfig, UnknownFlag) { EXPECT_NE(error_of(with(base_args(), {"--num-layer", "3"})).find("unknown flag '--num-layer'"), std::string::npos); }

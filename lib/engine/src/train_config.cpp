@@ -201,15 +201,59 @@ const FlagTable& flag_table() {
 
 }  // namespace
 
+// The group a flag is listed under in --help: Megatron's argument groups (arguments.py), decided by
+// the flag's name, first rule that matches; the rest are "other".
+static const char* help_group(const std::string& f) {
+  auto any = [&](std::initializer_list<const char*> parts) {
+    for (const char* p : parts)
+      if (f.find(p) != std::string::npos) return true;
+    return false;
+  };
+  if (any({"expert", "moe", "--topk", "--mlp-type", "duplicate-token"})) return "mixture of experts";
+  if (any({"fusion"})) return "training";
+  if (any({"pipeline"})) return "distributed";
+  if (any({"data-efficiency", "random-ltd", "curriculum"})) return "data efficiency";
+  if (any({"estimate"})) return "memory estimate";
+  if (any({"tensorboard", "--log-", "timing-log", "--metrics-file", "--json", "profile"})) return "logging";
+  if (any({"--lr", "--min-lr", "opt_param-scheduler"})) return "learning rate";
+  if (any({"fp16", "--bf16", "loss-scale", "hysteresis", "in-fp32", "query-key-layer-scaling"})) return "mixed precision";
+  if (any({"--save", "--load", "--finetune", "--keep-last", "--async-save", "universal-checkpoint", "--exit-interval"}))
+    return "checkpointing";
+  if (any({"--eval-", "--skip-train"})) return "validation";
+  if (any({"dropout", "--weight-decay", "--clip-grad", "--adam-"})) return "regularization";
+  if (any({"--init-method", "--seed"})) return "initialization";
+  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--max-position-embeddings",
+           "--vocab-size", "--make-vocab-size", "rotary"}))
+    return "network size";
+  if (any({"parallel", "--distributed", "--deepspeed", "--deepscale", "--zero-stage", "DDP", "--device",
+           "partition-activations", "--cpu-optimizer", "allreduce"}))
+    return "distributed";
+  if (any({"data", "--split", "--vocab-file", "--merge-file", "tokenizer", "--num-workers", "-idx-path", "-key"}))
+    return "data and dataloader";
+  if (any({"batch-size", "--train-", "--exit-", "checkpoint", "recompute", "--optimizer", "onebitadam", "fusion",
+           "flash-attn", "softmax", "persist-layer-norm", "synchronize", "contigious"}))
+    return "training";
+  return "other";
+}
+
 std::string help_text(const std::string& prog) {
   std::ostringstream os;
   os << "usage: " << prog << " [flags]\n\nTrains a GPT model with data parallelism over MPI ranks.\n"
      << "Flags follow Megatron-DeepSpeed's pretrain_gpt.py; a ds_config.json may set the batch,\n"
-     << "optimizer, scheduler, precision and clipping (see docs/configuration.md).\n\n";
-  for (const auto& [name, spec] : flag_table())
-    os << "  " << name << (spec.takes_value ? " V" : "") << std::string(std::max<int>(2, 34 - (int)name.size() - (spec.takes_value ? 2 : 0)), ' ')
-       << spec.help << "\n";
-  os << "  --help                            this text\n";
+     << "optimizer, scheduler, precision and clipping (see docs/configuration.md).\n";
+  static const char* order[] = {"network size", "regularization", "training", "initialization", "learning rate",
+                                "checkpointing", "mixed precision", "distributed", "validation", "data and dataloader",
+                                "logging", "mixture of experts", "data efficiency", "memory estimate", "other"};
+  for (const char* g : order) {
+    bool header = false;
+    for (const auto& [name, spec] : flag_table()) {
+      if (std::string(help_group(name)) != g) continue;
+      if (!header) os << "\n" << g << ":\n", header = true;
+      os << "  " << name << (spec.takes_value ? " V" : "")
+         << std::string(std::max<int>(2, 34 - (int)name.size() - (spec.takes_value ? 2 : 0)), ' ') << spec.help << "\n";
+    }
+  }
+  os << "\n  --help                            this text\n";
   return os.str();
 }
 
