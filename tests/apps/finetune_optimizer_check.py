@@ -13,8 +13,11 @@ against the formula), iteration 1 and optimizer step 1,
 passes `hpct_ckpt verify` (the base is in the run-state checksum), and its weights differ from B0's.
 A requeued B (2 iterations: 1, save, resume) ends with the weights of 2 straight iterations, bitwise.
 --finetune-resume-optimizer without --finetune is one line naming the flag.
+Start weights under tensor parallelism: --finetune (with and without the optimizer) from the T = 1
+checkpoint at T = 2 on two ranks gives the T = 1 losses within 1e-5 relative (the tensor-parallel
+tolerance: partial sums in another order, docs/tensor-parallel.md).
 
-finetune_optimizer_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --workdir DIR
+finetune_optimizer_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --mpiexec MPIEXEC --workdir DIR
 """
 import os
 import shutil
@@ -31,7 +34,7 @@ except ImportError:  # Debian's python3-h5py (scripts/install_deps.sh): run unde
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks  # noqa: E402  (tests/checklib.py)
 
-c = Checks("--gpt", "--tool", "--workdir")
+c = Checks("--gpt", "--tool", "--mpiexec", "--workdir")
 a, check = c.args, c.check
 B1, B2 = 0.9, 0.95
 model = ["--mock-data", "--vocab-size", "128", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -88,6 +91,26 @@ with ckpt("Bstraight", 2) as fs, ckpt("Bsplit", 2) as fr:
     ws, wr = tensors(fs, "model"), tensors(fr, "model")
     check(all((ws[k] == wr[k]).all() for k in ws), "requeued at iteration 1: the weights of 2 straight iterations, bitwise")
     check(int(fr.attrs["optimizer_step_base"]) == 4, "the resumed run keeps the step base")
+
+
+
+def losses(metrics):
+    import json
+    return [r["lm_loss"] for r in map(json.loads, open(metrics)) if r.get("type") == "train"]
+
+
+mpi = [a.mpiexec, "-n", "2", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+for extra in ([], ["--finetune-resume-optimizer"]):
+    got = {}
+    for tp in (1, 2):
+        m = os.path.join(a.workdir, f"tp{tp}{len(extra)}.jsonl")
+        if os.path.exists(m):
+            os.remove(m)
+        c.run(([] if tp == 1 else mpi) + ft + extra + ["--train-iters", "3", "--tensor-model-parallel-size", str(tp),
+                                                      "--metrics-file", m])
+        got[tp] = losses(m)
+    check(len(got[1]) == 3 and all(abs(x - y) <= 1e-5 * abs(y) for x, y in zip(got[2], got[1])),
+          f"--finetune {' '.join(extra)} at T=2 gives the T=1 losses ({got[2]} vs {got[1]})")
 
 c.one_line_error("--finetune-resume-optimizer without --finetune",
                  c.run([a.gpt, *model, "--train-iters", "1", "--load", d["A"], "--finetune-resume-optimizer"], want=None),

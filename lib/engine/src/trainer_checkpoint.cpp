@@ -212,15 +212,26 @@ std::string Trainer::save_checkpoint() {
 }
 
 void Trainer::load_weights(const std::vector<float>& full) {
-  if (grid_.tp().size() > 1)
-    throw config_error("--tensor-model-parallel-size", "starting from given weights (--finetune, --load-hf) with tensor parallelism is not supported yet",
-                       "start at --tensor-model-parallel-size 1, save, and resume at any size");
   const ParamLayout& layout = model_->layout();
-  if (full.size() != layout.numel())
-    throw Error("Trainer::load_weights: " + std::to_string(full.size()) + " values for " + std::to_string(layout.numel()) + " parameters");
+  if (full.size() != layout.full_numel())
+    throw Error("Trainer::load_weights: " + std::to_string(full.size()) + " values for " + std::to_string(layout.full_numel()) + " parameters");
+  // Tensor parallelism: this rank's slice of every split tensor, and every replica, in its layout.
+  std::vector<float> part;
+  const std::vector<float>* src = &full;
+  if (layout.numel() != layout.full_numel() || grid_.tp().size() > 1) {
+    part.assign(layout.numel(), 0.0f);
+    size_t at = 0;
+    for (const auto& t : layout.tensors()) {
+      t.for_full_runs(0, t.numel, [&](uint64_t f, uint64_t lo, uint64_t n) {
+        std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(at + f), n, part.begin() + static_cast<std::ptrdiff_t>(t.offset + lo));
+      });
+      at += t.full_numel();
+    }
+    src = &part;
+  }
   zero_->init_params([&](int block, float* dst) {
     const auto& b = layout.blocks()[block];
-    std::copy(full.begin() + static_cast<std::ptrdiff_t>(b.offset), full.begin() + static_cast<std::ptrdiff_t>(b.offset + b.numel), dst);
+    std::copy(src->begin() + static_cast<std::ptrdiff_t>(b.offset), src->begin() + static_cast<std::ptrdiff_t>(b.offset + b.numel), dst);
   });
   if (device_store_) device_store_->invalidate();
 }
