@@ -228,7 +228,8 @@ static const char* help_group(const std::string& f) {
   if (any({"parallel", "--distributed", "--deepspeed", "--deepscale", "--zero-stage", "DDP", "--device",
            "partition-activations", "--cpu-optimizer", "allreduce"}))
     return "distributed";
-  if (any({"data", "--split", "--vocab-file", "--merge-file", "tokenizer", "--num-workers", "-idx-path", "-key"}))
+  if (any({"data", "--split", "--vocab-file", "--merge-file", "tokenizer", "--num-workers", "-idx-path", "-key", "--reset-",
+           "eod-mask"}))
     return "data and dataloader";
   if (any({"batch-size", "--train-", "--exit-", "checkpoint", "recompute", "--optimizer", "onebitadam", "fusion",
            "flash-attn", "softmax", "persist-layer-norm", "synchronize", "contigious"}))
