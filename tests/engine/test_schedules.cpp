@@ -88,6 +88,23 @@ TEST(LossScaler, HysteresisThenHalve) {
   EXPECT_TRUE(s.update(false));  // window of 3 clean steps: double
   EXPECT_EQ(s.scale(), 16);
 }
+// A stored state moves between dynamic scalers only: a precision change (fp16 <-> bf16/fp32) at a
+// resume or a --finetune-resume-optimizer start keeps the new run's configured scale.
+TEST(LossScaler, RestoresOnlyBetweenDynamicScalers) {
+  LossScaleConfig lc;
+  lc.initial_scale_power = 16;
+  LossScaler bf16(lc, false);
+  const nlohmann::json dyn = {{"scale", 1024.0}, {"good_steps", 3}, {"hysteresis_left", 1}, {"dynamic", true}};
+  const nlohmann::json none = bf16.state();  // scale 1, not dynamic
+  LossScaler a(lc, true), b(lc, true), c(lc, false);
+  a.restore(dyn);
+  EXPECT_EQ(a.scale(), 1024.0);
+  b.restore(none);
+  EXPECT_EQ(b.scale(), 65536.0) << "an fp16 run must not take a bf16 run's scale of 1";
+  c.restore(dyn);
+  EXPECT_EQ(c.scale(), 1.0) << "a bf16 run must not take an fp16 run's scale";
+}
+
 TEST(LossScaler, MinimumIsAnError) {
   LossScaleConfig lc;
   lc.initial_scale_power = 0;

@@ -119,6 +119,10 @@ std::string LossScaler::state_error(const nlohmann::json& st) {
 void LossScaler::restore(const nlohmann::json& st) {
   if (auto e = state_error(st); !e.empty()) throw Error("loss-scaler state " + e);
   if (st.is_null()) return;
+  // Only a dynamic scaler carries state from run to run: a static or disabled one (bf16, fp32) keeps
+  // its configured scale, and a dynamic one starts afresh from a run that had none (a precision
+  // change at a resume or a --finetune-resume-optimizer start).
+  if (!dynamic_ || !st.value("dynamic", false)) return;
   scale_ = st.at("scale").get<double>();
   good_steps_ = st.at("good_steps").get<int>();
   hysteresis_left_ = st.at("hysteresis_left").get<int>();

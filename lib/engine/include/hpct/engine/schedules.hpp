@@ -27,6 +27,8 @@ class LossScaler {
   bool update(bool overflow);
   /// The evolving part (scale, good steps, hysteresis left) for checkpoints.
   nlohmann::json state() const;
+  /// Takes a stored state only when both this scaler and the stored one are dynamic (fp16 with
+  /// dynamic scaling); otherwise keeps this one's configured start.
   void restore(const nlohmann::json& state);
   /// What is wrong with a stored state ("" if nothing): null, or an object with a finite positive
   /// "scale" and non-negative integers "good_steps" and "hysteresis_left".
