@@ -156,16 +156,11 @@ void Decoder::moe(int l, int R, float* out) {
   Routing r = select_experts(logits_.data(), R, gc, 0, /*training=*/false);
   assign_slots(r, *std::max_element(r.demand.begin(), r.demand.end()), gc, 0, /*training=*/false);
   // Rows in (expert, slot) order, as the training layer's dispatch buffer.
-  std::vector<size_t> first(E + 1, 0);
-  for (int e = 0; e < E; ++e) first[e + 1] = first[e] + r.load[e];
+  const RouteOrder ro = route_order(r);
+  const std::vector<size_t>& first = ro.first;
+  const std::vector<int32_t>& pos = ro.pos;
+  const std::vector<int32_t>& source = ro.source;
   const size_t S = first[E];
-  std::vector<int32_t> pos((size_t)R * K, -1), source(S);
-  for (int n = 0; n < R; ++n)
-    for (int k = 0; k < K; ++k) {
-      const int i = n * K + k;
-      pos[i] = static_cast<int32_t>(first[r.expert[i]] + r.slot[i]);
-      source[pos[i]] = n;
-    }
   grow(erows_, S * C), grow(ey_, S * C);
   kernels::gather_rows(erows_.data(), ln_.data(), source.data(), S, C);
   for (int e = 0; e < E; ++e)

@@ -287,19 +287,10 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   note_routing(o.moe_index, r);
 
   // Dispatch: send buffer ordered by (expert, slot); experts of rank d are contiguous.
-  std::vector<size_t> first(E + 1, 0);
-  for (int e = 0; e < E; ++e) first[e + 1] = first[e] + r.load[e];
-  const size_t S = first[E];
-  m.pos.assign((size_t)N * K, -1);
-  std::vector<int32_t> source(S);  // the token of each send row
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) {
-      const int i = n * K + k;
-      if (r.slot[i] < 0) continue;
-      const size_t p = first[r.expert[i]] + r.slot[i];
-      m.pos[i] = static_cast<int32_t>(p);
-      source[p] = n;
-    }
+  RouteOrder ro = route_order(r);
+  const size_t S = ro.first[E];
+  const std::vector<int32_t>& source = ro.source;  // the token of each send row
+  m.pos = std::move(ro.pos);
   m.dpos.upload(m.pos.data(), m.pos.size());
   m.weight.upload(r.weight.data(), r.weight.size());
   BackendArray<int32_t> dsource(*ops_);

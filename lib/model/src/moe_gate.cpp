@@ -40,6 +40,23 @@ int argmax_except(int E, int skip, Value value) {
 
 }  // namespace
 
+RouteOrder route_order(const Routing& r) {
+  RouteOrder o;
+  o.first.assign(r.E + 1, 0);
+  for (int e = 0; e < r.E; ++e) o.first[e + 1] = o.first[e] + r.load[e];
+  o.pos.assign((size_t)r.N * r.k, -1);
+  o.source.resize(o.first[r.E]);
+  for (int n = 0; n < r.N; ++n)
+    for (int k = 0; k < r.k; ++k) {
+      const int i = n * r.k + k;
+      if (r.slot[i] < 0) continue;
+      const size_t p = o.first[r.expert[i]] + r.slot[i];
+      o.pos[i] = static_cast<int32_t>(p);
+      o.source[p] = n;
+    }
+  return o;
+}
+
 double rts_priority(uint64_t seed, int n) {
   return open_unit(mix_seed(seed, static_cast<uint64_t>(n), kRtsStream));
 }

@@ -11,6 +11,7 @@
 //
 // Dimension letters: N routed tokens (rows), E experts, k routes per token (1 or 2).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -84,6 +85,14 @@ void assign_slots(Routing& r, int capacity, const GateConfig& cfg, uint64_t seed
 /// DeepSpeed); the gradient flows through probs (weights, me) and, for z_loss, the logits directly.
 void route_backward(const Routing& r, const float* logits, const float* dweight, float aux_coeff,
                     float z_coeff, float* dlogits);
+
+/// Where each kept route's row goes in the experts' buffer, ordered by (expert, slot).
+struct RouteOrder {
+  std::vector<size_t> first;    // (E+1) first row of each expert; first[E] = rows kept
+  std::vector<int32_t> pos;     // (N, k) the route's row, -1 = dropped
+  std::vector<int32_t> source;  // (rows kept) the token of each row
+};
+RouteOrder route_order(const Routing& r);
 
 /// The RTS priority of token n, uniform in (0, 1), a function of (seed, n) only.
 double rts_priority(uint64_t seed, int n);
