@@ -263,14 +263,7 @@ std::string Trainer::load_checkpoint() {
   }
   if (root) std::cout << "loading checkpoint from " << file << std::endl;
   Timer timer;
-  TrainingState st;
-  TensorSet t;
-  t.layout = &model_->layout();
-  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
-  Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
-  ck.load(file, t, st, checkpoint_meta());
-  zero_->after_load();  // re-replicate what every rank holds whole
-  if (device_store_) device_store_->invalidate();
+  const TrainingState st = read_checkpoint(file, checkpoint_meta());
   iteration_ = st.iteration;
   adam_step_ = st.adam_step;
   adam_base_ = st.adam_step_base;
@@ -298,16 +291,21 @@ std::string Trainer::load_checkpoint() {
   return file;
 }
 
-void Trainer::load_for_finetune(const std::string& file) {
+TrainingState Trainer::read_checkpoint(const std::string& file, const CheckpointMeta& meta) {
   TrainingState st;
   TensorSet t;
   t.layout = &model_->layout();
   t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
+  Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta);
+  zero_->after_load();  // re-replicate what every rank holds whole
+  if (device_store_) device_store_->invalidate();
+  return st;
+}
+
+void Trainer::load_for_finetune(const std::string& file) {
   CheckpointMeta meta = checkpoint_meta();
   meta.config["finetune_resume_optimizer"] = true;  // a new schedule and seed are this run's to choose
-  Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta);
-  zero_->after_load();
-  if (device_store_) device_store_->invalidate();
+  const TrainingState st = read_checkpoint(file, meta);
   adam_base_ = st.adam_step_base + st.adam_step;
   scaler_.restore(st.loss_scaler);
 }

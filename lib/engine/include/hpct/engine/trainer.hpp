@@ -200,6 +200,8 @@ class Trainer {
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
   TrainingState training_state() const;
+  /// Collective: file's tensors (weights and optimizer states) into the store, checked against meta.
+  TrainingState read_checkpoint(const std::string& file, const CheckpointMeta& meta);
   double comm_bytes_ = 0, tp_bytes_ = 0, tp_wire_bytes_ = 0;
   long long comm_steps_ = 0;
   LossScaler scaler_;

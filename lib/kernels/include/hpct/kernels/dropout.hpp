@@ -45,7 +45,8 @@ struct Dropout {
   }
 };
 
-HPCT_DROPOUT_FN uint64_t dropout_mix(uint64_t x) {  // splitmix64's finaliser
+// splitmix64, as core/rng.hpp's, here again because device code calls it (rng.hpp's is host-only).
+HPCT_DROPOUT_FN uint64_t dropout_mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
