@@ -89,7 +89,8 @@ void expect_close(const char* what, const Vec& gpu, const Vec& cpu, double rel =
 
 }  // namespace
 
-TEST(CudaOps, Encoder) {
+// pos: per-token positions (documents packed in a sample), or nullptr for 0..T-1.
+void encoder_case(const std::vector<int32_t>* pos) {
   NEED_GPU(g);
   auto cpu = cpu_ops();
   const int B = 2, T = 5, C = 12, V = 17;
@@ -97,17 +98,24 @@ TEST(CudaOps, Encoder) {
   Vec wte = randn(V * C, 1), wpe = randn(T * C, 2), dout = randn(B * T * C, 3);
   Vec out(B * T * C), dwte = randn(V * C, 4), dwpe = randn(T * C, 5);
   Vec dwte0 = dwte, dwpe0 = dwpe;
-  cpu->encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
-  cpu->encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  const int32_t* hp = pos ? pos->data() : nullptr;
+  cpu->encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, hp);
+  cpu->encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C, hp);
   float* d_out = g.put(Vec(B * T * C));
   float* d_dwte = g.put(dwte0);
   float* d_dwpe = g.put(dwpe0);
   const int32_t* d_tok = g.put(tok);
-  g.be->encoder_forward(d_out, d_tok, g.put(wte), g.put(wpe), B, T, C);
-  g.be->encoder_backward(d_dwte, d_dwpe, g.put(dout), d_tok, B, T, C);
+  const int32_t* d_pos = pos ? g.put(*pos) : nullptr;
+  g.be->encoder_forward(d_out, d_tok, g.put(wte), g.put(wpe), B, T, C, d_pos);
+  g.be->encoder_backward(d_dwte, d_dwpe, g.put(dout), d_tok, B, T, C, d_pos);
   expect_close("encoder out", g.get(d_out, out.size()), out);
   expect_close("encoder dwte", g.get(d_dwte, dwte.size()), dwte);
   expect_close("encoder dwpe", g.get(d_dwpe, dwpe.size()), dwpe);
+}
+TEST(CudaOps, Encoder) { encoder_case(nullptr); }
+TEST(CudaOps, EncoderWithDocumentPositions) {
+  const std::vector<int32_t> pos = {0, 1, 0, 1, 2, 0, 0, 1, 2, 3};  // repeats: the atomic scatter
+  encoder_case(&pos);
 }
 
 TEST(CudaOps, LayerNormOverSeveralRowChunks) {
@@ -168,8 +176,9 @@ void matmul_case(Precision p) {
 TEST(CudaOps, MatmulFp32) { matmul_case(Precision::fp32); }
 TEST(CudaOps, MatmulBf16) { matmul_case(Precision::bf16); }
 
-// drop: attention dropout on both backends (the same mask bits: dropout.hpp is shared code).
-void attention_case(const Dropout* drop) {
+// drop: attention dropout on both backends (the same mask bits: dropout.hpp is shared code);
+// key_start: per-document attention (each query's first key), or nullptr.
+void attention_case(const Dropout* drop, const std::vector<int32_t>* key_start = nullptr) {
   NEED_GPU(g);
   auto cpu = cpu_ops();
   const int B = 2, T = 9, C = 24, NH = 3;
@@ -179,12 +188,14 @@ void attention_case(const Dropout* drop) {
   float* d_out = g.put(out);
   float* d_att = g.put(att);
   float* d_dqkv = g.put(dqkv);
-  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, drop);
+  const int32_t* hk = key_start ? key_start->data() : nullptr;
+  const int32_t* d_ks = key_start ? g.put(*key_start) : nullptr;
+  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, drop, hk);
   cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, drop);
-  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32, drop);
+  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32, drop, d_ks);
   g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, B, T, C, NH, Precision::fp32, drop);
   expect_close("attention out", g.get(d_out, out.size()), out);
-  expect_close("attention probabilities (zero above the diagonal)", g.get(d_att, att.size()), att);
+  expect_close("attention probabilities (zero outside each row's keys)", g.get(d_att, att.size()), att);
   expect_close("attention dqkv", g.get(d_dqkv, dqkv.size()), dqkv);
 }
 TEST(CudaOps, CausalAttention) { attention_case(nullptr); }
@@ -192,6 +203,14 @@ TEST(CudaOps, CausalAttentionWithDropout) {
   Dropout d;
   d.p = 0.3f, d.key = 77, d.first_sample = 5, d.T = 9, d.head0 = 2;
   attention_case(&d);
+}
+// Documents of 3, 4 and 2 tokens in sample 0, of 9 in sample 1; with dropout too.
+TEST(CudaOps, PerDocumentAttention) {
+  const std::vector<int32_t> ks = {0, 0, 0, 3, 3, 3, 3, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  attention_case(nullptr, &ks);
+  Dropout d;
+  d.p = 0.3f, d.key = 77, d.first_sample = 5, d.T = 9, d.head0 = 2;
+  attention_case(&d, &ks);
 }
 
 // Token-row dropout: the same elements dropped and the same products on both backends (bitwise).

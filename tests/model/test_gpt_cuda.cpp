@@ -102,6 +102,8 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   model::FlatParamStore gs(gpu.layout(), dparams.as<float>(), dgrads.as<float>());
 
   Batch b(7);
+  if (c.reset_attention_mask || c.reset_position_ids)  // documents of 4, 7, 5; of 8, 8; one of 16
+    b.tokens[3] = b.tokens[10] = b.tokens[b.T + 7] = c.eod_token;
   const float dloss = 1.0f / static_cast<float>(b.B * b.T);
   const double lc = cpu.forward_backward(cs, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
   const double lg = gpu.forward_backward(gs, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
@@ -145,6 +147,14 @@ TEST(GptCuda, MoeTop1JitterMatchesTheCpu) { compare_one_step(Precision::fp32, fa
 TEST(GptCuda, Fp32WithDropoutAndRecomputeMatchesTheCpu) {
   model::GptConfig c = tiny();
   c.attention_dropout = c.hidden_dropout = 0.1;
+  compare_one_step(Precision::fp32, true, 1e-4, c);
+}
+// Documents packed in the samples: the device embedding reads per-token positions and the softmax
+// each query's first key (copied in by the model); same tolerances.
+TEST(GptCuda, Fp32WithDocumentsAndRecomputeMatchesTheCpu) {
+  model::GptConfig c = tiny();
+  c.reset_attention_mask = c.reset_position_ids = true;
+  c.eod_token = 42;
   compare_one_step(Precision::fp32, true, 1e-4, c);
 }
 TEST(GptCuda, MoeTop2ResidualWithRecomputeMatchesTheCpu) {

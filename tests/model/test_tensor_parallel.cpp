@@ -75,11 +75,15 @@ std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& loca
   return full;
 }
 
-void check_model(bool moe, bool residual, bool sp = false, bool etp = false, bool dropout = false) {
+// documents: per-document attention and positions (gpt.hpp), token 3 ending the documents.
+void check_model(bool moe, bool residual, bool sp = false, bool etp = false, bool dropout = false,
+                 bool documents = false) {
   const auto& w = world();
   const int T = w.size();
   model::GptConfig rc = tiny(1, moe, residual), pc = tiny(T, moe, residual, sp, etp);
   if (dropout) rc.attention_dropout = pc.attention_dropout = rc.hidden_dropout = pc.hidden_dropout = 0.2;
+  if (documents)
+    for (auto* c : {&rc, &pc}) c->reset_attention_mask = c->reset_position_ids = true, c->eod_token = 3;
   model::Gpt ref(rc, kernels::Precision::fp32, false);
   model::Gpt par(pc, kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
   ref.set_dropout_seed(77, 1000);
@@ -96,6 +100,7 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
   std::vector<int32_t> tok(B * S), tgt(B * S);
   Rng rng(7);
   for (int i = 0; i < B * S; ++i) tok[i] = (int)rng.below(29), tgt[i] = i % 5 == 0 ? -1 : (int)rng.below(29);
+  if (documents) tok[2] = tok[5] = tok[S + 4] = 3;  // documents of 3, 3 and 2 tokens; of 5 and 3
   model::FlatParamStore rs(ref.layout(), rp.data(), rg.data()), ps(par.layout(), pp.data(), pg.data());
   ref.set_routing_seed(3);
   par.set_routing_seed(3);
@@ -115,9 +120,9 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
     at += t.numel;
   }
   if (w.rank() == 0)
-    std::printf("T=%d%s%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
-                sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", dropout ? " dropout" : "", lp, lr,
-                worst_all / gmax);
+    std::printf("T=%d%s%s%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
+                sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", dropout ? " dropout" : "",
+                documents ? " documents" : "", lp, lr, worst_all / gmax);
   // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
   for (const auto& t : par.layout().tensors()) {
     if (t.partitioned()) continue;
@@ -161,6 +166,10 @@ TEST(TensorParallel, SequenceParallelGptMatchesUnsplitModel) { check_model(false
 TEST(TensorParallel, GptWithDropoutMatchesUnsplitModel) { check_model(false, false, false, false, true); }
 TEST(TensorParallel, SequenceParallelMoeWithDropoutMatchesUnsplitModel) { check_model(true, false, true, false, true); }
 TEST(TensorParallel, SequenceParallelMoeMatchesUnsplitModel) { check_model(true, false, true); }
+// Documents packed in a sample: attention and positions per document, from the tokens alone, so
+// every rank derives the same; same tolerances.
+TEST(TensorParallel, GptWithDocumentsMatchesUnsplitModel) { check_model(false, false, false, false, false, true); }
+TEST(TensorParallel, SequenceParallelMoeWithDocumentsMatchesUnsplitModel) { check_model(true, false, true, false, false, true); }
 TEST(TensorParallel, SequenceParallelResidualMoeMatchesUnsplitModel) { check_model(true, true, true); }
 
 // --enable-expert-tensor-parallelism: every expert split like the dense MLP (fc column-, fc2

@@ -111,22 +111,25 @@ float* scratch(std::vector<float>& buf, size_t n) {
 }
 
 // Row-wise causal softmax of rows r0 .. r0+rows-1 of the (T, T) matrix P, in place: row t keeps
-// columns 0..t and zeroes t+1..T-1 (the att buffer promises a zero upper triangle).
-void causal_softmax_rows(float* P /*(T,T)*/, int T, int r0, int rows) {
+// columns lo..t and zeroes the rest (the att buffer promises zeros outside them), lo = start[t]
+// (its document's first position) or 0 without start.
+void causal_softmax_rows(float* P /*(T,T)*/, int T, int r0, int rows, const int32_t* start /*(T) or null*/) {
   Kokkos::parallel_for("attention_softmax", Policy(0, rows), KOKKOS_LAMBDA(int i) {
     const int t = r0 + i;
+    const int lo = start ? start[t] : 0;
     float* row = P + (size_t)t * T;
-    const float mx = row_max(row, t + 1);
+    const float mx = row_max(row + lo, t + 1 - lo);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= t; ++j) {
+    for (int j = lo; j <= t; ++j) {
       const float e = exp_simd(row[j] - mx);
       row[j] = e;
       sum += e;
     }
     const float inv = 1.0f / sum;
 #pragma omp simd
-    for (int j = 0; j <= t; ++j) row[j] *= inv;
+    for (int j = lo; j <= t; ++j) row[j] *= inv;
+    std::fill(row, row + lo, 0.0f);
     std::fill(row + t + 1, row + T, 0.0f);
   });
 }
@@ -152,40 +155,49 @@ void dropped_probs(float* D, const float* Pblock, int T, int b, int h, int r0, i
 // ---------------------------------------------------------------------------------------------
 // encoder
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     const int32_t* pos) {
   require_backend("encoder_forward");
   require(B >= 0 && T >= 0 && C >= 0, "encoder_forward", "negative size");
   const size_t BT = (size_t)B * T;
-  for (size_t i = 0; i < BT; ++i)
+  for (size_t i = 0; i < BT; ++i) {
     require(tokens[i] >= 0, "encoder_forward", "token id " + std::to_string(tokens[i]) + " at " + std::to_string(i));
+    if (pos) require(pos[i] >= 0, "encoder_forward", "position " + std::to_string(pos[i]) + " at " + std::to_string(i));
+  }
   Kokkos::parallel_for("encoder_forward", Policy(0, BT), KOKKOS_LAMBDA(size_t bt) {
-    const float* e = wte + (size_t)tokens[bt] * C;  // (C)
-    const float* p = wpe + (bt % T) * C;           // (C)
+    const float* e = wte + (size_t)tokens[bt] * C;             // (C)
+    const float* p = wpe + (pos ? pos[bt] : bt % T) * C;       // (C)
     float* o = out + bt * C;                       // (C)
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
   });
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                      const int32_t* pos) {
   require_backend("encoder_backward");
   require(B >= 0 && T >= 0 && C >= 0, "encoder_backward", "negative size");
   const size_t BT = (size_t)B * T;
-  for (size_t i = 0; i < BT; ++i)
+  for (size_t i = 0; i < BT; ++i) {
     require(tokens[i] >= 0, "encoder_backward", "token id " + std::to_string(tokens[i]) + " at " + std::to_string(i));
-  // dwpe: position t collects its B rows, positions are independent.
-  Kokkos::parallel_for("encoder_backward_wpe", Policy(0, T), KOKKOS_LAMBDA(int t) {
-    float* dp = dwpe + (size_t)t * C;  // (C)
-    for (int b = 0; b < B; ++b) {
-      const float* d = dout + ((size_t)b * T + t) * C;
-#pragma omp simd
-      for (int c = 0; c < C; ++c) dp[c] += d[c];
-    }
-  });
-  // dwte: tokens repeat, so rows of dwte collide; split the columns instead (each block owns its
-  // columns of every dwte row) and keep the token order inside a block: no atomics, deterministic.
+    if (pos) require(pos[i] >= 0, "encoder_backward", "position " + std::to_string(pos[i]) + " at " + std::to_string(i));
+  }
   constexpr int kCols = 256;
   const int blocks = (C + kCols - 1) / kCols;
+  if (!pos) {
+    // dwpe: position t collects its B rows, positions are independent.
+    Kokkos::parallel_for("encoder_backward_wpe", Policy(0, T), KOKKOS_LAMBDA(int t) {
+      float* dp = dwpe + (size_t)t * C;  // (C)
+      for (int b = 0; b < B; ++b) {
+        const float* d = dout + ((size_t)b * T + t) * C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) dp[c] += d[c];
+      }
+    });
+  }
+  // dwte (and dwpe with given positions): indices repeat, so rows collide; split the columns instead
+  // (each block owns its columns of every row) and keep the token order inside a block: no atomics,
+  // deterministic.
   Kokkos::parallel_for("encoder_backward_wte", Policy(0, blocks), KOKKOS_LAMBDA(int blk) {
     const int lo = blk * kCols, hi = std::min(C, lo + kCols);
     for (size_t bt = 0; bt < BT; ++bt) {
@@ -193,6 +205,10 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
       const float* d = dout + bt * C;
 #pragma omp simd
       for (int c = lo; c < hi; ++c) e[c] += d[c];
+      if (!pos) continue;
+      float* dp = dwpe + (size_t)pos[bt] * C;
+#pragma omp simd
+      for (int c = lo; c < hi; ++c) dp[c] += d[c];
     }
   });
 }
@@ -319,10 +335,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // attention
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                       const Dropout* drop) {
+                       const Dropout* drop, const int32_t* key_start) {
   require_backend("attention_forward");
   require(B >= 0 && T >= 0 && C > 0 && NH > 0 && C % NH == 0, "attention_forward",
           "need C > 0 divisible by NH > 0 (C=" + std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
+  if (key_start)
+    for (size_t i = 0; i < (size_t)B * T; ++i)
+      require(key_start[i] >= 0 && key_start[i] <= (int)(i % T), "attention_forward",
+              "key_start " + std::to_string(key_start[i]) + " at row " + std::to_string(i) + " is not in [0, t]");
   const int HS = C / NH;
   const int C3 = 3 * C;
   const float sc = 1.0f / std::sqrt((float)HS);
@@ -339,7 +359,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       for (int r0 = 0; r0 < T; r0 += kAttnBlock) {
         const int rows = std::min(kAttnBlock, T - r0), keys = r0 + rows;  // rows r0.. see keys 0..keys-1
         gemm(false, true, rows, keys, HS, sc, q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T, p);
-        causal_softmax_rows(P, T, r0, rows);
+        causal_softmax_rows(P, T, r0, rows, key_start ? key_start + (size_t)b * T : nullptr);
         if (dropping) {  // the values mix the dropped probabilities; att keeps the softmax for backward
           dropped_probs(Pd, P + (size_t)r0 * T, T, b, h, r0, rows, keys, *drop);
           gemm(false, false, rows, HS, keys, 1.0f, Pd, keys, v, C3, 0.0f, o + (size_t)r0 * C, C, p);

@@ -41,13 +41,13 @@ class CpuOps final : public OpsBackend {
     kernels::accumulate_half(src, acc, n, p);
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C) override {
-    kernels::encoder_forward(out, tokens, wte, wpe, B, T, C);
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       const int32_t* pos) override {
+    kernels::encoder_forward(out, tokens, wte, wpe, B, T, C, pos);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                        int C) override {
-    kernels::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        const int32_t* pos) override {
+    kernels::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, pos);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                          int N, int C) override {
@@ -66,8 +66,8 @@ class CpuOps final : public OpsBackend {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                         const Dropout* drop) override {
-    kernels::attention_forward(out, att, qkv, B, T, C, NH, p, drop);
+                         const Dropout* drop, const int32_t* key_start) override {
+    kernels::attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, Precision p, const Dropout* drop) override {

@@ -50,6 +50,11 @@ void GptConfig::validate() const {
     throw config_error("--attention-dropout", "--attention-dropout must be in [0, 1), got " + std::to_string(attention_dropout));
   if (!(hidden_dropout >= 0 && hidden_dropout < 1))
     throw config_error("--hidden-dropout", "--hidden-dropout must be in [0, 1), got " + std::to_string(hidden_dropout));
+  if ((reset_attention_mask || reset_position_ids) && (eod_token < 0 || eod_token >= vocab_size))
+    throw config_error(reset_attention_mask ? "--reset-attention-mask" : "--reset-position-ids",
+                       "documents inside a sample end at the tokenizer's end-of-document token, which this run does not "
+                       "have (eod " + std::to_string(eod_token) + ", vocabulary " + std::to_string(vocab_size) + ")",
+                       "train on a dataset with --vocab-file and --merge-file (not --mock-data)");
   const auto& m = moe;
   if (m.expert_interval < 1)
     throw config_error("--expert-interval", "--expert-interval must be at least 1, got " + std::to_string(m.expert_interval));
@@ -248,12 +253,17 @@ void Gpt::ensure_workspace(int B, int T) {
     ws->host_losses.assign(N, 0.0f);
     ws->tokens = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
     ws->targets = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+    if (cfg_.reset_attention_mask) ws->key_start = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+    if (cfg_.reset_position_ids) ws->positions = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
   }
   ws_ = std::move(ws);
 }
 
 size_t Gpt::activation_bytes() const {
-  return (ws_ ? ws_->mem.bytes() + ws_->tokens.bytes() + ws_->targets.bytes() : 0) + ops_->scratch_bytes();
+  return (ws_ ? ws_->mem.bytes() + ws_->tokens.bytes() + ws_->targets.bytes() + ws_->key_start.bytes() +
+                    ws_->positions.bytes()
+              : 0) +
+         ops_->scratch_bytes();
 }
 
 std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* tokens, const int32_t* targets, int B,
@@ -272,6 +282,7 @@ std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* token
       throw Error("GPT on " + ops_->name() + ": target " + std::to_string(targets[i]) + " of row " + std::to_string(i) +
                   " is not below V=" + std::to_string(V));
   }
+  stage_documents(tokens, B, T);
   if (ops_->host_memory()) return {tokens, targets};
   Workspace& w = *ws_;
   ops_->copy_from_host(w.tokens.as<void>(), tokens, N * sizeof(int32_t));
@@ -330,7 +341,7 @@ void Gpt::mlp_backward(const float* fcw, const float* projw, float* dfcw, float*
 // from row r0): the norms run on them and write their rows of the full a.ln1 / a.ln2, which f
 // gathers; g sums the row-parallel partial outputs (all N rows, in w.dln) into this rank's rows.
 void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
-                        int T) {
+                        int T, const int32_t* key_start) {
   const int N = B * T, C = cfg_.hidden_size;
   const Block& o = blocks_[l];
   const bool sp = tp_.sequence_parallel();
@@ -341,7 +352,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_, &attn_drop);
+  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_, &attn_drop, key_start);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
   // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
   const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
@@ -482,8 +493,9 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const int C = cfg_.hidden_size;
   const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const float* ep = store.params(0);
-  if (tp_.enabled()) tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_, w.dln);
-  else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C);
+  if (tp_.enabled())  // host memory only: positions_ is doc_pos_
+    tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_, w.dln, positions_);
+  else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, positions_);
   hidden_dropout(w.res, -1, kernels::DropoutSite::embedding, B, T);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
@@ -532,8 +544,9 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   float* eg = store.grads(0);
   hidden_dropout(w.dres, -1, kernels::DropoutSite::embedding, B, T);  // in place: nothing reads dres after
   if (tp_.enabled())
-    TensorParallel::embedding_backward(eg + wte_, eg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_);
-  else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C);
+    TensorParallel::embedding_backward(eg + wte_, eg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_,
+                                       positions_);
+  else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C, positions_);
   store.grads_ready(0);
   phase_.backward += phase.seconds();
   return loss;

@@ -50,6 +50,7 @@ struct Gpt::Workspace {
   float* losses = nullptr;    // (N), in the backend's memory
   std::vector<float> host_losses;       // (N): the losses read back, on a device backend
   kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend
+  kernels::BackendBuffer key_start, positions;  // (N) int32 each, on a device backend with documents on
 };
 
 // A growable array in a backend's memory (the MoE layer's rows and scratch). resize() keeps

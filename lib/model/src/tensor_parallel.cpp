@@ -55,7 +55,7 @@ void TensorParallel::moe_all_reduce(float* x, size_t n) {
 }
 
 void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B,
-                                       int T, int C, int vstart, int vrows, float* scratch) {
+                                       int T, int C, int vstart, int vrows, float* scratch, const int32_t* pos) {
   const size_t N = (size_t)B * T;
   float* parts = sequence_parallel() ? scratch : out;
   for (size_t i = 0; i < N; ++i) {
@@ -70,18 +70,18 @@ void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const 
   const size_t first = first_row(N), rows = local_rows(N);
   for (size_t k = 0; k < rows; ++k) {
     const size_t i = first + k;
-    const float* p = wpe + (i % T) * C;
+    const float* p = wpe + (pos ? (size_t)pos[i] : i % T) * C;
     float* o = out + k * C;
     for (int c = 0; c < C; ++c) o[c] += p[c];
   }
 }
 
 void TensorParallel::embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                                        int T, int C, int vstart, int vrows) {
+                                        int T, int C, int vstart, int vrows, const int32_t* pos) {
   const size_t N = (size_t)B * T;
   for (size_t i = 0; i < N; ++i) {  // in token order, as the backend's encoder_backward
     const float* d = dout + i * C;
-    float* p = dwpe + (i % T) * C;
+    float* p = dwpe + (pos ? (size_t)pos[i] : i % T) * C;
     for (int c = 0; c < C; ++c) p[c] += d[c];
     const long long r = (long long)tokens[i] - vstart;
     if (r < 0 || r >= vrows) continue;

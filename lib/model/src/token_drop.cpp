@@ -83,13 +83,13 @@ void Gpt::scatter_kept(int l, const float* sub, float* full, int B, int T) const
 
 void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                             int T, bool fresh) {
-  if (!drops_tokens(l, T)) return layer_forward(store, l, lp, a, in, out, B, T);
+  if (!drops_tokens(l, T)) return layer_forward(store, l, lp, a, in, out, B, T, key_start_);
   if (fresh) choose_kept(l, B, T);
   const size_t NC = (size_t)B * T * cfg_.hidden_size;
   float* sub_in = ws_->ltd;
   float* sub_out = ws_->ltd + NC;
   gather_kept(l, in, sub_in, B, T);
-  layer_forward(store, l, lp, a, sub_in, sub_out, B, ltd_kept_);
+  layer_forward(store, l, lp, a, sub_in, sub_out, B, ltd_kept_, kept_key_start(l, B, T));
   if (replaying_) return;  // CAC's replay computes what backward reads only, not the output
   std::memcpy(out, in, NC * sizeof(float));
   scatter_kept(l, sub_out, out, B, T);

@@ -48,11 +48,11 @@ __global__ void accumulate_half_kernel(uint16_t* acc, const float* src, size_t n
   }
 }
 
-__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
-                                       int C, size_t n) {
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                       const int32_t* pos, int T, int C, size_t n) {
   HPCT_GRID_STRIDE(i, n) {
     const size_t bt = i / C, c = i % C;
-    const int t = (int)(bt % T);
+    const int t = pos ? pos[bt] : (int)(bt % T);
     out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
   }
 }
@@ -61,6 +61,14 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
   HPCT_GRID_STRIDE(i, n) {
     const size_t bt = i / C, c = i % C;
     atomicAdd(&dwte[(size_t)tokens[bt] * C + c], dout[i]);
+  }
+}
+
+// dwpe[pos[bt]] += dout[bt]: positions repeat, so atomicAdd as for wte.
+__global__ void encoder_backward_pos_kernel(float* dwpe, const float* dout, const int32_t* pos, int C, size_t n) {
+  HPCT_GRID_STRIDE(i, n) {
+    const size_t bt = i / C, c = i % C;
+    atomicAdd(&dwpe[(size_t)pos[bt] * C + c], dout[i]);
   }
 }
 
@@ -161,25 +169,27 @@ __global__ void add_bias_kernel(float* out, const float* bias, int OC, size_t n)
   HPCT_GRID_STRIDE(i, n) out[i] += bias[i % OC];
 }
 
-// One warp per row of a (rows, T, T) stack of score matrices: row r is query t = r % T; columns
-// j <= t are softmaxed, j > t set to 0 (the CPU keeps the upper triangle zero too).
-__global__ void causal_softmax_forward_kernel(float* att, int T, size_t rows) {
+// One warp per row of a (rows, T, T) stack of score matrices: row r = ((b * NH + h) * T + t) is
+// query t; columns lo <= j <= t are softmaxed (lo = key_start[b][t], or 0), the rest set to 0 (the
+// CPU keeps them zero too).
+__global__ void causal_softmax_forward_kernel(float* att, int T, int NH, size_t rows, const int32_t* key_start) {
   const size_t warps = blockDim.x / 32;
   const int lane = threadIdx.x % 32;
   for (size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += (size_t)gridDim.x * warps) {
     const int t = (int)(r % T);
+    const int lo = key_start ? key_start[(r / ((size_t)NH * T)) * T + t] : 0;
     float* a = att + r * T;
     float mx = -FLT_MAX;
-    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, a[j]);
+    for (int j = lo + lane; j <= t; j += 32) mx = fmaxf(mx, a[j]);
     mx = warp_max(mx);
     float s = 0.0f;
-    for (int j = lane; j <= t; j += 32) {
+    for (int j = lo + lane; j <= t; j += 32) {
       const float e = expf(a[j] - mx);
       a[j] = e;
       s += e;
     }
     const float inv = 1.0f / warp_sum(s);
-    for (int j = lane; j < T; j += 32) a[j] = j <= t ? a[j] * inv : 0.0f;
+    for (int j = lane; j < T; j += 32) a[j] = j >= lo && j <= t ? a[j] * inv : 0.0f;
   }
 }
 
@@ -302,20 +312,21 @@ void accumulate_half(uint16_t* acc, const float* src, size_t n, bool bf16, cudaS
 }
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                     cudaStream_t stream) {
+                     const int32_t* pos, cudaStream_t stream) {
   const size_t n = (size_t)B * T * C;
   if (n == 0) return;
-  encoder_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, n);
+  encoder_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, tokens, wte, wpe, pos, T, C, n);
   check_launch("encoder_forward");
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
-                      cudaStream_t stream) {
+                      const int32_t* pos, cudaStream_t stream) {
   const size_t n = (size_t)B * T * C;
   if (n == 0) return;
   encoder_backward_wte_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwte, dout, tokens, C, n);
   check_launch("encoder_backward");
-  encoder_backward_wpe_kernel<<<blocks_for((size_t)T * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+  if (pos) encoder_backward_pos_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwpe, dout, pos, C, n);
+  else encoder_backward_wpe_kernel<<<blocks_for((size_t)T * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   check_launch("encoder_backward");
 }
 
@@ -346,9 +357,9 @@ void bias_backward(float* dbias, const float* dout, int N, int OC, float* worksp
   column_sums(nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC, workspace, stream, "bias_backward");
 }
 
-void causal_softmax_forward(float* att, int T, size_t rows, cudaStream_t stream) {
+void causal_softmax_forward(float* att, int T, int NH, size_t rows, const int32_t* key_start, cudaStream_t stream) {
   if (rows == 0) return;
-  causal_softmax_forward_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(att, T, rows);
+  causal_softmax_forward_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(att, T, NH, rows, key_start);
   check_launch("causal_softmax_forward");
 }
 

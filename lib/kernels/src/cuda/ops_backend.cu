@@ -112,13 +112,13 @@ class CudaOps final : public OpsBackend {
     cuda::accumulate_half(acc, src, n, p == Precision::bf16, stream_);
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C) override {
-    cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, stream_);
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       const int32_t* pos) override {
+    cuda::encoder_forward(out, tokens, wte, wpe, B, T, C, pos, stream_);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                        int C) override {
-    cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, stream_);
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        const int32_t* pos) override {
+    cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, pos, stream_);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                          int N, int C) override {
@@ -146,7 +146,7 @@ class CudaOps final : public OpsBackend {
   }
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                         const Dropout* drop) override {
+                         const Dropout* drop, const int32_t* key_start) override {
     require_heads("attention_forward", B, T, C, NH);
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
@@ -156,7 +156,7 @@ class CudaOps final : public OpsBackend {
       // att[h] = scale * q_h k_h^T for every head h at once
       gemm(false, true, T, T, HS, scale, q, 3 * C, HS, q + C, 3 * C, HS, 0.0f, att + (size_t)b * NH * TT, T, TT, NH, p);
     }
-    cuda::causal_softmax_forward(att, T, (size_t)B * NH * T, stream_);
+    cuda::causal_softmax_forward(att, T, NH, (size_t)B * NH * T, key_start, stream_);
     // With attention dropout the values see the dropped probabilities (in the scratch); att keeps
     // the softmax for backward.
     const float* probs = att;

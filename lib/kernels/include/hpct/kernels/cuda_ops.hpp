@@ -46,12 +46,16 @@ void widen_half(float* dst /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool 
 /// acc = 16-bit(acc + src), round to nearest even (bf16: NaN stays a quiet NaN), as
 /// hpct::kernels::accumulate_half.
 void accumulate_half(uint16_t* acc /*(n)*/, const float* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
-/// out = wte[tokens] + wpe[t]; tokens in [0, V) (checked by the caller on the host).
+/// out = wte[tokens] + wpe[pos or t]; tokens in [0, V), positions in the table (checked by the
+/// caller on the host); pos nullptr: t.
 void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
-                     const float* wpe /*(maxT,C)*/, int B, int T, int C, cudaStream_t stream);
-/// dwte[tokens] += dout (atomicAdd: order of the sum varies), dwpe[t] += sum over b of dout.
+                     const float* wpe /*(maxT,C)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/,
+                     cudaStream_t stream);
+/// dwte[tokens] += dout (atomicAdd: order of the sum varies), dwpe[t] += sum over b of dout (with
+/// pos: dwpe[pos] += dout, atomicAdd).
 void encoder_backward(float* dwte /*(V,C)*/, float* dwpe /*(maxT,C)*/, const float* dout /*(B,T,C)*/,
-                      const int32_t* tokens /*(B,T)*/, int B, int T, int C, cudaStream_t stream);
+                      const int32_t* tokens /*(B,T)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/,
+                      cudaStream_t stream);
 /// Floats of device workspace that layernorm_backward and bias_backward need for N rows of C columns
 /// (their column sums over rows run in two deterministic passes through it).
 size_t column_sum_workspace(int N, int C);
@@ -64,8 +68,10 @@ void add_bias(float* out /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC, 
 /// dbias[o] += sum over n of dout[n][o]; workspace: column_sum_workspace(N, OC) floats.
 void bias_backward(float* dbias /*(OC)*/, const float* dout /*(N,OC)*/, int N, int OC, float* workspace,
                    cudaStream_t stream);
-/// In place on rows of T scores (row r is query r % T): softmax over columns <= r % T, 0 above.
-void causal_softmax_forward(float* att /*(rows,T)*/, int T, size_t rows, cudaStream_t stream);
+/// In place on rows of T scores (row r = ((b * NH + h) * T + t) is query t): softmax over columns
+/// key_start[b][t]..t (key_start nullptr: 0..t), 0 elsewhere.
+void causal_softmax_forward(float* att /*(rows,T)*/, int T, int NH, size_t rows, const int32_t* key_start /*(B,T)*/,
+                            cudaStream_t stream);
 /// In place: datt becomes att * (datt - rowsum(att * datt)) below the diagonal, 0 above.
 void causal_softmax_backward(float* datt /*(rows,T)*/, const float* att /*(rows,T)*/, int T, size_t rows,
                              cudaStream_t stream);

@@ -33,11 +33,13 @@ namespace hpct::kernels {
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc, Precision p = Precision::fp32);
 
-/// out = wte[tokens] + wpe[t]. Tokens must be >= 0 (the caller guarantees < V).
+/// out = wte[tokens] + wpe[position], position = pos[b][t] when given (documents packed in a
+/// sample, each counting from 0: Megatron's --reset-position-ids), else t. Tokens and positions
+/// must be >= 0 (the caller guarantees < V and < the table's rows).
 void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
-                     const float* wpe /*(maxT,C)*/, int B, int T, int C);
+                     const float* wpe /*(maxT,C)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/ = nullptr);
 void encoder_backward(float* dwte /*(V,C)*/, float* dwpe /*(maxT,C)*/, const float* dout /*(B,T,C)*/,
-                      const int32_t* tokens /*(B,T)*/, int B, int T, int C);
+                      const int32_t* tokens /*(B,T)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/ = nullptr);
 
 /// eps = 1e-5 (GPT-2); mean and rstd are saved for backward.
 void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/,
@@ -60,8 +62,12 @@ void matmul_backward(float* dinp /*(N,C)*/, float* dweight /*(OC,C)*/, float* db
 /// drop: attention dropout on the probabilities (nullptr or p = 0: none, bitwise the plain op). att
 /// still saves the undropped probabilities; the values are mixed with the dropped and rescaled
 /// ones, and backward regenerates the same mask from drop (dropout.hpp), so pass it to both.
+/// key_start: query t of sample b sees keys key_start[b][t]..t only (its document inside a packed
+/// sample: Megatron's --reset-attention-mask), 0 <= key_start[b][t] <= t; nullptr: keys 0..t. att
+/// holds zeros outside each row's keys, so backward needs no key_start: it follows from att.
 void attention_forward(float* out /*(B,T,C)*/, float* att /*(B,NH,T,T)*/, const float* qkv /*(B,T,3C)*/, int B, int T,
-                       int C, int NH, Precision p = Precision::fp32, const Dropout* drop = nullptr);
+                       int C, int NH, Precision p = Precision::fp32, const Dropout* drop = nullptr,
+                       const int32_t* key_start /*(B,T)*/ = nullptr);
 void attention_backward(float* dqkv /*(B,T,3C)*/, const float* dout /*(B,T,C)*/, const float* qkv /*(B,T,3C)*/,
                         const float* att /*(B,NH,T,T)*/, int B, int T, int C, int NH, Precision p = Precision::fp32,
                         const Dropout* drop = nullptr);

@@ -51,10 +51,11 @@ class OpsBackend {
   virtual void accumulate_half(uint16_t* acc, const float* src, size_t n, Precision p) = 0;
 
   // ---- the GPT ops: contracts as in ops.hpp ----
+  /// pos: per-token positions (nullptr: 0..T-1 in every sample), in backend memory.
   virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                               int C) = 0;
+                               int C, const int32_t* pos) = 0;
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                                int C) = 0;
+                                int C, const int32_t* pos) = 0;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -64,8 +65,9 @@ class OpsBackend {
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int N, int C, int OC, Precision p) = 0;
   /// drop: attention dropout (nullptr or p = 0: none); pass the same to forward and backward.
+  /// key_start: each query's first key (per-document attention; nullptr: 0), in backend memory.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                                 const Dropout* drop) = 0;
+                                 const Dropout* drop, const int32_t* key_start) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                   int C, int NH, Precision p, const Dropout* drop) = 0;
   /// In place on (rows, C) token rows; the mask is dropout.hpp's, bitwise the same on every backend.

@@ -86,6 +86,13 @@ struct GptConfig {
   // their residual adds. 0: off, the model bitwise without it. Masks: kernels/dropout.hpp.
   double attention_dropout = 0.0;  // --attention-dropout
   double hidden_dropout = 0.0;     // --hidden-dropout
+  // Documents packed in a sample, each ending at an eod_token in the input (Megatron's
+  // get_ltor_masks_and_position_ids): with reset_attention_mask a token attends to its own
+  // document's tokens only, with reset_position_ids positions restart at 0 after each eod_token.
+  // Off: the sample is one sequence (Megatron's default). Generation (decoder.hpp) is unaffected.
+  bool reset_attention_mask = false;  // --reset-attention-mask
+  bool reset_position_ids = false;    // --reset-position-ids
+  int eod_token = -1;                 // the tokenizer's end-of-document id (needed by the two above)
 
   /// The vocabulary padded to a multiple of lcm(vocab_multiple, tensor_parallel): with the default
   /// 128 and a power-of-two T up to 128 that is the same table at every T (GPT-2: 50304), so a
@@ -247,7 +254,16 @@ class Gpt {
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
   std::pair<const int32_t*, const int32_t*> stage_inputs(const int32_t* tokens, const int32_t* targets, int B, int T);
   const float* forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts);
-  void layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T);
+  /// key_start: each row's first attention key (per-document attention, backend memory), or nullptr.
+  void layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T,
+                     const int32_t* key_start);
+  /// From the micro-batch's host tokens: each token's document start and position when
+  /// reset_attention_mask / reset_position_ids are on (doc_start_, doc_pos_; on a device backend
+  /// copied into the workspace), and the backend pointers key_start_ / positions_ (nullptr: off).
+  void stage_documents(const int32_t* tokens, int B, int T);
+  /// random-LTD: key_start_ for layer l's kept rows (each kept row's first kept row of its
+  /// document), or nullptr without per-document attention.
+  const int32_t* kept_key_start(int l, int B, int T);
   void layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres,
                       int B, int T);
   // The GELU MLP of hidden width F (4C, or 4C/T for a tensor-parallel part: the caller passes
@@ -324,6 +340,9 @@ class Gpt {
   int batch_rows_ = 0;     // B*T of the current micro-batch: the aux losses' weight (LTD layers see fewer rows)
   uint64_t drop_seed_ = 0;
   long long drop_first_ = 0;
+  std::vector<int32_t> doc_start_, doc_pos_, ltd_start_;  // host: stage_documents, kept_key_start
+  const int32_t* key_start_ = nullptr;  // backend memory: doc_start_ for this micro-batch, or nullptr
+  const int32_t* positions_ = nullptr;  // backend memory: doc_pos_ for this micro-batch, or nullptr
   std::vector<int> ltd_layers_;
   std::vector<std::vector<int32_t>> ltd_idx_;  // per layer: (B, kept) positions of the last training micro-batch
   int ltd_kept_ = 0, ltd_B_ = 0;

@@ -73,11 +73,12 @@ class TensorParallel {
   /// Vocab-parallel embedding with learned positions: out (B*T, C) = wte[token] + wpe[t], where this
   /// rank holds rows [vstart, vstart + vrows) of wte (wte_part) and every rank the whole wpe. Under
   /// sequence parallelism out gets this rank's rows only, and scratch (B*T, C) takes the parts.
+  /// pos: each token's position (documents in a sample, ops.hpp's encoder_forward), nullptr: t.
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B, int T,
-                         int C, int vstart, int vrows, float* scratch);
+                         int C, int vstart, int vrows, float* scratch, const int32_t* pos = nullptr);
   /// Accumulates d(wte_part) (this rank's rows only) and d(wpe) (every rank alike) from dout (B*T, C).
   static void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                                 int C, int vstart, int vrows);
+                                 int C, int vstart, int vrows, const int32_t* pos = nullptr);
   /// Vocab-parallel cross entropy over logits (rows, vl): this rank's columns [vstart, vstart + vl)
   /// of the padded vocabulary; columns >= V are padding and never take part. losses (rows) get
   /// -log softmax(target) (0 where target < 0), the same on every rank. With backward the logits
