@@ -6,6 +6,8 @@ prompt/response JSON lines the test writes (reverse a short word list), loss on 
 - a second start of the same command, whose --save now holds a checkpoint (a requeued job),
   resumes that run instead of starting over;
 - --eval-only on the finetuned checkpoint gives the run's final validation loss (1e-6 relative);
+- --pack-examples: the packed validation loss equals the unpacked one (each example attends to
+  itself only, positions from 0), packed training's response loss falls, a corpus is refused;
 - --load-hf on the pretrained weights exported as a save_pretrained directory gives the same first
   losses as --load (the same weights through export and the loader: 1e-6 relative);
 - the position table comes with the weights: pretrained with --max-position-embeddings 256 at
@@ -98,6 +100,29 @@ if final_val is not None and se.get("final_val_loss") is not None:
           f"--eval-only's loss {se['final_val_loss']} is the run's final {final_val}")
 else:
     check(False, f"validation losses in the summaries: run {final_val}, eval-only {se.get('final_val_loss')}")
+
+# Packing (--pack-examples): several examples per sample, each with its own attention and positions.
+# On 4 validation examples (--split 99,1,0 of 400: they fit one packed sample) evaluated 32 times
+# over (--eval-iters 2 x 16: whole epochs packed and unpacked alike), the packed loss is the
+# unpacked one: each example sees only itself (1e-5 relative: the same fp32 sums, other GEMM shapes).
+ckpt = os.path.join(ft, "iter_0000024.h5")
+_, _, sp = finetune("eval_plain", "--load", ckpt, "--eval-only", "--split", "99,1,0")
+pk, _, sk = finetune("eval_packed", "--load", ckpt, "--eval-only", "--split", "99,1,0", "--pack-examples")
+check("packed 396 training examples into" in pk.stdout and "attention and positions per example" in pk.stdout,
+      "the start line says how the examples were packed")
+lp, lk = sp.get("final_val_loss"), sk.get("final_val_loss")
+check(lp is not None and lk is not None and abs(lk - lp) <= 1e-5 * abs(lp),
+      f"packed validation loss {lk} equals the unpacked {lp}")
+# Training packed: the same response loss falls, with many examples per step.
+pt, trp, _ = finetune("ft_packed", "--load", pre, "--pack-examples")
+if trp:
+    first, last = sum(r["lm_loss"] for r in trp[:3]) / 3, sum(r["lm_loss"] for r in trp[-3:]) / 3
+    check(last < first - 1.5, f"packed finetuning's response loss falls: {first:.3f} -> {last:.3f}")
+else:
+    check(False, "packed finetuning logged no iteration")
+pc = c.run([a.finetune, "@" + a.args, "--data-path", os.path.join(a.data, "brown_text_document"), *tok, "--load", pre,
+            "--train-iters", "1", "--pack-examples"], want=None)
+c.one_line_error("--pack-examples on a token corpus", pc, "finetune", ["--pack-examples", "prompt/response examples"])
 
 # The same weights through Hugging Face's layout: the same first losses.
 hf = os.path.join(a.workdir, "hf")

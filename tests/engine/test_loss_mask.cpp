@@ -4,7 +4,8 @@
 // loss averaged over the targets that count: the logged loss within 1e-6 relative (the same sums in
 // another order over ranks), the gradient norm within 1e-5 (the gradients summed over micro-steps
 // and ranks in another order; fp32). And the mean is over the counted targets, not B*T: the
-// loss differs from the masked sum divided by B*T by the ratio of the two counts.
+// loss differs from the masked sum divided by B*T by the ratio of the two counts. The same holds
+// for Megatron's --eod-mask-loss on top of such a mask, with documents inside the samples.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,20 +41,18 @@ class MaskedMock : public io::TokenDataset {
   int T_;
 };
 
-}  // namespace
-
-TEST(LossMask, StepEqualsTheModelOnMaskedTargets) {
+// One step of the trainer on `data` against the model run by hand on its first global batch, with
+// the targets where counts(sample, t, tokens) is false set to -1 and the mean over the rest.
+template <class Counts>
+void check_step(const io::TokenDataset& data, engine::TrainConfig c, Counts counts) {
   const auto& comm = world();
-  engine::TrainConfig c = test::tiny_gpt(1, 2, 4);
-  c.lr_warmup_iters = 0;
   comm::ProcessGrid grid(comm, 1, 1);
   c.finalize(grid.dp().size());
-  MaskedMock data(c.model.vocab_size, c.model.max_seq_length);
   engine::Trainer t(c, grid);
   const auto s = t.train(data, nullptr);
   ASSERT_EQ(s.steps.size(), 1u);
 
-  // The same step by hand on one process: samples 0..3, prompt targets -1, mean over the rest.
+  // The same step by hand on one process: samples 0..3, uncounted targets -1, mean over the rest.
   const int T = c.model.max_seq_length, B = c.global_batch;
   model::Gpt g(c.model, kernels::Precision::fp32, false);
   std::vector<float> p(g.layout().numel()), grads(p.size(), 0.0f);
@@ -64,9 +63,10 @@ TEST(LossMask, StepEqualsTheModelOnMaskedTargets) {
   for (int i = 0; i < B; ++i) {
     data.get(i, buf.data());
     for (int k = 0; k < T; ++k) {
+      const bool n = counts(i, k, buf);
       tok[(size_t)i * T + k] = buf[k];
-      tgt[(size_t)i * T + k] = k >= MaskedMock::prompt(i) ? buf[k + 1] : -1;
-      counted += k >= MaskedMock::prompt(i);
+      tgt[(size_t)i * T + k] = n ? buf[k + 1] : -1;
+      counted += n;
     }
   }
   const double sum = g.forward_backward(store, tok.data(), tgt.data(), B, T, static_cast<float>(1.0 / counted));
@@ -77,6 +77,36 @@ TEST(LossMask, StepEqualsTheModelOnMaskedTargets) {
   EXPECT_NEAR(st.lm_loss, sum / counted, 1e-6 * sum / counted);
   EXPECT_NEAR(st.grad_norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
   EXPECT_GT(std::fabs(st.lm_loss - sum / (double(B) * T)), 0.1 * st.lm_loss) << "the mean must not be over B*T";
+}
+
+}  // namespace
+
+TEST(LossMask, StepEqualsTheModelOnMaskedTargets) {
+  engine::TrainConfig c = test::tiny_gpt(1, 2, 4);
+  c.lr_warmup_iters = 0;
+  MaskedMock data(c.model.vocab_size, c.model.max_seq_length);
+  check_step(data, c, [](int i, int k, const std::vector<int32_t>&) { return k >= MaskedMock::prompt(i); });
+}
+
+// Megatron's --eod-mask-loss over a dataset with its own mask (io::EodMaskedDataset), with documents
+// inside the samples (--reset-attention-mask, --reset-position-ids: the trainer's model derives them
+// as the hand-run one does): a target counts where the inner mask says so and its input token is
+// not the end-of-document token. Token 0 plays end-of-document; the check needs it to occur.
+TEST(LossMask, EodMaskOnTopOfTheDatasetsMask) {
+  engine::TrainConfig c = test::tiny_gpt(1, 2, 4);
+  c.lr_warmup_iters = 0;
+  c.model.vocab_size = 7;  // small: token 0 appears in every sample
+  c.model.reset_attention_mask = c.model.reset_position_ids = true;
+  c.model.eod_token = 0;
+  c.eod_mask_loss = true;
+  auto inner = std::make_shared<MaskedMock>(c.model.vocab_size, c.model.max_seq_length);
+  io::EodMaskedDataset data(inner, 0);
+  int eods = 0;
+  check_step(data, c, [&](int i, int k, const std::vector<int32_t>& b) {
+    eods += b[k] == 0 && k >= MaskedMock::prompt(i);
+    return k >= MaskedMock::prompt(i) && b[k] != 0;
+  });
+  EXPECT_GT(eods, 0) << "no end-of-document token where the inner mask counts: nothing was checked";
 }
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -69,3 +69,52 @@ TEST(PromptResponse, SplitAndSeed) {
   }
   EXPECT_GT(std::set<std::vector<int32_t>>(orders.begin(), orders.end()).size(), 1u) << "the seed shuffles";
 }
+
+// Packing: the examples fill samples in the unpacked order (the same seed), each whole and ending
+// with its eod, each with the mask it has alone (shifted to where it starts); nothing else counts.
+TEST(PromptResponse, PackingKeepsEachExampleAndItsMask) {
+  const size_t T = 11;  // 12 tokens: the 6- and 5-token examples fit together, the 9-token one does not
+  size_t fewer = 0;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    PromptResponseDataset plain(examples(), 0, 3, T, kEod, seed), packed(examples(), 0, 3, T, kEod, seed, true);
+    ASSERT_EQ(plain.size(), 3u);
+    ASSERT_LE(packed.size(), 3u);
+    fewer += packed.size() < 3;
+    if (packed.size() < 3) {
+      EXPECT_GT(packed.fill(), plain.fill());
+    }
+    std::vector<std::vector<int32_t>> alone;  // each plain sample's example, with its mask
+    std::vector<std::vector<uint8_t>> alone_mask;
+    for (size_t i = 0; i < 3; ++i) {
+      std::vector<int32_t> s(T + 1);
+      std::vector<uint8_t> m(T);
+      plain.get(i, s.data());
+      plain.get_loss_mask(i, m.data());
+      const size_t n = (size_t)(std::find(s.begin(), s.end(), kEod) - s.begin()) + 1;
+      alone.emplace_back(s.begin(), s.begin() + n);
+      alone_mask.emplace_back(m.begin(), m.begin() + std::min(n, T));
+    }
+    size_t next = 0;
+    for (size_t i = 0; i < packed.size(); ++i) {
+      std::vector<int32_t> s(T + 1);
+      std::vector<uint8_t> m(T);
+      packed.get(i, s.data());
+      packed.get_loss_mask(i, m.data());
+      size_t at = 0;
+      std::vector<uint8_t> want(T, 0);
+      while (at <= T && s[at] != kEod) {  // an example starts here (padding is eod only)
+        ASSERT_LT(next, alone.size());
+        const auto& e = alone[next];
+        ASSERT_LE(at + e.size(), T + 1);
+        EXPECT_TRUE(std::equal(e.begin(), e.end(), s.begin() + (std::ptrdiff_t)at)) << "seed " << seed << " sample " << i;
+        for (size_t t = 0; t < alone_mask[next].size() && at + t < T; ++t) want[at + t] = alone_mask[next][t];
+        at += e.size();
+        ++next;
+      }
+      for (size_t t = at; t <= T; ++t) EXPECT_EQ(s[t], kEod) << "padding";
+      EXPECT_EQ(m, want) << "seed " << seed << " sample " << i;
+    }
+    EXPECT_EQ(next, 3u) << "every example once per epoch, in the unpacked order";
+  }
+  EXPECT_GT(fewer, 0u) << "no seed put two examples in one sample";
+}

@@ -94,10 +94,17 @@ std::shared_ptr<io::TokenDataset> blend(const std::vector<std::string>& prefixes
 
 }  // namespace
 
-TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
+static TrainData build_datasets(TrainConfig& cfg, int dp, bool verbose) {
   TrainData out;
   const size_t T = cfg.model.max_seq_length;
   if (cfg.mock_data) {
+    for (auto [on, flag] : {std::pair{cfg.model.reset_attention_mask, "--reset-attention-mask"},
+                            std::pair{cfg.model.reset_position_ids, "--reset-position-ids"},
+                            std::pair{cfg.eod_mask_loss, "--eod-mask-loss"}, std::pair{cfg.pack_examples, "--pack-examples"}})
+      if (on)
+        throw config_error(flag, std::string(flag) + " works on documents that end at the tokenizer's end-of-document "
+                                                     "token, and --mock-data has neither",
+                           "train on a dataset (--data-path with --vocab-file and --merge-file)");
     out.train = std::make_shared<io::MockGptDataset>(cfg.model.vocab_size, T, cfg.seed);
     // a different stream for validation: the model is judged on samples it did not train on
     out.valid = std::make_shared<io::MockGptDataset>(cfg.model.vocab_size, T, cfg.seed + 1000003);
@@ -114,21 +121,37 @@ TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
     throw config_error(cfg.vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
   auto tok = io::Gpt2Tokenizer::from_files(cfg.vocab_file, cfg.merge_file);
   cfg.model.vocab_size = (int)tok.vocab_size();
+  cfg.model.eod_token = tok.eod();
   const std::string& path = apart ? cfg.train_data_path[0] : cfg.data_path[0];
-  if (!apart && cfg.data_path.size() == 1 && is_jsonl(path)) {  // prompt/response examples
+  const bool examples = !apart && cfg.data_path.size() == 1 && is_jsonl(path);
+  if (cfg.pack_examples && !examples)
+    throw config_error("--pack-examples", "--pack-examples packs prompt/response examples, and the training data is a "
+                                          "token corpus (its samples already run across documents)",
+                       "give --data-path FILE.jsonl, or drop --pack-examples (--reset-attention-mask and "
+                       "--reset-position-ids keep a corpus's documents apart)");
+  if (examples) {  // prompt/response examples
+    if (cfg.pack_examples) {  // each example alone in its sample: its own attention and positions
+      cfg.model.reset_attention_mask = cfg.model.reset_position_ids = true;
+    }
     auto all = io::read_prompt_response(path, tok, cfg.prompt_key, cfg.response_key);
     const size_t n = all.size();
     auto r = io::split_document_ranges(cfg.split, n);
     if (r[0].second <= r[0].first)
       throw config_error("--split", "the split '" + cfg.split + "' leaves no training example of " + std::to_string(n));
-    auto train = std::make_shared<io::PromptResponseDataset>(all, r[0].first, r[0].second, T, tok.eod(), cfg.seed);
+    auto train = std::make_shared<io::PromptResponseDataset>(all, r[0].first, r[0].second, T, tok.eod(), cfg.seed,
+                                                             cfg.pack_examples);
     if (r[1].second > r[1].first)
-      out.valid = std::make_shared<io::PromptResponseDataset>(all, r[1].first, r[1].second, T, tok.eod(), cfg.seed);
+      out.valid = std::make_shared<io::PromptResponseDataset>(all, r[1].first, r[1].second, T, tok.eod(), cfg.seed,
+                                                              cfg.pack_examples);
     if (verbose)
       std::printf("> prompt/response data %s: %zu examples ('%s' -> '%s', loss on the responses); train [%zu, %zu), "
                   "valid [%zu, %zu); %zu training examples longer than %zu tokens are cut\n",
                   path.c_str(), n, cfg.prompt_key.c_str(), cfg.response_key.c_str(), r[0].first, r[0].second, r[1].first,
                   r[1].second, train->truncated(), T + 1);
+    if (verbose && cfg.pack_examples)
+      std::printf("> packed %zu training examples into %zu samples of %zu tokens (%.1f%% of the tokens are examples'); "
+                  "attention and positions per example\n",
+                  train->examples(), train->size(), T + 1, 100.0 * train->fill());
     out.train = train;
     return out;
   }
@@ -159,6 +182,15 @@ TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
   if (verbose)
     std::printf("> dataset %s: %zu documents; train docs [%zu, %zu), valid docs [%zu, %zu)\n", cfg.data_path[0].c_str(),
                 ds->num_documents(), ranges[0].first, ranges[0].second, ranges[1].first, ranges[1].second);
+  return out;
+}
+
+TrainData build_train_data(TrainConfig& cfg, int dp, bool verbose) {
+  TrainData out = build_datasets(cfg, dp, verbose);
+  if (cfg.eod_mask_loss) {  // Megatron's: no loss where the input token is end-of-document
+    out.train = std::make_shared<io::EodMaskedDataset>(out.train, cfg.model.eod_token);
+    if (out.valid) out.valid = std::make_shared<io::EodMaskedDataset>(out.valid, cfg.model.eod_token);
+  }
   return out;
 }
 

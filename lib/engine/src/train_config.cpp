@@ -146,6 +146,9 @@ const FlagTable& flag_table() {
       {"--topk", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.topk = to_i32("--topk", v); }, "experts per token: 1 or 2"}},
       {"--mlp-type", {true, [](TrainConfig& c, const std::string& v) { if (v != "standard" && v != "residual") throw config_error("--mlp-type", "--mlp-type must be standard or residual, got '" + printable(v) + "'"); c.model.moe.residual = v == "residual"; }, "standard | residual (Residual-MoE: a dense MLP beside the experts)"}},
       {"--tensor-model-parallel-size", {true, [](TrainConfig& c, const std::string& v) { c.model.tensor_parallel = to_i32("--tensor-model-parallel-size", v, 1); }, "ranks each layer is split over (Megatron's tensor parallelism; neighbours first)"}},
+      {"--reset-attention-mask", {false, [](TrainConfig& c, const std::string&) { c.model.reset_attention_mask = true; }, "documents packed in a sample attend only within themselves (each ends at an end-of-document token)"}},
+      {"--reset-position-ids", {false, [](TrainConfig& c, const std::string&) { c.model.reset_position_ids = true; }, "positions restart at 0 after each end-of-document token"}},
+      {"--eod-mask-loss", {false, [](TrainConfig& c, const std::string&) { c.eod_mask_loss = true; }, "no loss on the prediction that follows an end-of-document token (the next document's first token)"}},
       {"--sequence-parallel", {false, [](TrainConfig& c, const std::string&) { c.model.sequence_parallel = true; }, "with tensor parallelism: norms and residuals on 1/T of the tokens, all-gather/reduce-scatter for the all-reduces (a no-op at T=1)"}},
       {"--moe-expert-parallel-size", {true, [](TrainConfig& c, const std::string& v) { c.moe_ep = to_i32("--moe-expert-parallel-size", v, 1); }, "ranks that split each MoE layer's experts (tokens move by all-to-all)"}},
       {"--moe-train-capacity-factor", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.train_capacity_factor = to_double("--moe-train-capacity-factor", v); }, "expert capacity factor in training (default 1.0)"}},
@@ -229,7 +232,7 @@ static const char* help_group(const std::string& f) {
            "partition-activations", "--cpu-optimizer", "allreduce"}))
     return "distributed";
   if (any({"data", "--split", "--vocab-file", "--merge-file", "tokenizer", "--num-workers", "-idx-path", "-key", "--reset-",
-           "eod-mask"}))
+           "eod-mask", "pack-examples"}))
     return "data and dataloader";
   if (any({"batch-size", "--train-", "--exit-", "checkpoint", "recompute", "--optimizer", "onebitadam", "fusion",
            "flash-attn", "softmax", "persist-layer-norm", "synchronize", "contigious"}))
@@ -459,7 +462,11 @@ nlohmann::json config_to_json(const TrainConfig& c) {
             {"padded_vocab_size", c.model.padded_vocab()},
             {"init_method_std", c.model.init_std},
             {"attention_dropout", c.model.attention_dropout},
-            {"hidden_dropout", c.model.hidden_dropout}}},
+            {"hidden_dropout", c.model.hidden_dropout},
+            {"reset_attention_mask", c.model.reset_attention_mask},
+            {"reset_position_ids", c.model.reset_position_ids}}},
+          {"eod_mask_loss", c.eod_mask_loss},
+          {"pack_examples", c.pack_examples},
           {"tensor_model_parallel_size", c.model.tensor_parallel},
           {"sequence_parallel", c.model.sequence_parallel && c.model.tensor_parallel > 1},
           {"micro_batch_size", c.micro_batch},

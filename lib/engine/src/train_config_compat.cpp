@@ -114,7 +114,6 @@ void add_compat_flags(FlagTable& t) {
       {"--lr-decay-samples", samples(&TrainConfig::lr_decay_samples, "--lr-decay-samples", "with --train-samples: decay over this many samples (default --train-samples)")},
       {"--lr-warmup-fraction", {true, [](TrainConfig& c, const std::string& v) { c.lr_warmup_fraction = to_double("--lr-warmup-fraction", v); }, "warmup over this fraction of the decay (instead of --lr-warmup-iters/-samples)"}},
       {"--exit-duration-in-mins", {true, [](TrainConfig& c, const std::string& v) { c.exit_duration_mins = to_double("--exit-duration-in-mins", v); }, "save and exit once the run has trained this many minutes (checked every iteration, agreed by all ranks)"}},
-      // Refused by name: what this version does not have.
       {"--rampup-batch-size", {true, [](TrainConfig& c, const std::string& v) {
          std::istringstream is(v);
          std::string a, b, n, extra;
@@ -123,9 +122,7 @@ void add_compat_flags(FlagTable& t) {
            throw config_error("--rampup-batch-size", "--rampup-batch-size takes three values, <start> <increment> <ramp-up samples>, got '" + printable(v) + "'");
          c.rampup = {to_int_min("--rampup-batch-size", a, 1), to_int_min("--rampup-batch-size", b, 1), to_int_min("--rampup-batch-size", n, 1)};
        }, "<start> <increment> <samples>: grow the global batch from start by increment over that many samples (Megatron's; with --train-samples)", true}},
-      {"--reset-position-ids", refused("--reset-position-ids", false, "positions restarting after each end-of-document token are not implemented (positions run 0..seq-length-1 in every sample)", "drop it")},
-      {"--reset-attention-mask", refused("--reset-attention-mask", false, "per-document attention masks are not implemented (the documents packed in a sample attend to each other, as Megatron's default)", "drop it")},
-      {"--eod-mask-loss", refused("--eod-mask-loss", false, "masking the loss at end-of-document tokens is not implemented (they are trained on, as Megatron's default)", "drop it")},
+      // Refused by name: what this version does not have.
       {"--checkpoint-in-cpu", refused("--checkpoint-in-cpu", false, "moving recomputation checkpoints to CPU memory is not implemented", "drop it; ZeRO offload moves optimizer states and parameters instead")},
       {"--use-checkpoint-opt_param-scheduler", refused("--use-checkpoint-opt_param-scheduler", false, "the learning-rate schedule always comes from this run's flags", "give the schedule flags the checkpoint was trained with")},
       {"--onebitadam", refused("--onebitadam", false, "1-bit Adam is not implemented", "drop it (AdamW)")},

@@ -246,3 +246,17 @@ void MockGptDataset::get(size_t i, int32_t* out) const {
 }
 
 }  // namespace hpct::io
+
+namespace hpct::io {
+
+void EodMaskedDataset::get_loss_mask(size_t i, uint8_t* out) const {
+  const size_t T = inner_->seq_length();
+  std::vector<int32_t> tokens(T + 1);
+  inner_->get(i, tokens.data());
+  if (inner_->has_loss_mask()) inner_->get_loss_mask(i, out);
+  else std::fill(out, out + T, uint8_t{1});
+  for (size_t t = 0; t < T; ++t)
+    if (tokens[t] == eod_) out[t] = 0;  // target t follows input token t
+}
+
+}  // namespace hpct::io

@@ -37,7 +37,7 @@ std::vector<PromptResponseExample> read_prompt_response(const std::string& path,
 }
 
 PromptResponseDataset::PromptResponseDataset(std::vector<PromptResponseExample> all, size_t begin, size_t end,
-                                             size_t seq_length, int32_t eod, uint64_t seed)
+                                             size_t seq_length, int32_t eod, uint64_t seed, bool pack)
     : T_(seq_length), eod_(eod) {
   if (begin >= end || end > all.size() || seq_length == 0)
     throw Error("PromptResponseDataset: examples [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
@@ -48,19 +48,46 @@ PromptResponseDataset::PromptResponseDataset(std::vector<PromptResponseExample> 
   std::mt19937_64 g(seed ^ 0x736674);  // Fisher-Yates with explicit draws: the same order everywhere
   for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[g() % i]);
   for (const auto& e : ex_) truncated_ += e.ids.size() > T_ + 1;
+  first_.push_back(0);
+  size_t used = 0;  // tokens in the sample being filled
+  for (size_t k = 0; k < order_.size(); ++k) {
+    const size_t n = ex_[order_[k]].ids.size();
+    if (k > 0 && (!pack || used + n > T_ + 1)) first_.push_back(k), used = 0;
+    used += n;
+  }
+  first_.push_back(order_.size());
+}
+
+double PromptResponseDataset::fill() const {
+  size_t tokens = 0;
+  for (const auto& e : ex_) tokens += std::min(e.ids.size(), T_ + 1);
+  return (double)tokens / ((double)size() * (double)(T_ + 1));
 }
 
 void PromptResponseDataset::get(size_t i, int32_t* out) const {
-  const auto& ids = ex_[order_[i % order_.size()]].ids;
-  const size_t n = std::min(ids.size(), T_ + 1);
-  std::copy(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), out);
-  std::fill(out + n, out + T_ + 1, eod_);
+  const size_t s = i % size();
+  size_t at = 0;
+  for (size_t k = first_[s]; k < first_[s + 1]; ++k) {
+    const auto& ids = ex_[order_[k]].ids;
+    const size_t n = std::min(ids.size(), T_ + 1 - at);  // cut only when alone and too long
+    std::copy(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), out + at);
+    at += n;
+  }
+  std::fill(out + at, out + T_ + 1, eod_);
 }
 
 void PromptResponseDataset::get_loss_mask(size_t i, uint8_t* out) const {
-  const auto& e = ex_[order_[i % order_.size()]];
-  const size_t end = e.ids.size();  // target t is token t+1: it counts from the response's first to the eod
-  for (size_t t = 0; t < T_; ++t) out[t] = t + 1 >= static_cast<size_t>(e.prompt) && t + 1 < end;
+  const size_t s = i % size();
+  std::fill(out, out + T_, 0);
+  size_t at = 0;  // the example's first token
+  for (size_t k = first_[s]; k < first_[s + 1]; ++k) {
+    const auto& e = ex_[order_[k]];
+    // target t is token t+1: it counts from the response's first token to the eod (never from the
+    // previous example's last token, which an empty prompt would otherwise give)
+    const size_t end = at + e.ids.size();
+    for (size_t t = at + std::max<size_t>(static_cast<size_t>(e.prompt), 1) - 1; t < T_ && t + 1 < end; ++t) out[t] = 1;
+    at += e.ids.size();
+  }
 }
 
 }  // namespace hpct::io

@@ -112,6 +112,13 @@ std::string GptConfig::describe() const {
                               : std::string()) +
          (attention_dropout > 0 || hidden_dropout > 0
               ? ", dropout " + fmt_prob(attention_dropout) + " attention / " + fmt_prob(hidden_dropout) + " hidden"
+              : std::string()) +
+         (reset_attention_mask || reset_position_ids
+              ? std::string(", per-document ") +
+                    (reset_attention_mask && reset_position_ids ? "attention and positions"
+                     : reset_attention_mask                     ? "attention"
+                                                                : "positions") +
+                    " (documents end at token " + std::to_string(eod_token) + ")"
               : std::string());
 }
 

@@ -95,6 +95,8 @@ struct TrainConfig {
   bool finetune_resume_optimizer = false;  // --finetune-resume-optimizer: --finetune, with the Adam moments and step count
   std::string load_hf;            // --load-hf: GPT-2 weights in Hugging Face's layout to start from
   std::string prompt_key = "prompt", response_key = "response";  // fields of a --data-path FILE.jsonl
+  bool pack_examples = false;     // --pack-examples: several prompt/response examples per sample
+  bool eod_mask_loss = false;     // --eod-mask-loss: no loss on targets whose input is end-of-document
   // --data-path PREFIX, or Megatron's blend w1 PREFIX1 w2 PREFIX2 ... (weights normalised; empty
   // when one prefix); --train/valid/test-data-path: blends per split instead of --split.
   std::vector<std::string> data_path;

@@ -40,6 +40,23 @@ class TokenDataset {
   }
 };
 
+/// Megatron's --eod-mask-loss over another dataset: the same samples, and a loss mask that also
+/// drops every target whose input token is end-of-document (the prediction of the next document's
+/// first token), on top of the inner dataset's own mask if it has one.
+class EodMaskedDataset : public TokenDataset {
+ public:
+  EodMaskedDataset(std::shared_ptr<const TokenDataset> inner, int32_t eod) : inner_(std::move(inner)), eod_(eod) {}
+  size_t size() const override { return inner_->size(); }
+  size_t seq_length() const override { return inner_->seq_length(); }
+  void get(size_t i, int32_t* out) const override { inner_->get(i, out); }
+  bool has_loss_mask() const override { return true; }
+  void get_loss_mask(size_t i, uint8_t* out) const override;
+
+ private:
+  std::shared_ptr<const TokenDataset> inner_;
+  int32_t eod_;
+};
+
 /// Megatron's get_train_valid_test_split_: "949,50,1" or "98/2/0" (one or two weights are padded
 /// with zeros) normalised to fractions, each boundary rounded half-to-even as Python's round() does,
 /// and the rounding error taken off every boundary so the last one is num_docs. Returns the

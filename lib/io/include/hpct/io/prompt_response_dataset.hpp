@@ -8,7 +8,12 @@
 // prompt's or the padding's. Examples longer than a sample are cut at its end (counted in
 // truncated()). The examples [begin, end) of the file (a split) are served in one seeded shuffled
 // order, repeated for further epochs (sample i is example order[i % size()]).
-// Not here: packing several examples into one sample (it needs attention kept inside each example).
+// Packing (pack = true): the shuffled examples fill samples greedily in that order, each sample
+// taking the next examples while they fit whole in seq_length+1 tokens (a longer one alone, cut),
+// padded with end-of-document; each example's mask as above. Every example ends with the
+// end-of-document token, so a model with per-document attention and positions
+// (GptConfig::reset_attention_mask / reset_position_ids) sees each example as if alone. (A prompt
+// or response whose text the tokenizer encodes to the end-of-document id would split there.)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -31,20 +36,25 @@ std::vector<PromptResponseExample> read_prompt_response(const std::string& path,
 
 class PromptResponseDataset : public TokenDataset {
  public:
-  /// Examples [begin, end) of `all` (must be non-empty), shuffled by `seed`.
+  /// Examples [begin, end) of `all` (must be non-empty), shuffled by `seed`; packed when pack.
   PromptResponseDataset(std::vector<PromptResponseExample> all, size_t begin, size_t end, size_t seq_length,
-                        int32_t eod, uint64_t seed);
-  size_t size() const override { return order_.size(); }
+                        int32_t eod, uint64_t seed, bool pack = false);
+  size_t size() const override { return first_.size() - 1; }
   size_t seq_length() const override { return T_; }
   void get(size_t i, int32_t* out) const override;
   bool has_loss_mask() const override { return true; }
   void get_loss_mask(size_t i, uint8_t* out) const override;
   /// Examples longer than seq_length+1 tokens (their end is cut).
   size_t truncated() const { return truncated_; }
+  /// Examples served (each once per epoch of size() samples).
+  size_t examples() const { return ex_.size(); }
+  /// The fraction of the samples' seq_length+1 tokens that hold example tokens (not padding).
+  double fill() const;
 
  private:
   std::vector<PromptResponseExample> ex_;
-  std::vector<size_t> order_;
+  std::vector<size_t> order_;   // the shuffled examples
+  std::vector<size_t> first_;   // sample s holds order_[first_[s] .. first_[s+1])
   size_t T_;
   int32_t eod_;
   size_t truncated_ = 0;
