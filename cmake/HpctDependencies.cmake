@@ -1,6 +1,7 @@
 # find_package for every dependency. scripts/install_deps.sh installs them on Debian 12.
 find_package(MPI REQUIRED COMPONENTS C CXX)
 find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 2.1 REQUIRED CONFIG)  # every app's command line (core/cli.hpp)
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

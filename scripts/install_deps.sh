@@ -20,6 +20,7 @@ pkgs=(
   liburing-dev libaio-dev               # async NVMe engine backends
   libucx-dev                            # UCP point-to-point probes of ib_healthcheck
   nlohmann-json3-dev                    # ds_config / JSON summaries
+  libcli11-dev                          # every app's command line (lib/core/src/cli.cpp)
   libpcre2-dev                          # GPT-2 pre-tokenizer regex (\p{L}, \p{N}, lookahead)
   libgtest-dev                          # unit tests under CTest
   clang libclang-rt-14-dev              # sanitizer build and libFuzzer targets (scripts/sanitize.sh)
