@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpct/comm/mpi.hpp"
+#include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/timer.hpp"
@@ -49,22 +50,17 @@ const char* kHelp =
 static int run(int argc, char** argv) {
   comm::Communicator world = comm::Communicator::world();
   const bool root = world.rank() == 0;
-  std::vector<std::string> rest;
   std::string prefix, metrics = "vocab_rarity", json;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* flag) {
-      if (i + 1 >= argc) throw config_error(flag, std::string(flag) + " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (a == "-h" || a == "--help") {
-      if (root) std::cout << kHelp;
-      return 0;
-    }
-    if (a == "--output-prefix") prefix = value("--output-prefix");
-    else if (a == "--metrics") metrics = value("--metrics");
-    else if (a == "--json") json = value("--json");
-    else rest.push_back(a);
+  engine::TrainConfig cfg;
+  // Its own flags and pretrain_gpt's on one parser: one error names every bad flag of the line.
+  const bool go = engine::parse_args(std::vector<std::string>(argv + 1, argv + argc), cfg, [&](cli::Parser& p) {
+    p.flag("--output-prefix", 1, [&](const std::string& v) { prefix = v; });
+    p.flag("--metrics", 1, [&](const std::string& v) { metrics = v; });
+    p.flag("--json", 1, [&](const std::string& v) { json = v; });
+  });
+  if (!go) {
+    if (root) std::cout << kHelp;
+    return 0;
   }
   if (prefix.empty()) throw config_error("--output-prefix", "--output-prefix PREFIX is required (where the index files go)");
   std::vector<std::string> names;
@@ -76,11 +72,6 @@ static int run(int argc, char** argv) {
       names.push_back(m);
     }
   if (names.empty()) throw config_error("--metrics", "--metrics names no metric", "use vocab_rarity and/or seqlen");
-  engine::TrainConfig cfg;
-  if (!engine::parse_args(rest, cfg)) {
-    if (root) std::cout << kHelp;
-    return 0;
-  }
   if (cfg.mock_data) throw config_error("--mock-data", "analyze_data reads a real dataset", "give --data-path PREFIX");
   if (cfg.data_path.size() != 1 || !cfg.train_data_path.empty())
     throw config_error(cfg.data_path.size() > 1 ? "--data-path" : "--train-data-path", "analyze_data indexes one dataset, not a blend",

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpct/comm/mpi.hpp"
+#include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/units.hpp"
@@ -55,62 +56,40 @@ const char* kHelp =
     "  --vocab-file, --merge-file  the GPT-2 BPE files (default: the ones the checkpoint's run used)\n"
     "  --json FILE             per prompt: its ids, the generated ids, each one's log-probability (the\n"
     "                          model's, temperature 1), the text and why it stopped; and the speeds\n"
-    "  -h, --help              this text\n";
+    "  -h, --help              this text\n"
+    "  --version               version and git commit\n"
+    "@FILE stands for the flags written in FILE.\n";
 
 struct Options {
   std::string load, load_hf, prompts_file, prompt_ids, vocab, merges, json;
   std::vector<std::string> prompts;
   int max_new = 32, batch = 8;
   uint64_t seed = 1234;
-  bool cache = true;
+  bool cache = true, help = false;
   model::SamplingConfig sampling;
 };
 
-long long int_flag(const std::string& flag, const std::string& v, long long lo) {
-  try {
-    size_t used = 0;
-    const long long x = std::stoll(v, &used);
-    if (used == v.size() && x >= lo) return x;
-  } catch (const std::exception&) {
-  }
-  throw config_error(flag, flag + " needs an integer >= " + std::to_string(lo) + ", got '" + printable(v) + "'");
-}
-
-double real_flag(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const double x = std::stod(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  throw config_error(flag, flag + " needs a number, got '" + printable(v) + "'");
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() {
-      if (i + 1 >= argc) throw config_error(a, a + " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (a == "--load") o.load = value();
-    else if (a == "--load-hf") o.load_hf = value();
-    else if (a == "--prompt") o.prompts.push_back(value());
-    else if (a == "--prompts-file") o.prompts_file = value();
-    else if (a == "--prompt-ids") o.prompt_ids = value();
-    else if (a == "--max-new-tokens") o.max_new = static_cast<int>(int_flag(a, value(), 1));
-    else if (a == "--temperature") o.sampling.temperature = real_flag(a, value());
-    else if (a == "--top-k") o.sampling.top_k = static_cast<int>(int_flag(a, value(), 0));
-    else if (a == "--top-p") o.sampling.top_p = real_flag(a, value());
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(int_flag(a, value(), 0));
-    else if (a == "--micro-batch-size") o.batch = static_cast<int>(int_flag(a, value(), 1));
-    else if (a == "--no-kv-cache") o.cache = false;
-    else if (a == "--vocab-file") o.vocab = value();
-    else if (a == "--merge-file") o.merges = value();
-    else if (a == "--json") o.json = value();
-    else throw config_error(a, "unknown flag '" + printable(a) + "'", "see generate --help");
-  }
+  cli::Parser p("generate");
+  auto in = [](const std::string& f, const std::string& v, long long lo) { return cli::to_int(f, v, lo, INT_MAX); };
+  p.flag("--load", 1, [&](const std::string& v) { o.load = v; });
+  p.flag("--load-hf", 1, [&](const std::string& v) { o.load_hf = v; });
+  p.flag("--prompt", 1, [&](const std::string& v) { o.prompts.push_back(v); });
+  p.flag("--prompts-file", 1, [&](const std::string& v) { o.prompts_file = v; });
+  p.flag("--prompt-ids", 1, [&](const std::string& v) { o.prompt_ids = v; });
+  p.flag("--max-new-tokens", 1, [&](const std::string& v) { o.max_new = (int)in("--max-new-tokens", v, 1); });
+  p.flag("--temperature", 1, [&](const std::string& v) { o.sampling.temperature = cli::to_double("--temperature", v); });
+  p.flag("--top-k", 1, [&](const std::string& v) { o.sampling.top_k = (int)in("--top-k", v, 0); });
+  p.flag("--top-p", 1, [&](const std::string& v) { o.sampling.top_p = cli::to_double("--top-p", v); });
+  p.flag("--seed", 1, [&](const std::string& v) { o.seed = static_cast<uint64_t>(cli::to_int("--seed", v, 0)); });
+  p.flag("--micro-batch-size", 1, [&](const std::string& v) { o.batch = (int)in("--micro-batch-size", v, 1); });
+  p.flag("--no-kv-cache", 0, [&](const std::string&) { o.cache = false; });
+  p.flag("--vocab-file", 1, [&](const std::string& v) { o.vocab = v; });
+  p.flag("--merge-file", 1, [&](const std::string& v) { o.merges = v; });
+  p.flag("--json", 1, [&](const std::string& v) { o.json = v; });
+  o.help = !p.parse(argc, argv);
+  if (o.help) return o;
   if (o.load.empty() == o.load_hf.empty())
     throw config_error("--load", "give one of --load PATH (a checkpoint file or --save directory) and --load-hf PATH");
   o.sampling.validate();
@@ -164,14 +143,13 @@ struct Result {
 }  // namespace
 
 static int run(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "-h" || std::string(argv[i]) == "--help") {
-      std::cout << kHelp;
-      return 0;
-    }
+  const Options o = parse(argc, argv);
+  if (o.help) {
+    std::cout << kHelp;
+    return 0;
+  }
   if (comm::Communicator::world().size() != 1)
     throw config_error("mpirun", "generate runs as one process: start it without mpirun -np N (N > 1)");
-  const Options o = parse(argc, argv);
   kernels::BackendScope backend;
   Loaded m = o.load.empty() ? load_hf(o.load_hf) : load(o.load);
 
@@ -200,7 +178,7 @@ static int run(int argc, char** argv) {
   if (!o.prompt_ids.empty()) {
     Result r;
     std::stringstream ss(o.prompt_ids);
-    for (std::string x; std::getline(ss, x, ',');) r.prompt.push_back(static_cast<int32_t>(int_flag("--prompt-ids", x, 0)));
+    for (std::string x; std::getline(ss, x, ',');) r.prompt.push_back(static_cast<int32_t>(cli::to_int("--prompt-ids", x, 0, INT_MAX)));
     res.push_back(r);
   }
   if (res.empty()) throw config_error("--prompt", "no prompt given", "use --prompt, --prompts-file or --prompt-ids");

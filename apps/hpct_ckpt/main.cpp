@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpct/comm/mpi.hpp"
+#include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
 #include "hpct/core/report.hpp"
@@ -56,6 +57,7 @@ PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` 
            "transformer.", F32, F16 or BF16. A bare file has no head count: --num-attention-heads
            (default hidden/64, GPT-2's)
   --json FILE   the same as JSON
+  --version     version and git commit; @FILE stands for the flags written in FILE
 Exit status: 0 fine, 1 a tensor fails its checksum or the file cannot be read, 2 usage.
 )";
 
@@ -163,44 +165,48 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   return 0;
 }
 
-int positive_int(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || x < 1 || x > (1 << 20))
-    throw config_error(flag, flag + " expects an integer from 1 to 1048576, got '" + v + "'");
-  return static_cast<int>(x);
-}
-
 int run(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+  if (args.empty()) {
     std::cout << kHelp;
-    return args.empty() ? 2 : 0;
+    return 2;
   }
-  const std::string cmd = args[0];
+  std::string cmd, path, out, json_out;
+  int heads = 0, mult = 128;
+  cli::Parser p("hpct_ckpt");
+  p.positional("COMMAND", [&](const std::string& v) { cmd = v; }, true);
+  p.positional("PATH", [&](const std::string& v) { path = v; }, true);
+  p.positional("OUT", [&](const std::string& v) { out = v; }, false);
+  p.flag("--json", 1, [&](const std::string& v) { json_out = v; });
+  p.flag("--num-attention-heads", 1,
+         [&](const std::string& v) { heads = (int)cli::to_int("--num-attention-heads", v, 1, 1 << 20); });
+  p.flag("--make-vocab-size-divisible-by", 1,
+         [&](const std::string& v) { mult = (int)cli::to_int("--make-vocab-size-divisible-by", v, 1, 1 << 20); });
+  if (!p.parse(args)) {
+    std::cout << kHelp;
+    return 0;
+  }
+  auto only_for = [&](const char* flag, std::initializer_list<const char*> cmds) {
+    if (!p.was_given(flag)) return;
+    for (const char* c : cmds)
+      if (cmd == c) return;
+    throw config_error(flag, cmd + " takes no " + flag, "see --help");
+  };
+  if (cmd != "list" && cmd != "verify" && cmd != "export" && cmd != "import")
+    throw config_error(cmd, "unknown command '" + printable(cmd) + "'", "use list, verify, export or import");
+  only_for("--json", {"list", "verify"});
+  only_for("--num-attention-heads", {"import"});
+  only_for("--make-vocab-size-divisible-by", {"import"});
   if (cmd == "export") {
-    if (args.size() != 3) throw config_error(cmd, "export needs PATH and OUT.safetensors", "see --help");
-    return export_safetensors(args[1], args[2]);
+    if (out.empty()) throw config_error(cmd, "export needs PATH and OUT.safetensors", "see --help");
+    return export_safetensors(path, out);
   }
   if (cmd == "import") {
-    if (args.size() < 3) throw config_error(cmd, "import needs IN.safetensors and DIR", "see --help");
-    int heads = 0, mult = 128;
-    for (size_t i = 3; i < args.size(); ++i) {
-      if (args[i] == "--num-attention-heads" && i + 1 < args.size()) heads = positive_int(args[i], args[i + 1]), ++i;
-      else if (args[i] == "--make-vocab-size-divisible-by" && i + 1 < args.size()) mult = positive_int(args[i], args[i + 1]), ++i;
-      else throw config_error(args[i], "unknown argument '" + args[i] + "'", "see --help");
-    }
-    return import_safetensors(args[1], args[2], heads, mult);
+    if (out.empty()) throw config_error(cmd, "import needs IN.safetensors and DIR", "see --help");
+    return import_safetensors(path, out, heads, mult);
   }
-  if (cmd != "list" && cmd != "verify") throw config_error(cmd, "unknown command '" + cmd + "'", "use list, verify, export or import");
-  if (args.size() < 2) throw config_error(cmd, "needs a checkpoint file or directory");
-  std::string json_out;
-  for (size_t i = 2; i < args.size(); ++i) {
-    if (args[i] == "--json" && i + 1 < args.size()) json_out = args[++i];
-    else throw config_error(args[i], "unknown argument '" + args[i] + "'", "see --help");
-  }
-  std::string file = engine::Checkpointer::resolve(args[1]);
-  if (file.empty()) throw file_error(args[1], "no checkpoint here (no such file, or a directory without `latest`)");
+  if (!out.empty()) throw config_error(out, "unexpected value '" + printable(out) + "'", "see --help");
+  std::string file = engine::Checkpointer::resolve(path);
+  if (file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
 
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, MPI_COMM_SELF);
   if (cmd == "verify") {

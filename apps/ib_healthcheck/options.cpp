@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/units.hpp"
 
@@ -77,52 +78,35 @@ std::string describe(const Fault& f) {
 
 Options parse_args(const std::vector<std::string>& args) {
   Options o;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i], value;
-    bool has_inline = false;
-    if (a.rfind("--", 0) == 0) {
-      auto eq = a.find('=');
-      if (eq != std::string::npos) {
-        value = a.substr(eq + 1);
-        a = a.substr(0, eq);
-        has_inline = true;
-      }
-    }
-    auto next = [&]() -> std::string {
-      if (has_inline) return value;
-      if (i + 1 >= args.size()) throw config_error(a, "flag '" + a + "' needs a value", "see --help");
-      return args[++i];
-    };
-    if (a == "-h" || a == "--help") o.help = true;
-    else if (a == "-p" || a == "--profile") o.profile = next();
-    else if (a == "-c" || a == "--checks") {
-      o.checks = split(next(), ',');
-      for (const auto& c : o.checks)
-        if (std::find(kAllChecks.begin(), kAllChecks.end(), c) == kAllChecks.end())
-          throw config_error(a, "unknown check '" + c + "'", "choose from node, mpi_p2p, ucx_p2p, allreduce, alltoall, nccl_allreduce, nccl_alltoall");
-    } else if (a == "--node-local") o.node_local = true;
-    else if (a == "--lat-size") o.lat_size = parse_size(next(), a);
-    else if (a == "-s" || a == "--bw-size") o.bw_size = parse_size(next(), a);
-    else if (a == "-b" || a == "--min-size") o.min_size = parse_size(next(), a);
-    else if (a == "-e" || a == "--max-size") o.max_size = parse_size(next(), a);
-    else if (a == "-t" || a == "--timeout") o.timeout_s = parse_seconds(next(), a);
-    else if (a == "-r" || a == "--rounds") o.rounds = parse_int(next(), a, 1);
-    else if (a == "--lat-iters") o.lat_iters = parse_int(next(), a, 1);
-    else if (a == "--bw-iters") o.bw_iters = parse_int(next(), a, 1);
-    else if (a == "-w" || a == "--window") o.window = parse_int(next(), a, 1);
-    else if (a == "-n" || a == "--iters") o.coll_iters = parse_int(next(), a, 1);
-    else if (a == "-j" || a == "--json") o.json_file = next();
-    else if (a == "-x" || a == "--exclude-file") o.exclude_file = next();
-    else if (a == "--drain") o.drain = true;
-    else if (a == "--drain-execute") o.drain = o.drain_execute = true;
-    else if (a == "-q" || a == "--quiet") o.quiet = true;
-    else if (a == "--emulate-nodes") o.emulate_nodes = true;
-    else if (a == "--inject-fault") o.faults.push_back(parse_fault(next()));
-    else throw config_error(a, "unknown flag '" + a + "'", "see --help");
-    if (has_inline && (a == "--node-local" || a == "--drain" || a == "--drain-execute" || a == "--quiet" ||
-                       a == "--help" || a == "--emulate-nodes"))
-      throw config_error(a, "flag '" + a + "' takes no value");
-  }
+  cli::Parser p("ib_healthcheck");
+  p.flag("-p,--profile", 1, [&](const std::string& v) { o.profile = v; });
+  p.flag("-c,--checks", 1, [&](const std::string& v) {
+    o.checks = split(v, ',');
+    for (const auto& c : o.checks)
+      if (std::find(kAllChecks.begin(), kAllChecks.end(), c) == kAllChecks.end())
+        throw config_error("--checks", "unknown check '" + c + "'",
+                           "choose from node, mpi_p2p, ucx_p2p, allreduce, alltoall, nccl_allreduce, nccl_alltoall");
+  });
+  p.flag("--node-local", 0, [&](const std::string&) { o.node_local = true; });
+  p.flag("--lat-size", 1, [&](const std::string& v) { o.lat_size = parse_size(v, "--lat-size"); });
+  p.flag("-s,--bw-size", 1, [&](const std::string& v) { o.bw_size = parse_size(v, "--bw-size"); });
+  p.flag("-b,--min-size", 1, [&](const std::string& v) { o.min_size = parse_size(v, "--min-size"); });
+  p.flag("-e,--max-size", 1, [&](const std::string& v) { o.max_size = parse_size(v, "--max-size"); });
+  p.flag("-t,--timeout", 1, [&](const std::string& v) { o.timeout_s = parse_seconds(v, "--timeout"); });
+  p.flag("-r,--rounds", 1, [&](const std::string& v) { o.rounds = parse_int(v, "--rounds", 1); });
+  p.flag("--lat-iters", 1, [&](const std::string& v) { o.lat_iters = parse_int(v, "--lat-iters", 1); });
+  p.flag("--bw-iters", 1, [&](const std::string& v) { o.bw_iters = parse_int(v, "--bw-iters", 1); });
+  p.flag("-w,--window", 1, [&](const std::string& v) { o.window = parse_int(v, "--window", 1); });
+  p.flag("-n,--iters", 1, [&](const std::string& v) { o.coll_iters = parse_int(v, "--iters", 1); });
+  p.flag("-j,--json", 1, [&](const std::string& v) { o.json_file = v; });
+  p.flag("-x,--exclude-file", 1, [&](const std::string& v) { o.exclude_file = v; });
+  p.flag("--drain", 0, [&](const std::string&) { o.drain = true; });
+  p.flag("--drain-execute", 0, [&](const std::string&) { o.drain = o.drain_execute = true; });
+  p.flag("-q,--quiet", 0, [&](const std::string&) { o.quiet = true; });
+  p.flag("--emulate-nodes", 0, [&](const std::string&) { o.emulate_nodes = true; });
+  p.flag("--inject-fault", 1, [&](const std::string& v) { o.faults.push_back(parse_fault(v)); });
+  o.help = !p.parse(args);
+  if (o.help) return o;
   if (!o.help && o.profile.empty())
     throw config_error("--profile", "no profile given", "pass --profile local or --profile FILE.json (see --help)");
   if (o.min_size && o.max_size && *o.min_size > *o.max_size)
@@ -169,6 +153,7 @@ Options:
       --drain-execute       run those scontrol commands
   -q, --quiet               no progress lines
   -h, --help                this text
+      --version             version and git commit; @FILE stands for the flags written in FILE
 
 Sizes take K, M, G suffixes (binary: 4M = 4194304). GB/s = 1e9 bytes/s.
 

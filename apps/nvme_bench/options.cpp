@@ -4,6 +4,7 @@
 #include <map>
 #include <sstream>
 
+#include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/units.hpp"
 
@@ -48,6 +49,7 @@ Flags taking a LIST accept comma-separated values and run every combination.
       --seed N                data pattern and random-offset seed       (default: 1)
       --json FILE             machine-readable results (same fields as the table)
   -h, --help                  this text
+      --version               version and git commit; @FILE stands for the flags written in FILE
 
 Units: MB/s = 1e6 bytes/s, GB/s = 1e9 bytes/s; latency from submission to completion, in us.
 Exit status: 0 all cases ran (and verified), 1 bad input or an IO error (the message names the
@@ -81,81 +83,54 @@ long long parse_int(const std::string& v, const std::string& flag, long long lo,
 }  // namespace
 
 bool parse_args(const std::vector<std::string>& args, Options& o) {
-  const std::map<std::string, std::string> alias = {{"-p", "--path"},  {"-m", "--mode"},        {"-s", "--size"},
-                                                    {"-b", "--block-size"}, {"-q", "--queue-depth"}, {"-t", "--threads"},
-                                                    {"-e", "--engine"}, {"-r", "--runtime"},    {"-h", "--help"}};
-  const std::set<std::string> with_value = {"--path",    "--mode",   "--size",  "--block-size", "--queue-depth",
-                                            "--threads", "--engine", "--runtime", "--loops",    "--tune-output",
-                                            "--seed",    "--json"};
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (alias.count(flag)) {
-      flag = alias.at(flag);
-    }
-    if (flag == "--help") return false;
-    if (with_value.count(flag) && value.empty()) {
-      if (i + 1 >= args.size()) throw config_error(flag, "needs a value", "see --help");
-      value = args[++i];
-    }
-    o.given.insert(flag);
-    if (flag == "--path") {
-      o.paths = split_list(value);
-    } else if (flag == "--mode") {
-      o.modes.clear();
-      for (auto& m : split_list(value)) o.modes.push_back(io::parse_mode(m, flag));
-    } else if (flag == "--size") {
-      o.size = parse_size(value, flag);
-    } else if (flag == "--block-size") {
-      o.block_sizes.clear();
-      for (auto& b : split_list(value)) o.block_sizes.push_back(parse_size(b, flag));
-    } else if (flag == "--queue-depth") {
-      o.queue_depths.clear();
-      for (auto& q : split_list(value)) o.queue_depths.push_back(static_cast<int>(parse_int(q, flag, 1, 4096)));
-    } else if (flag == "--threads") {
-      o.threads.clear();
-      for (auto& t : split_list(value)) o.threads.push_back(static_cast<int>(parse_int(t, flag, 1, 256)));
-    } else if (flag == "--engine") {
-      o.engines.clear();
-      for (auto& e : split_list(value)) o.engines.push_back(io::parse_engine(e, flag));
-    } else if (flag == "--runtime") {
-      char* end = nullptr;
-      o.runtime = std::strtod(value.c_str(), &end);
-      if (end == value.c_str() || *end || !(o.runtime >= 0)) throw config_error(flag, "'" + value + "' is not a number of seconds >= 0");
-    } else if (flag == "--loops") {
-      o.loops = static_cast<int>(parse_int(value, flag, 1, 1000));
-    } else if (flag == "--seed") {
-      o.seed = static_cast<uint64_t>(parse_int(value, flag, 0, (1LL << 62)));
-    } else if (flag == "--tune-output") {
-      o.tune_output = value;
-    } else if (flag == "--json") {
-      o.json = value;
-    } else if (flag == "--single-submit") {
-      o.single_submit = true;
-    } else if (flag == "--no-overlap-events" || flag == "--sequential-requests") {
-      o.overlap_events = false;
-    } else if (flag == "--latency") {
-      o.latency = true;
-    } else if (flag == "--sweep") {
-      o.sweep = true;
-    } else if (flag == "--tune") {
-      o.tune = o.sweep = true;
-    } else if (flag == "--verify") {
-      o.verify = true;
-    } else if (flag == "--keep") {
-      o.keep = true;
-    } else if (flag == "--buffered") {
-      o.buffered = true;
-    } else if (flag == "--pin") {
-      o.pin = true;
-    } else if (flag == "--no-fsync") {
-      o.fsync = false;
-    } else {
-      throw config_error(flag, "unknown flag '" + flag + "'", "see --help");
-    }
-  }
+  cli::Parser p("nvme_bench");
+  auto list = [](const std::string& v, auto&& each) {
+    for (auto& x : split_list(v)) each(x);
+  };
+  p.flag("-p,--path", 1, [&](const std::string& v) { o.paths = split_list(v); });
+  p.flag("-m,--mode", 1, [&](const std::string& v) {
+    o.modes.clear();
+    list(v, [&](const std::string& m) { o.modes.push_back(io::parse_mode(m, "--mode")); });
+  });
+  p.flag("-s,--size", 1, [&](const std::string& v) { o.size = parse_size(v, "--size"); });
+  p.flag("-b,--block-size", 1, [&](const std::string& v) {
+    o.block_sizes.clear();
+    list(v, [&](const std::string& b) { o.block_sizes.push_back(parse_size(b, "--block-size")); });
+  });
+  p.flag("-q,--queue-depth", 1, [&](const std::string& v) {
+    o.queue_depths.clear();
+    list(v, [&](const std::string& q) { o.queue_depths.push_back(static_cast<int>(parse_int(q, "--queue-depth", 1, 4096))); });
+  });
+  p.flag("-t,--threads", 1, [&](const std::string& v) {
+    o.threads.clear();
+    list(v, [&](const std::string& t) { o.threads.push_back(static_cast<int>(parse_int(t, "--threads", 1, 256))); });
+  });
+  p.flag("-e,--engine", 1, [&](const std::string& v) {
+    o.engines.clear();
+    list(v, [&](const std::string& e) { o.engines.push_back(io::parse_engine(e, "--engine")); });
+  });
+  p.flag("-r,--runtime", 1, [&](const std::string& v) {
+    char* end = nullptr;
+    o.runtime = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end || !(o.runtime >= 0))
+      throw config_error("--runtime", "'" + v + "' is not a number of seconds >= 0");
+  });
+  p.flag("--loops", 1, [&](const std::string& v) { o.loops = static_cast<int>(parse_int(v, "--loops", 1, 1000)); });
+  p.flag("--seed", 1, [&](const std::string& v) { o.seed = static_cast<uint64_t>(parse_int(v, "--seed", 0, (1LL << 62))); });
+  p.flag("--tune-output", 1, [&](const std::string& v) { o.tune_output = v; });
+  p.flag("--json", 1, [&](const std::string& v) { o.json = v; });
+  p.flag("--single-submit", 0, [&](const std::string&) { o.single_submit = true; });
+  p.flag("--no-overlap-events,--sequential-requests", 0, [&](const std::string&) { o.overlap_events = false; });
+  p.flag("--latency", 0, [&](const std::string&) { o.latency = true; });
+  p.flag("--sweep", 0, [&](const std::string&) { o.sweep = true; });
+  p.flag("--tune", 0, [&](const std::string&) { o.tune = o.sweep = true; });
+  p.flag("--verify", 0, [&](const std::string&) { o.verify = true; });
+  p.flag("--keep", 0, [&](const std::string&) { o.keep = true; });
+  p.flag("--buffered", 0, [&](const std::string&) { o.buffered = true; });
+  p.flag("--pin", 0, [&](const std::string&) { o.pin = true; });
+  p.flag("--no-fsync", 0, [&](const std::string&) { o.fsync = false; });
+  if (!p.parse(args)) return false;
+  o.given.insert(p.given().begin(), p.given().end());
   if (o.paths.empty()) throw config_error("--path", "is required: the directory (or directories) to test", "see --help");
   if (o.modes.empty()) throw config_error("--mode", "lists no mode");
   if (o.block_sizes.empty() || o.queue_depths.empty() || o.threads.empty() || o.engines.empty())

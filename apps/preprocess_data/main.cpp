@@ -15,12 +15,14 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "hpct/core/report.hpp"
+#include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
 
@@ -48,6 +50,8 @@ Tokenizes documents into Megatron indexed datasets {PREFIX}_{KEY}_document.bin/.
   --log-interval N      report progress every N documents (default 1000)
   --dataset-impl mmap   accepted for compatibility; mmap is the only format written
   -h, --help            this text
+  --version             version and git commit
+  @FILE                 the flags written in FILE
 
 Exit status: 0 on success, 1 on any error (one line on stderr).
 )";
@@ -63,60 +67,37 @@ struct Options {
   bool help = false;
 };
 
-size_t parse_count(const std::string& flag, const std::string& v) {
-  size_t pos = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(v, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  if (pos != v.size() || v.empty() || v[0] == '-' || n == 0)
-    throw config_error(flag, flag + " expects a positive integer, got '" + v + "'");
-  return static_cast<size_t>(n);
-}
-
 Options parse_args(int argc, char** argv) {
   Options o;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], inline_value;
-    bool has_inline = false;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      inline_value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      has_inline = true;
-    }
-    auto value = [&]() -> std::string {
-      if (has_inline) return inline_value;
-      if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0) throw config_error(flag, flag + " needs a value");
-      return args[++i];
-    };
-    if (flag == "-h" || flag == "--help") o.help = true;
-    else if (flag == "--input") o.input = value();
-    else if (flag == "--output-prefix") o.output_prefix = value();
-    else if (flag == "--vocab-file") o.vocab_file = value();
-    else if (flag == "--merge-file") o.merge_file = value();
-    else if (flag == "--tokenizer-type") o.tokenizer_type = value();
-    else if (flag == "--input-format") o.input_format = value();
-    else if (flag == "--append-eod") o.append_eod = true;
-    else if (flag == "--workers") o.workers = parse_count(flag, value());
-    else if (flag == "--log-interval") o.log_interval = parse_count(flag, value());
-    else if (flag == "--dataset-impl") {
-      if (std::string v = value(); v != "mmap")
-        throw config_error(flag, flag + " '" + v + "' is not supported", "only mmap (MMIDIDX) datasets are written");
-    } else if (flag == "--json-keys") {
-      // argparse nargs='+': every word up to the next flag.
-      o.json_keys.clear();
-      if (has_inline) o.json_keys.push_back(inline_value);
-      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) o.json_keys.push_back(args[++i]);
-      if (o.json_keys.empty()) throw config_error(flag, flag + " needs at least one key");
-    } else if (flag == "--split-sentences" || flag == "--keep-newlines" || flag == "--partitions") {
-      throw config_error(flag, flag + " is not supported by this preprocess_data", "documents are stored whole");
-    } else {
-      throw config_error(flag, "unknown flag " + flag, "see preprocess_data --help");
-    }
-  }
+  cli::Parser p("preprocess_data");
+  auto count = [](const std::string& f, const std::string& v) { return static_cast<size_t>(cli::to_int(f, v, 1)); };
+  p.flag("--input", 1, [&](const std::string& v) { o.input = v; });
+  p.flag("--output-prefix", 1, [&](const std::string& v) { o.output_prefix = v; });
+  p.flag("--vocab-file", 1, [&](const std::string& v) { o.vocab_file = v; });
+  p.flag("--merge-file", 1, [&](const std::string& v) { o.merge_file = v; });
+  p.flag("--tokenizer-type", 1, [&](const std::string& v) { o.tokenizer_type = v; });
+  p.flag("--input-format", 1, [&](const std::string& v) { o.input_format = v; });
+  p.flag("--append-eod", 0, [&](const std::string&) { o.append_eod = true; });
+  p.flag("--workers", 1, [&](const std::string& v) { o.workers = count("--workers", v); });
+  p.flag("--log-interval", 1, [&](const std::string& v) { o.log_interval = count("--log-interval", v); });
+  p.flag("--dataset-impl", 1, [&](const std::string& v) {
+    if (v != "mmap")
+      throw config_error("--dataset-impl", "--dataset-impl '" + printable(v) + "' is not supported",
+                         "only mmap (MMIDIDX) datasets are written");
+  });
+  p.flag("--json-keys", -1, [&](const std::string& v) {  // argparse nargs='+': every word up to the next flag
+    o.json_keys.clear();
+    std::istringstream is(v);
+    for (std::string k; is >> k;) o.json_keys.push_back(k);
+  });
+  for (const char* f : {"--split-sentences", "--keep-newlines"})
+    p.flag(f, 0, [f](const std::string&) {
+      throw config_error(f, std::string(f) + " is not supported by this preprocess_data", "documents are stored whole");
+    });
+  p.flag("--partitions", 1, [](const std::string&) {
+    throw config_error("--partitions", "--partitions is not supported by this preprocess_data", "documents are stored whole");
+  });
+  o.help = !p.parse(argc, argv);
   if (o.help) return o;
   if (o.input.empty()) throw config_error("--input", "missing --input");
   if (o.output_prefix.empty()) throw config_error("--output-prefix", "missing --output-prefix");

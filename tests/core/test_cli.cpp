@@ -105,7 +105,11 @@ TEST(Cli, EveryProblemInOneError) {
 TEST(Cli, OneProblemIsItsOwnError) {
   App a;
   const std::string e = error_of(a, {"--lr"});
-  EXPECT_NE(e.find("--lr"), std::string::npos) << e;
+  EXPECT_NE(e.find("--lr needs a value"), std::string::npos) << e;
+  App c;
+  const std::string f = error_of(c, {"--lr", "--bf16", "--path"});
+  EXPECT_NE(f.find("2 flags are not accepted: --lr needs a value; --path needs a value"), std::string::npos) << f;
+  EXPECT_EQ(c.log, (std::vector<std::string>{"bf16"}));
   App b;
   try {
     b.p.parse({"--hidden", "4"});

@@ -104,7 +104,7 @@ struct Parser::Impl {
 
 Parser::Parser(std::string prog, std::string hint) : impl_(std::make_unique<Impl>()) {
   impl_->prog = std::move(prog);
-  impl_->hint = hint.empty() ? "see " + impl_->prog + " --help" : std::move(hint);
+  impl_->hint = hint.empty() ? "see --help" : std::move(hint);
 }
 
 Parser::~Parser() = default;
@@ -160,7 +160,17 @@ bool Parser::parse(const std::vector<std::string>& raw) {
   for (size_t i = 0; i < expanded.size(); ++i) {
     const std::string& a = expanded[i];
     const std::string name = a.substr(0, a.rfind("--", 0) == 0 ? a.find('=') : std::string::npos);
-    if (!is_flag(a) || m.by_name.count(name)) {
+    if (!is_flag(a)) {
+      args.push_back(a);
+      continue;
+    }
+    if (auto it = m.by_name.find(name); it != m.by_name.end()) {
+      const Spec& s = m.specs[it->second];
+      if (s.nvalues != 0 && name == a && (i + 1 >= expanded.size() || is_flag(expanded[i + 1]))) {
+        m.given.push_back(s.canonical);
+        errors.push_back(config_error(s.canonical, s.canonical + " needs a value", m.hint));
+        continue;
+      }
       args.push_back(a);
       continue;
     }
@@ -226,6 +236,8 @@ bool Parser::parse(const std::vector<std::string>& raw) {
 }
 
 const std::vector<std::string>& Parser::given() const { return impl_->given; }
+
+bool Parser::declared(const std::string& name) const { return impl_->by_name.count(name) > 0; }
 
 bool Parser::was_given(const std::string& canonical) const {
   for (const auto& g : impl_->given)

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
 #include "flag_parse.hpp"
@@ -18,44 +19,20 @@
 namespace hpct::engine {
 namespace detail {
 
-long long to_int(const std::string& flag, const std::string& v) {
-  double d = 0;
-  try {
-    size_t pos = 0;
-    d = std::stod(v, &pos);  // accepts 1e9 as Megatron recipes write token counts
-    if (pos != v.size() || !std::isfinite(d) || std::floor(d) != d) throw std::invalid_argument("x");
-  } catch (const std::exception&) {
-    throw config_error(flag, flag + " expects an integer, got '" + v + "'");
-  }
-  if (std::fabs(d) > 9.0e15)  // beyond 2^53 a double no longer holds every integer
-    throw config_error(flag, flag + " " + v + " is out of range (at most 9e15)");
-  return static_cast<long long>(d);
-}
+long long to_int(const std::string& flag, const std::string& v) { return cli::to_int(flag, v); }
 
 // An int field: the value must fit, never wrap (--num-layers 4294967298 is not 2).
 int to_i32(const std::string& flag, const std::string& v, long long min) {
-  const long long x = to_int(flag, v);
-  if (x < min || x > INT_MAX)
-    throw config_error(flag, flag + " " + v + " is out of range (" + std::to_string(min) + " to " + std::to_string(INT_MAX) + ")");
-  return static_cast<int>(x);
+  return static_cast<int>(cli::to_int(flag, v, min, INT_MAX));
 }
 
 long long to_int_min(const std::string& flag, const std::string& v, long long min) {
-  const long long x = to_int(flag, v);
+  const long long x = cli::to_int(flag, v);
   if (x < min) throw config_error(flag, flag + " " + v + " must be >= " + std::to_string(min));
   return x;
 }
 
-double to_double(const std::string& flag, const std::string& v) {
-  try {
-    size_t pos = 0;
-    double d = std::stod(v, &pos);
-    if (pos != v.size() || !std::isfinite(d)) throw std::invalid_argument("x");
-    return d;
-  } catch (const std::exception&) {
-    throw config_error(flag, flag + " expects a finite number, got '" + v + "'");
-  }
-}
+double to_double(const std::string& flag, const std::string& v) { return cli::to_double(flag, v); }
 
 static LrStyle parse_style(const std::string& key, const std::string& v) {
   if (v == "constant") return LrStyle::constant;
@@ -240,101 +217,51 @@ static const char* help_group(const std::string& f) {
   return "other";
 }
 
+// Every flag of the table into a parser that applies it to cfg (Megatron's argument groups for --help).
+static void declare(cli::Parser& p, TrainConfig& cfg) {
+  for (const auto& [name, spec] : flag_table()) {
+    if (p.declared(name)) continue;  // the app's own flag of that name
+    const std::string names = name == "--deepspeed_config" ? "--deepspeed_config,--deepspeed-config" : name;
+    const FlagSpec* f = &spec;
+    p.flag(names, spec.takes_value ? (spec.many ? -1 : 1) : 0, [f, &cfg](const std::string& v) { f->apply(cfg, v); },
+           spec.help, help_group(name));
+  }
+}
+
+static const char* kHint = "see --help; docs/compatibility.md lists the Megatron-DeepSpeed flags and what each does here";
+
 std::string help_text(const std::string& prog) {
   std::ostringstream os;
   os << "usage: " << prog << " [flags]\n\nTrains a GPT model with data parallelism over MPI ranks.\n"
      << "Flags follow Megatron-DeepSpeed's pretrain_gpt.py; a ds_config.json may set the batch,\n"
      << "optimizer, scheduler, precision and clipping (see docs/configuration.md).\n";
-  static const char* order[] = {"network size", "regularization", "training", "initialization", "learning rate",
-                                "checkpointing", "mixed precision", "distributed", "validation", "data and dataloader",
-                                "logging", "mixture of experts", "data efficiency", "memory estimate", "other"};
-  for (const char* g : order) {
-    bool header = false;
-    for (const auto& [name, spec] : flag_table()) {
-      if (std::string(help_group(name)) != g) continue;
-      if (!header) os << "\n" << g << ":\n", header = true;
-      os << "  " << name << (spec.takes_value ? " V" : "")
-         << std::string(std::max<int>(2, 34 - (int)name.size() - (spec.takes_value ? 2 : 0)), ' ') << spec.help << "\n";
-    }
-  }
-  os << "\n  --help                            this text\n";
+  TrainConfig scratch;
+  cli::Parser p(prog, kHint);
+  declare(p, scratch);
+  os << p.help({"network size", "regularization", "training", "initialization", "learning rate", "checkpointing",
+                "mixed precision", "distributed", "validation", "data and dataloader", "logging", "mixture of experts",
+                "data efficiency", "memory estimate", "other"});
+  os << "\n  --help                            this text\n  --version                         version and git commit\n";
   return os.str();
-}
-
-// "@FILE" stands for the flags written in FILE (whitespace separated, '#' starts a comment), as
-// Python argparse's fromfile_prefix_chars: inputs/*.args hold model shapes this way.
-static std::vector<std::string> expand_arg_files(const std::vector<std::string>& in) {
-  std::vector<std::string> out;
-  for (const auto& a : in) {
-    if (a.size() < 2 || a[0] != '@') {
-      out.push_back(a);
-      continue;
-    }
-    std::ifstream f(a.substr(1));
-    if (!f) throw file_error(a.substr(1), "cannot open flags file", "give @PATH of a file such as inputs/gpt-tiny.args");
-    std::string line;
-    while (std::getline(f, line)) {
-      if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
-      std::istringstream is(line);
-      std::string tok;
-      while (is >> tok) out.push_back(tok);
-    }
-  }
-  return out;
 }
 
 // Megatron's --attention-dropout and --hidden-dropout default: recipes that never name them train with it.
 constexpr double kMegatronDropout = 0.1;
 
 bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg) {
-  const auto& table = flag_table();
+  return parse_args(raw_args, cfg, [](cli::Parser&) {});
+}
+
+bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg,
+                const std::function<void(cli::Parser&)>& app_flags) {
   cfg.model.attention_dropout = cfg.model.hidden_dropout = kMegatronDropout;
-  const std::vector<std::string> args = expand_arg_files(raw_args);
-  std::vector<std::string> given;
-  // Every unknown, refused or malformed flag is collected, so one error names them all (a recipe
-  // is then fixed in one round, not one flag per run).
-  std::vector<Error> errors;
-  auto is_flag = [](const std::string& s) { return s.rfind("--", 0) == 0 && s.size() > 2; };
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a == "--help" || a == "-h") return false;
-    std::string value;
-    bool has_inline = false;
-    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-      has_inline = true;
-    }
-    if (a == "--deepspeed-config") a = "--deepspeed_config";
-    auto it = table.find(a);
-    if (it == table.end()) {
-      errors.push_back(config_error(a, is_flag(a) ? "unknown flag '" + printable(a) + "'" : "unexpected value '" + printable(a) + "'",
-                                    "see --help; docs/compatibility.md lists the Megatron-DeepSpeed flags"));
-      while (is_flag(a) && i + 1 < args.size() && !is_flag(args[i + 1])) ++i;  // its values, if any
-      continue;
-    }
-    if (it->second.takes_value && !has_inline) {
-      if (i + 1 >= args.size()) {
-        errors.push_back(config_error(a, a + " needs a value"));
-        break;
-      }
-      value = args[++i];
-      while (it->second.many && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) value += " " + args[++i];
-    }
-    try {
-      it->second.apply(cfg, value);
-    } catch (const Error& e) {
-      errors.push_back(e);
-    }
-    given.push_back(a);
-  }
-  if (errors.size() == 1) throw errors[0];
-  if (!errors.empty()) {
-    std::string all;
-    for (const auto& e : errors) all += (all.empty() ? "" : "; ") + e.message();
-    throw config_error(errors[0].context().key, std::to_string(errors.size()) + " flags are not accepted: " + all,
-                       "see --help; docs/compatibility.md lists the Megatron-DeepSpeed flags and what each does here");
-  }
+  // Every unknown, refused or malformed flag goes into one error (cli.hpp), so a recipe is fixed in
+  // one round, not one flag per run.
+  cli::Parser p("pretrain_gpt", kHint);
+  app_flags(p);
+  declare(p, cfg);
+  if (!p.parse(raw_args)) return false;
+  const std::vector<std::string>& given = p.given();
   if (std::count(given.begin(), given.end(), "--bf16") && std::count(given.begin(), given.end(), "--fp16"))
     throw config_error("--bf16", "--bf16 and --fp16 are both given", "give one of them");
   if (!cfg.ds_config_path.empty()) apply_ds_config(cfg.ds_config_path, cfg, given);

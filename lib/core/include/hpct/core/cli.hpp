@@ -30,7 +30,7 @@ double to_double(const std::string& flag, const std::string& v);
 
 class Parser {
  public:
-  /// prog names the app in messages; hint ends the error of a command line with several problems.
+  /// prog names the app in messages; hint (default "see --help") goes with every error of the line.
   explicit Parser(std::string prog, std::string hint = "");
   ~Parser();
   Parser(const Parser&) = delete;
@@ -54,6 +54,8 @@ class Parser {
 
   /// Canonical names of the flags given, in command-line order (repeats included).
   const std::vector<std::string>& given() const;
+  /// Whether a flag of that spelling is declared.
+  bool declared(const std::string& name) const;
   bool was_given(const std::string& canonical) const;
   /// Every canonical flag name with its help and group, in declaration order.
   struct Entry {

@@ -4,6 +4,7 @@
 // a value given both ways must agree), then validate() checks it identically on every rank and
 // names the offending flag or key. The library never sees argv: apps hand over the argument list.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@
 #include "hpct/engine/data_sampling.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/parallel/zero.hpp"
+
+namespace hpct::cli {
+class Parser;
+}
 
 namespace hpct::engine {
 
@@ -157,6 +162,10 @@ std::string arguments_text(const TrainConfig& cfg);
 /// Defaults that are Megatron's on its command line but not in TrainConfig{} (whose model trains
 /// as a library call asks) are set first: --attention-dropout and --hidden-dropout 0.1.
 bool parse_args(const std::vector<std::string>& args, TrainConfig& cfg);
+/// The same with an app's own flags declared first on the same parser (core/cli.hpp: one error
+/// names every problem of the line); a training flag of the same name is then the app's.
+bool parse_args(const std::vector<std::string>& args, TrainConfig& cfg,
+                const std::function<void(cli::Parser&)>& app_flags);
 /// Applies a ds_config.json file: batch, optimizer, scheduler, fp16/bf16, gradient_clipping,
 /// steps_per_print, zero_optimization. Unknown keys are errors naming the key.
 void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vector<std::string>& flags_given);
