@@ -4,8 +4,10 @@
 Megatron-DeepSpeed's data_sampling block (percentile 10 -> 100, fixed_root 2 over 20 steps) naming
 them. Checked: the analyzer's printed paths exist and its samples match the run's; every logged
 difficulty is DeepSpeed's pacing recomputed here, the allowed samples are N // 100 per point (all N
-at 100); the loss falls; evaluation records exist. Then an index made for another --seed is
-refused naming its file, and analyze_data's --help and a bad --metrics are checked.
+at 100); the loss falls; evaluation records exist. Two metrics (vocab_rarity and seqlen, both
+analyzed in one analyze_data run): each step's difficulties are both schedules', and the allowed
+samples are those both percentiles allow, counted here from the index files. Then an index made for
+another --seed is refused naming its file, and analyze_data's --help and a bad --metrics are checked.
 
 metric_curriculum_check.py OUT_DIR DATA_DIR ARGS_FILE ANALYZE PRETRAIN MPIRUN..."""
 import json
@@ -35,7 +37,7 @@ e = run([analyze, "--output-prefix", f"{out}/x", "--metrics", "rarity"] + flags,
 assert re.search(r"analyze_data: error: .*unknown metric 'rarity'.*vocab_rarity", e), e
 
 iters = 40
-o = run(mpi + [analyze, "--metrics", "vocab_rarity", "--output-prefix", f"{out}/brown", "--json", f"{out}/an.json",
+o = run(mpi + [analyze, "--metrics", "vocab_rarity,seqlen", "--output-prefix", f"{out}/brown", "--json", f"{out}/an.json",
                "--train-iters", str(iters)] + flags)
 summary = json.load(open(f"{out}/an.json"))
 paths = summary["metrics"]["vocab_rarity"]
@@ -81,6 +83,51 @@ assert last < first - 1.0, f"lm loss did not fall: {first} -> {last}"
 print(f"difficulty {train[0]['curriculum_difficulty']} -> {train[-1]['curriculum_difficulty']} (percentile), "
       f"allowed {train[0]['curriculum_allowed_samples']} -> {train[-1]['curriculum_allowed_samples']} of {N}; "
       f"lm loss {first:.3f} -> {last:.3f}")
+
+# Two metrics: vocab_rarity (percentile 10 -> 100 over 20 steps, fixed_root 2 as above) and seqlen
+# (percentile 50 -> 100 over 8 steps, fixed_linear): a sample is drawn once both allow it.
+import struct  # noqa: E402
+
+
+def ranks(sample_path):
+    raw = open(sample_path + ".bin", "rb").read()
+    order = struct.unpack(f"<{len(raw) // 8}q", raw)
+    r = [0] * len(order)
+    for i, s in enumerate(order):
+        r[s] = i
+    return r
+
+
+sl = summary["metrics"]["seqlen"]
+rr, rs = ranks(paths["index_to_sample_path"]), ranks(sl["index_to_sample_path"])
+doc = json.load(open(f"{out}/ds_voc.json"))
+cms = doc["data_efficiency"]["data_sampling"]["curriculum_learning"]["curriculum_metrics"]
+cms["seqlen"] = {"index_to_sample_path": sl["index_to_sample_path"], "index_to_metric_path": sl["index_to_metric_path"],
+                 "difficulty_type": "percentile", "clustering_type": "schedule_based", "min_difficulty": 50,
+                 "max_difficulty": 100, "schedule_type": "fixed_linear",
+                 "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 1}}
+json.dump(doc, open(f"{out}/ds_two.json", "w"), indent=1)
+metrics2 = f"{out}/two_metrics.jsonl"
+if os.path.exists(metrics2):
+    os.remove(metrics2)
+o = run(mpi + [gpt] + flags + ["--deepspeed_config", f"{out}/ds_two.json", "--train-iters", "10", "--log-interval", "1",
+                               "--eval-iters", "0", "--lr-warmup-iters", "5", "--metrics-file", metrics2])
+assert re.search(r"> curriculum by seqlen .*percentile difficulty 50 -> 100", o) and \
+    re.search(r"> curriculum by vocab_rarity .*percentile difficulty 10 -> 100", o), o[-2000:]
+train2 = [json.loads(l) for l in open(metrics2)]
+train2 = [r for r in train2 if r.get("type") == "train"]
+assert len(train2) == 10, len(train2)
+for r in train2:
+    s = r["iteration"]
+    dv = min(math.floor((s / 20) ** 0.5 * 90 + 10), 100)
+    ds = min(math.floor(s / 8 * 50 + 50), 100)
+    assert r["curriculum_difficulties"] == {"vocab_rarity": dv, "seqlen": ds}, (s, r["curriculum_difficulties"])
+    cv = N if dv >= 100 else N // 100 * dv
+    cs = N if ds >= 100 else N // 100 * ds
+    both = sum(1 for i in range(N) if rr[i] < cv and rs[i] < cs)
+    assert r["curriculum_allowed_samples"] == both, f"iteration {s}: allowed {r['curriculum_allowed_samples']}, want {both}"
+print(f"two metrics: allowed {train2[0]['curriculum_allowed_samples']} -> {train2[-1]['curriculum_allowed_samples']} of {N}, "
+      "each the count both percentiles allow")
 
 # An index made for another training set (another --seed: other samples) is refused by name.
 run([analyze, "--metrics", "vocab_rarity", "--output-prefix", f"{out}/other", "--train-iters", str(iters), "--seed", "7"] + flags)

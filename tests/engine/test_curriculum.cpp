@@ -109,6 +109,18 @@ TEST(Curriculum, BothDsConfigSpellingsGiveOneSchedule) {
   EXPECT_TRUE(a.curriculum.enabled && b.curriculum.enabled);
   for (long long it : {0ll, 118ll, 7499ll, 20000ll}) EXPECT_EQ(a.curriculum.seqlen(it, 1024), b.curriculum.seqlen(it, 1024));
   EXPECT_EQ(b.curriculum.key, "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate");
+  // Two data metrics: both read, in name order (the JSON object's keys sorted).
+  engine::TrainConfig two;
+  const std::string metric = R"({"index_to_sample_path": "p", "index_to_metric_path": "q", "difficulty_type": "value",
+      "clustering_type": "schedule_based", "min_difficulty": 1, "max_difficulty": 9, "schedule_type": "fixed_linear",
+      "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 1}})";
+  const std::string body = R"("data_efficiency": {"enabled": true, "data_sampling": {"enabled": true, "curriculum_learning":
+      {"enabled": true, "curriculum_metrics": {"vocab_rarity": )" + metric + R"(, "seqlen": )" + metric + "}}}}";
+  ASSERT_EQ((apply)(body, &two), "");  // parenthesised: no ADL to std::apply
+  ASSERT_EQ(two.metric_curricula.size(), 2u);
+  EXPECT_EQ(two.metric_curricula[0].metric, "seqlen");
+  EXPECT_EQ(two.metric_curricula[1].metric, "vocab_rarity");
+  EXPECT_EQ(two.metric_curricula[0].schedule.key, "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen");
   // Disabled blocks are read (unknown keys still refused) but change nothing.
   engine::TrainConfig off;
   ASSERT_EQ(apply(R"("curriculum_learning": {"enabled": false, "min_difficulty": 8})", &off), "");

@@ -10,6 +10,9 @@
 //   first N draws are a permutation of it; value difficulty never draws a sample above the step's
 //   difficulty, and admits new samples as the difficulty grows; percentile admits N // max per
 //   point; a sampler asked for iteration k first (a resume) draws what one stepped there draws.
+// - Two metrics (vocab_rarity and seqlen): every draw is allowed by both metrics' difficulties at
+//   its iteration, the allowed count is the brute-force count of samples both allow, and a second
+//   metric that allows everything gives the one-metric sampler's batches exactly.
 // - Training: every rank count draws the same batches; 2 data-parallel ranks equal one within 1e-5
 //   relative (fp32 reduction order); stopped at iteration 4 and resumed it equals the straight run
 //   bitwise; a header made for another training set is refused naming the file.
@@ -189,6 +192,60 @@ TEST(MetricCurriculum, SamplerDrawsWhatTheDifficultyAllows) {
   EXPECT_EQ(a.batch(5), b.batch(5));
 }
 
+TEST(MetricCurriculum, TwoMetricsDrawWhatBothAllow) {
+  Fixture f("mc_two");
+  const std::vector<double> seqlen = engine::analyze_metric(*f.train, "seqlen", kVocab, world());
+  std::pair<std::string, std::string> sp;
+  const nlohmann::json header = {{"seq_length", kSeq}, {"seed", 1234}, {"data_path", "corpus"}, {"split", "969,30,1"}};
+  if (world().rank() == 0) sp = engine::write_metric_index(f.dir + "/an", "seqlen", seqlen, header);
+  world().bcast_string(sp.first, 0);
+  world().bcast_string(sp.second, 0);
+  const engine::MetricIndex rx = engine::read_metric_index(f.paths.first, f.paths.second);
+  const engine::MetricIndex sx = engine::read_metric_index(sp.first, sp.second);
+  const size_t n = rx.order.size();
+  const int rlo = (int)std::ceil(rx.sorted[n / 3]), rtop = (int)std::ceil(rx.sorted.back());
+  const int slo = (int)sx.sorted[n / 2], stop = (int)sx.sorted.back();
+  auto by_len = [&](int lo, int hi) {
+    engine::MetricCurriculumConfig c = curriculum(f, "value", lo, hi);
+    c.metric = "seqlen";
+    c.index_to_sample_path = sp.first, c.index_to_metric_path = sp.second;
+    c.schedule.key = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen";
+    c.schedule.total_curriculum_step = 4;
+    return c;
+  };
+  engine::CurriculumSampler two({curriculum(f, "value", rlo, rtop), by_len(slo, stop)}, {rx, sx}, 7, 8);
+  size_t last = 0;
+  for (long long it = 0; it < 9; ++it) {
+    const auto& b = two.batch(it);
+    const std::vector<int> d = two.difficulties(it);
+    ASSERT_EQ(d.size(), 2u);
+    for (int64_t s : b) {
+      EXPECT_LE(f.rarity[s], d[0]) << "iteration " << it << " sample " << s;
+      EXPECT_LE(seqlen[s], d[1]) << "iteration " << it << " sample " << s;
+    }
+    size_t both = 0;
+    for (size_t s = 0; s < n; ++s) both += f.rarity[s] <= d[0] && seqlen[s] <= d[1];
+    EXPECT_EQ(two.allowed(), both) << "iteration " << it;
+    EXPECT_GE(two.allowed(), last);
+    last = two.allowed();
+  }
+  EXPECT_EQ(last, n);
+  EXPECT_GT(two.clusters(), 2u);
+  // A second metric that allows every sample from the start changes nothing.
+  engine::CurriculumSampler one(curriculum(f, "value", rlo, rtop), rx, 7, 8);
+  engine::CurriculumSampler open({curriculum(f, "value", rlo, rtop), by_len(stop, stop)}, {rx, sx}, 7, 8);
+  for (long long it = 0; it < 9; ++it) EXPECT_EQ(open.batch(it), one.batch(it)) << "iteration " << it;
+  // Nothing allowed by both at the start: refused naming the first metric's key and both counts.
+  engine::CurriculumSampler none({curriculum(f, "value", (int)rx.sorted.front(), rtop), by_len(0, stop)}, {rx, sx}, 7, 8);
+  try {
+    none.batch(0);
+    FAIL() << "an empty intersection drew a batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab_rarity.min_difficulty"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allowed by every metric"), std::string::npos) << e.what();
+  }
+}
+
 namespace {
 struct McRun {
   std::vector<double> losses;
@@ -216,7 +273,7 @@ engine::TrainConfig tiny(const Fixture& f, int iters) {
   c.split = "969,30,1";
   c.lr_decay_iters = 10;
   const engine::MetricIndex ix = engine::read_metric_index(f.paths.first, f.paths.second);
-  c.metric_curriculum = curriculum(f, "value", (int)std::ceil(ix.sorted[ix.sorted.size() / 4]), (int)std::ceil(ix.sorted.back()));
+  c.metric_curricula = {curriculum(f, "value", (int)std::ceil(ix.sorted[ix.sorted.size() / 4]), (int)std::ceil(ix.sorted.back()))};
   return c;
 }
 }  // namespace

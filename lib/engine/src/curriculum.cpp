@@ -135,7 +135,7 @@ void read_schedule(JsonSection& s, const nlohmann::json& raw, CurriculumConfig& 
 }  // namespace
 
 void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd,
-                              MetricCurriculumConfig& metric) {
+                              std::vector<MetricCurriculumConfig>& metric_cfgs) {
   if (root.has("curriculum_learning")) {  // DeepSpeed's legacy block
     JsonSection s = root.section("curriculum_learning");
     if (s.get_bool("enabled").value_or(false)) {
@@ -183,9 +183,7 @@ void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, Curr
               m.finish();
               continue;
             }
-            if (metric.enabled)
-              not_built(ms, it.key(), "a second data metric ('" + printable(metric.metric) + "' is the first; one metric "
-                                      "besides seqlen_truncate)");
+            MetricCurriculumConfig metric;
             metric.enabled = true;
             metric.metric = it.key();
             metric.index_to_sample_path = m.get_string("index_to_sample_path").value_or("");
@@ -196,6 +194,7 @@ void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, Curr
             metric.schedule.key = ms.key_path(it.key());
             read_schedule(m, it.value(), metric.schedule);
             m.finish();
+            metric_cfgs.push_back(std::move(metric));
             continue;
           }
           JsonSection m = ms.section("seqlen_truncate");

@@ -113,50 +113,113 @@ MetricIndex read_metric_index(const std::string& sample_path, const std::string&
   return ix;
 }
 
-std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const MetricCurriculumConfig& mc, size_t samples,
-                                                           int seq_length, uint64_t seed, const std::string& split,
-                                                           long long global_batch) {
-  MetricIndex ix = read_metric_index(mc.index_to_sample_path, mc.index_to_metric_path);
-  const nlohmann::json& h = ix.header;
-  const std::string file = mc.index_to_sample_path + ".json";
-  const bool same = h.value("samples", (size_t)0) == samples && h.value("seq_length", 0) == seq_length &&
-                    h.value("seed", (uint64_t)0) == seed && h.value("split", std::string()) == split;
-  if (!same)
-    throw file_error(file, "was made for " + std::to_string(h.value("samples", (size_t)0)) + " samples of " +
-                               std::to_string(h.value("seq_length", 0)) + " tokens (seed " +
-                               std::to_string(h.value("seed", (uint64_t)0)) + ", split " + h.value("split", std::string()) +
-                               "); this run's training set has " + std::to_string(samples) + " of " +
-                               std::to_string(seq_length) + " (seed " + std::to_string(seed) + ", split " + split + ")",
-                     "run analyze_data with this run's data flags (--split, --seq-length, --seed, --train-iters, batch sizes)");
-  if (h.value("metric", std::string()) != mc.metric)
-    throw file_error(file, "holds the metric '" + h.value("metric", std::string()) + "', the ds_config's block is '" +
-                               mc.metric + "'", "name the block after the metric, or give that metric's files");
-  return std::make_unique<CurriculumSampler>(mc, std::move(ix), seed, global_batch);
+std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const std::vector<MetricCurriculumConfig>& cfgs,
+                                                           size_t samples, int seq_length, uint64_t seed,
+                                                           const std::string& split, long long global_batch) {
+  std::vector<MetricIndex> indexes;
+  for (const MetricCurriculumConfig& mc : cfgs) {
+    MetricIndex ix = read_metric_index(mc.index_to_sample_path, mc.index_to_metric_path);
+    const nlohmann::json& h = ix.header;
+    const std::string file = mc.index_to_sample_path + ".json";
+    const bool same = h.value("samples", (size_t)0) == samples && h.value("seq_length", 0) == seq_length &&
+                      h.value("seed", (uint64_t)0) == seed && h.value("split", std::string()) == split;
+    if (!same)
+      throw file_error(file, "was made for " + std::to_string(h.value("samples", (size_t)0)) + " samples of " +
+                                 std::to_string(h.value("seq_length", 0)) + " tokens (seed " +
+                                 std::to_string(h.value("seed", (uint64_t)0)) + ", split " + h.value("split", std::string()) +
+                                 "); this run's training set has " + std::to_string(samples) + " of " +
+                                 std::to_string(seq_length) + " (seed " + std::to_string(seed) + ", split " + split + ")",
+                       "run analyze_data with this run's data flags (--split, --seq-length, --seed, --train-iters, batch sizes)");
+    if (h.value("metric", std::string()) != mc.metric)
+      throw file_error(file, "holds the metric '" + h.value("metric", std::string()) + "', the ds_config's block is '" +
+                                 mc.metric + "'", "name the block after the metric, or give that metric's files");
+    indexes.push_back(std::move(ix));
+  }
+  return std::make_unique<CurriculumSampler>(cfgs, std::move(indexes), seed, global_batch);
 }
 
 // ---- the sampler ----
 
 CurriculumSampler::CurriculumSampler(const MetricCurriculumConfig& cfg, MetricIndex index, uint64_t seed,
                                      long long global_batch)
-    : cfg_(cfg), index_(std::move(index)), seed_(mix_seed(seed, 0x6375727269)), global_batch_(global_batch) {}
+    : CurriculumSampler(std::vector<MetricCurriculumConfig>{cfg}, [&] {
+        std::vector<MetricIndex> v;
+        v.push_back(std::move(index));
+        return v;
+      }(), seed, global_batch) {}
 
-size_t CurriculumSampler::count_allowed(int d) const {
-  const size_t n = index_.order.size();
-  if (cfg_.clustering_type == "single_cluster") return n;
-  if (cfg_.difficulty_type == "value")  // metric <= d
-    return static_cast<size_t>(std::upper_bound(index_.sorted.begin(), index_.sorted.end(), double(d)) - index_.sorted.begin());
+CurriculumSampler::CurriculumSampler(std::vector<MetricCurriculumConfig> cfgs, std::vector<MetricIndex> indexes,
+                                     uint64_t seed, long long global_batch)
+    : cfgs_(std::move(cfgs)), indexes_(std::move(indexes)), seed_(mix_seed(seed, 0x6375727269)), global_batch_(global_batch) {
+  if (cfgs_.empty() || cfgs_.size() != indexes_.size()) throw Error("curriculum sampler: one index per metric");
+  const size_t n = indexes_[0].order.size();
+  for (size_t m = 1; m < indexes_.size(); ++m)
+    if (indexes_[m].order.size() != n)
+      throw file_error(cfgs_[m].index_to_sample_path + ".json",
+                       "has " + std::to_string(indexes_[m].order.size()) + " samples, metric '" + cfgs_[0].metric +
+                           "' has " + std::to_string(n) + ": the two describe different training sets",
+                       "analyze every metric with the same data flags");
+  counts_.assign(cfgs_.size(), 0);
+  if (cfgs_.size() > 1) {
+    rank_.assign(cfgs_.size(), std::vector<int64_t>(n));
+    for (size_t m = 0; m < cfgs_.size(); ++m)
+      for (size_t i = 0; i < n; ++i) rank_[m][(size_t)indexes_[m].order[i]] = (int64_t)i;
+    in_.assign(n, 0);
+  }
+}
+
+std::vector<int> CurriculumSampler::difficulties(long long it) const {
+  std::vector<int> d;
+  for (const auto& c : cfgs_) d.push_back(c.schedule.difficulty_at(it + 1));
+  return d;
+}
+
+size_t CurriculumSampler::count_allowed(size_t m, int d) const {
+  const MetricCurriculumConfig& cfg = cfgs_[m];
+  const MetricIndex& ix = indexes_[m];
+  const size_t n = ix.order.size();
+  if (cfg.clustering_type == "single_cluster") return n;
+  if (cfg.difficulty_type == "value")  // metric <= d
+    return static_cast<size_t>(std::upper_bound(ix.sorted.begin(), ix.sorted.end(), double(d)) - ix.sorted.begin());
   // percentile: DeepSpeed's sample_per_percentile = N // max_percentile, all N at the maximum
-  const int maxp = cfg_.schedule.max_difficulty;
+  const int maxp = cfg.schedule.max_difficulty;
   if (d >= maxp) return n;
   return std::min(n, (n / static_cast<size_t>(maxp)) * static_cast<size_t>(std::max(0, d)));
 }
 
+void CurriculumSampler::admit(const std::vector<int>& d) {
+  std::vector<size_t> prev = counts_;
+  for (size_t m = 0; m < cfgs_.size(); ++m) counts_[m] = std::max(counts_[m], count_allowed(m, d[m]));
+  Cluster c;
+  if (cfgs_.size() == 1) {  // the newly allowed part of the sorted order
+    const auto& order = indexes_[0].order;
+    c.members.assign(order.begin() + (std::ptrdiff_t)prev[0], order.begin() + (std::ptrdiff_t)counts_[0]);
+  } else {
+    // A sample becomes allowed when the last of its metrics allows it: it is in some metric's newly
+    // allowed range. Those candidates that every metric allows now, in the first metric's order.
+    std::vector<int64_t> fresh;
+    for (size_t m = 0; m < cfgs_.size(); ++m)
+      for (size_t i = prev[m]; i < counts_[m]; ++i) {
+        const int64_t s = indexes_[m].order[i];
+        if (in_[(size_t)s]) continue;
+        bool all = true;
+        for (size_t k = 0; k < cfgs_.size() && all; ++k) all = (size_t)rank_[k][(size_t)s] < counts_[k];
+        if (all) in_[(size_t)s] = 1, fresh.push_back(s);
+      }
+    std::sort(fresh.begin(), fresh.end(), [&](int64_t a, int64_t b) { return rank_[0][(size_t)a] < rank_[0][(size_t)b]; });
+    c.members = std::move(fresh);
+  }
+  if (c.members.empty()) return;
+  allowed_ += c.members.size();
+  clusters_.push_back(std::move(c));
+}
+
 int64_t CurriculumSampler::take(size_t c) {
   Cluster& k = clusters_[c];
-  const long long size = static_cast<long long>(k.end - k.begin);
+  const long long size = static_cast<long long>(k.members.size());
   const long long pass = k.taken / size, pos = k.taken % size;
   if (pass != k.pass) {  // a fresh shuffle of the cluster for each pass over it
-    k.perm.assign(index_.order.begin() + k.begin, index_.order.begin() + k.end);
+    k.perm = k.members;
     Rng rng(mix_seed(seed_, c, static_cast<uint64_t>(pass)));
     for (size_t i = k.perm.size(); i > 1; --i) std::swap(k.perm[i - 1], k.perm[rng.below(i)]);
     k.pass = pass;
@@ -167,36 +230,37 @@ int64_t CurriculumSampler::take(size_t c) {
 
 void CurriculumSampler::step() {
   const long long it = next_++;
-  const int d = difficulty(it);
+  const std::vector<int> d = difficulties(it);
   if (!started_ || d != last_difficulty_) {
-    const size_t now = std::max(allowed_, count_allowed(d));
-    if (now > allowed_) {  // the newly allowed samples (none: no cluster)
-      Cluster c;
-      c.begin = allowed_;
-      c.end = now;
-      clusters_.push_back(std::move(c));
-    }
-    allowed_ = now;
+    admit(d);
     last_difficulty_ = d;
     started_ = true;
   }
   if (clusters_.empty()) {
-    const std::string why =
-        cfg_.difficulty_type == "value"
-            ? "no training sample has " + cfg_.metric + " <= " + std::to_string(d) + " (the smallest is " +
-                  (index_.sorted.empty() ? std::string("none") : std::to_string(index_.sorted.front())) + ")"
-            : "percentile " + std::to_string(d) + " allows no training sample (" + std::to_string(index_.order.size()) +
-                  " samples, " + std::to_string(index_.order.size() / std::max(1, cfg_.schedule.max_difficulty)) +
-                  " per point of max_difficulty " + std::to_string(cfg_.schedule.max_difficulty) + ")";
-    throw Error("'" + cfg_.schedule.key + ".min_difficulty': " + why,
-                Error::Context{"", cfg_.schedule.key + ".min_difficulty", "raise min_difficulty"});
+    std::string why;
+    for (size_t m = 0; m < cfgs_.size(); ++m) {
+      const MetricCurriculumConfig& cfg = cfgs_[m];
+      const MetricIndex& ix = indexes_[m];
+      why += (why.empty() ? "" : "; ") +
+             (cfg.difficulty_type == "value"
+                  ? std::to_string(counts_[m]) + " training samples have " + cfg.metric + " <= " + std::to_string(d[m]) +
+                        " (the smallest is " + (ix.sorted.empty() ? std::string("none") : std::to_string(ix.sorted.front())) + ")"
+                  : "percentile " + std::to_string(d[m]) + " of " + cfg.metric + " allows " + std::to_string(counts_[m]) +
+                        " training samples (" + std::to_string(ix.order.size()) + " samples, " +
+                        std::to_string(ix.order.size() / std::max(1, cfg.schedule.max_difficulty)) +
+                        " per point of max_difficulty " + std::to_string(cfg.schedule.max_difficulty) + ")");
+    }
+    const std::string key = cfgs_[0].schedule.key + ".min_difficulty";
+    throw Error("'" + key + "': no training sample is allowed at the start: " + why +
+                    (cfgs_.size() > 1 ? " (a sample must be allowed by every metric)" : ""),
+                Error::Context{"", key, "raise min_difficulty"});
   }
   batch_.resize(global_batch_);
   for (long long k = 0; k < global_batch_; ++k) {
     // The cluster of position k: proportional to the clusters' sizes (DeepSpeed's weighted choice).
     Rng rng(mix_seed(seed_, static_cast<uint64_t>(it), static_cast<uint64_t>(k)));
     size_t u = rng.below(allowed_), c = 0;
-    while (u >= clusters_[c].end - clusters_[c].begin) u -= clusters_[c].end - clusters_[c].begin, ++c;
+    while (u >= clusters_[c].members.size()) u -= clusters_[c].members.size(), ++c;
     batch_[k] = take(c);
   }
 }

@@ -204,8 +204,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                                                                " steps in multiples of " + std::to_string(cl.difficulty_step))
                 << "; evaluation at " << cfg.model.max_seq_length << "\n";
     }
-    if (cfg.metric_curriculum.enabled) {
-      const auto& mc = cfg.metric_curriculum;
+    for (const auto& mc : cfg.metric_curricula) {
       std::cout << "> curriculum by " << mc.metric << " (" << mc.schedule.key << "): " << mc.difficulty_type
                 << " difficulty " << mc.schedule.min_difficulty << " -> " << mc.schedule.max_difficulty << ", "
                 << mc.schedule.schedule_type << " over " << mc.schedule.total_curriculum_step << " steps, "

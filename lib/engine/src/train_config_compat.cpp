@@ -161,7 +161,7 @@ void finalize_samples(TrainConfig& c, int dp) {
   if (c.lr_style >= LrStyle::ds_warmup)
     throw config_error("--train-samples", "--train-samples schedules Megatron's --lr-decay-style, not the ds_config's scheduler block",
                        "remove the ds_config's scheduler, or give --train-iters");
-  if (c.rampup.on() && c.metric_curriculum.enabled)
+  if (c.rampup.on() && !c.metric_curricula.empty())
     throw config_error("--rampup-batch-size", "--rampup-batch-size with the data-metric curriculum: its sampler draws whole global batches",
                        "drop one of them");
   c.train_iters = BatchSchedule(c.global_batch, (long long)c.micro_batch * dp, c.rampup).iterations_for(c.train_samples);

@@ -23,14 +23,16 @@ void add_data_efficiency_flags(FlagTable& t) {
 
 void finalize_data_efficiency(TrainConfig& c) {
   c.curriculum.validate(c.model.max_seq_length, c.ds_config_path);
-  c.metric_curriculum.schedule.validate(INT32_MAX, c.ds_config_path);  // a metric's difficulty is not a length
-  c.metric_curriculum.validate(c.ds_config_path);
-  if (c.curriculum_flag && !c.curriculum.enabled && !c.metric_curriculum.enabled)
+  for (const auto& m : c.metric_curricula) {
+    m.schedule.validate(INT32_MAX, c.ds_config_path);  // a metric's difficulty is not a length
+    m.validate(c.ds_config_path);
+  }
+  if (c.curriculum_flag && !c.curriculum.enabled && c.metric_curricula.empty())
     throw config_error("--data-efficiency-curriculum-learning",
                        "--data-efficiency-curriculum-learning needs an enabled curriculum in the ds_config",
                        "set data_efficiency.data_sampling.curriculum_learning (seqlen_truncate) or curriculum_learning "
                        "in the --deepspeed_config file (docs/data-efficiency.md)");
-  if (c.metric_curriculum.enabled && (c.data_path.size() > 1 || !c.train_data_path.empty()))
+  if (!c.metric_curricula.empty() && (c.data_path.size() > 1 || !c.train_data_path.empty()))
     throw config_error(c.data_path.size() > 1 ? "--data-path" : "--train-data-path",
                        "a data-metric curriculum samples one analysed dataset, not a blend",
                        "give --data-path PREFIX (the dataset analyze_data indexed)");
@@ -95,15 +97,14 @@ void data_efficiency_json(const TrainConfig& c, nlohmann::json& j) {
     j["curriculum"]["difficulty"] = c.curriculum.difficulty;
     j["curriculum"]["max_step"] = c.curriculum.max_step;
   }
-  const MetricCurriculumConfig& m = c.metric_curriculum;
-  j["metric_curriculum"] = nullptr;
-  if (m.enabled) {
-    j["metric_curriculum"] = schedule_json(m.schedule);
-    j["metric_curriculum"].update({{"metric", m.metric},
-                                   {"index_to_sample_path", m.index_to_sample_path},
-                                   {"index_to_metric_path", m.index_to_metric_path},
-                                   {"difficulty_type", m.difficulty_type},
-                                   {"clustering_type", m.clustering_type}});
+  j["metric_curriculum"] = nullptr;  // by metric name, as the ds_config's curriculum_metrics
+  for (const MetricCurriculumConfig& m : c.metric_curricula) {
+    nlohmann::json one = schedule_json(m.schedule);
+    one.update({{"index_to_sample_path", m.index_to_sample_path},
+                {"index_to_metric_path", m.index_to_metric_path},
+                {"difficulty_type", m.difficulty_type},
+                {"clustering_type", m.clustering_type}});
+    j["metric_curriculum"][m.metric] = one;
   }
   const RandomLtdConfig& r = c.random_ltd;
   j["random_ltd"] = r.enabled ? nlohmann::json{{"source", r.key},

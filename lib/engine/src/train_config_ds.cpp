@@ -64,7 +64,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
     cfg.log_interval = i32(*v, "steps_per_print", 1);
   }
   apply_ds_monitors(root, cfg);  // wall_clock_breakdown, tensorboard, csv_monitor
-  apply_ds_data_efficiency(root, j, cfg.curriculum, cfg.random_ltd, cfg.metric_curriculum);  // curriculum_learning, data_efficiency
+  apply_ds_data_efficiency(root, j, cfg.curriculum, cfg.random_ltd, cfg.metric_curricula);  // curriculum_learning, data_efficiency
   // A section this version does not read is accepted when it is switched off, as the recipes'
   // templates write them (flops_profiler, wandb, comms_logger, compression_training, ...).
   static const char* const read_here[] = {"fp16", "bf16", "bfloat16", "zero_optimization", "optimizer", "scheduler", "aio",

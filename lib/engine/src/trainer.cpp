@@ -165,7 +165,10 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   // Curriculum by a data metric: the global batch's samples come from the sampler.
   prepare(data);
   const int64_t* batch_ids = sampler_ ? sampler_->batch(iteration).data() : nullptr;
-  if (sampler_) rec.difficulty = sampler_->difficulty(iteration), rec.allowed_samples = (long long)sampler_->allowed();
+  if (sampler_) {
+    rec.difficulties = sampler_->difficulties(iteration);
+    rec.difficulty = rec.difficulties[0], rec.allowed_samples = (long long)sampler_->allowed();
+  }
   const long long GB = batches_.batch_of(iteration), base = first_sample(iteration);
   const int micro_steps = batches_.micro_steps(iteration);
   rec.global_batch = GB;
@@ -226,7 +229,7 @@ void Trainer::start_sampler(const io::TokenDataset& data) {
     throw config_error("--global-batch-size", "the global batch changed at the resume, which the data-metric curriculum "
                                               "cannot replay (its batches are drawn per iteration)",
                        "resume with the global batch the run started with");
-  sampler_ = open_curriculum_sampler(cfg_.metric_curriculum, data.size(), cfg_.model.max_seq_length, cfg_.seed, cfg_.split,
+  sampler_ = open_curriculum_sampler(cfg_.metric_curricula, data.size(), cfg_.model.max_seq_length, cfg_.seed, cfg_.split,
                                      cfg_.global_batch);
 }
 
@@ -477,7 +480,9 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
         if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
         if (sampler_) {
-          j["curriculum_difficulty"] = rec.difficulty;
+          j["curriculum_difficulty"] = rec.difficulty;  // the first metric's; every metric's by name:
+          for (size_t m = 0; m < rec.difficulties.size(); ++m)
+            j["curriculum_difficulties"][cfg_.metric_curricula[m].metric] = rec.difficulties[m];
           j["curriculum_allowed_samples"] = rec.allowed_samples;
         }
         if (ltd) {
@@ -496,7 +501,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         if (rc.log_world_size) sc.push_back({"world-size/world-size", double(world), it + 1});
         if (cfg_.curriculum.enabled) sc.push_back({"seqlen/curriculum seqlen", double(rec.seqlen), it + 1});
         if (sampler_) {
-          sc.push_back({"curriculum/" + cfg_.metric_curriculum.metric + " difficulty", double(rec.difficulty), it + 1});
+          for (size_t m = 0; m < rec.difficulties.size(); ++m)
+            sc.push_back({"curriculum/" + cfg_.metric_curricula[m].metric + " difficulty", double(rec.difficulties[m]), it + 1});
           sc.push_back({"curriculum/allowed samples", double(rec.allowed_samples), it + 1});
         }
         if (ltd) {

@@ -53,7 +53,7 @@ namespace detail {
 /// ds_config's "curriculum_learning" and "data_efficiency" blocks into cfg and ltd (keys as
 /// DeepSpeed's; unknown or unsupported keys are errors naming the key).
 void apply_ds_data_efficiency(JsonSection& root, const nlohmann::json& raw, CurriculumConfig& cfg, RandomLtdConfig& ltd,
-                              MetricCurriculumConfig& metric);
+                              std::vector<MetricCurriculumConfig>& metric_cfgs);
 }  // namespace detail
 
 }  // namespace hpct::engine

@@ -15,7 +15,10 @@
 // N / max_difficulty per percentile point of the sorted order, all of the rest at the last point).
 // Each sample of a global batch comes from a cluster chosen with probability proportional to its
 // size, taking that cluster's next sample in a shuffled order that is reshuffled when exhausted.
-// single_cluster puts every sample in one cluster. Unlike DeepSpeed's numpy state, every draw is a
+// single_cluster puts every sample in one cluster. Several metrics (DeepSpeed's curriculum_metrics
+// with more than one data metric): each follows its own schedule, a sample is allowed when every
+// metric allows it, and the new cluster is what all of them allow now and was not allowed before (in
+// the first metric's order). Unlike DeepSpeed's numpy state, every draw is a
 // function of (seed, iteration, position, cluster, pass), so the batches do not depend on the rank
 // layout and a resume replays the cluster positions from iteration 0 (O(samples drawn), no state in
 // the checkpoint) to the exact next sample.
@@ -63,42 +66,52 @@ std::vector<double> analyze_metric(const io::GptDataset& data, const std::string
                                    const comm::Communicator& comm);
 
 class CurriculumSampler;
-/// Reads cfg's index files, checks their header against a training set of `samples` samples of
-/// seq_length tokens drawn with (seed, split), and returns the sampler; throws naming the file.
-std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const MetricCurriculumConfig& cfg, size_t samples,
-                                                           int seq_length, uint64_t seed, const std::string& split,
-                                                           long long global_batch);
+/// Reads each metric's index files, checks their headers against a training set of `samples`
+/// samples of seq_length tokens drawn with (seed, split), and returns the sampler; throws naming the file.
+std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const std::vector<MetricCurriculumConfig>& cfgs,
+                                                           size_t samples, int seq_length, uint64_t seed,
+                                                           const std::string& split, long long global_batch);
 
 class CurriculumSampler {
  public:
   /// index must describe a training set of `samples` samples; throws naming the file otherwise.
   CurriculumSampler(const MetricCurriculumConfig& cfg, MetricIndex index, uint64_t seed, long long global_batch);
+  /// Several metrics of one training set (cfgs[i] with indexes[i]; the same sample count).
+  CurriculumSampler(std::vector<MetricCurriculumConfig> cfgs, std::vector<MetricIndex> indexes, uint64_t seed,
+                    long long global_batch);
   /// The dataset sample ids of iteration it's global batch. Iterations are asked in order; asking for a
   /// later one first replays the ones before it (a resume).
   const std::vector<int64_t>& batch(long long it);
   /// The difficulty iteration it draws under, and the samples allowed then (tests, logs).
-  int difficulty(long long it) const { return cfg_.schedule.difficulty_at(it + 1); }
+  int difficulty(long long it) const { return cfgs_[0].schedule.difficulty_at(it + 1); }
+  /// Every metric's difficulty at iteration it, in the order of metrics().
+  std::vector<int> difficulties(long long it) const;
+  const std::vector<MetricCurriculumConfig>& metrics() const { return cfgs_; }
   size_t allowed() const { return allowed_; }
   size_t clusters() const { return clusters_.size(); }
 
  private:
-  size_t count_allowed(int difficulty) const;  // samples of the sorted order a difficulty allows
-  void step();                                 // draws iteration next_'s batch
+  size_t count_allowed(size_t m, int difficulty) const;  // samples of metric m's sorted order a difficulty allows
+  void admit(const std::vector<int>& d);                 // the cluster the difficulties d newly allow, if any
+  void step();                                           // draws iteration next_'s batch
   struct Cluster {
-    size_t begin = 0, end = 0;  // a range of index_.order
-    long long taken = 0;        // samples drawn from it so far
-    std::vector<int64_t> perm;  // its shuffled order for the current pass
+    std::vector<int64_t> members;  // sample ids, in the first metric's order
+    long long taken = 0;           // samples drawn from it so far
+    std::vector<int64_t> perm;     // its shuffled order for the current pass
     long long pass = -1;
   };
   int64_t take(size_t c);
 
-  MetricCurriculumConfig cfg_;
-  MetricIndex index_;
+  std::vector<MetricCurriculumConfig> cfgs_;
+  std::vector<MetricIndex> indexes_;
+  std::vector<std::vector<int64_t>> rank_;  // several metrics: each sample's position in metric m's order
+  std::vector<size_t> counts_;              // per metric: the prefix of its order its difficulty allows
+  std::vector<char> in_;                    // several metrics: allowed so far
   uint64_t seed_;
   long long global_batch_;
   std::vector<Cluster> clusters_;
   size_t allowed_ = 0;
-  int last_difficulty_ = 0;
+  std::vector<int> last_difficulty_;
   bool started_ = false;
   long long next_ = 0;  // the next iteration step() draws
   std::vector<int64_t> batch_;

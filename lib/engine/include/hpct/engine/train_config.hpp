@@ -123,8 +123,9 @@ struct TrainConfig {
   bool curriculum_flag = false;  // --data-efficiency-curriculum-learning was given
   // random-LTD from the ds_config's data_efficiency.data_routing (random_ltd.hpp)
   RandomLtdConfig random_ltd;
-  // curriculum by a data metric (data_sampling.hpp): the analyzer's index files and the sampler
-  MetricCurriculumConfig metric_curriculum;
+  // curriculum by data metrics (data_sampling.hpp): each metric's index files and schedule, in name
+  // order (empty: off); a sample is drawn once every metric allows it
+  std::vector<MetricCurriculumConfig> metric_curricula;
   bool random_ltd_flag = false;  // --random-ltd was given
   bool skip_train = false;  // --skip-train: load, evaluate on the validation split, exit (Megatron)
   std::string ds_config_path;

@@ -42,7 +42,8 @@ struct StepRecord {
   int seqlen = 0;                 // the tokens per sample this step trained on (sequence-length warmup)
   long long targets = 0;          // the targets its loss averaged over (global batch; masked ones excluded)
   int ltd_kept = 0;               // random-LTD: tokens per sample its layers kept (= seqlen when none dropped)
-  int difficulty = 0;             // curriculum by a data metric: the difficulty the batch was drawn under
+  int difficulty = 0;             // curriculum by data metrics: the first metric's difficulty the batch was drawn under
+  std::vector<int> difficulties;  // every metric's (TrainConfig::metric_curricula order)
   long long allowed_samples = 0;  // ... and the training samples it allowed
   double moe_loss = NAN;          // MoE models: the load-balancing (and z) loss term of the step
   nlohmann::json moe_layers;      // MoE models: per layer expert load, dropped fraction, aux loss
@@ -123,7 +124,7 @@ class Trainer {
   /// index files, against train's samples); throws naming the file. Every rank alike, so an app
   /// calls it during its set-up; train() does it itself otherwise.
   void prepare(const io::TokenDataset& train) {
-    if (cfg_.metric_curriculum.enabled && !sampler_) start_sampler(train);
+    if (!cfg_.metric_curricula.empty() && !sampler_) start_sampler(train);
   }
   /// Collective: mean token loss over eval_iters global batches of `data` from sample 0.
   double evaluate(const io::TokenDataset& data);
