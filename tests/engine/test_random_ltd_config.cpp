@@ -161,9 +161,17 @@ TEST(RandomLtdConfigBlock, FlagsAndConflictsAreNamed) {
     const std::string e = apply(lt, nullptr, {flag, "10"});
     EXPECT_NE(e.find(flag), std::string::npos) << e;
   }
-  // Sequence parallelism is refused by name.
-  EXPECT_NE(apply(kTemplate, nullptr, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}).find("--sequence-parallel"),
-            std::string::npos);
+  // Sequence parallelism splits each kept sub-batch over the ranks: micro-batch x seq_per_step (and
+  // x max_value) must divide, or the flag is named.
+  EXPECT_EQ(apply(kTemplate, nullptr, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}), "");
+  std::string odd = kTemplate;
+  for (auto [from, to] : {std::pair<std::string, std::string>{"\"seq_per_step\": 16", "\"seq_per_step\": 5"},
+                          {"\"min_value\": 32", "\"min_value\": 35"}, {"\"max_value\": 128", "\"max_value\": 125"}})
+    odd.replace(odd.find(from), from.size(), to);
+  EXPECT_EQ(apply(odd), "") << "the odd schedule itself is valid";
+  const std::string e = apply(odd, nullptr, {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  EXPECT_NE(e.find("--sequence-parallel"), std::string::npos) << e;
+  EXPECT_NE(e.find("seq_per_step 5"), std::string::npos) << e;
 }
 
 TEST(RandomLtdLog, LineCarriesTheReservedLength) {

@@ -76,8 +76,10 @@ std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& loca
 }
 
 // documents: per-document attention and positions (gpt.hpp), token 3 ending the documents.
+// ltd: random-LTD in layer 1 (4 of the 8 tokens of each sample; under sequence parallelism the kept
+// sub-batch is split over the ranks too).
 void check_model(bool moe, bool residual, bool sp = false, bool etp = false, bool dropout = false,
-                 bool documents = false) {
+                 bool documents = false, bool ltd = false) {
   const auto& w = world();
   const int T = w.size();
   model::GptConfig rc = tiny(1, moe, residual), pc = tiny(T, moe, residual, sp, etp);
@@ -88,6 +90,11 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
   model::Gpt par(pc, kernels::Precision::fp32, false, nullptr, nullptr, T > 1 ? &w : nullptr);
   ref.set_dropout_seed(77, 1000);
   par.set_dropout_seed(77, 1000);
+  if (ltd)
+    for (model::Gpt* g : {&ref, &par}) {
+      g->set_random_ltd_layers({1});
+      g->set_kept_tokens(4, 31, 500);
+    }
   std::vector<float> rp(ref.layout().numel()), rg(rp.size(), 0.0f), pp(par.layout().numel()), pg(pp.size(), 0.0f);
   ref.init_params(rp.data(), 42);
   par.init_params(pp.data(), 42);
@@ -120,9 +127,9 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
     at += t.numel;
   }
   if (w.rank() == 0)
-    std::printf("T=%d%s%s%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
+    std::printf("T=%d%s%s%s%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
                 sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", dropout ? " dropout" : "",
-                documents ? " documents" : "", lp, lr, worst_all / gmax);
+                documents ? " documents" : "", ltd ? " random-LTD" : "", lp, lr, worst_all / gmax);
   // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
   for (const auto& t : par.layout().tensors()) {
     if (t.partitioned()) continue;
@@ -130,6 +137,7 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
     w.bcast_bytes(first.data(), first.size() * 4, 0);
     EXPECT_EQ(std::memcmp(first.data(), mine.data(), mine.size() * 4), 0) << t.name << " differs across ranks";
   }
+  if (ltd) return;  // a shorter layer and the stream's gathers: other byte counts
   // Megatron's count: 2 all-reduces of (B*s, h) per layer forward and 2 backward, plus the
   // embedding's (forward) and the LM head's input gradient (backward). A standard MoE layer has
   // only the attention's (its experts are not split, or split and counted by the MoE layer itself); a
@@ -170,6 +178,13 @@ TEST(TensorParallel, SequenceParallelMoeMatchesUnsplitModel) { check_model(true,
 // every rank derives the same; same tolerances.
 TEST(TensorParallel, GptWithDocumentsMatchesUnsplitModel) { check_model(false, false, false, false, false, true); }
 TEST(TensorParallel, SequenceParallelMoeWithDocumentsMatchesUnsplitModel) { check_model(true, false, true, false, false, true); }
+// random-LTD: the kept positions are a function of the sample, the same on every rank; under
+// sequence parallelism the stream is gathered, the kept sub-batch split; same tolerances.
+TEST(TensorParallel, GptWithRandomLtdMatchesUnsplitModel) { check_model(false, false, false, false, false, false, true); }
+TEST(TensorParallel, SequenceParallelGptWithRandomLtdAndDropoutMatchesUnsplitModel) {
+  check_model(false, false, true, false, true, true, true);
+}
+TEST(TensorParallel, SequenceParallelMoeWithRandomLtdMatchesUnsplitModel) { check_model(true, false, true, false, false, false, true); }
 TEST(TensorParallel, SequenceParallelResidualMoeMatchesUnsplitModel) { check_model(true, true, true); }
 
 // --enable-expert-tensor-parallelism: every expert split like the dense MLP (fc column-, fc2

@@ -59,9 +59,16 @@ void finalize_random_ltd(TrainConfig& c) {
                        "data_efficiency.data_routing.random_ltd.enabled in the --deepspeed_config file (docs/data-efficiency.md)");
   if (!r.enabled) return;
   r.validate(c.model.num_layers, c.model.max_seq_length, c.global_batch, c.micro_batch, c.ds_config_path);
+  // The kept sub-batch splits over the ranks too: every kept length is a multiple of seq_per_step
+  // or max_value (the full length already splits).
   if (c.model.sequence_parallel && c.model.tensor_parallel > 1)
-    throw config_error("--sequence-parallel", "random-LTD does not combine with --sequence-parallel in this version",
-                       "drop --sequence-parallel, or disable " + r.key);
+    for (long long kept : {(long long)r.seq_per_step, (long long)r.max_value})
+      if ((long long)c.micro_batch * kept % c.model.tensor_parallel != 0)
+        throw config_error("--sequence-parallel", "with --sequence-parallel, --micro-batch-size " + std::to_string(c.micro_batch) +
+                                                      " x random-LTD's " + (kept == r.seq_per_step ? "seq_per_step " : "max_value ") +
+                                                      std::to_string(kept) + " must be a multiple of --tensor-model-parallel-size " +
+                                                      std::to_string(c.model.tensor_parallel),
+                           "each kept sub-batch is split over the sequence-parallel ranks; change " + r.key + " or the micro-batch");
   if (!r.layer_token_lr) return;
   const std::string key = r.key + ".layer_token_lr_schedule";
   for (auto [given, flag] : {std::pair{c.lr_warmup_tokens > 0, "--lr-warmup-tokens"}, std::pair{c.lr_decay_tokens > 0, "--lr-decay-tokens"},

@@ -215,7 +215,7 @@ void Gpt::ensure_workspace(int B, int T) {
   size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
   size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
                  N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
-                 (ltd_layers_.empty() ? 0 : 3 * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
+                 (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
@@ -249,7 +249,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->logits = take((size_t)kHeadRows * Vl);
   ws->losses = take(N);
   if (kept) ws->kept_res2 = take(kept);
-  if (!ltd_layers_.empty()) ws->ltd = take(3 * N * C);
+  if (!ltd_layers_.empty()) ws->ltd = take((3 + 2 * sp) * N * C);  // + the whole stream and output under SP
   if (cfg_.hidden_dropout > 0) ws->ddrop = take(n * C);
   if (sp) {
     ws->dfull = take(N * C);

@@ -7,6 +7,9 @@
 // input through to the output and scatter the layer's rows over it. Backward: the gradient of a
 // dropped row passes through unchanged; the kept rows' gradient is gathered, runs through the
 // layer's backward (from the kept input rows, gathered again), and is scattered back.
+// Under sequence parallelism each tensor-parallel rank holds a slice of the rows: the slices are
+// gathered into the whole stream first, the kept sub-batch is split over the ranks as any batch is
+// (its B*kept rows must divide), and the layer's slices are gathered back before the scatter.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -26,10 +29,6 @@ void Gpt::set_random_ltd_layers(std::vector<int> layers) {
       throw config_error("random_ltd_layer_id", "random-LTD layer " + std::to_string(l) + " is not a layer of this " +
                                                     std::to_string(cfg_.num_layers) + "-layer model",
                          "give layer indices from 0 to " + std::to_string(cfg_.num_layers - 1));
-  if (!layers.empty() && tp_.sequence_parallel())
-    throw config_error("--sequence-parallel", "random-LTD does not combine with --sequence-parallel in this version "
-                                              "(a sample's kept rows would span the tensor-parallel ranks' slices)",
-                       "drop --sequence-parallel, or disable data_routing.random_ltd");
   if (!layers.empty() && !ops_->host_memory())
     throw config_error("--device", "random-LTD runs on the CPU backend only in this version (--device " + ops_->name() + ")",
                        "train with --device cpu, or disable data_routing.random_ltd");
@@ -81,30 +80,62 @@ void Gpt::scatter_kept(int l, const float* sub, float* full, int B, int T) const
       std::memcpy(full + ((size_t)b * T + idx[b * k + j]) * C, sub + ((size_t)b * k + j) * C, C * sizeof(float));
 }
 
+// Sequence parallelism: this rank's rows of a (N, C) stream into `full` at their place, then every
+// rank's (the whole stream); without it, the rows themselves (already whole).
+float* Gpt::whole_stream(const float* mine, float* full, size_t N) {
+  if (!tp_.sequence_parallel()) return const_cast<float*>(mine);
+  const size_t C = cfg_.hidden_size;
+  std::memcpy(full + tp_.first_row(N) * C, mine, tp_.local_rows(N) * C * sizeof(float));
+  tp_.all_gather(full, N * C);
+  return full;
+}
+
+// The first of this rank's rows of the kept sub-batch (B*kept rows, split as any batch is).
+size_t Gpt::kept_first_row(int B) const {
+  const size_t Nk = (size_t)B * ltd_kept_;
+  if (tp_.sequence_parallel() && Nk % (size_t)tp_.size() != 0)
+    throw config_error("--sequence-parallel", "random-LTD keeps " + std::to_string(ltd_kept_) + " tokens of each of " +
+                                                  std::to_string(B) + " samples, " + std::to_string(Nk) +
+                                                  " rows that do not split over " + std::to_string(tp_.size()) +
+                                                  " sequence-parallel ranks",
+                       "make micro-batch x kept tokens a multiple of --tensor-model-parallel-size");
+  return tp_.first_row(Nk);
+}
+
 void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                             int T, bool fresh) {
   if (!drops_tokens(l, T)) return layer_forward(store, l, lp, a, in, out, B, T, key_start_);
   if (fresh) choose_kept(l, B, T);
-  const size_t NC = (size_t)B * T * cfg_.hidden_size;
+  const size_t N = (size_t)B * T, C = cfg_.hidden_size, NC = N * C;
   float* sub_in = ws_->ltd;
   float* sub_out = ws_->ltd + NC;
-  gather_kept(l, in, sub_in, B, T);
-  layer_forward(store, l, lp, a, sub_in, sub_out, B, ltd_kept_, kept_key_start(l, B, T));
+  const float* full_in = whole_stream(in, ws_->ltd + 3 * NC, N);
+  gather_kept(l, full_in, sub_in, B, T);
+  const size_t r0 = kept_first_row(B) * C;  // this rank's rows of the kept sub-batch (all without SP)
+  layer_forward(store, l, lp, a, sub_in + r0, sub_out + r0, B, ltd_kept_, kept_key_start(l, B, T));
   if (replaying_) return;  // CAC's replay computes what backward reads only, not the output
-  std::memcpy(out, in, NC * sizeof(float));
-  scatter_kept(l, sub_out, out, B, T);
+  tp_.all_gather(sub_out, (size_t)B * ltd_kept_ * C);  // the other ranks' rows (SP only)
+  float* full_out = tp_.sequence_parallel() ? ws_->ltd + 4 * NC : out;
+  std::memcpy(full_out, full_in, NC * sizeof(float));
+  scatter_kept(l, sub_out, full_out, B, T);
+  if (full_out != out) std::memcpy(out, full_out + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
 }
 
 void Gpt::run_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                              float* dres, int B, int T) {
   if (!drops_tokens(l, T)) return layer_backward(store, l, lp, lg, a, in, dres, B, T);
-  const size_t NC = (size_t)B * T * cfg_.hidden_size;
+  const size_t N = (size_t)B * T, C = cfg_.hidden_size, NC = N * C;
   float* sub_in = ws_->ltd;
   float* sub_d = ws_->ltd + 2 * NC;
-  gather_kept(l, in, sub_in, B, T);
-  gather_kept(l, dres, sub_d, B, T);
-  layer_backward(store, l, lp, lg, a, sub_in, sub_d, B, ltd_kept_);
-  scatter_kept(l, sub_d, dres, B, T);  // dropped rows: d(input) = d(output), already in place
+  const float* full_in = whole_stream(in, ws_->ltd + 3 * NC, N);
+  float* full_d = whole_stream(dres, ws_->ltd + 4 * NC, N);
+  gather_kept(l, full_in, sub_in, B, T);
+  gather_kept(l, full_d, sub_d, B, T);
+  const size_t r0 = kept_first_row(B) * C;
+  layer_backward(store, l, lp, lg, a, sub_in + r0, sub_d + r0, B, ltd_kept_);
+  tp_.all_gather(sub_d, (size_t)B * ltd_kept_ * C);
+  scatter_kept(l, sub_d, full_d, B, T);  // dropped rows: d(input) = d(output), already in place
+  if (full_d != dres) std::memcpy(dres, full_d + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
 }
 
 }  // namespace hpct::model

@@ -304,6 +304,11 @@ class Gpt {
   /// Rows of `full` (B*T rows of C) at layer l's kept positions into `sub` (B*kept rows), or back.
   void gather_kept(int l, const float* full, float* sub, int B, int T) const;
   void scatter_kept(int l, const float* sub, float* full, int B, int T) const;
+  /// Sequence parallelism: this rank's rows of an N-row stream gathered whole into `full` (returned);
+  /// without it, `mine` itself.
+  float* whole_stream(const float* mine, float* full, size_t N);
+  /// The first row of this rank's part of the kept sub-batch; throws when its rows do not split.
+  size_t kept_first_row(int B) const;
   /// Layer l over all B*T rows: layer_forward / layer_backward, or, when random-LTD drops tokens in
   /// it, the same on its kept rows with the dropped rows passed through. fresh: draw the positions
   /// (the forward pass); recomputation reuses them.
