@@ -47,6 +47,25 @@ TEST(OpsBackend, CpuForwardsToTheCpuOps) {
   EXPECT_EQ(via, direct);
 }
 
+// Row moves: scatter_rows puts back what gather_rows took (random-LTD's kept rows); other rows stay.
+TEST(OpsBackend, ScatterRowsInvertsGatherRows) {
+  BackendScope scope;
+  auto be = cpu_ops();
+  const int N = 7, C = 5;
+  std::vector<float> full(N * C), sub(3 * C), back(N * C, -1.0f);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i);
+  const std::vector<int32_t> rows = {5, 1, 3};
+  be->gather_rows(sub.data(), full.data(), rows.data(), rows.size(), C);
+  for (size_t j = 0; j < rows.size(); ++j)
+    for (int c = 0; c < C; ++c) EXPECT_EQ(sub[j * C + c], full[(size_t)rows[j] * C + c]);
+  be->scatter_rows(back.data(), sub.data(), rows.data(), rows.size(), C);
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < C; ++c) {
+      const bool kept = r == 1 || r == 3 || r == 5;
+      EXPECT_EQ(back[(size_t)r * C + c], kept ? full[(size_t)r * C + c] : -1.0f) << "row " << r;
+    }
+}
+
 // Where the CUDA backend cannot run, it says why in one line, naming the backend.
 TEST(OpsBackend, CudaRefusesWithAReasonWhereItCannotRun) {
   std::string why;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -341,6 +342,16 @@ TEST(CudaOps, MoeGatherCombineAndBackwards) {
   float* dsend = g.put(Vec(S * C));
   g.be->gather_rows(dsend, g.put(x), g.put(source), S, C);
   expect_close("gather_rows", g.get(dsend, S * C), send, 0, 0);
+  // scatter_rows puts them back (gather_rows' inverse: random-LTD's kept rows); untouched rows stay.
+  std::vector<int32_t> distinct(N);
+  std::iota(distinct.begin(), distinct.end(), 0);
+  std::shuffle(distinct.begin(), distinct.end(), std::mt19937(9));
+  distinct.resize(N / 2);
+  Vec back = dx0;
+  cpu->scatter_rows(back.data(), x.data(), distinct.data(), distinct.size(), C);
+  float* dback = g.put(dx0);
+  g.be->scatter_rows(dback, g.put(x), g.put(distinct), distinct.size(), C);
+  expect_close("scatter_rows", g.get(dback, N * C), back, 0, 0);
 
   Vec out(N * C);
   cpu->moe_combine(out.data(), y.data(), pos.data(), w.data(), N, K, C);

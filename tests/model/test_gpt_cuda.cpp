@@ -84,7 +84,8 @@ model::GptConfig tiny_moe(int topk, bool residual) {
   return c;
 }
 
-void compare_one_step(Precision p, bool recompute, double tol, const model::GptConfig& c = tiny()) {
+// ltd_kept > 0: random-LTD in layer 1, keeping that many of each sample's tokens.
+void compare_one_step(Precision p, bool recompute, double tol, const model::GptConfig& c = tiny(), int ltd_kept = 0) {
   std::string why;
   if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
   auto gpu_be = kernels::cuda_ops(0);
@@ -92,6 +93,11 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   model::Gpt gpu(c, p, recompute, gpu_be.get());
   cpu.set_routing_seed(5), gpu.set_routing_seed(5);
   cpu.set_dropout_seed(11, 300), gpu.set_dropout_seed(11, 300);
+  if (ltd_kept > 0)
+    for (model::Gpt* m : {&cpu, &gpu}) {
+      m->set_random_ltd_layers({1});
+      m->set_kept_tokens(ltd_kept, 21, 300);
+    }
   const size_t n = cpu.layout().numel();
   std::vector<float> params(n), grads(n, 0.0f);
   cpu.init_params(params.data(), 1234);
@@ -156,6 +162,14 @@ TEST(GptCuda, Fp32WithDocumentsAndRecomputeMatchesTheCpu) {
   c.reset_attention_mask = c.reset_position_ids = true;
   c.eod_token = 42;
   compare_one_step(Precision::fp32, true, 1e-4, c);
+}
+// random-LTD: the kept rows move by the backend's gather_rows / scatter_rows; with documents the
+// kept rows' key starts are copied in too. Same tolerances.
+TEST(GptCuda, Fp32WithRandomLtdDocumentsAndRecomputeMatchesTheCpu) {
+  model::GptConfig c = tiny();
+  c.reset_attention_mask = c.reset_position_ids = true;
+  c.eod_token = 42;
+  compare_one_step(Precision::fp32, true, 1e-4, c, 8);
 }
 TEST(GptCuda, MoeTop2ResidualWithRecomputeMatchesTheCpu) {
   compare_one_step(Precision::fp32, true, 1e-4, tiny_moe(2, true));

@@ -12,6 +12,10 @@ void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, in
   for (size_t i = 0; i < n; ++i) std::memcpy(dst + i * C, src + (size_t)rows[i] * C, (size_t)C * sizeof(float));
 }
 
+void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) {
+  for (size_t i = 0; i < n; ++i) std::memcpy(dst + (size_t)rows[i] * C, src + i * C, (size_t)C * sizeof(float));
+}
+
 void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C) {
   std::memset(out, 0, (size_t)N * C * sizeof(float));
   for (int t = 0; t < N; ++t)

@@ -89,6 +89,9 @@ class CpuOps final : public OpsBackend {
   void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
     kernels::gather_rows(dst, src, rows, n, C);
   }
+  void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
+    kernels::scatter_rows(dst, src, rows, n, C);
+  }
   void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C) override {
     kernels::moe_combine(out, y, pos, weight, N, K, C);
   }

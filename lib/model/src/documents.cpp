@@ -39,7 +39,6 @@ void Gpt::stage_documents(const int32_t* tokens, int B, int T) {
   }
 }
 
-// random-LTD runs on the CPU backend only (set_random_ltd_layers), so host vectors serve.
 const int32_t* Gpt::kept_key_start(int l, int B, int T) {
   if (!key_start_) return nullptr;
   const size_t k = (size_t)ltd_kept_;
@@ -53,7 +52,9 @@ const int32_t* Gpt::kept_key_start(int l, int B, int T) {
       ltd_start_[(size_t)b * k + j] = (int32_t)(std::lower_bound(row, row + k, start) - row);
     }
   }
-  return ltd_start_.data();
+  if (ops_->host_memory()) return ltd_start_.data();
+  ops_->copy_from_host(ws_->ltd_start.as<void>(), ltd_start_.data(), ltd_start_.size() * sizeof(int32_t));
+  return ws_->ltd_start.as<int32_t>();
 }
 
 }  // namespace hpct::model

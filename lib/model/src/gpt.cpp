@@ -262,6 +262,11 @@ void Gpt::ensure_workspace(int B, int T) {
     ws->targets = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
     if (cfg_.reset_attention_mask) ws->key_start = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
     if (cfg_.reset_position_ids) ws->positions = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+    if (!ltd_layers_.empty()) {
+      ws->ltd_rows.resize(L);
+      for (int l : ltd_layers_) ws->ltd_rows[l] = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+      ws->ltd_start = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+    }
   }
   ws_ = std::move(ws);
 }

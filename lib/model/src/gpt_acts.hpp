@@ -51,6 +51,10 @@ struct Gpt::Workspace {
   std::vector<float> host_losses;       // (N): the losses read back, on a device backend
   kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend
   kernels::BackendBuffer key_start, positions;  // (N) int32 each, on a device backend with documents on
+  // random-LTD on a device backend: each dropping layer's kept rows (B*kept int32, by layer index)
+  // and the kept rows' first attention keys (per-document attention)
+  std::vector<kernels::BackendBuffer> ltd_rows;
+  kernels::BackendBuffer ltd_start;
 };
 
 // A growable array in a backend's memory (the MoE layer's rows and scratch). resize() keeps

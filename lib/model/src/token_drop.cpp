@@ -29,9 +29,6 @@ void Gpt::set_random_ltd_layers(std::vector<int> layers) {
       throw config_error("random_ltd_layer_id", "random-LTD layer " + std::to_string(l) + " is not a layer of this " +
                                                     std::to_string(cfg_.num_layers) + "-layer model",
                          "give layer indices from 0 to " + std::to_string(cfg_.num_layers - 1));
-  if (!layers.empty() && !ops_->host_memory())
-    throw config_error("--device", "random-LTD runs on the CPU backend only in this version (--device " + ops_->name() + ")",
-                       "train with --device cpu, or disable data_routing.random_ltd");
   ltd_layers_ = std::move(layers);
   ltd_idx_.assign(cfg_.num_layers, {});
   ws_.reset();  // the next step allocates the kept rows' buffers
@@ -62,26 +59,28 @@ void Gpt::choose_kept(int l, int B, int T) {
     std::copy_n(perm.begin(), k, idx.begin() + (size_t)b * k);
   }
   ltd_B_ = B;
+  ltd_rows_.resize(cfg_.num_layers);
+  std::vector<int32_t>& rows = ltd_rows_[l];
+  rows.resize(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) rows[i] = (int32_t)((i / (size_t)k) * (size_t)T) + idx[i];
+  if (!ops_->host_memory()) ops_->copy_from_host(ws_->ltd_rows[l].as<void>(), rows.data(), rows.size() * sizeof(int32_t));
 }
 
-void Gpt::gather_kept(int l, const float* full, float* sub, int B, int T) const {
-  const size_t C = cfg_.hidden_size, k = ltd_kept_;
-  const int32_t* idx = ltd_idx_[l].data();
-  for (int b = 0; b < B; ++b)
-    for (size_t j = 0; j < k; ++j)
-      std::memcpy(sub + ((size_t)b * k + j) * C, full + ((size_t)b * T + idx[b * k + j]) * C, C * sizeof(float));
+const int32_t* Gpt::kept_rows(int l) const {
+  return ops_->host_memory() ? ltd_rows_[l].data() : ws_->ltd_rows[l].as<int32_t>();
 }
 
-void Gpt::scatter_kept(int l, const float* sub, float* full, int B, int T) const {
-  const size_t C = cfg_.hidden_size, k = ltd_kept_;
-  const int32_t* idx = ltd_idx_[l].data();
-  for (int b = 0; b < B; ++b)
-    for (size_t j = 0; j < k; ++j)
-      std::memcpy(full + ((size_t)b * T + idx[b * k + j]) * C, sub + ((size_t)b * k + j) * C, C * sizeof(float));
+// The row moves run on the backend (gather_rows / scatter_rows), so random-LTD runs where the model does.
+void Gpt::gather_kept(int l, const float* full, float* sub, int B) const {
+  ops_->gather_rows(sub, full, kept_rows(l), (size_t)B * ltd_kept_, cfg_.hidden_size);
 }
 
-// Sequence parallelism: this rank's rows of a (N, C) stream into `full` at their place, then every
-// rank's (the whole stream); without it, the rows themselves (already whole).
+void Gpt::scatter_kept(int l, const float* sub, float* full, int B) const {
+  ops_->scatter_rows(full, sub, kept_rows(l), (size_t)B * ltd_kept_, cfg_.hidden_size);
+}
+
+// Sequence parallelism (tensor parallelism runs in host memory): this rank's rows of a (N, C) stream
+// into `full` at their place, then every rank's (the whole stream); without it, the rows themselves.
 float* Gpt::whole_stream(const float* mine, float* full, size_t N) {
   if (!tp_.sequence_parallel()) return const_cast<float*>(mine);
   const size_t C = cfg_.hidden_size;
@@ -110,14 +109,14 @@ void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs
   float* sub_in = ws_->ltd;
   float* sub_out = ws_->ltd + NC;
   const float* full_in = whole_stream(in, ws_->ltd + 3 * NC, N);
-  gather_kept(l, full_in, sub_in, B, T);
+  gather_kept(l, full_in, sub_in, B);
   const size_t r0 = kept_first_row(B) * C;  // this rank's rows of the kept sub-batch (all without SP)
   layer_forward(store, l, lp, a, sub_in + r0, sub_out + r0, B, ltd_kept_, kept_key_start(l, B, T));
   if (replaying_) return;  // CAC's replay computes what backward reads only, not the output
   tp_.all_gather(sub_out, (size_t)B * ltd_kept_ * C);  // the other ranks' rows (SP only)
   float* full_out = tp_.sequence_parallel() ? ws_->ltd + 4 * NC : out;
-  std::memcpy(full_out, full_in, NC * sizeof(float));
-  scatter_kept(l, sub_out, full_out, B, T);
+  ops_->copy(full_out, full_in, NC * sizeof(float));
+  scatter_kept(l, sub_out, full_out, B);
   if (full_out != out) std::memcpy(out, full_out + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
 }
 
@@ -129,12 +128,12 @@ void Gpt::run_layer_backward(ParamStore& store, int l, const float* lp, float* l
   float* sub_d = ws_->ltd + 2 * NC;
   const float* full_in = whole_stream(in, ws_->ltd + 3 * NC, N);
   float* full_d = whole_stream(dres, ws_->ltd + 4 * NC, N);
-  gather_kept(l, full_in, sub_in, B, T);
-  gather_kept(l, full_d, sub_d, B, T);
+  gather_kept(l, full_in, sub_in, B);
+  gather_kept(l, full_d, sub_d, B);
   const size_t r0 = kept_first_row(B) * C;
   layer_backward(store, l, lp, lg, a, sub_in + r0, sub_d + r0, B, ltd_kept_);
   tp_.all_gather(sub_d, (size_t)B * ltd_kept_ * C);
-  scatter_kept(l, sub_d, full_d, B, T);  // dropped rows: d(input) = d(output), already in place
+  scatter_kept(l, sub_d, full_d, B);  // dropped rows: d(input) = d(output), already in place
   if (full_d != dres) std::memcpy(dres, full_d + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
 }
 

@@ -22,6 +22,13 @@ __global__ void gather_rows_kernel(float* dst, const float* src, const int32_t* 
   }
 }
 
+__global__ void scatter_rows_kernel(float* dst, const float* src, const int32_t* rows, size_t n, int C) {
+  HPCT_GRID_STRIDE(e, n * C) {
+    const size_t i = e / C, c = e % C;
+    dst[(size_t)rows[i] * C + c] = src[e];
+  }
+}
+
 __global__ void combine_kernel(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K,
                                int C) {
   HPCT_GRID_STRIDE(e, (size_t)N * C) {
@@ -125,6 +132,13 @@ void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, in
   if (n == 0) return;
   gather_rows_kernel<<<blocks_for(n * C), kThreads, 0, stream>>>(dst, src, rows, n, C);
   check_launch("gather_rows");
+}
+
+void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C, cudaStream_t stream) {
+  require(C > 0, "scatter_rows", "need C > 0, got " + std::to_string(C));
+  if (n == 0) return;
+  scatter_rows_kernel<<<blocks_for(n * C), kThreads, 0, stream>>>(dst, src, rows, n, C);
+  check_launch("scatter_rows");
 }
 
 void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C,

@@ -225,6 +225,9 @@ class CudaOps final : public OpsBackend {
   void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
     cuda::gather_rows(dst, src, rows, n, C, stream_);
   }
+  void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
+    cuda::scatter_rows(dst, src, rows, n, C, stream_);
+  }
   void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C) override {
     cuda::moe_combine(out, y, pos, weight, N, K, C, stream_);
   }

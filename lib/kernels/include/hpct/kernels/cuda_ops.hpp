@@ -92,6 +92,8 @@ void softmax_cross_entropy(float* logits_inout /*(N,Vp)*/, float* losses /*(N)*/
 
 // The MoE layer's row moves and mixes, as in moe_ops.hpp (pos and rows in range: the caller's).
 void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C, cudaStream_t stream);
+/// dst[rows[i]] = src[i] (the rows distinct), as hpct::kernels::scatter_rows.
+void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C, cudaStream_t stream);
 void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C,
                  cudaStream_t stream);
 void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* pos,

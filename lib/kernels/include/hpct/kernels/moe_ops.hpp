@@ -18,6 +18,8 @@ namespace hpct::kernels {
 
 /// dst[i] = src[rows[i]] for i < n (rows of C floats).
 void gather_rows(float* dst /*(n,C)*/, const float* src /*(?,C)*/, const int32_t* rows /*(n)*/, size_t n, int C);
+/// dst[rows[i]] = src[i] for i < n (rows of C floats; the rows distinct): gather_rows' inverse.
+void scatter_rows(float* dst /*(?,C)*/, const float* src /*(n,C)*/, const int32_t* rows /*(n)*/, size_t n, int C);
 
 /// out[t] = sum over k of weight[t*K+k] * y[pos[t*K+k]] (routes with pos < 0 add nothing;
 /// a token with none gets 0). Overwrites out.

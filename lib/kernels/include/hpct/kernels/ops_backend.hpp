@@ -82,6 +82,7 @@ class OpsBackend {
 
   // ---- the MoE layer's row moves and mixes: contracts as in moe_ops.hpp ----
   virtual void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) = 0;
+  virtual void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) = 0;
   virtual void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K,
                            int C) = 0;
   virtual void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* pos,

@@ -302,8 +302,10 @@ class Gpt {
   /// Draws layer l's kept positions for the micro-batch (B samples of T tokens) into ltd_idx_[l].
   void choose_kept(int l, int B, int T);
   /// Rows of `full` (B*T rows of C) at layer l's kept positions into `sub` (B*kept rows), or back.
-  void gather_kept(int l, const float* full, float* sub, int B, int T) const;
-  void scatter_kept(int l, const float* sub, float* full, int B, int T) const;
+  void gather_kept(int l, const float* full, float* sub, int B) const;
+  void scatter_kept(int l, const float* sub, float* full, int B) const;
+  /// Layer l's kept rows of the micro-batch (b*T + position, B*kept of them), in backend memory.
+  const int32_t* kept_rows(int l) const;
   /// Sequence parallelism: this rank's rows of an N-row stream gathered whole into `full` (returned);
   /// without it, `mine` itself.
   float* whole_stream(const float* mine, float* full, size_t N);
@@ -346,6 +348,7 @@ class Gpt {
   uint64_t drop_seed_ = 0;
   long long drop_first_ = 0;
   std::vector<int32_t> doc_start_, doc_pos_, ltd_start_;  // host: stage_documents, kept_key_start
+  std::vector<std::vector<int32_t>> ltd_rows_;            // host: per layer, its kept rows (b*T + position)
   const int32_t* key_start_ = nullptr;  // backend memory: doc_start_ for this micro-batch, or nullptr
   const int32_t* positions_ = nullptr;  // backend memory: doc_pos_ for this micro-batch, or nullptr
   std::vector<int> ltd_layers_;
