@@ -307,10 +307,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int C, int OC, Precision p) {
   require_backend("matmul_backward");
   require(N >= 0 && C >= 0 && OC >= 0, "matmul_backward", "negative size");
-  require(dweight != nullptr, "matmul_backward", "dweight must not be null");
   if (N == 0) return;
   if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, p);  // dinp += dout W
-  gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p);            // dW += dout^T inp
+  if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p);  // dW += dout^T inp
   if (dbias && OC > 0) {
     // Column sums of dout in fp32 whatever the GEMM precision (the bias gradient is cheap and
     // small biases are sensitive to rounding).
@@ -493,6 +492,14 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
   for_chunks("residual_forward", n, [=](size_t lo, size_t hi) {
 #pragma omp simd
     for (size_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+void add_scaled(float* y, const float* x, float a, size_t n) {
+  require_backend("add_scaled");
+  for_chunks("add_scaled", n, [=](size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; ++i) y[i] += a * x[i];
   });
 }
 

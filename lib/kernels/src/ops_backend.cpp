@@ -81,6 +81,7 @@ class CpuOps final : public OpsBackend {
   void residual_forward(float* out, const float* a, const float* b, size_t n) override {
     kernels::residual_forward(out, a, b, n);
   }
+  void add_scaled(float* y, const float* x, float a, size_t n) override { kernels::add_scaled(y, x, a, n); }
   void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                              int Vp) override {
     kernels::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp);

@@ -47,6 +47,11 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
     out[i] = a[i] + b[i];
 }
 
+__global__ void add_scaled_kernel(float* y, const float* x, float a, size_t n) {
+  HPCT_GRID_STRIDE(i, n)
+    y[i] += a * x[i];
+}
+
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                              float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
   HPCT_GRID_STRIDE(i, n) {
@@ -102,6 +107,12 @@ void residual_forward(float* out, const float* a, const float* b, size_t n, cuda
   if (n == 0) return;
   residual_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, a, b, n);
   check_launch("residual_forward");
+}
+
+void add_scaled(float* y, const float* x, float a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_scaled_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, a, n);
+  check_launch("add_scaled");
 }
 
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,

@@ -139,9 +139,8 @@ class CudaOps final : public OpsBackend {
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int N, int C, int OC, Precision p) override {
     require_sizes("matmul_backward", N, C, OC);
-    if (!dweight) throw Error("CUDA backend: matmul_backward: dweight must not be null");
     if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, 0, weight, C, 0, 1.0f, dinp, C, 0, 1, p);
-    gemm(true, false, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dweight, C, 0, 1, p);
+    if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dweight, C, 0, 1, p);
     if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
   }
 
@@ -217,6 +216,7 @@ class CudaOps final : public OpsBackend {
   void residual_forward(float* out, const float* a, const float* b, size_t n) override {
     cuda::residual_forward(out, a, b, n, stream_);
   }
+  void add_scaled(float* y, const float* x, float a, size_t n) override { cuda::add_scaled(y, x, a, n, stream_); }
   void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                              int Vp) override {
     cuda::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp, stream_);

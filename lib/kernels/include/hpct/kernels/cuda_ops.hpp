@@ -33,6 +33,8 @@ void gelu_backward(float* dinp /*(n)*/, const float* inp /*(n)*/, const float* d
                    cudaStream_t stream);
 /// out = a + b; out may alias a or b.
 void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, size_t n, cudaStream_t stream);
+/// y += a * x.
+void add_scaled(float* y /*(n)*/, const float* x /*(n)*/, float a, size_t n, cudaStream_t stream);
 /// AdamW as hpct::kernels::adamw_update (step is 1-based).
 void adamw_update(float* param /*(n)*/, const float* grad /*(n)*/, float* m /*(n)*/, float* v /*(n)*/, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale,

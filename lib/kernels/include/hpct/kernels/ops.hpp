@@ -51,7 +51,7 @@ void layernorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, float* db
 /// out = inp @ weight^T + bias, weight (OC, C) as nn.Linear; bias may be nullptr.
 void matmul_forward(float* out /*(N,OC)*/, const float* inp /*(N,C)*/, const float* weight /*(OC,C)*/,
                     const float* bias /*(OC)*/, int N, int C, int OC, Precision p = Precision::fp32);
-/// dinp and dbias may be nullptr (skipped).
+/// dinp, dweight and dbias may be nullptr (skipped: a frozen weight's gradient is not computed).
 void matmul_backward(float* dinp /*(N,C)*/, float* dweight /*(OC,C)*/, float* dbias /*(OC)*/, const float* dout /*(N,OC)*/,
                      const float* inp /*(N,C)*/, const float* weight /*(OC,C)*/, int N, int C, int OC,
                      Precision p = Precision::fp32);
@@ -82,6 +82,8 @@ void gelu_backward(float* dinp /*(n)*/, const float* inp /*(n)*/, const float* d
 
 /// out = a + b; out may alias a or b.
 void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, size_t n);
+/// y += a * x (LoRA's scaled update and its gradient); y may not alias x.
+void add_scaled(float* y /*(n)*/, const float* x /*(n)*/, float a, size_t n);
 
 /// Fused softmax + cross-entropy, IN PLACE to save an (N, Vp) buffer: on entry logits; columns
 /// >= V are padding and ignored. On return losses[i] = -log softmax(logits[i])[targets[i]] and the

@@ -75,6 +75,7 @@ class OpsBackend {
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
+  virtual void add_scaled(float* y, const float* x, float a, size_t n) = 0;
   /// As ops.hpp, except that targets are checked by the caller on a device backend (a kernel
   /// cannot throw): Gpt checks them on the host before they are copied in.
   virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,
