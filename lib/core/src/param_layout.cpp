@@ -42,6 +42,7 @@ ParamLayout ParamLayout::subset(const std::vector<int>& blocks) const {
     if (b < 0 || b >= static_cast<int>(blocks_.size())) throw Error("subset: no block " + std::to_string(b));
     out.begin_block(blocks_[b].name, blocks_[b].group);
     out.blocks_.back().origin = b;
+    out.blocks_.back().trains = blocks_[b].trains;
     for (const auto& t : tensors_)
       if (t.block == b) out.add(t.name, t.shape, t.weight_decay, t.part);
   }
@@ -53,6 +54,23 @@ std::vector<int> ParamLayout::blocks_of(ReduceGroup g) const {
   for (size_t b = 0; b < blocks_.size(); ++b)
     if (blocks_[b].group == g) out.push_back(static_cast<int>(b));
   return out;
+}
+
+void ParamLayout::freeze(int block) {
+  if (block < 0 || block >= static_cast<int>(blocks_.size())) throw Error("freeze: no block " + std::to_string(block));
+  blocks_[block].trains = false;
+}
+
+std::vector<int> ParamLayout::training_blocks(bool trains) const {
+  std::vector<int> out;
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    if (blocks_[b].trains == trains) out.push_back(static_cast<int>(b));
+  return out;
+}
+
+ParamLayout ParamLayout::trained() const {
+  if (training_blocks(false).empty()) return *this;
+  return subset(training_blocks());
 }
 
 std::vector<int64_t> TensorSpec::local_shape() const {

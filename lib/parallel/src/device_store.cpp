@@ -87,6 +87,7 @@ void DeviceStore::begin_micro_step(bool first, bool last) {
 
 float* DeviceStore::grads(int b) {
   const auto& blk = layout_.blocks()[b];
+  if (!blk.trains) return nullptr;  // frozen (LoRA's base): no gradient
   float* d = take(gblock_, b);
   if (!active_[b]) {  // the first touch in this micro-step: the model accumulates from zero
     be_.zero(d, blk.numel * sizeof(float));
@@ -138,6 +139,7 @@ void DeviceStore::add_to_host(float* h, const float* d, size_t n) {
 }
 
 void DeviceStore::grads_ready(int b) {
+  if (!layout_.blocks()[b].trains) return;
   if (cache_) {  // stages 0-2: summed on the device, handed over once per step
     if (active_[b]) {
       fold(b);

@@ -4,15 +4,31 @@
 #include <algorithm>
 
 #include "hpct/core/error.hpp"
+#include "hpct/kernels/half.hpp"
 
 namespace hpct::parallel {
 
 GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
                            kernels::Precision precision, const comm::Communicator* across,
                            const comm::Communicator* tp)
-    : schema_(schema), across_(across), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+    : precision_(precision), schema_(schema), across_(across), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   route_.assign(schema.blocks().size(), Route{});
   for (auto& g : groups) {
+    if (g.frozen) {
+      if (!frozen_.blocks.empty()) throw Error("GroupedStore: two frozen groups");
+      size_t total = 0;
+      for (int b : g.blocks) {
+        if (route_[b].engine != -1) throw Error("GroupedStore: block " + schema.blocks()[b].name + " is in two groups");
+        route_[b] = Route{kFrozen, static_cast<int>(frozen_.blocks.size())};
+        frozen_.blocks.push_back(b);
+        frozen_.at.push_back(total);
+        total += schema.blocks()[b].numel;
+      }
+      if (precision != kernels::Precision::fp32) frozen_.half.resize(total);
+      else frozen_.values.resize(total);
+      frozen_.widened.resize(frozen_.blocks.size());
+      continue;
+    }
     if (!g.comm) throw Error("GroupedStore: a group without a communicator");
     Part p;
     p.spec = std::move(g);
@@ -20,7 +36,7 @@ GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> gr
     const int e = static_cast<int>(parts_.size());
     for (size_t i = 0; i < p.spec.blocks.size(); ++i) {
       const int b = p.spec.blocks[i];
-      if (route_[b].engine >= 0) throw Error("GroupedStore: block " + schema.blocks()[b].name + " is in two groups");
+      if (route_[b].engine != -1) throw Error("GroupedStore: block " + schema.blocks()[b].name + " is in two groups");
       route_[b] = Route{e, static_cast<int>(i)};
     }
     parts_.push_back(std::move(p));
@@ -34,34 +50,57 @@ GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> gr
 GroupedStore::~GroupedStore() = default;
 
 const GroupedStore::Route& GroupedStore::at(int block) const {
-  if (block < 0 || block >= static_cast<int>(route_.size()) || route_[block].engine < 0)
+  if (block < 0 || block >= static_cast<int>(route_.size()) || route_[block].engine == -1)
     throw Error("GroupedStore: this rank does not hold block " + std::to_string(block));
   return route_[block];
 }
 
 const float* GroupedStore::params(int block) {
   const Route& r = at(block);
-  return parts_[r.engine].engine->params(r.local);
+  if (r.engine != kFrozen) return parts_[r.engine].engine->params(r.local);
+  const size_t n = schema_.blocks()[block].numel, at = frozen_.at[r.local];
+  if (frozen_.half.empty()) return frozen_.values.data() + at;
+  std::vector<float>& w = frozen_.widened[r.local];  // a working copy until release()
+  if (w.empty()) {
+    w.resize(n);
+    kernels::from_half(frozen_.half.data() + at, w.data(), n, precision_);
+  }
+  return w.data();
 }
 float* GroupedStore::grads(int block) {
   const Route& r = at(block);
-  return parts_[r.engine].engine->grads(r.local);
+  return r.engine == kFrozen ? nullptr : parts_[r.engine].engine->grads(r.local);
 }
 void GroupedStore::release(int block) {
   const Route& r = at(block);
-  parts_[r.engine].engine->release(r.local);
+  if (r.engine == kFrozen) std::vector<float>().swap(frozen_.widened[r.local]);
+  else parts_[r.engine].engine->release(r.local);
 }
 const uint16_t* GroupedStore::params_half(int block) {
   const Route& r = at(block);
+  if (r.engine == kFrozen) return frozen_.half.empty() ? nullptr : frozen_.half.data() + frozen_.at[r.local];
   return parts_[r.engine].engine->params_half(r.local);
 }
 void GroupedStore::grads_ready(int block) {
   const Route& r = at(block);
-  parts_[r.engine].engine->grads_ready(r.local);
+  if (r.engine != kFrozen) parts_[r.engine].engine->grads_ready(r.local);
 }
 
 void GroupedStore::init_params(const std::function<void(int block, float* dst)>& init) {
   for (auto& p : parts_) p.engine->init_params([&](int local, float* dst) { init(p.spec.blocks[local], dst); });
+  std::vector<float> buf;
+  for (size_t i = 0; i < frozen_.blocks.size(); ++i) {
+    const int b = frozen_.blocks[i];
+    const size_t n = schema_.blocks()[b].numel, at = frozen_.at[i];
+    if (frozen_.half.empty()) {
+      init(b, frozen_.values.data() + at);
+      continue;
+    }
+    buf.resize(n);
+    init(b, buf.data());
+    kernels::to_half(buf.data(), frozen_.half.data() + at, n, precision_);
+    std::vector<float>().swap(frozen_.widened[i]);
+  }
 }
 void GroupedStore::begin_step() {
   for (auto& p : parts_) p.engine->begin_step();
@@ -130,6 +169,11 @@ std::vector<float> GroupedStore::gather_params() {
   if (parts_.size() > 1 && across_ && across_->size() > 1) across_->allreduce_sum(out.data(), out.size());
   for (auto& p : parts_)
     if (p.spec.group == ReduceGroup::dense) place(p, p.engine->gather_params());
+  for (size_t i = 0; i < frozen_.blocks.size(); ++i) {  // every rank holds them whole
+    const BlockSpec& b = schema_.blocks()[frozen_.blocks[i]];
+    if (frozen_.half.empty()) std::copy_n(frozen_.values.begin() + frozen_.at[i], b.numel, out.begin() + b.offset);
+    else kernels::from_half(frozen_.half.data() + frozen_.at[i], out.data() + b.offset, b.numel, precision_);
+  }
   return out;
 }
 
@@ -141,6 +185,7 @@ ZeroMemory GroupedStore::memory() const {
     m.working_peak += e.working_peak;
     m.nvme_params += e.nvme_params, m.nvme_optimizer += e.nvme_optimizer, m.nvme_file += e.nvme_file;
   }
+  m.frozen = frozen_.values.size() * sizeof(float) + frozen_.half.size() * sizeof(uint16_t);
   return m;
 }
 

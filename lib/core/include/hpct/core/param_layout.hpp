@@ -61,6 +61,7 @@ struct BlockSpec {
   size_t numel = 0;
   ReduceGroup group = ReduceGroup::dense;
   int origin = -1;   // in a subset(): the block's index in the layout it was taken from
+  bool trains = true;  // false: frozen (LoRA's base weights): no gradient, no optimizer state, not checkpointed
 };
 
 class ParamLayout {
@@ -82,6 +83,12 @@ class ParamLayout {
   ParamLayout subset(const std::vector<int>& blocks) const;
   /// Indices of the blocks of one group, in order.
   std::vector<int> blocks_of(ReduceGroup g) const;
+  /// Marks a block frozen: its tensors are used but never trained (LoRA's base weights).
+  void freeze(int block);
+  /// Indices of the blocks that train (or, with trains = false, the frozen ones), in order.
+  std::vector<int> training_blocks(bool trains = true) const;
+  /// subset(training_blocks()): what a checkpoint stores. The layout itself when nothing is frozen.
+  ParamLayout trained() const;
 
  private:
   std::vector<TensorSpec> tensors_;

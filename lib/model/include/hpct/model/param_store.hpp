@@ -20,6 +20,8 @@ class ParamStore {
  public:
   virtual ~ParamStore() = default;
   virtual const float* params(int block) = 0;  // base of the block (offset of its first tensor)
+  /// nullptr for a block that does not train (ParamLayout::freeze: LoRA's base weights): the model
+  /// then computes no gradient for its tensors.
   virtual float* grads(int block) = 0;
   virtual void release(int block) {}            // forward/backward of this block is done for now
   /// The block's parameters as the 16-bit copy the store keeps (mixed-precision runs, blocks every
@@ -34,7 +36,7 @@ class FlatParamStore : public ParamStore {
  public:
   FlatParamStore(const ParamLayout& layout, const float* params, float* grads) : layout_(layout), p_(params), g_(grads) {}
   const float* params(int block) override { return p_ + layout_.blocks()[block].offset; }
-  float* grads(int block) override { return g_ + layout_.blocks()[block].offset; }
+  float* grads(int block) override { return layout_.blocks()[block].trains ? g_ + layout_.blocks()[block].offset : nullptr; }
 
  private:
   const ParamLayout& layout_;

@@ -8,6 +8,10 @@
 // the group)`, and routes the model's block ids to the engine that owns them. Checkpoint pieces
 // come back in the schema's flat indices, so a checkpoint does not depend on which rank held what.
 // With one group (a dense model) it is one ZeroEngine over the whole layout, exactly as before.
+// A frozen group (LoRA's base weights: blocks that do not train) has no engine: every rank holds
+// its blocks whole, in the training precision's storage (16 bits in bf16/fp16 runs, widened to a
+// working copy while the model uses a block), with no gradient (grads() is nullptr), no optimizer
+// state and no checkpoint pieces (the checkpoint stores ParamLayout::trained()).
 // Tensor parallelism: the schema is this rank's (its tensors' parts, ParamLayout's Partition);
 // the engines never see the difference, and the norms sum over `tp` with replicas counted once.
 #pragma once
@@ -28,6 +32,7 @@ struct StoreGroup {
   std::vector<int> blocks;                  // schema block ids this rank holds, in schema order
   const comm::Communicator* comm = nullptr; // the group's data-parallel communicator
   std::string swap_tag;                     // "" = the engine's default
+  bool frozen = false;                      // the blocks do not train (comm unused)
 };
 
 class GroupedStore final : public model::ParamStore {
@@ -42,7 +47,7 @@ class GroupedStore final : public model::ParamStore {
   ~GroupedStore() override;
 
   const ParamLayout& schema() const { return schema_; }
-  bool holds(int block) const { return route_[block].engine >= 0; }
+  bool holds(int block) const { return route_[block].engine >= 0 || route_[block].engine == kFrozen; }
   int engines() const { return static_cast<int>(parts_.size()); }
   ZeroEngine& engine(int i) { return *parts_[i].engine; }
   const ZeroEngine& engine(int i) const { return *parts_[i].engine; }
@@ -90,8 +95,17 @@ class GroupedStore final : public model::ParamStore {
     std::unique_ptr<ZeroEngine> engine;
   };
   struct Route {
-    int engine = -1, local = -1;
+    int engine = -1, local = -1;  // engine kFrozen: local indexes frozen_.blocks
   };
+  static constexpr int kFrozen = -2;
+  struct Frozen {
+    std::vector<int> blocks;           // schema ids
+    std::vector<size_t> at;            // each block's first element in values / half
+    std::vector<float> values;         // fp32 runs
+    std::vector<uint16_t> half;        // bf16/fp16 runs
+    std::vector<std::vector<float>> widened;  // per block: its fp32 working copy while in use
+  } frozen_;
+  kernels::Precision precision_;
   const Route& at(int block) const;
   template <class F>
   auto sum_engines(F f) const {  // f(engine) summed over the engines

@@ -126,11 +126,12 @@ struct StatePiece {
 /// master weights with the moments (K = 12, as the ZeRO paper counts them).
 struct ZeroMemory {
   size_t params = 0, grads = 0, optimizer = 0;  // persistent, in host memory
+  size_t frozen = 0;                            // frozen blocks (LoRA's base), whole on every rank
   size_t grad_shard = 0;                        // stage 1: the reduced-gradient shard besides the full gradients
   size_t working_peak = 0;                      // high-water mark of gather/reduce/swap buffers
   size_t nvme_params = 0, nvme_optimizer = 0;   // in this rank's swap file (payload bytes; fp32 masters count as optimizer)
   size_t nvme_file = 0;                         // the swap file's size (payload + alignment padding)
-  size_t model_states() const { return params + grads + optimizer; }
+  size_t model_states() const { return params + grads + optimizer + frozen; }
 };
 
 /// NVMe traffic of the swap store since construction.
