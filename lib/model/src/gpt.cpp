@@ -17,129 +17,9 @@ namespace hpct::model {
 
 using kernels::Precision;
 
-void GptConfig::validate() const {
-  auto pos = [](int v, const char* key) {
-    if (v <= 0) throw config_error(key, std::string(key) + " must be positive, got " + std::to_string(v));
-  };
-  pos(num_layers, "--num-layers");
-  pos(hidden_size, "--hidden-size");
-  pos(num_heads, "--num-attention-heads");
-  pos(max_seq_length, "--seq-length");
-  if (max_position_embeddings < 0 || positions() < max_seq_length)
-    throw config_error("--max-position-embeddings", "--max-position-embeddings " + std::to_string(max_position_embeddings) +
-                                                        " is smaller than --seq-length " + std::to_string(max_seq_length),
-                       "give --max-position-embeddings >= --seq-length (the position table holds every position trained on)");
-  pos(vocab_size, "--vocab-size");
-  pos(vocab_multiple, "--make-vocab-size-divisible-by");
-  pos(tensor_parallel, "--tensor-model-parallel-size");
-  if ((long long)vocab_size + vocab_granule() - 1 > 2147483647LL)  // padded_vocab() must not overflow
-    throw config_error("--make-vocab-size-divisible-by", "--vocab-size " + std::to_string(vocab_size) +
-                                                              " padded to a multiple of " + std::to_string(vocab_granule()) +
-                                                              " does not fit 32 bits");
-  if (hidden_size % num_heads != 0)
-    throw config_error("--num-attention-heads", "--hidden-size " + std::to_string(hidden_size) +
-                                                    " is not divisible by --num-attention-heads " +
-                                                    std::to_string(num_heads));
-  if (num_heads % tensor_parallel != 0)
-    throw config_error("--tensor-model-parallel-size", "--num-attention-heads " + std::to_string(num_heads) +
-                                                           " is not divisible by --tensor-model-parallel-size " +
-                                                           std::to_string(tensor_parallel),
-                       "each tensor-parallel rank computes whole heads: choose a size that divides the heads");
-  if (!(init_std > 0)) throw config_error("--init-method-std", "--init-method-std must be positive");
-  if (!(attention_dropout >= 0 && attention_dropout < 1))
-    throw config_error("--attention-dropout", "--attention-dropout must be in [0, 1), got " + std::to_string(attention_dropout));
-  if (!(hidden_dropout >= 0 && hidden_dropout < 1))
-    throw config_error("--hidden-dropout", "--hidden-dropout must be in [0, 1), got " + std::to_string(hidden_dropout));
-  if ((reset_attention_mask || reset_position_ids) && (eod_token < 0 || eod_token >= vocab_size))
-    throw config_error(reset_attention_mask ? "--reset-attention-mask" : "--reset-position-ids",
-                       "documents inside a sample end at the tokenizer's end-of-document token, which this run does not "
-                       "have (eod " + std::to_string(eod_token) + ", vocabulary " + std::to_string(vocab_size) + ")",
-                       "train on a dataset with --vocab-file and --merge-file (not --mock-data)");
-  const auto& m = moe;
-  if (m.expert_interval < 1)
-    throw config_error("--expert-interval", "--expert-interval must be at least 1, got " + std::to_string(m.expert_interval));
-  for (int e : m.num_experts)
-    if (e < 1) throw config_error("--num-experts", "--num-experts entries must be at least 1, got " + std::to_string(e));
-  const int nmoe = m.moe_layers(num_layers);
-  if (m.num_experts.size() > 1 && static_cast<int>(m.num_experts.size()) != nmoe)
-    throw config_error("--num-experts", "--num-experts lists " + std::to_string(m.num_experts.size()) +
-                                            " counts but the model has " + std::to_string(nmoe) + " MoE layers (--num-layers " +
-                                            std::to_string(num_layers) + " / --expert-interval " +
-                                            std::to_string(m.expert_interval) + ")",
-                       "give one count for every MoE layer, or a single count for all");
-  if (!m.enabled(num_layers)) return;
-  if (m.topk < 1 || m.topk > 2) throw config_error("--topk", "--topk must be 1 or 2, got " + std::to_string(m.topk));
-  for (int l = 0; l < num_layers; ++l)
-    if (int e = m.experts_of(l, num_layers); e > 0 && m.topk > e)
-      throw config_error("--topk", "--topk " + std::to_string(m.topk) + " exceeds the " + std::to_string(e) +
-                                       " experts of layer " + std::to_string(l + 1));
-  if (!(m.train_capacity_factor > 0) || !std::isfinite(m.train_capacity_factor))
-    throw config_error("--moe-train-capacity-factor", "--moe-train-capacity-factor must be positive");
-  if (!(m.eval_capacity_factor > 0) || !std::isfinite(m.eval_capacity_factor))
-    throw config_error("--moe-eval-capacity-factor", "--moe-eval-capacity-factor must be positive");
-  if (m.min_capacity < 0) throw config_error("--moe-min-capacity", "--moe-min-capacity must not be negative");
-  if (m.noisy_gate_policy != "None" && m.noisy_gate_policy != "Jitter" && m.noisy_gate_policy != "RSample")
-    throw config_error("--moe-noisy-gate-policy", "--moe-noisy-gate-policy must be None, Jitter or RSample, got '" +
-                                                      printable(m.noisy_gate_policy) + "'");
-  if (!(m.loss_coeff >= 0) || !std::isfinite(m.loss_coeff))
-    throw config_error("--moe-loss-coeff", "--moe-loss-coeff must be a non-negative number");
-  if (!(m.z_loss_coeff >= 0) || !std::isfinite(m.z_loss_coeff))
-    throw config_error("--moe-z-loss-coeff", "--moe-z-loss-coeff must be a non-negative number");
-}
-
-long long GptConfig::vocab_granule() const {
-  return std::lcm((long long)std::max(1, vocab_multiple), (long long)std::max(1, tensor_parallel));
-}
-
-int GptConfig::padded_vocab() const {
-  const long long g = vocab_granule();
-  return static_cast<int>((vocab_size + g - 1) / g * g);
-}
-
-static std::string fmt_prob(double p) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", p);
-  return b;
-}
-
-std::string GptConfig::describe() const {
-  return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
-         std::to_string(num_heads) + " heads, seq " + std::to_string(max_seq_length) +
-         (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
-         std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +
-         (tensor_parallel > 1 ? ", tensor-parallel " + std::to_string(tensor_parallel) +
-                                    (sequence_parallel ? " (sequence-parallel)" : "")
-                              : std::string()) +
-         (attention_dropout > 0 || hidden_dropout > 0
-              ? ", dropout " + fmt_prob(attention_dropout) + " attention / " + fmt_prob(hidden_dropout) + " hidden"
-              : std::string()) +
-         (reset_attention_mask || reset_position_ids
-              ? std::string(", per-document ") +
-                    (reset_attention_mask && reset_position_ids ? "attention and positions"
-                     : reset_attention_mask                     ? "attention"
-                                                                : "positions") +
-                    " (documents end at token " + std::to_string(eod_token) + ")"
-              : std::string());
-}
-
 // Rows of the LM head processed at once: bounds the (rows, Vp) logits buffer (51 MB at
 // Vp = 50304) instead of materialising (N, Vp), which is the largest tensor of a small GPT.
 static constexpr int kHeadRows = 256;
-
-int MoeConfig::experts_of(int layer, int num_layers) const {
-  if (num_experts.empty() || expert_interval <= 0) return 0;
-  const int n = layer + 1;  // Megatron-DeepSpeed numbers layers from 1
-  if (n % expert_interval != 0) return 0;
-  const int i = num_experts.size() == 1 ? 0 : (n - 1) / expert_interval;
-  if (i >= static_cast<int>(num_experts.size())) return 0;
-  return num_experts[i] > 1 ? num_experts[i] : 0;
-}
-
-bool MoeConfig::enabled(int num_layers) const {
-  for (int l = 0; l < num_layers; ++l)
-    if (experts_of(l, num_layers) > 0) return true;
-  return false;
-}
 
 Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::OpsBackend* ops,
          const comm::Communicator* ep, const comm::Communicator* tp)
@@ -256,6 +136,16 @@ void Gpt::ensure_workspace(int B, int T) {
     ws->dslice = take(n * C);
     ws->dnorm = take(4 * C);
   }
+  if (cfg_.lora.enabled()) {  // x A^T per adapted linear and set; update scratch; the frozen norms' discarded gradients
+    const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * 4 * C + N * r + (sp ? 0 : 4 * C);
+    ws->lora_mem = kernels::BackendBuffer(*ops_, (sets + extra) * sizeof(float));
+    float* q = ws->lora_mem.as<float>();
+    for (auto& a : ws->acts)
+      for (int t = 0; t < 4; ++t) a.lora_h[t] = q, q += N * r;
+    ws->lora_t = q, q += N * 4 * C;
+    ws->lora_dh = q, q += N * r;
+    if (!sp) ws->dnorm = q;
+  }
   if (!ops_->host_memory()) {
     ws->host_losses.assign(N, 0.0f);
     ws->tokens = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
@@ -273,7 +163,7 @@ void Gpt::ensure_workspace(int B, int T) {
 
 size_t Gpt::activation_bytes() const {
   return (ws_ ? ws_->mem.bytes() + ws_->tokens.bytes() + ws_->targets.bytes() + ws_->key_start.bytes() +
-                    ws_->positions.bytes()
+                    ws_->positions.bytes() + ws_->lora_mem.bytes()
               : 0) +
          ops_->scratch_bytes();
 }
@@ -325,28 +215,33 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   return recompute_ ? f : f * 0.75;
 }
 
-void Gpt::mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F) {
+void Gpt::mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F,
+                     const Block* lora, LayerActs* a) {
   ops_->matmul_forward(fch, x, fcw, fcb, rows, cfg_.hidden_size, F, precision_);
+  if (lora) lora_forward(*lora, *a, LoraConfig::fc, x, fch, rows);
   ops_->gelu_forward(fch_gelu, fch, (size_t)rows * F);
 }
 
 void Gpt::mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
-                      float* fch, float* fch_gelu, float* out, int rows, int F) {
-  mlp_hidden(fcw, fcb, x, fch, fch_gelu, rows, F);
+                      float* fch, float* fch_gelu, float* out, int rows, int F, const Block* lora, LayerActs* a) {
+  mlp_hidden(fcw, fcb, x, fch, fch_gelu, rows, F, lora, a);
   ops_->matmul_forward(out, fch_gelu, projw, projb, rows, F, cfg_.hidden_size, precision_);
+  if (lora) lora_forward(*lora, *a, LoraConfig::fc2, fch_gelu, out, rows);
 }
 
 // dx is ACCUMULATED (zero it first for an overwrite); the weight gradients too.
 void Gpt::mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
                        const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
-                       float* dfch, float* dfch_gelu, int F) {
+                       float* dfch, float* dfch_gelu, int F, const Block* lora, LayerActs* a) {
   const int C = cfg_.hidden_size;
   const size_t n4 = (size_t)rows * F;
   ops_->zero(dfch_gelu, n4 * sizeof(float));
   ops_->matmul_backward(dfch_gelu, dprojw, dprojb, dout, fch_gelu, projw, rows, F, C, precision_);
+  if (lora) lora_backward(*lora, *a, LoraConfig::fc2, fch_gelu, dout, dfch_gelu, rows);
   ops_->zero(dfch, n4 * sizeof(float));
   ops_->gelu_backward(dfch, fch, dfch_gelu, n4);
   ops_->matmul_backward(dx, dfcw, dfcb, dfch, x, fcw, rows, C, F, precision_);
+  if (lora) lora_backward(*lora, *a, LoraConfig::fc, x, dfch, dx, rows);
 }
 
 // in, out and a.res2 hold this rank's n token rows (all N without sequence parallelism, else the n
@@ -363,6 +258,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   tp_.all_gather(a.ln1, NC);
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
+  lora_forward(o, a, LoraConfig::qkv, a.ln1, a.qkv, N);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
   ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_, &attn_drop, key_start);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
@@ -373,6 +269,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
     std::memcpy(a.res2, kept, nC * sizeof(float));
   } else {
     ops_->matmul_forward(part, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
+    lora_forward(o, a, LoraConfig::proj, a.atty, part, N);
     tp_.reduce_scatter(part, a.res2, NC);
     hidden_dropout(a.res2, l, kernels::DropoutSite::attention_out, B, T);
     ops_->residual_forward(a.res2, in, a.res2, nC);
@@ -382,12 +279,13 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   tp_.all_gather(a.ln2, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
-    if (o.experts == 0) mlp_hidden(lp + o.fcw, lp + o.fcb, a.ln2, a.fch, a.fch_gelu, N, Fl_);
+    if (o.experts == 0) mlp_hidden(lp + o.fcw, lp + o.fcb, a.ln2, a.fch, a.fch_gelu, N, Fl_, &o, &a);
     else moe_forward(store, l, lp, a, ff, N);
     return;
   }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
-    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_);
+    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_,
+                &o, &a);
     tp_.reduce_scatter(ff, out, NC);
   } else {
     moe_forward(store, l, lp, a, ff, N);  // every tensor-parallel rank routes every row alike
@@ -417,14 +315,16 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
   float* dsl = sp ? w.dslice : w.dln;
-  float* dn1 = sp ? w.dnorm : lg + o.ln1w;  // ln1 weight, bias; ln2 weight, bias (each C; w and b adjacent)
-  float* dn2 = sp ? w.dnorm + 2 * C : lg + o.ln2w;
+  // A frozen block (LoRA's base: lg null) gets no weight gradients; its norms' go to scratch.
+  auto G = [lg](size_t off) { return lg ? lg + off : nullptr; };
+  float* dn1 = sp || !lg ? w.dnorm : lg + o.ln1w;  // ln1 weight, bias; ln2 weight, bias (each C; w and b adjacent)
+  float* dn2 = sp || !lg ? w.dnorm + 2 * C : lg + o.ln2w;
   if (sp) ops_->zero(w.dnorm, 4 * C * sizeof(float));
   ops_->zero(w.dln, NC * sizeof(float));
   const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
-    mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, a.ln2, a.fch,
-                 a.fch_gelu, dout, w.dln, N, w.dfch, w.dfch_gelu, Fl_);
+    mlp_backward(lp + o.fcw, lp + o.fcprojw, G(o.fcw), G(o.fcb), G(o.fcprojw), G(o.fcprojb), a.ln2, a.fch, a.fch_gelu,
+                 dout, w.dln, N, w.dfch, w.dfch_gelu, Fl_, &o, &a);
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {
     moe_backward(store, l, lp, lg, a, dout, w.dln, N);  // whole on every rank
@@ -435,12 +335,14 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   const size_t NCl = (size_t)N * Cl_;
   ops_->zero(w.datty, NCl * sizeof(float));
   const float* dproj = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::attention_out, B, T), N);
-  ops_->matmul_backward(w.datty, lg + o.projw, lg + o.projb, dproj, a.atty, lp + o.projw, N, Cl_, C, precision_);
+  ops_->matmul_backward(w.datty, G(o.projw), G(o.projb), dproj, a.atty, lp + o.projw, N, Cl_, C, precision_);
+  lora_backward(o, a, LoraConfig::proj, a.atty, dproj, w.datty, N);
   ops_->zero(w.dqkv, NCl * 3 * sizeof(float));
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
   ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, Cl_, NHl_, precision_, &attn_drop);
   ops_->zero(w.dln, NC * sizeof(float));
-  ops_->matmul_backward(w.dln, lg + o.qkvw, lg + o.qkvb, w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * Cl_, precision_);
+  ops_->matmul_backward(w.dln, G(o.qkvw), G(o.qkvb), w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * Cl_, precision_);
+  lora_backward(o, a, LoraConfig::qkv, a.ln1, w.dqkv, w.dln, N);
   tp_.reduce_scatter(w.dln, dsl, NC);
   ops_->layernorm_backward(dres, dn1, dn1 + C, dsl, in, lp + o.ln1w, a.ln1_mean, a.ln1_rstd, (int)n, C);
   if (sp) {
@@ -473,8 +375,8 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
     else
       ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
     if (backward)
-      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg + wte_, nullptr, w.logits, xin, ep + wte_, rows, C, Vl_,
-                               precision_);
+      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg ? eg + wte_ : nullptr, nullptr, w.logits, xin, ep + wte_, rows,
+                            C, Vl_, precision_);
   }
   const float* losses = w.losses;
   if (!ops_->host_memory()) {
@@ -486,7 +388,7 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
     float* dsl = sp ? w.dslice : w.dln;
     tp_.reduce_scatter(w.dln, dsl, NC);
     ops_->zero(dx, n * C * sizeof(float));
-    float* dn = sp ? w.dnorm : fg + lnfw_;  // weight, bias (adjacent)
+    float* dn = sp || !fg ? w.dnorm : fg + lnfw_;  // weight, bias (adjacent); scratch when frozen
     if (sp) ops_->zero(w.dnorm, 2 * C * sizeof(float));
     ops_->layernorm_backward(dx, dn, dn + C, dsl, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, (int)n, C);
     if (sp) {
@@ -512,7 +414,10 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
     LayerActs& a = w.acts[keep_acts ? l : 0];
-    run_layer_forward(store, l, store.params(b), a, w.res + l * NC, w.res + (l + 1) * NC, B, T, true);
+    const float* lp = store.params(b);
+    lora_use(store, l, false);
+    run_layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T, true);
+    lora_done(store, l, false);
     store.release(b);
   }
   return ep;
@@ -541,6 +446,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     LayerActs& a = w.acts[recompute_ ? 0 : l];
     const int b = blocks_[l].block;
     const float* lp = store.params(b);
+    lora_use(store, l, true);
     if (recompute_) {  // with CAC a replay: the kept results of the forward's collectives
       struct Replay {
         bool& on;
@@ -550,12 +456,14 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
       run_layer_forward(store, l, lp, a, w.res + l * NC, w.res + (l + 1) * NC, B, T, false);
     }
     run_layer_backward(store, l, lp, store.grads(b), a, w.res + l * NC, w.dres, B, T);
+    lora_done(store, l, true);
     store.release(b);
     store.grads_ready(b);
   }
   float* eg = store.grads(0);
   hidden_dropout(w.dres, -1, kernels::DropoutSite::embedding, B, T);  // in place: nothing reads dres after
-  if (tp_.enabled())
+  if (!eg) {  // a frozen embedding (LoRA): nothing to compute
+  } else if (tp_.enabled())
     TensorParallel::embedding_backward(eg + wte_, eg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_,
                                        positions_);
   else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C, positions_);

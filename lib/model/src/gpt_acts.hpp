@@ -23,6 +23,7 @@ struct Gpt::LayerActs {
   float* ln2_rstd;  // (n)
   float* fch;       // (N, 4C)
   float* fch_gelu;  // (N, 4C)
+  float* lora_h[4] = {};  // LoRA: x A^T of each adapted linear, (N, rank)
 };
 
 struct Gpt::Workspace {
@@ -55,6 +56,10 @@ struct Gpt::Workspace {
   // and the kept rows' first attention keys (per-document attention)
   std::vector<kernels::BackendBuffer> ltd_rows;
   kernels::BackendBuffer ltd_start;
+  // LoRA: each activation set's lora_h, and scratch for one adapter's update and gradients
+  kernels::BackendBuffer lora_mem;
+  float* lora_t = nullptr;   // (N, 4C)
+  float* lora_dh = nullptr;  // (N, rank)
 };
 
 // A growable array in a backend's memory (the MoE layer's rows and scratch). resize() keeps

@@ -67,12 +67,29 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
         layout.add(ep + ".dense_4h_to_h.bias", {C}, false, rep);
       }
     }
+    if (cfg.lora.enabled()) {  // A (rank, in), B (out, rank) beside each adapted linear's weight
+      layout.begin_block(p + "lora");
+      o.lora_block = static_cast<int>(layout.blocks().size()) - 1;
+      base = layout.numel();
+      const int64_t r = cfg.lora.rank;
+      const char* names[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
+      const int64_t in[4] = {C, C, C, 4 * C}, out[4] = {3 * C, C, 4 * C, C};
+      for (int t = 0; t < 4; ++t)
+        if (cfg.lora.adapts(t)) {
+          o.lora_a[t] = rel(std::string(names[t]) + ".lora_a.weight", {r, in[t]}, true, rep);
+          o.lora_b[t] = rel(std::string(names[t]) + ".lora_b.weight", {out[t], r}, true, rep);
+        }
+    }
     if (blocks) blocks->push_back(std::move(o));
   }
   layout.begin_block("final_norm");
   size_t base = layout.numel();
   *lnfw = layout.add("final_layernorm.weight", {C}, false, rep).offset - base;
   *lnfb = layout.add("final_layernorm.bias", {C}, false, rep).offset - base;
+  if (cfg.lora.enabled())  // LoRA: the base model is frozen, only the adapters train
+    for (size_t b = 0; b < layout.blocks().size(); ++b)
+      if (layout.blocks()[b].name.size() < 5 || layout.blocks()[b].name.compare(layout.blocks()[b].name.size() - 5, 5, ".lora") != 0)
+        layout.freeze(static_cast<int>(b));
 }
 
 ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank) {
@@ -101,11 +118,13 @@ void Gpt::init_block(int block, float* dst, uint64_t seed) const {
     bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
     bool is_out = t.name.find("attention.dense.weight") != std::string::npos ||
                   t.name.find("dense_4h_to_h.weight") != std::string::npos;
-    if (is_norm_weight || is_bias) {
+    const bool lora_a = t.name.find(".lora_a.") != std::string::npos, lora_b = t.name.find(".lora_b.") != std::string::npos;
+    if (is_norm_weight || is_bias || lora_b) {  // LoRA's B starts at zero: the adapted model starts as the base
       std::fill(p, p + t.numel, is_norm_weight ? 1.0f : 0.0f);
       continue;
     }
-    const double sd = is_out ? std_out : std_w;
+    // LoRA's A: PEFT's kaiming_uniform(a=sqrt(5)) has variance 1/(3 in); the same variance, normal.
+    const double sd = lora_a ? 1.0 / std::sqrt(3.0 * static_cast<double>(t.shape[1])) : is_out ? std_out : std_w;
     // A tensor-parallel part draws the full tensor's sequence and keeps its own elements, so every
     // element has the value it has at T = 1 (Megatron's --use-cpu-initialization does the same).
     uint64_t next = 0;  // full-tensor index of the next draw

@@ -69,6 +69,25 @@ struct MoeConfig {
   int moe_layers(int num_layers) const { return num_layers / expert_interval; }
 };
 
+/// LoRA (Hu et al., arXiv 2106.09685; PEFT's LoraConfig): each adapted linear y = x W^T + b gains
+/// (alpha / rank) * (x A^T) B^T with A (rank, in) and B (out, rank); A starts random, B at zero, so
+/// the adapted model starts as the base. Only the adapters train: every base tensor is frozen (no
+/// gradient, no optimizer state, not in checkpoints). Adapters live in one block per layer,
+/// "layers.<l>.lora", named "<linear>.lora_a.weight" / "<linear>.lora_b.weight" (docs/finetune.md).
+struct LoraConfig {
+  enum Target { qkv = 0, proj = 1, fc = 2, fc2 = 3 };
+  static constexpr const char* kTargetNames[4] = {"qkv", "proj", "fc", "fc2"};
+  int rank = 0;          // --lora-rank: 0 = off
+  double alpha = 0;      // --lora-alpha: the update's scale is alpha / rank; 0 = rank (scale 1)
+  unsigned targets = 0xF;  // --lora-targets: a bit per Target (default all four linears)
+  bool enabled() const { return rank > 0; }
+  bool adapts(int t) const { return enabled() && (targets >> t & 1u); }
+  double scale() const { return (alpha > 0 ? alpha : rank) / rank; }
+  /// "qkv,proj" -> the bits; throws config_error naming --lora-targets for an unknown name.
+  static unsigned parse_targets(const std::string& list);
+  std::string target_list() const;
+};
+
 struct GptConfig {
   int num_layers = 2;
   int hidden_size = 64;
@@ -93,6 +112,7 @@ struct GptConfig {
   bool reset_attention_mask = false;  // --reset-attention-mask
   bool reset_position_ids = false;    // --reset-position-ids
   int eod_token = -1;                 // the tokenizer's end-of-document id (needed by the two above)
+  LoraConfig lora;                    // --lora-rank etc.: low-rank adapters on a frozen base
 
   /// The vocabulary padded to a multiple of lcm(vocab_multiple, tensor_parallel): with the default
   /// 128 and a power-of-two T up to 128 that is the same table at every T (GPT-2: 50304), so a
@@ -249,6 +269,8 @@ class Gpt {
     size_t coefw = 0, coefb = 0;    // residual MoE: (2, C), (2)
     std::vector<int> expert_blocks; // schema block of each expert (global index)
     int moe_index = -1;             // which MoE layer (0-based) this is
+    int lora_block = -1;            // LoRA: the layer's adapter block ("layers.<l>.lora"), or -1
+    size_t lora_a[4] = {}, lora_b[4] = {};  // per LoraConfig::Target, offsets in that block
   };
   void ensure_workspace(int B, int T);
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
@@ -268,12 +290,25 @@ class Gpt {
                       int B, int T);
   // The GELU MLP of hidden width F (4C, or 4C/T for a tensor-parallel part: the caller passes
   // projb on one rank only and sums `out`, and dx, over the group).
-  void mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F);
+  // lora: the dense MLP's layer and activations, for its LoRA adapters (nullptr: none, as experts).
+  void mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F,
+                  const Block* lora = nullptr, LayerActs* a = nullptr);
   void mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
-                   float* fch, float* fch_gelu, float* out, int rows, int F);
+                   float* fch, float* fch_gelu, float* out, int rows, int F, const Block* lora = nullptr,
+                   LayerActs* a = nullptr);
   void mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
                     const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
-                    float* dfch, float* dfch_gelu, int F);
+                    float* dfch, float* dfch_gelu, int F, const Block* lora = nullptr, LayerActs* a = nullptr);
+  // ---- LoRA (lora.cpp) ----
+  /// out += scale * (x A^T) B^T for linear t of layer o on `rows` rows (nothing if t is not adapted);
+  /// x A^T is kept in a for backward. Reads the adapter block set by lora_use().
+  void lora_forward(const Block& o, LayerActs& a, int t, const float* x, float* out, int rows);
+  /// Its backward from dout: dA and dB into the adapter block's gradients, d(x) accumulated into dx.
+  void lora_backward(const Block& o, LayerActs& a, int t, const float* x, const float* dout, float* dx, int rows);
+  /// The adapter block of layer l for the next lora_forward/backward: params (and grads when
+  /// `grads`) from the store; lora_done() releases it (and reports its gradient complete).
+  void lora_use(ParamStore& store, int l, bool grads);
+  void lora_done(ParamStore& store, int l, bool grads);
   /// Under sequence parallelism: this rank's rows of d (N rows of C) gathered into the workspace's
   /// full buffer, which is returned; without it, d itself.
   const float* gather_rows(const float* d, int N);
@@ -358,6 +393,8 @@ class Gpt {
   long long ltd_first_ = 0;
   double alltoall_bytes_ = 0, moe_tp_bytes_ = 0;
   PhaseSeconds phase_;
+  const float* lora_p_ = nullptr;  // the current layer's adapters (lora_use), in the backend's memory
+  float* lora_g_ = nullptr;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;
   std::unique_ptr<Workspace> ws_;                 // declared after ops_: its buffers go back to ops_ first

@@ -1,0 +1,213 @@
+// LoRA adapters on the GPT's linears: the adapted model starts as its base, the adapters' backward
+// matches finite differences, and their gradients are exactly what the merged model's weight
+// gradient implies (dB = s G A^T, dA = s B^T G for y = x (W + s B A)^T), which is also the check
+// of the merge formula hpct_ckpt merge-lora uses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/rng.hpp"
+#include "hpct/kernels/backend.hpp"
+#include "hpct/model/gpt.hpp"
+
+using namespace hpct;
+
+namespace {
+
+const char* kLinear[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
+
+model::GptConfig tiny(int rank = 0, unsigned targets = 0xF) {
+  model::GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_heads = 2;
+  c.max_seq_length = 6;
+  c.vocab_size = 23;
+  c.vocab_multiple = 8;
+  c.init_std = 0.2;  // larger than GPT-2's so every path carries a visible gradient
+  c.lora.rank = rank;
+  c.lora.alpha = rank ? 2.0 * rank : 0;  // scale 2: a scale other than 1 is exercised
+  c.lora.targets = targets;
+  return c;
+}
+
+struct Batch {
+  static constexpr int B = 2, T = 6;
+  std::vector<int32_t> tok = std::vector<int32_t>(B * T), tgt = std::vector<int32_t>(B * T);
+  Batch() {
+    for (int i = 0; i < B * T; ++i) tok[i] = (i * 7 + 3) % 23, tgt[i] = (i * 5 + 1) % 23;
+    tgt[4] = -1;
+  }
+};
+
+// The LoRA model's parameters: the base's by name, A as initialised, B random (nonzero) unless
+// zero_b (the adapted model then is the base).
+std::vector<float> lora_params(const model::Gpt& m, const model::Gpt& base, const std::vector<float>& bp, bool zero_b) {
+  std::vector<float> p(m.layout().numel());
+  m.init_params(p.data(), 5);
+  for (const auto& t : base.layout().tensors())
+    std::copy_n(bp.begin() + t.offset, t.numel, p.begin() + m.layout().find(t.name).offset);
+  Rng rng(77);
+  if (!zero_b)
+    for (const auto& t : m.layout().tensors())
+      if (t.name.find(".lora_b.") != std::string::npos)
+        for (size_t k = 0; k < t.numel; ++k) p[t.offset + k] = static_cast<float>(0.3 * rng.normal());
+  return p;
+}
+
+}  // namespace
+
+// B starts at zero: the adapted model's loss and every base-model output are the base's, bitwise.
+TEST(Lora, StartsAsTheBase) {
+  Batch d;
+  model::Gpt base(tiny(), kernels::Precision::fp32, false), m(tiny(4), kernels::Precision::fp32, false);
+  std::vector<float> bp(base.layout().numel()), bg(bp.size());
+  base.init_params(bp.data(), 3);
+  std::vector<float> p = lora_params(m, base, bp, /*zero_b=*/true), g(p.size());
+  model::FlatParamStore bs(base.layout(), bp.data(), bg.data()), ls(m.layout(), p.data(), g.data());
+  EXPECT_EQ(base.forward_loss(bs, d.tok.data(), d.tgt.data(), d.B, d.T), m.forward_loss(ls, d.tok.data(), d.tgt.data(), d.B, d.T));
+}
+
+// Every base block is frozen (the store gives it no gradient); the adapters' blocks train.
+TEST(Lora, OnlyTheAdaptersTrain) {
+  model::Gpt m(tiny(4), kernels::Precision::fp32, false);
+  int adapters = 0;
+  for (const auto& b : m.layout().blocks()) {
+    const bool lora = b.name.size() > 5 && b.name.substr(b.name.size() - 5) == ".lora";
+    EXPECT_EQ(b.trains, lora) << b.name;
+    adapters += lora;
+  }
+  EXPECT_EQ(adapters, 2);
+  const ParamLayout stored = m.layout().trained();
+  // qkv: 4x16 + 48x4; proj: 4x16 + 16x4; fc: 4x16 + 64x4; fc2: 4x64 + 16x4 = 1024 per layer
+  EXPECT_EQ(stored.numel(), 2u * 1024u);
+  EXPECT_EQ(stored.tensors().size(), 16u);
+  EXPECT_NO_THROW(stored.find("layers.1.mlp.dense_4h_to_h.lora_a.weight"));
+  EXPECT_EQ(stored.find("layers.1.mlp.dense_4h_to_h.lora_a.weight").shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(stored.find("layers.0.attention.query_key_value.lora_b.weight").shape, (std::vector<int64_t>{48, 4}));
+}
+
+// The adapters' gradients against central differences of the loss (fp32; step 1e-2, tolerance as
+// test_gpt's whole-model check: 5e-3 absolute + 3% relative covers the O(eps^2) truncation and the
+// fp32 rounding of a loss of ~3), with and without recompute, for all four linears and for two.
+TEST(Lora, BackwardMatchesFiniteDifferences) {
+  Batch d;
+  for (unsigned targets : {0xFu, 0x9u})
+    for (bool recompute : {false, true}) {
+      model::Gpt base(tiny(), kernels::Precision::fp32, false), m(tiny(3, targets), kernels::Precision::fp32, recompute);
+      std::vector<float> bp(base.layout().numel());
+      base.init_params(bp.data(), 3);
+      std::vector<float> p = lora_params(m, base, bp, false), g(p.size(), 0.0f), dummy(p.size());
+      model::FlatParamStore st(m.layout(), p.data(), g.data()), fst(m.layout(), p.data(), dummy.data());
+      m.forward_backward(st, d.tok.data(), d.tgt.data(), d.B, d.T, 1.0f);
+      int checked = 0, bad = 0;
+      for (const auto& t : m.layout().tensors()) {
+        if (t.name.find(".lora_") == std::string::npos) continue;
+        for (size_t k = 0; k < t.numel; k += std::max<size_t>(1, t.numel / 7)) {
+          const size_t i = t.offset + k;
+          const float keep = p[i], eps = 1e-2f;
+          p[i] = keep + eps;
+          const double lp = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
+          p[i] = keep - eps;
+          const double lm = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
+          p[i] = keep;
+          const double fd = (lp - lm) / (2 * eps);
+          ++checked;
+          if (std::fabs(fd - g[i]) > 5e-3 + 3e-2 * std::fabs(fd) && bad++ < 8)
+            ADD_FAILURE() << t.name << "[" << k << "] analytic " << g[i] << " fd " << fd << " recompute " << recompute;
+        }
+      }
+      EXPECT_GT(checked, targets == 0xF ? 100 : 50);
+      EXPECT_EQ(bad, 0);
+    }
+}
+
+// The adapted model is the base with W + s B A (the merge): same loss, and the adapters' gradients
+// follow from the merged weight's gradient G: dB = s G A^T, dA = s B^T G. fp32 sums in different
+// orders: 1e-5 relative on the loss, 1e-4 of the largest entry on the gradients.
+TEST(Lora, EqualsTheMergedModel) {
+  Batch d;
+  const model::GptConfig cfg = tiny(3);
+  const double s = cfg.lora.scale();
+  model::Gpt base(tiny(), kernels::Precision::fp32, false), m(cfg, kernels::Precision::fp32, false);
+  std::vector<float> bp(base.layout().numel());
+  base.init_params(bp.data(), 3);
+  std::vector<float> p = lora_params(m, base, bp, false), g(p.size(), 0.0f);
+  model::FlatParamStore ls(m.layout(), p.data(), g.data());
+  const double loss = m.forward_backward(ls, d.tok.data(), d.tgt.data(), d.B, d.T, 1.0f);
+  // merged = base with W += s B A on every adapted linear
+  std::vector<float> mp = bp, mg(mp.size(), 0.0f);
+  const int r = cfg.lora.rank;
+  auto at = [&](const model::Gpt& x, const std::string& n) { return x.layout().find(n).offset; };
+  for (int l = 0; l < cfg.num_layers; ++l)
+    for (const char* lin : kLinear) {
+      const std::string pre = "layers." + std::to_string(l) + "." + lin;
+      const auto& w = base.layout().find(pre + ".weight");
+      const int out = (int)w.shape[0], in = (int)w.shape[1];
+      const float* A = p.data() + at(m, pre + ".lora_a.weight");
+      const float* Bm = p.data() + at(m, pre + ".lora_b.weight");
+      for (int o = 0; o < out; ++o)
+        for (int i = 0; i < in; ++i) {
+          double acc = 0;
+          for (int k = 0; k < r; ++k) acc += (double)Bm[o * r + k] * A[k * in + i];
+          mp[w.offset + (size_t)o * in + i] += static_cast<float>(s * acc);
+        }
+    }
+  model::FlatParamStore ms(base.layout(), mp.data(), mg.data());
+  const double merged = base.forward_backward(ms, d.tok.data(), d.tgt.data(), d.B, d.T, 1.0f);
+  EXPECT_NEAR(loss, merged, 1e-5 * std::fabs(merged));
+  for (int l = 0; l < cfg.num_layers; ++l)
+    for (const char* lin : kLinear) {
+      const std::string pre = "layers." + std::to_string(l) + "." + lin;
+      const auto& w = base.layout().find(pre + ".weight");
+      const int out = (int)w.shape[0], in = (int)w.shape[1];
+      const float* G = mg.data() + w.offset;
+      const float* A = p.data() + at(m, pre + ".lora_a.weight");
+      const float* Bm = p.data() + at(m, pre + ".lora_b.weight");
+      const float* dA = g.data() + at(m, pre + ".lora_a.weight");
+      const float* dB = g.data() + at(m, pre + ".lora_b.weight");
+      std::vector<double> wantA((size_t)r * in, 0.0), wantB((size_t)out * r, 0.0);
+      double scale = 0;
+      for (int o = 0; o < out; ++o)
+        for (int i = 0; i < in; ++i)
+          for (int k = 0; k < r; ++k) {
+            wantB[(size_t)o * r + k] += s * G[(size_t)o * in + i] * A[k * in + i];
+            wantA[(size_t)k * in + i] += s * Bm[o * r + k] * G[(size_t)o * in + i];
+          }
+      for (double v : wantA) scale = std::max(scale, std::fabs(v));
+      for (double v : wantB) scale = std::max(scale, std::fabs(v));
+      ASSERT_GT(scale, 1e-6) << pre;  // a gradient that could be wrong
+      for (size_t k = 0; k < wantA.size(); ++k) ASSERT_NEAR(dA[k], wantA[k], 1e-4 * scale) << pre << ".lora_a[" << k << "]";
+      for (size_t k = 0; k < wantB.size(); ++k) ASSERT_NEAR(dB[k], wantB[k], 1e-4 * scale) << pre << ".lora_b[" << k << "]";
+    }
+}
+
+TEST(Lora, BadSettingsNameTheFlag) {
+  auto fails_with = [](model::GptConfig c, const std::string& flag) {
+    try {
+      c.validate();
+      ADD_FAILURE() << "accepted " << flag;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  model::GptConfig c = tiny(4);
+  c.tensor_parallel = 2;
+  fails_with(c, "--lora-rank");
+  c = tiny(4);
+  c.moe.num_experts = {2};
+  fails_with(c, "--lora-rank");
+  c = tiny(4, 0);
+  fails_with(c, "--lora-targets");
+  EXPECT_THROW(model::LoraConfig::parse_targets("qkv,mlp"), Error);
+  EXPECT_EQ(model::LoraConfig::parse_targets("fc2,qkv"), 0x9u);
+}
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  kernels::BackendScope backend;
+  return RUN_ALL_TESTS();
+}
