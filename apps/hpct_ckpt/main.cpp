@@ -29,6 +29,7 @@
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
+#include "hpct/engine/lora.hpp"
 #include "hpct/io/safetensors.hpp"
 #include "hpct/model/gpt.hpp"
 
@@ -39,6 +40,7 @@ namespace {
 const char* kHelp = R"(usage: hpct_ckpt list|verify PATH [--json FILE]
        hpct_ckpt export PATH OUT.safetensors
        hpct_ckpt import IN DIR [--num-attention-heads N] [--make-vocab-size-divisible-by M]
+       hpct_ckpt merge-lora ADAPTERS DIR --base CKPT | --base-hf HFDIR
 
 PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` is used).
   list     the run state and provenance attributes and every tensor with its shape
@@ -56,6 +58,11 @@ PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` 
            merges.txt if there) or a bare .safetensors file; names with or without
            "transformer.", F32, F16 or BF16. A bare file has no head count: --num-attention-heads
            (default hidden/64, GPT-2's)
+  merge-lora  a --lora-rank run's checkpoint (ADAPTERS: its adapters only) folded into the base
+           model it started from (--base: a checkpoint; --base-hf: Hugging Face GPT-2 weights, as
+           --load-hf): W + (alpha / rank) B A for every adapted linear, written as DIR/iter_0000000.h5
+           + DIR/latest, Adam moments zero, with the LoRA run's config and tokenizer; generate,
+           export and finetune --load then take DIR as any whole model
   --json FILE   the same as JSON
   --version     version and git commit; @FILE stands for the flags written in FILE
 Exit status: 0 fine, 1 a tensor fails its checksum or the file cannot be read, 2 usage.
@@ -165,18 +172,64 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   return 0;
 }
 
+int merge_lora(const std::string& adapters, const std::string& dir, const std::string& base, const std::string& base_hf) {
+  if (base.empty() == base_hf.empty())
+    throw config_error("--base", "merge-lora needs the base model: --base CKPT or --base-hf DIR (one of them)", "see --help");
+  const engine::CheckpointWeights a = engine::read_checkpoint_weights(adapters, /*adapters=*/true);
+  model::GptConfig mc;
+  std::vector<float> params;
+  std::string from;
+  if (!base.empty()) {
+    engine::CheckpointWeights b = engine::read_checkpoint_weights(base);
+    mc = b.cfg, params = std::move(b.params), from = b.file;
+  } else {
+    engine::HfGpt2 hf = engine::read_hf_gpt2(base_hf, 1);
+    mc = hf.cfg, params = std::move(hf.params), from = hf.file;
+  }
+  const char* flag = base.empty() ? "--base-hf" : "--base";
+  // The adapters' run padded the vocabulary and sized the position table: the base must have both.
+  if (mc.padded_vocab() != a.cfg.padded_vocab() || mc.positions() != a.cfg.positions())
+    throw config_error(flag, from + " has a vocabulary of " + std::to_string(mc.padded_vocab()) + " rows and " +
+                                 std::to_string(mc.positions()) + " positions; the adapters' model " +
+                                 std::to_string(a.cfg.padded_vocab()) + " and " + std::to_string(a.cfg.positions()),
+                       "give the base model the LoRA run started from");
+  engine::merge_lora(a.cfg, a.params, mc, params, flag);
+  const ParamLayout layout = model::Gpt::layout_for(mc);
+  std::vector<float> zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
+  parallel::StatePiece piece;
+  piece.count = layout.numel();
+  piece.params = params.data();
+  piece.exp_avg = zeros.data();
+  piece.exp_avg_sq = zeros2.data();
+  engine::TrainingState st;
+  engine::CheckpointMeta meta = a.stored.meta;  // the LoRA run's config, tokenizer and seed
+  meta.architecture = engine::architecture_of(mc);
+  meta.config.erase("lora_base");
+  meta.config["merged_lora"] = {{"adapters", a.file}, {"base", from}, {"rank", a.cfg.lora.rank},
+                                {"alpha", a.cfg.lora.alpha}, {"targets", a.cfg.lora.target_list()}};
+  meta.layout = {{"world_size", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}, {"zero_stage", 0}};
+  comm::Communicator self = comm::Communicator::self();
+  std::string file = engine::Checkpointer(self, dir, 0).save(engine::TensorSet::of(layout, {piece}), st, meta);
+  std::printf("# %s: %s base with rank-%d adapters (alpha %g on %s) merged: %s + %s\n", file.c_str(),
+              format_bytes(4.0 * double(layout.numel())).c_str(), a.cfg.lora.rank, a.cfg.lora.alpha,
+              a.cfg.lora.target_list().c_str(), from.c_str(), a.file.c_str());
+  return 0;
+}
+
 int run(const std::vector<std::string>& args) {
   if (args.empty()) {
     std::cout << kHelp;
     return 2;
   }
-  std::string cmd, path, out, json_out;
+  std::string cmd, path, out, json_out, base, base_hf;
   int heads = 0, mult = 128;
   cli::Parser p("hpct_ckpt");
   p.positional("COMMAND", [&](const std::string& v) { cmd = v; }, true);
   p.positional("PATH", [&](const std::string& v) { path = v; }, true);
   p.positional("OUT", [&](const std::string& v) { out = v; }, false);
   p.flag("--json", 1, [&](const std::string& v) { json_out = v; });
+  p.flag("--base", 1, [&](const std::string& v) { base = v; });
+  p.flag("--base-hf", 1, [&](const std::string& v) { base_hf = v; });
   p.flag("--num-attention-heads", 1,
          [&](const std::string& v) { heads = (int)cli::to_int("--num-attention-heads", v, 1, 1 << 20); });
   p.flag("--make-vocab-size-divisible-by", 1,
@@ -191,14 +244,20 @@ int run(const std::vector<std::string>& args) {
       if (cmd == c) return;
     throw config_error(flag, cmd + " takes no " + flag, "see --help");
   };
-  if (cmd != "list" && cmd != "verify" && cmd != "export" && cmd != "import")
-    throw config_error(cmd, "unknown command '" + printable(cmd) + "'", "use list, verify, export or import");
+  if (cmd != "list" && cmd != "verify" && cmd != "export" && cmd != "import" && cmd != "merge-lora")
+    throw config_error(cmd, "unknown command '" + printable(cmd) + "'", "use list, verify, export, import or merge-lora");
+  only_for("--base", {"merge-lora"});
+  only_for("--base-hf", {"merge-lora"});
   only_for("--json", {"list", "verify"});
   only_for("--num-attention-heads", {"import"});
   only_for("--make-vocab-size-divisible-by", {"import"});
   if (cmd == "export") {
     if (out.empty()) throw config_error(cmd, "export needs PATH and OUT.safetensors", "see --help");
     return export_safetensors(path, out);
+  }
+  if (cmd == "merge-lora") {
+    if (out.empty()) throw config_error(cmd, "merge-lora needs ADAPTERS and DIR", "see --help");
+    return merge_lora(path, out, base, base_hf);
   }
   if (cmd == "import") {
     if (out.empty()) throw config_error(cmd, "import needs IN.safetensors and DIR", "see --help");

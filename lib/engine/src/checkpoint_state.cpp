@@ -172,6 +172,12 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
                                      json_excerpt(was[key]) + " (" + file + "): the learning-rate schedule would change mid-run",
                            "resume with the checkpoint's schedule flags (--lr-decay-iters defaults to --train-iters), or give "
                            "--override-opt_param-scheduler to take this run's (Megatron's rule)");
+  // LoRA: a checkpoint holds adapters, which mean something only on the base they were trained on.
+  if (was.is_object() && here.config.is_object() && was.contains("lora_base") && here.config.contains("lora_base") &&
+      was["lora_base"] != here.config["lora_base"])
+    throw file_error(file, "holds LoRA adapters trained on other base weights (" + json_excerpt(was["lora_base"]) +
+                               ") than this run's (" + json_excerpt(here.config["lora_base"]) + ")",
+                     "give the --load or --load-hf the LoRA run started from");
   if (r.state.iteration > 0 && r.meta.seed != here.seed && !finetune)
     throw config_error("--seed", "--seed " + std::to_string(here.seed) + " differs from the checkpoint's seed " +
                                      std::to_string(r.meta.seed) + " (" + file + "): the data order would change mid-run",
@@ -211,13 +217,15 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   // first (12 per dense layer at least), then what each MoE layer's experts add.
   const uint64_t have = f.list_datasets().size();
   uint64_t want = 3ull * (12ull * static_cast<uint64_t>(cfg->num_layers) + 4);
-  if (want <= have + 36)
+  if (cfg->lora.enabled())  // adapters only: an A and a B per adapted linear of each layer
+    want = 6ull * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets));
+  else if (want <= have + 36)
     for (int l = 0; l < cfg->num_layers; ++l)
       if (const int e = cfg->moe.experts_of(l, cfg->num_layers); e > 0) want += 3ull * (4ull * e + 1 + (cfg->moe.residual ? 6 : 0) - 4);
   if (want > have + 36)
     throw file_error(file, "holds " + std::to_string(have) + " tensors, its architecture (" + std::to_string(cfg->num_layers) +
                                " layers) needs " + std::to_string(want) + ": the checkpoint is damaged");
-  check_tensor_set(f, model::Gpt::layout_for(*cfg), file);
+  check_tensor_set(f, model::Gpt::layout_for(*cfg).trained(), file);
   return r;
 }
 
@@ -233,6 +241,11 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
     a["expert_interval"] = mc.moe.expert_interval;
     a["topk"] = mc.moe.topk;
     a["mlp_type"] = mc.moe.residual ? "residual" : "standard";
+  }
+  if (mc.lora.enabled()) {  // the file holds the adapters only (the trained tensors)
+    a["lora_rank"] = mc.lora.rank;
+    a["lora_alpha"] = mc.lora.alpha > 0 ? mc.lora.alpha : mc.lora.rank;
+    a["lora_targets"] = mc.lora.target_list();
   }
   return a;
 }
@@ -269,6 +282,18 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
       throw file_error(file, "has no valid architecture.mlp_type: the checkpoint is damaged");
     c.moe.residual = a["mlp_type"] == "residual";
   }
+  if (a.contains("lora_rank")) {  // LoRA adapters
+    c.lora.rank = field("lora_rank");
+    if (!a.contains("lora_alpha") || !a["lora_alpha"].is_number() || !(a["lora_alpha"].get<double>() > 0) ||
+        !a.contains("lora_targets") || !a["lora_targets"].is_string())
+      throw file_error(file, "has no valid architecture.lora_alpha and lora_targets: the checkpoint is damaged");
+    c.lora.alpha = a["lora_alpha"].get<double>();
+    try {
+      c.lora.targets = model::LoraConfig::parse_targets(a["lora_targets"].get<std::string>());
+    } catch (const Error&) {
+      throw file_error(file, "has an invalid architecture.lora_targets: the checkpoint is damaged");
+    }
+  }
   try {
     c.validate();
   } catch (const Error& e) {
@@ -277,13 +302,20 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
   return c;
 }
 
-CheckpointWeights read_checkpoint_weights(const std::string& path) {
+CheckpointWeights read_checkpoint_weights(const std::string& path, bool adapters) {
   CheckpointWeights w;
   w.file = Checkpointer::resolve(path);
   if (w.file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
   io::H5File f = io::H5File::open(w.file, io::H5File::Mode::read, MPI_COMM_SELF);
   w.stored = check_structure(f, w.file, &w.cfg);
-  const ParamLayout layout = model::Gpt::layout_for(w.cfg);
+  if (w.cfg.lora.enabled() != adapters)
+    throw file_error(w.file, adapters ? "holds a whole model, not LoRA adapters"
+                                      : "holds LoRA adapters (rank " + std::to_string(w.cfg.lora.rank) + " on " +
+                                            w.cfg.lora.target_list() + "), not a whole model",
+                     adapters ? "give the checkpoint of a --lora-rank run"
+                              : "merge them into their base model first: hpct_ckpt merge-lora " + path +
+                                    " DIR --base CKPT (or --base-hf DIR)");
+  const ParamLayout layout = model::Gpt::layout_for(w.cfg).trained();
   w.params.resize(layout.numel());
   for (const auto& t : layout.tensors())
     f.read(Checkpointer::dataset_name("model", t.name), 0, w.params.data() + t.offset, t.numel);

@@ -75,19 +75,28 @@ StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
     throw config_error("--finetune-resume-optimizer", "--finetune-resume-optimizer goes with --finetune (a plain --load resumes "
                                                       "everything already)",
                        "add --finetune (the finetune app implies it)");
+  if (cfg.model.lora.enabled() && !cfg.finetune && cfg.load_hf.empty())
+    throw config_error("--lora-rank", "LoRA adapts a base model, and none is given",
+                       "give --finetune --load CKPT or --load-hf DIR (the finetune app: --load CKPT)");
   if (!cfg.finetune && cfg.load_hf.empty()) return {};
   if (cfg.finetune && !cfg.load_hf.empty())
     throw config_error("--load-hf", "--load-hf and --finetune both name the weights to start from", "give one of them");
   if (cfg.finetune && cfg.load_path.empty())
     throw config_error("--finetune", "--finetune starts from --load's weights, but no --load is given",
                        "give --load DIR (a pretraining run's checkpoint), or --load-hf DIR for GPT-2 weights");
+  if (cfg.finetune_resume_optimizer && cfg.model.lora.enabled())
+    throw config_error("--finetune-resume-optimizer", "with --lora-rank only the adapters train: the base model's optimizer "
+                                                      "states have nothing to resume",
+                       "drop --finetune-resume-optimizer");
+  const std::string from = cfg.load_hf.empty() ? cfg.load_path : cfg.load_hf;
   // A requeued job finds its own checkpoint in --save: it resumes that, whole, instead of starting over.
   std::string own = world.rank() == 0 && !cfg.save_dir.empty() ? Checkpointer::resolve(cfg.save_dir) : std::string();
   world.bcast_string(own, 0);
   if (!own.empty()) {
+    const bool lora = cfg.model.lora.enabled();
     if (world.rank() == 0)
-      std::cout << "> " << own << " exists: resuming this run from it (not from "
-                << (cfg.load_hf.empty() ? cfg.load_path : cfg.load_hf) << ")" << std::endl;
+      std::cout << "> " << own << " exists: resuming this run from it (" << (lora ? "its LoRA adapters on the base " : "not from ")
+                << from << ")" << std::endl;
     cfg.load_path = cfg.save_dir;
     // Its position table is the one its start weights brought, which the command may not name.
     if (cfg.model.max_position_embeddings == 0) {
@@ -100,13 +109,14 @@ StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
       world.bcast_bytes(&rows, sizeof rows, 0);
       if (rows >= cfg.model.max_seq_length) cfg.model.max_position_embeddings = rows;
     }
-    return {};
+    if (!lora) return {};
+    // LoRA: the checkpoint holds the adapters only; the frozen base comes from the start weights again.
   }
   StartWeights s;
-  s.from = cfg.load_hf.empty() ? cfg.load_path : cfg.load_hf;
+  s.from = from;
   s.hf = !cfg.load_hf.empty();
   s.with_optimizer = cfg.finetune_resume_optimizer;
-  cfg.load_path.clear();
+  if (own.empty()) cfg.load_path.clear();
   comm::throw_if_any(world, comm::error_text_of([&] { read_start(s, cfg); }));
   return s;
 }

@@ -103,8 +103,10 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
 
   engine::Trainer trainer(cfg, grid);
   // Loading is collective and its checks fail on every rank alike: still the setup phase.
+  // The start weights first: a resumed LoRA run's checkpoint holds its adapters on top of them.
+  const std::string base = engine::load_start_weights(trainer, start, world);
   std::string loaded = trainer.load_checkpoint();
-  if (!start.from.empty()) loaded = engine::load_start_weights(trainer, start, world);
+  if (loaded.empty()) loaded = base;
   if (!cfg.skip_train) trainer.prepare(*data.train);  // the curriculum's index files, checked now
   if (cfg.skip_train && loaded.empty())
     throw config_error("--skip-train", "--skip-train evaluates a trained model, but --load names no checkpoint",
@@ -165,6 +167,13 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                 << format_bytes(mem.nvme_params) << ", optimizer states " << format_bytes(mem.nvme_optimizer)
                 << (trainer.zero().half() ? " (with the fp32 master weights; the 16-bit parameters are rounded from them)" : "")
                 << "\n";
+    if (cfg.model.lora.enabled()) {  // trainable state: the adapters' parameters, gradients, optimizer states
+      const double trained = double(trainer.stored_layout().numel()), all = double(trainer.model().layout().numel());
+      std::printf("> LoRA rank %d (alpha %g) on %s: %.0f of %.0f parameters train (%.2f%%): the model states above are "
+                  "theirs; the frozen base is held whole on every rank (%s) with no gradient or optimizer state\n",
+                  cfg.model.lora.rank, cfg.model.lora.alpha > 0 ? cfg.model.lora.alpha : cfg.model.lora.rank,
+                  cfg.model.lora.target_list().c_str(), trained, all, 100.0 * trained / all, format_bytes(mem.frozen).c_str());
+    }
     if (cfg.model.moe.enabled(cfg.model.num_layers)) {
       const auto& m = cfg.model.moe;
       std::string counts;
@@ -242,6 +251,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
   engine::TrainSummary s = trainer.train(*data.train, data.valid.get(), &records);
   mem = trainer.memory_report();  // working buffers have their high-water mark now
   nlohmann::json host = {{"parameters", world.allgather(double(mem.params))},
+                         {"frozen_parameters", world.allgather(double(mem.frozen))},
                          {"gradients", world.allgather(double(mem.grads + mem.grad_shard))},
                          {"optimizer_states", world.allgather(double(mem.optimizer))},
                          {"working_buffers_peak", world.allgather(double(mem.working_peak))},

@@ -14,6 +14,9 @@ void add_finetune_flags(FlagTable& t) {
       {"--prompt-key", {true, [](TrainConfig& c, const std::string& v) { c.prompt_key = v; }, "--data-path FILE.jsonl: the prompt's field (default prompt)"}},
       {"--pack-examples", {false, [](TrainConfig& c, const std::string&) { c.pack_examples = true; }, "--data-path FILE.jsonl: several examples per sample, each with its own attention and positions (sets --reset-attention-mask and --reset-position-ids)"}},
       {"--response-key", {true, [](TrainConfig& c, const std::string& v) { c.response_key = v; }, "--data-path FILE.jsonl: the response's field (default response); the loss is on the response only"}},
+      {"--lora-rank", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.rank = to_i32("--lora-rank", v, 0); }, "LoRA: train rank-r adapters on the linears of --lora-targets and freeze every base weight (0: off, the default)"}},
+      {"--lora-alpha", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.alpha = to_double("--lora-alpha", v); }, "LoRA: the adapters' update is scaled by alpha / rank (default: alpha = rank)"}},
+      {"--lora-targets", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.targets = model::LoraConfig::parse_targets(v); }, "LoRA: the linears adapted, comma-separated among qkv, proj, fc, fc2 (default all four)"}},
       {"--eval-only", {false, [](TrainConfig& c, const std::string&) { c.skip_train = true; }, "the same as --skip-train: evaluate the loaded model on the validation split and exit"}},
   });
 }

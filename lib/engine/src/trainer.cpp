@@ -65,8 +65,11 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   std::vector<parallel::StoreGroup> groups;
   // Swap files are named per rank and engine on a node: tensor-parallel ranks share dp indices.
   const std::string tp_tag = grid_.tp().size() > 1 ? ".tp" + std::to_string(grid_.tp().rank()) : "";
-  groups.push_back({ReduceGroup::dense, schema.blocks_of(ReduceGroup::dense), &grid_.dp(),
+  std::vector<int> dense, frozen;  // LoRA: the base's blocks are frozen, held whole without an engine
+  for (int b : schema.blocks_of(ReduceGroup::dense)) (schema.blocks()[b].trains ? dense : frozen).push_back(b);
+  groups.push_back({ReduceGroup::dense, dense, &grid_.dp(),
                     tp_tag.empty() ? "" : "zero" + tp_tag + ".dp" + std::to_string(grid_.dp().rank())});
+  if (!frozen.empty()) groups.push_back({ReduceGroup::dense, frozen, nullptr, "", /*frozen=*/true});
   std::vector<int> experts;
   for (int b : model_->held_blocks())
     if (schema.blocks()[b].group == ReduceGroup::expert) experts.push_back(b);
@@ -83,6 +86,9 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });
+  stored_ = schema.trained();
+  stored_at_.assign(schema.blocks().size(), 0);
+  for (const auto& b : stored_.blocks()) stored_at_[b.origin < 0 ? &b - stored_.blocks().data() : b.origin] = b.offset;
   if (cfg_.async_save && !cfg_.save_dir.empty()) map_staging();
   scaler_ = LossScaler(cfg_.loss_scale, cfg_.precision == PrecisionMode::fp16);
   const int T = cfg_.model.max_seq_length;
@@ -136,6 +142,7 @@ Trainer::MemoryReport Trainer::memory_report() const {
   r.params = z.params;
   r.grads = z.grads;
   r.optimizer = z.optimizer;
+  r.frozen = z.frozen;
   r.grad_shard = z.grad_shard;
   r.working_peak = z.working_peak;
   r.nvme_params = z.nvme_params;

@@ -68,6 +68,7 @@ CheckpointMeta Trainer::checkpoint_meta() const {
               {"ep", grid_.ep().size()},
               {"zero_stage", cfg_.zero.stage}};
   m.seed = cfg_.seed;
+  if (!lora_base_.empty()) m.config["lora_base"] = lora_base_;  // which base the adapters belong to
   return m;
 }
 
@@ -104,6 +105,18 @@ static void copy_piece(const parallel::StatePiece& from, const parallel::StatePi
   std::memcpy(to.exp_avg_sq, from.exp_avg_sq, from.count * sizeof(float));
 }
 
+void Trainer::visit_stored(bool load, const std::function<void(const parallel::StatePiece&)>& fn) {
+  const auto& blocks = model_->layout().blocks();
+  if (stored_.blocks().size() == blocks.size()) return zero_->visit_pieces(load, fn);  // nothing frozen
+  zero_->visit_pieces(load, [&](const parallel::StatePiece& p) {  // a piece lies inside one block
+    auto it = std::upper_bound(blocks.begin(), blocks.end(), p.begin, [](size_t v, const BlockSpec& b) { return v < b.offset; });
+    const auto b = static_cast<size_t>(it - blocks.begin() - 1);
+    parallel::StatePiece q = p;
+    q.begin = stored_at_[b] + (p.begin - blocks[b].offset);
+    fn(q);
+  });
+}
+
 void Trainer::start_async_save() {
   finish_async_save(/*wait=*/true);  // the next save waits for the previous one
   const bool root = grid_.world_rank() == 0;
@@ -118,7 +131,7 @@ void Trainer::start_async_save() {
   const bool copy_now = zero_->offloaded();
   std::vector<parallel::StatePiece> live, copies;
   size_t at = 0;
-  zero_->visit_pieces(false, [&](const parallel::StatePiece& p) {
+  visit_stored(false, [&](const parallel::StatePiece& p) {
     parallel::StatePiece q = p;
     q.params = staging + at;
     q.exp_avg = staging + at + p.count;
@@ -130,14 +143,14 @@ void Trainer::start_async_save() {
   });
   a->copied = copy_now;
   a->ck = std::make_unique<Checkpointer>(grid_.world(), cfg_.save_dir, cfg_.keep_last);
-  a->pending = a->ck->begin_save(model_->layout(), training_state(), checkpoint_meta());  // collective
+  a->pending = a->ck->begin_save(stored_, training_state(), checkpoint_meta());  // collective
   Checkpointer::PendingSave* ps = a->pending.get();
   AsyncSave* self = a.get();
   // Test-only (docs/checkpoints.md): HPCT_TEST_ASYNC_COPY_DELAY_MS holds the copy back, so that the
   // next optimizer step reaches the fence before the copy is done.
   const char* delay_env = std::getenv("HPCT_TEST_ASYNC_COPY_DELAY_MS");
   const int delay_ms = delay_env ? std::atoi(delay_env) : 0;
-  a->thread = std::thread([self, ps, delay_ms, live = std::move(live), copies, t = TensorSet::of(model_->layout(), copies)] {
+  a->thread = std::thread([self, ps, delay_ms, live = std::move(live), copies, t = TensorSet::of(stored_, copies)] {
     if (!live.empty()) {
       if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       for (size_t i = 0; i < live.size(); ++i) copy_piece(live[i], copies[i]);
@@ -149,7 +162,7 @@ void Trainer::start_async_save() {
   });
   a->record.iteration = iteration_;
   a->record.async = true;
-  a->record.bytes = 3.0 * model_->layout().full_numel() * sizeof(float);
+  a->record.bytes = 3.0 * stored_.full_numel() * sizeof(float);
   a->stall = stall.seconds();
   const double started = grid_.world().allreduce_max(a->stall);
   if (root) {
@@ -196,14 +209,14 @@ std::string Trainer::save_checkpoint() {
   const bool root = grid_.world_rank() == 0;
   TrainingState st = training_state();
   TensorSet t;
-  t.layout = &model_->layout();
-  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
+  t.layout = &stored_;
+  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { visit_stored(load, fn); };
   if (root) std::cout << "saving checkpoint at iteration " << std::setw(7) << iteration_ << " to " << cfg_.save_dir << std::endl;
   Timer timer;
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   std::string file = ck.save(t, st, checkpoint_meta());
   if (root) {
-    double bytes = 3.0 * model_->layout().full_numel() * sizeof(float), secs = timer.seconds();
+    double bytes = 3.0 * stored_.full_numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s, %.2f GB/s)\n", iteration_,
                 file.c_str(), format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
     std::fflush(stdout);
@@ -211,8 +224,26 @@ std::string Trainer::save_checkpoint() {
   return file;
 }
 
-void Trainer::load_weights(const std::vector<float>& full) {
+void Trainer::load_weights(const std::vector<float>& given) {
   const ParamLayout& layout = model_->layout();
+  std::vector<float> with_adapters;
+  const std::vector<float>& full = layout.full_numel() == given.size() ? given : with_adapters;
+  if (cfg_.model.lora.enabled() && &full == &with_adapters) {
+    // LoRA: the base model's weights (no adapters); the adapters start as initialisation makes them.
+    model::GptConfig base = cfg_.model;
+    base.lora = model::LoraConfig{};
+    const ParamLayout bl = model::Gpt::layout_for(base);
+    if (given.size() == bl.full_numel()) {  // tensor parallelism is refused with LoRA: numel is full_numel
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a64(given.data(), given.size() * sizeof(float)));
+      lora_base_ = std::string("fnv1a64:") + hex;
+      with_adapters.assign(layout.numel(), 0.0f);
+      model_->init_params(with_adapters.data(), cfg_.seed);
+      for (const auto& t : bl.tensors())
+        std::copy_n(given.begin() + static_cast<std::ptrdiff_t>(t.offset), t.numel,
+                    with_adapters.begin() + static_cast<std::ptrdiff_t>(layout.find(t.name).offset));
+    }
+  }
   if (full.size() != layout.full_numel())
     throw Error("Trainer::load_weights: " + std::to_string(full.size()) + " values for " + std::to_string(layout.full_numel()) + " parameters");
   // Tensor parallelism: this rank's slice of every split tensor, and every replica, in its layout.
@@ -283,7 +314,7 @@ std::string Trainer::load_checkpoint() {
       st.consumed_layer_tokens >= 0 ? st.consumed_layer_tokens : consumed_tokens_ * (long long)cfg_.model.num_layers;
   scaler_.restore(st.loss_scaler);
   if (root) {
-    double bytes = 3.0 * model_->layout().full_numel() * sizeof(float), secs = timer.seconds();
+    double bytes = 3.0 * stored_.full_numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully loaded checkpoint from %s at iteration %lld (%s in %.2f s, %.2f GB/s)\n", file.c_str(),
                 iteration_, format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
     std::fflush(stdout);
@@ -294,8 +325,8 @@ std::string Trainer::load_checkpoint() {
 TrainingState Trainer::read_checkpoint(const std::string& file, const CheckpointMeta& meta) {
   TrainingState st;
   TensorSet t;
-  t.layout = &model_->layout();
-  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { zero_->visit_pieces(load, fn); };
+  t.layout = &stored_;
+  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { visit_stored(load, fn); };
   Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta);
   zero_->after_load();  // re-replicate what every rank holds whole
   if (device_store_) device_store_->invalidate();

@@ -65,12 +65,13 @@ struct CheckpointWeights {
   std::string file;         // the file read (a directory's `latest` resolved)
   model::GptConfig cfg;     // the stored architecture (vocabulary = its padded size)
   StoredRun stored;         // its run state and provenance (config, tokenizer)
-  std::vector<float> params;  // fp32 master weights in Gpt::layout_for(cfg) order
+  std::vector<float> params;  // fp32 master weights in Gpt::layout_for(cfg).trained() order
 };
 
 /// Local. Reads `path` (a checkpoint file or a --save directory with `latest`) after check_structure's
-/// checks. Throws naming the path or file.
-CheckpointWeights read_checkpoint_weights(const std::string& path);
+/// checks: a whole model, or with `adapters` a LoRA run's adapters (what its checkpoints hold; cfg
+/// then has the LoRA settings). Throws naming the path or file, also when the kind differs.
+CheckpointWeights read_checkpoint_weights(const std::string& path, bool adapters = false);
 
 /// What a checkpoint records of a model's shape (its "architecture" attribute): the one writer,
 /// for training runs and imports alike. The position table's rows are max_position_embeddings;

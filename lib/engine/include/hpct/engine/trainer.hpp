@@ -130,6 +130,9 @@ class Trainer {
   double evaluate(const io::TokenDataset& data);
 
   const model::Gpt& model() const { return *model_; }
+  /// What checkpoints store: the model's trained tensors (ParamLayout::trained(): without LoRA's
+  /// frozen base, every tensor).
+  const ParamLayout& stored_layout() const { return stored_; }
   /// Collective: this rank's flat parameters in model().layout() (gathered from the shards at ZeRO
   /// stage 3; with tensor parallelism, this rank's parts).
   std::vector<float> gather_params() { return zero_->gather_params(); }
@@ -141,9 +144,10 @@ class Trainer {
   const parallel::DeviceStore* device_store() const { return device_store_.get(); }
   parallel::GroupedStore& zero() { return *zero_; }
   /// Bytes this rank holds of parameters, gradients and optimizer states (all on the host here),
-  /// the ZeRO working buffers' high-water mark, and activations.
+  /// the ZeRO working buffers' high-water mark, and activations. frozen: the parameters that do not
+  /// train (LoRA's base), apart from `params` (the trained ones).
   struct MemoryReport {
-    size_t params = 0, grads = 0, optimizer = 0, grad_shard = 0, working_peak = 0, activations = 0;
+    size_t params = 0, grads = 0, optimizer = 0, grad_shard = 0, working_peak = 0, activations = 0, frozen = 0;
     // --device cuda: parameter and gradient bytes in GPU memory, the high-water mark of the resident
     // copy (stages 0-2) and the blocks in use (parallel::DeviceStore); the activations above are
     // then GPU memory too. 0 on the CPU backend.
@@ -181,6 +185,11 @@ class Trainer {
   std::unique_ptr<CurriculumSampler> sampler_;
   kernels::Precision compute_precision() const;
   CheckpointMeta checkpoint_meta() const;
+  /// This rank's pieces of the stored tensors, in stored_layout()'s flat indices.
+  void visit_stored(bool load, const std::function<void(const parallel::StatePiece&)>& fn);
+  ParamLayout stored_;
+  std::vector<size_t> stored_at_;  // per model block: its offset in stored_ (trained blocks only)
+  std::string lora_base_;          // LoRA: the fingerprint of the base weights loaded ("" : initialised)
 
   TrainConfig cfg_;
   const comm::ProcessGrid& grid_;

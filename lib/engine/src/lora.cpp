@@ -1,0 +1,47 @@
+// Folding LoRA adapters into their base (see lora.hpp).
+#include "hpct/engine/lora.hpp"
+
+#include "hpct/core/error.hpp"
+
+namespace hpct::engine {
+
+void merge_lora(const model::GptConfig& lora, const std::vector<float>& adapters, const model::GptConfig& base_cfg,
+                std::vector<float>& base, const std::string& base_flag) {
+  auto same = [&](const char* what, long long a, long long b) {
+    if (a != b)
+      throw config_error(base_flag, std::string("the adapters were trained on a model with ") + what + " " + std::to_string(a) +
+                                        ", the base has " + std::to_string(b),
+                         "give the base model the LoRA run started from");
+  };
+  same("layers", lora.num_layers, base_cfg.num_layers);
+  same("hidden size", lora.hidden_size, base_cfg.hidden_size);
+  same("heads", lora.num_heads, base_cfg.num_heads);
+  const ParamLayout stored = model::Gpt::layout_for(lora).trained(), layout = model::Gpt::layout_for(base_cfg);
+  if (adapters.size() != stored.numel() || base.size() != layout.numel())
+    throw Error("merge_lora: " + std::to_string(adapters.size()) + " adapter and " + std::to_string(base.size()) +
+                " base values for layouts of " + std::to_string(stored.numel()) + " and " + std::to_string(layout.numel()));
+  const double s = lora.lora.scale();
+  const int r = lora.lora.rank;
+  for (const auto& a : stored.tensors()) {
+    const size_t at = a.name.find(".lora_a.weight");
+    if (at == std::string::npos) continue;
+    const std::string linear = a.name.substr(0, at);
+    const TensorSpec& b = stored.find(linear + ".lora_b.weight");
+    const TensorSpec& w = layout.find(linear + ".weight");
+    const int64_t out = w.shape[0], in = w.shape[1];
+    if (a.shape != std::vector<int64_t>{r, in} || b.shape != std::vector<int64_t>{out, r})
+      throw Error("merge_lora: " + linear + "'s adapters " + shape_string(a.shape) + " and " + shape_string(b.shape) +
+                  " do not fit its weight " + shape_string(w.shape));
+    const float* A = adapters.data() + a.offset;
+    const float* B = adapters.data() + b.offset;
+    float* W = base.data() + w.offset;
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (int k = 0; k < r; ++k) d += static_cast<double>(B[o * r + k]) * A[k * in + i];
+        W[o * in + i] = static_cast<float>(W[o * in + i] + s * d);
+      }
+  }
+}
+
+}  // namespace hpct::engine
