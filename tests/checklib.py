@@ -51,3 +51,20 @@ class Checks:
     def finish(self):
         print(f"{len(self.fails)} failed")
         sys.exit(1 if self.fails else 0)
+
+
+REVERSE_WORDS = ("apple river stone house green music paper window garden yellow summer winter table doctor school "
+                 "water light market silver forest").split()
+
+
+def write_reverse_task(path, n=400, seed=3):
+    """The finetuning tests' instruction task: n JSON lines "Reverse: w1 w2 =>" -> " w2 w1" (2 to 4
+    of 20 words, drawn with `seed`), with an extra field the loader must ignore."""
+    import json
+    import random
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            w = rng.sample(REVERSE_WORDS, rng.randint(2, 4))
+            f.write(json.dumps({"prompt": "Reverse: " + " ".join(w) + " =>", "response": " " + " ".join(reversed(w)),
+                                "id": "ignored"}) + "\n")

@@ -21,11 +21,10 @@ finetune_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --tool HPCT_CKPT --args
 """
 import json
 import os
-import random
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checklib import Checks  # noqa: E402  (tests/checklib.py)
+from checklib import Checks, write_reverse_task  # noqa: E402  (tests/checklib.py)
 
 c = Checks("--gpt", "--finetune", "--tool", "--args", "--data", "--workdir")
 a, check = c.args, c.check
@@ -54,15 +53,8 @@ lr = [r for r in lr if r.get("type") == "train" and r.get("iteration", 0) > 10]
 check([r["iteration"] for r in lr] == [11, 12] and all(0 < r["lm_loss"] < 20 for r in lr),
       f"resumed at --seq-length 256 within the 256 positions: {[(r['iteration'], r['lm_loss']) for r in lr]}")
 
-rng = random.Random(3)
-words = ("apple river stone house green music paper window garden yellow summer winter table doctor school water "
-         "light market silver forest").split()
 sft = os.path.join(a.workdir, "reverse.jsonl")
-with open(sft, "w") as f:
-    for _ in range(400):
-        w = rng.sample(words, rng.randint(2, 4))
-        f.write(json.dumps({"prompt": "Reverse: " + " ".join(w) + " =>", "response": " " + " ".join(reversed(w)),
-                            "id": "ignored"}) + "\n")
+write_reverse_task(sft)
 
 
 def finetune(name, *extra, iters=24, want=0):

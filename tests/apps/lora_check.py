@@ -4,9 +4,10 @@ LoRA-finetuned on prompt/response lines the test writes.
 
 - the start line says what trains (the adapters, under 1% of the parameters) and what the frozen
   base holds; the response loss falls;
-- its checkpoint holds the adapters only (hpct_ckpt verify passes; every tensor is an adapter's);
-- a requeued start resumes the adapters on the base it is given again; another base is refused,
-  naming the file;
+- its checkpoint holds the adapters and the final norm (--lora-modules-to-save final_layernorm)
+  only (hpct_ckpt verify passes);
+- a requeued start resumes the adapters on the base it is given again; other base weights (the
+  merged model's) are refused, naming the file;
 - generate refuses the adapters alone with a one-line error that says how to merge them;
 - hpct_ckpt merge-lora folds them into the base: --eval-only on the merged model gives the LoRA
   run's final validation loss (1e-5 relative: the same model, W + s B A summed in another order),
@@ -17,30 +18,22 @@ lora_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --generate GENERATE --tool 
 """
 import json
 import os
-import random
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checklib import Checks  # noqa: E402  (tests/checklib.py)
+from checklib import Checks, write_reverse_task  # noqa: E402  (tests/checklib.py)
 
 c = Checks("--gpt", "--finetune", "--generate", "--tool", "--args", "--data", "--workdir")
 a, check = c.args, c.check
 tok = ["--vocab-file", os.path.join(a.data, "gpt2-vocab.json"), "--merge-file", os.path.join(a.data, "gpt2-merges.txt")]
 brown = os.path.join(a.data, "brown_text_document")
-pre, other = os.path.join(a.workdir, "pretrained"), os.path.join(a.workdir, "other")
-for d, seed in ((pre, "1234"), (other, "99")):
-    c.run([a.gpt, "@" + a.args, "--data-path", brown, *tok, "--split", "949,50,1", "--train-iters", "6", "--eval-iters", "0",
-           "--save", d, "--save-interval", "6", "--seed", seed])
+pre = os.path.join(a.workdir, "pretrained")
+c.run([a.gpt, "@" + a.args, "--data-path", brown, *tok, "--split", "949,50,1", "--train-iters", "6", "--eval-iters", "0",
+       "--save", pre, "--save-interval", "6"])
 
-rng = random.Random(3)
-words = ("apple river stone house green music paper window garden yellow summer winter table doctor school water "
-         "light market silver forest").split()
 sft = os.path.join(a.workdir, "reverse.jsonl")
-with open(sft, "w") as f:
-    for _ in range(400):
-        w = rng.sample(words, rng.randint(2, 4))
-        f.write(json.dumps({"prompt": "Reverse: " + " ".join(w) + " =>", "response": " " + " ".join(reversed(w))}) + "\n")
-lora = ["--lora-rank", "8", "--lora-alpha", "16"]
+write_reverse_task(sft)
+lora = ["--lora-rank", "8", "--lora-alpha", "16", "--lora-modules-to-save", "final_layernorm"]
 
 
 def finetune(name, *extra, iters=12, want=0):
@@ -55,7 +48,7 @@ def finetune(name, *extra, iters=12, want=0):
 
 ft = os.path.join(a.workdir, "ft")
 p, tr, summ = finetune("ft", "--load", pre, *lora, "--save", ft, "--save-interval", "12")
-check("> LoRA rank 8 (alpha 16) on qkv,proj,fc,fc2: 65536 of 7314176 parameters train (0.90%)" in p.stdout,
+check("> LoRA rank 8 (alpha 16) on qkv,proj,fc,fc2: 65792 of 7314176 parameters train (0.90%)" in p.stdout,
       "the start line says what trains: " + next((x for x in p.stdout.splitlines() if x.startswith("> LoRA")), "(none)"))
 check(len(tr) == 12, f"12 steps (got {len(tr)})")
 if tr:
@@ -65,15 +58,15 @@ final_val = summ.get("final_val_loss")
 # The checkpoint: adapters only, and verify's checks pass.
 v = c.run([a.tool, "verify", ft])
 names = [x.split()[0] for x in v.stdout.splitlines() if x.strip().startswith("/")]
-check(len(names) == 3 * 4 * 8 and all("/lora_" in n for n in names),
-      f"the checkpoint holds 3 x 32 adapter tensors and nothing else (got {len(names)}: {names[:2]})")
+check(len(names) == 3 * (4 * 8 + 2) and sum("/lora_" in n for n in names) == 96 and
+      sum("/final_layernorm/" in n for n in names) == 6,
+      f"the checkpoint holds 3 x 32 adapter tensors and the final norm (--lora-modules-to-save), nothing else "
+      f"(got {len(names)}: {names[:2]})")
 
 # A requeued start: the same command resumes the adapters on the base it names.
 p2, tr2, _ = finetune("ft_again", "--load", pre, *lora, "--save", ft, "--save-interval", "100", iters=14)
 check("its LoRA adapters on the base" in p2.stdout and tr2 and tr2[0]["iteration"] == 13,
       f"a second start resumes the adapters (first iteration {tr2[0]['iteration'] if tr2 else None})")
-pw, _, _ = finetune("wrong_base", "--load", other, *lora, "--save", ft, want=None)
-c.one_line_error("adapters on another base", pw, "finetune", ["iter_0000014.h5", "other base weights", "--load"])
 
 # The adapters alone are not a model; merged into their base they are.
 pg = c.run([a.generate, "--load", ft, "--prompt", "Reverse: apple river =>"], want=None)
@@ -90,6 +83,9 @@ hf = os.path.join(a.workdir, "hf")
 os.makedirs(hf, exist_ok=True)
 c.run([a.tool, "export", merged, os.path.join(hf, "model.safetensors")])
 check(os.path.exists(os.path.join(hf, "config.json")), "export writes the merged model with its config.json")
+# The merged model is other base weights than the adapters were trained on: resuming them there is refused.
+pw, _, _ = finetune("wrong_base", "--load", merged, *lora, "--save", ft, want=None)
+c.one_line_error("adapters on another base", pw, "finetune", ["iter_0000014.h5", "other base weights", "--load"])
 
 # One-line errors naming the flag.
 pt = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "--lora-rank", "4", "--lora-targets", "qkv,mlp",

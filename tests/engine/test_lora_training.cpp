@@ -94,6 +94,18 @@ TEST(LoraTraining, OnlyTheAdaptersMove) {
   EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, r.adapters * 16);
 }
 
+// --lora-modules-to-save final_layernorm: the final norm trains too (and is in the model states).
+TEST(LoraTraining, AModuleToSaveTrainsInFull) {
+  engine::TrainConfig c = tiny(4);
+  c.model.lora.modules_to_save = 1u << model::LoraConfig::final_layernorm;
+  const LoraRun r = train(c, world());
+  const auto& w = r.layout.find("final_layernorm.weight");
+  EXPECT_NE(std::memcmp(r.params.data() + w.offset, r.initial.data() + w.offset, w.numel * 4), 0) << "the final norm trains";
+  const auto& e = r.layout.find("embedding.word_embeddings.weight");
+  EXPECT_EQ(std::memcmp(r.params.data() + e.offset, r.initial.data() + e.offset, e.numel * 4), 0) << "the embedding stays";
+  EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, (r.adapters + 2 * 32) * 16);
+}
+
 TEST(LoraTraining, Bf16KeepsTheFrozenBaseIn16Bits) {
   engine::TrainConfig c = tiny(3);
   c.precision = engine::PrecisionMode::bf16;

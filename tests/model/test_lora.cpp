@@ -185,6 +185,20 @@ TEST(Lora, EqualsTheMergedModel) {
     }
 }
 
+// --lora-modules-to-save: the named base blocks train in full and are stored with the adapters.
+TEST(Lora, ModulesToSaveTrainInFull) {
+  model::GptConfig c = tiny(4);
+  c.lora.modules_to_save = model::LoraConfig::parse_modules("final_layernorm,embedding");
+  model::Gpt m(c, kernels::Precision::fp32, false);
+  for (const auto& b : m.layout().blocks())
+    EXPECT_EQ(b.trains, b.name == "embedding" || b.name == "final_norm" || b.name.find(".lora") != std::string::npos) << b.name;
+  const ParamLayout stored = m.layout().trained();
+  EXPECT_NO_THROW(stored.find("final_layernorm.bias"));
+  EXPECT_NO_THROW(stored.find("embedding.word_embeddings.weight"));
+  EXPECT_THROW(stored.find("layers.0.attention.dense.weight"), Error);
+  EXPECT_THROW(model::LoraConfig::parse_modules("lm_head"), Error);
+}
+
 TEST(Lora, BadSettingsNameTheFlag) {
   auto fails_with = [](model::GptConfig c, const std::string& flag) {
     try {

@@ -218,7 +218,8 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   const uint64_t have = f.list_datasets().size();
   uint64_t want = 3ull * (12ull * static_cast<uint64_t>(cfg->num_layers) + 4);
   if (cfg->lora.enabled())  // adapters only: an A and a B per adapted linear of each layer
-    want = 6ull * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets));
+    want = 6ull * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets)) +
+           6ull * static_cast<uint64_t>(__builtin_popcount(cfg->lora.modules_to_save));
   else if (want <= have + 36)
     for (int l = 0; l < cfg->num_layers; ++l)
       if (const int e = cfg->moe.experts_of(l, cfg->num_layers); e > 0) want += 3ull * (4ull * e + 1 + (cfg->moe.residual ? 6 : 0) - 4);
@@ -246,6 +247,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
     a["lora_rank"] = mc.lora.rank;
     a["lora_alpha"] = mc.lora.alpha > 0 ? mc.lora.alpha : mc.lora.rank;
     a["lora_targets"] = mc.lora.target_list();
+    if (mc.lora.modules_to_save) a["lora_modules_to_save"] = mc.lora.module_list();
   }
   return a;
 }
@@ -292,6 +294,15 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
       c.lora.targets = model::LoraConfig::parse_targets(a["lora_targets"].get<std::string>());
     } catch (const Error&) {
       throw file_error(file, "has an invalid architecture.lora_targets: the checkpoint is damaged");
+    }
+    if (a.contains("lora_modules_to_save")) {
+      if (!a["lora_modules_to_save"].is_string())
+        throw file_error(file, "has an invalid architecture.lora_modules_to_save: the checkpoint is damaged");
+      try {
+        c.lora.modules_to_save = model::LoraConfig::parse_modules(a["lora_modules_to_save"].get<std::string>());
+      } catch (const Error&) {
+        throw file_error(file, "has an invalid architecture.lora_modules_to_save: the checkpoint is damaged");
+      }
     }
   }
   try {

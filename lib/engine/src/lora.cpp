@@ -1,6 +1,8 @@
 // Folding LoRA adapters into their base (see lora.hpp).
 #include "hpct/engine/lora.hpp"
 
+#include <algorithm>
+
 #include "hpct/core/error.hpp"
 
 namespace hpct::engine {
@@ -22,6 +24,12 @@ void merge_lora(const model::GptConfig& lora, const std::vector<float>& adapters
                 " base values for layouts of " + std::to_string(stored.numel()) + " and " + std::to_string(layout.numel()));
   const double s = lora.lora.scale();
   const int r = lora.lora.rank;
+  for (const auto& t : stored.tensors()) {  // modules saved in full (--lora-modules-to-save) replace the base's
+    if (t.name.find(".lora_") != std::string::npos) continue;
+    const TensorSpec& w = layout.find(t.name);
+    if (w.shape != t.shape) throw Error("merge_lora: " + t.name + " is " + shape_string(t.shape) + ", the base's " + shape_string(w.shape));
+    std::copy_n(adapters.begin() + static_cast<std::ptrdiff_t>(t.offset), t.numel, base.begin() + static_cast<std::ptrdiff_t>(w.offset));
+  }
   for (const auto& a : stored.tensors()) {
     const size_t at = a.name.find(".lora_a.weight");
     if (at == std::string::npos) continue;

@@ -109,28 +109,41 @@ static std::string fmt_prob(double p) {
   return b;
 }
 
-unsigned LoraConfig::parse_targets(const std::string& list) {
+namespace {
+unsigned parse_names(const char* flag, const std::string& list, const char* const* names, int n) {
   unsigned bits = 0;
   size_t at = 0;
   while (at <= list.size()) {
     const size_t comma = std::min(list.find(',', at), list.size());
     const std::string name = list.substr(at, comma - at);
     int t = 0;
-    while (t < 4 && name != kTargetNames[t]) ++t;
-    if (t == 4) throw config_error("--lora-targets", "--lora-targets has '" + name + "'; the linears are qkv, proj, fc and fc2",
-                                   "give a comma-separated list of them, e.g. qkv,proj");
+    while (t < n && name != names[t]) ++t;
+    if (t == n) {
+      std::string all;
+      for (int k = 0; k < n; ++k) all += (k ? ", " : "") + std::string(names[k]);
+      throw config_error(flag, std::string(flag) + " has '" + name + "'; the choices are " + all,
+                         "give a comma-separated list of them");
+    }
     bits |= 1u << t;
     at = comma + 1;
   }
   return bits;
 }
 
-std::string LoraConfig::target_list() const {
+std::string name_list(unsigned bits, const char* const* names, int n) {
   std::string s;
-  for (int t = 0; t < 4; ++t)
-    if (targets >> t & 1u) s += (s.empty() ? "" : ",") + std::string(kTargetNames[t]);
+  for (int t = 0; t < n; ++t)
+    if (bits >> t & 1u) s += (s.empty() ? "" : ",") + std::string(names[t]);
   return s;
 }
+}  // namespace
+
+unsigned LoraConfig::parse_targets(const std::string& list) { return parse_names("--lora-targets", list, kTargetNames, 4); }
+unsigned LoraConfig::parse_modules(const std::string& list) {
+  return parse_names("--lora-modules-to-save", list, kModuleNames, 2);
+}
+std::string LoraConfig::target_list() const { return name_list(targets, kTargetNames, 4); }
+std::string LoraConfig::module_list() const { return name_list(modules_to_save, kModuleNames, 2); }
 
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
@@ -151,7 +164,8 @@ std::string GptConfig::describe() const {
                     " (documents end at token " + std::to_string(eod_token) + ")"
               : std::string()) +
          (lora.enabled() ? ", LoRA rank " + std::to_string(lora.rank) + " alpha " + fmt_prob(lora.alpha > 0 ? lora.alpha : lora.rank) +
-                               " on " + lora.target_list()
+                               " on " + lora.target_list() +
+                               (lora.modules_to_save ? " (training in full: " + lora.module_list() + ")" : std::string())
                          : std::string());
 }
 

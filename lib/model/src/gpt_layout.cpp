@@ -86,10 +86,14 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   size_t base = layout.numel();
   *lnfw = layout.add("final_layernorm.weight", {C}, false, rep).offset - base;
   *lnfb = layout.add("final_layernorm.bias", {C}, false, rep).offset - base;
-  if (cfg.lora.enabled())  // LoRA: the base model is frozen, only the adapters train
-    for (size_t b = 0; b < layout.blocks().size(); ++b)
-      if (layout.blocks()[b].name.size() < 5 || layout.blocks()[b].name.compare(layout.blocks()[b].name.size() - 5, 5, ".lora") != 0)
-        layout.freeze(static_cast<int>(b));
+  if (cfg.lora.enabled())  // LoRA: the base model is frozen; the adapters and any modules to save train
+    for (size_t b = 0; b < layout.blocks().size(); ++b) {
+      const std::string& n = layout.blocks()[b].name;
+      const bool adapters = n.size() >= 5 && n.compare(n.size() - 5, 5, ".lora") == 0;
+      const bool saved = (n == "final_norm" && cfg.lora.saves(LoraConfig::final_layernorm)) ||
+                         (n == "embedding" && cfg.lora.saves(LoraConfig::embedding));
+      if (!adapters && !saved) layout.freeze(static_cast<int>(b));
+    }
 }
 
 ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank) {

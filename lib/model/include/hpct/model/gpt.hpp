@@ -80,12 +80,22 @@ struct LoraConfig {
   int rank = 0;          // --lora-rank: 0 = off
   double alpha = 0;      // --lora-alpha: the update's scale is alpha / rank; 0 = rank (scale 1)
   unsigned targets = 0xF;  // --lora-targets: a bit per Target (default all four linears)
+  // --lora-modules-to-save (PEFT's modules_to_save): base blocks that train in full beside the
+  // adapters, a bit per Module. The final norm lets the output's scale and bias move (an
+  // undertrained base's rare-token embeddings cap the logits a frozen head can reach).
+  enum Module { final_layernorm = 0, embedding = 1 };
+  static constexpr const char* kModuleNames[2] = {"final_layernorm", "embedding"};
+  unsigned modules_to_save = 0;
   bool enabled() const { return rank > 0; }
   bool adapts(int t) const { return enabled() && (targets >> t & 1u); }
+  bool saves(int m) const { return enabled() && (modules_to_save >> m & 1u); }
   double scale() const { return (alpha > 0 ? alpha : rank) / rank; }
   /// "qkv,proj" -> the bits; throws config_error naming --lora-targets for an unknown name.
   static unsigned parse_targets(const std::string& list);
+  /// "final_layernorm" -> the bits; throws config_error naming --lora-modules-to-save.
+  static unsigned parse_modules(const std::string& list);
   std::string target_list() const;
+  std::string module_list() const;
 };
 
 struct GptConfig {
