@@ -4,8 +4,9 @@
 # the responses), then asked the 200 held-out word lists it never saw, greedy: exact answers.
 #   bench/sft_reverse.sh [FT_ITERS ...]     (default 600; several: one finetune run each)
 # Environment: PRE_ITERS (default 300), OUT (default bench/out/sft_reverse), LR (default 1e-3),
-# LORA_RANK (LoRA finetuning at that rank, alpha 2 x rank, on all four linears; the adapters are
-# merged into the base with hpct_ckpt merge-lora before the held-out prompts are asked).
+# LORA_RANK (LoRA finetuning at that rank, alpha 2 x rank, on LORA_TARGETS, default the four
+# linears; LORA_SAVE: --lora-modules-to-save; the adapters are merged into the base with hpct_ckpt merge-lora before the held-out
+# prompts are asked), REUSE_PRETRAINED (keep OUT/pretrained from an earlier run).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/env.sh
@@ -36,7 +37,10 @@ json.dump([" " + " ".join(reversed(w)) for w in rows[3800:]], open(f"{out}/held_
 PY
 pre=${PRE_ITERS:-300}
 lora=()
-if [[ -n ${LORA_RANK:-} ]]; then lora=(--lora-rank "$LORA_RANK" --lora-alpha $((2 * LORA_RANK))); fi
+if [[ -n ${LORA_RANK:-} ]]; then
+  lora=(--lora-rank "$LORA_RANK" --lora-alpha $((2 * LORA_RANK)) --lora-targets "${LORA_TARGETS:-qkv,proj,fc,fc2}")
+  if [[ -n ${LORA_SAVE:-} ]]; then lora+=(--lora-modules-to-save "$LORA_SAVE"); fi
+fi
 if [[ -d $out/pretrained && -n ${REUSE_PRETRAINED:-} ]]; then
   echo "# reusing $out/pretrained"
 else

@@ -1,11 +1,12 @@
 // LoRA in training, under mpirun (1 or 2 ranks).
 //
-// - Only the adapters move: after training every base tensor is bitwise its initial value, every B
-//   has left zero; the model states are the adapters' (fp32: 4 + 4 + 8 bytes each) beside the frozen
+// - Only the adapters (on the four linears and the embedding) move: after training every base
+//   tensor is bitwise its initial value, every B has moved; the model states are the adapters' (fp32: 4 + 4 + 8 bytes each) beside the frozen
 //   base held once (4 bytes, or 2 in bf16 runs), as measured by the store.
 // - A checkpoint holds the adapters only (and their moments), and resuming from it at iteration 4
 //   equals the straight run bitwise.
-// - The ZeRO-Offload bridge (DeviceStore, as a GPU run uses it) equals the plain store bitwise.
+// - The ZeRO-Offload bridge (DeviceStore, as a GPU run uses it) equals the plain store bitwise (one
+//   micro-step per step).
 // - On 2 ranks, data parallel with ZeRO 0, 2 and 3 equals the one-rank run within 1e-5 relative on
 //   every loss (the adapters' gradients are reduced in another order: fp32 rounding, ~1e-7).
 #include <gtest/gtest.h>
@@ -34,6 +35,7 @@ engine::TrainConfig tiny(int iters) {
   c.lr_decay_iters = 10;
   c.model.lora.rank = 4;
   c.model.lora.alpha = 8;
+  c.model.lora.targets = 0x1F;  // the four linears and the embedding
   return c;
 }
 
@@ -80,7 +82,7 @@ TEST(LoraTraining, OnlyTheAdaptersMove) {
   for (const auto& t : r.layout.tensors()) {
     const bool moved = std::memcmp(r.params.data() + t.offset, r.initial.data() + t.offset, t.numel * 4) != 0;
     if (is_adapter(t)) {
-      if (t.name.find(".lora_b.") != std::string::npos) EXPECT_TRUE(moved) << t.name << " never left zero";
+      EXPECT_TRUE(moved) << t.name << " did not train";
     } else {
       EXPECT_FALSE(moved) << t.name << " is frozen but changed";
     }
@@ -88,7 +90,7 @@ TEST(LoraTraining, OnlyTheAdaptersMove) {
   for (double l : r.losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_LT(r.losses.back(), r.losses.front());
   EXPECT_GT(r.adapters, 0u);
-  EXPECT_EQ(r.adapters, 2u * 4 * 16 * 32) << "rank x (4 + 2 + 5 + 5) x hidden per layer";
+  EXPECT_EQ(r.adapters, 2u * 4 * 16 * 32 + 4 * (104 + 32)) << "rank x (4 + 2 + 5 + 5) x hidden per layer, rank x (Vp + hidden)";
   EXPECT_EQ(r.mem.frozen, r.base * sizeof(float));
   // Stage 0 on world().size() ranks: every rank holds the adapters' whole fp32 states.
   EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, r.adapters * 16);
@@ -138,13 +140,17 @@ TEST(LoraTraining, CheckpointHoldsTheAdaptersAndResumesExactly) {
   if (w.rank() == 0) fs::remove_all(d);
 }
 
+// One micro-step per step: with several, fp32 gradients add in another order on the two routes
+// (the embedding adapter's gradient has two contributions per micro-step; test_zero explains).
 TEST(LoraTraining, TheDeviceStoreBridgeEqualsThePlainStore) {
   auto c = tiny(4);
+  c.micro_batch = c.global_batch / world().size();
   const LoraRun plain = train(c, world());
   c.via_device_store = true;
   const LoraRun bridged = train(c, world());
   EXPECT_EQ(bridged.losses, plain.losses);
-  EXPECT_EQ(std::memcmp(bridged.params.data(), plain.params.data(), plain.params.size() * 4), 0);
+  for (const auto& t : plain.layout.tensors())
+    EXPECT_EQ(std::memcmp(bridged.params.data() + t.offset, plain.params.data() + t.offset, t.numel * 4), 0) << t.name;
 }
 
 TEST(LoraTraining, DataParallelZeroMatchesOneRank) {

@@ -101,8 +101,9 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   const size_t n = cpu.layout().numel();
   std::vector<float> params(n), grads(n, 0.0f);
   cpu.init_params(params.data(), 1234);
-  for (const auto& t : cpu.layout().tensors())  // LoRA: B off zero, so A's gradient is not zero too
-    if (t.name.find(".lora_b.") != std::string::npos)
+  // LoRA: the factor that starts at zero moved off it, so that both factors get a gradient
+  for (const auto& t : cpu.layout().tensors())
+    if (t.name.find(".lora_") != std::string::npos && params[t.offset] == 0.0f && params[t.offset + t.numel - 1] == 0.0f)
       for (size_t i = 0; i < t.numel; ++i) params[t.offset + i] = 0.05f * static_cast<float>(static_cast<int>(i % 7) - 3);
   BackendBuffer dparams(*gpu_be, n * sizeof(float)), dgrads(*gpu_be, n * sizeof(float));
   gpu_be->copy_from_host(dparams.as<void>(), params.data(), n * sizeof(float));
@@ -174,12 +175,14 @@ TEST(GptCuda, Fp32WithRandomLtdDocumentsAndRecomputeMatchesTheCpu) {
   c.eod_token = 42;
   compare_one_step(Precision::fp32, true, 1e-4, c, 8);
 }
-// LoRA: the adapters' GEMMs and scaled adds on the device, the frozen base without weight
+// LoRA: the adapters' GEMMs and scaled adds on the device (the embedding's: its row gather, the
+// head's extra logits and the scatter-add of its gradient), the frozen base without weight
 // gradients (the store gives none); same tolerances.
 TEST(GptCuda, Fp32LoraWithRecomputeMatchesTheCpu) {
   model::GptConfig c = tiny();
   c.lora.rank = 4;
   c.lora.alpha = 8;
+  c.lora.targets = 0x1F;
   compare_one_step(Precision::fp32, true, 1e-4, c);
 }
 TEST(GptCuda, MoeTop2ResidualWithRecomputeMatchesTheCpu) {

@@ -36,18 +36,24 @@ void merge_lora(const model::GptConfig& lora, const std::vector<float>& adapters
     const std::string linear = a.name.substr(0, at);
     const TensorSpec& b = stored.find(linear + ".lora_b.weight");
     const TensorSpec& w = layout.find(linear + ".weight");
-    const int64_t out = w.shape[0], in = w.shape[1];
-    if (a.shape != std::vector<int64_t>{r, in} || b.shape != std::vector<int64_t>{out, r})
+    const int64_t rows = w.shape[0], cols = w.shape[1];
+    // A linear's W (out, in) += s B A, B (out, r), A (r, in); the embedding's E (Vp, C) += s A B^T,
+    // A (Vp, r), B (C, r). Either way W[i][j] += s sum_k L[i][k] R[k][j], R read with strides.
+    const bool emb = linear == "embedding.word_embeddings";
+    const std::vector<int64_t> want_a = emb ? std::vector<int64_t>{rows, r} : std::vector<int64_t>{r, cols};
+    const std::vector<int64_t> want_b = emb ? std::vector<int64_t>{cols, r} : std::vector<int64_t>{rows, r};
+    if (a.shape != want_a || b.shape != want_b)
       throw Error("merge_lora: " + linear + "'s adapters " + shape_string(a.shape) + " and " + shape_string(b.shape) +
                   " do not fit its weight " + shape_string(w.shape));
-    const float* A = adapters.data() + a.offset;
-    const float* B = adapters.data() + b.offset;
+    const float* L = adapters.data() + (emb ? a.offset : b.offset);  // (rows, r)
+    const float* R = adapters.data() + (emb ? b.offset : a.offset);
+    const int64_t rk = emb ? 1 : cols, rj = emb ? r : 1;           // R[k][j] = R[k * rk + j * rj]
     float* W = base.data() + w.offset;
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
         double d = 0;
-        for (int k = 0; k < r; ++k) d += static_cast<double>(B[o * r + k]) * A[k * in + i];
-        W[o * in + i] = static_cast<float>(W[o * in + i] + s * d);
+        for (int k = 0; k < r; ++k) d += static_cast<double>(L[i * r + k]) * R[k * rk + j * rj];
+        W[i * cols + j] = static_cast<float>(W[i * cols + j] + s * d);
       }
   }
 }

@@ -189,6 +189,7 @@ static const char* help_group(const std::string& f) {
       if (f.find(p) != std::string::npos) return true;
     return false;
   };
+  if (any({"--lora-"})) return "LoRA (finetuning)";
   if (any({"expert", "moe", "--topk", "--mlp-type", "duplicate-token"})) return "mixture of experts";
   if (any({"fusion"})) return "training";
   if (any({"pipeline"})) return "distributed";

@@ -42,6 +42,12 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   vstart_ = tp_.rank() * Vl_;
   build_layout(cfg_, tp_.rank(), layout_, &blocks_, &wte_, &wpe_, &lnfw_, &lnfb_);
   final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
+  if (cfg_.lora.adapts(LoraConfig::embedding)) {
+    const TensorSpec& a = layout_.find("embedding.word_embeddings.lora_a.weight");
+    emb_lora_block_ = a.block;
+    emb_lora_a_ = a.offset - layout_.blocks()[a.block].offset;
+    emb_lora_b_ = layout_.find("embedding.word_embeddings.lora_b.weight").offset - layout_.blocks()[a.block].offset;
+  }
   const size_t C = cfg_.hidden_size;
   const size_t Fe = expert_width();  // 4C, or 4C/T with expert tensor parallelism
   ex_ = ExpertOffsets{0, Fe * C, Fe * C + Fe, 2 * Fe * C + Fe};
@@ -138,13 +144,20 @@ void Gpt::ensure_workspace(int B, int T) {
   }
   if (cfg_.lora.enabled()) {  // x A^T per adapted linear and set; update scratch; the frozen norms' discarded gradients
     const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * 4 * C + N * r + (sp ? 0 : 4 * C);
-    ws->lora_mem = kernels::BackendBuffer(*ops_, (sets + extra) * sizeof(float));
+    const size_t emb = emb_lora_block_ >= 0 ? N * r + 2 * (size_t)kHeadRows * r + (size_t)kHeadRows * Vl + (size_t)T * r : 0;
+    ws->lora_mem = kernels::BackendBuffer(*ops_, (sets + extra + emb) * sizeof(float));
     float* q = ws->lora_mem.as<float>();
     for (auto& a : ws->acts)
       for (int t = 0; t < 4; ++t) a.lora_h[t] = q, q += N * r;
     ws->lora_t = q, q += N * 4 * C;
     ws->lora_dh = q, q += N * r;
-    if (!sp) ws->dnorm = q;
+    if (!sp) ws->dnorm = q, q += 4 * C;
+    if (emb) {
+      ws->lora_u = q, q += N * r;
+      ws->lora_z = q, q += 2 * (size_t)kHeadRows * r;
+      ws->lora_logits = q, q += (size_t)kHeadRows * Vl;
+      ws->lora_dpos = q;
+    }
   }
   if (!ops_->host_memory()) {
     ws->host_losses.assign(N, 0.0f);
@@ -370,13 +383,16 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
     int rows = std::min(kHeadRows, N - r0);
     const float* xin = w.lnf + (size_t)r0 * C;
     ops_->matmul_forward(w.logits, xin, ep + wte_, nullptr, rows, C, Vl_, precision_);
+    lora_head(xin, w.logits, rows, false, nullptr);
     if (tp_.enabled())
       tp_.cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, Vl_, vstart_, V, backward);
     else
       ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
-    if (backward)
+    if (backward) {
       ops_->matmul_backward(w.dln + (size_t)r0 * C, eg ? eg + wte_ : nullptr, nullptr, w.logits, xin, ep + wte_, rows,
                             C, Vl_, precision_);
+      lora_head(xin, w.logits, rows, true, w.dln + (size_t)r0 * C);
+    }
   }
   const float* losses = w.losses;
   if (!ops_->host_memory()) {
@@ -410,6 +426,10 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   if (tp_.enabled())  // host memory only: positions_ is doc_pos_
     tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_, w.dln, positions_);
   else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, positions_);
+  if (emb_lora_block_ >= 0) {  // held until the head (the caller releases it)
+    emb_lora_p_ = store.params(emb_lora_block_);
+    lora_embed_forward(tokens, w.res, B * T);
+  }
   hidden_dropout(w.res, -1, kernels::DropoutSite::embedding, B, T);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const int b = blocks_[l].block;
@@ -438,7 +458,9 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const int F = final_block_;
   const float* fp = store.params(F);
+  if (emb_lora_block_ >= 0) emb_lora_g_ = store.grads(emb_lora_block_);
   double loss = head(ep, store.grads(0), fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
+  if (emb_lora_block_ >= 0) store.release(emb_lora_block_);
   store.release(F);
   store.release(0);  // the tied head was the last reader of the embedding's parameters (ZeRO-3 frees them now)
   store.grads_ready(F);
@@ -467,6 +489,14 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     TensorParallel::embedding_backward(eg + wte_, eg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_,
                                        positions_);
   else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C, positions_);
+  if (emb_lora_block_ >= 0) {  // the embedding's adapters: the input side's share, then complete
+    emb_lora_p_ = store.params(emb_lora_block_);
+    emb_lora_g_ = store.grads(emb_lora_block_);
+    lora_embed_backward(tokens, w.dres, B, T);
+    store.release(emb_lora_block_);
+    store.grads_ready(emb_lora_block_);
+    emb_lora_p_ = nullptr, emb_lora_g_ = nullptr;
+  }
   store.grads_ready(0);
   phase_.backward += phase.seconds();
   return loss;
@@ -481,7 +511,9 @@ double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const in
   Workspace& w = *ws_;
   const int L = cfg_.num_layers;
   const size_t NC = tp_.local_rows((size_t)B * T) * cfg_.hidden_size;
+  emb_lora_g_ = nullptr;
   double loss = head(ep, nullptr, store.params(final_block_), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
+  if (emb_lora_block_ >= 0) store.release(emb_lora_block_), emb_lora_p_ = nullptr;
   store.release(final_block_);
   store.release(0);
   return loss;

@@ -60,6 +60,9 @@ struct Gpt::Workspace {
   kernels::BackendBuffer lora_mem;
   float* lora_t = nullptr;   // (N, 4C)
   float* lora_dh = nullptr;  // (N, rank)
+  // The embedding's adapters: A[token] rows (N, rank), the head chunk's x B and s x B (2 x 256 x
+  // rank), its adapter logits (256, Vp), and scratch for the scatter's position gradient (T, rank)
+  float *lora_u = nullptr, *lora_z = nullptr, *lora_logits = nullptr, *lora_dpos = nullptr;
 };
 
 // A growable array in a backend's memory (the MoE layer's rows and scratch). resize() keeps

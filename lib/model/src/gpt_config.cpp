@@ -50,8 +50,8 @@ void GptConfig::validate() const {
                        "have (eod " + std::to_string(eod_token) + ", vocabulary " + std::to_string(vocab_size) + ")",
                        "train on a dataset with --vocab-file and --merge-file (not --mock-data)");
   if (lora.enabled()) {
-    if (lora.targets == 0 || lora.targets > 0xF)
-      throw config_error("--lora-targets", "--lora-targets must name at least one of qkv, proj, fc, fc2");
+    if (lora.targets == 0 || lora.targets > 0x1F)
+      throw config_error("--lora-targets", "--lora-targets must name at least one of qkv, proj, fc, fc2, embedding");
     if (!(lora.alpha >= 0) || !std::isfinite(lora.alpha))
       throw config_error("--lora-alpha", "--lora-alpha must be positive, got " + std::to_string(lora.alpha));
     if (tensor_parallel > 1)
@@ -138,11 +138,11 @@ std::string name_list(unsigned bits, const char* const* names, int n) {
 }
 }  // namespace
 
-unsigned LoraConfig::parse_targets(const std::string& list) { return parse_names("--lora-targets", list, kTargetNames, 4); }
+unsigned LoraConfig::parse_targets(const std::string& list) { return parse_names("--lora-targets", list, kTargetNames, 5); }
 unsigned LoraConfig::parse_modules(const std::string& list) {
   return parse_names("--lora-modules-to-save", list, kModuleNames, 2);
 }
-std::string LoraConfig::target_list() const { return name_list(targets, kTargetNames, 4); }
+std::string LoraConfig::target_list() const { return name_list(targets, kTargetNames, 5); }
 std::string LoraConfig::module_list() const { return name_list(modules_to_save, kModuleNames, 2); }
 
 std::string GptConfig::describe() const {

@@ -21,6 +21,11 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   layout.begin_block("embedding");
   *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col).offset;
   *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep).offset;
+  if (cfg.lora.adapts(LoraConfig::embedding)) {  // the tied embedding's adapters, beside it
+    layout.begin_block("embedding.lora");
+    layout.add("embedding.word_embeddings.lora_a.weight", {Vp, cfg.lora.rank}, true, rep);
+    layout.add("embedding.word_embeddings.lora_b.weight", {C, cfg.lora.rank}, true, rep);
+  }
   int moe_index = 0;
   for (int l = 0; l < cfg.num_layers; ++l) {
     std::string p = "layers." + std::to_string(l) + ".";
@@ -91,7 +96,7 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
       const std::string& n = layout.blocks()[b].name;
       const bool adapters = n.size() >= 5 && n.compare(n.size() - 5, 5, ".lora") == 0;
       const bool saved = (n == "final_norm" && cfg.lora.saves(LoraConfig::final_layernorm)) ||
-                         (n == "embedding" && cfg.lora.saves(LoraConfig::embedding));
+                         (n == "embedding" && cfg.lora.saves(LoraConfig::embeddings));
       if (!adapters && !saved) layout.freeze(static_cast<int>(b));
     }
 }
@@ -122,13 +127,17 @@ void Gpt::init_block(int block, float* dst, uint64_t seed) const {
     bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
     bool is_out = t.name.find("attention.dense.weight") != std::string::npos ||
                   t.name.find("dense_4h_to_h.weight") != std::string::npos;
+    const bool emb = t.name.rfind("embedding.", 0) == 0;
     const bool lora_a = t.name.find(".lora_a.") != std::string::npos, lora_b = t.name.find(".lora_b.") != std::string::npos;
-    if (is_norm_weight || is_bias || lora_b) {  // LoRA's B starts at zero: the adapted model starts as the base
+    // LoRA: one factor starts at zero, so the adapted model starts as the base (B of a linear, A
+    // of the embedding, as PEFT)
+    if (is_norm_weight || is_bias || (lora_b && !emb) || (lora_a && emb)) {
       std::fill(p, p + t.numel, is_norm_weight ? 1.0f : 0.0f);
       continue;
     }
-    // LoRA's A: PEFT's kaiming_uniform(a=sqrt(5)) has variance 1/(3 in); the same variance, normal.
-    const double sd = lora_a ? 1.0 / std::sqrt(3.0 * static_cast<double>(t.shape[1])) : is_out ? std_out : std_w;
+    // A linear's A: PEFT's kaiming_uniform(a=sqrt(5)) has variance 1/(3 in); the same variance,
+    // normal. The embedding's B: PEFT's N(0, 1).
+    const double sd = lora_b ? 1.0 : lora_a ? 1.0 / std::sqrt(3.0 * static_cast<double>(t.shape[1])) : is_out ? std_out : std_w;
     // A tensor-parallel part draws the full tensor's sequence and keeps its own elements, so every
     // element has the value it has at T = 1 (Megatron's --use-cpu-initialization does the same).
     uint64_t next = 0;  // full-tensor index of the next draw

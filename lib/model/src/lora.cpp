@@ -4,6 +4,10 @@
 #include <string>
 
 #include "gpt_acts.hpp"
+
+namespace {
+constexpr int kLoraHeadRows = 256;  // = gpt.cpp's kHeadRows: the head's row chunk
+}
 #include "hpct/model/gpt.hpp"
 
 namespace hpct::model {
@@ -51,6 +55,65 @@ void Gpt::lora_backward(const Block& o, LayerActs& a, int t, const float* x, con
                         rows, r, outw, precision_);
   ops_->matmul_backward(dx, lora_g_ ? lora_g_ + o.lora_a[t] : nullptr, nullptr, dh, x, lora_p_ + o.lora_a[t], rows, in,
                         r, precision_);
+}
+
+// The embedding E (Vp, C) adapted to E + s A B^T, A (Vp, rank), B (C, rank): the input row of token
+// v gains s A[v] B^T, the logits of x gain s (x B) A^T. Products with B un-transposed use
+// matmul_backward's dinp += dout W (a documented contract of the op: W is B as (OC = C, rank)).
+void Gpt::lora_embed_forward(const int32_t* tokens, float* x, int N) {
+  if (emb_lora_block_ < 0) return;
+  const int r = cfg_.lora.rank, C = cfg_.hidden_size;
+  ops_->gather_rows(ws_->lora_u, emb_lora_p_ + emb_lora_a_, tokens, (size_t)N, r);  // A[token], (N, r)
+  ops_->matmul_forward(ws_->lora_t, ws_->lora_u, emb_lora_p_ + emb_lora_b_, nullptr, N, r, C, precision_);
+  ops_->add_scaled(x, ws_->lora_t, static_cast<float>(cfg_.lora.scale()), (size_t)N * C);
+}
+
+void Gpt::lora_head(const float* x, float* logits, int rows, bool backward, float* dx) {
+  if (emb_lora_block_ < 0) return;
+  const int r = cfg_.lora.rank, C = cfg_.hidden_size, Vp = Vl_;
+  const float s = static_cast<float>(cfg_.lora.scale());
+  const float* A = emb_lora_p_ + emb_lora_a_;
+  const float* Bm = emb_lora_p_ + emb_lora_b_;
+  Workspace& w = *ws_;
+  float *z = w.lora_z, *zs = w.lora_z + (size_t)kLoraHeadRows * r;  // x B and s x B, (rows, r) each
+  if (!backward) {
+    ops_->zero(z, (size_t)rows * r * sizeof(float));
+    ops_->matmul_backward(z, nullptr, nullptr, x, nullptr, Bm, rows, r, C, precision_);  // z = x B
+    ops_->zero(zs, (size_t)rows * r * sizeof(float));
+    ops_->add_scaled(zs, z, s, (size_t)rows * r);
+    ops_->matmul_forward(w.lora_logits, zs, A, nullptr, rows, r, Vp, precision_);  // s (x B) A^T
+    ops_->add_scaled(logits, w.lora_logits, 1.0f, (size_t)rows * Vp);
+    return;
+  }
+  // logits holds d(loss)/d(logits): dA += dlogits^T zs, d(zs) = dlogits A, dz = s d(zs),
+  // dB += x^T dz, dx += dz B^T.
+  float* dz = w.lora_dh;
+  ops_->zero(dz, (size_t)rows * r * sizeof(float));
+  ops_->matmul_backward(dz, emb_lora_g_ ? emb_lora_g_ + emb_lora_a_ : nullptr, nullptr, logits, zs, A, rows, r, Vp,
+                        precision_);
+  ops_->zero(z, (size_t)rows * r * sizeof(float));
+  ops_->add_scaled(z, dz, s, (size_t)rows * r);  // z is free now: it holds dz
+  if (emb_lora_g_)
+    ops_->matmul_backward(nullptr, emb_lora_g_ + emb_lora_b_, nullptr, x, z, Bm, rows, r, C, precision_);
+  ops_->matmul_forward(w.lora_t, z, Bm, nullptr, rows, r, C, precision_);  // dz B^T
+  ops_->add_scaled(dx, w.lora_t, 1.0f, (size_t)rows * C);
+}
+
+void Gpt::lora_embed_backward(const int32_t* tokens, const float* dx, int B, int T) {
+  if (emb_lora_block_ < 0 || !emb_lora_g_) return;
+  const int r = cfg_.lora.rank, C = cfg_.hidden_size, N = B * T;
+  Workspace& w = *ws_;
+  float* sdx = w.lora_t;  // s dx, (N, C)
+  ops_->zero(sdx, (size_t)N * C * sizeof(float));
+  ops_->add_scaled(sdx, dx, static_cast<float>(cfg_.lora.scale()), (size_t)N * C);
+  const float* Bm = emb_lora_p_ + emb_lora_b_;
+  ops_->matmul_backward(nullptr, emb_lora_g_ + emb_lora_b_, nullptr, sdx, w.lora_u, Bm, N, r, C, precision_);  // dB += s dx^T u
+  float* du = w.lora_dh;  // d(A[token]) = s dx B, (N, r)
+  ops_->zero(du, (size_t)N * r * sizeof(float));
+  ops_->matmul_backward(du, nullptr, nullptr, sdx, nullptr, Bm, N, r, C, precision_);
+  // dA[token] += du: the embedding's scatter-add (its position gradient goes to scratch)
+  ops_->zero(w.lora_dpos, (size_t)T * r * sizeof(float));
+  ops_->encoder_backward(emb_lora_g_ + emb_lora_a_, w.lora_dpos, du, tokens, B, T, r, nullptr);
 }
 
 }  // namespace hpct::model

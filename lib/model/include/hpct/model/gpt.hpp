@@ -75,15 +75,17 @@ struct MoeConfig {
 /// gradient, no optimizer state, not in checkpoints). Adapters live in one block per layer,
 /// "layers.<l>.lora", named "<linear>.lora_a.weight" / "<linear>.lora_b.weight" (docs/finetune.md).
 struct LoraConfig {
-  enum Target { qkv = 0, proj = 1, fc = 2, fc2 = 3 };
-  static constexpr const char* kTargetNames[4] = {"qkv", "proj", "fc", "fc2"};
+  // embedding: the tied word embedding (input and LM head), as PEFT adapts nn.Embedding: E + s A B^T
+  // with A (padded vocab, rank) starting at zero and B (hidden, rank) at N(0, 1).
+  enum Target { qkv = 0, proj = 1, fc = 2, fc2 = 3, embedding = 4 };
+  static constexpr const char* kTargetNames[5] = {"qkv", "proj", "fc", "fc2", "embedding"};
   int rank = 0;          // --lora-rank: 0 = off
   double alpha = 0;      // --lora-alpha: the update's scale is alpha / rank; 0 = rank (scale 1)
-  unsigned targets = 0xF;  // --lora-targets: a bit per Target (default all four linears)
+  unsigned targets = 0xF;  // --lora-targets: a bit per Target (default the four linears, not the embedding)
   // --lora-modules-to-save (PEFT's modules_to_save): base blocks that train in full beside the
   // adapters, a bit per Module. The final norm lets the output's scale and bias move (an
   // undertrained base's rare-token embeddings cap the logits a frozen head can reach).
-  enum Module { final_layernorm = 0, embedding = 1 };
+  enum Module { final_layernorm = 0, embeddings = 1 };  // "final_layernorm", "embedding"
   static constexpr const char* kModuleNames[2] = {"final_layernorm", "embedding"};
   unsigned modules_to_save = 0;
   bool enabled() const { return rank > 0; }
@@ -319,6 +321,13 @@ class Gpt {
   /// `grads`) from the store; lora_done() releases it (and reports its gradient complete).
   void lora_use(ParamStore& store, int l, bool grads);
   void lora_done(ParamStore& store, int l, bool grads);
+  /// The embedding's adapters (LoraConfig::embedding; nothing without them): the input side adds
+  /// scale * A[token] B^T to the N rows of x; the head side adds scale * (x B) A^T to `rows` rows of
+  /// logits, and its backward (dlogits in `logits`) adds to dx and the adapters' gradients; the
+  /// input side's backward takes d(embedding output). Parameters: emb_lora_p_ (and _g_), set by the caller.
+  void lora_embed_forward(const int32_t* tokens, float* x, int N);
+  void lora_head(const float* x, float* logits, int rows, bool backward, float* dx);
+  void lora_embed_backward(const int32_t* tokens, const float* dx, int B, int T);
   /// Under sequence parallelism: this rank's rows of d (N rows of C) gathered into the workspace's
   /// full buffer, which is returned; without it, d itself.
   const float* gather_rows(const float* d, int N);
@@ -405,6 +414,10 @@ class Gpt {
   PhaseSeconds phase_;
   const float* lora_p_ = nullptr;  // the current layer's adapters (lora_use), in the backend's memory
   float* lora_g_ = nullptr;
+  int emb_lora_block_ = -1;        // the embedding's adapter block, or -1
+  size_t emb_lora_a_ = 0, emb_lora_b_ = 0;  // its A (Vp, rank) and B (C, rank), offsets in the block
+  const float* emb_lora_p_ = nullptr;
+  float* emb_lora_g_ = nullptr;
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;
   std::unique_ptr<Workspace> ws_;                 // declared after ops_: its buffers go back to ops_ first
