@@ -86,9 +86,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });
-  stored_ = schema.trained();
-  stored_at_.assign(schema.blocks().size(), 0);
-  for (const auto& b : stored_.blocks()) stored_at_[b.origin < 0 ? &b - stored_.blocks().data() : b.origin] = b.offset;
+  init_stored_layout();
   if (cfg_.async_save && !cfg_.save_dir.empty()) map_staging();
   scaler_ = LossScaler(cfg_.loss_scale, cfg_.precision == PrecisionMode::fp16);
   const int T = cfg_.model.max_seq_length;

@@ -105,6 +105,13 @@ static void copy_piece(const parallel::StatePiece& from, const parallel::StatePi
   std::memcpy(to.exp_avg_sq, from.exp_avg_sq, from.count * sizeof(float));
 }
 
+void Trainer::init_stored_layout() {
+  const ParamLayout& schema = model_->layout();
+  stored_ = schema.trained();
+  stored_at_.assign(schema.blocks().size(), 0);
+  for (const auto& b : stored_.blocks()) stored_at_[b.origin < 0 ? &b - stored_.blocks().data() : b.origin] = b.offset;
+}
+
 void Trainer::visit_stored(bool load, const std::function<void(const parallel::StatePiece&)>& fn) {
   const auto& blocks = model_->layout().blocks();
   if (stored_.blocks().size() == blocks.size()) return zero_->visit_pieces(load, fn);  // nothing frozen

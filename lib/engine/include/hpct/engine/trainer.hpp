@@ -187,6 +187,7 @@ class Trainer {
   CheckpointMeta checkpoint_meta() const;
   /// This rank's pieces of the stored tensors, in stored_layout()'s flat indices.
   void visit_stored(bool load, const std::function<void(const parallel::StatePiece&)>& fn);
+  void init_stored_layout();  // stored_ and stored_at_ from the model's layout
   ParamLayout stored_;
   std::vector<size_t> stored_at_;  // per model block: its offset in stored_ (trained blocks only)
   std::string lora_base_;          // LoRA: the fingerprint of the base weights loaded ("" : initialised)
