@@ -2,7 +2,8 @@
 //
 // - Only the adapters (on the four linears and the embedding) move: after training every base
 //   tensor is bitwise its initial value, every B has moved; the model states are the adapters' (fp32: 4 + 4 + 8 bytes each) beside the frozen
-//   base held once (4 bytes, or 2 in bf16 runs), as measured by the store.
+//   base held once (4 bytes, or 2 in bf16 runs), as measured by the store; --estimate-memory's
+//   planner (parallel::plan_memory) gives the same bytes.
 // - A checkpoint holds the adapters only (and their moments), and resuming from it at iteration 4
 //   equals the straight run bitwise.
 // - The ZeRO-Offload bridge (DeviceStore, as a GPU run uses it) equals the plain store bitwise (one
@@ -19,6 +20,7 @@
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/trainer.hpp"
 #include "hpct/io/h5_file.hpp"
+#include "hpct/parallel/memory_estimate.hpp"
 #include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"
 
@@ -46,7 +48,16 @@ struct LoraRun {
   std::string loaded;
   size_t base = 0, adapters = 0;  // elements of the model's layout
   ParamLayout layout;
+  model::GptConfig model;
 };
+
+// What --estimate-memory plans for this run at ZeRO stage 0 (ranks as host processes).
+uint64_t planned_states(const LoraRun& r, parallel::StatePrecision p) {
+  parallel::ClusterShape c;
+  c.devices_per_node = world().size();
+  c.host_bytes = 1ull << 40;
+  return parallel::plan_memory(parallel::gpt_size(r.model), p, 0, parallel::Offload::none, c).device_states;
+}
 
 LoraRun train(engine::TrainConfig c, const comm::Communicator& comm) {
   comm::ProcessGrid grid(comm, 1, 1);
@@ -61,6 +72,7 @@ LoraRun train(engine::TrainConfig c, const comm::Communicator& comm) {
   r.params = t.gather_full_params();
   r.mem = t.memory_report();
   r.layout = t.model().layout();
+  r.model = c.model;
   for (const auto& x : t.model().layout().tensors())
     (x.name.find(".lora_") != std::string::npos ? r.adapters : r.base) += x.numel;
   return r;
@@ -94,6 +106,8 @@ TEST(LoraTraining, OnlyTheAdaptersMove) {
   EXPECT_EQ(r.mem.frozen, r.base * sizeof(float));
   // Stage 0 on world().size() ranks: every rank holds the adapters' whole fp32 states.
   EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, r.adapters * 16);
+  EXPECT_EQ(planned_states(r, parallel::StatePrecision::fp32), r.mem.params + r.mem.grads + r.mem.optimizer + r.mem.frozen)
+      << "--estimate-memory plans what the store holds";
 }
 
 // --lora-modules-to-save final_layernorm: the final norm trains too (and is in the model states).
@@ -114,6 +128,8 @@ TEST(LoraTraining, Bf16KeepsTheFrozenBaseIn16Bits) {
   const LoraRun r = train(c, world());
   EXPECT_EQ(r.mem.frozen, r.base * 2);
   for (double l : r.losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_EQ(planned_states(r, parallel::StatePrecision::mixed), r.mem.params + r.mem.grads + r.mem.optimizer + r.mem.frozen)
+      << "--estimate-memory plans what the store holds";
 }
 
 TEST(LoraTraining, CheckpointHoldsTheAdaptersAndResumesExactly) {

@@ -292,3 +292,58 @@ TEST(MemoryEstimate, BadClusterNamesTheFlag) {
   auto bad = shape(2, 65, 2, 64, 256);  // hidden not divisible by heads
   EXPECT_THROW(gpt_size(bad), Error);
 }
+
+// LoRA: Ψ is what trains (the adapters, and the modules to save) and F the frozen base, both as the
+// model's own layout counts them; F adds param-bytes x F to every rank whatever the stage, and in
+// 16-bit runs the widened blocks in use to the buffers.
+TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
+  struct Case {
+    unsigned targets, save;
+  };
+  for (auto k : {Case{0xF, 0}, Case{0x1F, 0}, Case{0x3, 1}, Case{0x10, 1}, Case{0xC, 2}, Case{0x1F, 3}}) {
+    model::GptConfig g = shape(3, 96, 3, 40, 1000);
+    g.lora.rank = 4;
+    g.lora.targets = k.targets;
+    g.lora.modules_to_save = k.save;
+    const ParamLayout l = model::Gpt::layout_for(g);
+    const GptSize s = gpt_size(g);
+    const std::string what = g.describe();
+    EXPECT_EQ(s.params, l.trained().numel()) << what;
+    EXPECT_EQ(s.dense, s.params) << what;
+    uint64_t frozen = 0, largest = 0;
+    for (const auto& b : l.blocks()) {
+      if (b.trains) largest = std::max<uint64_t>(largest, b.numel);
+      else frozen += b.numel;
+    }
+    EXPECT_EQ(s.frozen, frozen) << what;
+    EXPECT_EQ(s.largest_block, largest) << what;
+    EXPECT_EQ(s.whole_model, l.numel()) << what;
+    EXPECT_EQ(s.params + s.frozen, l.numel()) << what;
+  }
+  model::GptConfig g = shape(12, 768, 12, 1024, 50257);  // GPT-2 124M, rank 8 on the four linears
+  g.lora.rank = 8;
+  const GptSize s = gpt_size(g), full = gpt_size(shape(12, 768, 12, 1024, 50257));
+  EXPECT_EQ(s.params, 12u * 8 * (4 * 768 + 2 * 768 + 5 * 768 + 5 * 768)) << "rank x (in + out) of each linear, per layer";
+  EXPECT_EQ(s.frozen, full.params);
+  EXPECT_EQ(s.frozen_working, full.embedding + full.layer);
+  const ClusterShape c = gpus(1, 8, 80);
+  for (auto prec : {StatePrecision::mixed, StatePrecision::fp32}) {
+    const StateBytes b = state_bytes(prec);
+    for (int stage = 0; stage <= 3; ++stage) {
+      const MemoryPlan with = plan_memory(s, prec, stage, Offload::none, c);
+      GptSize alone = s;  // the same adapters without a frozen base
+      alone.frozen = alone.frozen_working = 0;
+      const MemoryPlan without = plan_memory(alone, prec, stage, Offload::none, c);
+      EXPECT_EQ(with.device_states - without.device_states, b.param * s.frozen) << "stage " << stage;
+      EXPECT_EQ(with.device_buffers - without.device_buffers, prec == StatePrecision::mixed ? 4 * s.frozen_working : 0);
+      EXPECT_NE(with.formula.find(std::to_string(b.param) + "F"), std::string::npos) << with.formula;
+    }
+    const MemoryPlan off = plan_memory(s, prec, 3, Offload::optimizer_param_cpu, c);
+    EXPECT_EQ(off.device_states, 0u);
+    EXPECT_GE(off.host_states_per_rank, b.param * s.frozen) << "with parameter offload the base is the host's";
+  }
+  // The point of LoRA: 124M at stage 0 in bf16 needs 16 bytes per parameter finetuned in full, about
+  // 2 with rank-8 adapters.
+  EXPECT_LT(plan_memory(s, StatePrecision::mixed, 0, Offload::none, c).device_states,
+            plan_memory(full, StatePrecision::mixed, 0, Offload::none, c).device_states / 7);
+}

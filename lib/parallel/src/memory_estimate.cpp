@@ -24,6 +24,32 @@ std::string gb_text(uint64_t bytes) {
   return os.str();
 }
 
+// LoRA: what trains is the adapters (lib/model/src/gpt_layout.cpp: a "layers.<l>.lora" block per
+// layer, an "embedding.lora" block) and the modules to save; the rest of s's base is frozen.
+// (validate() refuses LoRA with tensor parallelism or MoE, so s counts the whole dense model.)
+void count_lora(const model::GptConfig& cfg, GptSize& s) {
+  using model::LoraConfig;
+  const LoraConfig& lo = cfg.lora;
+  const uint64_t C = (uint64_t)cfg.hidden_size, Vp = (uint64_t)cfg.padded_vocab(), r = (uint64_t)lo.rank;
+  const uint64_t in[4] = {C, C, C, 4 * C}, out[4] = {3 * C, C, 4 * C, C};  // qkv, proj, fc, fc2
+  uint64_t layer_adapters = 0;
+  for (int t = 0; t < 4; ++t)
+    if (lo.adapts(t)) layer_adapters += r * (in[t] + out[t]);  // A (rank, in) + B (out, rank)
+  const uint64_t emb_adapters = lo.adapts(LoraConfig::embedding) ? r * (Vp + C) : 0;  // A (Vp, rank) + B (C, rank)
+  const uint64_t norm = lo.saves(LoraConfig::final_layernorm) ? s.final_norm : 0;
+  const uint64_t emb = lo.saves(LoraConfig::embeddings) ? s.embedding : 0;
+  const uint64_t base = s.params, adapters = layer_adapters * (uint64_t)cfg.num_layers + emb_adapters;
+  s.frozen = base - norm - emb;
+  s.frozen_working = (emb ? 0 : s.embedding) + s.layer;
+  s.params = s.dense = adapters + norm + emb;
+  s.whole_model = base + adapters;
+  s.largest_block = 0;
+  for (auto [n, name] : {std::pair{layer_adapters, "layer adapters"}, {emb_adapters, "embedding adapters"},
+                         {emb, "embedding"}, {norm, "final norm"}})
+    if (n > s.largest_block) s.largest_block = n, s.largest_block_name = name;
+  s.largest_dense_block = s.largest_block;
+}
+
 }  // namespace
 
 GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
@@ -81,6 +107,7 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
     whole.moe.expert_tensor_parallel = false;
     s.whole_model = gpt_size(whole, 1).params;
   }
+  if (cfg.lora.enabled()) count_lora(cfg, s);
   return s;
 }
 
@@ -254,6 +281,12 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
     }
   }
 
+  if (size.frozen > 0) {  // LoRA's frozen base: whole on every rank, widened while in use in 16-bit runs
+    const uint64_t f = sb.param * size.frozen;
+    (o == Offload::optimizer_param_cpu || o == Offload::optimizer_param_nvme ? m.host_states_per_rank : m.device_states) += f;
+    if (m.device_states > 0) m.formula = (m.formula == "0" ? "" : m.formula + " + ") + p + "F";
+    if (prec == StatePrecision::mixed) m.device_buffers += 4 * size.frozen_working;
+  }
   const uint64_t gpn = (uint64_t)c.devices_per_node;
   m.host_per_node = gpn * (m.host_states_per_rank + m.host_buffers_per_rank);
   if (c.devices_in_host_memory()) m.host_per_node += gpn * m.device_total();
@@ -265,7 +298,7 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
   // DeepSpeed's estimators (estimate_zero2/zero3_model_states_mem_needs in its stage_1_and_2.py and
   // stage3.py, with zero_init and the 1.5 buffer factor), written for 16-bit training; shown beside
   // ours, not used for the verdicts.
-  if (prec == StatePrecision::mixed && size.experts == 0) {  // DeepSpeed's estimators know no experts
+  if (prec == StatePrecision::mixed && size.experts == 0 && size.frozen == 0) {  // they know no experts or frozen base
     const double P = (double)psi, n = (double)N, L4 = 4.0 * (double)B, gp = (double)c.devices_per_node;
     if (stage == 2 && o == Offload::none) {
       m.ds_device = 4 * P + 16 * P / n;
@@ -331,6 +364,13 @@ std::string MemoryEstimate::header_text() const {
      << (size.tensor_parallel > 1 ? " per tensor-parallel rank (T = " + std::to_string(size.tensor_parallel) + ")" : std::string())
      << " (embedding " << size.embedding << ", per layer " << size.layer
      << ", largest block: " << size.largest_block_name << " " << size.largest_block << ")\n";
+  if (size.frozen > 0)
+    os << "# LoRA: Ψ counts what trains (rank " << model.lora.rank << " adapters on " << model.lora.target_list()
+       << (model.lora.modules_to_save ? ", and " + model.lora.module_list() + " in full" : std::string())
+       << "); the frozen base, F = " << size.frozen << " parameters, is held whole by every rank in the working "
+       << "precision, and in 16-bit runs up to " << size.frozen_working
+       << " of them at once are widened to fp32 (counted with the buffers); the whole model " << size.whole_model
+       << " parameters\n";
   if (size.moe_layers > 0)
     os << "# MoE: " << size.moe_layers << " MoE layers, expert-parallel size " << size.expert_parallel
        << (model.moe.expert_tensor_parallel ? ", experts tensor-parallel" : "") << "; Ψ = dense " << size.dense
@@ -354,7 +394,7 @@ std::string MemoryEstimate::header_text() const {
      << "# device_formula: model states on one device; P = Ψ parameters, N = devices"
      << (size.tensor_parallel > 1 ? " / T (the data-parallel ranks)" : "")
      << (size.experts > 0 ? "; P/N = dense/N + experts/(N/EP) (experts sharded over the expert-data-parallel ranks)" : "")
-     << ".\n"
+     << (size.frozen > 0 ? "; F = the frozen base" : "") << ".\n"
      << "# not counted: activations, communication-library buffers, fragmentation. GB = 1e9 bytes.\n"
      << "# ds_*: DeepSpeed's own estimators for comparison (16-bit training only); we plan with ours.\n";
   return os.str();
@@ -400,6 +440,8 @@ nlohmann::json MemoryEstimate::json() const {
             {"moe_layers", size.moe_layers},
             {"expert_block_params", size.expert},
             {"whole_model_params", size.whole_model},
+            {"frozen_params", size.frozen},
+            {"frozen_working_params", size.frozen_working},
             {"embedding_params", size.embedding},
             {"layer_params", size.layer},
             {"final_norm_params", size.final_norm},

@@ -46,6 +46,12 @@ struct GptSize {
   std::string largest_block_name;
   uint64_t largest_dense_block = 0;  // the largest block but the experts (MoE: each group's engine has its own buffers)
   uint64_t whole_model = 0;    // every parameter, every expert, tensor-parallel parts whole
+  // LoRA (cfg.lora): Ψ, dense and the largest block count what trains (the adapters and any modules
+  // to save), which ZeRO shards as usual; the frozen base is apart, held whole by every rank in the
+  // working precision (parallel::GroupedStore's frozen group), with no gradient or optimizer state.
+  uint64_t frozen = 0;          // the frozen base's parameters (0 without LoRA)
+  uint64_t frozen_working = 0;  // of those, the most widened to fp32 at once in 16-bit runs: the
+                                // embedding (read from the input to the tied head) + one layer
 };
 /// Validates cfg (config_error naming the flag) and counts; expert_parallel must divide every MoE
 /// layer's experts (config_error naming --moe-expert-parallel-size).
@@ -99,6 +105,8 @@ struct BufferModel {
 
 /// One (stage, offload) row. Per-rank figures are exact integers: a partition is ceil(Ψ/N)
 /// elements (the engine pads Ψ to a multiple of N); with experts ceil(dense/N) + ceil(experts/(N/EP)).
+/// A LoRA model's frozen base (F parameters) adds param-bytes x F to every rank's states (to the
+/// host's with parameter offload) and, in 16-bit runs, 4 x frozen_working to its buffers.
 struct MemoryPlan {
   int stage = 0;
   Offload offload = Offload::none;
