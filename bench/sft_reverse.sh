@@ -6,7 +6,8 @@
 # Environment: PRE_ITERS (default 300), OUT (default bench/out/sft_reverse), LR (default 1e-3),
 # LORA_RANK (LoRA finetuning at that rank, alpha 2 x rank, on LORA_TARGETS, default the four
 # linears; LORA_SAVE: --lora-modules-to-save; the adapters are merged into the base with hpct_ckpt merge-lora before the held-out
-# prompts are asked), REUSE_PRETRAINED (keep OUT/pretrained from an earlier run).
+# prompts are asked), REUSE_PRETRAINED (keep OUT/pretrained from an earlier run), WORDS (the 30
+# words the lists are drawn from, space separated; default 30 nouns, most of them rare in Brown).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/env.sh
@@ -16,11 +17,11 @@ mkdir -p "$out"
 mpiflags=(--oversubscribe)
 if [[ $(id -u) -eq 0 ]]; then mpiflags+=(--allow-run-as-root); fi
 tok=(--vocab-file "$root/data/gpt2-vocab.json" --merge-file "$root/data/gpt2-merges.txt")
-python3 - "$out" <<'PY'
+python3 - "$out" "${WORDS:-}" <<'PY'
 import json, random, sys
 out = sys.argv[1]
 r = random.Random(3)
-words = ("apple river stone house green music paper window garden yellow summer winter table doctor school water "
+words = (sys.argv[2] or "apple river stone house green music paper window garden yellow summer winter table doctor school water "
          "light market silver forest ocean mountain letter friend animal planet orange circle bridge castle").split()
 seen, rows = set(), []
 while len(rows) < 4000:
