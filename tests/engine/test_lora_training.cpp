@@ -8,8 +8,9 @@
 //   equals the straight run bitwise.
 // - The ZeRO-Offload bridge (DeviceStore, as a GPU run uses it) equals the plain store bitwise (one
 //   micro-step per step).
-// - On 2 ranks, data parallel with ZeRO 0, 2 and 3 equals the one-rank run within 1e-5 relative on
-//   every loss (the adapters' gradients are reduced in another order: fp32 rounding, ~1e-7).
+// - On 2 ranks, data parallel with ZeRO 0, 2 and 3 (and 2, 3 with the position embedding training
+//   in its own block) equals the one-rank run within 1e-5 relative on every loss (the adapters'
+//   gradients are reduced in another order: fp32 rounding, ~1e-7).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,6 +123,21 @@ TEST(LoraTraining, AModuleToSaveTrainsInFull) {
   EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, (r.adapters + 2 * 32) * 16);
 }
 
+// --lora-modules-to-save position_embedding: the positions train, in their own block, the word
+// embedding stays; the model states and --estimate-memory's plan count the positions (16 x 32).
+TEST(LoraTraining, ThePositionEmbeddingTrainsAlone) {
+  engine::TrainConfig c = tiny(4);
+  c.model.lora.modules_to_save = 1u << model::LoraConfig::position_embeddings;
+  const LoraRun r = train(c, world());
+  const auto& p = r.layout.find("embedding.position_embeddings.weight");
+  EXPECT_NE(std::memcmp(r.params.data() + p.offset, r.initial.data() + p.offset, p.numel * 4), 0) << "the positions train";
+  const auto& e = r.layout.find("embedding.word_embeddings.weight");
+  EXPECT_EQ(std::memcmp(r.params.data() + e.offset, r.initial.data() + e.offset, e.numel * 4), 0) << "the words stay";
+  EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, (r.adapters + 16 * 32) * 16);
+  EXPECT_EQ(planned_states(r, parallel::StatePrecision::fp32), r.mem.params + r.mem.grads + r.mem.optimizer + r.mem.frozen)
+      << "--estimate-memory plans what the store holds";
+}
+
 TEST(LoraTraining, Bf16KeepsTheFrozenBaseIn16Bits) {
   engine::TrainConfig c = tiny(3);
   c.precision = engine::PrecisionMode::bf16;
@@ -178,6 +194,16 @@ TEST(LoraTraining, DataParallelZeroMatchesOneRank) {
     c.zero.stage = stage;
     c.zero.param_persistence_threshold = 0;  // stage 3 gathers every adapter block
     expect_close(train(c, w), one, ("DP=2 ZeRO-" + std::to_string(stage)).c_str());
+  }
+  // The position embedding in a block of its own (--lora-modules-to-save position_embedding).
+  auto pc = tiny(6);
+  pc.model.lora.modules_to_save = 1u << model::LoraConfig::position_embeddings;
+  const LoraRun pone = train(pc, comm::Communicator::self());
+  for (int stage : {2, 3}) {
+    auto c = pc;
+    c.zero.stage = stage;
+    c.zero.param_persistence_threshold = 0;
+    expect_close(train(c, w), pone, ("positions, DP=2 ZeRO-" + std::to_string(stage)).c_str());
   }
 }
 

@@ -366,6 +366,14 @@ TEST(Encoder, ForwardAndBackward) {
   });
   expect_grad("encoder dwte", dwte, dwte0, dwte_fd, 1e-6, 1e-6);
   expect_grad("encoder dwpe", dwpe, dwpe0, dwpe_fd, 1e-6, 1e-6);
+  // No dwte (a frozen word embedding): dwpe alone, the same sums, with and without given positions.
+  const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 0, 1, 0, 1, 2};
+  for (const int32_t* p : {(const int32_t*)nullptr, pos.data()}) {
+    Vec full_te = dwte0, full_pe = dwpe0, alone = dwpe0;
+    encoder_backward(full_te.data(), full_pe.data(), R.data(), tok.data(), B, T, C, p);
+    encoder_backward(nullptr, alone.data(), R.data(), tok.data(), B, T, C, p);
+    EXPECT_EQ(alone, full_pe) << (p ? "positions given" : "positions 0..T-1");
+  }
 
   std::vector<int32_t> bad = tok;
   bad[4] = -2;

@@ -112,6 +112,10 @@ void encoder_case(const std::vector<int32_t>* pos) {
   expect_close("encoder out", g.get(d_out, out.size()), out);
   expect_close("encoder dwte", g.get(d_dwte, dwte.size()), dwte);
   expect_close("encoder dwpe", g.get(d_dwpe, dwpe.size()), dwpe);
+  // No dwte (a frozen word embedding): dwpe alone.
+  float* d_alone = g.put(dwpe0);
+  g.be->encoder_backward(nullptr, d_alone, g.put(dout), d_tok, B, T, C, d_pos);
+  expect_close("encoder dwpe without dwte", g.get(d_alone, dwpe.size()), dwpe);
 }
 TEST(CudaOps, Encoder) { encoder_case(nullptr); }
 TEST(CudaOps, EncoderWithDocumentPositions) {

@@ -185,6 +185,14 @@ TEST(GptCuda, Fp32LoraWithRecomputeMatchesTheCpu) {
   c.lora.targets = 0x1F;
   compare_one_step(Precision::fp32, true, 1e-4, c);
 }
+// The position embedding training in its own block, the word embedding frozen (the encoder's
+// backward without dwte).
+TEST(GptCuda, Fp32LoraPositionsMatchTheCpu) {
+  model::GptConfig c = tiny();
+  c.lora.rank = 4;
+  c.lora.modules_to_save = 1u << model::LoraConfig::position_embeddings;
+  compare_one_step(Precision::fp32, false, 1e-4, c);
+}
 TEST(GptCuda, MoeTop2ResidualWithRecomputeMatchesTheCpu) {
   compare_one_step(Precision::fp32, true, 1e-4, tiny_moe(2, true));
 }

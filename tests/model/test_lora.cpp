@@ -237,6 +237,53 @@ TEST(Lora, ModulesToSaveTrainInFull) {
   EXPECT_THROW(model::LoraConfig::parse_modules("lm_head"), Error);
 }
 
+// --lora-modules-to-save position_embedding: the learned positions train in a block of their own,
+// the word embedding stays frozen. Their gradient equals the base model's bitwise when the adapters
+// start at B = 0 (the adapted model is then the base and its backward adds exact zeros), and
+// matches central differences when they do not (step and tolerance as in the adapters' check).
+TEST(Lora, PositionEmbeddingTrainsAlone) {
+  Batch d;
+  model::GptConfig c = tiny(4);
+  c.lora.modules_to_save = model::LoraConfig::parse_modules("position_embedding");
+  model::Gpt base(tiny(), kernels::Precision::fp32, false), m(c, kernels::Precision::fp32, false);
+  for (const auto& b : m.layout().blocks())
+    EXPECT_EQ(b.trains, b.name == "embedding.position" || b.name.find(".lora") != std::string::npos) << b.name;
+  const ParamLayout stored = m.layout().trained();
+  EXPECT_NO_THROW(stored.find("embedding.position_embeddings.weight"));
+  EXPECT_THROW(stored.find("embedding.word_embeddings.weight"), Error);
+  const char* kWpe = "embedding.position_embeddings.weight";
+  const TensorSpec &bw = base.layout().find(kWpe), &lw = m.layout().find(kWpe);
+
+  std::vector<float> bp(base.layout().numel()), bg(bp.size(), 0.0f);
+  base.init_params(bp.data(), 3);
+  std::vector<float> p = lora_params(m, base, bp, /*zero_b=*/true), g(p.size(), 0.0f);
+  model::FlatParamStore bs(base.layout(), bp.data(), bg.data()), ls(m.layout(), p.data(), g.data());
+  base.forward_backward(bs, d.tok.data(), d.tgt.data(), d.B, d.T, 1.0f);
+  m.forward_backward(ls, d.tok.data(), d.tgt.data(), d.B, d.T, 1.0f);
+  ASSERT_EQ(lw.numel, bw.numel);
+  for (size_t k = 0; k < lw.numel; ++k) ASSERT_EQ(g[lw.offset + k], bg[bw.offset + k]) << "wpe[" << k << "]";
+
+  p = lora_params(m, base, bp, /*zero_b=*/false);
+  std::fill(g.begin(), g.end(), 0.0f);
+  std::vector<float> dummy(p.size());
+  model::FlatParamStore st(m.layout(), p.data(), g.data()), fst(m.layout(), p.data(), dummy.data());
+  m.forward_backward(st, d.tok.data(), d.tgt.data(), d.B, d.T, 1.0f);
+  int bad = 0;
+  for (size_t k = 0; k < lw.numel; k += 5) {
+    const size_t i = lw.offset + k;
+    const float keep = p[i], eps = 1e-2f;
+    p[i] = keep + eps;
+    const double lp = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
+    p[i] = keep - eps;
+    const double lm = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
+    p[i] = keep;
+    const double fd = (lp - lm) / (2 * eps);
+    if (std::fabs(fd - g[i]) > 5e-3 + 3e-2 * std::fabs(fd) && bad++ < 8)
+      ADD_FAILURE() << "wpe[" << k << "] analytic " << g[i] << " fd " << fd;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 TEST(Lora, BadSettingsNameTheFlag) {
   auto fails_with = [](model::GptConfig c, const std::string& flag) {
     try {

@@ -300,7 +300,9 @@ TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
   struct Case {
     unsigned targets, save;
   };
-  for (auto k : {Case{0xF, 0}, Case{0x1F, 0}, Case{0x3, 1}, Case{0x10, 1}, Case{0xC, 2}, Case{0x1F, 3}}) {
+  // save: a bit per LoraConfig::Module (1 final norm, 2 embedding, 4 position embedding alone)
+  for (auto k : {Case{0xF, 0}, Case{0x1F, 0}, Case{0x3, 1}, Case{0x10, 1}, Case{0xC, 2}, Case{0x1F, 3}, Case{0x1F, 4},
+                 Case{0xF, 5}, Case{0x1, 6}}) {
     model::GptConfig g = shape(3, 96, 3, 40, 1000);
     g.lora.rank = 4;
     g.lora.targets = k.targets;
@@ -319,6 +321,10 @@ TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
     EXPECT_EQ(s.largest_block, largest) << what;
     EXPECT_EQ(s.whole_model, l.numel()) << what;
     EXPECT_EQ(s.params + s.frozen, l.numel()) << what;
+    // widened while in use in 16-bit runs: the frozen embedding block (the words) and one layer
+    const uint64_t working = (l.blocks()[0].trains ? 0 : l.blocks()[0].numel) +
+                             l.blocks()[l.find("layers.0.input_layernorm.weight").block].numel;
+    EXPECT_EQ(s.frozen_working, working) << what;
   }
   model::GptConfig g = shape(12, 768, 12, 1024, 50257);  // GPT-2 124M, rank 8 on the four linears
   g.lora.rank = 8;

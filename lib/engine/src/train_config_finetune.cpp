@@ -17,7 +17,7 @@ void add_finetune_flags(FlagTable& t) {
       {"--lora-rank", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.rank = to_i32("--lora-rank", v, 0); }, "LoRA: train rank-r adapters on the linears of --lora-targets and freeze every base weight (0: off, the default)"}},
       {"--lora-alpha", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.alpha = to_double("--lora-alpha", v); }, "LoRA: the adapters' update is scaled by alpha / rank (default: alpha = rank)"}},
       {"--lora-targets", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.targets = model::LoraConfig::parse_targets(v); }, "LoRA: the linears adapted, comma-separated among qkv, proj, fc, fc2 (default all four)"}},
-      {"--lora-modules-to-save", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.modules_to_save = model::LoraConfig::parse_modules(v); }, "LoRA: base modules that also train, in full (PEFT's modules_to_save): final_layernorm, embedding (the tied word and position embeddings)"}},
+      {"--lora-modules-to-save", {true, [](TrainConfig& c, const std::string& v) { c.model.lora.modules_to_save = model::LoraConfig::parse_modules(v); }, "LoRA: base modules that also train, in full (PEFT's modules_to_save): final_layernorm, embedding (the tied word and position embeddings), position_embedding (the positions alone)"}},
       {"--eval-only", {false, [](TrainConfig& c, const std::string&) { c.skip_train = true; }, "the same as --skip-train: evaluate the loaded model on the validation split and exit"}},
   });
 }

@@ -198,13 +198,16 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   // dwte (and dwpe with given positions): indices repeat, so rows collide; split the columns instead
   // (each block owns its columns of every row) and keep the token order inside a block: no atomics,
   // deterministic.
+  if (!dwte && !pos) return;
   Kokkos::parallel_for("encoder_backward_wte", Policy(0, blocks), KOKKOS_LAMBDA(int blk) {
     const int lo = blk * kCols, hi = std::min(C, lo + kCols);
     for (size_t bt = 0; bt < BT; ++bt) {
-      float* e = dwte + (size_t)tokens[bt] * C;
       const float* d = dout + bt * C;
+      if (dwte) {
+        float* e = dwte + (size_t)tokens[bt] * C;
 #pragma omp simd
-      for (int c = lo; c < hi; ++c) e[c] += d[c];
+        for (int c = lo; c < hi; ++c) e[c] += d[c];
+      }
       if (!pos) continue;
       float* dp = dwpe + (size_t)pos[bt] * C;
 #pragma omp simd

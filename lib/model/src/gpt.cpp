@@ -42,6 +42,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   vstart_ = tp_.rank() * Vl_;
   build_layout(cfg_, tp_.rank(), layout_, &blocks_, &wte_, &wpe_, &lnfw_, &lnfb_);
   final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
+  pos_block_ = layout_.find("embedding.position_embeddings.weight").block;
   if (cfg_.lora.adapts(LoraConfig::embedding)) {
     const TensorSpec& a = layout_.find("embedding.word_embeddings.lora_a.weight");
     emb_lora_block_ = a.block;
@@ -423,9 +424,11 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const int C = cfg_.hidden_size;
   const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const float* ep = store.params(0);
+  const float* pe = (pos_block_ ? store.params(pos_block_) : ep) + wpe_;
   if (tp_.enabled())  // host memory only: positions_ is doc_pos_
-    tp_.embedding_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, vstart_, Vl_, w.dln, positions_);
-  else ops_->encoder_forward(w.res, tokens, ep + wte_, ep + wpe_, B, T, C, positions_);
+    tp_.embedding_forward(w.res, tokens, ep + wte_, pe, B, T, C, vstart_, Vl_, w.dln, positions_);
+  else ops_->encoder_forward(w.res, tokens, ep + wte_, pe, B, T, C, positions_);
+  if (pos_block_) store.release(pos_block_);
   if (emb_lora_block_ >= 0) {  // held until the head (the caller releases it)
     emb_lora_p_ = store.params(emb_lora_block_);
     lora_embed_forward(tokens, w.res, B * T);
@@ -483,12 +486,13 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(b);
   }
   float* eg = store.grads(0);
+  float* pg = pos_block_ ? store.grads(pos_block_) : eg;  // LoRA: the positions may train alone
   hidden_dropout(w.dres, -1, kernels::DropoutSite::embedding, B, T);  // in place: nothing reads dres after
-  if (!eg) {  // a frozen embedding (LoRA): nothing to compute
-  } else if (tp_.enabled())
-    TensorParallel::embedding_backward(eg + wte_, eg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_,
+  if (!pg) {  // a frozen embedding (LoRA): nothing to compute
+  } else if (tp_.enabled())  // (LoRA runs at tensor_parallel 1: eg is pg's block here)
+    TensorParallel::embedding_backward(eg + wte_, pg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_,
                                        positions_);
-  else ops_->encoder_backward(eg + wte_, eg + wpe_, w.dres, tokens, B, T, C, positions_);
+  else ops_->encoder_backward(eg ? eg + wte_ : nullptr, pg + wpe_, w.dres, tokens, B, T, C, positions_);
   if (emb_lora_block_ >= 0) {  // the embedding's adapters: the input side's share, then complete
     emb_lora_p_ = store.params(emb_lora_block_);
     emb_lora_g_ = store.grads(emb_lora_block_);
@@ -497,6 +501,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(emb_lora_block_);
     emb_lora_p_ = nullptr, emb_lora_g_ = nullptr;
   }
+  if (pos_block_) store.grads_ready(pos_block_);
   store.grads_ready(0);
   phase_.backward += phase.seconds();
   return loss;

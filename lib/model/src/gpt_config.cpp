@@ -140,10 +140,10 @@ std::string name_list(unsigned bits, const char* const* names, int n) {
 
 unsigned LoraConfig::parse_targets(const std::string& list) { return parse_names("--lora-targets", list, kTargetNames, 5); }
 unsigned LoraConfig::parse_modules(const std::string& list) {
-  return parse_names("--lora-modules-to-save", list, kModuleNames, 2);
+  return parse_names("--lora-modules-to-save", list, kModuleNames, kModules);
 }
 std::string LoraConfig::target_list() const { return name_list(targets, kTargetNames, 5); }
-std::string LoraConfig::module_list() const { return name_list(modules_to_save, kModuleNames, 2); }
+std::string LoraConfig::module_list() const { return name_list(modules_to_save, kModuleNames, kModules); }
 
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +

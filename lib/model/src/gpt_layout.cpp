@@ -20,7 +20,8 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   const Partition col{0, P, tp_rank, 1}, qkv{0, P, tp_rank, 3}, row{1, P, tp_rank, 1}, rep{-1, P, tp_rank, 1};
   layout.begin_block("embedding");
   *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col).offset;
-  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep).offset;
+  if (cfg.lora.own_position_block()) layout.begin_block("embedding.position");  // trains, the words frozen
+  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep).offset - layout.blocks().back().offset;
   if (cfg.lora.adapts(LoraConfig::embedding)) {  // the tied embedding's adapters, beside it
     layout.begin_block("embedding.lora");
     layout.add("embedding.word_embeddings.lora_a.weight", {Vp, cfg.lora.rank}, true, rep);
@@ -96,7 +97,8 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
       const std::string& n = layout.blocks()[b].name;
       const bool adapters = n.size() >= 5 && n.compare(n.size() - 5, 5, ".lora") == 0;
       const bool saved = (n == "final_norm" && cfg.lora.saves(LoraConfig::final_layernorm)) ||
-                         (n == "embedding" && cfg.lora.saves(LoraConfig::embeddings));
+                         (n == "embedding" && cfg.lora.saves(LoraConfig::embeddings)) ||
+                         n == "embedding.position";
       if (!adapters && !saved) layout.freeze(static_cast<int>(b));
     }
 }

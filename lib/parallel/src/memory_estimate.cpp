@@ -38,14 +38,15 @@ void count_lora(const model::GptConfig& cfg, GptSize& s) {
   const uint64_t emb_adapters = lo.adapts(LoraConfig::embedding) ? r * (Vp + C) : 0;  // A (Vp, rank) + B (C, rank)
   const uint64_t norm = lo.saves(LoraConfig::final_layernorm) ? s.final_norm : 0;
   const uint64_t emb = lo.saves(LoraConfig::embeddings) ? s.embedding : 0;
+  const uint64_t pos = lo.own_position_block() ? (uint64_t)cfg.positions() * C : 0;  // wpe (T, C), a block apart
   const uint64_t base = s.params, adapters = layer_adapters * (uint64_t)cfg.num_layers + emb_adapters;
-  s.frozen = base - norm - emb;
-  s.frozen_working = (emb ? 0 : s.embedding) + s.layer;
-  s.params = s.dense = adapters + norm + emb;
+  s.frozen = base - norm - emb - pos;
+  s.frozen_working = (emb ? 0 : s.embedding - pos) + s.layer;
+  s.params = s.dense = adapters + norm + emb + pos;
   s.whole_model = base + adapters;
   s.largest_block = 0;
   for (auto [n, name] : {std::pair{layer_adapters, "layer adapters"}, {emb_adapters, "embedding adapters"},
-                         {emb, "embedding"}, {norm, "final norm"}})
+                         {emb, "embedding"}, {pos, "position embedding"}, {norm, "final norm"}})
     if (n > s.largest_block) s.largest_block = n, s.largest_block_name = name;
   s.largest_dense_block = s.largest_block;
 }

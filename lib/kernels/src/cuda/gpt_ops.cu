@@ -323,8 +323,10 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
                       const int32_t* pos, cudaStream_t stream) {
   const size_t n = (size_t)B * T * C;
   if (n == 0) return;
-  encoder_backward_wte_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwte, dout, tokens, C, n);
-  check_launch("encoder_backward");
+  if (dwte) {  // null: a frozen word embedding (ops.hpp)
+    encoder_backward_wte_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwte, dout, tokens, C, n);
+    check_launch("encoder_backward");
+  }
   if (pos) encoder_backward_pos_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwpe, dout, pos, C, n);
   else encoder_backward_wpe_kernel<<<blocks_for((size_t)T * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   check_launch("encoder_backward");

@@ -38,6 +38,8 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 /// must be >= 0 (the caller guarantees < V and < the table's rows).
 void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
                      const float* wpe /*(maxT,C)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/ = nullptr);
+/// Accumulates into dwte and dwpe; dwte null: dwpe only (a frozen word embedding, LoRA's
+/// --lora-modules-to-save position_embedding).
 void encoder_backward(float* dwte /*(V,C)*/, float* dwpe /*(maxT,C)*/, const float* dout /*(B,T,C)*/,
                       const int32_t* tokens /*(B,T)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/ = nullptr);
 

@@ -13,7 +13,9 @@
 // The parameter list is layout_for(config): one named table that the trainer, the memory
 // estimator, the checkpoints and hpct_ckpt all read. Blocks, in order: "embedding", per layer
 // "layers.<l>" (attention, norms, and the MLP or the router) followed, in an MoE layer, by one
-// block per expert "layers.<l>.mlp.experts.<e>" (ReduceGroup::expert), then "final_norm".
+// block per expert "layers.<l>.mlp.experts.<e>" (ReduceGroup::expert), then "final_norm". LoRA
+// adds "embedding.position" (the position embedding, when it trains alone), "embedding.lora" and
+// "layers.<l>.lora" after the blocks they adapt.
 //
 // Tensor parallelism (Megatron-LM; model/tensor_parallel.hpp): with a tensor-parallel group of T
 // ranks the layout is this rank's part (ParamLayout's Partition): QKV and fc column-parallel (NH/T
@@ -85,12 +87,17 @@ struct LoraConfig {
   // --lora-modules-to-save (PEFT's modules_to_save): base blocks that train in full beside the
   // adapters, a bit per Module. The final norm lets the output's scale and bias move (an
   // undertrained base's rare-token embeddings cap the logits a frozen head can reach).
-  enum Module { final_layernorm = 0, embeddings = 1 };  // "final_layernorm", "embedding"
-  static constexpr const char* kModuleNames[2] = {"final_layernorm", "embedding"};
+  // position_embedding: the learned positions alone (T x C), in a block of their own, the word
+  // embedding staying frozen (PEFT: modules_to_save=["wpe"] on GPT-2).
+  enum Module { final_layernorm = 0, embeddings = 1, position_embeddings = 2 };
+  static constexpr int kModules = 3;
+  static constexpr const char* kModuleNames[kModules] = {"final_layernorm", "embedding", "position_embedding"};
   unsigned modules_to_save = 0;
   bool enabled() const { return rank > 0; }
   bool adapts(int t) const { return enabled() && (targets >> t & 1u); }
   bool saves(int m) const { return enabled() && (modules_to_save >> m & 1u); }
+  /// The position embedding trains in a block apart from the frozen word embedding.
+  bool own_position_block() const { return saves(position_embeddings) && !saves(embeddings); }
   double scale() const { return (alpha > 0 ? alpha : rank) / rank; }
   /// "qkv,proj" -> the bits; throws config_error naming --lora-targets for an unknown name.
   static unsigned parse_targets(const std::string& list);
@@ -382,7 +389,8 @@ class Gpt {
   bool recompute_;
   ParamLayout layout_;
   std::vector<Block> blocks_;  // one per layer
-  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;  // offsets in their blocks
+  int pos_block_ = 0;  // the block of wpe_: the embedding's, or LoRA's "embedding.position"
   int final_block_ = 0;
   const comm::Communicator* ep_ = nullptr;
   int ep_size_ = 1, ep_rank_ = 0;
