@@ -12,11 +12,7 @@ namespace hpct::healthcheck {
 namespace {
 
 int parse_int(const std::string& v, const std::string& flag, int lo) {
-  char* end = nullptr;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < lo || x > 1000000000)
-    throw config_error(flag, "'" + v + "' is not an integer >= " + std::to_string(lo));
-  return static_cast<int>(x);
+  return static_cast<int>(cli::to_int(flag, v, lo, 1000000000));
 }
 
 double parse_seconds(const std::string& v, const std::string& flag) {

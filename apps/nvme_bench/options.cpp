@@ -68,16 +68,7 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 long long parse_int(const std::string& v, const std::string& flag, long long lo, long long hi) {
-  size_t pos = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  if (pos != v.size() || v.empty() || x < lo || x > hi)
-    throw config_error(flag, "'" + v + "' is not an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
-  return x;
+  return cli::to_int(flag, v, lo, hi);
 }
 
 }  // namespace

@@ -111,31 +111,27 @@ TEST(LoraTraining, OnlyTheAdaptersMove) {
       << "--estimate-memory plans what the store holds";
 }
 
-// --lora-modules-to-save final_layernorm: the final norm trains too (and is in the model states).
-TEST(LoraTraining, AModuleToSaveTrainsInFull) {
+// --lora-modules-to-save: the module named trains in full (and is in the model states, as
+// --estimate-memory plans them), the rest of the base stays. final_layernorm: 2 x 32 parameters;
+// position_embedding: 16 x 32, in a block of its own, the word embedding staying frozen.
+static void expect_module_trains(model::LoraConfig::Module module, const char* trains, const char* stays, uint64_t extra) {
   engine::TrainConfig c = tiny(4);
-  c.model.lora.modules_to_save = 1u << model::LoraConfig::final_layernorm;
+  c.model.lora.modules_to_save = 1u << module;
   const LoraRun r = train(c, world());
-  const auto& w = r.layout.find("final_layernorm.weight");
-  EXPECT_NE(std::memcmp(r.params.data() + w.offset, r.initial.data() + w.offset, w.numel * 4), 0) << "the final norm trains";
-  const auto& e = r.layout.find("embedding.word_embeddings.weight");
-  EXPECT_EQ(std::memcmp(r.params.data() + e.offset, r.initial.data() + e.offset, e.numel * 4), 0) << "the embedding stays";
-  EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, (r.adapters + 2 * 32) * 16);
-}
-
-// --lora-modules-to-save position_embedding: the positions train, in their own block, the word
-// embedding stays; the model states and --estimate-memory's plan count the positions (16 x 32).
-TEST(LoraTraining, ThePositionEmbeddingTrainsAlone) {
-  engine::TrainConfig c = tiny(4);
-  c.model.lora.modules_to_save = 1u << model::LoraConfig::position_embeddings;
-  const LoraRun r = train(c, world());
-  const auto& p = r.layout.find("embedding.position_embeddings.weight");
-  EXPECT_NE(std::memcmp(r.params.data() + p.offset, r.initial.data() + p.offset, p.numel * 4), 0) << "the positions train";
-  const auto& e = r.layout.find("embedding.word_embeddings.weight");
-  EXPECT_EQ(std::memcmp(r.params.data() + e.offset, r.initial.data() + e.offset, e.numel * 4), 0) << "the words stay";
-  EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, (r.adapters + 16 * 32) * 16);
+  const auto& t = r.layout.find(trains);
+  EXPECT_NE(std::memcmp(r.params.data() + t.offset, r.initial.data() + t.offset, t.numel * 4), 0) << trains << " trains";
+  const auto& s = r.layout.find(stays);
+  EXPECT_EQ(std::memcmp(r.params.data() + s.offset, r.initial.data() + s.offset, s.numel * 4), 0) << stays << " stays";
+  EXPECT_EQ(r.mem.params + r.mem.grads + r.mem.optimizer, (r.adapters + extra) * 16);
   EXPECT_EQ(planned_states(r, parallel::StatePrecision::fp32), r.mem.params + r.mem.grads + r.mem.optimizer + r.mem.frozen)
       << "--estimate-memory plans what the store holds";
+}
+
+TEST(LoraTraining, AModuleToSaveTrainsInFull) {
+  expect_module_trains(model::LoraConfig::final_layernorm, "final_layernorm.weight", "embedding.word_embeddings.weight",
+                       2 * 32);
+  expect_module_trains(model::LoraConfig::position_embeddings, "embedding.position_embeddings.weight",
+                       "embedding.word_embeddings.weight", 16 * 32);
 }
 
 TEST(LoraTraining, Bf16KeepsTheFrozenBaseIn16Bits) {

@@ -60,6 +60,17 @@ std::vector<float> lora_params(const model::Gpt& m, const model::Gpt& base, cons
   return p;
 }
 
+// d loss / d p[i] by central differences (the store reads p).
+double central_difference(model::Gpt& m, model::ParamStore& st, std::vector<float>& p, size_t i, float eps, Batch& d) {
+  const float keep = p[i];
+  p[i] = keep + eps;
+  const double lp = m.forward_loss(st, d.tok.data(), d.tgt.data(), d.B, d.T);
+  p[i] = keep - eps;
+  const double lm = m.forward_loss(st, d.tok.data(), d.tgt.data(), d.B, d.T);
+  p[i] = keep;
+  return (lp - lm) / (2 * eps);
+}
+
 }  // namespace
 
 // B starts at zero: the adapted model's loss and every base-model output are the base's, bitwise.
@@ -113,13 +124,8 @@ TEST(Lora, BackwardMatchesFiniteDifferences) {
           const size_t i = t.offset + k;
           // The embedding's B is N(0, 1) (PEFT's): a step in its A moves E ~50x more than a step
           // in a linear's adapter moves W, so it gets a smaller step (fp32 noise ~1e-6 / 4e-3).
-          const float keep = p[i], eps = t.name.rfind("embedding.", 0) == 0 ? 2e-3f : 1e-2f;
-          p[i] = keep + eps;
-          const double lp = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
-          p[i] = keep - eps;
-          const double lm = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
-          p[i] = keep;
-          const double fd = (lp - lm) / (2 * eps);
+          const float eps = t.name.rfind("embedding.", 0) == 0 ? 2e-3f : 1e-2f;
+          const double fd = central_difference(m, fst, p, i, eps, d);
           ++checked;
           if (std::fabs(fd - g[i]) > 5e-3 + 3e-2 * std::fabs(fd) && bad++ < 8)
             ADD_FAILURE() << t.name << "[" << k << "] analytic " << g[i] << " fd " << fd << " recompute " << recompute;
@@ -271,13 +277,7 @@ TEST(Lora, PositionEmbeddingTrainsAlone) {
   int bad = 0;
   for (size_t k = 0; k < lw.numel; k += 5) {
     const size_t i = lw.offset + k;
-    const float keep = p[i], eps = 1e-2f;
-    p[i] = keep + eps;
-    const double lp = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
-    p[i] = keep - eps;
-    const double lm = m.forward_loss(fst, d.tok.data(), d.tgt.data(), d.B, d.T);
-    p[i] = keep;
-    const double fd = (lp - lm) / (2 * eps);
+    const double fd = central_difference(m, fst, p, i, 1e-2f, d);
     if (std::fabs(fd - g[i]) > 5e-3 + 3e-2 * std::fabs(fd) && bad++ < 8)
       ADD_FAILURE() << "wpe[" << k << "] analytic " << g[i] << " fd " << fd;
   }

@@ -1,8 +1,13 @@
-// Phase timers and interval reports of the training loop. See train_log.hpp.
+// Phase timers, interval reports and the Megatron iteration line of the training loop. See
+// train_log.hpp and trainer.hpp.
 #include "train_log.hpp"
 
+#include "hpct/engine/trainer.hpp"
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <string>
 
 namespace hpct::engine::detail {
 
@@ -86,3 +91,39 @@ void timer_scalars(const IntervalTimers& t, long long it, std::vector<Scalar>& o
 }
 
 }  // namespace hpct::engine::detail
+
+namespace hpct::engine {
+
+std::string format_log_line(long long iteration, long long train_iters, long long consumed_samples,
+                            long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
+                            double loss_scale, double grad_norm, long long skipped, long long nan_iters,
+                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
+                            double moe_loss, int curriculum_seqlen, int ltd_reserved, int actual_seqlen) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
+                "iteration (ms): %.1f | learning rate: %.3E | global batch size: %5d | lm loss: %.6E | loss scale: "
+                "%.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
+                "tokens per second: %.1f | tokens per gpu per second (tgs): %.1f | TFLOPs: %.2f |",
+                iteration, train_iters, consumed_samples, consumed_tokens, ms_per_iter, lr, global_batch, loss,
+                loss_scale, grad_norm, skipped, nan_iters, tokens_per_sec, tokens_per_sec_per_rank, tflops_per_rank);
+  std::string line = buf;
+  if (std::isfinite(moe_loss)) {  // Megatron-DeepSpeed puts it right after the lm loss
+    char m[64];
+    std::snprintf(m, sizeof m, " moe loss: %.6E |", moe_loss);
+    const size_t at = line.find(" loss scale:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  if (curriculum_seqlen > 0 || ltd_reserved > 0) {  // Megatron-DeepSpeed: after the grad norm, before the skipped count
+    char m[160];
+    int n = 0;
+    if (curriculum_seqlen > 0) n += std::snprintf(m + n, sizeof m - n, " curriculum seqlen: %5d |", curriculum_seqlen);
+    if (ltd_reserved > 0) n += std::snprintf(m + n, sizeof m - n, " random ltd reserved length: %5d |", ltd_reserved);
+    std::snprintf(m + n, sizeof m - n, " actual seqlen: %5d |", actual_seqlen > 0 ? actual_seqlen : curriculum_seqlen);
+    const size_t at = line.find(" number of skipped iterations:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  return line;
+}
+
+}  // namespace hpct::engine

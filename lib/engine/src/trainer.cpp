@@ -290,56 +290,6 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
   if (device_store_) device_store_->invalidate();
 }
 
-double Trainer::evaluate(const io::TokenDataset& data) {
-  const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
-  const long long GB = cfg_.global_batch;
-  model::ParamStore& store = this->store();  // forward only: parameters gathered as in training
-  double sums[2] = {0, 0};  // loss sum, token count
-  for (int e = 0; e < cfg_.eval_iters; ++e) {
-    for (int m = 0; m < cfg_.grad_accum; ++m) {
-      const long long first = e * GB + ((long long)m * dp + r) * mb;
-      load_micro_batch(data, first, T);  // evaluation always at the full length
-      model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x6576616c));
-      sums[0] += model_->forward_loss(store, tokens_.data(), targets_.data(), mb, T);
-      for (int i = 0; i < mb * T; ++i) sums[1] += targets_[i] >= 0;
-    }
-  }
-  grid_.dp().allreduce_sum(sums, 2);
-  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
-}
-
-std::string format_log_line(long long iteration, long long train_iters, long long consumed_samples,
-                            long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
-                            double loss_scale, double grad_norm, long long skipped, long long nan_iters,
-                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
-                            double moe_loss, int curriculum_seqlen, int ltd_reserved, int actual_seqlen) {
-  char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
-                "iteration (ms): %.1f | learning rate: %.3E | global batch size: %5d | lm loss: %.6E | loss scale: "
-                "%.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
-                "tokens per second: %.1f | tokens per gpu per second (tgs): %.1f | TFLOPs: %.2f |",
-                iteration, train_iters, consumed_samples, consumed_tokens, ms_per_iter, lr, global_batch, loss,
-                loss_scale, grad_norm, skipped, nan_iters, tokens_per_sec, tokens_per_sec_per_rank, tflops_per_rank);
-  std::string line = buf;
-  if (std::isfinite(moe_loss)) {  // Megatron-DeepSpeed puts it right after the lm loss
-    char m[64];
-    std::snprintf(m, sizeof m, " moe loss: %.6E |", moe_loss);
-    const size_t at = line.find(" loss scale:");
-    line.insert(at == std::string::npos ? line.size() : at, m);
-  }
-  if (curriculum_seqlen > 0 || ltd_reserved > 0) {  // Megatron-DeepSpeed: after the grad norm, before the skipped count
-    char m[160];
-    int n = 0;
-    if (curriculum_seqlen > 0) n += std::snprintf(m + n, sizeof m - n, " curriculum seqlen: %5d |", curriculum_seqlen);
-    if (ltd_reserved > 0) n += std::snprintf(m + n, sizeof m - n, " random ltd reserved length: %5d |", ltd_reserved);
-    std::snprintf(m + n, sizeof m - n, " actual seqlen: %5d |", actual_seqlen > 0 ? actual_seqlen : curriculum_seqlen);
-    const size_t at = line.find(" number of skipped iterations:");
-    line.insert(at == std::string::npos ? line.size() : at, m);
-  }
-  return line;
-}
-
 namespace {
 volatile std::sig_atomic_t g_stop_flag = 0;
 extern "C" void hpct_on_stop_signal(int) { g_stop_flag = 1; }

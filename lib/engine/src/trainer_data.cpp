@@ -1,9 +1,11 @@
-// The trainer's data side: a micro-batch's tokens and targets from a dataset, and the targets a
-// step's loss averages over.
+// The trainer's data side: a micro-batch's tokens and targets from a dataset, the targets a
+// step's loss averages over, and the validation loss.
+#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/rng.hpp"
 #include "hpct/engine/trainer.hpp"
 
 namespace hpct::engine {
@@ -54,6 +56,24 @@ long long Trainer::counted_targets(const io::TokenDataset& data, long long itera
   // A batch whose every target is masked has no loss to average: 1 keeps the step finite (zero
   // gradient) instead of dividing by zero.
   return n > 0 ? static_cast<long long>(n) : 1;
+}
+
+double Trainer::evaluate(const io::TokenDataset& data) {
+  const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
+  const long long GB = cfg_.global_batch;
+  model::ParamStore& store = this->store();  // forward only: parameters gathered as in training
+  double sums[2] = {0, 0};  // loss sum, token count
+  for (int e = 0; e < cfg_.eval_iters; ++e) {
+    for (int m = 0; m < cfg_.grad_accum; ++m) {
+      const long long first = e * GB + ((long long)m * dp + r) * mb;
+      load_micro_batch(data, first, T);  // evaluation always at the full length
+      model_->set_routing_seed(mix_seed(cfg_.seed, static_cast<uint64_t>(first), 0x6576616c));
+      sums[0] += model_->forward_loss(store, tokens_.data(), targets_.data(), mb, T);
+      for (int i = 0; i < mb * T; ++i) sums[1] += targets_[i] >= 0;
+    }
+  }
+  grid_.dp().allreduce_sum(sums, 2);
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
 }  // namespace hpct::engine

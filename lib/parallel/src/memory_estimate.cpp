@@ -284,8 +284,12 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
 
   if (size.frozen > 0) {  // LoRA's frozen base: whole on every rank, widened while in use in 16-bit runs
     const uint64_t f = sb.param * size.frozen;
-    (o == Offload::optimizer_param_cpu || o == Offload::optimizer_param_nvme ? m.host_states_per_rank : m.device_states) += f;
-    if (m.device_states > 0) m.formula = (m.formula == "0" ? "" : m.formula + " + ") + p + "F";
+    if (o == Offload::optimizer_param_cpu || o == Offload::optimizer_param_nvme) {
+      m.host_states_per_rank += f;  // the device formula stays "0"
+    } else {
+      m.device_states += f;
+      m.formula += " + " + p + "F";
+    }
     if (prec == StatePrecision::mixed) m.device_buffers += 4 * size.frozen_working;
   }
   const uint64_t gpn = (uint64_t)c.devices_per_node;
