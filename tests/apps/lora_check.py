@@ -4,8 +4,9 @@ LoRA-finetuned on prompt/response lines the test writes.
 
 - the start line says what trains (the adapters, under 1% of the parameters) and what the frozen
   base holds; the response loss falls;
-- its checkpoint holds the adapters (on the four linears and the embedding) and the final norm
-  (--lora-modules-to-save final_layernorm) only (hpct_ckpt verify passes);
+- its checkpoint holds the adapters (on the four linears and the embedding), the final norm and the
+  position embedding (--lora-modules-to-save final_layernorm,position_embedding) only (hpct_ckpt
+  verify passes);
 - a requeued start resumes the adapters on the base it is given again; other base weights (the
   merged model's) are refused, naming the file;
 - generate refuses the adapters alone with a one-line error that says how to merge them;
@@ -34,7 +35,7 @@ c.run([a.gpt, "@" + a.args, "--data-path", brown, *tok, "--split", "949,50,1", "
 sft = os.path.join(a.workdir, "reverse.jsonl")
 write_reverse_task(sft)
 lora = ["--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", "qkv,proj,fc,fc2,embedding",
-        "--lora-modules-to-save", "final_layernorm"]
+        "--lora-modules-to-save", "final_layernorm,position_embedding"]
 
 
 def finetune(name, *extra, iters=12, want=0):
@@ -50,7 +51,8 @@ def finetune(name, *extra, iters=12, want=0):
 ft = os.path.join(a.workdir, "ft")
 p, tr, summ = finetune("ft", "--load", pre, *lora, "--save", ft, "--save-interval", "12")
 # rank 8: 4 layers x 8 x 16 x 128 (the linears) + 8 x (50304 + 128) (the embedding) + 256 (the final norm)
-check("> LoRA rank 8 (alpha 16) on qkv,proj,fc,fc2,embedding: 469248 of 7717632 parameters train (6.08%)" in p.stdout,
+# + 128 x 128 (the positions)
+check("> LoRA rank 8 (alpha 16) on qkv,proj,fc,fc2,embedding: 485632 of 7717632 parameters train (6.29%)" in p.stdout,
       "the start line says what trains: " + next((x for x in p.stdout.splitlines() if x.startswith("> LoRA")), "(none)"))
 check(len(tr) == 12, f"12 steps (got {len(tr)})")
 if tr:
@@ -60,9 +62,9 @@ final_val = summ.get("final_val_loss")
 # The checkpoint: adapters only, and verify's checks pass.
 v = c.run([a.tool, "verify", ft])
 names = [x.split()[0] for x in v.stdout.splitlines() if x.strip().startswith("/")]
-check(len(names) == 3 * (4 * 8 + 2 + 2) and sum("/lora_" in n for n in names) == 102 and
-      sum("/final_layernorm/" in n for n in names) == 6,
-      f"the checkpoint holds 3 x 34 adapter tensors and the final norm (--lora-modules-to-save), nothing else "
+check(len(names) == 3 * (4 * 8 + 2 + 2 + 1) and sum("/lora_" in n for n in names) == 102 and
+      sum("/final_layernorm/" in n for n in names) == 6 and sum("/position_embeddings/" in n for n in names) == 3,
+      f"the checkpoint holds 3 x 34 adapter tensors, the final norm and the positions (--lora-modules-to-save), nothing else "
       f"(got {len(names)}: {names[:2]})")
 
 # A requeued start: the same command resumes the adapters on the base it names.
