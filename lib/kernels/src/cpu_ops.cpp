@@ -24,30 +24,23 @@
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/ops.hpp"
 #include "bits.hpp"
+#include "cpu_loops.hpp"
 
 namespace hpct::kernels {
 namespace {
 
-using Policy = Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>;
-
-constexpr size_t kChunk = 8192;     // elements per SIMD chunk: amortises dispatch, still splits over threads
 constexpr int kRowsPerPartial = 64; // rows summed into one partial of a column reduction
 constexpr int kAttnBlock = 128;     // query rows per causal attention block
 constexpr float kLayerNormEps = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;
 
-void require_backend(const char* op) {
-  if (!Kokkos::is_initialized())
-    throw Error(std::string(op) + ": the kernel backend is not initialised",
-                Error::Context{"", "", "construct an hpct::kernels::BackendScope before calling kernels"});
-}
-
-void require(bool ok, const char* op, const std::string& what) {
-  if (!ok) throw Error(std::string(op) + ": " + what);
-}
-
 using detail::bits_as;
+using detail::for_chunks;
+using detail::kChunk;
+using detail::Policy;
+using detail::require;
+using detail::require_backend;
 
 // e^x to 1.5 ulp for x in [-87, 88], 0 below, saturating at e^88 above; NaN stays NaN. Cephes'
 // expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, 2^n built in the exponent
@@ -81,16 +74,6 @@ inline float row_max(const float* x, int n) {
 #pragma omp simd reduction(max : mx)
   for (int j = 0; j < n; ++j) mx = mx > x[j] ? mx : x[j];
   return mx;
-}
-
-// Runs body(lo, hi) over [0, n) in chunks of kChunk elements; the body's loop is the SIMD loop.
-template <typename Body>
-void for_chunks(const char* name, size_t n, Body body) {
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  Kokkos::parallel_for(name, Policy(0, chunks), KOKKOS_LAMBDA(size_t ch) {
-    const size_t lo = ch * kChunk;
-    body(lo, std::min(n, lo + kChunk));
-  });
 }
 
 // dst (C) += sum over chunks of partials (chunks, C), one SIMD pass per chunk row, fixed order.
@@ -541,67 +524,6 @@ void softmax_cross_entropy(float* logits, float* losses, const int32_t* targets,
     for (int j = 0; j < V; ++j) row[j] *= g;
     row[tgt] -= dloss;
     std::fill(row + V, row + Vp, 0.0f);
-  });
-}
-
-// ---------------------------------------------------------------------------------------------
-// optimizer and reductions
-
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int step, float grad_scale) {
-  require_backend("adamw_update");
-  require(step >= 1, "adamw_update", "step is 1-based, got " + std::to_string(step));
-  const float bc1 = (float)(1.0 - std::pow((double)beta1, step));
-  const float bc2 = (float)(1.0 - std::pow((double)beta2, step));
-  for_chunks("adamw_update", n, [=](size_t lo, size_t hi) {
-#pragma omp simd
-    for (size_t i = lo; i < hi; ++i) {
-      const float g = grad[i] * grad_scale;
-      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      const float mhat = mi / bc1, vhat = vi / bc2;
-      param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
-    }
-  });
-}
-
-double sum_of_squares(const float* x, size_t n) {
-  require_backend("sum_of_squares");
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  double total = 0.0;
-  Kokkos::parallel_reduce("sum_of_squares", Policy(0, chunks), KOKKOS_LAMBDA(size_t ch, double& acc) {
-    const size_t lo = ch * kChunk, hi = std::min(n, lo + kChunk);
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (size_t i = lo; i < hi; ++i) s += (double)x[i] * (double)x[i];
-    acc += s;
-  }, total);
-  return total;
-}
-
-// Looks at the exponent bits (all ones = inf or NaN) instead of summing: an integer OR-reduction
-// vectorizes without fast-math, and a sum could overflow to inf on large finite values.
-bool all_finite(const float* x, size_t n) {
-  require_backend("all_finite");
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  int bad = 0;
-  Kokkos::parallel_reduce("all_finite", Policy(0, chunks), KOKKOS_LAMBDA(size_t ch, int& acc) {
-    const size_t lo = ch * kChunk, hi = std::min(n, lo + kChunk);
-    uint32_t any = 0;
-#pragma omp simd reduction(| : any)
-    for (size_t i = lo; i < hi; ++i) any |= (bits_as<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
-    acc += any ? 1 : 0;
-  }, bad);
-  return bad == 0;
-}
-
-void scale(float* x, float s, size_t n) {
-  require_backend("scale");
-  for_chunks("scale", n, [=](size_t lo, size_t hi) {
-#pragma omp simd
-    for (size_t i = lo; i < hi; ++i) x[i] *= s;
   });
 }
 
