@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sequence-length warmup's stability claim on real text (Li, Zhang, He 2022: SLW trains stably at a
 # learning rate that makes the baseline spike): gpt-tiny on the bundled Brown corpus, 2 ranks, a
-# high peak learning rate LR (default 6e-2, 60x gpt-tiny's 1e-3) reached after a 5-step warmup,
+# high peak learning rate LR (default 6e-2, 60x gpt-tiny's 1e-3) reached after a WARMUP-step warmup,
 # cosine to 1e-4 over ITERS, gradient clipping 1.0 as in the recipes; the baseline (128 tokens
 # throughout) against SLW 16 -> 128 over ITERS/2 steps (legacy curriculum_learning block, multiples
 # of 8), for each seed in SEEDS. Every iteration is logged; a spike is the train loss rising above
@@ -9,7 +9,10 @@
 # than 0.3 nats, and the final validation loss (full length), and plots the runs.
 #
 #   bench/slw_stability_brown.sh [ITERS] [LR] [OUT_DIR]   defaults: 100, 6e-2, bench/out/slw_stability_brown
-#   SEEDS="1234 42" (default)
+#   SEEDS="1234 42" (default); GBS=16 global batch (samples of 128 tokens); WARMUP=5 LR warmup steps
+#   LR_UNIT=tokens: the warmup and the decay count consumed tokens (the baseline's WARMUP and ITERS steps'
+#   worth), as the DeepSpeed tutorial pairs with SLW, and every run stops at the baseline's tokens
+#   (--train-tokens; SLW takes more iterations to get there)
 # Needs a build in ./build and the data of scripts/fetch_data.sh in ./data.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +20,8 @@ iters=${1:-100}
 lr=${2:-6e-2}
 out=${3:-$root/bench/out/slw_stability_brown}
 seeds=${SEEDS:-1234 42}
+gbs=${GBS:-16}
+warmup=${WARMUP:-5}
 mpiflags=(--oversubscribe)
 if [[ $(id -u) -eq 0 ]]; then mpiflags+=(--allow-run-as-root); fi
 # shellcheck source=scripts/env.sh
@@ -30,8 +35,14 @@ JSON
 # shellcheck disable=SC2054  # 949,50,1 is one value
 data=(--data-path "$root/data/brown_text_document" --vocab-file "$root/data/gpt2-vocab.json"
       --merge-file "$root/data/gpt2-merges.txt" --split 949,50,1)
-common=(--train-iters "$iters" --log-interval 1 --eval-interval "$iters" --eval-iters 10 --lr "$lr" --min-lr 1e-4
-        --lr-warmup-iters 5)
+common=(--log-interval 1 --eval-interval "$iters" --eval-iters 10 --lr "$lr" --min-lr 1e-4 --global-batch-size "$gbs")
+if [[ ${LR_UNIT:-iters} == tokens ]]; then
+  step_tokens=$((gbs * 128))
+  common+=(--train-iters $((iters * 2)) --train-tokens $((iters * step_tokens)) --lr-warmup-iters 0
+           --lr-warmup-tokens $((warmup * step_tokens)) --lr-decay-tokens $((iters * step_tokens)))
+else
+  common+=(--train-iters "$iters" --lr-warmup-iters "$warmup")
+fi
 gpt=$root/build/apps/pretrain_gpt/pretrain_gpt
 names=()
 n_runs=$(( $(wc -w <<< "$seeds") * 2 )) done_runs=0 t0=$SECONDS
@@ -43,7 +54,7 @@ for seed in $seeds; do
     rm -f "$out/$name.jsonl" "$out/$name.jsonl.discarded"
     eta=""
     if (( done_runs > 0 )); then eta=", ETA $(( (SECONDS - t0) * (n_runs - done_runs) / done_runs )) s"; fi
-    echo "# [$((done_runs + 1))/$n_runs] $name: lr $lr, $iters iterations${eta}" >&2
+    echo "# [$((done_runs + 1))/$n_runs] $name: lr $lr, global batch $gbs, $iters iterations${eta}" >&2
     mpirun -np 2 "${mpiflags[@]}" "$gpt" "@$root/inputs/gpt-tiny.args" "${data[@]}" "${common[@]}" --seed "$seed" \
       "${extra[@]}" --metrics-file "$out/$name.jsonl" --json "$out/$name.json" > "$out/$name.log" 2>&1 ||
       { tail -20 "$out/$name.log" >&2; exit 1; }
@@ -73,5 +84,5 @@ python3 -c 'import matplotlib' 2>/dev/null || py=/usr/bin/python3
 files=() labels=()
 for n in "${names[@]}"; do files+=("$out/$n.jsonl"); labels+=(--label "$n"); done
 "$py" "$root/scripts/plot_metrics.py" "${files[@]}" "${labels[@]}" \
-  --title "gpt-tiny on Brown, 2 ranks, peak lr $lr after 5 warmup steps: baseline vs SLW 16->128 over $((iters / 2)) steps" \
+  --title "gpt-tiny on Brown, 2 ranks, batch $gbs, peak lr $lr after $warmup warmup steps${LR_UNIT:+ (in $LR_UNIT)}: baseline vs SLW 16->128 over $((iters / 2)) steps" \
   -o "$out/slw_stability_brown.png"
