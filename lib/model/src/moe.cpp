@@ -201,6 +201,11 @@ void Gpt::set_communication_aware_checkpointing(bool on) {
   if (on && recompute_ && !ops_->host_memory())
     throw config_error("--communication-aware-checkpointing", "--communication-aware-checkpointing runs on the CPU backend only",
                        "drop it, or train with --device cpu");
+  // The replay skips the attention output's and fc2's forward, and with them LoRA's x A^T there.
+  if (on && recompute_ && cfg_.lora.enabled())
+    throw config_error("--communication-aware-checkpointing",
+                       "--communication-aware-checkpointing does not keep LoRA adapters' products for the replay",
+                       "drop it (--checkpoint-activations alone recomputes them)");
   cac_ = on;
   ws_.reset();  // the next step sizes the workspace with (or without) the kept residuals
   kept_moe_.clear();
