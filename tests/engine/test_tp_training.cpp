@@ -225,6 +225,61 @@ TEST(TensorParallelTraining, CheckpointMovesBetweenSizes) {
   if (w.rank() == 0) fs::remove_all(d);
 }
 
+// LoRA (model/lora.cpp): the adapters split with the linears they adapt, on a frozen base. Every
+// linear and the embedding adapted, the final norm trained in full; T = 2 and 4 with ZeRO 0 and 2,
+// and sequence parallelism with recomputation (the embedding's adapters then see 1/T of the rows),
+// against the one-rank run, the tolerance above: the adapters' low-rank products are summed over
+// the group, another fp32 order. A missing sum, or an update added on every rank, moves the loss in
+// the 3rd digit once B has left zero (step 2). The replicated factors must stay bitwise equal
+// across the group. Then the position embedding trained alone (the word embedding frozen, its
+// gradient not computed), and a T=2 checkpoint of the adapters continued at T=1 and T=4.
+TEST(TensorParallelTraining, LoraMatchesOneRank) {
+  const auto& w = world();
+  auto lora = [](int iters, unsigned modules) {
+    auto c = tiny(iters);
+    c.model.lora.rank = 4;
+    c.model.lora.alpha = 8;
+    c.model.lora.targets = 0x1F;
+    c.model.lora.modules_to_save = modules;
+    return c;
+  };
+  const unsigned norm = 1u << model::LoraConfig::final_layernorm, pos = 1u << model::LoraConfig::position_embeddings;
+  const TpRun ref = train(lora(10, norm), comm::Communicator::self(), 1);
+  ASSERT_GT(std::fabs(ref.losses[0] - ref.losses.back()), 1e-3) << "the adapters must train for the comparison to mean anything";
+  for (int tp : {2, 4}) {
+    if (w.size() % tp) continue;
+    for (int stage : {0, 2}) {
+      auto c = lora(10, norm);
+      c.zero.stage = stage;
+      expect_close(train(c, w, tp), ref, "LoRA T=" + std::to_string(tp) + " ZeRO-" + std::to_string(stage));
+    }
+    auto c = lora(10, norm);
+    c.model.sequence_parallel = true;
+    c.recompute_activations = true;
+    c.zero.stage = 1;
+    expect_close(train(c, w, tp), ref, "LoRA T=" + std::to_string(tp) + " sequence-parallel recompute ZeRO-1");
+  }
+  expect_close(train(lora(10, pos), w, 2), train(lora(10, pos), comm::Communicator::self(), 1), "LoRA T=2, positions trained");
+
+  const std::string d = shared_dir(w, "lora_ckpt");
+  auto first = lora(5, norm);
+  first.save_dir = d;
+  train(first, w, 2);
+  std::vector<int> sizes = {1};
+  if (w.size() == 4) sizes.push_back(4);
+  for (int tp : sizes) {
+    auto k = lora(10, norm);
+    k.load_path = d;
+    TpRun next = train(k, w, tp), rest = ref;
+    ASSERT_FALSE(next.loaded.empty());
+    rest.losses.erase(rest.losses.begin(), rest.losses.begin() + 5);
+    rest.grad_norms.clear();
+    expect_close(next, rest, "LoRA T=2 checkpoint continued at T=" + std::to_string(tp));
+  }
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(d);
+}
+
 // TED: the three 4-rank grids of tensor x expert x data parallelism (T=2 x E=2, T=2 x D=2 and
 // E=2 x D=2) against one rank, ZeRO 0-3 on the full grid; duplicate token dropping (on by
 // default) against its absence bitwise (it moves rows, not arithmetic: test_ted.cpp); and a T=2 x

@@ -294,9 +294,6 @@ TEST(Lora, BadSettingsNameTheFlag) {
     }
   };
   model::GptConfig c = tiny(4);
-  c.tensor_parallel = 2;
-  fails_with(c, "--lora-rank");
-  c = tiny(4);
   c.moe.num_experts = {2};
   fails_with(c, "--lora-rank");
   c = tiny(4, 0);

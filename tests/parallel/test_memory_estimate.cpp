@@ -295,21 +295,24 @@ TEST(MemoryEstimate, BadClusterNamesTheFlag) {
 
 // LoRA: Ψ is what trains (the adapters, and the modules to save) and F the frozen base, both as the
 // model's own layout counts them; F adds param-bytes x F to every rank whatever the stage, and in
-// 16-bit runs the widened blocks in use to the buffers.
+// 16-bit runs the widened blocks in use to the buffers. Under tensor parallelism (T = 3) both are
+// this rank's part, and the whole model counts every tensor whole.
 TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
   struct Case {
     unsigned targets, save;
   };
   // save: a bit per LoraConfig::Module (1 final norm, 2 embedding, 4 position embedding alone)
   for (auto k : {Case{0xF, 0}, Case{0x1F, 0}, Case{0x3, 1}, Case{0x10, 1}, Case{0xC, 2}, Case{0x1F, 3}, Case{0x1F, 4},
-                 Case{0xF, 5}, Case{0x1, 6}}) {
+                 Case{0xF, 5}, Case{0x1, 6}})
+  for (int tp : {1, 3}) {
     model::GptConfig g = shape(3, 96, 3, 40, 1000);
     g.lora.rank = 4;
     g.lora.targets = k.targets;
     g.lora.modules_to_save = k.save;
-    const ParamLayout l = model::Gpt::layout_for(g);
+    g.tensor_parallel = tp;
+    const ParamLayout l = model::Gpt::layout_for(g, tp - 1);
     const GptSize s = gpt_size(g);
-    const std::string what = g.describe();
+    const std::string what = g.describe() + " T=" + std::to_string(tp);
     EXPECT_EQ(s.params, l.trained().numel()) << what;
     EXPECT_EQ(s.dense, s.params) << what;
     uint64_t frozen = 0, largest = 0;
@@ -319,7 +322,9 @@ TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
     }
     EXPECT_EQ(s.frozen, frozen) << what;
     EXPECT_EQ(s.largest_block, largest) << what;
-    EXPECT_EQ(s.whole_model, l.numel()) << what;
+    model::GptConfig one = g;  // the whole model: at T = 1
+    one.tensor_parallel = 1;
+    EXPECT_EQ(s.whole_model, model::Gpt::layout_for(one).numel()) << what;
     EXPECT_EQ(s.params + s.frozen, l.numel()) << what;
     // widened while in use in 16-bit runs: the frozen embedding block (the words) and one layer
     const uint64_t working = (l.blocks()[0].trains ? 0 : l.blocks()[0].numel) +

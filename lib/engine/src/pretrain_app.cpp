@@ -168,11 +168,13 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                 << (trainer.zero().half() ? " (with the fp32 master weights; the 16-bit parameters are rounded from them)" : "")
                 << "\n";
     if (cfg.model.lora.enabled()) {  // trainable state: the adapters' parameters, gradients, optimizer states
-      const double trained = double(trainer.stored_layout().numel()), all = double(trainer.model().layout().numel());
+      const double trained = double(trainer.stored_layout().full_numel()), all = double(trainer.model().layout().full_numel());
       std::printf("> LoRA rank %d (alpha %g) on %s: %.0f of %.0f parameters train (%.2f%%): the model states above are "
-                  "theirs; the frozen base is held whole on every rank (%s) with no gradient or optimizer state\n",
+                  "theirs; the frozen base%s is held whole on every %srank (%s) with no gradient or optimizer state\n",
                   cfg.model.lora.rank, cfg.model.lora.alpha > 0 ? cfg.model.lora.alpha : cfg.model.lora.rank,
-                  cfg.model.lora.target_list().c_str(), trained, all, 100.0 * trained / all, format_bytes(mem.frozen).c_str());
+                  cfg.model.lora.target_list().c_str(), trained, all, 100.0 * trained / all,
+                  cfg.model.tensor_parallel > 1 ? "'s tensor-parallel part" : "",
+                  cfg.model.tensor_parallel > 1 ? "data-parallel " : "", format_bytes(mem.frozen).c_str());
     }
     if (cfg.model.moe.enabled(cfg.model.num_layers)) {
       const auto& m = cfg.model.moe;

@@ -237,18 +237,22 @@ void Trainer::load_weights(const std::vector<float>& given) {
   const std::vector<float>& full = layout.full_numel() == given.size() ? given : with_adapters;
   if (cfg_.model.lora.enabled() && &full == &with_adapters) {
     // LoRA: the base model's weights (no adapters); the adapters start as initialisation makes them.
-    model::GptConfig base = cfg_.model;
+    // Both whole (tensor-parallel size 1 order): the parts are cut below.
+    model::GptConfig whole = cfg_.model;
+    whole.vocab_multiple = static_cast<int>(whole.vocab_granule());  // the same padded vocabulary
+    whole.tensor_parallel = 1;
+    whole.sequence_parallel = false;
+    model::GptConfig base = whole;
     base.lora = model::LoraConfig{};
-    const ParamLayout bl = model::Gpt::layout_for(base);
-    if (given.size() == bl.full_numel()) {  // tensor parallelism is refused with LoRA: numel is full_numel
+    const ParamLayout bl = model::Gpt::layout_for(base), wl = model::Gpt::layout_for(whole);
+    if (given.size() == bl.numel()) {
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a64(given.data(), given.size() * sizeof(float)));
       lora_base_ = std::string("fnv1a64:") + hex;
-      with_adapters.assign(layout.numel(), 0.0f);
-      model_->init_params(with_adapters.data(), cfg_.seed);
+      with_adapters = model::Gpt::initial_full(cfg_.model, cfg_.seed);
       for (const auto& t : bl.tensors())
         std::copy_n(given.begin() + static_cast<std::ptrdiff_t>(t.offset), t.numel,
-                    with_adapters.begin() + static_cast<std::ptrdiff_t>(layout.find(t.name).offset));
+                    with_adapters.begin() + static_cast<std::ptrdiff_t>(wl.find(t.name).offset));
     }
   }
   if (full.size() != layout.full_numel())

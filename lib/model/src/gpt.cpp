@@ -359,7 +359,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   lora_backward(o, a, LoraConfig::qkv, a.ln1, w.dqkv, w.dln, N);
   tp_.reduce_scatter(w.dln, dsl, NC);
   ops_->layernorm_backward(dres, dn1, dn1 + C, dsl, in, lp + o.ln1w, a.ln1_mean, a.ln1_rstd, (int)n, C);
-  if (sp) {
+  if (sp && lg) {  // (a frozen block's norms: scratch, not reduced)
     tp_.reduce_partial_grads(w.dnorm, 4 * C);
     ops_->residual_forward(lg + o.ln1w, lg + o.ln1w, w.dnorm, 2 * C);
     ops_->residual_forward(lg + o.ln2w, lg + o.ln2w, w.dnorm + 2 * C, 2 * C);
@@ -408,7 +408,7 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
     float* dn = sp || !fg ? w.dnorm : fg + lnfw_;  // weight, bias (adjacent); scratch when frozen
     if (sp) ops_->zero(w.dnorm, 2 * C * sizeof(float));
     ops_->layernorm_backward(dx, dn, dn + C, dsl, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, (int)n, C);
-    if (sp) {
+    if (sp && fg) {
       tp_.reduce_partial_grads(w.dnorm, 2 * C);
       ops_->residual_forward(fg + lnfw_, fg + lnfw_, w.dnorm, 2 * C);
     }
@@ -488,15 +488,17 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   float* eg = store.grads(0);
   float* pg = pos_block_ ? store.grads(pos_block_) : eg;  // LoRA: the positions may train alone
   hidden_dropout(w.dres, -1, kernels::DropoutSite::embedding, B, T);  // in place: nothing reads dres after
+  // Every row of d(embedding output) (gathered once under sequence parallelism)
+  const float* demb = pg || emb_lora_block_ >= 0 ? gather_rows(w.dres, B * T) : w.dres;
   if (!pg) {  // a frozen embedding (LoRA): nothing to compute
-  } else if (tp_.enabled())  // (LoRA runs at tensor_parallel 1: eg is pg's block here)
-    TensorParallel::embedding_backward(eg + wte_, pg + wpe_, gather_rows(w.dres, B * T), tokens, B, T, C, vstart_, Vl_,
+  } else if (tp_.enabled())  // eg null: LoRA's frozen words beside trained positions
+    TensorParallel::embedding_backward(eg ? eg + wte_ : nullptr, pg + wpe_, demb, tokens, B, T, C, vstart_, Vl_,
                                        positions_);
   else ops_->encoder_backward(eg ? eg + wte_ : nullptr, pg + wpe_, w.dres, tokens, B, T, C, positions_);
   if (emb_lora_block_ >= 0) {  // the embedding's adapters: the input side's share, then complete
     emb_lora_p_ = store.params(emb_lora_block_);
     emb_lora_g_ = store.grads(emb_lora_block_);
-    lora_embed_backward(tokens, w.dres, B, T);
+    lora_embed_backward(tokens, demb, B, T);
     store.release(emb_lora_block_);
     store.grads_ready(emb_lora_block_);
     emb_lora_p_ = nullptr, emb_lora_g_ = nullptr;

@@ -54,9 +54,6 @@ void GptConfig::validate() const {
       throw config_error("--lora-targets", "--lora-targets must name at least one of qkv, proj, fc, fc2, embedding");
     if (!(lora.alpha >= 0) || !std::isfinite(lora.alpha))
       throw config_error("--lora-alpha", "--lora-alpha must be positive, got " + std::to_string(lora.alpha));
-    if (tensor_parallel > 1)
-      throw config_error("--lora-rank", "LoRA adapters are not tensor-parallel in this version (--tensor-model-parallel-size " +
-                                            std::to_string(tensor_parallel) + ")", "finetune with LoRA at --tensor-model-parallel-size 1");
     if (moe.enabled(num_layers))
       throw config_error("--lora-rank", "LoRA adapts the dense GPT's linears; this model has MoE layers (--num-experts)");
   } else if (lora.rank < 0) {

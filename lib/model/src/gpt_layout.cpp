@@ -24,7 +24,7 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep).offset - layout.blocks().back().offset;
   if (cfg.lora.adapts(LoraConfig::embedding)) {  // the tied embedding's adapters, beside it
     layout.begin_block("embedding.lora");
-    layout.add("embedding.word_embeddings.lora_a.weight", {Vp, cfg.lora.rank}, true, rep);
+    layout.add("embedding.word_embeddings.lora_a.weight", {Vp, cfg.lora.rank}, true, col);  // rows as wte's
     layout.add("embedding.word_embeddings.lora_b.weight", {C, cfg.lora.rank}, true, rep);
   }
   int moe_index = 0;
@@ -80,10 +80,13 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
       const int64_t r = cfg.lora.rank;
       const char* names[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
       const int64_t in[4] = {C, C, C, 4 * C}, out[4] = {3 * C, C, 4 * C, C};
+      // Split as the weight: a column-parallel linear's B by its output rows (QKV by sections), a
+      // row-parallel linear's A by its input columns; the other factor a replica (model/lora.cpp).
+      const Partition a_part[4] = {rep, row, rep, row}, b_part[4] = {qkv, rep, col, rep};
       for (int t = 0; t < 4; ++t)
         if (cfg.lora.adapts(t)) {
-          o.lora_a[t] = rel(std::string(names[t]) + ".lora_a.weight", {r, in[t]}, true, rep);
-          o.lora_b[t] = rel(std::string(names[t]) + ".lora_b.weight", {out[t], r}, true, rep);
+          o.lora_a[t] = rel(std::string(names[t]) + ".lora_a.weight", {r, in[t]}, true, a_part[t]);
+          o.lora_b[t] = rel(std::string(names[t]) + ".lora_b.weight", {out[t], r}, true, b_part[t]);
         }
     }
     if (blocks) blocks->push_back(std::move(o));
@@ -116,11 +119,26 @@ void Gpt::init_params(float* params, uint64_t seed) const {
     init_block(static_cast<int>(b), params + layout_.blocks()[b].offset, seed);
 }
 
-void Gpt::init_block(int block, float* dst, uint64_t seed) const {
-  const double std_w = cfg_.init_std;
-  const double std_out = cfg_.init_std / std::sqrt(2.0 * cfg_.num_layers);
-  const size_t base = layout_.blocks()[block].offset;
-  for (const auto& t : layout_.tensors()) {
+void Gpt::init_block(int block, float* dst, uint64_t seed) const { init_tensors(layout_, cfg_, block, dst, seed); }
+
+std::vector<float> Gpt::initial_full(const GptConfig& cfg, uint64_t seed) {
+  GptConfig whole = cfg;
+  whole.vocab_multiple = static_cast<int>(cfg.vocab_granule());  // the same padded vocabulary
+  whole.tensor_parallel = 1;
+  whole.sequence_parallel = false;
+  whole.moe.expert_tensor_parallel = false;
+  const ParamLayout layout = layout_for(whole);
+  std::vector<float> full(layout.numel());
+  for (size_t b = 0; b < layout.blocks().size(); ++b)
+    init_tensors(layout, whole, static_cast<int>(b), full.data() + layout.blocks()[b].offset, seed);
+  return full;
+}
+
+void Gpt::init_tensors(const ParamLayout& layout, const GptConfig& cfg, int block, float* dst, uint64_t seed) {
+  const double std_w = cfg.init_std;
+  const double std_out = cfg.init_std / std::sqrt(2.0 * cfg.num_layers);
+  const size_t base = layout.blocks()[block].offset;
+  for (const auto& t : layout.tensors()) {
     if (t.block != block) continue;
     float* p = dst + (t.offset - base);
     // One stream per tensor, keyed by its index: init does not depend on how others are laid out.

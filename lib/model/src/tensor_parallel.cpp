@@ -41,6 +41,12 @@ void TensorParallel::reduce_partial_grads(float* g, size_t n) {
   count(double(n) * sizeof(float), 2, false);
 }
 
+void TensorParallel::adapter_all_reduce(float* x, size_t n) {
+  if (!comm_) return;
+  comm_->allreduce_sum(x, n);
+  count(double(n) * sizeof(float), 2, false);
+}
+
 void TensorParallel::moe_all_gather(float* data, const std::vector<int>& rows, int width) {
   if (comm_ && size_ > 1) comm_->allgatherv_rows(data, rows, width);
 }
@@ -84,7 +90,7 @@ void TensorParallel::embedding_backward(float* dwte_part, float* dwpe, const flo
     float* p = dwpe + (pos ? (size_t)pos[i] : i % T) * C;
     for (int c = 0; c < C; ++c) p[c] += d[c];
     const long long r = (long long)tokens[i] - vstart;
-    if (r < 0 || r >= vrows) continue;
+    if (!dwte_part || r < 0 || r >= vrows) continue;
     float* e = dwte_part + (size_t)r * C;
     for (int c = 0; c < C; ++c) e[c] += d[c];
   }

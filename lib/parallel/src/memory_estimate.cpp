@@ -26,16 +26,24 @@ std::string gb_text(uint64_t bytes) {
 
 // LoRA: what trains is the adapters (lib/model/src/gpt_layout.cpp: a "layers.<l>.lora" block per
 // layer, an "embedding.lora" block) and the modules to save; the rest of s's base is frozen.
-// (validate() refuses LoRA with tensor parallelism or MoE, so s counts the whole dense model.)
+// (validate() refuses LoRA with MoE, so s counts the dense model: this tensor-parallel rank's part,
+// and in whole_model the whole base.) Under tensor parallelism the adapters split with their
+// linears: a column-parallel linear's B, a row-parallel one's A and the embedding's A are 1/T.
 void count_lora(const model::GptConfig& cfg, GptSize& s) {
   using model::LoraConfig;
   const LoraConfig& lo = cfg.lora;
   const uint64_t C = (uint64_t)cfg.hidden_size, Vp = (uint64_t)cfg.padded_vocab(), r = (uint64_t)lo.rank;
+  const uint64_t P = (uint64_t)cfg.tensor_parallel;
   const uint64_t in[4] = {C, C, C, 4 * C}, out[4] = {3 * C, C, 4 * C, C};  // qkv, proj, fc, fc2
-  uint64_t layer_adapters = 0;
+  const bool column[4] = {true, false, true, false};
+  uint64_t layer_adapters = 0, whole_layer = 0;
   for (int t = 0; t < 4; ++t)
-    if (lo.adapts(t)) layer_adapters += r * (in[t] + out[t]);  // A (rank, in) + B (out, rank)
-  const uint64_t emb_adapters = lo.adapts(LoraConfig::embedding) ? r * (Vp + C) : 0;  // A (Vp, rank) + B (C, rank)
+    if (lo.adapts(t)) {  // A (rank, in) + B (out, rank)
+      layer_adapters += r * (column[t] ? in[t] + out[t] / P : in[t] / P + out[t]);
+      whole_layer += r * (in[t] + out[t]);
+    }
+  const bool emb_lora = lo.adapts(LoraConfig::embedding);
+  const uint64_t emb_adapters = emb_lora ? r * (Vp / P + C) : 0;  // A (Vp, rank) + B (C, rank)
   const uint64_t norm = lo.saves(LoraConfig::final_layernorm) ? s.final_norm : 0;
   const uint64_t emb = lo.saves(LoraConfig::embeddings) ? s.embedding : 0;
   const uint64_t pos = lo.own_position_block() ? (uint64_t)cfg.positions() * C : 0;  // wpe (T, C), a block apart
@@ -43,7 +51,9 @@ void count_lora(const model::GptConfig& cfg, GptSize& s) {
   s.frozen = base - norm - emb - pos;
   s.frozen_working = (emb ? 0 : s.embedding - pos) + s.layer;
   s.params = s.dense = adapters + norm + emb + pos;
-  s.whole_model = base + adapters;
+  model::GptConfig one = cfg;  // whole_model counts the model at T = 1 (its padded vocabulary)
+  one.tensor_parallel = 1;
+  s.whole_model += whole_layer * (uint64_t)cfg.num_layers + (emb_lora ? r * ((uint64_t)one.padded_vocab() + C) : 0);
   s.largest_block = 0;
   for (auto [n, name] : {std::pair{layer_adapters, "layer adapters"}, {emb_adapters, "embedding adapters"},
                          {emb, "embedding"}, {pos, "position embedding"}, {norm, "final norm"}})
@@ -106,6 +116,7 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
     model::GptConfig whole = cfg;
     whole.tensor_parallel = 1;
     whole.moe.expert_tensor_parallel = false;
+    whole.lora = model::LoraConfig{};  // the base: count_lora adds the whole adapters
     s.whole_model = gpt_size(whole, 1).params;
   }
   if (cfg.lora.enabled()) count_lora(cfg, s);

@@ -181,6 +181,9 @@ class Gpt {
   /// The same values for one block only: dst receives the block's elements (as at its layout
   /// offset in init_params), so a sharded store initialises without a full copy.
   void init_block(int block, float* dst, uint64_t seed) const;
+  /// Every tensor whole (the layout at tensor-parallel size 1), with the values init_params gives
+  /// each rank's part: the full-order vector a checkpoint load slices (the trainer's LoRA start).
+  static std::vector<float> initial_full(const GptConfig& cfg, uint64_t seed);
 
   /// Forward and backward of one micro-batch. tokens/targets are (B, T) host arrays; a target < 0
   /// is ignored.
@@ -324,6 +327,8 @@ class Gpt {
   void lora_forward(const Block& o, LayerActs& a, int t, const float* x, float* out, int rows);
   /// Its backward from dout: dA and dB into the adapter block's gradients, d(x) accumulated into dx.
   void lora_backward(const Block& o, LayerActs& a, int t, const float* x, const float* dout, float* dx, int rows);
+  /// This rank's (input, output) widths of adapted linear t: the output split for qkv and fc, the input for proj and fc2.
+  std::pair<int, int> lora_dims(int t) const;
   /// The adapter block of layer l for the next lora_forward/backward: params (and grads when
   /// `grads`) from the store; lora_done() releases it (and reports its gradient complete).
   void lora_use(ParamStore& store, int l, bool grads);
@@ -381,6 +386,7 @@ class Gpt {
                           float* dres, int B, int T);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
+  static void init_tensors(const ParamLayout& layout, const GptConfig& cfg, int block, float* dst, uint64_t seed);
   static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
                            size_t* wte, size_t* wpe, size_t* lnfw, size_t* lnfb);
 

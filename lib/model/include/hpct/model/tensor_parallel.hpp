@@ -70,13 +70,17 @@ class TensorParallel {
   /// Replicated tensors' gradients from split rows (norms under sequence parallelism): in-place sum
   /// of g (n floats, this micro-batch's partial sums only) over the group; not an activation's bytes.
   void reduce_partial_grads(float* g, size_t n);
+  /// LoRA's low-rank products (rows x rank, model/lora.cpp): in-place sum of n floats over the group;
+  /// counted in bytes(), not in the activations' (Megatron's formula has no adapters).
+  void adapter_all_reduce(float* x, size_t n);
   /// Vocab-parallel embedding with learned positions: out (B*T, C) = wte[token] + wpe[t], where this
   /// rank holds rows [vstart, vstart + vrows) of wte (wte_part) and every rank the whole wpe. Under
   /// sequence parallelism out gets this rank's rows only, and scratch (B*T, C) takes the parts.
   /// pos: each token's position (documents in a sample, ops.hpp's encoder_forward), nullptr: t.
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B, int T,
                          int C, int vstart, int vrows, float* scratch, const int32_t* pos = nullptr);
-  /// Accumulates d(wte_part) (this rank's rows only) and d(wpe) (every rank alike) from dout (B*T, C).
+  /// Accumulates d(wte_part) (this rank's rows only; nullptr: a frozen embedding) and d(wpe) (every
+  /// rank alike) from dout (B*T, C).
   static void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                  int C, int vstart, int vrows, const int32_t* pos = nullptr);
   /// Vocab-parallel cross entropy over logits (rows, vl): this rank's columns [vstart, vstart + vl)
