@@ -7,6 +7,11 @@ LoRA-finetuned on prompt/response lines the test writes.
 - its checkpoint holds the adapters (on the four linears and the embedding), the final norm and the
   position embedding (--lora-modules-to-save final_layernorm,position_embedding) only (hpct_ckpt
   verify passes);
+- at --tensor-model-parallel-size 2 (2 ranks, the adapters split with their linears) the same run
+  gives the one-rank losses within 1e-5 relative (the low-rank products summed over the group in
+  another order: fp32 rounding, 3e-9 at step 1, grown to ~1e-6 by step 12 at this run's lr 1e-2, where
+  Adam turns rounding in tiny gradients into whole steps; a missing sum or a doubled update is off by
+  1e-3 or more);
 - a requeued start resumes the adapters on the base it is given again; other base weights (the
   merged model's) are refused, naming the file;
 - generate refuses the adapters alone with a one-line error that says how to merge them;
@@ -15,7 +20,8 @@ LoRA-finetuned on prompt/response lines the test writes.
   and generate and export take it;
 - one-line errors naming the flag: a bad --lora-targets, LoRA without a base model, --finetune-resume-optimizer with LoRA, merge-lora without a base.
 
-lora_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --generate GENERATE --tool HPCT_CKPT --args FILE --data DIR --workdir DIR
+lora_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --generate GENERATE --tool HPCT_CKPT --mpiexec MPIEXEC --args FILE
+              --data DIR --workdir DIR
 """
 import json
 import os
@@ -24,7 +30,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks, write_reverse_task  # noqa: E402  (tests/checklib.py)
 
-c = Checks("--gpt", "--finetune", "--generate", "--tool", "--args", "--data", "--workdir")
+c = Checks("--gpt", "--finetune", "--generate", "--tool", "--mpiexec", "--args", "--data", "--workdir")
 a, check = c.args, c.check
 tok = ["--vocab-file", os.path.join(a.data, "gpt2-vocab.json"), "--merge-file", os.path.join(a.data, "gpt2-merges.txt")]
 brown = os.path.join(a.data, "brown_text_document")
@@ -38,9 +44,9 @@ lora = ["--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", "qkv,proj,fc
         "--lora-modules-to-save", "final_layernorm,position_embedding"]
 
 
-def finetune(name, *extra, iters=12, want=0):
+def finetune(name, *extra, iters=12, want=0, launch=()):
     out = os.path.join(a.workdir, name)
-    p = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--split", "90,10,0", "--train-iters", str(iters),
+    p = c.run([*launch, a.finetune, "@" + a.args, "--data-path", sft, *tok, "--split", "90,10,0", "--train-iters", str(iters),
                "--lr", "1e-2", "--lr-warmup-iters", "2", "--lr-decay-iters", "30", "--log-interval", "1",
                "--eval-interval", "1000", "--eval-iters", "2", "--metrics-file", out + ".jsonl", "--json", out + ".json",
                *extra], want=want)
@@ -58,6 +64,14 @@ check(len(tr) == 12, f"12 steps (got {len(tr)})")
 if tr:
     check(tr[-1]["lm_loss"] < tr[0]["lm_loss"] - 0.2, f"the response loss falls: {tr[0]['lm_loss']:.3f} -> {tr[-1]['lm_loss']:.3f}")
 final_val = summ.get("final_val_loss")
+
+# Tensor parallelism: the same run on 2 ranks at T = 2.
+mpi = [a.mpiexec, "-n", "2", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+pt, trt, _ = finetune("ft_tp2", "--load", pre, *lora, "--tensor-model-parallel-size", "2", launch=mpi)
+check("485632 of 7717632 parameters train" in pt.stdout and "tensor-parallel part" in pt.stdout,
+      "at T=2 the start line counts the whole model and says the base is split")
+worst = max((abs(x["lm_loss"] - y["lm_loss"]) / abs(y["lm_loss"]) for x, y in zip(trt, tr)), default=1.0)
+check(len(trt) == len(tr) == 12 and worst <= 1e-5, f"T=2 gives the one-rank losses (worst {worst:.1e} relative over {len(trt)} steps)")
 
 # The checkpoint: adapters only, and verify's checks pass.
 v = c.run([a.tool, "verify", ft])
