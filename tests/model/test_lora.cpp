@@ -300,6 +300,14 @@ TEST(Lora, BadSettingsNameTheFlag) {
   fails_with(c, "--lora-targets");
   EXPECT_THROW(model::LoraConfig::parse_targets("qkv,mlp"), Error);
   EXPECT_EQ(model::LoraConfig::parse_targets("fc2,qkv"), 0x9u);
+  // CAC's replay would skip the adapters' products of proj and fc2: refused with recomputation.
+  model::Gpt recompute(tiny(4), kernels::Precision::fp32, true);
+  try {
+    recompute.set_communication_aware_checkpointing(true);
+    ADD_FAILURE() << "accepted --communication-aware-checkpointing with LoRA";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--communication-aware-checkpointing"), std::string::npos) << e.what();
+  }
 }
 
 int main(int argc, char** argv) {
