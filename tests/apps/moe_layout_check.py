@@ -3,10 +3,14 @@
 A tiny MoE (inputs/moe-tiny.args made smaller) with token dropping and Random Token Selection on
 (capacity factor 0.5, so tokens are dropped every step) runs 4 steps on 1 rank, then on
 (ranks, EP, ZeRO) = (2,1,0) (2,2,1) (2,2,3) (4,2,2) (4,4,0) (4,4,3); each run's per-step lm loss, moe
-loss and grad norm must equal the single-rank run's within 1e-6 relative. Why a tolerance and not
-bitwise: with EP > 1 an expert's GEMM takes the rows of several ranks' micro-batches at once, and
-gradients are summed in another order (observed differences ~1e-9 relative; 1e-6 leaves margin for
-BLAS blocking while still catching any routing or reduction error, which moves losses by >1e-4).
+loss and grad norm must equal the single-rank run's within 1e-5 relative (the tensor-parallel
+tolerance). Why a tolerance and not bitwise: with EP > 1 an expert's GEMM takes the rows of several
+ranks' micro-batches at once, and gradients are summed in another order (~1e-9 relative at step 1).
+Adam's first step then moves every weight by about lr whatever the size of its gradient, so a weight
+whose gradient is rounding noise moves either way: residual MoE with Jitter on (2,2,1) showed 1.05e-6
+on the step-2 grad norm (2026-11-27, Debian's packages of that day), shrinking after; with
+--adam-eps 1e-5, which damps steps on noise-sized gradients, the same pair differs by 2.3e-8. 1e-5
+still catches any routing or reduction error, which moves losses by >1e-4.
 Top-2 without token dropping and residual MoE with Jitter are compared the same way on (2,2,1) and
 (4,4,2); TED's T=2 x E=2 on 4 ranks with and without duplicate token dropping too (and the two
 against each other exactly, with their all-to-all bytes). Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
@@ -45,7 +49,7 @@ def run(np, ep, zero, extra=(), tag=None):
     return 0, [s for s in steps if s.get("type") == "train"]
 
 
-def close(x, y, rel=1e-6):
+def close(x, y, rel=1e-5):
     return abs(x - y) <= rel * max(abs(x), abs(y), 1e-12)
 
 
