@@ -233,43 +233,46 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::load_weights(const std::vector<float>& given) {
   const ParamLayout& layout = model_->layout();
-  std::vector<float> with_adapters;
-  const std::vector<float>& full = layout.full_numel() == given.size() ? given : with_adapters;
-  if (cfg_.model.lora.enabled() && &full == &with_adapters) {
-    // LoRA: the base model's weights (no adapters); the adapters start as initialisation makes them.
-    // Both whole (tensor-parallel size 1 order): the parts are cut below.
-    model::GptConfig whole = cfg_.model;
-    whole.vocab_multiple = static_cast<int>(whole.vocab_granule());  // the same padded vocabulary
-    whole.tensor_parallel = 1;
-    whole.sequence_parallel = false;
-    model::GptConfig base = whole;
+  // This rank's values in its layout: the tensor-parallel slice of every split tensor, every replica.
+  std::vector<float> part;
+  const std::vector<float>* src = &given;
+  auto cut = [&](const TensorSpec& t, size_t at) {  // tensor t, whole at given[at...]: this rank's elements
+    t.for_full_runs(0, t.numel, [&](uint64_t f, uint64_t lo, uint64_t n) {
+      std::copy_n(given.begin() + static_cast<std::ptrdiff_t>(at + f), n, part.begin() + static_cast<std::ptrdiff_t>(t.offset + lo));
+    });
+  };
+  if (cfg_.model.lora.enabled() && given.size() != layout.full_numel()) {
+    // LoRA: the base model's weights, whole (no adapters, tensor-parallel size 1 order). The
+    // adapters start as initialisation makes them; this rank's slices of the base go over the rest.
+    model::GptConfig base = cfg_.model;
+    base.vocab_multiple = static_cast<int>(base.vocab_granule());  // the same padded vocabulary
+    base.tensor_parallel = 1;
+    base.sequence_parallel = false;
     base.lora = model::LoraConfig{};
-    const ParamLayout bl = model::Gpt::layout_for(base), wl = model::Gpt::layout_for(whole);
+    const ParamLayout bl = model::Gpt::layout_for(base);
     if (given.size() == bl.numel()) {
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a64(given.data(), given.size() * sizeof(float)));
       lora_base_ = std::string("fnv1a64:") + hex;
-      with_adapters = model::Gpt::initial_full(cfg_.model, cfg_.seed);
-      for (const auto& t : bl.tensors())
-        std::copy_n(given.begin() + static_cast<std::ptrdiff_t>(t.offset), t.numel,
-                    with_adapters.begin() + static_cast<std::ptrdiff_t>(wl.find(t.name).offset));
+      part.assign(layout.numel(), 0.0f);
+      model_->init_params(part.data(), cfg_.seed);
+      for (const auto& t : layout.tensors())
+        if (t.name.find(".lora_") == std::string::npos) cut(t, bl.find(t.name).offset);
+      src = &part;
     }
   }
-  if (full.size() != layout.full_numel())
-    throw Error("Trainer::load_weights: " + std::to_string(full.size()) + " values for " + std::to_string(layout.full_numel()) + " parameters");
-  // Tensor parallelism: this rank's slice of every split tensor, and every replica, in its layout.
-  std::vector<float> part;
-  const std::vector<float>* src = &full;
-  if (layout.numel() != layout.full_numel() || grid_.tp().size() > 1) {
-    part.assign(layout.numel(), 0.0f);
-    size_t at = 0;
-    for (const auto& t : layout.tensors()) {
-      t.for_full_runs(0, t.numel, [&](uint64_t f, uint64_t lo, uint64_t n) {
-        std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(at + f), n, part.begin() + static_cast<std::ptrdiff_t>(t.offset + lo));
-      });
-      at += t.full_numel();
+  if (src == &given) {
+    if (given.size() != layout.full_numel())
+      throw Error("Trainer::load_weights: " + std::to_string(given.size()) + " values for " + std::to_string(layout.full_numel()) + " parameters");
+    if (layout.numel() != layout.full_numel() || grid_.tp().size() > 1) {
+      part.assign(layout.numel(), 0.0f);
+      size_t at = 0;
+      for (const auto& t : layout.tensors()) {
+        cut(t, at);
+        at += t.full_numel();
+      }
+      src = &part;
     }
-    src = &part;
   }
   zero_->init_params([&](int block, float* dst) {
     const auto& b = layout.blocks()[block];

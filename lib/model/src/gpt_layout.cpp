@@ -119,26 +119,11 @@ void Gpt::init_params(float* params, uint64_t seed) const {
     init_block(static_cast<int>(b), params + layout_.blocks()[b].offset, seed);
 }
 
-void Gpt::init_block(int block, float* dst, uint64_t seed) const { init_tensors(layout_, cfg_, block, dst, seed); }
-
-std::vector<float> Gpt::initial_full(const GptConfig& cfg, uint64_t seed) {
-  GptConfig whole = cfg;
-  whole.vocab_multiple = static_cast<int>(cfg.vocab_granule());  // the same padded vocabulary
-  whole.tensor_parallel = 1;
-  whole.sequence_parallel = false;
-  whole.moe.expert_tensor_parallel = false;
-  const ParamLayout layout = layout_for(whole);
-  std::vector<float> full(layout.numel());
-  for (size_t b = 0; b < layout.blocks().size(); ++b)
-    init_tensors(layout, whole, static_cast<int>(b), full.data() + layout.blocks()[b].offset, seed);
-  return full;
-}
-
-void Gpt::init_tensors(const ParamLayout& layout, const GptConfig& cfg, int block, float* dst, uint64_t seed) {
-  const double std_w = cfg.init_std;
-  const double std_out = cfg.init_std / std::sqrt(2.0 * cfg.num_layers);
-  const size_t base = layout.blocks()[block].offset;
-  for (const auto& t : layout.tensors()) {
+void Gpt::init_block(int block, float* dst, uint64_t seed) const {
+  const double std_w = cfg_.init_std;
+  const double std_out = cfg_.init_std / std::sqrt(2.0 * cfg_.num_layers);
+  const size_t base = layout_.blocks()[block].offset;
+  for (const auto& t : layout_.tensors()) {
     if (t.block != block) continue;
     float* p = dst + (t.offset - base);
     // One stream per tensor, keyed by its index: init does not depend on how others are laid out.

@@ -181,9 +181,6 @@ class Gpt {
   /// The same values for one block only: dst receives the block's elements (as at its layout
   /// offset in init_params), so a sharded store initialises without a full copy.
   void init_block(int block, float* dst, uint64_t seed) const;
-  /// Every tensor whole (the layout at tensor-parallel size 1), with the values init_params gives
-  /// each rank's part: the full-order vector a checkpoint load slices (the trainer's LoRA start).
-  static std::vector<float> initial_full(const GptConfig& cfg, uint64_t seed);
 
   /// Forward and backward of one micro-batch. tokens/targets are (B, T) host arrays; a target < 0
   /// is ignored.
@@ -386,7 +383,6 @@ class Gpt {
                           float* dres, int B, int T);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
-  static void init_tensors(const ParamLayout& layout, const GptConfig& cfg, int block, float* dst, uint64_t seed);
   static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
                            size_t* wte, size_t* wpe, size_t* lnfw, size_t* lnfb);
 
