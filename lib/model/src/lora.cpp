@@ -13,7 +13,6 @@
 // - the embedding (vocab-parallel): A this rank's vocabulary rows, B whole. A[token] is gathered
 //   from the slice that holds it (summed over the group); on the head's side d(x B) is summed.
 // The sums are of (rows, rank) products: rank/C of Megatron's activation all-reduces.
-#include <algorithm>
 #include <string>
 
 #include "gpt_acts.hpp"
@@ -96,12 +95,8 @@ void Gpt::lora_embed_forward(const int32_t* tokens, float* x, int N) {
   const int r = cfg_.lora.rank, C = cfg_.hidden_size;
   const float* A = emb_lora_p_ + emb_lora_a_;
   float* u = ws_->lora_u;  // A[token], (N, r)
-  if (tp_.enabled()) {  // host memory: the rows of this rank's vocabulary slice, zero elsewhere, summed
-    for (int i = 0; i < N; ++i) {
-      const long long v = (long long)tokens[i] - vstart_;
-      if (v >= 0 && v < Vl_) std::copy_n(A + v * r, r, u + (size_t)i * r);
-      else std::fill_n(u + (size_t)i * r, r, 0.0f);
-    }
+  if (tp_.enabled()) {  // host memory: the rows of this rank's vocabulary slice, summed over the group
+    TensorParallel::slice_rows(u, A, tokens, (size_t)N, r, vstart_, Vl_);
     tp_.adapter_all_reduce(u, (size_t)N * r);
   } else {
     ops_->gather_rows(u, A, tokens, (size_t)N, r);

@@ -35,17 +35,15 @@ void TensorParallel::reduce_scatter(float* full, float* slice, size_t n) {
   count(double(n) * sizeof(float), 1, true);
 }
 
-void TensorParallel::reduce_partial_grads(float* g, size_t n) {
-  if (!comm_) return;
-  comm_->allreduce_sum(g, n);
-  count(double(n) * sizeof(float), 2, false);
-}
-
-void TensorParallel::adapter_all_reduce(float* x, size_t n) {
+void TensorParallel::sum_not_activation(float* x, size_t n) {
   if (!comm_) return;
   comm_->allreduce_sum(x, n);
   count(double(n) * sizeof(float), 2, false);
 }
+
+void TensorParallel::reduce_partial_grads(float* g, size_t n) { sum_not_activation(g, n); }
+
+void TensorParallel::adapter_all_reduce(float* x, size_t n) { sum_not_activation(x, n); }
 
 void TensorParallel::moe_all_gather(float* data, const std::vector<int>& rows, int width) {
   if (comm_ && size_ > 1) comm_->allgatherv_rows(data, rows, width);
@@ -64,12 +62,7 @@ void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const 
                                        int T, int C, int vstart, int vrows, float* scratch, const int32_t* pos) {
   const size_t N = (size_t)B * T;
   float* parts = sequence_parallel() ? scratch : out;
-  for (size_t i = 0; i < N; ++i) {
-    const long long r = (long long)tokens[i] - vstart;
-    float* o = parts + i * C;
-    if (r >= 0 && r < vrows) std::memcpy(o, wte_part + (size_t)r * C, C * sizeof(float));
-    else std::memset(o, 0, C * sizeof(float));
-  }
+  slice_rows(parts, wte_part, tokens, N, C, vstart, vrows);
   // g: every token's row comes from the one rank that holds it (this rank's rows only under
   // sequence parallelism, written from row 0 of out).
   reduce_scatter(parts, out, N * C);
@@ -79,6 +72,16 @@ void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const 
     const float* p = wpe + (pos ? (size_t)pos[i] : i % T) * C;
     float* o = out + k * C;
     for (int c = 0; c < C; ++c) o[c] += p[c];
+  }
+}
+
+void TensorParallel::slice_rows(float* out, const float* part, const int32_t* tokens, size_t N, int width, int vstart,
+                                int vrows) {
+  for (size_t i = 0; i < N; ++i) {
+    const long long r = (long long)tokens[i] - vstart;
+    float* o = out + i * width;
+    if (r >= 0 && r < vrows) std::memcpy(o, part + (size_t)r * width, width * sizeof(float));
+    else std::memset(o, 0, width * sizeof(float));
   }
 }
 

@@ -79,6 +79,9 @@ class TensorParallel {
   /// pos: each token's position (documents in a sample, ops.hpp's encoder_forward), nullptr: t.
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B, int T,
                          int C, int vstart, int vrows, float* scratch, const int32_t* pos = nullptr);
+  /// out (N, width): row i = part's row tokens[i] - vstart when this rank's slice [vstart, vstart + vrows)
+  /// holds it, zero otherwise (the group's sum then has every token's row).
+  static void slice_rows(float* out, const float* part, const int32_t* tokens, size_t N, int width, int vstart, int vrows);
   /// Accumulates d(wte_part) (this rank's rows only; nullptr: a frozen embedding) and d(wpe) (every
   /// rank alike) from dout (B*T, C).
   static void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
@@ -97,6 +100,7 @@ class TensorParallel {
   bool sp_ = false;
   double bytes_ = 0, act_bytes_ = 0, wire_bytes_ = 0;
   void count(double payload, double wire_factor, bool activation);
+  void sum_not_activation(float* x, size_t n);  // reduce_partial_grads and adapter_all_reduce
   int calls_ = 0;
   std::vector<float> fbuf_;
   std::vector<double> dbuf_;
