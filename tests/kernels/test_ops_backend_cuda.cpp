@@ -268,6 +268,59 @@ TEST(CudaOps, SoftmaxCrossEntropyWithIgnoredTargetAndPadding) {
   expect_close("dlogits", g.get(d_logits, logits.size()), logits);
 }
 
+// The vocab-parallel pieces (tp_ops.hpp): a slice's rows with out-of-slice ids as zeros and their
+// gradient (repeats: the atomic scatter), positions added to a rank's rows, and the cross entropy's
+// three passes over a slice whose last columns are padding, with an ignored row. The sums between
+// the passes are the caller's; one rank's slice is a whole cross entropy on its own.
+TEST(CudaOps, VocabSliceRowsAndCrossEntropy) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 10, C = 6, first = 8, count = 8, T = 5;
+  std::vector<int32_t> ids = {3, 9, 15, 9, 16, 8, 0, 12, 9, 7}, pos = {0, 1, 2, 0, 1, 2, 3, 0, 1, 0};
+  Vec part = randn(count * C, 1), dout = randn(N * C, 2), dpart = randn(count * C, 3), wpe = randn(T * C, 4);
+  Vec rows(N * C), dpart0 = dpart;
+  cpu->vocab_rows(rows.data(), part.data(), ids.data(), N, C, first, count);
+  cpu->vocab_rows_backward(dpart.data(), dout.data(), ids.data(), N, C, first, count);
+  float* d_rows = g.put(Vec(N * C, 7.0f));  // every element written, zeros included
+  float* d_dpart = g.put(dpart0);
+  const int32_t* d_ids = g.put(ids);
+  g.be->vocab_rows(d_rows, g.put(part), d_ids, N, C, first, count);
+  g.be->vocab_rows_backward(d_dpart, g.put(dout), d_ids, N, C, first, count);
+  expect_close("vocab rows", g.get(d_rows, rows.size()), rows);
+  expect_close("vocab rows backward", g.get(d_dpart, dpart.size()), dpart);
+  const int32_t *none = nullptr, *given = pos.data();
+  for (const int32_t* p : {none, given}) {  // positions t % T, then given ones
+    Vec out = rows;
+    cpu->add_position_rows(out.data(), wpe.data(), p, 3, 6, T, C);
+    float* d_out = g.put(rows);
+    g.be->add_position_rows(d_out, g.put(wpe), p ? g.put(pos) : nullptr, 3, 6, T, C);
+    expect_close(p ? "given positions" : "positions t % T", g.get(d_out, out.size()), out);
+  }
+  const int R = 5, vl = 40, vstart = 80, V = 110;  // real columns [0, 30) of the slice
+  const int valid = V - vstart;
+  Vec logits = randn(R * vl, 5, 3.0f), mx(R), losses(R);
+  std::vector<int32_t> tgt = {85, -1, 109, 3, 80};  // in the slice, ignored, last real, elsewhere, first
+  std::vector<double> sums(2 * R);
+  float* d_logits = g.put(logits);
+  float* d_mx = g.put(mx);
+  float* d_losses = g.put(losses);
+  double* d_sums = g.put(sums);
+  const int32_t* d_tgt = g.put(tgt);
+  cpu->vocab_ce_max(mx.data(), logits.data(), R, vl, valid);
+  cpu->vocab_ce_sums(sums.data(), logits.data(), mx.data(), tgt.data(), R, vl, vstart, valid);
+  cpu->vocab_ce_finish(logits.data(), losses.data(), mx.data(), sums.data(), tgt.data(), 0.25f, R, vl, vstart, valid,
+                       true);
+  g.be->vocab_ce_max(d_mx, d_logits, R, vl, valid);
+  g.be->vocab_ce_sums(d_sums, d_logits, d_mx, d_tgt, R, vl, vstart, valid);
+  g.be->vocab_ce_finish(d_logits, d_losses, d_mx, d_sums, d_tgt, 0.25f, R, vl, vstart, valid, true);
+  expect_close("row maxima", g.get(d_mx, R), mx);
+  std::vector<double> got(2 * R);
+  g.be->copy_to_host(got.data(), d_sums, got.size() * sizeof(double));
+  for (int i = 0; i < 2 * R; ++i) EXPECT_NEAR(got[i], sums[i], 1e-5 * std::max(1.0, std::fabs(sums[i]))) << "sum " << i;
+  expect_close("slice losses", g.get(d_losses, R), losses);
+  expect_close("slice dlogits", g.get(d_logits, logits.size()), logits);
+}
+
 // Every 16-bit pattern, widened on the GPU and by kernels::from_half on the CPU: bitwise equal (fp16
 // NaNs need only stay NaN: the payload may differ between the two conversions).
 TEST(CudaOps, WidenHalfEveryPattern) {

@@ -10,6 +10,7 @@
 #include "hpct/kernels/half.hpp"
 #include "hpct/kernels/moe_ops.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/tp_ops.hpp"
 
 namespace hpct::kernels {
 namespace {
@@ -85,6 +86,30 @@ class CpuOps final : public OpsBackend {
   void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                              int Vp) override {
     kernels::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp);
+  }
+
+  void vocab_rows(float* out, const float* part, const int32_t* ids, size_t N, int width, int first,
+                  int count) override {
+    kernels::vocab_rows(out, part, ids, N, width, first, count);
+  }
+  void vocab_rows_backward(float* dpart, const float* dout, const int32_t* ids, size_t N, int width, int first,
+                           int count) override {
+    kernels::vocab_rows_backward(dpart, dout, ids, N, width, first, count);
+  }
+  void add_position_rows(float* out, const float* wpe, const int32_t* pos, size_t first, size_t rows, int T,
+                         int C) override {
+    kernels::add_position_rows(out, wpe, pos, first, rows, T, C);
+  }
+  void vocab_ce_max(float* mx, const float* logits, int rows, int vl, int valid) override {
+    kernels::vocab_ce_max(mx, logits, rows, vl, valid);
+  }
+  void vocab_ce_sums(double* sums, const float* logits, const float* mx, const int32_t* targets, int rows, int vl,
+                     int vstart, int valid) override {
+    kernels::vocab_ce_sums(sums, logits, mx, targets, rows, vl, vstart, valid);
+  }
+  void vocab_ce_finish(float* logits, float* losses, const float* mx, const double* sums, const int32_t* targets,
+                       float dloss, int rows, int vl, int vstart, int valid, bool backward) override {
+    kernels::vocab_ce_finish(logits, losses, mx, sums, targets, dloss, rows, vl, vstart, valid, backward);
   }
 
   void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {

@@ -222,6 +222,30 @@ class CudaOps final : public OpsBackend {
     cuda::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp, stream_);
   }
 
+  void vocab_rows(float* out, const float* part, const int32_t* ids, size_t N, int width, int first,
+                  int count) override {
+    cuda::vocab_rows(out, part, ids, N, width, first, count, stream_);
+  }
+  void vocab_rows_backward(float* dpart, const float* dout, const int32_t* ids, size_t N, int width, int first,
+                           int count) override {
+    cuda::vocab_rows_backward(dpart, dout, ids, N, width, first, count, stream_);
+  }
+  void add_position_rows(float* out, const float* wpe, const int32_t* pos, size_t first, size_t rows, int T,
+                         int C) override {
+    cuda::add_position_rows(out, wpe, pos, first, rows, T, C, stream_);
+  }
+  void vocab_ce_max(float* mx, const float* logits, int rows, int vl, int valid) override {
+    cuda::vocab_ce_max(mx, logits, rows, vl, valid, stream_);
+  }
+  void vocab_ce_sums(double* sums, const float* logits, const float* mx, const int32_t* targets, int rows, int vl,
+                     int vstart, int valid) override {
+    cuda::vocab_ce_sums(sums, logits, mx, targets, rows, vl, vstart, valid, stream_);
+  }
+  void vocab_ce_finish(float* logits, float* losses, const float* mx, const double* sums, const int32_t* targets,
+                       float dloss, int rows, int vl, int vstart, int valid, bool backward) override {
+    cuda::vocab_ce_finish(logits, losses, mx, sums, targets, dloss, rows, vl, vstart, valid, backward, stream_);
+  }
+
   void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
     cuda::gather_rows(dst, src, rows, n, C, stream_);
   }

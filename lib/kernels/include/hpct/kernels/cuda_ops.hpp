@@ -1,7 +1,7 @@
 // hpct/kernels/cuda_ops.hpp — CUDA kernels for the element-wise and per-row GPT-2 ops.
 //
 // What it is: the device twins of ops.hpp's element-wise and per-row ops (gelu, residual, adamw,
-// layernorm, embedding, softmax cross-entropy, the MoE layer's row moves) and the pieces that cuda_ops() (ops_backend.hpp)
+// layernorm, embedding, softmax cross-entropy, the vocab-parallel rows, the MoE layer's row moves) and the pieces that cuda_ops() (ops_backend.hpp)
 // builds matmul and attention from around cuBLAS: bias broadcast and reduction, the causal
 // softmax. Same math and contracts (backward accumulates), on device pointers and an explicit
 // stream. Nothing here allocates or copies memory. Trade-off: one thread per element (per row: a
@@ -91,6 +91,19 @@ void causal_softmax_backward_dropout(float* datt /*(rows,T)*/, const float* att 
 /// checks them on the host; a kernel cannot throw).
 void softmax_cross_entropy(float* logits_inout /*(N,Vp)*/, float* losses /*(N)*/, const int32_t* targets /*(N)*/,
                            float dloss, int N, int V, int Vp, cudaStream_t stream);
+
+// The vocab-parallel embedding's and cross entropy's rows, as in tp_ops.hpp.
+void vocab_rows(float* out, const float* part, const int32_t* ids, size_t N, int width, int first, int count,
+                cudaStream_t stream);
+void vocab_rows_backward(float* dpart, const float* dout, const int32_t* ids, size_t N, int width, int first, int count,
+                         cudaStream_t stream);
+void add_position_rows(float* out, const float* wpe, const int32_t* pos, size_t first, size_t rows, int T, int C,
+                       cudaStream_t stream);
+void vocab_ce_max(float* mx, const float* logits, int rows, int vl, int valid, cudaStream_t stream);
+void vocab_ce_sums(double* sums, const float* logits, const float* mx, const int32_t* targets, int rows, int vl,
+                   int vstart, int valid, cudaStream_t stream);
+void vocab_ce_finish(float* logits, float* losses, const float* mx, const double* sums, const int32_t* targets,
+                     float dloss, int rows, int vl, int vstart, int valid, bool backward, cudaStream_t stream);
 
 // The MoE layer's row moves and mixes, as in moe_ops.hpp (pos and rows in range: the caller's).
 void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C, cudaStream_t stream);

@@ -81,6 +81,20 @@ class OpsBackend {
   virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,
                                      int V, int Vp) = 0;
 
+  // ---- the vocab-parallel embedding's and cross entropy's rows: contracts as in tp_ops.hpp ----
+  virtual void vocab_rows(float* out, const float* part, const int32_t* ids, size_t N, int width, int first,
+                          int count) = 0;
+  virtual void vocab_rows_backward(float* dpart, const float* dout, const int32_t* ids, size_t N, int width, int first,
+                                   int count) = 0;
+  virtual void add_position_rows(float* out, const float* wpe, const int32_t* pos, size_t first, size_t rows, int T,
+                                 int C) = 0;
+  virtual void vocab_ce_max(float* mx, const float* logits, int rows, int vl, int valid) = 0;
+  virtual void vocab_ce_sums(double* sums, const float* logits, const float* mx, const int32_t* targets, int rows,
+                             int vl, int vstart, int valid) = 0;
+  virtual void vocab_ce_finish(float* logits, float* losses, const float* mx, const double* sums,
+                               const int32_t* targets, float dloss, int rows, int vl, int vstart, int valid,
+                               bool backward) = 0;
+
   // ---- the MoE layer's row moves and mixes: contracts as in moe_ops.hpp ----
   virtual void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) = 0;
   virtual void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) = 0;
