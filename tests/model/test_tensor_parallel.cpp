@@ -19,6 +19,10 @@
 //   become per-rank partial sums plus a sum over ranks: again fp32 reordering), and the collectives'
 //   payload and ring bytes against the count below.
 // - f/g: Megatron's rank-valued check, exact sums.
+// - The device paths (a backend whose memory is not the host's: collectives staged through host
+//   buffers), on the CPU ops behind staged_cpu_ops.hpp: bitwise the CPU backend's loss, gradients and
+//   collective bytes (the same ops in the same order; only the buffers travel), with sequence
+//   parallelism and LoRA; MoE layers refused with a line naming the flag.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,6 +36,7 @@
 #include "hpct/kernels/ops.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/model/tensor_parallel.hpp"
+#include "staged_cpu_ops.hpp"
 
 using namespace hpct;
 
@@ -248,7 +253,7 @@ TEST(TensorParallel, EmbeddingEqualsTheBackendsBitwise) {
   for (auto& v : dout) v = (float)rng.normal();
   std::vector<float> dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f), pdwte((size_t)Vl * C, 0.0f), pdwpe(wpe.size(), 0.0f);
   kernels::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, S, C);
-  model::TensorParallel::embedding_backward(pdwte.data(), pdwpe.data(), dout.data(), tok.data(), B, S, C, w.rank() * Vl, Vl);
+  tp.embedding_backward(pdwte.data(), pdwpe.data(), dout.data(), tok.data(), B, S, C, w.rank() * Vl, Vl);
   EXPECT_EQ(std::memcmp(pdwte.data(), dwte.data() + (size_t)w.rank() * Vl * C, pdwte.size() * 4), 0);
   EXPECT_EQ(std::memcmp(pdwpe.data(), dwpe.data(), dwpe.size() * 4), 0);
 }
@@ -293,6 +298,51 @@ TEST(TensorParallel, CrossEntropyEqualsWholeRowAndFiniteDifferences) {
         const double fd = (loss_at(me, r, j, eps) - loss_at(me, r, j, -eps)) / (2 * eps);
         if (me) EXPECT_NEAR(part[(size_t)r * Vl + j], fd, 2e-4 + 1e-2 * std::fabs(fd)) << "row " << r << " column " << j;
       }
+}
+
+void check_staged(bool sp, bool lora) {
+  const auto& w = world();
+  const int T = w.size();
+  model::GptConfig c = tiny(T, false, false, sp);
+  if (lora) c.lora.rank = 2, c.lora.alpha = 4, c.lora.targets = 0x1F;
+  test::StagedCpuOps staged;
+  const comm::Communicator* tp = T > 1 ? &w : nullptr;
+  model::Gpt host(c, kernels::Precision::fp32, false, nullptr, nullptr, tp);
+  model::Gpt dev(c, kernels::Precision::fp32, false, &staged, nullptr, tp);
+  std::vector<float> p(host.layout().numel()), hg(p.size(), 0.0f), dg(p.size(), 0.0f);
+  host.init_params(p.data(), 42);
+  for (size_t i = 0; i < p.size(); ++i)  // LoRA's zero factor off zero (harmless without LoRA: all weights move alike)
+    if (p[i] == 0.0f) p[i] = 0.01f * float(int(i % 5) - 2);
+  std::vector<float> dp = p;
+  model::FlatParamStore hs(host.layout(), p.data(), hg.data()), ds(dev.layout(), dp.data(), dg.data());
+  const int B = 2, S = 8;
+  std::vector<int32_t> tok(B * S), tgt(B * S);
+  Rng rng(9);
+  for (int i = 0; i < B * S; ++i) tok[i] = (int)rng.below(29), tgt[i] = i % 7 == 0 ? -1 : (int)rng.below(29);
+  const double lh = host.forward_backward(hs, tok.data(), tgt.data(), B, S, 0.05f);
+  const double ld = dev.forward_backward(ds, tok.data(), tgt.data(), B, S, 0.05f);
+  EXPECT_EQ(ld, lh);
+  EXPECT_EQ(std::memcmp(dg.data(), hg.data(), hg.size() * 4), 0) << "gradients differ";
+  EXPECT_EQ(dev.forward_loss(ds, tok.data(), tgt.data(), B, S), host.forward_loss(hs, tok.data(), tgt.data(), B, S));
+  EXPECT_EQ(dev.tensor_parallel().bytes(), host.tensor_parallel().bytes());
+  if (T > 1) EXPECT_GT(staged.bytes_to_host(), dev.tensor_parallel().bytes() / 2) << "the collectives were not staged";
+}
+
+TEST(TensorParallel, StagedThroughTheHostAsOnADevice) { check_staged(false, false); }
+TEST(TensorParallel, SequenceParallelStagedThroughTheHost) { check_staged(true, false); }
+TEST(TensorParallel, LoraStagedThroughTheHost) { check_staged(false, true); }
+
+TEST(TensorParallel, MoeOnADeviceBackendRefused) {
+  const auto& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "no tensor parallelism at T=1";
+  test::StagedCpuOps staged;
+  try {
+    model::Gpt g(tiny(w.size(), true, false), kernels::Precision::fp32, false, &staged, nullptr, &w);
+    FAIL() << "MoE layers with tensor parallelism accepted on " << staged.name();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tensor-model-parallel-size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MoE layers"), std::string::npos) << e.what();
+  }
 }
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -31,9 +31,10 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   if (tp_.size() != cfg_.tensor_parallel)
     throw Error("GPT: the tensor-parallel group has " + std::to_string(tp_.size()) + " ranks, the config says " +
                 std::to_string(cfg_.tensor_parallel));
-  if (tp_.enabled() && !ops_->host_memory())
-    throw config_error("--tensor-model-parallel-size", "tensor parallelism runs on the CPU backend only in this version (--device " + ops_->name() + ")",
-                       "train with --device cpu, or --tensor-model-parallel-size 1 on the GPU");
+  tp_.set_backend(ops_);
+  if (tp_.enabled() && !ops_->host_memory() && cfg_.moe.enabled(cfg_.num_layers))
+    throw config_error("--tensor-model-parallel-size", "MoE layers with tensor parallelism run on the CPU backend only in this version (--device " + ops_->name() + ")",
+                       "train the MoE model with --device cpu, or with --tensor-model-parallel-size 1 on the GPU");
   tp_.set_sequence_parallel(cfg_.sequence_parallel);
   Cl_ = cfg_.hidden_size / tp_.size();
   NHl_ = cfg_.num_heads / tp_.size();
@@ -75,7 +76,7 @@ std::vector<int> Gpt::held_blocks() const {
   return held;
 }
 
-Gpt::~Gpt() = default;
+Gpt::~Gpt() { tp_.release_buffers(); }  // before own_ops_, declared after tp_, goes
 
 void Gpt::ensure_workspace(int B, int T) {
   if (T > cfg_.max_seq_length)
@@ -303,7 +304,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
     tp_.reduce_scatter(ff, out, NC);
   } else {
     moe_forward(store, l, lp, a, ff, N);  // every tensor-parallel rank routes every row alike
-    if (sp) std::memcpy(out, ff + r0 * C, nC * sizeof(float));
+    if (sp) ops_->copy(out, ff + r0 * C, nC * sizeof(float));
   }
   hidden_dropout(out, l, kernels::DropoutSite::mlp_out, B, T);
   ops_->residual_forward(out, a.res2, out, nC);
@@ -312,7 +313,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
 const float* Gpt::gather_rows(const float* d, int N) {
   if (!tp_.sequence_parallel()) return d;
   const size_t C = cfg_.hidden_size;
-  std::memcpy(ws_->dfull + tp_.first_row(N) * C, d, tp_.local_rows(N) * C * sizeof(float));
+  ops_->copy(ws_->dfull + tp_.first_row(N) * C, d, tp_.local_rows(N) * C * sizeof(float));
   tp_.all_gather(ws_->dfull, (size_t)N * C);
   return ws_->dfull;
 }
@@ -342,7 +343,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {
     moe_backward(store, l, lp, lg, a, dout, w.dln, N);  // whole on every rank
-    if (sp) std::memcpy(dsl, w.dln + r0 * C, n * C * sizeof(float));
+    if (sp) ops_->copy(dsl, w.dln + r0 * C, n * C * sizeof(float));
   }
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
   ops_->layernorm_backward(dres, dn2, dn2 + C, dsl, a.res2, lp + o.ln2w, a.ln2_mean, a.ln2_rstd, (int)n, C);
@@ -425,7 +426,7 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const float* ep = store.params(0);
   const float* pe = (pos_block_ ? store.params(pos_block_) : ep) + wpe_;
-  if (tp_.enabled())  // host memory only: positions_ is doc_pos_
+  if (tp_.enabled())
     tp_.embedding_forward(w.res, tokens, ep + wte_, pe, B, T, C, vstart_, Vl_, w.dln, positions_);
   else ops_->encoder_forward(w.res, tokens, ep + wte_, pe, B, T, C, positions_);
   if (pos_block_) store.release(pos_block_);
@@ -492,7 +493,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const float* demb = pg || emb_lora_block_ >= 0 ? gather_rows(w.dres, B * T) : w.dres;
   if (!pg) {  // a frozen embedding (LoRA): nothing to compute
   } else if (tp_.enabled())  // eg null: LoRA's frozen words beside trained positions
-    TensorParallel::embedding_backward(eg ? eg + wte_ : nullptr, pg + wpe_, demb, tokens, B, T, C, vstart_, Vl_,
+    tp_.embedding_backward(eg ? eg + wte_ : nullptr, pg + wpe_, demb, tokens, B, T, C, vstart_, Vl_,
                                        positions_);
   else ops_->encoder_backward(eg ? eg + wte_ : nullptr, pg + wpe_, w.dres, tokens, B, T, C, positions_);
   if (emb_lora_block_ >= 0) {  // the embedding's adapters: the input side's share, then complete

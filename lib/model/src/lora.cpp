@@ -95,8 +95,8 @@ void Gpt::lora_embed_forward(const int32_t* tokens, float* x, int N) {
   const int r = cfg_.lora.rank, C = cfg_.hidden_size;
   const float* A = emb_lora_p_ + emb_lora_a_;
   float* u = ws_->lora_u;  // A[token], (N, r)
-  if (tp_.enabled()) {  // host memory: the rows of this rank's vocabulary slice, summed over the group
-    TensorParallel::slice_rows(u, A, tokens, (size_t)N, r, vstart_, Vl_);
+  if (tp_.enabled()) {  // the rows of this rank's vocabulary slice, summed over the group
+    tp_.slice_rows(u, A, tokens, (size_t)N, r, vstart_, Vl_);
     tp_.adapter_all_reduce(u, (size_t)N * r);
   } else {
     ops_->gather_rows(u, A, tokens, (size_t)N, r);
@@ -155,7 +155,7 @@ void Gpt::lora_embed_backward(const int32_t* tokens, const float* dx, int B, int
   // dA[token] += du: the embedding's scatter-add (its position gradient goes to scratch)
   ops_->zero(w.lora_dpos, (size_t)T * r * sizeof(float));
   if (tp_.enabled())  // this rank's vocabulary rows
-    TensorParallel::embedding_backward(emb_lora_g_ + emb_lora_a_, w.lora_dpos, du, tokens, B, T, r, vstart_, Vl_);
+    tp_.embedding_backward(emb_lora_g_ + emb_lora_a_, w.lora_dpos, du, tokens, B, T, r, vstart_, Vl_);
   else ops_->encoder_backward(emb_lora_g_ + emb_lora_a_, w.lora_dpos, du, tokens, B, T, r, nullptr);
 }
 

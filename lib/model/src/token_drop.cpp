@@ -79,12 +79,12 @@ void Gpt::scatter_kept(int l, const float* sub, float* full, int B) const {
   ops_->scatter_rows(full, sub, kept_rows(l), (size_t)B * ltd_kept_, cfg_.hidden_size);
 }
 
-// Sequence parallelism (tensor parallelism runs in host memory): this rank's rows of a (N, C) stream
+// Sequence parallelism: this rank's rows of a (N, C) stream
 // into `full` at their place, then every rank's (the whole stream); without it, the rows themselves.
 float* Gpt::whole_stream(const float* mine, float* full, size_t N) {
   if (!tp_.sequence_parallel()) return const_cast<float*>(mine);
   const size_t C = cfg_.hidden_size;
-  std::memcpy(full + tp_.first_row(N) * C, mine, tp_.local_rows(N) * C * sizeof(float));
+  ops_->copy(full + tp_.first_row(N) * C, mine, tp_.local_rows(N) * C * sizeof(float));
   tp_.all_gather(full, N * C);
   return full;
 }
@@ -117,7 +117,7 @@ void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs
   float* full_out = tp_.sequence_parallel() ? ws_->ltd + 4 * NC : out;
   ops_->copy(full_out, full_in, NC * sizeof(float));
   scatter_kept(l, sub_out, full_out, B);
-  if (full_out != out) std::memcpy(out, full_out + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
+  if (full_out != out) ops_->copy(out, full_out + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
 }
 
 void Gpt::run_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
@@ -134,7 +134,7 @@ void Gpt::run_layer_backward(ParamStore& store, int l, const float* lp, float* l
   layer_backward(store, l, lp, lg, a, sub_in + r0, sub_d + r0, B, ltd_kept_);
   tp_.all_gather(sub_d, (size_t)B * ltd_kept_ * C);
   scatter_kept(l, sub_d, full_d, B);  // dropped rows: d(input) = d(output), already in place
-  if (full_d != dres) std::memcpy(dres, full_d + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
+  if (full_d != dres) ops_->copy(dres, full_d + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));
 }
 
 }  // namespace hpct::model

@@ -28,7 +28,8 @@
 //
 // The ops run on a kernels::OpsBackend: the CPU one by default, or a CUDA device. Parameters,
 // gradients and activations then live in that backend's memory; tokens and targets are passed as
-// host arrays and copied in, losses come back to the host.
+// host arrays and copied in, losses come back to the host. Tensor parallelism runs on either (its
+// collectives go through host buffers on a device); MoE layers with it on the CPU only.
 //
 // Dimension letters: B batch, T sequence, C channels (hidden), L layers, NH heads, V vocab,
 // Vp padded vocab, N = B*T rows, E experts, K = topk.

@@ -14,13 +14,19 @@
 // the norms and the residual adds hold 1/T of the N token rows on each rank (rank r rows
 // [r*N/T, (r+1)*N/T)); f becomes an all-gather of those rows (backward: reduce-scatter) and g a
 // reduce-scatter (backward: all-gather). Same arithmetic, same wire bytes as the all-reduces.
-// Host memory only in this version (the model refuses tensor parallelism on a device backend).
+// Any backend: the element work runs as the backend's ops (kernels/tp_ops.hpp) on its memory, and on
+// a device backend every collective goes through host buffers (copied out, MPI, copied back in),
+// as the data-parallel gradients of a device run do (ZeRO-Offload). So ranks that share one GPU work;
+// NCCL on device buffers is not used here. The MoE layer's collectives are host memory only (the
+// model refuses MoE layers with tensor parallelism on a device backend).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "hpct/comm/mpi.hpp"
+#include "hpct/kernels/ops_backend.hpp"
 
 namespace hpct::model {
 
@@ -28,6 +34,11 @@ class TensorParallel {
  public:
   /// tp: the tensor-parallel group; nullptr (or size 1) = no tensor parallelism.
   explicit TensorParallel(const comm::Communicator* tp = nullptr);
+  /// The backend whose memory the pointers below are in and whose ops do the element work (the
+  /// model's). Until it is set: a CPU backend of its own (host memory).
+  void set_backend(kernels::OpsBackend* ops) { release_buffers(), ops_ = ops ? ops : own_ops_.get(); }
+  /// Gives the backend's buffers back (the model's destructor calls it while its backend lives).
+  void release_buffers() { ce_max_.reset(), ce_sums_.reset(); }
   int size() const { return size_; }
   int rank() const { return rank_; }
   bool enabled() const { return size_ > 1; }
@@ -81,11 +92,11 @@ class TensorParallel {
                          int C, int vstart, int vrows, float* scratch, const int32_t* pos = nullptr);
   /// out (N, width): row i = part's row tokens[i] - vstart when this rank's slice [vstart, vstart + vrows)
   /// holds it, zero otherwise (the group's sum then has every token's row).
-  static void slice_rows(float* out, const float* part, const int32_t* tokens, size_t N, int width, int vstart, int vrows);
+  void slice_rows(float* out, const float* part, const int32_t* tokens, size_t N, int width, int vstart, int vrows);
   /// Accumulates d(wte_part) (this rank's rows only; nullptr: a frozen embedding) and d(wpe) (every
   /// rank alike) from dout (B*T, C).
-  static void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                                 int C, int vstart, int vrows, const int32_t* pos = nullptr);
+  void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                          int vstart, int vrows, const int32_t* pos = nullptr);
   /// Vocab-parallel cross entropy over logits (rows, vl): this rank's columns [vstart, vstart + vl)
   /// of the padded vocabulary; columns >= V are padding and never take part. losses (rows) get
   /// -log softmax(target) (0 where target < 0), the same on every rank. With backward the logits
@@ -101,9 +112,16 @@ class TensorParallel {
   double bytes_ = 0, act_bytes_ = 0, wire_bytes_ = 0;
   void count(double payload, double wire_factor, bool activation);
   void sum_not_activation(float* x, size_t n);  // reduce_partial_grads and adapter_all_reduce
+  /// f(host pointer to n elements) on x (backend memory): x itself on a host backend; on a device
+  /// one a host copy of x, copied back afterwards when write_back.
+  template <class T, class F>
+  void on_host(T* x, size_t n, bool write_back, F&& f);
+  void require_host(const char* what) const;
+  std::unique_ptr<kernels::OpsBackend> own_ops_;
+  kernels::OpsBackend* ops_ = nullptr;
   int calls_ = 0;
-  std::vector<float> fbuf_;
-  std::vector<double> dbuf_;
+  std::vector<char> host_, host2_;          // staging buffers of a device backend
+  kernels::BackendBuffer ce_max_, ce_sums_;  // the cross entropy's per-row maxima and sums
 };
 
 }  // namespace hpct::model

@@ -1,0 +1,137 @@
+// A test backend: the CPU ops behind host_memory() == false, so the model takes its device paths
+// (tokens and targets copied in, losses copied out, tensor-parallel collectives staged through host
+// buffers) on this machine. The memory is host memory all the same, so a host read of a device
+// pointer would go unnoticed here; what this checks is the staging's arithmetic (which rows go out,
+// which come back), bitwise against the CPU backend's run of the same ops. Counts the bytes copied
+// out to the host.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "hpct/kernels/ops_backend.hpp"
+
+namespace hpct::test {
+
+class StagedCpuOps final : public kernels::OpsBackend {
+ public:
+  StagedCpuOps() : in_(kernels::cpu_ops()) {}
+  std::string name() const override { return "staged-cpu"; }
+  bool host_memory() const override { return false; }
+  double bytes_to_host() const { return to_host_; }
+
+  void* allocate(size_t bytes) override { return in_->allocate(bytes); }
+  void release(void* p) noexcept override { in_->release(p); }
+  void zero(void* p, size_t bytes) override { in_->zero(p, bytes); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override { in_->copy_from_host(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    to_host_ += double(bytes);
+    in_->copy_to_host(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override { in_->copy(dst, src, bytes); }
+  void widen_half(float* dst, const uint16_t* src, size_t n, kernels::Precision p) override {
+    in_->widen_half(dst, src, n, p);
+  }
+  void accumulate_half(uint16_t* acc, const float* src, size_t n, kernels::Precision p) override {
+    in_->accumulate_half(acc, src, n, p);
+  }
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       const int32_t* pos) override {
+    in_->encoder_forward(out, tokens, wte, wpe, B, T, C, pos);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        const int32_t* pos) override {
+    in_->encoder_backward(dwte, dwpe, dout, tokens, B, T, C, pos);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                         int N, int C) override {
+    in_->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+    in_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                      kernels::Precision p) override {
+    in_->matmul_forward(out, inp, weight, bias, N, C, OC, p);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int N, int C, int OC, kernels::Precision p) override {
+    in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, kernels::Precision p,
+                         const kernels::Dropout* drop, const int32_t* key_start) override {
+    in_->attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                          int NH, kernels::Precision p, const kernels::Dropout* drop) override {
+    in_->attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop);
+  }
+  void dropout(float* x, size_t rows, int C, const kernels::Dropout& d) override { in_->dropout(x, rows, C, d); }
+  void gelu_forward(float* out, const float* inp, size_t n) override { in_->gelu_forward(out, inp, n); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    in_->gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+    in_->residual_forward(out, a, b, n);
+  }
+  void add_scaled(float* y, const float* x, float a, size_t n) override { in_->add_scaled(y, x, a, n); }
+  void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
+                             int Vp) override {
+    in_->softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp);
+  }
+  void vocab_rows(float* out, const float* part, const int32_t* ids, size_t N, int width, int first,
+                  int count) override {
+    in_->vocab_rows(out, part, ids, N, width, first, count);
+  }
+  void vocab_rows_backward(float* dpart, const float* dout, const int32_t* ids, size_t N, int width, int first,
+                           int count) override {
+    in_->vocab_rows_backward(dpart, dout, ids, N, width, first, count);
+  }
+  void add_position_rows(float* out, const float* wpe, const int32_t* pos, size_t first, size_t rows, int T,
+                         int C) override {
+    in_->add_position_rows(out, wpe, pos, first, rows, T, C);
+  }
+  void vocab_ce_max(float* mx, const float* logits, int rows, int vl, int valid) override {
+    in_->vocab_ce_max(mx, logits, rows, vl, valid);
+  }
+  void vocab_ce_sums(double* sums, const float* logits, const float* mx, const int32_t* targets, int rows, int vl,
+                     int vstart, int valid) override {
+    in_->vocab_ce_sums(sums, logits, mx, targets, rows, vl, vstart, valid);
+  }
+  void vocab_ce_finish(float* logits, float* losses, const float* mx, const double* sums, const int32_t* targets,
+                       float dloss, int rows, int vl, int vstart, int valid, bool backward) override {
+    in_->vocab_ce_finish(logits, losses, mx, sums, targets, dloss, rows, vl, vstart, valid, backward);
+  }
+  void gather_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
+    in_->gather_rows(dst, src, rows, n, C);
+  }
+  void scatter_rows(float* dst, const float* src, const int32_t* rows, size_t n, int C) override {
+    in_->scatter_rows(dst, src, rows, n, C);
+  }
+  void moe_combine(float* out, const float* y, const int32_t* pos, const float* weight, int N, int K, int C) override {
+    in_->moe_combine(out, y, pos, weight, N, K, C);
+  }
+  void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const int32_t* pos,
+                            const float* weight, int N, int K, int C) override {
+    in_->moe_combine_backward(dy, dweight, dout, y, pos, weight, N, K, C);
+  }
+  void moe_dispatch_backward(float* dx, const float* drows, const int32_t* pos, int N, int K, int C) override {
+    in_->moe_dispatch_backward(dx, drows, pos, N, K, C);
+  }
+  void multiply(float* out, const float* a, const float* b, size_t n, bool accumulate) override {
+    in_->multiply(out, a, b, n, accumulate);
+  }
+  void residual_mix(float* out, float* coef, const float* moe, const float* dense, int N, int C) override {
+    in_->residual_mix(out, coef, moe, dense, N, C);
+  }
+  void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
+                             const float* moe, const float* dense, int N, int C) override {
+    in_->residual_mix_backward(dmoe, ddense, dlogits, dout, coef, moe, dense, N, C);
+  }
+
+ private:
+  std::unique_ptr<kernels::OpsBackend> in_;
+  double to_host_ = 0;
+};
+
+}  // namespace hpct::test
