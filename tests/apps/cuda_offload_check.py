@@ -11,8 +11,12 @@
   and 4 bytes per parameter copied each way per step); then the same with 4 micro-steps per step,
   whose gradients are summed on the GPU and cross once per step; then bf16, where 2 bytes per
   parameter go each way per step. Without a GPU it prints "[  SKIPPED ]".
+--mode tp: on a GPU machine, 2 ranks (sharing the GPU or not) at --tensor-model-parallel-size 2, with
+  and without --sequence-parallel, on the CPU backend and on the GPU: the losses agree within 1e-3
+  and the tensor-parallel bytes per step are equal (the GPU stages the same collectives through the
+  host). Without a GPU it prints "[  SKIPPED ]".
 
-cuda_offload_check.py --mode refused|train --gpt BIN --args FILE --workdir DIR
+cuda_offload_check.py --mode refused|train|tp --gpt BIN --args FILE --workdir DIR [--mpi "MPIEXEC -n 2 ..."]
 """
 import argparse
 import json
@@ -22,7 +26,8 @@ import subprocess
 import sys
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--mode", choices=["refused", "train"], required=True)
+ap.add_argument("--mode", choices=["refused", "train", "tp"], required=True)
+ap.add_argument("--mpi", default="")
 ap.add_argument("--gpt", required=True)
 ap.add_argument("--args", required=True)
 ap.add_argument("--workdir", required=True)
@@ -35,13 +40,13 @@ with open(cfg, "w") as f:
     json.dump({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e5, "offload_optimizer": {"device": "cpu"}}}, f)
 
 
-def run(name, device, extra=(), gbs=2):
+def run(name, device, extra=(), gbs=2, prefix=()):
     out = os.path.join(a.workdir, name + ".json")
     metrics = os.path.join(a.workdir, name + ".metrics.jsonl")
     for f in (out, metrics):
         if os.path.exists(f):
             os.remove(f)
-    cmd = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "4", "--log-interval", "1",
+    cmd = [*prefix, a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--train-iters", "4", "--log-interval", "1",
            "--eval-iters", "0", "--micro-batch-size", "2", "--global-batch-size", str(gbs), "--deepspeed_config", cfg,
            "--device", device, "--json", out, "--metrics-file", metrics, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -68,6 +73,29 @@ if not gpus:
     print("[  SKIPPED ] no GPU (/proc/driver/nvidia/gpus has no entry)")
     sys.exit(0)
 fails = []
+if a.mode == "tp":
+    for sp in ([], ["--sequence-parallel"]):
+        name = "tp2" + ("_sp" if sp else "")
+        extra = ["--tensor-model-parallel-size", "2", *sp]
+        pc, c = run(name + "_cpu", "cpu", extra, prefix=a.mpi.split())
+        pg, g = run(name + "_cuda", "cuda", extra, prefix=a.mpi.split())
+        if c is None or g is None:
+            print((pc.stdout + pc.stderr + pg.stdout + pg.stderr)[-3000:])
+            fails.append(f"{name}: a run did not finish")
+            continue
+        if len(c["losses"]) != 4 or len(g["losses"]) != 4:
+            fails.append(f"{name}: expected 4 logged iterations, got {len(c['losses'])} and {len(g['losses'])}")
+        for i, (x, y) in enumerate(zip(c["losses"], g["losses"])):
+            if abs(x - y) > 1e-3 * abs(x):
+                fails.append(f"{name} loss {i}: cpu {x} vs cuda {y}")
+        bc = c["tensor_parallel"]["allreduce_bytes_per_step_per_rank"]
+        bg = g["tensor_parallel"]["allreduce_bytes_per_step_per_rank"]
+        if bc != bg or not bc[0] > 0:
+            fails.append(f"{name}: tensor-parallel bytes per step cpu {bc} vs cuda {bg}")
+        print(f"{name}: losses cpu {c['losses']} cuda {g['losses']}; tp bytes/step {bg}")
+    for f in fails:
+        print("FAIL " + f)
+    sys.exit(1 if fails else 0)
 pc, cpu = run("cpu", "cpu")
 pg, gpu = run("cuda", "cuda")
 for name, p, j in (("cpu", pc, cpu), ("cuda", pg, gpu)):

@@ -1,0 +1,116 @@
+// Tensor parallelism on the CUDA backend against the same tensor-parallel model on the CPU backend,
+// under mpirun with T = the world size (2): every rank runs a part of the model on a GPU (ranks may
+// share one: the collectives go through host buffers, tensor_parallel.hpp) and the same part on the
+// CPU; the loss and every gradient of this rank's part must agree. test_tensor_parallel checks the
+// CPU's tensor-parallel model against the unsplit one, so agreement here carries that over.
+// Variants: plain; sequence parallelism with recompute; documents (per-token positions in the
+// vocab-parallel embedding); LoRA on every linear and the embedding (its vocabulary-slice rows and
+// the adapters' sums). Without a CUDA device every test is SKIPPED.
+// Tolerances as test_gpt_cuda's fp32 ones, per tensor against the larger of its own largest gradient
+// and 1e-3 of the model's: 1e-4 (cuBLAS and the CPU sum in other orders; the vocabulary slice's
+// embedding gradient and the positions' use atomics; the cross entropy's exp is the device's expf).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../engine/mpi_gtest_main.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/gpt.hpp"
+
+using namespace hpct;
+using kernels::BackendBuffer;
+using test::world;
+
+namespace {
+
+model::GptConfig tiny(int tp) {
+  model::GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_heads = 4;
+  c.max_seq_length = 16;
+  c.vocab_size = 100;
+  c.vocab_multiple = 64;  // Vp = 128 at T = 1 and 2: the last slice ends in padding
+  c.tensor_parallel = tp;
+  return c;
+}
+
+void compare(model::GptConfig c, bool recompute) {
+  const auto& w = world();
+  std::string why;
+  if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
+  auto gpu_be = kernels::cuda_ops(w.rank());  // modulo the GPUs seen: ranks may share one
+  const comm::Communicator* tp = w.size() > 1 ? &w : nullptr;
+  model::Gpt cpu(c, kernels::Precision::fp32, recompute, nullptr, nullptr, tp);
+  model::Gpt gpu(c, kernels::Precision::fp32, recompute, gpu_be.get(), nullptr, tp);
+  const size_t n = cpu.layout().numel();
+  std::vector<float> params(n), grads(n, 0.0f);
+  cpu.init_params(params.data(), 1234);
+  for (const auto& t : cpu.layout().tensors())  // LoRA: the zero factor moved off zero
+    if (t.name.find(".lora_") != std::string::npos && params[t.offset] == 0.0f && params[t.offset + t.numel - 1] == 0.0f)
+      for (size_t i = 0; i < t.numel; ++i) params[t.offset + i] = 0.05f * static_cast<float>(static_cast<int>(i % 7) - 3);
+  BackendBuffer dparams(*gpu_be, n * sizeof(float)), dgrads(*gpu_be, n * sizeof(float));
+  gpu_be->copy_from_host(dparams.as<void>(), params.data(), n * sizeof(float));
+  gpu_be->zero(dgrads.as<void>(), n * sizeof(float));
+  model::FlatParamStore cs(cpu.layout(), params.data(), grads.data());
+  model::FlatParamStore gs(gpu.layout(), dparams.as<float>(), dgrads.as<float>());
+
+  const int B = 2, T = 16;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  std::mt19937 g(7);
+  std::uniform_int_distribution<int> d(0, 99);
+  for (int i = 0; i < B * T; ++i) tokens[i] = d(g), targets[i] = d(g);
+  targets[5] = -1;
+  if (c.reset_position_ids) tokens[3] = tokens[10] = tokens[T + 7] = c.eod_token;
+  const float dloss = 1.0f / (B * T);
+  const double lc = cpu.forward_backward(cs, tokens.data(), targets.data(), B, T, dloss);
+  const double lg = gpu.forward_backward(gs, tokens.data(), targets.data(), B, T, dloss);
+  EXPECT_NEAR(lg, lc, 1e-4 * std::fabs(lc)) << "loss sum, rank " << w.rank();
+
+  std::vector<float> got(n);
+  gpu_be->copy_to_host(got.data(), dgrads.as<void>(), n * sizeof(float));
+  double scale = 0;
+  for (float x : grads) scale = std::max(scale, (double)std::fabs(x));
+  ASSERT_GT(scale, 0.0);
+  for (const auto& t : cpu.layout().tensors()) {
+    double worst = 0, own = 0;
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+      worst = std::max(worst, (double)std::fabs(got[i] - grads[i]));
+      own = std::max(own, (double)std::fabs(grads[i]));
+    }
+    EXPECT_LE(worst, 1e-4 * std::max(own, 1e-3 * scale)) << t.name << " on rank " << w.rank();
+  }
+  const double ec = cpu.forward_loss(cs, tokens.data(), targets.data(), B, T);
+  const double eg = gpu.forward_loss(gs, tokens.data(), targets.data(), B, T);
+  EXPECT_NEAR(eg, ec, 1e-4 * std::fabs(ec));
+  // The same collectives, the same bytes: the device run stages them, it does not add any.
+  EXPECT_EQ(gpu.tensor_parallel().bytes(), cpu.tensor_parallel().bytes());
+}
+
+}  // namespace
+
+TEST(TensorParallelCuda, GptMatchesTheCpu) { compare(tiny(world().size()), false); }
+TEST(TensorParallelCuda, SequenceParallelWithRecomputeMatchesTheCpu) {
+  model::GptConfig c = tiny(world().size());
+  c.sequence_parallel = true;
+  compare(c, true);
+}
+TEST(TensorParallelCuda, DocumentsMatchTheCpu) {
+  model::GptConfig c = tiny(world().size());
+  c.reset_attention_mask = c.reset_position_ids = true;
+  c.eod_token = 42;
+  compare(c, false);
+}
+TEST(TensorParallelCuda, LoraMatchesTheCpu) {
+  model::GptConfig c = tiny(world().size());
+  c.lora.rank = 4;
+  c.lora.alpha = 8;
+  c.lora.targets = 0x1F;
+  compare(c, false);
+}
+
+int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }
