@@ -23,6 +23,7 @@
 #include "hpct/kernels/backend.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/gpt.hpp"
+#include "cuda_compare.hpp"
 
 using namespace hpct;
 using kernels::BackendBuffer;
@@ -62,12 +63,6 @@ struct Batch {
   }
 };
 
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
-
 // The tiny GPT with its second layer an MoE layer of 4 experts that drops tokens (capacity factor
 // 0.75), with the aux and z losses on: top-1 with router jitter, or top-2 Residual-MoE.
 model::GptConfig tiny_moe(int topk, bool residual) {
@@ -98,18 +93,10 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
       m->set_random_ltd_layers({1});
       m->set_kept_tokens(ltd_kept, 21, 300);
     }
-  const size_t n = cpu.layout().numel();
-  std::vector<float> params(n), grads(n, 0.0f);
-  cpu.init_params(params.data(), 1234);
-  // LoRA: the factor that starts at zero moved off it, so that both factors get a gradient
-  for (const auto& t : cpu.layout().tensors())
-    if (t.name.find(".lora_") != std::string::npos && params[t.offset] == 0.0f && params[t.offset + t.numel - 1] == 0.0f)
-      for (size_t i = 0; i < t.numel; ++i) params[t.offset + i] = 0.05f * static_cast<float>(static_cast<int>(i % 7) - 3);
-  BackendBuffer dparams(*gpu_be, n * sizeof(float)), dgrads(*gpu_be, n * sizeof(float));
-  gpu_be->copy_from_host(dparams.as<void>(), params.data(), n * sizeof(float));
-  gpu_be->zero(dgrads.as<void>(), n * sizeof(float));
-  model::FlatParamStore cs(cpu.layout(), params.data(), grads.data());
-  model::FlatParamStore gs(gpu.layout(), dparams.as<float>(), dgrads.as<float>());
+  test::WeightsOnBoth wb(cpu, gpu, *gpu_be, 1234);
+  model::FlatParamStore &cs = wb.host, &gs = wb.device;
+  const std::vector<float>& grads = wb.grads;
+  const size_t n = grads.size();
 
   Batch b(7);
   if (c.reset_attention_mask || c.reset_position_ids)  // documents of 4, 7, 5; of 8, 8; one of 16
@@ -128,17 +115,8 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   }
 
   std::vector<float> g(n);
-  gpu_be->copy_to_host(g.data(), dgrads.as<void>(), n * sizeof(float));
-  const double scale = max_abs(grads);
-  ASSERT_GT(scale, 0.0);
-  for (const auto& t : cpu.layout().tensors()) {
-    double worst = 0, own = 0;
-    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
-      worst = std::max(worst, static_cast<double>(std::fabs(g[i] - grads[i])));
-      own = std::max(own, static_cast<double>(std::fabs(grads[i])));
-    }
-    EXPECT_LE(worst, tol * std::max(own, 1e-3 * scale)) << t.name << " on " << gpu_be->name();
-  }
+  gpu_be->copy_to_host(g.data(), wb.dgrads.as<void>(), n * sizeof(float));
+  test::expect_gradients_close(cpu.layout(), g, grads, tol, gpu_be->name());
 
   // Evaluation on the same weights.
   const double ec = cpu.forward_loss(cs, b.tokens.data(), b.targets.data(), b.B, b.T);

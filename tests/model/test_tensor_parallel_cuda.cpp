@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "../engine/mpi_gtest_main.hpp"
+#include "cuda_compare.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/gpt.hpp"
 
 using namespace hpct;
-using kernels::BackendBuffer;
 using test::world;
 
 namespace {
@@ -47,17 +47,10 @@ void compare(model::GptConfig c, bool recompute) {
   const comm::Communicator* tp = w.size() > 1 ? &w : nullptr;
   model::Gpt cpu(c, kernels::Precision::fp32, recompute, nullptr, nullptr, tp);
   model::Gpt gpu(c, kernels::Precision::fp32, recompute, gpu_be.get(), nullptr, tp);
-  const size_t n = cpu.layout().numel();
-  std::vector<float> params(n), grads(n, 0.0f);
-  cpu.init_params(params.data(), 1234);
-  for (const auto& t : cpu.layout().tensors())  // LoRA: the zero factor moved off zero
-    if (t.name.find(".lora_") != std::string::npos && params[t.offset] == 0.0f && params[t.offset + t.numel - 1] == 0.0f)
-      for (size_t i = 0; i < t.numel; ++i) params[t.offset + i] = 0.05f * static_cast<float>(static_cast<int>(i % 7) - 3);
-  BackendBuffer dparams(*gpu_be, n * sizeof(float)), dgrads(*gpu_be, n * sizeof(float));
-  gpu_be->copy_from_host(dparams.as<void>(), params.data(), n * sizeof(float));
-  gpu_be->zero(dgrads.as<void>(), n * sizeof(float));
-  model::FlatParamStore cs(cpu.layout(), params.data(), grads.data());
-  model::FlatParamStore gs(gpu.layout(), dparams.as<float>(), dgrads.as<float>());
+  test::WeightsOnBoth wb(cpu, gpu, *gpu_be, 1234);
+  model::FlatParamStore &cs = wb.host, &gs = wb.device;
+  const std::vector<float>& grads = wb.grads;
+  const size_t n = grads.size();
 
   const int B = 2, T = 16;
   std::vector<int32_t> tokens(B * T), targets(B * T);
@@ -72,18 +65,8 @@ void compare(model::GptConfig c, bool recompute) {
   EXPECT_NEAR(lg, lc, 1e-4 * std::fabs(lc)) << "loss sum, rank " << w.rank();
 
   std::vector<float> got(n);
-  gpu_be->copy_to_host(got.data(), dgrads.as<void>(), n * sizeof(float));
-  double scale = 0;
-  for (float x : grads) scale = std::max(scale, (double)std::fabs(x));
-  ASSERT_GT(scale, 0.0);
-  for (const auto& t : cpu.layout().tensors()) {
-    double worst = 0, own = 0;
-    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
-      worst = std::max(worst, (double)std::fabs(got[i] - grads[i]));
-      own = std::max(own, (double)std::fabs(grads[i]));
-    }
-    EXPECT_LE(worst, 1e-4 * std::max(own, 1e-3 * scale)) << t.name << " on rank " << w.rank();
-  }
+  gpu_be->copy_to_host(got.data(), wb.dgrads.as<void>(), n * sizeof(float));
+  test::expect_gradients_close(cpu.layout(), got, grads, 1e-4, gpu_be->name() + " rank " + std::to_string(w.rank()));
   const double ec = cpu.forward_loss(cs, tokens.data(), targets.data(), B, T);
   const double eg = gpu.forward_loss(gs, tokens.data(), targets.data(), B, T);
   EXPECT_NEAR(eg, ec, 1e-4 * std::fabs(ec));
