@@ -11,6 +11,8 @@
 // - the gathers: in each of the 4 exchanges per MoE layer (2 forward, 2 backward) a rank receives
 //   every row of the output but its own share, so over the group they sum to (T-1) x the rows
 //   that arrive: 2 x (rows routed here + rows this rank's experts receive), from the layer's stats.
+// On a device backend (staged_cpu_ops.hpp: the CPU ops behind host_memory() == false) the exchanges
+// go through host buffers: bitwise the same loss, gradients and bytes as on the CPU backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +22,7 @@
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/core/rng.hpp"
 #include "hpct/model/gpt.hpp"
+#include "staged_cpu_ops.hpp"
 
 using namespace hpct;
 using test::world;
@@ -55,11 +58,12 @@ struct Result {
   std::vector<long long> load;
 };
 
+// ops: the backend (nullptr: the CPU's).
 Result run(const comm::ProcessGrid& grid, bool dtd, int topk, bool etp = false, bool recompute = false, bool cac = false,
-           bool sp = false) {
+           bool sp = false, kernels::OpsBackend* ops = nullptr) {
   auto cfg = tiny(dtd, topk, etp);
   cfg.sequence_parallel = sp;
-  model::Gpt g(cfg, kernels::Precision::fp32, recompute, nullptr, &grid.ep(), &grid.tp());
+  model::Gpt g(cfg, kernels::Precision::fp32, recompute, ops, &grid.ep(), &grid.tp());
   g.set_communication_aware_checkpointing(cac);
   EXPECT_EQ(g.drops_duplicate_tokens(), dtd);
   std::vector<float> p(g.layout().numel()), d(p.size(), 0.0f);
@@ -271,4 +275,21 @@ TEST(Ted, NoDroppingWithoutBothAxes) {
 }
 
 }  // namespace
+TEST(Ted, StagedThroughTheHostAsOnADevice) {
+  const auto& w = world();
+  if (w.size() != 4) GTEST_SKIP() << "needs 4 ranks (T = 2 x E = 2)";
+  comm::ProcessGrid grid(w, 2, 2);
+  test::StagedCpuOps staged;
+  for (bool etp : {false, true})
+    for (bool sp : {false, true}) {
+      const Result cpu = run(grid, true, 2, etp, false, false, sp), dev = run(grid, true, 2, etp, false, false, sp, &staged);
+      EXPECT_EQ(dev.loss, cpu.loss) << "etp " << etp << " sp " << sp;
+      EXPECT_EQ(std::memcmp(dev.grads.data(), cpu.grads.data(), cpu.grads.size() * 4), 0) << "etp " << etp << " sp " << sp;
+      EXPECT_EQ(dev.a2a, cpu.a2a);
+      EXPECT_EQ(dev.gathered, cpu.gathered);
+      EXPECT_EQ(dev.tp_bytes, cpu.tp_bytes);
+    }
+  EXPECT_GT(staged.bytes_to_host(), 0.0);
+}
+
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

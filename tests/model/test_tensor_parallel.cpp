@@ -22,7 +22,7 @@
 // - The device paths (a backend whose memory is not the host's: collectives staged through host
 //   buffers), on the CPU ops behind staged_cpu_ops.hpp: bitwise the CPU backend's loss, gradients and
 //   collective bytes (the same ops in the same order; only the buffers travel), with sequence
-//   parallelism and LoRA; MoE layers refused with a line naming the flag.
+//   parallelism, LoRA, a residual MoE layer and tensor-parallel experts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -300,15 +300,16 @@ TEST(TensorParallel, CrossEntropyEqualsWholeRowAndFiniteDifferences) {
       }
 }
 
-void check_staged(bool sp, bool lora) {
+void check_staged(bool sp, bool lora, bool moe = false, bool residual = false, bool etp = false) {
   const auto& w = world();
   const int T = w.size();
-  model::GptConfig c = tiny(T, false, false, sp);
+  model::GptConfig c = tiny(T, moe, residual, sp, etp);
   if (lora) c.lora.rank = 2, c.lora.alpha = 4, c.lora.targets = 0x1F;
   test::StagedCpuOps staged;
   const comm::Communicator* tp = T > 1 ? &w : nullptr;
   model::Gpt host(c, kernels::Precision::fp32, false, nullptr, nullptr, tp);
   model::Gpt dev(c, kernels::Precision::fp32, false, &staged, nullptr, tp);
+  host.set_routing_seed(3), dev.set_routing_seed(3);
   std::vector<float> p(host.layout().numel()), hg(p.size(), 0.0f), dg(p.size(), 0.0f);
   host.init_params(p.data(), 42);
   for (size_t i = 0; i < p.size(); ++i)  // LoRA's zero factor off zero (harmless without LoRA: all weights move alike)
@@ -325,24 +326,14 @@ void check_staged(bool sp, bool lora) {
   EXPECT_EQ(std::memcmp(dg.data(), hg.data(), hg.size() * 4), 0) << "gradients differ";
   EXPECT_EQ(dev.forward_loss(ds, tok.data(), tgt.data(), B, S), host.forward_loss(hs, tok.data(), tgt.data(), B, S));
   EXPECT_EQ(dev.tensor_parallel().bytes(), host.tensor_parallel().bytes());
+  EXPECT_EQ(dev.moe_tp_bytes(), host.moe_tp_bytes());
   if (T > 1) EXPECT_GT(staged.bytes_to_host(), dev.tensor_parallel().bytes() / 2) << "the collectives were not staged";
 }
 
 TEST(TensorParallel, StagedThroughTheHostAsOnADevice) { check_staged(false, false); }
 TEST(TensorParallel, SequenceParallelStagedThroughTheHost) { check_staged(true, false); }
 TEST(TensorParallel, LoraStagedThroughTheHost) { check_staged(false, true); }
-
-TEST(TensorParallel, MoeOnADeviceBackendRefused) {
-  const auto& w = world();
-  if (w.size() == 1) GTEST_SKIP() << "no tensor parallelism at T=1";
-  test::StagedCpuOps staged;
-  try {
-    model::Gpt g(tiny(w.size(), true, false), kernels::Precision::fp32, false, &staged, nullptr, &w);
-    FAIL() << "MoE layers with tensor parallelism accepted on " << staged.name();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--tensor-model-parallel-size"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("MoE layers"), std::string::npos) << e.what();
-  }
-}
+TEST(TensorParallel, SequenceParallelResidualMoeStagedThroughTheHost) { check_staged(true, false, true, true); }
+TEST(TensorParallel, ExpertTensorParallelMoeStagedThroughTheHost) { check_staged(false, false, true, false, true); }
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -32,9 +32,6 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
     throw Error("GPT: the tensor-parallel group has " + std::to_string(tp_.size()) + " ranks, the config says " +
                 std::to_string(cfg_.tensor_parallel));
   tp_.set_backend(ops_);
-  if (tp_.enabled() && !ops_->host_memory() && cfg_.moe.enabled(cfg_.num_layers))
-    throw config_error("--tensor-model-parallel-size", "MoE layers with tensor parallelism run on the CPU backend only in this version (--device " + ops_->name() + ")",
-                       "train the MoE model with --device cpu, or with --tensor-model-parallel-size 1 on the GPU");
   tp_.set_sequence_parallel(cfg_.sequence_parallel);
   Cl_ = cfg_.hidden_size / tp_.size();
   NHl_ = cfg_.num_heads / tp_.size();

@@ -131,7 +131,7 @@ bool Gpt::drops_duplicate_tokens() const { return cfg_.moe.drop_duplicate_tokens
 void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial) {
   const std::vector<int>& rin = to_experts ? m.send_counts : m.recv_counts;
   const std::vector<int>& rout = to_experts ? m.recv_counts : m.send_counts;
-  const int P = ep_size_, T = tp_.size(), t = tp_.rank();
+  const int P = ep_size_, T = tp_.size();
   const double row = double(C) * sizeof(float);
   auto count_sent = [&](const std::vector<int>& rows) {
     for (int d = 0; d < P; ++d)
@@ -158,8 +158,24 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
     }
     return;
   }
-  // Tensor parallelism (and so this path) runs in host memory only: Gpt refuses it on a device.
-  // This rank's share of every run (summed over the group when partial), then the all-to-all.
+  if (!ops_->host_memory()) {  // device rows through host buffers, as the all-to-all above
+    std::vector<float> hin(total(rin) * C), hout(total(rout) * C);
+    ops_->copy_to_host(hin.data(), in, hin.size() * sizeof(float));
+    exchange_shares(m, hin.data(), hout.data(), C, to_experts, partial);
+    ops_->copy_from_host(out, hout.data(), hout.size() * sizeof(float));
+    return;
+  }
+  exchange_shares(m, in, out, C, to_experts, partial);
+}
+
+// Duplicate token dropping's exchange on host memory: this rank's share of every run (summed over
+// the group when partial), the all-to-all, then the group's all-gather of the other shares.
+void Gpt::exchange_shares(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial) {
+  const std::vector<int>& rin = to_experts ? m.send_counts : m.recv_counts;
+  const std::vector<int>& rout = to_experts ? m.recv_counts : m.send_counts;
+  const int P = ep_size_, T = tp_.size(), t = tp_.rank();
+  const double row = double(C) * sizeof(float);
+  auto total = [](const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), size_t(0)); };
   std::vector<int> in_pieces(T), out_pieces(T);
   for (int u = 0; u < T; ++u) in_pieces[u] = (int)total(share_counts(rin, u, T)), out_pieces[u] = (int)total(share_counts(rout, u, T));
   std::vector<float> part((size_t)in_pieces[t] * C);
@@ -174,7 +190,8 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
   const std::vector<int> sr = rows_per_rank(share_counts(rin, t, T), P), rr = rows_per_rank(share_counts(rout, t, T), P);
   const size_t before = std::accumulate(out_pieces.begin(), out_pieces.begin() + t, size_t(0));
   std::vector<float> gathered(total(rout) * C);
-  count_sent(sr);
+  for (int d = 0; d < P; ++d)
+    if (d != ep_rank_) alltoall_bytes_ += sr[d] * row;
   ++alltoall_calls_;
   ep_->alltoallv_rows(part.data(), sr, gathered.data() + before * C, rr, C);
   // The other ranks' shares, and every run whole again.

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "hpct/core/error.hpp"
 
 namespace hpct::model {
 
@@ -26,11 +25,6 @@ void TensorParallel::on_host(T* x, size_t n, bool write_back, F&& f) {
   ops_->copy_to_host(h, x, n * sizeof(T));
   f(h);
   if (write_back) ops_->copy_from_host(x, h, n * sizeof(T));
-}
-
-void TensorParallel::require_host(const char* what) const {
-  if (!ops_->host_memory())
-    throw Error(std::string("tensor parallelism: ") + what + " runs on host memory only, not on " + ops_->name());
 }
 
 void TensorParallel::all_reduce(float* x, size_t n) {
@@ -79,19 +73,16 @@ void TensorParallel::reduce_partial_grads(float* g, size_t n) { sum_not_activati
 void TensorParallel::adapter_all_reduce(float* x, size_t n) { sum_not_activation(x, n); }
 
 void TensorParallel::moe_all_gather(float* data, const std::vector<int>& rows, int width) {
-  require_host("the MoE layer's all-gather");
   if (comm_ && size_ > 1) comm_->allgatherv_rows(data, rows, width);
 }
 
 void TensorParallel::moe_reduce_scatter(const float* send, float* mine, const std::vector<int>& rows, int width) {
-  require_host("the MoE layer's reduce-scatter");
   if (comm_ && size_ > 1) comm_->reduce_scatterv_rows(send, mine, rows, width);
   else std::memmove(mine, send, (size_t)rows[0] * width * sizeof(float));
 }
 
 void TensorParallel::moe_all_reduce(float* x, size_t n) {
-  require_host("the MoE layer's all-reduce");
-  if (comm_ && size_ > 1) comm_->allreduce_sum(x, n);
+  if (comm_ && size_ > 1) on_host(x, n, true, [&](float* h) { comm_->allreduce_sum(h, n); });
 }
 
 void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B,

@@ -29,7 +29,7 @@
 // The ops run on a kernels::OpsBackend: the CPU one by default, or a CUDA device. Parameters,
 // gradients and activations then live in that backend's memory; tokens and targets are passed as
 // host arrays and copied in, losses come back to the host. Tensor parallelism runs on either (its
-// collectives go through host buffers on a device); MoE layers with it on the CPU only.
+// collectives, and the MoE layer's exchanges, go through host buffers on a device).
 //
 // Dimension letters: B batch, T sequence, C channels (hidden), L layers, NH heads, V vocab,
 // Vp padded vocab, N = B*T rows, E experts, K = topk.
@@ -351,6 +351,7 @@ class Gpt {
   MoeActs& moe_state(const Block& o, int set);
   void note_routing(int moe_index, const Routing& r);
   void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
+  void exchange_shares(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial);  // host memory
   /// An expert's hidden width on this rank: 4C, or 4C/T when experts are tensor-parallel.
   int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : 4 * cfg_.hidden_size; }
   /// Dropout site `site` of layer l (-1: the embedding) for this micro-batch (T tokens per sample),

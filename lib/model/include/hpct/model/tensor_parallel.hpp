@@ -17,8 +17,8 @@
 // Any backend: the element work runs as the backend's ops (kernels/tp_ops.hpp) on its memory, and on
 // a device backend every collective goes through host buffers (copied out, MPI, copied back in),
 // as the data-parallel gradients of a device run do (ZeRO-Offload). So ranks that share one GPU work;
-// NCCL on device buffers is not used here. The MoE layer's collectives are host memory only (the
-// model refuses MoE layers with tensor parallelism on a device backend).
+// NCCL on device buffers is not used here. The MoE layer's all-gather and reduce-scatter of
+// duplicate token dropping take host buffers on any backend (the layer stages its rows around them).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -70,7 +70,8 @@ class TensorParallel {
   /// slice must be full.
   void reduce_scatter(float* full, float* slice, size_t n);
   // The MoE layer's collectives over the group (duplicate token dropping, tensor-parallel experts).
-  // Not counted here: the MoE layer counts its own bytes.
+  // Not counted here: the MoE layer counts its own bytes. The all-gather and the reduce-scatter take
+  // host memory on every backend; the all-reduce the backend's.
   /// data holds every rank's rows (rows[r] rows of width floats from rank r, in rank order) with
   /// this rank's in place; the others' are gathered in.
   void moe_all_gather(float* data, const std::vector<int>& rows, int width);
@@ -116,7 +117,6 @@ class TensorParallel {
   /// one a host copy of x, copied back afterwards when write_back.
   template <class T, class F>
   void on_host(T* x, size_t n, bool write_back, F&& f);
-  void require_host(const char* what) const;
   std::unique_ptr<kernels::OpsBackend> own_ops_;
   kernels::OpsBackend* ops_ = nullptr;
   int calls_ = 0;
