@@ -1,12 +1,13 @@
-"""pretrain_moe --device cuda (ZeRO-Offload) gives the CPU backend's losses, at EP 1 and EP 2.
+"""pretrain_moe --device cuda (ZeRO-Offload) gives the CPU backend's losses, at EP 1, EP 2 and TED.
 
 A tiny MoE (8 experts on every other layer, top-2 with token dropping, Random Token Selection,
 Jitter router noise, aux and z losses) trains 4 steps at ZeRO stage 2 with the optimizer on the
 host: on the CPU backend (1 rank, the reference), on the GPU (1 rank), and with expert parallelism
-2 on 2 ranks sharing the GPU (the all-to-all stages the rows through host memory). Each step's lm
+2 on 2 ranks sharing the GPU (the all-to-all stages the rows through host memory), and TED on 4 ranks
+(tensor parallel 2 x expert parallel 2, duplicate token dropping; every collective staged). Each step's lm
 loss and moe loss must equal the reference within 1e-3 relative (fp32: cuBLAS and the CPU sum in
 other orders, as in pretrain_gpt_device_cuda_offload; a routing decision flipped by that rounding
-would move the loss by more), the EP 2 run's all-to-all bytes must equal those of the same layout
+would move the loss by more), the EP 2 and TED runs' all-to-all bytes must equal those of the same layout
 on the CPU (the same routes crossed), and tokens must be dropped. Without a GPU it prints
 "[  SKIPPED ]" (CTest reports the test as skipped).
 """
@@ -35,10 +36,10 @@ base = ["--mock-data", "--vocab-size", "512", "--num-layers", "4", "--hidden-siz
 mpi = shlex.split(a.mpi)  # "mpirun -np 2 ...": the count is replaced per run
 
 
-def run(tag, np, ep, device):
+def run(tag, np, ep, device, extra=()):
     mf, js = os.path.join(a.workdir, tag + ".jsonl"), os.path.join(a.workdir, tag + ".json")
     cmd = mpi[:2] + [str(np)] + mpi[3:] + [a.moe] + base + ["--moe-expert-parallel-size", str(ep), "--device", device,
-                                                           "--metrics-file", mf, "--json", js]
+                                                           "--metrics-file", mf, "--json", js, *extra]
     p = c.run(cmd)
     if p.returncode != 0:
         return [], {}
@@ -55,8 +56,11 @@ c.check(len(ref) == 4, "CPU reference: 4 logged steps")
 dropped = sum(l["dropped_fraction"] for s in ref for l in s["moe_layers"])
 c.check(dropped > 0, f"tokens are dropped: mean dropped fraction {dropped / max(1, 2 * len(ref)):.3f}")
 _, cpu2 = run("cpu_ep2", 2, 2, "cpu")
-for tag, np, ep in (("cuda_ep1", 1, 1), ("cuda_ep2", 2, 2)):
-    got, summary = run(tag, np, ep, "cuda")
+ted = ["--tensor-model-parallel-size", "2"]
+_, cpu_ted = run("cpu_ted", 4, 2, "cpu", ted)
+for tag, np, ep, extra, same in (("cuda_ep1", 1, 1, [], None), ("cuda_ep2", 2, 2, [], cpu2),
+                                 ("cuda_ted", 4, 2, ted, cpu_ted)):
+    got, summary = run(tag, np, ep, "cuda", extra)
     ok = len(got) == len(ref) == 4
     worst = 0.0
     for r, g in zip(ref, got):
@@ -65,8 +69,8 @@ for tag, np, ep in (("cuda_ep1", 1, 1), ("cuda_ep2", 2, 2)):
             ok = ok and close(r[k], g[k])
     losses = [round(s["lm_loss"], 6) for s in got]
     c.check(ok, f"{tag}: lm and moe losses of the CPU run within 1e-3 (worst {worst:.2e}; lm {losses})")
-    if ep > 1:
+    if same is not None:
         key = "alltoall_bytes_per_step_per_rank"
-        got_b, want_b = summary.get("moe", {}).get(key), cpu2.get("moe", {}).get(key)
+        got_b, want_b = summary.get("moe", {}).get(key), same.get("moe", {}).get(key)
         c.check(got_b is not None and got_b == want_b, f"{tag}: all-to-all bytes per step {got_b} = the CPU's {want_b}")
 c.finish()

@@ -5,7 +5,8 @@
 // CPU's tensor-parallel model against the unsplit one, so agreement here carries that over.
 // Variants: plain; sequence parallelism with recompute; documents (per-token positions in the
 // vocab-parallel embedding); LoRA on every linear and the embedding (its vocabulary-slice rows and
-// the adapters' sums). Without a CUDA device every test is SKIPPED.
+// the adapters' sums); a residual MoE layer with sequence parallelism, and tensor-parallel experts.
+// Without a CUDA device every test is SKIPPED.
 // Tolerances as test_gpt_cuda's fp32 ones, per tensor against the larger of its own largest gradient
 // and 1e-3 of the model's: 1e-4 (cuBLAS and the CPU sum in other orders; the vocabulary slice's
 // embedding gradient and the positions' use atomics; the cross entropy's exp is the device's expf).
@@ -47,6 +48,7 @@ void compare(model::GptConfig c, bool recompute) {
   const comm::Communicator* tp = w.size() > 1 ? &w : nullptr;
   model::Gpt cpu(c, kernels::Precision::fp32, recompute, nullptr, nullptr, tp);
   model::Gpt gpu(c, kernels::Precision::fp32, recompute, gpu_be.get(), nullptr, tp);
+  cpu.set_routing_seed(5), gpu.set_routing_seed(5);
   test::WeightsOnBoth wb(cpu, gpu, *gpu_be, 1234);
   model::FlatParamStore &cs = wb.host, &gs = wb.device;
   const std::vector<float>& grads = wb.grads;
@@ -95,5 +97,26 @@ TEST(TensorParallelCuda, LoraMatchesTheCpu) {
   c.lora.targets = 0x1F;
   compare(c, false);
 }
+
+// MoE layers: the dense part split, the experts whole on every rank (routing the same rows) or split
+// (--enable-expert-tensor-parallelism: their partial outputs all-reduced through the host); a
+// residual MoE's dense MLP split like a dense layer's. fp32, so the routes match (test_gpt_cuda).
+static model::GptConfig tiny_moe(bool residual, bool etp) {
+  model::GptConfig c = tiny(world().size());
+  c.moe.num_experts = {4};
+  c.moe.expert_interval = 2;
+  c.moe.topk = 2;
+  c.moe.residual = residual;
+  c.moe.expert_tensor_parallel = etp;
+  c.moe.train_capacity_factor = c.moe.eval_capacity_factor = 0.75;
+  c.moe.min_capacity = 1;
+  return c;
+}
+TEST(TensorParallelCuda, SequenceParallelResidualMoeMatchesTheCpu) {
+  model::GptConfig c = tiny_moe(true, false);
+  c.sequence_parallel = true;
+  compare(c, false);
+}
+TEST(TensorParallelCuda, ExpertTensorParallelMoeMatchesTheCpu) { compare(tiny_moe(false, true), true); }
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }
