@@ -16,19 +16,20 @@
 #ifndef HPCT_VERSION
 #define HPCT_VERSION "unknown"
 #endif
-#ifndef HPCT_GIT_SHA
-#define HPCT_GIT_SHA "unknown"
-#endif
 
 namespace hpct {
 
+namespace detail {
+extern const char* const kGitSha;  // the build's generated git_sha.cpp (cmake/GitSha.cmake)
+}
+
 const char* hpct_version() { return HPCT_VERSION; }
-const char* hpct_git_sha() { return HPCT_GIT_SHA; }
+const char* hpct_git_sha() { return detail::kGitSha; }
 
 bool print_version_if_asked(const char* prog, int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--version") {
-      std::printf("%s (hpctrain %s, git %s)\n", prog, HPCT_VERSION, HPCT_GIT_SHA);
+      std::printf("%s (hpctrain %s, git %s)\n", prog, HPCT_VERSION, detail::kGitSha);
       return true;
     }
   return false;
