@@ -13,7 +13,8 @@ on the step-2 grad norm (2026-11-27, Debian's packages of that day), shrinking a
 still catches any routing or reduction error, which moves losses by >1e-4.
 Top-2 without token dropping and residual MoE with Jitter are compared the same way on (2,2,1) and
 (4,4,2); TED's T=2 x E=2 on 4 ranks with and without duplicate token dropping too (and the two
-against each other exactly, with their all-to-all bytes). Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
+against each other exactly, with their all-to-all bytes); the TED runs' model states per rank against
+--estimate-memory's plan for the same shape, byte for byte (ZeRO 1, 2 and 3). Then a run saved at iteration 2 on (2 ranks, EP 2) resumes at EP 1 (1 rank) and EP 4 (4 ranks); its
 iterations 3-4 must match the uninterrupted run; --finetune from it (weights only) gives equal
 losses on 1 rank and at EP 2, and refuses other experts than the weights'. Also: the bad-flag
 errors name their flag.
@@ -100,14 +101,43 @@ for dtd in (True, False):
                                                   for k in ("lm_loss", "moe_loss", "grad_norm"))
     c.check(ok, f"T=2 x E=2 x D=1 {'with' if dtd else 'without'} duplicate token dropping equals the single-rank run")
     ted[dtd] = (got, json.load(open(js)) if rc == 0 else {})
-rc, got = run(4, 2, 3, ["--tensor-model-parallel-size", "2", "--enable-expert-tensor-parallelism"], tag="ted_etp")
+# ZeRO 3 with every block partitioned (the planner does not model stage3_param_persistence_threshold,
+# under which this small model's blocks would all stay whole).
+z3 = os.path.join(a.workdir, "zero3_partition_all.json")
+with open(z3, "w") as f:
+    json.dump({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}, f)
+etp = ["--tensor-model-parallel-size", "2", "--enable-expert-tensor-parallelism"]
+rc, got = run(4, 2, 3, etp + ["--deepspeed_config", z3, "--json", os.path.join(a.workdir, "ted_etp.json")], tag="ted_etp")
 c.check(rc == 0 and len(got) == len(ref) and all(close(r[k], g[k]) for r, g in zip(ref, got)
                                                  for k in ("lm_loss", "moe_loss", "grad_norm")),
         "T=2 x E=2 with experts split over the tensor-parallel group, ZeRO 3, equals the single-rank run")
-rc, got = run(8, 2, 2, ["--tensor-model-parallel-size", "2", "--enable-expert-tensor-parallelism"], tag="ted8")
+rc, got = run(8, 2, 2, etp + ["--json", os.path.join(a.workdir, "ted8.json")], tag="ted8")
 c.check(rc == 0 and len(got) == len(ref) and all(close(r[k], g[k]) for r, g in zip(ref, got)
                                                  for k in ("lm_loss", "moe_loss", "grad_norm")),
         "8 ranks, T=2 x E=2 x D=2 with split experts, ZeRO 2, equals the single-rank run")
+
+
+# --estimate-memory on the same shape and grid plans what each TED run then holds: parameters,
+# gradients and optimizer states per rank, byte for byte (every rank of these grids holds the same).
+def held_as_planned(tag, np, stage, extra):
+    est = os.path.join(a.workdir, tag + "_plan.json")
+    p = subprocess.run([a.moe] + base + ["--moe-expert-parallel-size", "2", "--estimate-memory",
+                                         "--estimate-gpus-per-node", str(np), "--json", est] + extra,
+                       capture_output=True, text=True, timeout=300)
+    js = os.path.join(a.workdir, tag + ".json")
+    if p.returncode != 0 or not os.path.exists(js):
+        c.check(False, f"{tag}: plan exit {p.returncode} {(p.stdout + p.stderr)[-300:]}, or no run summary")
+        return
+    want = {(q["stage"], q["offload"]): q["device_states"] for q in json.load(open(est))["plans"]}[(stage, "none")]
+    h = json.load(open(js))["memory_per_rank"]["host"]
+    held = [x + y + z for x, y, z in zip(h["parameters"], h["gradients"], h["optimizer_states"])]
+    c.check(len(held) == np and all(v == want for v in held),
+            f"{tag}: ZeRO {stage} on {np} ranks held {held} bytes of model states per rank, the plan says {want}")
+
+
+held_as_planned("ted", 4, 1, ["--tensor-model-parallel-size", "2"])
+held_as_planned("ted_etp", 4, 3, etp)
+held_as_planned("ted8", 8, 2, etp)
 rc, got = run(8, 2, 1, ["--tensor-model-parallel-size", "4", "--enable-expert-tensor-parallelism"], tag="ted8_t4")
 c.check(rc == 0 and len(got) == len(ref) and all(close(r[k], g[k]) for r, g in zip(ref, got)
                                                  for k in ("lm_loss", "moe_loss", "grad_norm")),

@@ -247,8 +247,10 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
         m.formula = "(" + p + "+" + g + "+" + k + ")P";
         break;
       case 1:
-        m.device_states = (sb.param + sb.grad) * psi + sb.optimizer * part;
-        m.formula = "(" + p + "+" + g + ")P + " + k + "P/N";
+        // The full gradient, and the reduced partition the optimizer reads in an array of its own
+        // (zero.cpp): the ZeRO paper's (2+2)Ψ + KΨ/N leaves that partition out.
+        m.device_states = (sb.param + sb.grad) * psi + (sb.grad + sb.optimizer) * part;
+        m.formula = "(" + p + "+" + g + ")P + (" + g + "+" + k + ")P/N";
         break;
       case 2:
         m.device_states = sb.param * psi + (sb.grad + sb.optimizer) * part;
