@@ -37,10 +37,27 @@ for t in test_kernels_cuda test_ops_backend_cuda test_gpt_cuda; do
   echo "$t: exit $rc, $summary skipped lines: $skipped"
   ((rc != 0 || skipped != 0)) && { fails=$((fails + 1)); tail -40 "$out/$t.log"; }
 done
-timeout 150 "$py" "$root/tests/apps/cuda_offload_check.py" --mode train --gpt "$(b pretrain_gpt)" \
-  --args "$root/inputs/gpt-tiny.args" --workdir "$out/cuda_offload" >"$out/cuda_offload.log" 2>&1
+mpi=(mpirun --oversubscribe)
+if [[ $(id -u) -eq 0 ]]; then mpi+=(--allow-run-as-root); fi
+# Tensor parallelism on the GPU: 2 ranks sharing it, collectives staged through the host.
+t=test_tensor_parallel_cuda
+timeout 120 "${mpi[@]}" -np 2 "$(b $t)" --gtest_brief=1 >"$out/$t.log" 2>&1
 rc=$?
-echo "pretrain_gpt_device_cuda_offload: exit $rc"; tail -15 "$out/cuda_offload.log"
+skipped=$(grep -c '\[  SKIPPED \]' "$out/$t.log")
+echo "$t (2 ranks): exit $rc, $(grep -E '^\[  (PASSED|FAILED) +\]' "$out/$t.log" | tr '\n' ' ') skipped lines: $skipped"
+((rc != 0 || skipped != 0)) && { fails=$((fails + 1)); tail -40 "$out/$t.log"; }
+for mode in train tp; do
+  timeout 150 "$py" "$root/tests/apps/cuda_offload_check.py" --mode $mode --gpt "$(b pretrain_gpt)" \
+    --args "$root/inputs/gpt-tiny.args" --workdir "$out/cuda_$mode" --mpi "${mpi[*]} -np 2" >"$out/cuda_$mode.log" 2>&1
+  rc=$?
+  echo "cuda_offload_check --mode $mode: exit $rc"; tail -15 "$out/cuda_$mode.log"
+  ((rc != 0)) && fails=$((fails + 1))
+done
+# pretrain_moe on the GPU: EP 1, EP 2 and a T2 x E2 TED grid against the CPU.
+timeout 200 "$py" "$root/tests/apps/cuda_moe_check.py" --moe "$(b pretrain_moe)" --workdir "$out/cuda_moe" \
+  --mpi "${mpi[0]} -np 2 ${mpi[*]:1}" >"$out/cuda_moe.log" 2>&1
+rc=$?
+echo "cuda_moe_check: exit $rc"; tail -15 "$out/cuda_moe.log"
 ((rc != 0)) && fails=$((fails + 1))
 
 echo "# bf16 matrix rate on this GPU (8192^3 through PyTorch)"
