@@ -73,7 +73,8 @@ std::vector<int> Gpt::held_blocks() const {
   return held;
 }
 
-Gpt::~Gpt() { tp_.release_buffers(); }  // before own_ops_, declared after tp_, goes
+// tp_'s buffers go back first: own_ops_ is declared after tp_, so it is destroyed before it.
+Gpt::~Gpt() { tp_.release_buffers(); }
 
 void Gpt::ensure_workspace(int B, int T) {
   if (T > cfg_.max_seq_length)

@@ -8,9 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <string>
 
-#include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
 #include "launch.cuh"
 
