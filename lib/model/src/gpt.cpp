@@ -491,8 +491,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const float* demb = pg || emb_lora_block_ >= 0 ? gather_rows(w.dres, B * T) : w.dres;
   if (!pg) {  // a frozen embedding (LoRA): nothing to compute
   } else if (tp_.enabled())  // eg null: LoRA's frozen words beside trained positions
-    tp_.embedding_backward(eg ? eg + wte_ : nullptr, pg + wpe_, demb, tokens, B, T, C, vstart_, Vl_,
-                                       positions_);
+    tp_.embedding_backward(eg ? eg + wte_ : nullptr, pg + wpe_, demb, tokens, B, T, C, vstart_, Vl_, positions_);
   else ops_->encoder_backward(eg ? eg + wte_ : nullptr, pg + wpe_, w.dres, tokens, B, T, C, positions_);
   if (emb_lora_block_ >= 0) {  // the embedding's adapters: the input side's share, then complete
     emb_lora_p_ = store.params(emb_lora_block_);

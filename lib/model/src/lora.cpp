@@ -96,7 +96,7 @@ void Gpt::lora_embed_forward(const int32_t* tokens, float* x, int N) {
   const float* A = emb_lora_p_ + emb_lora_a_;
   float* u = ws_->lora_u;  // A[token], (N, r)
   if (tp_.enabled()) {  // the rows of this rank's vocabulary slice, summed over the group
-    tp_.slice_rows(u, A, tokens, (size_t)N, r, vstart_, Vl_);
+    ops_->vocab_rows(u, A, tokens, (size_t)N, r, vstart_, Vl_);
     tp_.adapter_all_reduce(u, (size_t)N * r);
   } else {
     ops_->gather_rows(u, A, tokens, (size_t)N, r);

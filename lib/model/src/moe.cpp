@@ -111,6 +111,16 @@ int expert_rows(const std::vector<int>& counts, int ranks, int local, int j) {
   return rows;
 }
 
+size_t total(const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), size_t(0)); }
+
+// Bytes of C-float rows this rank (self) sends to the others, rows[d] to rank d.
+double sent_bytes(const std::vector<int>& rows, int self, int C) {
+  double b = 0;
+  for (size_t d = 0; d < rows.size(); ++d)
+    if ((int)d != self) b += rows[d] * double(C) * sizeof(float);
+  return b;
+}
+
 // Rows per ep rank of runs indexed (rank, local expert).
 std::vector<int> rows_per_rank(const std::vector<int>& counts, int ranks) {
   const int local = static_cast<int>(counts.size()) / ranks;
@@ -133,18 +143,13 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
   const std::vector<int>& rout = to_experts ? m.recv_counts : m.send_counts;
   const int P = ep_size_, T = tp_.size();
   const double row = double(C) * sizeof(float);
-  auto count_sent = [&](const std::vector<int>& rows) {
-    for (int d = 0; d < P; ++d)
-      if (d != ep_rank_) alltoall_bytes_ += rows[d] * row;
-  };
-  auto total = [](const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), size_t(0)); };
   if (!drops_duplicate_tokens()) {
     const std::vector<int> sr = rows_per_rank(rin, P), rr = rows_per_rank(rout, P);
     if (partial && T > 1) {
       tp_.moe_all_reduce(in, total(rin) * C);
       moe_tp_bytes_ += 2.0 * (T - 1) / T * total(rin) * row;  // a ring all-reduce, per rank
     }
-    count_sent(sr);
+    alltoall_bytes_ += sent_bytes(sr, ep_rank_, C);
     alltoall_calls_ += P > 1;
     if (P == 1) {
       ops_->copy(out, in, (size_t)sr[0] * C * sizeof(float));
@@ -161,21 +166,20 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
   if (!ops_->host_memory()) {  // device rows through host buffers, as the all-to-all above
     std::vector<float> hin(total(rin) * C), hout(total(rout) * C);
     ops_->copy_to_host(hin.data(), in, hin.size() * sizeof(float));
-    exchange_shares(m, hin.data(), hout.data(), C, to_experts, partial);
+    exchange_shares(rin, rout, hin.data(), hout.data(), C, partial);
     ops_->copy_from_host(out, hout.data(), hout.size() * sizeof(float));
     return;
   }
-  exchange_shares(m, in, out, C, to_experts, partial);
+  exchange_shares(rin, rout, in, out, C, partial);
 }
 
-// Duplicate token dropping's exchange on host memory: this rank's share of every run (summed over
-// the group when partial), the all-to-all, then the group's all-gather of the other shares.
-void Gpt::exchange_shares(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial) {
-  const std::vector<int>& rin = to_experts ? m.send_counts : m.recv_counts;
-  const std::vector<int>& rout = to_experts ? m.recv_counts : m.send_counts;
+// Duplicate token dropping's exchange on host memory: this rank's share of every run of rin
+// (summed over the group when partial), the all-to-all, then the group's all-gather of the other
+// shares into the runs of rout.
+void Gpt::exchange_shares(const std::vector<int>& rin, const std::vector<int>& rout, float* in, float* out, int C,
+                          bool partial) {
   const int P = ep_size_, T = tp_.size(), t = tp_.rank();
   const double row = double(C) * sizeof(float);
-  auto total = [](const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), size_t(0)); };
   std::vector<int> in_pieces(T), out_pieces(T);
   for (int u = 0; u < T; ++u) in_pieces[u] = (int)total(share_counts(rin, u, T)), out_pieces[u] = (int)total(share_counts(rout, u, T));
   std::vector<float> part((size_t)in_pieces[t] * C);
@@ -190,8 +194,7 @@ void Gpt::exchange_shares(const MoeActs& m, float* in, float* out, int C, bool t
   const std::vector<int> sr = rows_per_rank(share_counts(rin, t, T), P), rr = rows_per_rank(share_counts(rout, t, T), P);
   const size_t before = std::accumulate(out_pieces.begin(), out_pieces.begin() + t, size_t(0));
   std::vector<float> gathered(total(rout) * C);
-  for (int d = 0; d < P; ++d)
-    if (d != ep_rank_) alltoall_bytes_ += sr[d] * row;
+  alltoall_bytes_ += sent_bytes(sr, ep_rank_, C);
   ++alltoall_calls_;
   ep_->alltoallv_rows(part.data(), sr, gathered.data() + before * C, rr, C);
   // The other ranks' shares, and every run whole again.

@@ -89,16 +89,11 @@ void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const 
                                        int T, int C, int vstart, int vrows, float* scratch, const int32_t* pos) {
   const size_t N = (size_t)B * T;
   float* parts = sequence_parallel() ? scratch : out;
-  slice_rows(parts, wte_part, tokens, N, C, vstart, vrows);
+  ops_->vocab_rows(parts, wte_part, tokens, N, C, vstart, vrows);  // out-of-slice tokens: zero rows
   // g: every token's row comes from the one rank that holds it (this rank's rows only under
   // sequence parallelism, written from row 0 of out).
   reduce_scatter(parts, out, N * C);
   ops_->add_position_rows(out, wpe, pos, first_row(N), local_rows(N), T, C);
-}
-
-void TensorParallel::slice_rows(float* out, const float* part, const int32_t* tokens, size_t N, int width, int vstart,
-                                int vrows) {
-  ops_->vocab_rows(out, part, tokens, N, width, vstart, vrows);
 }
 
 void TensorParallel::embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B,

@@ -79,8 +79,8 @@ void Gpt::scatter_kept(int l, const float* sub, float* full, int B) const {
   ops_->scatter_rows(full, sub, kept_rows(l), (size_t)B * ltd_kept_, cfg_.hidden_size);
 }
 
-// Sequence parallelism: this rank's rows of a (N, C) stream
-// into `full` at their place, then every rank's (the whole stream); without it, the rows themselves.
+// Sequence parallelism: this rank's rows of a (N, C) stream into `full` at their place, then every
+// rank's (the whole stream); without it, the rows themselves.
 float* Gpt::whole_stream(const float* mine, float* full, size_t N) {
   if (!tp_.sequence_parallel()) return const_cast<float*>(mine);
   const size_t C = cfg_.hidden_size;

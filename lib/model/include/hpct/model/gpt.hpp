@@ -351,7 +351,8 @@ class Gpt {
   MoeActs& moe_state(const Block& o, int set);
   void note_routing(int moe_index, const Routing& r);
   void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
-  void exchange_shares(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial);  // host memory
+  void exchange_shares(const std::vector<int>& rin, const std::vector<int>& rout, float* in, float* out, int C,
+                       bool partial);  // host memory
   /// An expert's hidden width on this rank: 4C, or 4C/T when experts are tensor-parallel.
   int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : 4 * cfg_.hidden_size; }
   /// Dropout site `site` of layer l (-1: the embedding) for this micro-batch (T tokens per sample),

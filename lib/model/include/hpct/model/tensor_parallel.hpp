@@ -91,9 +91,6 @@ class TensorParallel {
   /// pos: each token's position (documents in a sample, ops.hpp's encoder_forward), nullptr: t.
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B, int T,
                          int C, int vstart, int vrows, float* scratch, const int32_t* pos = nullptr);
-  /// out (N, width): row i = part's row tokens[i] - vstart when this rank's slice [vstart, vstart + vrows)
-  /// holds it, zero otherwise (the group's sum then has every token's row).
-  void slice_rows(float* out, const float* part, const int32_t* tokens, size_t N, int width, int vstart, int vrows);
   /// Accumulates d(wte_part) (this rank's rows only; nullptr: a frozen embedding) and d(wpe) (every
   /// rank alike) from dout (B*T, C).
   void embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
