@@ -1,6 +1,6 @@
-// What the GPU-against-CPU model tests share (test_gpt_cuda, test_tensor_parallel_cuda): start
-// weights on the host and on the device (LoRA's zero factor moved off zero), and the per-tensor
-// gradient check.
+// What the GPU-against-CPU model tests share (test_gpt_cuda, test_tensor_parallel_cuda): the tiny
+// model, start weights on the host and on the device (LoRA's zero factor moved off zero), and the
+// per-tensor gradient check.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -14,6 +14,20 @@
 #include "hpct/model/gpt.hpp"
 
 namespace hpct::test {
+
+/// The tiny GPT of the GPU-against-CPU tests: 2 layers, hidden 32, 4 heads, 16 tokens, vocabulary
+/// 100 padded to 128 (padding columns exercised; at T = 2 the last slice ends in padding).
+inline model::GptConfig tiny_gpt(int tensor_parallel = 1) {
+  model::GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_heads = 4;
+  c.max_seq_length = 16;
+  c.vocab_size = 100;
+  c.vocab_multiple = 64;
+  c.tensor_parallel = tensor_parallel;
+  return c;
+}
 
 /// LoRA: a factor that starts at zero moved off it, so that both factors get a gradient.
 inline void move_lora_off_zero(const ParamLayout& layout, std::vector<float>& params) {

@@ -41,16 +41,7 @@ class Env : public ::testing::Environment {
 };
 [[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
 
-model::GptConfig tiny() {
-  model::GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_heads = 4;
-  c.max_seq_length = 16;
-  c.vocab_size = 100;
-  c.vocab_multiple = 64;  // Vp = 128: padding columns exercised
-  return c;
-}
+model::GptConfig tiny() { return test::tiny_gpt(); }
 
 struct Batch {
   int B = 3, T = 16;

@@ -28,17 +28,7 @@ using test::world;
 
 namespace {
 
-model::GptConfig tiny(int tp) {
-  model::GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_heads = 4;
-  c.max_seq_length = 16;
-  c.vocab_size = 100;
-  c.vocab_multiple = 64;  // Vp = 128 at T = 1 and 2: the last slice ends in padding
-  c.tensor_parallel = tp;
-  return c;
-}
+model::GptConfig tiny(int tp) { return test::tiny_gpt(tp); }
 
 void compare(model::GptConfig c, bool recompute) {
   const auto& w = world();
