@@ -27,6 +27,10 @@ bool not_built(std::string* why) {
 
 struct NcclComm::Impl {};
 bool gpu_support_built() { return false; }
+int gpu_count(std::string* why) {
+  not_built(why);
+  return 0;
+}
 std::vector<GpuInfo> list_gpus(std::string* why) {
   not_built(why);
   return {};
@@ -42,6 +46,9 @@ bool NcclComm::download(float*, size_t, std::string* why) { return not_built(why
 bool NcclComm::start_allreduce(size_t, std::string* why) { return not_built(why); }
 bool NcclComm::start_alltoall(size_t, std::string* why) { return not_built(why); }
 bool NcclComm::wait(double, std::string* why) { return not_built(why); }
+bool NcclComm::allreduce(void*, size_t, Elem, bool, double, std::string* why) { return not_built(why); }
+bool NcclComm::allgather_blocks(float*, size_t, double, std::string* why) { return not_built(why); }
+bool NcclComm::reduce_scatter_blocks(const float*, float*, size_t, double, std::string* why) { return not_built(why); }
 
 #else
 
@@ -97,6 +104,13 @@ struct NcclComm::Impl {
 
 bool gpu_support_built() { return true; }
 
+int gpu_count(std::string* why) {
+  int n = 0;
+  if (!cuda_ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount", why)) return 0;
+  if (n == 0 && why) *why = "the CUDA runtime sees no GPU";
+  return n;
+}
+
 std::vector<GpuInfo> list_gpus(std::string* why) {
   int n = 0;
   if (!cuda_ok(cudaGetDeviceCount(&n), "cudaGetDeviceCount", why)) return {};
@@ -135,6 +149,7 @@ std::unique_ptr<NcclComm> NcclComm::create(MPI_Comm comm, int local_rank, double
   m.timeout_s = std::max(1.0, deadline - steady_seconds());
   MPI_Comm_rank(comm, &m.rank);
   MPI_Comm_size(comm, &m.size);
+  c->rank_ = m.rank, c->size_ = m.size;
   auto hs = std::make_unique<Handshake>();
   auto wait = [&](const char* what) {
     if (wait_all_until(&hs->req, 1, deadline, poll)) return true;
@@ -300,6 +315,32 @@ bool NcclComm::wait(double deadline, std::string* why) {
     if (steady_seconds() > deadline) return m.fail("timeout: the NCCL operation did not complete before the deadline", why);
     m.yield();
   }
+}
+
+bool NcclComm::allreduce(void* buf, size_t count, Elem e, bool max, double deadline, std::string* why) {
+  Impl& m = *impl_;
+  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  const ncclDataType_t type = e == Elem::f64 ? ncclDouble : ncclFloat;
+  return m.enqueued(ncclAllReduce(buf, buf, count, type, max ? ncclMax : ncclSum, m.comm, m.stream), "ncclAllReduce",
+                    why) &&
+         wait(deadline, why);
+}
+
+bool NcclComm::allgather_blocks(float* buf, size_t block, double deadline, std::string* why) {
+  Impl& m = *impl_;
+  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  // In place: this rank's block is already where the gathered buffer wants it.
+  return m.enqueued(ncclAllGather(buf + m.rank * block, buf, block, ncclFloat, m.comm, m.stream), "ncclAllGather",
+                    why) &&
+         wait(deadline, why);
+}
+
+bool NcclComm::reduce_scatter_blocks(const float* full, float* slice, size_t block, double deadline, std::string* why) {
+  Impl& m = *impl_;
+  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  return m.enqueued(ncclReduceScatter(full, slice, block, ncclFloat, ncclSum, m.comm, m.stream), "ncclReduceScatter",
+                    why) &&
+         wait(deadline, why);
 }
 
 #endif

@@ -98,6 +98,7 @@ class CudaOps final : public OpsBackend {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to the host");
     check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
   }
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize (an earlier kernel)"); }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (dst == src || bytes == 0) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy on the device");

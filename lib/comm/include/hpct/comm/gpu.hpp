@@ -28,13 +28,36 @@ struct GpuInfo {
 
 /// True when this build has the CUDA runtime and NCCL.
 bool gpu_support_built();
+/// How many GPUs the CUDA runtime sees (no device is touched); 0 with *why set when none.
+int gpu_count(std::string* why);
 /// The GPUs the CUDA runtime sees on this node. Empty, with *why set, without a CUDA build, without
 /// a driver, or without devices.
 std::vector<GpuInfo> list_gpus(std::string* why);
 
+/// Collectives in place on one device's memory, for layers whose tensors live there (tensor
+/// parallelism). The caller has finished writing the input (its own stream synchronized); each call
+/// returns when the collective is done, or false with *why set when it failed or missed `deadline`
+/// (steady_seconds()). Counts are in elements. NcclComm below is the one a run uses; a test may put
+/// another transport behind the same calls.
+class DeviceCollectives {
+ public:
+  enum class Elem { f32, f64 };
+  virtual ~DeviceCollectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// buf = the element-wise sum (or maximum) of every rank's buf.
+  virtual bool allreduce(void* buf, size_t count, Elem e, bool max, double deadline, std::string* why) = 0;
+  /// buf: size() blocks of `block` floats, this rank's at rank() * block; the others' are gathered in.
+  virtual bool allgather_blocks(float* buf, size_t block, double deadline, std::string* why) = 0;
+  /// slice (block floats) = the sum over ranks of block rank() of their full (size() blocks).
+  virtual bool reduce_scatter_blocks(const float* full, float* slice, size_t block, double deadline,
+                                     std::string* why) = 0;
+};
+
 /// One NCCL communicator over the ranks of an MPI communicator, one GPU per rank (the node-local
-/// rank modulo the node's GPU count), with one stream. Buffers are device memory it owns.
-class NcclComm {
+/// rank modulo the node's GPU count), with one stream. Buffers are device memory it owns; the
+/// DeviceCollectives calls take the caller's (on device()) and run on the same stream.
+class NcclComm final : public DeviceCollectives {
  public:
   /// Collective over `comm`: picks the device, shares NCCL's unique id from rank 0 over MPI and
   /// initialises the communicator, all before `deadline` (steady_seconds()). Returns null with
@@ -61,11 +84,19 @@ class NcclComm {
   /// error the communicator is aborted and every later call fails.
   bool wait(double deadline, std::string* why);
 
+  // DeviceCollectives: enqueued on this communicator's stream, then waited for as wait() does.
+  bool allreduce(void* buf, size_t count, Elem e, bool max, double deadline, std::string* why) override;
+  bool allgather_blocks(float* buf, size_t block, double deadline, std::string* why) override;
+  bool reduce_scatter_blocks(const float* full, float* slice, size_t block, double deadline,
+                             std::string* why) override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
  private:
   NcclComm() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  int device_ = -1;
+  int device_ = -1, rank_ = 0, size_ = 1;
 };
 
 }  // namespace hpct::comm

@@ -41,6 +41,9 @@ class OpsBackend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   /// dst <- src, both in backend memory (queued like an op; the ranges must not overlap).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  /// Returns when every op queued before has finished (a device backend's stream drained), so
+  /// another stream (NCCL's) may read what they wrote. Nothing to wait for on the host.
+  virtual void synchronize() {}
 
   /// dst = the fp32 values of n 16-bit src values (p: bf16 or fp16), both in backend memory, as
   /// half.hpp's from_half does on the host (exact: every 16-bit value is an fp32 value).
