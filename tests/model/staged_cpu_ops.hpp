@@ -18,6 +18,8 @@ class StagedCpuOps final : public kernels::OpsBackend {
   std::string name() const override { return "staged-cpu"; }
   bool host_memory() const override { return false; }
   double bytes_to_host() const { return to_host_; }
+  int synchronizations() const { return syncs_; }
+  void synchronize() override { ++syncs_; }
 
   void* allocate(size_t bytes) override { return in_->allocate(bytes); }
   void release(void* p) noexcept override { in_->release(p); }
@@ -132,6 +134,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
  private:
   std::unique_ptr<kernels::OpsBackend> in_;
   double to_host_ = 0;
+  int syncs_ = 0;
 };
 
 }  // namespace hpct::test

@@ -36,6 +36,7 @@
 #include "hpct/kernels/ops.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/model/tensor_parallel.hpp"
+#include "host_device_collectives.hpp"
 #include "staged_cpu_ops.hpp"
 
 using namespace hpct;
@@ -300,15 +301,21 @@ TEST(TensorParallel, CrossEntropyEqualsWholeRowAndFiniteDifferences) {
       }
 }
 
-void check_staged(bool sp, bool lora, bool moe = false, bool residual = false, bool etp = false) {
+// on_device: the collectives on the "device" buffers (host_device_collectives.hpp, where a GPU run
+// has NCCL) instead of staged through host copies.
+void check_staged(bool sp, bool lora, bool moe = false, bool residual = false, bool etp = false,
+                  bool on_device = false) {
   const auto& w = world();
   const int T = w.size();
   model::GptConfig c = tiny(T, moe, residual, sp, etp);
   if (lora) c.lora.rank = 2, c.lora.alpha = 4, c.lora.targets = 0x1F;
   test::StagedCpuOps staged;
+  test::HostDeviceCollectives dc(w);
   const comm::Communicator* tp = T > 1 ? &w : nullptr;
   model::Gpt host(c, kernels::Precision::fp32, false, nullptr, nullptr, tp);
   model::Gpt dev(c, kernels::Precision::fp32, false, &staged, nullptr, tp);
+  if (on_device) dev.set_tensor_parallel_device_comm(&dc, 60);
+  ASSERT_EQ(dev.tensor_parallel().device_collectives(), on_device && T > 1);
   host.set_routing_seed(3), dev.set_routing_seed(3);
   std::vector<float> p(host.layout().numel()), hg(p.size(), 0.0f), dg(p.size(), 0.0f);
   host.init_params(p.data(), 42);
@@ -327,7 +334,16 @@ void check_staged(bool sp, bool lora, bool moe = false, bool residual = false, b
   EXPECT_EQ(dev.forward_loss(ds, tok.data(), tgt.data(), B, S), host.forward_loss(hs, tok.data(), tgt.data(), B, S));
   EXPECT_EQ(dev.tensor_parallel().bytes(), host.tensor_parallel().bytes());
   EXPECT_EQ(dev.moe_tp_bytes(), host.moe_tp_bytes());
-  if (T > 1) EXPECT_GT(staged.bytes_to_host(), dev.tensor_parallel().bytes() / 2) << "the collectives were not staged";
+  if (T == 1) return;
+  if (!on_device) {
+    EXPECT_GT(staged.bytes_to_host(), dev.tensor_parallel().bytes() / 2) << "the collectives were not staged";
+    return;
+  }
+  // Every collective on the device buffers, each after the backend's queue drained; none staged
+  // (what still comes to the host: the losses, and MoE's routing and duplicate token dropping).
+  EXPECT_GE(dc.calls(), dev.tensor_parallel().calls());
+  EXPECT_EQ(staged.synchronizations(), dc.calls());
+  if (!moe) EXPECT_LT(staged.bytes_to_host(), dev.tensor_parallel().bytes() / 20);
 }
 
 TEST(TensorParallel, StagedThroughTheHostAsOnADevice) { check_staged(false, false); }
@@ -335,5 +351,35 @@ TEST(TensorParallel, SequenceParallelStagedThroughTheHost) { check_staged(true, 
 TEST(TensorParallel, LoraStagedThroughTheHost) { check_staged(false, true); }
 TEST(TensorParallel, SequenceParallelResidualMoeStagedThroughTheHost) { check_staged(true, false, true, true); }
 TEST(TensorParallel, ExpertTensorParallelMoeStagedThroughTheHost) { check_staged(false, false, true, false, true); }
+TEST(TensorParallel, DeviceCollectives) { check_staged(false, false, false, false, false, true); }
+TEST(TensorParallel, SequenceParallelDeviceCollectives) { check_staged(true, false, false, false, false, true); }
+TEST(TensorParallel, LoraDeviceCollectives) { check_staged(false, true, false, false, false, true); }
+TEST(TensorParallel, ExpertTensorParallelMoeDeviceCollectives) { check_staged(false, false, true, false, true, true); }
+
+// A device collective that fails (a peer gone, NCCL's deadline passed) stops the step with an error
+// naming the collective and the rank, on every rank (here every rank fails the same call).
+TEST(TensorParallel, FailedDeviceCollectiveNamesItself) {
+  const auto& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "no collectives at T = 1";
+  model::GptConfig c = tiny(w.size(), false, false, false, false);
+  test::StagedCpuOps staged;
+  test::HostDeviceCollectives dc(w, 2);
+  model::Gpt dev(c, kernels::Precision::fp32, false, &staged, nullptr, &w);
+  dev.set_tensor_parallel_device_comm(&dc, 60);
+  std::vector<float> p(dev.layout().numel()), g(p.size(), 0.0f);
+  dev.init_params(p.data(), 42);
+  model::FlatParamStore ps(dev.layout(), p.data(), g.data());
+  std::vector<int32_t> tok(16, 3), tgt(16, 4);
+  try {
+    dev.forward_backward(ps, tok.data(), tgt.data(), 2, 8, 0.05f);
+    FAIL() << "the failed collective went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor-parallel all-reduce on device buffers, tensor-parallel rank " +
+                                         std::to_string(w.rank()) + " of " + std::to_string(w.size()) +
+                                         ": timeout: a peer did not answer"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

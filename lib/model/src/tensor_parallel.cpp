@@ -3,6 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "hpct/comm/deadline.hpp"
+#include "hpct/core/error.hpp"
 
 
 namespace hpct::model {
@@ -27,9 +31,25 @@ void TensorParallel::on_host(T* x, size_t n, bool write_back, F&& f) {
   if (write_back) ops_->copy_from_host(x, h, n * sizeof(T));
 }
 
+void TensorParallel::check_device(bool ok, const char* what, const std::string& why) const {
+  if (!ok)
+    throw Error(std::string("tensor-parallel ") + what + " on device buffers, tensor-parallel rank " +
+                std::to_string(rank_) + " of " + std::to_string(size_) + ": " + why);
+}
+
+bool TensorParallel::device_allreduce(void* x, size_t n, comm::DeviceCollectives::Elem e, bool max) {
+  if (!device_collectives()) return false;
+  ops_->synchronize();  // the collective's stream (NCCL's) reads what the backend's stream wrote
+  std::string why;
+  check_device(dc_->allreduce(x, n, e, max, comm::steady_seconds() + dc_timeout_s_, &why),
+               max ? "all-reduce (max)" : "all-reduce", why);
+  return true;
+}
+
 void TensorParallel::all_reduce(float* x, size_t n) {
   if (!comm_) return;
-  on_host(x, n, true, [&](float* h) { comm_->allreduce_sum(h, n); });
+  if (!device_allreduce(x, n, comm::DeviceCollectives::Elem::f32))
+    on_host(x, n, true, [&](float* h) { comm_->allreduce_sum(h, n); });
   count(double(n) * sizeof(float), 2, true);
 }
 
@@ -38,6 +58,11 @@ void TensorParallel::all_gather(float* full, size_t n) {
   const size_t block = n / size_;
   if (ops_->host_memory()) {
     comm_->allgather_blocks(full, block);
+  } else if (device_collectives()) {
+    ops_->synchronize();
+    std::string why;
+    check_device(dc_->allgather_blocks(full, block, comm::steady_seconds() + dc_timeout_s_, &why), "all-gather",
+                 why);
   } else {  // only this rank's block goes out; every block comes back
     host_.resize(n * sizeof(float));
     float* h = reinterpret_cast<float*>(host_.data());
@@ -53,6 +78,11 @@ void TensorParallel::reduce_scatter(float* full, float* slice, size_t n) {
   const size_t block = n / size_;
   if (ops_->host_memory()) {
     comm_->reduce_scatter_blocks(full, slice, block);
+  } else if (device_collectives()) {
+    ops_->synchronize();
+    std::string why;
+    check_device(dc_->reduce_scatter_blocks(full, slice, block, comm::steady_seconds() + dc_timeout_s_, &why),
+                 "reduce-scatter", why);
   } else {
     host2_.resize(block * sizeof(float));
     float* hs = reinterpret_cast<float*>(host2_.data());
@@ -64,7 +94,8 @@ void TensorParallel::reduce_scatter(float* full, float* slice, size_t n) {
 
 void TensorParallel::sum_not_activation(float* x, size_t n) {
   if (!comm_) return;
-  on_host(x, n, true, [&](float* h) { comm_->allreduce_sum(h, n); });
+  if (!device_allreduce(x, n, comm::DeviceCollectives::Elem::f32))
+    on_host(x, n, true, [&](float* h) { comm_->allreduce_sum(h, n); });
   count(double(n) * sizeof(float), 2, false);
 }
 
@@ -82,7 +113,8 @@ void TensorParallel::moe_reduce_scatter(const float* send, float* mine, const st
 }
 
 void TensorParallel::moe_all_reduce(float* x, size_t n) {
-  if (comm_ && size_ > 1) on_host(x, n, true, [&](float* h) { comm_->allreduce_sum(h, n); });
+  if (comm_ && size_ > 1 && !device_allreduce(x, n, comm::DeviceCollectives::Elem::f32))
+    on_host(x, n, true, [&](float* h) { comm_->allreduce_sum(h, n); });
 }
 
 void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const float* wte_part, const float* wpe, int B,
@@ -115,14 +147,16 @@ void TensorParallel::cross_entropy(float* logits, float* losses, const int32_t* 
   double* sums = ce_sums_.as<double>();
   ops_->vocab_ce_max(mx, logits, rows, vl, valid);
   if (comm_) {  // 1. the row maxima
-    on_host(mx, rows, true, [&](float* h) { comm_->allreduce_max(h, rows); });
+    if (!device_allreduce(mx, rows, comm::DeviceCollectives::Elem::f32, true))
+      on_host(mx, rows, true, [&](float* h) { comm_->allreduce_max(h, rows); });
     bytes_ += double(rows) * sizeof(float);
     ++calls_;
   }
   // 2. sum of exponentials and the (shifted) target logit, from the rank holding the target.
   ops_->vocab_ce_sums(sums, logits, mx, targets, rows, vl, vstart, valid);
   if (comm_) {
-    on_host(sums, 2 * (size_t)rows, true, [&](double* h) { comm_->allreduce_sum(h, 2 * (size_t)rows); });
+    if (!device_allreduce(sums, 2 * (size_t)rows, comm::DeviceCollectives::Elem::f64))
+      on_host(sums, 2 * (size_t)rows, true, [&](double* h) { comm_->allreduce_sum(h, 2 * (size_t)rows); });
     bytes_ += 2.0 * rows * sizeof(double);
     ++calls_;
   }

@@ -225,6 +225,8 @@ class Gpt {
   double moe_tp_bytes() const { return moe_tp_bytes_; }
   /// The tensor-parallel collectives since construction (bytes all-reduced; TensorParallel).
   const TensorParallel& tensor_parallel() const { return tp_; }
+  /// The tensor-parallel collectives on a device backend's buffers (TensorParallel::set_device_comm).
+  void set_tensor_parallel_device_comm(comm::DeviceCollectives* dc, double timeout_s) { tp_.set_device_comm(dc, timeout_s); }
 
   /// Communication-aware activation checkpointing (TED's CAC; --communication-aware-checkpointing):
   /// with recomputation, the forward keeps what its collectives produced (each layer's post-attention

@@ -14,17 +14,20 @@
 // the norms and the residual adds hold 1/T of the N token rows on each rank (rank r rows
 // [r*N/T, (r+1)*N/T)); f becomes an all-gather of those rows (backward: reduce-scatter) and g a
 // reduce-scatter (backward: all-gather). Same arithmetic, same wire bytes as the all-reduces.
-// Any backend: the element work runs as the backend's ops (kernels/tp_ops.hpp) on its memory, and on
-// a device backend every collective goes through host buffers (copied out, MPI, copied back in),
-// as the data-parallel gradients of a device run do (ZeRO-Offload). So ranks that share one GPU work;
-// NCCL on device buffers is not used here. The MoE layer's all-gather and reduce-scatter of
-// duplicate token dropping take host buffers on any backend (the layer stages its rows around them).
+// Any backend: the element work runs as the backend's ops (kernels/tp_ops.hpp) on its memory. On a
+// device backend the collectives run on the device buffers when the caller gives device collectives
+// over the group (set_device_comm: NCCL, which needs one GPU per rank), and otherwise
+// through host buffers (copied out, MPI, copied back in), as the data-parallel gradients of a device
+// run do (ZeRO-Offload), so ranks that share one GPU work too. The MoE layer's all-gather and
+// reduce-scatter of duplicate token dropping take host buffers on any backend (the layer stages its
+// rows around them).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "hpct/comm/gpu.hpp"
 #include "hpct/comm/mpi.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 
@@ -37,6 +40,13 @@ class TensorParallel {
   /// The backend whose memory the pointers below are in and whose ops do the element work (the
   /// model's). Until it is set: a CPU backend of its own (host memory).
   void set_backend(kernels::OpsBackend* ops) { release_buffers(), ops_ = ops ? ops : own_ops_.get(); }
+  /// Collectives over the same group on the backend's device (comm/gpu.hpp: NCCL in a run; it must
+  /// outlive this): on a device backend every collective but the MoE layer's gather and scatter then
+  /// runs on device buffers, none through the host. Each must finish within timeout_s, or the run
+  /// stops with an hpct::Error naming the collective and the reason. nullptr: through host buffers.
+  void set_device_comm(comm::DeviceCollectives* dc, double timeout_s = 600) { dc_ = dc, dc_timeout_s_ = timeout_s; }
+  /// True when the collectives run on device buffers (set_device_comm on a device backend).
+  bool device_collectives() const { return dc_ && comm_ && !ops_->host_memory(); }
   /// Gives the backend's buffers back (the model's destructor calls it while its backend lives).
   void release_buffers() { ce_max_.reset(), ce_sums_.reset(); }
   int size() const { return size_; }
@@ -114,6 +124,13 @@ class TensorParallel {
   /// one a host copy of x, copied back afterwards when write_back.
   template <class T, class F>
   void on_host(T* x, size_t n, bool write_back, F&& f);
+  /// In-place sum (or maximum) of n elements of x over the group on the device, after the backend's
+  /// queued ops; false (nothing done) without device collectives.
+  bool device_allreduce(void* x, size_t n, comm::DeviceCollectives::Elem e, bool max = false);
+  /// Throws for a failed device collective.
+  void check_device(bool ok, const char* what, const std::string& why) const;
+  comm::DeviceCollectives* dc_ = nullptr;
+  double dc_timeout_s_ = 600;
   std::unique_ptr<kernels::OpsBackend> own_ops_;
   kernels::OpsBackend* ops_ = nullptr;
   int calls_ = 0;
