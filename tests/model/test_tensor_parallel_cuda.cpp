@@ -6,6 +6,8 @@
 // Variants: plain; sequence parallelism with recompute; documents (per-token positions in the
 // vocab-parallel embedding); LoRA on every linear and the embedding (its vocabulary-slice rows and
 // the adapters' sums); a residual MoE layer with sequence parallelism, and tensor-parallel experts.
+// The Nccl tests run the same through NCCL on device buffers (set_device_comm), which needs a GPU per
+// rank; with fewer they are SKIPPED (CMake runs them as test_tensor_parallel_nccl_np2).
 // Without a CUDA device every test is SKIPPED.
 // Tolerances as test_gpt_cuda's fp32 ones, per tensor against the larger of its own largest gradient
 // and 1e-3 of the model's: 1e-4 (cuBLAS and the CPU sum in other orders; the vocabulary slice's
@@ -14,12 +16,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../engine/mpi_gtest_main.hpp"
 #include "cuda_compare.hpp"
+#include "hpct/comm/deadline.hpp"
+#include "hpct/comm/gpu.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/gpt.hpp"
 
@@ -30,14 +35,24 @@ namespace {
 
 model::GptConfig tiny(int tp) { return test::tiny_gpt(tp); }
 
-void compare(model::GptConfig c, bool recompute) {
+void compare(model::GptConfig c, bool recompute, bool nccl = false) {
   const auto& w = world();
   std::string why;
   if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
-  auto gpu_be = kernels::cuda_ops(w.rank());  // modulo the GPUs seen: ranks may share one
+  if (nccl && comm::gpu_count(&why) < w.node_local_size())
+    GTEST_SKIP() << "NCCL needs a GPU per rank: " << w.node_local_size() << " ranks on this node, "
+                 << comm::gpu_count(&why) << " GPU(s)";
+  auto gpu_be = kernels::cuda_ops(w.node_local_rank());  // modulo the GPUs seen: ranks may share one
   const comm::Communicator* tp = w.size() > 1 ? &w : nullptr;
+  std::unique_ptr<comm::NcclComm> device_comm;  // outlives the models
+  if (nccl) {
+    device_comm = comm::NcclComm::create(w.raw(), w.node_local_rank(), comm::steady_seconds() + 120, {}, &why);
+    ASSERT_TRUE(device_comm) << why;
+  }
   model::Gpt cpu(c, kernels::Precision::fp32, recompute, nullptr, nullptr, tp);
   model::Gpt gpu(c, kernels::Precision::fp32, recompute, gpu_be.get(), nullptr, tp);
+  gpu.set_tensor_parallel_device_comm(device_comm.get(), 120);
+  ASSERT_EQ(gpu.tensor_parallel().device_collectives(), nccl);
   cpu.set_routing_seed(5), gpu.set_routing_seed(5);
   test::WeightsOnBoth wb(cpu, gpu, *gpu_be, 1234);
   model::FlatParamStore &cs = wb.host, &gs = wb.device;
@@ -108,5 +123,15 @@ TEST(TensorParallelCuda, SequenceParallelResidualMoeMatchesTheCpu) {
   compare(c, false);
 }
 TEST(TensorParallelCuda, ExpertTensorParallelMoeMatchesTheCpu) { compare(tiny_moe(false, true), true); }
+
+// Through NCCL on device buffers: the all-reduces (and the cross entropy's max and double sums), the
+// sequence-parallel all-gather and reduce-scatter, and the split experts' all-reduce.
+TEST(TensorParallelCuda, NcclGptMatchesTheCpu) { compare(tiny(world().size()), false, true); }
+TEST(TensorParallelCuda, NcclSequenceParallelMatchesTheCpu) {
+  model::GptConfig c = tiny(world().size());
+  c.sequence_parallel = true;
+  compare(c, true, true);
+}
+TEST(TensorParallelCuda, NcclExpertTensorParallelMoeMatchesTheCpu) { compare(tiny_moe(false, true), false, true); }
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

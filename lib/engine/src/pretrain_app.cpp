@@ -246,7 +246,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                 << (cfg.model.sequence_parallel ? "; sequence parallel: norms and residuals on 1/" + std::to_string(grid.tp().size()) +
                                                       " of the tokens, all-gather/reduce-scatter in place of the all-reduces"
                                                 : std::string())
-                << "\n";
+                << (trainer.tp_collectives().empty() ? "" : "; collectives: " + trainer.tp_collectives()) << "\n";
     if (data.unigram_ppl > 0) std::printf("> unigram baseline perplexity on the validation split: %.2f\n", data.unigram_ppl);
     std::cout << std::flush;
   }

@@ -24,6 +24,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "hpct/comm/deadline.hpp"
+#include "hpct/comm/gpu.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
 #include "hpct/core/sysinfo.hpp"
@@ -35,6 +37,31 @@
 namespace hpct::engine {
 
 using detail::PhaseClock;
+
+// Tensor parallelism on GPUs: NCCL on the device buffers when every rank of the job has a GPU of
+// its own (NCCL refuses two ranks of one communicator on one GPU), as Megatron runs; otherwise, or
+// when NCCL cannot start, through host buffers (tensor_parallel.hpp). The ranks of a tensor-parallel
+// group agree before any uses NCCL, so no group is half on NCCL and half on MPI.
+void Trainer::setup_tp_collectives() {
+  const auto& world = comm::Communicator::world();
+  const auto& tp = grid_.tp();
+  std::string why;
+  const int gpus = comm::gpu_count(&why);
+  const bool own = gpus >= world.node_local_size();
+  if (world.allreduce_min(own ? 1.0 : 0.0) > 0) {
+    const double window = 120;  // NCCL's start: the unique id's broadcast and the rings' set-up
+    tp_nccl_ = comm::NcclComm::create(tp.raw(), world.node_local_rank(), comm::steady_seconds() + window, {}, &why);
+    if (tp.allreduce_min(tp_nccl_ ? 1.0 : 0.0) == 0) {
+      if (tp_nccl_) why = "NCCL did not start on another rank of the tensor-parallel group";
+      tp_nccl_.reset();
+    }
+  } else {
+    why = own ? "ranks on another node share its GPUs"
+              : std::to_string(world.node_local_size()) + " ranks share " + std::to_string(gpus) + " GPU(s) on this node";
+  }
+  model_->set_tensor_parallel_device_comm(tp_nccl_.get(), 600);
+  tp_collectives_ = tp_nccl_ ? "NCCL on device buffers" : "host buffers through MPI (" + why + ")";
+}
 
 Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
     : cfg_(cfg), grid_(grid), batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
@@ -53,6 +80,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
                                                            std::to_string(cfg_.model.tensor_parallel));
   model_ = std::make_unique<model::Gpt>(cfg_.model, compute_precision(), cfg_.recompute_activations, ops_.get(),
                                         ep > 1 ? &grid_.ep() : nullptr, grid_.tp().size() > 1 ? &grid_.tp() : nullptr);
+  if (ops_ && grid_.tp().size() > 1) setup_tp_collectives();
   model_->set_communication_aware_checkpointing(cfg_.communication_aware_checkpointing);
   if (cfg_.random_ltd.enabled) model_->set_random_ltd_layers(cfg_.random_ltd.layers(cfg_.model.num_layers));
   // Sequence-length warmup (and random-LTD): the full length's activations now, reused by every

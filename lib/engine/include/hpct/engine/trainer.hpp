@@ -130,6 +130,9 @@ class Trainer {
   double evaluate(const io::TokenDataset& data);
 
   const model::Gpt& model() const { return *model_; }
+  /// How the tensor-parallel collectives of a --device cuda run go ("" on the CPU or without tensor
+  /// parallelism): NCCL on device buffers, or host buffers and why.
+  const std::string& tp_collectives() const { return tp_collectives_; }
   /// What checkpoints store: the model's trained tensors (ParamLayout::trained(): without LoRA's
   /// frozen base, every tensor).
   const ParamLayout& stored_layout() const { return stored_; }
@@ -195,6 +198,8 @@ class Trainer {
   TrainConfig cfg_;
   const comm::ProcessGrid& grid_;
   std::unique_ptr<kernels::OpsBackend> ops_;  // --device cuda: the GPU backend (declared before the model)
+  std::unique_ptr<comm::NcclComm> tp_nccl_;   // tensor parallelism on GPUs of their own (before the model too)
+  std::string tp_collectives_;
   std::unique_ptr<model::Gpt> model_;
   std::unique_ptr<parallel::GroupedStore> zero_;  // one ZeRO engine per reducing group
   std::unique_ptr<parallel::DeviceStore> device_store_;  // ZeRO-Offload: in front of zero_
@@ -208,6 +213,7 @@ class Trainer {
   float* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   void map_staging();
+  void setup_tp_collectives();  // tp_nccl_ and tp_collectives_ (a --device cuda run with T > 1)
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
   TrainingState training_state() const;
