@@ -31,18 +31,19 @@ void TensorParallel::on_host(T* x, size_t n, bool write_back, F&& f) {
   if (write_back) ops_->copy_from_host(x, h, n * sizeof(T));
 }
 
-void TensorParallel::check_device(bool ok, const char* what, const std::string& why) const {
-  if (!ok)
+template <class F>
+void TensorParallel::on_device(const char* what, F&& collective) {
+  ops_->synchronize();  // the collective's stream (NCCL's) reads what the backend's stream wrote
+  std::string why;
+  if (!collective(comm::steady_seconds() + dc_timeout_s_, &why))
     throw Error(std::string("tensor-parallel ") + what + " on device buffers, tensor-parallel rank " +
                 std::to_string(rank_) + " of " + std::to_string(size_) + ": " + why);
 }
 
 bool TensorParallel::device_allreduce(void* x, size_t n, comm::DeviceCollectives::Elem e, bool max) {
   if (!device_collectives()) return false;
-  ops_->synchronize();  // the collective's stream (NCCL's) reads what the backend's stream wrote
-  std::string why;
-  check_device(dc_->allreduce(x, n, e, max, comm::steady_seconds() + dc_timeout_s_, &why),
-               max ? "all-reduce (max)" : "all-reduce", why);
+  on_device(max ? "all-reduce (max)" : "all-reduce",
+            [&](double deadline, std::string* why) { return dc_->allreduce(x, n, e, max, deadline, why); });
   return true;
 }
 
@@ -59,10 +60,8 @@ void TensorParallel::all_gather(float* full, size_t n) {
   if (ops_->host_memory()) {
     comm_->allgather_blocks(full, block);
   } else if (device_collectives()) {
-    ops_->synchronize();
-    std::string why;
-    check_device(dc_->allgather_blocks(full, block, comm::steady_seconds() + dc_timeout_s_, &why), "all-gather",
-                 why);
+    on_device("all-gather",
+              [&](double deadline, std::string* why) { return dc_->allgather_blocks(full, block, deadline, why); });
   } else {  // only this rank's block goes out; every block comes back
     host_.resize(n * sizeof(float));
     float* h = reinterpret_cast<float*>(host_.data());
@@ -79,10 +78,9 @@ void TensorParallel::reduce_scatter(float* full, float* slice, size_t n) {
   if (ops_->host_memory()) {
     comm_->reduce_scatter_blocks(full, slice, block);
   } else if (device_collectives()) {
-    ops_->synchronize();
-    std::string why;
-    check_device(dc_->reduce_scatter_blocks(full, slice, block, comm::steady_seconds() + dc_timeout_s_, &why),
-                 "reduce-scatter", why);
+    on_device("reduce-scatter", [&](double deadline, std::string* why) {
+      return dc_->reduce_scatter_blocks(full, slice, block, deadline, why);
+    });
   } else {
     host2_.resize(block * sizeof(float));
     float* hs = reinterpret_cast<float*>(host2_.data());

@@ -127,8 +127,10 @@ class TensorParallel {
   /// In-place sum (or maximum) of n elements of x over the group on the device, after the backend's
   /// queued ops; false (nothing done) without device collectives.
   bool device_allreduce(void* x, size_t n, comm::DeviceCollectives::Elem e, bool max = false);
-  /// Throws for a failed device collective.
-  void check_device(bool ok, const char* what, const std::string& why) const;
+  /// collective(deadline, &why) on the device buffers after the backend's queued ops; throws an
+  /// error naming `what` and this rank when it fails.
+  template <class F>
+  void on_device(const char* what, F&& collective);
   comm::DeviceCollectives* dc_ = nullptr;
   double dc_timeout_s_ = 600;
   std::unique_ptr<kernels::OpsBackend> own_ops_;
