@@ -5,7 +5,9 @@ eval_norms_check.py --gpt PRETRAIN_GPT --mpi "MPIEXEC -n 2 ..." --workdir DIR
 
 - 1 rank, ZeRO 0: the TensorBoard norms of the last iteration (optimizer/weight_l2, momentum_l2,
   variance_l2) equal the L2 norms of the checkpoint's fp32 weights, exp_avg and exp_avg_sq, read
-  with h5py (relative 1e-6: float32 TensorBoard values of double sums);
+  with h5py (relative 1e-6: float32 TensorBoard values of double sums); the metrics file's
+  `optimizer` fields hold the same norms at every iteration (relative 1e-6, the float32 rounding),
+  with or without a TensorBoard directory (bitwise: the same deterministic run);
 - 2 ranks, ZeRO 3 (each rank holds half of every block): the same norms at every iteration as
   1 rank (relative 1e-5: the DP reductions add in another order);
 - --skip-train on that checkpoint evaluates and stops: the validation loss equals the training
@@ -53,7 +55,7 @@ TAGS = ["optimizer/weight_l2", "optimizer/momentum_l2", "optimizer/variance_l2"]
 one = os.path.join(w, "one")
 os.makedirs(one)
 run(base + ["--tensorboard-dir", one + "/tb", "--log-optimizer-states-to-tensorboard", "--save", one + "/ck",
-            "--json", one + "/train.json"])
+            "--json", one + "/train.json", "--metrics-file", one + "/train.jsonl"])
 two = os.path.join(w, "two")
 run(a.mpi.split() + base + ["--tensorboard-dir", two + "/tb", "--log-optimizer-states-to-tensorboard", "--zero-stage", "3"])
 s1, s2 = tfevents.scalars(one + "/tb"), tfevents.scalars(two + "/tb")
@@ -68,6 +70,16 @@ with h5py.File(os.path.join(one, "ck", "iter_0000006.h5"), "r") as h:
             sq[key] += float(np.sum(obj[...].astype(np.float64) ** 2))
 
     h.visititems(add)
+recs = [json.loads(l) for l in open(one + "/train.jsonl")]
+opt = {r["iteration"]: r.get("optimizer", {}) for r in recs if r.get("type") == "train"}
+for t in TAGS:
+    key = t.split("/")[1]
+    check(sorted(opt) == list(range(1, 7)) and all(math.isclose(opt[i].get(key, float("nan")), v, rel_tol=1e-6)
+                                                   for i, v, *_ in s1.get(t, [])),
+          f"metrics file optimizer.{key} = TensorBoard's {t} at every iteration")
+run(base + ["--log-optimizer-states-to-tensorboard", "--metrics-file", one + "/no_tb.jsonl"])
+alone = {r["iteration"]: r.get("optimizer") for r in map(json.loads, open(one + "/no_tb.jsonl")) if r.get("type") == "train"}
+check(alone == opt, "without --tensorboard-dir the metrics file still gets the optimizer norms, the same ones")
 for t, k in zip(TAGS, ["weight", "exp_avg", "exp_avg_sq"]):
     got = s1[t][-1][1] if s1.get(t) else float("nan")
     check(math.isclose(got, math.sqrt(sq[k]), rel_tol=1e-6), f"{t} at iteration 6 = ||{k}|| of the checkpoint: {got} vs {math.sqrt(sq[k])}")

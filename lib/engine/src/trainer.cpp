@@ -398,7 +398,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   clock_->clear();
   for (; it < cfg_.train_iters; ++it) {
     StepRecord rec;
-    want_state_norms_ = records && rc.log_optimizer_states && rc.enabled() && (it + 1) % rc.tensorboard_log_interval == 0;
+    want_state_norms_ = records && rc.log_optimizer_states && (rc.enabled() || !cfg_.metrics_file.empty()) &&
+                        (it + 1) % rc.tensorboard_log_interval == 0;
     step(train, it, rec);
     rec.iteration = it + 1;
     iteration_ = it + 1;
@@ -462,6 +463,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"timers_ms", detail::timers_json(timers, rc.timing_log_option)},
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
         if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
+        if (std::isfinite(rec.weight_l2))  // the optimizer/* TensorBoard scalars, where both intervals meet
+          j["optimizer"] = {{"weight_l2", rec.weight_l2}, {"momentum_l2", rec.momentum_l2}, {"variance_l2", rec.variance_l2}};
         if (sampler_) {
           j["curriculum_difficulty"] = rec.difficulty;  // the first metric's; every metric's by name:
           for (size_t m = 0; m < rec.difficulties.size(); ++m)
