@@ -13,6 +13,11 @@
 #   LR_UNIT=tokens: the warmup and the decay count consumed tokens (the baseline's WARMUP and ITERS steps'
 #   worth), as the DeepSpeed tutorial pairs with SLW, and every run stops at the baseline's tokens
 #   (--train-tokens; SLW takes more iterations to get there)
+#   MODEL=bench/gpt_bytes.args: another model (an args file; default inputs/gpt-tiny.args) with its
+#   --seq-length as SLW's end; VOCAB=1024: Brown re-tokenized by bench/small_vocab_brown.py to that
+#   many tokens (written to data/ once), so a small model is not mostly its LM head; MIN_LEN=16: SLW's start
+#   EXTRA_ARGS="--log-optimizer-states-to-tensorboard": more pretrain_gpt flags for every run (that one
+#   adds a column: Adam's variance norm, the paper's gauge of instability)
 # Needs a build in ./build and the data of scripts/fetch_data.sh in ./data.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +27,10 @@ out=${3:-$root/bench/out/slw_stability_brown}
 seeds=${SEEDS:-1234 42}
 gbs=${GBS:-16}
 warmup=${WARMUP:-5}
+model=${MODEL:-$root/inputs/gpt-tiny.args}
+min_len=${MIN_LEN:-16}
+seq=$(awk '$1 == "--seq-length" {print $2}' "$model")
+[[ -n $seq ]] || { echo "$model: no --seq-length line" >&2; exit 2; }
 mpiflags=(--oversubscribe)
 if [[ $(id -u) -eq 0 ]]; then mpiflags+=(--allow-run-as-root); fi
 # shellcheck source=scripts/env.sh
@@ -29,15 +38,23 @@ source "$root/scripts/env.sh"
 mkdir -p "$out"
 cat > "$out/ds_config_slw.json" <<JSON
 {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0,
- "curriculum_learning": {"enabled": true, "curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 128,
+ "curriculum_learning": {"enabled": true, "curriculum_type": "seqlen", "min_difficulty": $min_len, "max_difficulty": $seq,
    "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": $((iters / 2)), "difficulty_step": 8}}}
 JSON
 # shellcheck disable=SC2054  # 949,50,1 is one value
 data=(--data-path "$root/data/brown_text_document" --vocab-file "$root/data/gpt2-vocab.json"
       --merge-file "$root/data/gpt2-merges.txt" --split 949,50,1)
-common=(--log-interval 1 --eval-interval "$iters" --eval-iters 10 --lr "$lr" --min-lr 1e-4 --global-batch-size "$gbs")
+if [[ -n ${VOCAB:-} ]]; then
+  small=$root/data/brown_v$VOCAB
+  [[ -f ${small}_text_document.idx ]] || python3 "$root/bench/small_vocab_brown.py" --size "$VOCAB" \
+    --data "$root/data/brown_text_document" --vocab "$root/data/gpt2-vocab.json" --out "$small"
+  # shellcheck disable=SC2054  # 949,50,1 is one value
+  data=(--data-path "${small}_text_document" --vocab-file "$small-vocab.json" --merge-file "$small-merges.txt" --split 949,50,1)
+fi
+read -ra extra_args <<< "${EXTRA_ARGS:-}"
+common=("${extra_args[@]}" --log-interval 1 --eval-interval "$iters" --eval-iters 10 --lr "$lr" --min-lr 1e-4 --global-batch-size "$gbs")
 if [[ ${LR_UNIT:-iters} == tokens ]]; then
-  step_tokens=$((gbs * 128))
+  step_tokens=$((gbs * seq))
   common+=(--train-iters $((iters * 2)) --train-tokens $((iters * step_tokens)) --lr-warmup-iters 0
            --lr-warmup-tokens $((warmup * step_tokens)) --lr-decay-tokens $((iters * step_tokens)))
 else
@@ -55,7 +72,7 @@ for seed in $seeds; do
     eta=""
     if (( done_runs > 0 )); then eta=", ETA $(( (SECONDS - t0) * (n_runs - done_runs) / done_runs )) s"; fi
     echo "# [$((done_runs + 1))/$n_runs] $name: lr $lr, global batch $gbs, $iters iterations${eta}" >&2
-    mpirun -np 2 "${mpiflags[@]}" "$gpt" "@$root/inputs/gpt-tiny.args" "${data[@]}" "${common[@]}" --seed "$seed" \
+    mpirun -np 2 "${mpiflags[@]}" "$gpt" "@$model" "${data[@]}" "${common[@]}" --seed "$seed" \
       "${extra[@]}" --metrics-file "$out/$name.jsonl" --json "$out/$name.json" > "$out/$name.log" 2>&1 ||
       { tail -20 "$out/$name.log" >&2; exit 1; }
     names+=("$name")
@@ -65,8 +82,10 @@ done
 python3 - "$out" "$lr" "${names[@]}" <<'PY'
 import json, sys
 out, lr, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-print(f"| run (peak lr {lr}) | largest rise above the running min (nats, at iteration) | iterations rising > 0.3 nats | final val loss |")
-print("|---|---|---|---|")
+opt = any("optimizer" in json.loads(l) for n in names for l in open(f"{out}/{n}.jsonl"))
+vcol = " Adam's variance L2: peak (at iteration), largest one-step growth (at iteration) |" if opt else ""
+print(f"| run (peak lr {lr}) | largest rise above the running min (nats, at iteration) | iterations rising > 0.3 nats | final val loss |{vcol}")
+print("|---|---|---|---|" + ("---|" if opt else ""))
 for n in names:
     recs = [json.loads(l) for l in open(f"{out}/{n}.jsonl")]
     train = [(r["iteration"], r["lm_loss"]) for r in recs if r.get("type") == "train"]
@@ -77,12 +96,18 @@ for n in names:
             worst, at = loss - low, it
         count += loss - low > 0.3
         low = min(low, loss)
-    print(f"| {n} | {worst:.2f} (iteration {at}) | {count} | {val[-1]:.4f} |")
+    row = f"| {n} | {worst:.2f} (iteration {at}) | {count} | {val[-1]:.4f} |"
+    if opt:  # the paper's gauge of instability: extreme values of Adam's variance (EXTRA_ARGS below)
+        v = [(r["iteration"], r["optimizer"]["variance_l2"]) for r in recs if r.get("type") == "train" and "optimizer" in r]
+        peak = max(v, key=lambda p: p[1])
+        jump = max(zip(v, v[1:]), key=lambda p: p[1][1] / p[0][1])
+        row += f" {peak[1]:.3g} ({peak[0]}), {jump[1][1] / jump[0][1]:.1f}x ({jump[1][0]}) |"
+    print(row)
 PY
 py=python3
 python3 -c 'import matplotlib' 2>/dev/null || py=/usr/bin/python3
 files=() labels=()
 for n in "${names[@]}"; do files+=("$out/$n.jsonl"); labels+=(--label "$n"); done
 "$py" "$root/scripts/plot_metrics.py" "${files[@]}" "${labels[@]}" \
-  --title "gpt-tiny on Brown, 2 ranks, batch $gbs, peak lr $lr after $warmup warmup steps${LR_UNIT:+ (in $LR_UNIT)}: baseline vs SLW 16->128 over $((iters / 2)) steps" \
+  --title "$(basename "$model" .args) on Brown${VOCAB:+ (vocab $VOCAB)}, 2 ranks, batch $gbs, peak lr $lr after $warmup warmup steps${LR_UNIT:+ (in $LR_UNIT)}: baseline vs SLW $min_len->$seq over $((iters / 2)) steps" \
   -o "$out/slw_stability_brown.png"
