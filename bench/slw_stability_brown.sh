@@ -97,7 +97,7 @@ for n in names:
         count += loss - low > 0.3
         low = min(low, loss)
     row = f"| {n} | {worst:.2f} (iteration {at}) | {count} | {val[-1]:.4f} |"
-    if opt:  # the paper's gauge of instability: extreme values of Adam's variance (EXTRA_ARGS below)
+    if opt:  # the paper's gauge of instability: extreme values of Adam's variance (EXTRA_ARGS, in the header)
         v = [(r["iteration"], r["optimizer"]["variance_l2"]) for r in recs if r.get("type") == "train" and "optimizer" in r]
         peak = max(v, key=lambda p: p[1])
         jump = max(zip(v, v[1:]), key=lambda p: p[1][1] / p[0][1])
