@@ -96,6 +96,10 @@ struct NcclComm::Impl {
     aborted = true;
     return false;
   }
+  // False (why set) once an earlier failure aborted the communicator: every later call fails.
+  bool usable(std::string* why) {
+    return !aborted || fail("the NCCL communicator was aborted after an earlier failure", why);
+  }
   bool enqueued(ncclResult_t r, const char* what, std::string* why) {
     if (r == ncclSuccess || r == ncclInProgress) return true;  // nonblocking: progress is polled in wait()
     return fail(std::string(what) + ": " + ncclGetErrorString(r), why);
@@ -244,7 +248,7 @@ NcclComm::~NcclComm() {
 
 bool NcclComm::resize(size_t count, std::string* why) {
   Impl& m = *impl_;
-  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (!m.usable(why)) return false;
   if (count <= m.capacity) return true;
   if (!cuda_ok(cudaSetDevice(m.device), "cudaSetDevice", why)) return false;
   if (m.in) cudaFree(m.in);
@@ -274,13 +278,13 @@ bool NcclComm::download(float* host, size_t count, std::string* why) {
 
 bool NcclComm::start_allreduce(size_t count, std::string* why) {
   Impl& m = *impl_;
-  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (!m.usable(why)) return false;
   return m.enqueued(ncclAllReduce(m.in, m.out, count, ncclFloat, ncclSum, m.comm, m.stream), "ncclAllReduce", why);
 }
 
 bool NcclComm::start_alltoall(size_t count, std::string* why) {
   Impl& m = *impl_;
-  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (!m.usable(why)) return false;
   const size_t per = count / static_cast<size_t>(m.size);
   if (!m.enqueued(ncclGroupStart(), "ncclGroupStart", why)) return false;
   ncclResult_t bad = ncclSuccess;
@@ -300,7 +304,7 @@ bool NcclComm::start_alltoall(size_t count, std::string* why) {
 
 bool NcclComm::wait(double deadline, std::string* why) {
   Impl& m = *impl_;
-  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (!m.usable(why)) return false;
   for (;;) {
     ncclResult_t state = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(m.comm, &state);
@@ -319,7 +323,7 @@ bool NcclComm::wait(double deadline, std::string* why) {
 
 bool NcclComm::allreduce(void* buf, size_t count, Elem e, bool max, double deadline, std::string* why) {
   Impl& m = *impl_;
-  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (!m.usable(why)) return false;
   const ncclDataType_t type = e == Elem::f64 ? ncclDouble : ncclFloat;
   return m.enqueued(ncclAllReduce(buf, buf, count, type, max ? ncclMax : ncclSum, m.comm, m.stream), "ncclAllReduce",
                     why) &&
@@ -328,7 +332,7 @@ bool NcclComm::allreduce(void* buf, size_t count, Elem e, bool max, double deadl
 
 bool NcclComm::allgather_blocks(float* buf, size_t block, double deadline, std::string* why) {
   Impl& m = *impl_;
-  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (!m.usable(why)) return false;
   // In place: this rank's block is already where the gathered buffer wants it.
   return m.enqueued(ncclAllGather(buf + m.rank * block, buf, block, ncclFloat, m.comm, m.stream), "ncclAllGather",
                     why) &&
@@ -337,7 +341,7 @@ bool NcclComm::allgather_blocks(float* buf, size_t block, double deadline, std::
 
 bool NcclComm::reduce_scatter_blocks(const float* full, float* slice, size_t block, double deadline, std::string* why) {
   Impl& m = *impl_;
-  if (m.aborted) return m.fail("the NCCL communicator was aborted after an earlier failure", why);
+  if (!m.usable(why)) return false;
   return m.enqueued(ncclReduceScatter(full, slice, block, ncclFloat, ncclSum, m.comm, m.stream), "ncclReduceScatter",
                     why) &&
          wait(deadline, why);
