@@ -8,9 +8,13 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "bits.hpp"
 #include "cpu_loops.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/optim.hpp"
 
 namespace hpct::kernels {
 
@@ -77,6 +81,45 @@ void scale(float* x, float s, size_t n) {
 #pragma omp simd
     for (size_t i = lo; i < hi; ++i) x[i] *= s;
   });
+}
+
+void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* sums) {
+  std::vector<float> tile;
+  for (size_t k = 0; k < count; ++k) {
+    const AdamwRun& r = runs[k];
+    require((r.grad != nullptr) != (r.grad16 != nullptr), "adamw_runs", "each run needs exactly one of grad and grad16");
+    auto adam = [&](size_t i, size_t t, const float* g) {
+      adamw_update(r.param + i, g, r.m + i, r.v + i, t, a.lr, a.beta1, a.beta2, a.eps, r.weight_decay, a.step,
+                   a.grad_scale);
+    };
+    if (r.grad) {
+      adam(0, r.n, r.grad);
+    } else {
+      tile.resize(std::min(kOptimTile, r.n));
+      for (size_t i = 0; i < r.n; i += kOptimTile) {
+        const size_t t = std::min(kOptimTile, r.n - i);
+        from_half(r.grad16 + i, tile.data(), t, a.precision);
+        adam(i, t, tile.data());
+      }
+    }
+    if (r.param16) to_half(r.param, r.param16, r.n, a.precision);
+    if (sums && r.norms) {
+      sums[0] += sum_of_squares(r.param, r.n);
+      sums[1] += sum_of_squares(r.m, r.n);
+      sums[2] += sum_of_squares(r.v, r.n);
+    }
+  }
+}
+
+double sum_of_squares_half(const uint16_t* x, size_t n, Precision p) {
+  std::vector<float> tile(std::min(kOptimTile, n));
+  double s = 0;
+  for (size_t i = 0; i < n; i += kOptimTile) {
+    const size_t t = std::min(kOptimTile, n - i);
+    from_half(x + i, tile.data(), t, p);
+    s += sum_of_squares(tile.data(), t);
+  }
+  return s;
 }
 
 }  // namespace hpct::kernels

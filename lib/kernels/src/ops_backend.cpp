@@ -10,9 +10,19 @@
 #include "hpct/kernels/half.hpp"
 #include "hpct/kernels/moe_ops.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/optim.hpp"
 #include "hpct/kernels/tp_ops.hpp"
 
 namespace hpct::kernels {
+
+void OpsBackend::adamw(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* sums) {
+  adamw_runs(runs, count, a, sums);
+}
+double OpsBackend::sum_squares(const float* x, size_t n) { return sum_of_squares(x, n); }
+double OpsBackend::sum_squares_half(const uint16_t* x, size_t n, Precision p) { return sum_of_squares_half(x, n, p); }
+void OpsBackend::narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) { to_half(src, dst, n, p); }
+void OpsBackend::add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p) { kernels::add_half(x, acc, n, p); }
+
 namespace {
 
 class CpuOps final : public OpsBackend {

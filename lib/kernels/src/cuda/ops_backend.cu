@@ -17,7 +17,9 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
@@ -68,6 +70,8 @@ class CudaOps final : public OpsBackend {
   ~CudaOps() override {
     if (scratch_) cudaFreeAsync(scratch_, stream_);
     if (work_) cudaFreeAsync(work_, stream_);
+    if (sums_) cudaFreeAsync(sums_, stream_);
+    if (runs_dev_) cudaFreeAsync(runs_dev_, stream_);
     cudaStreamSynchronize(stream_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -111,6 +115,61 @@ class CudaOps final : public OpsBackend {
   void accumulate_half(uint16_t* acc, const float* src, size_t n, Precision p) override {
     if (p == Precision::fp32) throw Error("CUDA backend: accumulate_half needs bf16 or fp16");
     cuda::accumulate_half(acc, src, n, p == Precision::bf16, stream_);
+  }
+
+  // The optimizer step: one multi-tensor launch. The runs' table goes to the device only when it
+  // changed (an engine passes the same runs every step), so a steady step copies nothing in.
+  void adamw(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* sums) override {
+    if (a.step < 1) throw Error("CUDA backend: adamw: step is 1-based, got " + std::to_string(a.step));
+    std::vector<cuda::DeviceAdamwRun> table;
+    std::vector<unsigned> first{0};
+    for (size_t k = 0; k < count; ++k) {
+      const AdamwRun& r = runs[k];
+      if ((r.grad != nullptr) == (r.grad16 != nullptr)) throw Error("CUDA backend: adamw: a run needs exactly one of grad and grad16");
+      if (r.n == 0) continue;
+      table.push_back({r.param, r.grad, r.grad16, r.m, r.v, r.param16, r.n, r.weight_decay});
+      const size_t tiles = first.back() + (r.n + cuda::kAdamwTile - 1) / cuda::kAdamwTile;
+      if (tiles > 0x7fffffffu) throw Error("CUDA backend: adamw: more than 2^31 tiles of state in one step");
+      first.push_back(static_cast<unsigned>(tiles));
+    }
+    if (table.empty()) return;
+    const size_t tb = table.size() * sizeof(cuda::DeviceAdamwRun), fb = first.size() * sizeof(unsigned);
+    if (tb != runs_table_.size() - runs_first_bytes_ || fb != runs_first_bytes_ ||
+        std::memcmp(runs_table_.data(), table.data(), tb) != 0 ||
+        std::memcmp(runs_table_.data() + tb, first.data(), fb) != 0) {
+      runs_table_.assign(reinterpret_cast<const char*>(table.data()), reinterpret_cast<const char*>(table.data()) + tb);
+      runs_table_.insert(runs_table_.end(), reinterpret_cast<const char*>(first.data()),
+                         reinterpret_cast<const char*>(first.data()) + fb);
+      runs_first_bytes_ = fb;
+      char* dev = reinterpret_cast<char*>(grown(runs_dev_, runs_dev_bytes_, (runs_table_.size() + 3) / 4));
+      copy_from_host(dev, runs_table_.data(), runs_table_.size());
+    }
+    const char* dev = static_cast<const char*>(runs_dev_);
+    const float bc1 = (float)(1.0 - std::pow((double)a.beta1, a.step));
+    const float bc2 = (float)(1.0 - std::pow((double)a.beta2, a.step));
+    cuda::adamw_multi(reinterpret_cast<const cuda::DeviceAdamwRun*>(dev), reinterpret_cast<const unsigned*>(dev + tb),
+                      (int)table.size(), first.back(), a.lr, a.beta1, a.beta2, a.eps, bc1, bc2, a.grad_scale,
+                      a.precision == Precision::bf16, stream_);
+    if (!sums) return;
+    for (size_t k = 0; k < count; ++k) {  // the state norms (a logging option): a reduction per array
+      if (!runs[k].norms || runs[k].n == 0) continue;
+      sums[0] += sum_squares(runs[k].param, runs[k].n);
+      sums[1] += sum_squares(runs[k].m, runs[k].n);
+      sums[2] += sum_squares(runs[k].v, runs[k].n);
+    }
+  }
+  double sum_squares(const float* x, size_t n) override { return reduce_squares(x, nullptr, n, Precision::fp32); }
+  double sum_squares_half(const uint16_t* x, size_t n, Precision p) override {
+    if (p == Precision::fp32) throw Error("CUDA backend: sum_squares_half needs bf16 or fp16");
+    return reduce_squares(nullptr, x, n, p);
+  }
+  void narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) override {
+    if (p == Precision::fp32) throw Error("CUDA backend: narrow_half needs bf16 or fp16");
+    cuda::narrow_half(dst, src, n, p == Precision::bf16, stream_);
+  }
+  void add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p) override {
+    if (p == Precision::fp32) throw Error("CUDA backend: add_half needs bf16 or fp16");
+    cuda::add_half(acc, x, n, p == Precision::bf16, stream_);
   }
 
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
@@ -297,6 +356,16 @@ class CudaOps final : public OpsBackend {
                   std::to_string(C) + ", NH=" + std::to_string(NH) + ")");
   }
 
+  double reduce_squares(const float* x, const uint16_t* x16, size_t n, Precision p) {
+    if (n == 0) return 0.0;
+    const unsigned blocks = cuda::sum_squares_blocks(n);
+    double* partial = reinterpret_cast<double*>(grown(sums_, sums_bytes_, 2 * (blocks + 1)));
+    cuda::sum_squares(partial, x, x16, n, p == Precision::bf16, stream_);
+    double s = 0;
+    copy_to_host(&s, partial + blocks, sizeof(double));
+    return s;
+  }
+
   // A buffer kept between calls, grown (never shrunk) to `floats`.
   float* grown(void*& p, size_t& bytes, size_t floats) {
     if (floats * sizeof(float) > bytes) {
@@ -318,6 +387,12 @@ class CudaOps final : public OpsBackend {
   size_t scratch_bytes_ = 0;
   void* work_ = nullptr;
   size_t work_bytes_ = 0;
+  void* sums_ = nullptr;  // sum_squares' partial sums
+  size_t sums_bytes_ = 0;
+  void* runs_dev_ = nullptr;  // adamw's table of runs and their first tiles, on the device
+  size_t runs_dev_bytes_ = 0;
+  std::vector<char> runs_table_;  // what runs_dev_ holds
+  size_t runs_first_bytes_ = 0;
 };
 
 }  // namespace

@@ -120,5 +120,34 @@ void residual_mix(float* out, float* coef, const float* moe, const float* dense,
 void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
                            const float* moe, const float* dense, int N, int C, cudaStream_t stream);
 
+// The optimizer step (optim.hpp) on device memory (optim.cu).
+/// One run of state on the device, as hpct::kernels::AdamwRun (exactly one of grad and grad16).
+struct DeviceAdamwRun {
+  float* param;
+  const float* grad;
+  const uint16_t* grad16;
+  float* m;
+  float* v;
+  uint16_t* param16;
+  size_t n;
+  float weight_decay;
+};
+/// Elements one thread block updates in adamw_multi (its tiles: ceil(n / kAdamwTile) per run).
+constexpr size_t kAdamwTile = 4096;
+/// AdamW over `count` runs in one launch: runs and first_tile (count + 1 entries, the prefix sum
+/// of each run's tiles) in device memory; bc1, bc2 the bias corrections as the host computes them.
+void adamw_multi(const DeviceAdamwRun* runs, const unsigned* first_tile, int count, unsigned tiles, float lr,
+                 float beta1, float beta2, float eps, float bc1, float bc2, float grad_scale, bool bf16,
+                 cudaStream_t stream);
+/// Blocks of the first pass of sum_squares; `partial` needs that many doubles plus one.
+unsigned sum_squares_blocks(size_t n);
+/// partial[blocks] = sum(x^2) in double over n fp32 (x) or 16-bit (x16, bf16 or fp16) values, in
+/// a fixed order (per-block sums, then one block adds them): deterministic run to run.
+void sum_squares(double* partial, const float* x, const uint16_t* x16, size_t n, bool bf16, cudaStream_t stream);
+/// dst = src rounded to 16 bits (round to nearest even), as hpct::kernels::to_half.
+void narrow_half(uint16_t* dst /*(n)*/, const float* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
+/// acc = 16-bit(fp32(acc) + fp32(x)), as hpct::kernels::add_half.
+void add_half(uint16_t* acc /*(n)*/, const uint16_t* x /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
+
 }  // namespace hpct::kernels::cuda
 #endif  // HPCT_HAVE_CUDA

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "hpct/kernels/dropout.hpp"
+#include "hpct/kernels/optim.hpp"
 #include "hpct/kernels/precision.hpp"
 
 namespace hpct::kernels {
@@ -52,6 +53,22 @@ class OpsBackend {
   /// element, both in backend memory, bitwise as half.hpp's accumulate_half does on the host (a NaN
   /// stays a NaN, its payload may differ): a 16-bit gradient accumulator.
   virtual void accumulate_half(uint16_t* acc, const float* src, size_t n, Precision p) = 0;
+
+  // ---- the optimizer step and its reductions (optim.hpp), on the backend's memory ----
+  // Defaults: the host functions, for backends whose memory the host addresses (the CPU backend,
+  // the test backends); a device backend overrides every one.
+  /// AdamW on every run: the runs array in host memory, its pointers in backend memory; sums (host
+  /// memory, 3 doubles) as in adamw_runs.
+  virtual void adamw(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* sums);
+  /// sum(x^2) in double of n fp32 values in backend memory, after every op queued before (a device
+  /// backend waits for it: the value comes back to the host).
+  virtual double sum_squares(const float* x, size_t n);
+  /// The same of n 16-bit values (p: bf16 or fp16), as optim.hpp's sum_of_squares_half.
+  virtual double sum_squares_half(const uint16_t* x, size_t n, Precision p);
+  /// dst = src rounded to 16 bits (p: bf16 or fp16), as half.hpp's to_half.
+  virtual void narrow_half(uint16_t* dst, const float* src, size_t n, Precision p);
+  /// acc = 16-bit(acc + x), two 16-bit arrays added in fp32, as half.hpp's add_half.
+  virtual void add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p);
 
   // ---- the GPT ops: contracts as in ops.hpp ----
   /// pos: per-token positions (nullptr: 0..T-1 in every sample), in backend memory.
