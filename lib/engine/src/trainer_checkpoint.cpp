@@ -130,12 +130,13 @@ void Trainer::start_async_save() {
   auto a = std::make_unique<AsyncSave>();
   Timer stall;
   // This rank's pieces and where their copies go, in a host buffer kept from one save to the next
-  // (only the first save pays for its page faults). States in memory are copied by the background
-  // thread; states in the swap file are read into the buffer now (the swap store is not shared with
-  // a second thread, and training would move them under its feet).
+  // (only the first save pays for its page faults). States in host memory are copied by the
+  // background thread; states in the swap file or on the GPU are copied into the buffer now (the
+  // swap store and the GPU's stream are not shared with a second thread, and training would move
+  // them under its feet).
   map_staging();
   float* const staging = staging_;
-  const bool copy_now = zero_->offloaded();
+  const bool copy_now = !zero_->pieces_are_live();
   std::vector<parallel::StatePiece> live, copies;
   size_t at = 0;
   visit_stored(false, [&](const parallel::StatePiece& p) {

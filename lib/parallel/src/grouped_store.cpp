@@ -10,7 +10,7 @@ namespace hpct::parallel {
 
 GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
                            kernels::Precision precision, const comm::Communicator* across,
-                           const comm::Communicator* tp)
+                           const comm::Communicator* tp, const EngineFactory& make)
     : precision_(precision), schema_(schema), across_(across), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   route_.assign(schema.blocks().size(), Route{});
   for (auto& g : groups) {
@@ -44,7 +44,8 @@ GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> gr
   if (parts_.empty()) throw Error("GroupedStore: no group");
   // Engines last: each is collective over its communicator, in the order the groups were given.
   for (auto& p : parts_)
-    p.engine = std::make_unique<ZeroEngine>(*p.layout, cfg, *p.spec.comm, precision, p.spec.swap_tag);
+    p.engine = make ? make(*p.layout, p.spec)
+                    : std::make_unique<ZeroEngine>(*p.layout, cfg, *p.spec.comm, precision, p.spec.swap_tag);
 }
 
 GroupedStore::~GroupedStore() = default;
@@ -153,6 +154,12 @@ void GroupedStore::visit_pieces(bool load, const std::function<void(const StateP
   }
 }
 
+bool GroupedStore::pieces_are_live() const {
+  for (const auto& p : parts_)
+    if (!p.engine->pieces_are_live()) return false;
+  return true;
+}
+
 void GroupedStore::after_load() {
   for (auto& p : parts_) p.engine->after_load();
 }
@@ -181,6 +188,7 @@ ZeroMemory GroupedStore::memory() const {
   ZeroMemory m;
   for (const auto& p : parts_) {
     ZeroMemory e = p.engine->memory();
+    m.on_device = m.on_device || e.on_device;
     m.params += e.params, m.grads += e.grads, m.optimizer += e.optimizer, m.grad_shard += e.grad_shard;
     m.working_peak += e.working_peak;
     m.nvme_params += e.nvme_params, m.nvme_optimizer += e.nvme_optimizer, m.nvme_file += e.nvme_file;
@@ -190,22 +198,22 @@ ZeroMemory GroupedStore::memory() const {
 }
 
 double GroupedStore::bytes_sent() const {
-  return sum_engines([](const ZeroEngine& e) { return e.bytes_sent(); });
+  return sum_engines([](const ShardedOptimizer& e) { return e.bytes_sent(); });
 }
 
 double GroupedStore::gather_wait_seconds() const {
-  return sum_engines([](const ZeroEngine& e) { return e.gather_wait_seconds(); });
+  return sum_engines([](const ShardedOptimizer& e) { return e.gather_wait_seconds(); });
 }
 
 double GroupedStore::reduce_wait_seconds() const {
-  return sum_engines([](const ZeroEngine& e) { return e.reduce_wait_seconds(); });
+  return sum_engines([](const ShardedOptimizer& e) { return e.reduce_wait_seconds(); });
 }
 
 SwapTraffic GroupedStore::swap_traffic() const {
   SwapTraffic t;
   for (const auto& p : parts_) {
     if (!p.engine->offloaded()) continue;
-    const SwapTraffic& e = p.engine->swap_traffic();
+    const SwapTraffic e = p.engine->swap_traffic();
     t.bytes_read += e.bytes_read, t.bytes_written += e.bytes_written;
     t.optimizer_seconds += e.optimizer_seconds, t.optimizer_io_wait += e.optimizer_io_wait;
     t.optimizer_bytes += e.optimizer_bytes, t.param_read_seconds += e.param_read_seconds;
@@ -214,11 +222,11 @@ SwapTraffic GroupedStore::swap_traffic() const {
 }
 
 size_t GroupedStore::local_numel() const {
-  return sum_engines([](const ZeroEngine& e) { return e.shards().local_numel(); });
+  return sum_engines([](const ShardedOptimizer& e) { return e.local_numel(); });
 }
 
 long long GroupedStore::gathers() const {
-  return sum_engines([](const ZeroEngine& e) { return e.gathers(); });
+  return sum_engines([](const ShardedOptimizer& e) { return e.gathers(); });
 }
 
 }  // namespace hpct::parallel

@@ -10,6 +10,7 @@
 #include "hpct/core/timer.hpp"
 #include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/optim.hpp"
 #include "zero_internal.hpp"
 
 namespace hpct::parallel {
@@ -19,13 +20,6 @@ namespace {
 // overflow check must then catch (as it would on a GPU with fp16 gradients).
 void round_to_fp16(float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<kernels::ieee_half>(x[i]));
-}
-
-int as_count(size_t n, const char* what) {
-  if (n >= (size_t(1) << 31))
-    throw Error(std::string(what) + ": a block of " + std::to_string(n) +
-                " elements exceeds one MPI call (2^31); the model needs smaller blocks");
-  return static_cast<int>(n);
 }
 
 // MPI reduction operators for 16-bit gradients (MPI has no bf16/fp16 sum): in MPI_UINT16_T
@@ -39,6 +33,12 @@ void sum_fp16(void* in, void* inout, int* len, MPI_Datatype*) {
                     kernels::Precision::fp16);
 }
 }  // namespace
+
+MPI_Op make_sum16_op(kernels::Precision p) {
+  MPI_Op op = MPI_OP_NULL;
+  HPCT_CHECK_MPI(MPI_Op_create(p == kernels::Precision::fp16 ? &sum_fp16 : &sum_bf16, /*commute=*/1, &op));
+  return op;
+}
 
 void ZeroConfig::validate() const {
   if (stage < 0 || stage > 3)
@@ -181,7 +181,7 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, const ZeroConfig& cfg, const c
     }
   }
   // Last, so that nothing above can throw after it (the destructor, which frees it, would not run).
-  if (red16_) HPCT_CHECK_MPI(MPI_Op_create(fp16_ ? &sum_fp16 : &sum_bf16, /*commute=*/1, &sum16_));
+  if (red16_) sum16_ = make_sum16_op(prec_);
 }
 
 void ZeroEngine::setup_swap() {
@@ -304,8 +304,7 @@ void ZeroEngine::init_params(const std::function<void(int, float*)>& init) {
 }
 
 void ZeroEngine::note_working() {
-  working_peak_ = std::max(working_peak_, pool_.allocated_bytes() + (swap_ ? swap_->host_bytes() : 0) +
-                                              tile_.capacity() * sizeof(float));
+  working_peak_ = std::max(working_peak_, pool_.allocated_bytes() + (swap_ ? swap_->host_bytes() : 0));
 }
 
 void ZeroEngine::poll() {
@@ -489,15 +488,7 @@ void ZeroEngine::end_micro_step() {
 double ZeroEngine::grad_sumsq() {
   auto sumsq = [&](size_t at, size_t n, bool shard) {  // 16-bit gradients widened tile by tile
     if (!half_) return kernels::sum_of_squares((shard ? grad_shard_ : full_grads_).data() + at, n);
-    const uint16_t* g = (shard ? grad_shard16_ : grads16_).data() + at;
-    double s = 0;
-    tile_.resize(kTile);
-    for (size_t i = 0; i < n; i += kTile) {
-      const size_t t = std::min(kTile, n - i);
-      kernels::from_half(g + i, tile_.data(), t, prec_);
-      s += kernels::sum_of_squares(tile_.data(), t);
-    }
-    return s;
+    return kernels::sum_of_squares_half((shard ? grad_shard16_ : grads16_).data() + at, n, prec_);
   };
   // Tensor-parallel replicas count on their primary copy's rank only (the caller sums over the
   // tensor-parallel group); without them the whole buffer is summed at once.

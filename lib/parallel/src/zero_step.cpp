@@ -8,34 +8,21 @@
 #include "hpct/core/timer.hpp"
 #include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/optim.hpp"
 #include "hpct/parallel/zero.hpp"
 #include "zero_internal.hpp"
 
 namespace hpct::parallel {
 
-// AdamW on n elements: the gradient is g (fp32) or g16 (16-bit, widened tile by tile); then, in
-// 16-bit runs, the updated masters are rounded into pub (the copy the model computes with).
+// AdamW on n elements (kernels::adamw_runs: a 16-bit gradient widened tile by tile); in 16-bit
+// runs the updated masters are rounded into pub (the copy the model computes with).
 void ZeroEngine::update(float* p, const float* g, const uint16_t* g16, float* m, float* v, size_t n, float weight_decay,
                         const AdamParams& a, uint16_t* pub, bool primary) {
-  auto adam = [&](size_t i, size_t t, const float* gi) {
-    kernels::adamw_update(p + i, gi, m + i, v + i, t, a.lr, a.beta1, a.beta2, a.eps, weight_decay, a.step, a.grad_scale);
-  };
-  if (!g16) {
-    adam(0, n, g);
-  } else {
-    tile_.resize(kTile);
-    for (size_t i = 0; i < n; i += kTile) {
-      const size_t t = std::min(kTile, n - i);
-      kernels::from_half(g16 + i, tile_.data(), t, prec_);
-      adam(i, t, tile_.data());
-    }
-  }
-  if (pub) kernels::to_half(p, pub, n, prec_);
-  if (a.state_norms && primary) {  // replicas count once over the tensor-parallel group
-    state_sumsq_[0] += kernels::sum_of_squares(p, n);
-    state_sumsq_[1] += kernels::sum_of_squares(m, n);
-    state_sumsq_[2] += kernels::sum_of_squares(v, n);
-  }
+  kernels::AdamwRun r;
+  r.param = p, r.grad = g, r.grad16 = g16, r.m = m, r.v = v, r.param16 = pub, r.n = n;
+  r.weight_decay = weight_decay;
+  r.norms = a.state_norms && primary;  // replicas count once over the tensor-parallel group
+  kernels::adamw_runs(&r, 1, adamw_args(a, prec_), state_sumsq_.data());
 }
 
 std::array<double, 3> ZeroEngine::state_sumsq() const {

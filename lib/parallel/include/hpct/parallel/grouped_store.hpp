@@ -4,8 +4,9 @@
 // group, expert blocks (MoE) only over the expert-data-parallel group, the ranks that hold the
 // same experts (Megatron's DDP keeps expert parameters in separate buffers for the same reason).
 // GroupedStore takes the model's whole layout (every tensor, every expert: the checkpoint schema)
-// and the blocks this rank holds, builds one ZeroEngine per group on `schema.subset(held blocks of
-// the group)`, and routes the model's block ids to the engine that owns them. Checkpoint pieces
+// and the blocks this rank holds, builds one engine per group on `schema.subset(held blocks of
+// the group)` (a ShardedOptimizer: ZeroEngine in host memory unless the caller's factory makes
+// another, such as the device-resident DeviceEngine), and routes the model's block ids to the engine that owns them. Checkpoint pieces
 // come back in the schema's flat indices, so a checkpoint does not depend on which rank held what.
 // With one group (a dense model) it is one ZeroEngine over the whole layout, exactly as before.
 // A frozen group (LoRA's base weights: blocks that do not train) has no engine: every rank holds
@@ -23,6 +24,7 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
 #include "hpct/model/param_store.hpp"
+#include "hpct/parallel/sharded_optimizer.hpp"
 #include "hpct/parallel/zero.hpp"
 
 namespace hpct::parallel {
@@ -35,22 +37,28 @@ struct StoreGroup {
   bool frozen = false;                      // the blocks do not train (comm unused)
 };
 
+/// Makes the engine of one group over its layout (which outlives the engine). Collective over
+/// the group's communicator.
+using EngineFactory = std::function<std::unique_ptr<ShardedOptimizer>(const ParamLayout& layout, const StoreGroup& group)>;
+
 class GroupedStore final : public model::ParamStore {
  public:
   /// Collective over every group's communicator (in the order given). `across` is the communicator
   /// over which different ranks hold different blocks of a group (the expert-parallel group): the
   /// gradient norm and gather_params() sum expert parts over it. nullptr when every rank holds all.
   /// `tp`: the tensor-parallel group (the norms are summed over it); nullptr without.
+  /// `make`: the engines (empty: a host ZeroEngine per group with cfg and precision). Frozen
+  /// groups are held in host memory, so a device-resident factory needs none.
   GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
                kernels::Precision precision, const comm::Communicator* across,
-               const comm::Communicator* tp = nullptr);
+               const comm::Communicator* tp = nullptr, const EngineFactory& make = {});
   ~GroupedStore() override;
 
   const ParamLayout& schema() const { return schema_; }
   bool holds(int block) const { return route_[block].engine >= 0 || route_[block].engine == kFrozen; }
   int engines() const { return static_cast<int>(parts_.size()); }
-  ZeroEngine& engine(int i) { return *parts_[i].engine; }
-  const ZeroEngine& engine(int i) const { return *parts_[i].engine; }
+  ShardedOptimizer& engine(int i) { return *parts_[i].engine; }
+  const ShardedOptimizer& engine(int i) const { return *parts_[i].engine; }
 
   // ---- ParamStore (block ids of the schema) ----
   const float* params(int block) override;
@@ -59,7 +67,7 @@ class GroupedStore final : public model::ParamStore {
   const uint16_t* params_half(int block) override;
   void grads_ready(int block) override;
 
-  // ---- the ZeroEngine protocol, over every engine (see zero.hpp) ----
+  // ---- the ShardedOptimizer protocol, over every engine (see sharded_optimizer.hpp) ----
   void init_params(const std::function<void(int block, float* dst)>& init);  // schema block ids
   void begin_step();
   void begin_micro_step(bool last);
@@ -70,6 +78,8 @@ class GroupedStore final : public model::ParamStore {
   void adam_step(const AdamParams& a);
   /// Pieces in the schema's flat indices; all ranks' pieces cover every schema element once.
   void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
+  /// Every engine's pieces address its live host state (see ShardedOptimizer::pieces_are_live).
+  bool pieces_are_live() const;
   void after_load();
   /// Collective: the full schema parameters on every rank (tests, export). Not for large models.
   std::vector<float> gather_params();
@@ -82,7 +92,7 @@ class GroupedStore final : public model::ParamStore {
   double bytes_sent() const;
   SwapTraffic swap_traffic() const;    // summed over engines
   double gather_wait_seconds() const;  // summed over engines
-  /// Collective: ZeroEngine::state_sumsq over the whole schema (expert parts summed over `across`).
+  /// Collective: ShardedOptimizer::state_sumsq over the whole schema (expert parts summed over `across`).
   std::array<double, 3> state_sumsq() const;
   double reduce_wait_seconds() const;
   long long gathers() const;
@@ -92,7 +102,7 @@ class GroupedStore final : public model::ParamStore {
   struct Part {
     StoreGroup spec;
     std::unique_ptr<ParamLayout> layout;  // schema.subset(spec.blocks): the engine keeps a reference
-    std::unique_ptr<ZeroEngine> engine;
+    std::unique_ptr<ShardedOptimizer> engine;
   };
   struct Route {
     int engine = -1, local = -1;  // engine kFrozen: local indexes frozen_.blocks

@@ -57,6 +57,7 @@
 #include "hpct/io/swap_store.hpp"
 #include "hpct/kernels/precision.hpp"
 #include "hpct/model/gpt.hpp"
+#include "hpct/parallel/sharded_optimizer.hpp"
 
 namespace hpct::parallel {
 
@@ -104,46 +105,7 @@ class ShardLayout {
   size_t local_numel_ = 0;
 };
 
-struct AdamParams {
-  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
-  int step = 1;            // 1-based, after increment
-  float grad_scale = 1;    // multiplies gradients (unscaling and clipping)
-  bool state_norms = false;  // also sum the squares of the updated weights and moments (state_sumsq)
-};
-
-/// One rank's piece of the flat (unpadded) state: elements [begin, begin + count) of the global
-/// buffers; the pointers address element `begin`. Pieces of all ranks cover every element once.
-struct StatePiece {
-  size_t begin = 0, count = 0;
-  float* params = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-};
-
-/// Bytes this rank holds, by kind. "Model states" are the persistent arrays the ZeRO formulas count;
-/// working buffers (gathered blocks, gradient blocks in flight) are reported apart, as a high-water mark.
-/// In bf16/fp16 runs `params` and `grads` are the 16-bit copies and `optimizer` counts the fp32
-/// master weights with the moments (K = 12, as the ZeRO paper counts them).
-struct ZeroMemory {
-  size_t params = 0, grads = 0, optimizer = 0;  // persistent, in host memory
-  size_t frozen = 0;                            // frozen blocks (LoRA's base), whole on every rank
-  size_t grad_shard = 0;                        // stage 1: the reduced-gradient shard besides the full gradients
-  size_t working_peak = 0;                      // high-water mark of gather/reduce/swap buffers
-  size_t nvme_params = 0, nvme_optimizer = 0;   // in this rank's swap file (payload bytes; fp32 masters count as optimizer)
-  size_t nvme_file = 0;                         // the swap file's size (payload + alignment padding)
-  size_t model_states() const { return params + grads + optimizer + frozen; }
-};
-
-/// NVMe traffic of the swap store since construction.
-struct SwapTraffic {
-  double bytes_read = 0, bytes_written = 0;
-  double optimizer_seconds = 0;  // wall time of the optimizer sweeps
-  double optimizer_io_wait = 0;  // of which the update waited for IO
-  double optimizer_bytes = 0;    // read + written by the sweeps
-  double param_read_seconds = 0; // time spent waiting for parameter slices
-};
-
-class ZeroEngine final : public model::ParamStore {
+class ZeroEngine final : public ShardedOptimizer {
  public:
   /// Collective over dp. `precision` is the training precision: fp32 stores fp32 states; bf16 and
   /// fp16 store 16-bit parameters and gradients beside fp32 masters (see above). fp16 also rounds
@@ -155,14 +117,14 @@ class ZeroEngine final : public model::ParamStore {
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
 
-  int stage() const { return cfg_.stage; }
+  int stage() const override { return cfg_.stage; }
   /// bf16/fp16 runs: parameters and gradients are stored in 16 bits.
-  bool half() const { return half_; }
+  bool half() const override { return half_; }
   const ShardLayout& shards() const { return shards_; }
 
   /// Initialises the parameters block by block: init(block, dst) writes the whole block into dst.
   /// Every rank calls it alike; each keeps what it holds (no full copy for stage 3).
-  void init_params(const std::function<void(int block, float* dst)>& init);
+  void init_params(const std::function<void(int block, float* dst)>& init) override;
 
   // ---- ParamStore ----
   const float* params(int block) override;
@@ -174,47 +136,49 @@ class ZeroEngine final : public model::ParamStore {
   void grads_ready(int block) override;
 
   /// Before the first micro-step of an optimizer step: clears gradients.
-  void begin_step();
+  void begin_step() override;
   /// Before each micro-step; `last` = the micro-step that ends the step (stages 0/1 reduce on it).
-  void begin_micro_step(bool last);
+  void begin_micro_step(bool last) override;
   /// After each micro-step's backward: waits for its reductions.
-  void end_micro_step();
+  void end_micro_step() override;
   /// Collective: sum of squares of the reduced gradient (every rank gets the same value), over the
   /// primary tensors only: a tensor-parallel replica counts on the rank holding copy 0, so the sum
   /// over the tensor-parallel group counts every element once.
-  double grad_sumsq();
+  double grad_sumsq() override;
   /// AdamW on this rank's shard (per-tensor weight decay from the layout), then re-replication of
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
-  void adam_step(const AdamParams& a);
+  void adam_step(const AdamParams& a) override;
 
   /// Calls fn on each of this rank's pieces of (params, exp_avg, exp_avg_sq), for checkpoints: its
   /// slice of each block, in block order (stage 0 too: every rank holds everything and writes its
   /// part). States in the swap file are staged through host buffers one block slice at a time;
   /// with load, what fn wrote is stored back.
-  void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
+  void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) override;
+  bool pieces_are_live() const override { return !offloaded(); }
   /// After the pieces were filled (checkpoint load): rebuild what every rank must hold. Collective.
-  void after_load();
+  void after_load() override;
   /// Collective: the full flat parameters on every rank (tests, export). Not for large models.
-  std::vector<float> gather_params();
+  std::vector<float> gather_params() override;
 
-  ZeroMemory memory() const;
+  ZeroMemory memory() const override;
+  size_t local_numel() const override { return shards_.local_numel(); }
   /// Bytes this rank sent in collectives since the last reset, counted as the ring algorithms move
   /// them: all-reduce 2(N-1)/N, reduce-scatter and all-gather (N-1)/N of the buffer.
-  double bytes_sent() const { return bytes_sent_; }
+  double bytes_sent() const override { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
   /// Gathers issued (stage 3), for tests of prefetch and reuse.
-  long long gathers() const { return gathers_; }
-  bool offloaded() const { return swap_ != nullptr; }
+  long long gathers() const override { return gathers_; }
+  bool offloaded() const override { return swap_ != nullptr; }
   /// The async IO engine the swap file runs on (what `auto` became here); only when offloaded().
-  io::AioEngine swap_engine() const { return swap_->engine(); }
-  const SwapTraffic& swap_traffic() const { return traffic_; }
+  io::AioEngine swap_engine() const override { return swap_->engine(); }
+  SwapTraffic swap_traffic() const override { return traffic_; }
   /// Seconds waited since construction: for stage-3 parameter gathers to arrive (with any NVMe
   /// read of the slice), and for gradient reductions to complete (with folding them into the shard).
-  double gather_wait_seconds() const { return gather_wait_; }
+  double gather_wait_seconds() const override { return gather_wait_; }
   /// Collective over the engine's group, after an adam_step with state_norms: the sums of squares
   /// of the updated fp32 weights, exp_avg and exp_avg_sq over every element the group holds.
-  std::array<double, 3> state_sumsq() const;
-  double reduce_wait_seconds() const { return reduce_wait_; }
+  std::array<double, 3> state_sumsq() const override;
+  double reduce_wait_seconds() const override { return reduce_wait_; }
 
  private:
   struct Gathered;
@@ -273,7 +237,6 @@ class ZeroEngine final : public model::ParamStore {
   // 16-bit runs instead of full_params_/shard_params_/full_grads_/grad_shard_ (same layouts):
   std::vector<uint16_t> full16_, shard16_, grads16_, grad_shard16_;
   std::vector<float> master32_;      // fp32 masters: stage 0 all (layout offsets); 1-3 this rank's slices
-  std::vector<float> tile_;          // widened gradient tile for the update
 
   // working buffers
   io::BufferPool pool_;
