@@ -368,9 +368,16 @@ void TrainConfig::finalize(int dp) {
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
   if (device != "cpu" && device != "cuda") throw config_error("--device", "'" + device + "' is not a device: use cpu or cuda");
-  if (device == "cuda" && !zero.offload_optimizer.nvme() && zero.offload_optimizer.device != "cpu")
-    throw config_error("--device", "--device cuda keeps the ZeRO states and the optimizer step on the host (ZeRO-Offload)",
-                       "set zero_optimization.offload_optimizer.device to cpu (or nvme) with stage 1, 2 or 3 in the ds_config");
+  if (states_on_device() && zero.stage == 3)
+    throw config_error("zero_optimization.stage",
+                       "--device cuda keeps every ZeRO state on the GPU at stages 0-2; stage 3 on the GPU runs only as "
+                       "ZeRO-Offload for now",
+                       "use stage 1 or 2, or set zero_optimization.offload_optimizer.device to cpu (or nvme)");
+  if (states_on_device() && device == "cuda" && model.lora.enabled())
+    throw config_error("--lora-rank",
+                       "LoRA on --device cuda holds the frozen base in host memory, which the GPU-resident engine "
+                       "cannot hand to the model yet",
+                       "set zero_optimization.offload_optimizer.device to cpu (ZeRO-Offload) with stage 1 or 2");
 
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))

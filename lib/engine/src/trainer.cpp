@@ -33,6 +33,7 @@
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/moe_stats.hpp"
+#include "hpct/parallel/device_engine.hpp"
 
 namespace hpct::engine {
 
@@ -63,10 +64,11 @@ void Trainer::setup_tp_collectives() {
   tp_collectives_ = tp_nccl_ ? "NCCL on device buffers" : "host buffers through MPI (" + why + ")";
 }
 
-Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
-    : cfg_(cfg), grid_(grid), batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
+Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::unique_ptr<kernels::OpsBackend> backend)
+    : cfg_(cfg), grid_(grid), ops_(std::move(backend)),
+      batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
       clock_(std::make_unique<PhaseClock>()) {
-  if (cfg_.device == "cuda") {
+  if (!ops_ && cfg_.device == "cuda") {
     // One GPU per rank, picked by the node-local rank (modulo the GPUs seen). Taking it can fail on
     // one rank only (a busy exclusive-mode GPU, no memory), so every rank learns of it and stops.
     const auto& world = comm::Communicator::world();
@@ -105,9 +107,15 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid)
     groups.push_back({ReduceGroup::expert, experts, &grid_.expert_dp(),
                       "zero.expert" + tp_tag + ".ep" + std::to_string(grid_.ep().rank()) + ".dp" +
                           std::to_string(grid_.expert_dp().rank())});
+  // GPU-resident (DeepSpeed's default on GPUs): each group's states in the model backend's memory.
+  parallel::EngineFactory resident;
+  if (cfg_.states_on_device())
+    resident = [this](const ParamLayout& layout, const parallel::StoreGroup& g) {
+      return std::make_unique<parallel::DeviceEngine>(layout, cfg_.zero, *g.comm, compute_precision(), model_->ops());
+    };
   zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(), &grid_.ep(),
-                                                   &grid_.tp());
-  if (ops_ || cfg_.via_device_store)
+                                                   &grid_.tp(), resident);
+  if ((ops_ && !cfg_.states_on_device()) || cfg_.via_device_store)
     device_store_ = std::make_unique<parallel::DeviceStore>(
         *zero_, model_->layout(), model_->ops(), /*cache_params=*/cfg_.zero.stage <= 2,
         zero_->half() ? compute_precision() : kernels::Precision::fp32);  // 16-bit runs: 2-byte device copies
@@ -175,7 +183,8 @@ Trainer::MemoryReport Trainer::memory_report() const {
   r.nvme_optimizer = z.nvme_optimizer;
   r.nvme_file = z.nvme_file;
   r.activations = model_->activation_bytes();
-  if (ops_) r.device_params_grads = device_store_->device_bytes();
+  if (ops_ && device_store_) r.device_params_grads = device_store_->device_bytes();
+  r.states_on_device = z.on_device;
   return r;
 }
 

@@ -89,11 +89,21 @@ struct TrainConfig {
   parallel::ZeroConfig zero;  // ds_config zero_optimization; stage also --zero-stage
   int moe_ep = 1;             // --moe-expert-parallel-size (the MoE architecture is model.moe)
   // --device: where the model computes. cuda = the node-local GPU (node-local rank modulo the GPUs
-  // seen) with the ZeRO states and the optimizer step in host memory (ZeRO-Offload).
+  // seen). There the ZeRO states and the optimizer step stay on the GPU (parallel::DeviceEngine),
+  // unless zero_optimization.offload_optimizer puts them on the host (ZeRO-Offload: DeviceStore in
+  // front of the host ZeroEngine); states_on_device() says which.
   std::string device = "cpu";
   // Tests only: a CPU run routed through ZeRO-Offload's DeviceStore (the data flow of a cuda run,
   // with memcpys for the copies), so that path is checked where there is no GPU. Not a flag.
   bool via_device_store = false;
+  // Tests only: a CPU run whose states live in the model backend's memory through DeviceEngine
+  // (the engine of a resident cuda run), so it is checked where there is no GPU. Not a flag.
+  bool via_device_engine = false;
+  /// The states and the optimizer step live on the device (a cuda run without offload_optimizer),
+  /// or the test hook routes a CPU run through the same engine.
+  bool states_on_device() const {
+    return (device == "cuda" && zero.offload_optimizer.device == "none") || via_device_engine;
+  }
   // data
   // finetuning (train_config_finetune.cpp): start from weights only, prompt/response JSON lines
   bool finetune = false;          // --finetune: --load's weights only; iteration, optimizer, schedule start afresh

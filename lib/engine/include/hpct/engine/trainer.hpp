@@ -6,8 +6,9 @@
 // at stage 3, gathers each block's parameters just in time. Then: fp16 overflow check, global
 // grad-norm clipping, AdamW on this rank's shard. Progress lines follow Megatron's format; the
 // metrics file is JSON lines. Checkpoints: engine/checkpointer.hpp. With --device cuda the model
-// computes on the node-local GPU and a parallel::DeviceStore copies each block's parameters to it
-// and its gradients back to the engine (ZeRO-Offload: states and the step stay on the host).
+// computes on the node-local GPU; the states and the optimizer step stay there too
+// (parallel::DeviceEngine, stages 0-2), or, with offload_optimizer, a parallel::DeviceStore copies
+// each block's parameters to the GPU and its gradients back to the host engine (ZeRO-Offload).
 #pragma once
 #include <cmath>
 #include <memory>
@@ -82,7 +83,9 @@ inline constexpr int kExitSavedOnSignal = 75;  // EX_TEMPFAIL: saved; requeue an
 class Trainer {
  public:
   /// Collective over grid's world: builds the model and initialises parameters identically everywhere.
-  Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid);
+  /// backend: the model's backend in place of the one --device names (tests: a CPU backend whose
+  /// memory counts as a device's, so the device paths run where there is no GPU); nullptr: --device's.
+  Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::unique_ptr<kernels::OpsBackend> backend = nullptr);
   ~Trainer();
 
   /// Collective over the world. If cfg.load_path names a checkpoint (a file, or a directory with a
@@ -155,6 +158,8 @@ class Trainer {
     // copy (stages 0-2) and the blocks in use (parallel::DeviceStore); the activations above are
     // then GPU memory too. 0 on the CPU backend.
     size_t device_params_grads = 0;
+    // The model states above are in the GPU's memory (GPU-resident ZeRO, parallel::DeviceEngine).
+    bool states_on_device = false;
     size_t nvme_params = 0, nvme_optimizer = 0, nvme_file = 0;  // in this rank's swap file (ZeRO offload)
   };
   MemoryReport memory_report() const;

@@ -1,0 +1,129 @@
+// hpct/parallel/device_engine.hpp — GPU-resident ZeRO: every training state in the memory of the
+// model's backend, the optimizer step there too (DeepSpeed's default on GPUs).
+//
+// What it is: a ShardedOptimizer whose parameters, gradients, fp32 masters and Adam moments live in
+// an OpsBackend's memory (the GPU with kernels::cuda_ops()), laid out as ZeroEngine lays them
+// (zero.hpp: the same ShardLayout, the same stage semantics, the same 16-bit rounding points), so
+// that on a backend computing as the CPU does it gives ZeroEngine's losses bitwise. Per step the
+// host sees only scalars: the gradient's sum of squares (one reduction on the device) and the
+// optimizer's arguments; AdamW is one multi-tensor launch (OpsBackend::adamw) that also writes the
+// 16-bit copy the model computes with. Stages:
+//   0  everything whole; gradients all-reduced block by block on the step's last micro-step;
+//   1  the masters and moments partitioned; the full gradient reduce-scattered once per step;
+//   2  the gradients too: each micro-step's block reduce-scattered as backward finishes it and
+//      accumulated into the shard, the block's working buffer reused.
+// After the update (stages 1-2) the parameters are all-gathered.
+// Collectives: MPI with ZeroEngine's calls and operators, on the buffers themselves where the
+// backend's memory is the host's, else staged through host copies (ranks sharing a GPU, or no
+// NCCL for the data-parallel group yet). Checkpoints: pieces staged through host buffers, so a
+// background save copies them at once (pieces_are_live() is false).
+// What it is not (yet): stage 3 (use the offload path, parallel/device_store.hpp, or stage 2),
+// NVMe offload (the host ZeroEngine's), NCCL for data-parallel gradients, overlap of reductions
+// with backward.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/core/param_layout.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+#include "hpct/parallel/sharded_optimizer.hpp"
+#include "hpct/parallel/zero.hpp"
+
+namespace hpct::parallel {
+
+class DeviceEngine final : public ShardedOptimizer {
+ public:
+  /// Collective over dp. be: the model's backend (must outlive this). Throws config_error for a
+  /// stage or offload setting it does not run (stage 3, offload_optimizer / offload_param).
+  DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
+               kernels::Precision precision, kernels::OpsBackend& be);
+  ~DeviceEngine() override;
+  DeviceEngine(const DeviceEngine&) = delete;
+  DeviceEngine& operator=(const DeviceEngine&) = delete;
+
+  int stage() const override { return cfg_.stage; }
+  bool half() const override { return half_; }
+
+  // ---- ParamStore: pointers in the backend's memory ----
+  const float* params(int block) override;
+  float* grads(int block) override;
+  void release(int block) override;
+  void grads_ready(int block) override;
+
+  void init_params(const std::function<void(int block, float* dst)>& init) override;
+  void begin_step() override;
+  void begin_micro_step(bool last) override { last_micro_ = last; }
+  void end_micro_step() override;
+  double grad_sumsq() override;
+  void adam_step(const AdamParams& a) override;
+  std::array<double, 3> state_sumsq() const override;
+  void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) override;
+  bool pieces_are_live() const override { return false; }
+  void after_load() override;
+  std::vector<float> gather_params() override;
+
+  ZeroMemory memory() const override;
+  size_t local_numel() const override { return shards_.local_numel(); }
+  double bytes_sent() const override { return bytes_sent_; }
+  double reduce_wait_seconds() const override { return reduce_wait_; }
+
+ private:
+  struct Run {  // a run of this rank's state inside one tensor (per-tensor weight decay)
+    kernels::AdamwRun run;
+    bool decay = true, primary = true;
+  };
+  void build_runs();
+  float* master(int b);        // this rank's slice of block b's fp32 master
+  uint16_t* param16(int b);    // 16-bit runs: block b's 16-bit copy, whole
+  float* param32(int b);       // fp32 runs: block b's parameters, whole
+  void reduce(int b);          // block b's gradient over the group, into the full gradient or the shard
+  // Working buffers in the backend's memory, reused by size.
+  kernels::BackendBuffer take(size_t bytes);
+  void give(kernels::BackendBuffer&& buf);
+  // MPI on backend memory (in place where marked): directly where the backend's memory is the
+  // host's, through host copies otherwise.
+  void allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op);
+  void reduce_scatter(const void* send, void* recv, int b, MPI_Datatype type, MPI_Op op);
+  void allgather(void* block_buf, int b, MPI_Datatype type);  // in place: the block's rank slices
+  double sumsq(const void* buf, size_t n);                   // a gradient run (fp32 or 16-bit)
+
+  const ParamLayout& layout_;
+  ZeroConfig cfg_;
+  const comm::Communicator& dp_;
+  kernels::Precision prec_;
+  kernels::OpsBackend& be_;
+  bool half_, fp16_, red16_, host_;
+  bool all_primary_ = true;
+  int n_, rank_;
+  ShardLayout shards_;
+  std::vector<std::vector<int>> counts_, displs_;
+  MPI_Op sum16_ = MPI_OP_NULL;
+
+  // persistent state, in the backend's memory (layouts as ZeroEngine's)
+  kernels::BackendBuffer params_;      // every block whole: fp32, or the 16-bit copy
+  kernels::BackendBuffer master_;      // 16-bit runs: fp32 masters (stage 0 all, else this rank's slices)
+  kernels::BackendBuffer m_, v_;       // stage 0 all, else this rank's slices
+  kernels::BackendBuffer grads_;       // stages 0-1: the full gradient, fp32 or 16-bit
+  kernels::BackendBuffer grad_shard_;  // stages 1-2: this rank's reduced slices, fp32 or 16-bit
+  std::vector<Run> runs_;              // this rank's update, in ZeroEngine's order
+  std::vector<kernels::AdamwRun> step_runs_;
+
+  // working buffers
+  std::map<int, kernels::BackendBuffer> widened_;  // 16-bit runs: blocks widened for the model
+  std::map<int, kernels::BackendBuffer> work_;     // fp32 gradient blocks being written
+  std::multimap<size_t, kernels::BackendBuffer> free_;
+  size_t working_ = 0, working_peak_ = 0;
+  std::vector<char> stage_a_, stage_b_;  // host copies for staged collectives
+  bool last_micro_ = true;
+
+  double bytes_sent_ = 0, reduce_wait_ = 0;
+  std::array<double, 3> state_sumsq_{};
+};
+
+}  // namespace hpct::parallel

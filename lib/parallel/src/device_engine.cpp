@@ -1,0 +1,474 @@
+// GPU-resident ZeRO stages 0-2 (see device_engine.hpp). Each step mirrors ZeroEngine's (zero.cpp,
+// zero_step.cpp) with the element work as backend ops, so a backend that computes as the CPU does
+// gives ZeroEngine's bits: the same rounding points (a micro-step's fp32 gradient folded into the
+// 16-bit sum once; 16-bit reductions with ZeroEngine's MPI operator), the same update runs in the
+// same order, the same sums of squares.
+#include "hpct/parallel/device_engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "hpct/core/error.hpp"
+#include "hpct/core/timer.hpp"
+#include "hpct/kernels/half.hpp"
+#include "zero_internal.hpp"
+
+namespace hpct::parallel {
+
+namespace {
+size_t elem_bytes(bool half) { return half ? sizeof(uint16_t) : sizeof(float); }
+template <class T>
+T* at(const kernels::BackendBuffer& b, size_t i) { return b.as<T>() + i; }
+}  // namespace
+
+DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
+                           kernels::Precision precision, kernels::OpsBackend& be)
+    : layout_(layout), cfg_(cfg), dp_(dp), prec_(precision), be_(be), half_(precision != kernels::Precision::fp32),
+      fp16_(precision == kernels::Precision::fp16), red16_(half_ && !cfg.fp32_communication), host_(be.host_memory()),
+      n_(dp.size()), rank_(dp.rank()), shards_(layout, dp.size()) {
+  cfg_.validate();
+  if (cfg_.stage == 3)
+    throw config_error("zero_optimization.stage",
+                       "ZeRO stage 3 with every state on the GPU is not implemented yet",
+                       "use stage 1 or 2 (states partitioned on the GPUs), or stage 3 with "
+                       "zero_optimization.offload_optimizer.device cpu (ZeRO-Offload)");
+  if (cfg_.offload_optimizer.device != "none" || cfg_.offload_param.device != "none")
+    throw config_error("zero_optimization.offload_optimizer.device",
+                       "the device-resident engine keeps the states on the GPU; offloaded runs use the host engine");
+  for (const auto& t : layout.tensors()) all_primary_ = all_primary_ && t.primary();
+  const auto& blocks = layout.blocks();
+  counts_.assign(blocks.size(), std::vector<int>(n_));
+  displs_.assign(blocks.size(), std::vector<int>(n_));
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    as_count(blocks[b].numel, "ZeRO");
+    for (int r = 0; r < n_; ++r) {
+      counts_[b][r] = static_cast<int>(shards_.count((int)b, r));
+      displs_[b][r] = static_cast<int>(shards_.begin((int)b, r) - blocks[b].offset);
+    }
+  }
+  const size_t P = layout.numel(), L = shards_.local_numel(), e = elem_bytes(half_), f = sizeof(float);
+  auto alloc = [&](kernels::BackendBuffer& buf, size_t bytes) {
+    buf = kernels::BackendBuffer(be_, bytes);
+    if (bytes) be_.zero(buf.as<void>(), bytes);
+  };
+  const size_t opt = cfg_.stage == 0 ? P : L;  // elements this rank updates (stage 0: all)
+  alloc(params_, P * e);
+  if (half_) alloc(master_, opt * f);
+  alloc(m_, opt * f);
+  alloc(v_, opt * f);
+  if (cfg_.stage <= 1) alloc(grads_, P * e);
+  if (cfg_.stage >= 1) alloc(grad_shard_, L * e);
+  build_runs();
+  // Last, so that nothing above can throw after it (the destructor, which frees it, would not run).
+  if (red16_ && n_ > 1) sum16_ = make_sum16_op(prec_);
+}
+
+DeviceEngine::~DeviceEngine() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (sum16_ != MPI_OP_NULL && !finalized) MPI_Op_free(&sum16_);
+}
+
+float* DeviceEngine::param32(int b) { return at<float>(params_, layout_.blocks()[b].offset); }
+uint16_t* DeviceEngine::param16(int b) { return at<uint16_t>(params_, layout_.blocks()[b].offset); }
+
+float* DeviceEngine::master(int b) {
+  if (!half_) return param32(b) + displs_[b][rank_];
+  if (cfg_.stage == 0) return at<float>(master_, layout_.blocks()[b].offset + displs_[b][rank_]);
+  return at<float>(master_, shards_.local_offset(b));
+}
+
+// The runs of this rank's update: per block its range (stage 0: all of it; else its slice), cut at
+// tensor boundaries, in ZeroEngine::adam_step's order.
+void DeviceEngine::build_runs() {
+  const auto& blocks = layout_.blocks();
+  const bool s0 = cfg_.stage == 0;
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    const size_t lo = s0 ? blocks[b].offset : shards_.begin(b, rank_);
+    const size_t cnt = s0 ? blocks[b].numel : static_cast<size_t>(counts_[b][rank_]);
+    if (cnt == 0) continue;
+    const size_t idx = s0 ? lo : shards_.local_offset(b);  // in the gradient / moment arrays
+    const kernels::BackendBuffer& g = s0 ? grads_ : grad_shard_;
+    float* p = s0 ? (half_ ? at<float>(master_, lo) : at<float>(params_, lo)) : master(b);
+    uint16_t* pub = half_ ? at<uint16_t>(params_, lo) : nullptr;  // stage 1-2: the slice of the whole block
+    for (const auto& t : layout_.tensors()) {
+      if (t.block != b) continue;
+      const size_t s = std::max(lo, t.offset), e = std::min(lo + cnt, t.offset + t.numel);
+      if (s >= e) continue;
+      const size_t k = s - lo;
+      Run r;
+      r.run.param = p + k;
+      if (half_) r.run.grad16 = at<uint16_t>(g, idx + k);
+      else r.run.grad = at<float>(g, idx + k);
+      r.run.m = at<float>(m_, idx + k);
+      r.run.v = at<float>(v_, idx + k);
+      r.run.param16 = pub ? pub + k : nullptr;
+      r.run.n = e - s;
+      r.decay = t.weight_decay;
+      r.primary = t.primary();
+      runs_.push_back(r);
+    }
+  }
+}
+
+// ---- working buffers ----------------------------------------------------------------------------
+kernels::BackendBuffer DeviceEngine::take(size_t bytes) {
+  auto it = free_.find(bytes);
+  if (it != free_.end()) {
+    kernels::BackendBuffer b = std::move(it->second);
+    free_.erase(it);
+    return b;
+  }
+  working_ += bytes;
+  working_peak_ = std::max(working_peak_, working_);
+  return kernels::BackendBuffer(be_, bytes);
+}
+
+void DeviceEngine::give(kernels::BackendBuffer&& buf) {
+  const size_t bytes = buf.bytes();
+  free_.emplace(bytes, std::move(buf));
+}
+
+// ---- collectives on backend memory -------------------------------------------------------------
+// The nonblocking calls ZeroEngine makes (the same algorithms, so the same sums), waited for at once.
+void DeviceEngine::allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op) {
+  if (n_ == 1) return;
+  int esz = 0;
+  MPI_Type_size(type, &esz);
+  void* h = buf;
+  if (!host_) {
+    stage_a_.resize(count * esz);
+    be_.copy_to_host(stage_a_.data(), buf, count * esz);
+    h = stage_a_.data();
+  }
+  MPI_Request req;
+  HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, h, (int)count, type, op, dp_.raw(), &req));
+  HPCT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
+  if (!host_) be_.copy_from_host(buf, h, count * esz);
+}
+
+void DeviceEngine::reduce_scatter(const void* send, void* recv, int b, MPI_Datatype type, MPI_Op op) {
+  int esz = 0;
+  MPI_Type_size(type, &esz);
+  const size_t numel = layout_.blocks()[b].numel, mine = static_cast<size_t>(counts_[b][rank_]);
+  if (n_ == 1) {  // one rank: the reduction is a copy
+    be_.copy(recv, send, mine * esz);
+    return;
+  }
+  const void* hs = send;
+  void* hr = recv;
+  if (!host_) {
+    stage_a_.resize(numel * esz);
+    stage_b_.resize(std::max<size_t>(mine, 1) * esz);
+    be_.copy_to_host(stage_a_.data(), send, numel * esz);
+    hs = stage_a_.data();
+    hr = stage_b_.data();
+  }
+  MPI_Request req;
+  HPCT_CHECK_MPI(MPI_Ireduce_scatter(hs, hr, counts_[b].data(), type, op, dp_.raw(), &req));
+  HPCT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
+  if (!host_) be_.copy_from_host(recv, hr, mine * esz);
+}
+
+void DeviceEngine::allgather(void* block_buf, int b, MPI_Datatype type) {
+  if (n_ == 1) return;
+  int esz = 0;
+  MPI_Type_size(type, &esz);
+  const size_t numel = layout_.blocks()[b].numel;
+  void* h = block_buf;
+  if (!host_) {
+    stage_a_.resize(numel * esz);
+    be_.copy_to_host(stage_a_.data(), block_buf, numel * esz);
+    h = stage_a_.data();
+  }
+  HPCT_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, type, h, counts_[b].data(), displs_[b].data(), type, dp_.raw()));
+  if (!host_) be_.copy_from_host(block_buf, h, numel * esz);
+}
+
+// ---- parameters and gradients -------------------------------------------------------------------
+const float* DeviceEngine::params(int b) {
+  if (!half_) return param32(b);
+  auto it = widened_.find(b);  // 16-bit runs: the block widened into a working buffer until release
+  if (it != widened_.end()) return it->second.as<float>();
+  const size_t n = layout_.blocks()[b].numel;
+  kernels::BackendBuffer w = take(n * sizeof(float));
+  be_.widen_half(w.as<float>(), param16(b), n, prec_);
+  return widened_.emplace(b, std::move(w)).first->second.as<float>();
+}
+
+void DeviceEngine::release(int b) {
+  auto it = widened_.find(b);
+  if (it == widened_.end()) return;
+  give(std::move(it->second));
+  widened_.erase(it);
+}
+
+float* DeviceEngine::grads(int b) {
+  const auto& blk = layout_.blocks()[b];
+  if (cfg_.stage <= 1 && !half_) return at<float>(grads_, blk.offset);
+  auto it = work_.find(b);
+  if (it == work_.end()) {
+    kernels::BackendBuffer w = take(blk.numel * sizeof(float));
+    be_.zero(w.as<void>(), blk.numel * sizeof(float));
+    it = work_.emplace(b, std::move(w)).first;
+  }
+  return it->second.as<float>();
+}
+
+void DeviceEngine::grads_ready(int b) {
+  const bool reduce_now = cfg_.stage >= 2 || last_micro_;
+  if (half_ && cfg_.stage <= 1) {
+    // The micro-step's fp32 gradient meets the 16-bit sum of the earlier micro-steps: folded into
+    // it (one rounding), or, on the last micro-step, the sum added to it for the reduction.
+    auto it = work_.find(b);
+    if (it == work_.end()) throw Error("ZeRO: block '" + layout_.blocks()[b].name + "' reported ready without gradients");
+    const auto& blk = layout_.blocks()[b];
+    uint16_t* acc = at<uint16_t>(grads_, blk.offset);
+    if (!reduce_now || red16_) {  // 16-bit reductions start from the 16-bit gradient
+      be_.accumulate_half(acc, it->second.as<float>(), blk.numel, prec_);
+      give(std::move(it->second));
+      work_.erase(it);
+      if (!reduce_now) return;
+    } else {
+      kernels::BackendBuffer wide = take(blk.numel * sizeof(float));
+      be_.widen_half(wide.as<float>(), acc, blk.numel, prec_);
+      be_.add_scaled(it->second.as<float>(), wide.as<float>(), 1.0f, blk.numel);  // y + 1 x: exact as y + x
+      give(std::move(wide));
+    }
+  }
+  if (reduce_now) reduce(b);
+}
+
+void DeviceEngine::reduce(int b) {
+  Timer timer;
+  const auto& blk = layout_.blocks()[b];
+  const size_t numel = blk.numel, loff = shards_.local_offset(b), mine = static_cast<size_t>(counts_[b][rank_]);
+  const MPI_Datatype type = red16_ ? MPI_UINT16_T : MPI_FLOAT;
+  const MPI_Op sum = red16_ ? sum16_ : MPI_SUM;
+  const double elem = red16_ ? sizeof(uint16_t) : sizeof(float);
+  auto take_work = [&] {  // the block's fp32 working buffer
+    kernels::BackendBuffer w = std::move(work_.at(b));
+    work_.erase(b);
+    return w;
+  };
+  auto round_fp16 = [&](float* x) {  // fp16 runs reducing in fp32: the values fp16 storage would hold
+    kernels::BackendBuffer h = take(numel * sizeof(uint16_t));
+    be_.narrow_half(h.as<uint16_t>(), x, numel, prec_);
+    be_.widen_half(x, h.as<uint16_t>(), numel, prec_);
+    give(std::move(h));
+  };
+  if (cfg_.stage == 0) {
+    if (red16_) {
+      allreduce(at<uint16_t>(grads_, blk.offset), numel, type, sum);
+    } else if (half_) {  // reduced in fp32, then rounded into the 16-bit gradient
+      kernels::BackendBuffer w = take_work();
+      if (fp16_) round_fp16(w.as<float>());
+      allreduce(w.as<float>(), numel, type, sum);
+      be_.narrow_half(at<uint16_t>(grads_, blk.offset), w.as<float>(), numel, prec_);
+      give(std::move(w));
+    } else {
+      allreduce(at<float>(grads_, blk.offset), numel, type, sum);
+    }
+    bytes_sent_ += 2.0 * (n_ - 1) / n_ * numel * elem;
+  } else {
+    if (cfg_.stage == 1 && !(half_ && !red16_)) {  // once per step, the full gradient into the shard
+      const void* send = red16_ ? static_cast<const void*>(at<uint16_t>(grads_, blk.offset)) : at<float>(grads_, blk.offset);
+      void* recv = red16_ ? static_cast<void*>(at<uint16_t>(grad_shard_, loff)) : at<float>(grad_shard_, loff);
+      reduce_scatter(send, recv, b, type, sum);
+    } else if (red16_) {  // stage 2: the block rounded to 16 bits, reduced, added into the shard
+      kernels::BackendBuffer w = take_work();
+      kernels::BackendBuffer send = take(numel * sizeof(uint16_t));
+      be_.narrow_half(send.as<uint16_t>(), w.as<float>(), numel, prec_);
+      give(std::move(w));
+      kernels::BackendBuffer recv = take(shards_.slice(b) * sizeof(uint16_t));
+      reduce_scatter(send.as<uint16_t>(), recv.as<uint16_t>(), b, type, sum);
+      be_.add_half(at<uint16_t>(grad_shard_, loff), recv.as<uint16_t>(), mine, prec_);
+      give(std::move(send));
+      give(std::move(recv));
+    } else {  // reduced in fp32 and accumulated into the shard (16-bit shards: one rounding)
+      kernels::BackendBuffer w = take_work();
+      if (fp16_) round_fp16(w.as<float>());
+      kernels::BackendBuffer recv = take(shards_.slice(b) * sizeof(float));
+      reduce_scatter(w.as<float>(), recv.as<float>(), b, type, sum);
+      if (half_) be_.accumulate_half(at<uint16_t>(grad_shard_, loff), recv.as<float>(), mine, prec_);
+      else be_.add_scaled(at<float>(grad_shard_, loff), recv.as<float>(), 1.0f, mine);
+      give(std::move(w));
+      give(std::move(recv));
+    }
+    bytes_sent_ += double(n_ - 1) / n_ * numel * elem;
+  }
+  reduce_wait_ += timer.seconds();
+}
+
+void DeviceEngine::begin_step() {
+  if (grads_.bytes()) be_.zero(grads_.as<void>(), grads_.bytes());  // +0 in every format
+  if (grad_shard_.bytes()) be_.zero(grad_shard_.as<void>(), grad_shard_.bytes());
+}
+
+void DeviceEngine::end_micro_step() {
+  if (!work_.empty())
+    throw Error("ZeRO: gradients of block '" + layout_.blocks()[work_.begin()->first].name +
+                "' were written but never reported ready (model bug)");
+}
+
+double DeviceEngine::sumsq(const void* buf, size_t n) {
+  if (half_) return be_.sum_squares_half(static_cast<const uint16_t*>(buf), n, prec_);
+  return be_.sum_squares(static_cast<const float*>(buf), n);
+}
+
+double DeviceEngine::grad_sumsq() {
+  // Tensor-parallel replicas count on their primary copy's rank only (the caller sums over the
+  // tensor-parallel group); without them the whole buffer is summed at once.
+  const size_t e = elem_bytes(half_);
+  double s = 0;
+  if (cfg_.stage == 0) {  // identical everywhere
+    if (all_primary_) return sumsq(grads_.as<void>(), layout_.numel());
+    for (const auto& t : layout_.tensors())
+      if (t.primary()) s += sumsq(grads_.as<char>() + t.offset * e, t.numel);
+    return s;
+  }
+  if (all_primary_) {
+    s = sumsq(grad_shard_.as<void>(), shards_.local_numel());  // padding is zero
+  } else {
+    for (const auto& r : runs_)
+      if (r.primary) s += sumsq(half_ ? static_cast<const void*>(r.run.grad16) : r.run.grad, r.run.n);
+  }
+  dp_.allreduce_sum(&s, 1);
+  return s;
+}
+
+void DeviceEngine::adam_step(const AdamParams& a) {
+  for (auto& [b, w] : widened_) give(std::move(w));  // widened copies of the old parameters are stale
+  widened_.clear();
+  state_sumsq_ = {};
+  step_runs_.clear();
+  for (const Run& r : runs_) {
+    kernels::AdamwRun x = r.run;
+    x.weight_decay = r.decay ? a.weight_decay : 0.0f;
+    x.norms = a.state_norms && r.primary;  // replicas count once over the tensor-parallel group
+    step_runs_.push_back(x);
+  }
+  be_.adamw(step_runs_.data(), step_runs_.size(), adamw_args(a, prec_), a.state_norms ? state_sumsq_.data() : nullptr);
+  if (cfg_.stage == 0) return;  // every rank updated everything alike
+  const MPI_Datatype type = half_ ? MPI_UINT16_T : MPI_FLOAT;
+  for (size_t b = 0; b < layout_.blocks().size(); ++b) {
+    allgather(params_.as<char>() + layout_.blocks()[b].offset * elem_bytes(half_), (int)b, type);
+    bytes_sent_ += double(n_ - 1) / n_ * layout_.blocks()[b].numel * elem_bytes(half_);
+  }
+}
+
+std::array<double, 3> DeviceEngine::state_sumsq() const {
+  std::array<double, 3> s = state_sumsq_;
+  if (cfg_.stage > 0) dp_.allreduce_sum(s.data(), 3);  // stage 0: every rank updated everything
+  return s;
+}
+
+// ---- state in and out ---------------------------------------------------------------------------
+void DeviceEngine::init_params(const std::function<void(int, float*)>& init) {
+  const auto& blocks = layout_.blocks();
+  std::vector<float> t;
+  std::vector<uint16_t> h;
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    const size_t n = blocks[b].numel;
+    t.resize(n);
+    init(b, t.data());
+    if (!half_) {  // the parameters are the masters
+      be_.copy_from_host(param32(b), t.data(), n * sizeof(float));
+      continue;
+    }
+    h.resize(n);
+    kernels::to_half(t.data(), h.data(), n, prec_);
+    be_.copy_from_host(param16(b), h.data(), n * sizeof(uint16_t));
+    if (cfg_.stage == 0) be_.copy_from_host(at<float>(master_, blocks[b].offset), t.data(), n * sizeof(float));
+    else be_.copy_from_host(master(b), t.data() + displs_[b][rank_], counts_[b][rank_] * sizeof(float));
+  }
+}
+
+void DeviceEngine::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {
+  const auto& blocks = layout_.blocks();
+  std::vector<float> pbuf, mbuf, vbuf;  // host copies, where the backend's memory is not the host's
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    StatePiece p;
+    p.begin = shards_.begin(b, rank_);
+    p.count = static_cast<size_t>(counts_[b][rank_]);
+    if (p.count == 0) continue;
+    const size_t idx = cfg_.stage == 0 ? p.begin : shards_.local_offset(b);  // stage 0 keeps full moments
+    float* live[3] = {master(b), at<float>(m_, idx), at<float>(v_, idx)};
+    float* host[3] = {live[0], live[1], live[2]};
+    if (!host_) {
+      std::vector<float>* bufs[3] = {&pbuf, &mbuf, &vbuf};
+      for (int k = 0; k < 3; ++k) {
+        bufs[k]->resize(p.count);
+        host[k] = bufs[k]->data();
+        if (!load) be_.copy_to_host(host[k], live[k], p.count * sizeof(float));
+      }
+    }
+    p.params = host[0], p.exp_avg = host[1], p.exp_avg_sq = host[2];
+    fn(p);
+    if (load && !host_)
+      for (int k = 0; k < 3; ++k) be_.copy_from_host(live[k], host[k], p.count * sizeof(float));
+  }
+}
+
+void DeviceEngine::after_load() {
+  for (auto& [b, w] : widened_) give(std::move(w));  // widened before the load: the old values
+  widened_.clear();
+  const auto& blocks = layout_.blocks();
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    const size_t off = blocks[b].offset, n = blocks[b].numel;
+    if (half_ && cfg_.stage == 0) {  // every rank's masters whole, then the 16-bit copy of them all
+      allgather(at<float>(master_, off), b, MPI_FLOAT);
+      be_.narrow_half(param16(b), at<float>(master_, off), n, prec_);
+    } else if (half_) {  // this rank's loaded masters, rounded into its 16-bit slice, gathered
+      be_.narrow_half(param16(b) + displs_[b][rank_], master(b), static_cast<size_t>(counts_[b][rank_]), prec_);
+      allgather(param16(b), b, MPI_UINT16_T);
+    } else {
+      allgather(param32(b), b, MPI_FLOAT);
+    }
+    if (cfg_.stage == 0) {
+      allgather(at<float>(m_, off), b, MPI_FLOAT);
+      allgather(at<float>(v_, off), b, MPI_FLOAT);
+    }
+  }
+  bytes_sent_ = 0;
+}
+
+std::vector<float> DeviceEngine::gather_params() {
+  const auto& blocks = layout_.blocks();
+  std::vector<float> out(layout_.numel());
+  std::vector<float> mine;
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const int b = static_cast<int>(bi);
+    float* dst = out.data() + blocks[b].offset;
+    const size_t n = blocks[b].numel;
+    if (half_ && cfg_.stage == 0) {  // the fp32 masters (16-bit runs gather masters, not their copies)
+      be_.copy_to_host(dst, at<float>(master_, blocks[b].offset), n * sizeof(float));
+    } else if (!half_) {
+      be_.copy_to_host(dst, param32(b), n * sizeof(float));
+    } else {
+      mine.resize(static_cast<size_t>(counts_[b][rank_]));
+      be_.copy_to_host(mine.data(), master(b), mine.size() * sizeof(float));
+      HPCT_CHECK_MPI(MPI_Allgatherv(mine.data(), counts_[b][rank_], MPI_FLOAT, dst, counts_[b].data(),
+                                    displs_[b].data(), MPI_FLOAT, dp_.raw()));
+    }
+  }
+  return out;
+}
+
+ZeroMemory DeviceEngine::memory() const {
+  ZeroMemory m;
+  m.on_device = !host_;
+  m.params = params_.bytes();
+  m.grads = grads_.bytes();
+  if (cfg_.stage >= 2) m.grads += grad_shard_.bytes();
+  else m.grad_shard = grad_shard_.bytes();
+  m.optimizer = master_.bytes() + m_.bytes() + v_.bytes();
+  m.working_peak = working_peak_;
+  return m;
+}
+
+}  // namespace hpct::parallel

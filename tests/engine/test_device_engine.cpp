@@ -1,0 +1,231 @@
+// GPU-resident ZeRO (parallel::DeviceEngine) against the host ZeroEngine, on this machine: under
+// mpirun with N = 1, 2, 4.
+//
+// Two backends stand in for the GPU: the CPU backend (TrainConfig::via_device_engine: the engine's
+// buffers are host memory, its collectives run on them directly) and StagedCpuOps (the CPU ops
+// behind host_memory() == false: the model and the engine take every device path, collectives and
+// checkpoint pieces staged through host copies). Both compute as the CPU does, and DeviceEngine
+// mirrors ZeroEngine's rounding points, reductions (the same MPI calls and 16-bit operator) and
+// update runs, so every comparison here is bitwise: losses, grad norms and final parameters, at
+// stages 0-2, fp32/bf16/fp16, one and several micro-steps per step, MoE with expert parallelism
+// and tensor parallelism, and resumes from its own checkpoints and from ZeroEngine's. What this
+// cannot check: CUDA's kernels (gpu-labelled tests compare them with the CPU), a host read of
+// device memory (StagedCpuOps' memory is the host's).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "../model/staged_cpu_ops.hpp"
+#include "hpct/comm/process_grid.hpp"
+#include "hpct/core/error.hpp"
+#include "hpct/engine/trainer.hpp"
+#include "mpi_gtest_main.hpp"
+#include "tiny_gpt.hpp"
+
+using namespace hpct;
+using test::shared_dir;
+using test::world;
+
+namespace {
+
+enum class Route { host, device_on_cpu, device_staged };
+const char* route_name(Route r) {
+  return r == Route::host ? "host ZeroEngine" : r == Route::device_on_cpu ? "DeviceEngine (CPU backend)" : "DeviceEngine (staged)";
+}
+const char* prec_name(engine::PrecisionMode p) {
+  return p == engine::PrecisionMode::fp32 ? "fp32" : p == engine::PrecisionMode::bf16 ? "bf16" : "fp16";
+}
+
+struct TrainRun {
+  std::vector<double> losses, grad_norms;
+  std::vector<float> params;  // every tensor whole
+  engine::Trainer::MemoryReport mem;
+  size_t numel = 0;
+  bool device_store = false;
+  double staged_to_host = 0;  // StagedCpuOps: bytes copied to the host
+};
+
+TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1) {
+  c.model.tensor_parallel = tp;
+  c.moe_ep = ep;
+  comm::ProcessGrid grid(world(), tp, ep);
+  c.via_device_engine = route != Route::host;
+  c.finalize(grid.dp().size());
+  std::unique_ptr<kernels::OpsBackend> be;
+  test::StagedCpuOps* staged = nullptr;
+  if (route == Route::device_staged) {
+    auto s = std::make_unique<test::StagedCpuOps>();
+    staged = s.get();
+    be = std::move(s);
+  }
+  io::MockGptDataset data(c.model.vocab_size, c.model.max_seq_length, 7);
+  engine::Trainer t(c, grid, std::move(be));
+  t.load_checkpoint();
+  auto s = t.train(data, nullptr);
+  TrainRun r;
+  for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.grad_norms.push_back(st.grad_norm);
+  r.params = t.gather_full_params();
+  r.mem = t.memory_report();
+  r.numel = t.model().layout().numel();
+  r.device_store = t.device_store() != nullptr;
+  if (staged) r.staged_to_host = staged->bytes_to_host();
+  return r;
+}
+
+void expect_same(const TrainRun& got, const TrainRun& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < got.losses.size(); ++i) {
+    EXPECT_EQ(got.losses[i], want.losses[i]) << what << ", step " << i;
+    // NaN on an fp16 step skipped for overflow on both routes: compare as bits.
+    EXPECT_TRUE(got.grad_norms[i] == want.grad_norms[i] || (std::isnan(got.grad_norms[i]) && std::isnan(want.grad_norms[i])))
+        << what << ", grad norm of step " << i << ": " << got.grad_norms[i] << " vs " << want.grad_norms[i];
+  }
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  size_t differ = 0;
+  for (size_t i = 0; i < got.params.size(); ++i) differ += got.params[i] != want.params[i];
+  EXPECT_EQ(differ, 0u) << what << ": parameters that differ";
+}
+
+engine::TrainConfig tiny(int stage, engine::PrecisionMode p, int micro) {
+  engine::TrainConfig c = test::tiny_gpt(3, 2, 12);  // 12: divisible by 1, 2, 4
+  c.zero.stage = stage;
+  c.precision = p;
+  c.micro_batch = micro;
+  c.clip_grad = 1.0;  // the norms are above 1 here: clipping runs, so the norm must agree too
+  return c;
+}
+
+// Stages 0-2, the three precisions, one micro-step per step and 12/N of them.
+TEST(DeviceEngine, EqualsTheHostEngineBitwise) {
+  const int n = world().size();
+  for (int stage : {0, 1, 2})
+    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
+      for (int micro : {12 / n, 1}) {
+        const auto c = tiny(stage, p, micro);
+        const TrainRun ref = train(c, Route::host);
+        EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-4) << "training moved nothing";
+        for (Route r : {Route::device_on_cpu, Route::device_staged}) {
+          const std::string what = std::string(route_name(r)) + ", " + prec_name(p) + " stage " + std::to_string(stage) +
+                                   ", " + std::to_string(n) + " ranks, " + std::to_string(12 / (micro * n)) +
+                                   " micro-steps";
+          const TrainRun got = train(c, r);
+          EXPECT_FALSE(got.device_store) << what << ": the resident engine needs no ZeRO-Offload bridge";
+          expect_same(got, ref, what);
+        }
+      }
+}
+
+// fp32 communication of 16-bit gradients (ds_config communication_data_type fp32) takes the other
+// reduction branches: fp32 working buffers reduced, then rounded once.
+TEST(DeviceEngine, Fp32CommunicationEqualsTheHostEngine) {
+  for (int stage : {0, 1, 2})
+    for (auto p : {engine::PrecisionMode::bf16, engine::PrecisionMode::fp16}) {
+      auto c = tiny(stage, p, 1);
+      c.zero.fp32_communication = true;
+      const TrainRun ref = train(c, Route::host);
+      const TrainRun got = train(c, Route::device_staged);
+      expect_same(got, ref, std::string("fp32 communication, ") + prec_name(p) + " stage " + std::to_string(stage));
+    }
+}
+
+// The layouts with more than one engine or partitioned tensors: MoE with expert parallelism (an
+// engine per reducing group) and tensor parallelism (replicas counted once in the norms).
+TEST(DeviceEngine, MoeAndTensorParallelLayouts) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "expert and tensor parallelism need 2 ranks";
+  for (int stage : {1, 2})
+    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16}) {
+      auto c = tiny(stage, p, 1);
+      c.model.moe.num_experts = {4};
+      c.model.moe.expert_interval = 2;
+      c.model.moe.second_expert_sampling = false;
+      const std::string tag = std::string(prec_name(p)) + " stage " + std::to_string(stage);
+      expect_same(train(c, Route::device_staged, 1, 2), train(c, Route::host, 1, 2), "MoE, EP 2, " + tag);
+      auto d = tiny(stage, p, 1);
+      expect_same(train(d, Route::device_staged, 2, 1), train(d, Route::host, 2, 1), "TP 2, " + tag);
+    }
+}
+
+// The model states are the host engine's, byte for byte, in the device's memory: K = 12 bytes of
+// fp32 masters and moments per parameter (over N at stages 1-2), 2 + 2 of 16-bit parameters and
+// gradients (the gradients over N at stage 2). Nothing goes through ZeRO-Offload's bridge.
+TEST(DeviceEngine, MemoryIsTheDevicesAndFollowsTheFormulas) {
+  const double N = world().size();
+  for (int stage : {0, 1, 2}) {
+    const TrainRun host = train(tiny(stage, engine::PrecisionMode::bf16, 1), Route::host);
+    const TrainRun dev = train(tiny(stage, engine::PrecisionMode::bf16, 1), Route::device_staged);
+    EXPECT_TRUE(dev.mem.states_on_device);
+    EXPECT_FALSE(host.mem.states_on_device);
+    const double P = double(dev.numel);
+    auto within = [](double got, double want) { return got >= want * 0.999 && got <= want * 1.05; };
+    EXPECT_TRUE(within(dev.mem.params, 2 * P)) << "stage " << stage << ": params " << dev.mem.params;
+    EXPECT_TRUE(within(dev.mem.grads, stage == 2 ? 2 * P / N : 2 * P)) << "stage " << stage << ": grads " << dev.mem.grads;
+    EXPECT_TRUE(within(dev.mem.optimizer, stage == 0 ? 12 * P : 12 * P / N)) << "stage " << stage;
+    EXPECT_EQ(dev.mem.params, host.mem.params) << "stage " << stage;
+    EXPECT_EQ(dev.mem.grads, host.mem.grads) << "stage " << stage;
+    EXPECT_EQ(dev.mem.grad_shard, host.mem.grad_shard) << "stage " << stage;
+    EXPECT_EQ(dev.mem.optimizer, host.mem.optimizer) << "stage " << stage;
+    EXPECT_EQ(dev.mem.device_params_grads, 0u) << "no ZeRO-Offload bridge";
+    // On one rank nothing but the step's scalars (the loss, the norm) and the checkpoint-free run's
+    // final gather_full_params come back: far less than one copy of the parameters per step.
+    if (N == 1) EXPECT_LT(dev.staged_to_host, 4 * P * 2) << "stage " << stage << ": bytes read back";
+  }
+}
+
+// Checkpoints: 2 steps, save, resume for 2 more == 4 straight, bitwise; from the engine's own files
+// (synchronous and asynchronous saves) and across engines (host -> device, device -> host).
+TEST(DeviceEngine, ResumesBitwise) {
+  const std::string dir = shared_dir(world(), "device_engine_ckpt");
+  for (int stage : {0, 2})
+    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16}) {
+      auto base = tiny(stage, p, 1);
+      base.train_iters = 4;
+      base.lr_decay_iters = 10;
+      const TrainRun straight = train(base, Route::host);
+      for (auto [from, to, async] : {std::tuple{Route::device_staged, Route::device_staged, false},
+                                      std::tuple{Route::device_staged, Route::device_staged, true},
+                                      std::tuple{Route::host, Route::device_staged, false},
+                                      std::tuple{Route::device_staged, Route::host, false}}) {
+        const std::string what = std::string(prec_name(p)) + " stage " + std::to_string(stage) + ": " +
+                                 route_name(from) + " -> " + route_name(to) + (async ? ", async save" : "");
+        auto c1 = base;
+        c1.save_dir = dir + "/s" + std::to_string(stage) + prec_name(p) + std::to_string(int(from)) +
+                      std::to_string(int(to)) + (async ? "a" : "");
+        c1.exit_interval = 2;
+        c1.async_save = async;
+        train(c1, from);
+        auto c2 = base;
+        c2.load_path = c1.save_dir;
+        const TrainRun resumed = train(c2, to);
+        ASSERT_EQ(resumed.losses.size(), 2u) << what;
+        EXPECT_EQ(resumed.losses[0], straight.losses[2]) << what;
+        EXPECT_EQ(resumed.losses[1], straight.losses[3]) << what;
+        size_t differ = 0;
+        for (size_t i = 0; i < straight.params.size(); ++i) differ += resumed.params[i] != straight.params[i];
+        EXPECT_EQ(differ, 0u) << what << ": parameters that differ";
+      }
+    }
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(DeviceEngine, Stage3IsRefusedWithTheWayOut) {
+  auto c = tiny(3, engine::PrecisionMode::bf16, 1);
+  try {
+    train(c, Route::device_staged);
+    FAIL() << "stage 3 on the device-resident engine should be refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("stage 3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("offload_optimizer.device"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }
