@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # On a GPU node: the gpu-labelled checks, then a bf16 training benchmark of `pretrain_gpt --device
-# cuda` (ZeRO-Offload: the model on the GPU, AdamW on the host) against PyTorch's bf16 on the same GPU.
+# cuda` against PyTorch's bf16 on the same GPU, in two modes: GPU-resident ZeRO (every state and
+# AdamW on the GPU) and ZeRO-Offload (AdamW on the host).
 #
 #   bench/gpu_train.sh [BIN]      BIN: a folder holding pretrain_gpt and the test_*_cuda binaries
-#                                 (default: the build tree ./build)
-# Environment: SHAPES (default "124m 350m"), ITERS timed steps (default 4) after WARM (default 2),
-# ACCUM micro-batches per step (default 8), OUTDIR (default bench/out/gpu).
+#                                 (default: the build tree ./build; bench/gpu_bundle.sh makes one
+#                                 that runs on a node without our Debian packages)
+# Environment: SHAPES (default "124m 350m"), MODES (default "resident offload"), ITERS timed steps
+# (default 4) after WARM (default 2), ACCUM micro-batches per step (default 8), OUTDIR (default
+# bench/out/gpu). Runs needing mpirun (2 ranks) are left out where there is none (a bundle).
 #
 # Throughput is tokens per second of the median step; TFLOP/s use Megatron's formula as the trainer
 # logs it (Gpt::flops_per_iteration: 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)), x3/4 without recompute);
@@ -37,6 +40,18 @@ for t in test_kernels_cuda test_ops_backend_cuda test_gpt_cuda; do
   echo "$t: exit $rc, $summary skipped lines: $skipped"
   ((rc != 0 || skipped != 0)) && { fails=$((fails + 1)); tail -40 "$out/$t.log"; }
 done
+# GPU-resident ZeRO: stages 0-2 on the GPU against the CPU backend (one rank).
+timeout 150 "$py" "$root/tests/apps/cuda_resident_check.py" --gpt "$(b pretrain_gpt)" --args "$root/inputs/gpt-tiny.args" \
+  --workdir "$out/cuda_resident" >"$out/cuda_resident.log" 2>&1
+rc=$?
+echo "cuda_resident_check: exit $rc"; tail -8 "$out/cuda_resident.log"
+((rc != 0)) && fails=$((fails + 1))
+timeout 150 "$py" "$root/tests/apps/cuda_offload_check.py" --mode train --gpt "$(b pretrain_gpt)" \
+  --args "$root/inputs/gpt-tiny.args" --workdir "$out/cuda_train" >"$out/cuda_train.log" 2>&1
+rc=$?
+echo "cuda_offload_check --mode train: exit $rc"; tail -4 "$out/cuda_train.log"
+((rc != 0)) && fails=$((fails + 1))
+if command -v mpirun >/dev/null; then
 mpi=(mpirun --oversubscribe)
 if [[ $(id -u) -eq 0 ]]; then mpi+=(--allow-run-as-root); fi
 # Tensor parallelism on the GPU: 2 ranks sharing it, collectives staged through the host.
@@ -57,19 +72,20 @@ if (($(nvidia-smi -L | grep -c '^GPU') >= 2)); then
 else
   echo "$t through NCCL: not run (one GPU; NCCL needs a GPU per rank)"
 fi
-for mode in train tp; do
-  timeout 150 "$py" "$root/tests/apps/cuda_offload_check.py" --mode $mode --gpt "$(b pretrain_gpt)" \
-    --args "$root/inputs/gpt-tiny.args" --workdir "$out/cuda_$mode" --mpi "${mpi[*]} -np 2" >"$out/cuda_$mode.log" 2>&1
-  rc=$?
-  echo "cuda_offload_check --mode $mode: exit $rc"; tail -15 "$out/cuda_$mode.log"
-  ((rc != 0)) && fails=$((fails + 1))
-done
+timeout 150 "$py" "$root/tests/apps/cuda_offload_check.py" --mode tp --gpt "$(b pretrain_gpt)" \
+  --args "$root/inputs/gpt-tiny.args" --workdir "$out/cuda_tp" --mpi "${mpi[*]} -np 2" >"$out/cuda_tp.log" 2>&1
+rc=$?
+echo "cuda_offload_check --mode tp: exit $rc"; tail -15 "$out/cuda_tp.log"
+((rc != 0)) && fails=$((fails + 1))
 # pretrain_moe on the GPU: EP 1, EP 2 and a T2 x E2 TED grid against the CPU.
 timeout 200 "$py" "$root/tests/apps/cuda_moe_check.py" --moe "$(b pretrain_moe)" --workdir "$out/cuda_moe" \
   --mpi "${mpi[0]} -np 2 ${mpi[*]:1}" >"$out/cuda_moe.log" 2>&1
 rc=$?
 echo "cuda_moe_check: exit $rc"; tail -15 "$out/cuda_moe.log"
 ((rc != 0)) && fails=$((fails + 1))
+else
+  echo "2-rank GPU checks (tensor parallelism, MoE): not run (no mpirun here)"
+fi
 
 echo "# bf16 matrix rate on this GPU (8192^3 through PyTorch)"
 peak=$("$py" - <<'PY'
@@ -102,34 +118,42 @@ echo "# bf16 training: pretrain_gpt --device cuda vs PyTorch (same GPU)"
 printf '%-6s %-28s %12s %10s %8s %8s %s\n' shape program tokens/s TFLOP/s MFU MFU/989 "peak device memory"
 for s in ${SHAPES:-124m 350m}; do
   read -r V L H NH T MB <<<"$(shape "$s")"
-  cfg="$out/offload_$s.json"
-  echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' >"$cfg"
-  rm -f "$out/hpct_$s.jsonl" "$out/hpct_$s.json"
-  timeout 150 "$(b pretrain_gpt)" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$H" \
+  for mode in ${MODES:-resident offload}; do
+  cfg="$out/${mode}_$s.json"
+  if [[ $mode == offload ]]; then
+    echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' >"$cfg"
+  else
+    echo '{"zero_optimization": {"stage": 1}}' >"$cfg"
+  fi
+  tag=${mode}_$s
+  rm -f "$out/hpct_$tag.jsonl" "$out/hpct_$tag.json"
+  timeout 300 "$(b pretrain_gpt)" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$H" \
     --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$MB" --global-batch-size $((MB * accum)) \
     --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 --attention-dropout 0 --hidden-dropout 0 --bf16 --device cuda \
-    --deepspeed_config "$cfg" --metrics-file "$out/hpct_$s.jsonl" --json "$out/hpct_$s.json" >"$out/hpct_$s.log" 2>&1
+    --deepspeed_config "$cfg" --metrics-file "$out/hpct_$tag.jsonl" --json "$out/hpct_$tag.json" >"$out/hpct_$tag.log" 2>&1
   rc=$?
   if ((rc != 0)); then
-    echo "$s pretrain_gpt: exit $rc"; tail -20 "$out/hpct_$s.log"; fails=$((fails + 1))
+    echo "$s pretrain_gpt ($mode): exit $rc"; tail -20 "$out/hpct_$tag.log"; fails=$((fails + 1))
   else
-    "$py" - "$out/hpct_$s.jsonl" "$out/hpct_$s.json" "$warm" "${peak:-0}" "$s" <<'PY'
+    "$py" - "$out/hpct_$tag.jsonl" "$out/hpct_$tag.json" "$warm" "${peak:-0}" "$s" "$mode" <<'PY'
 import json, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 tr = [r for r in recs if r["type"] == "train"][int(sys.argv[3]):]
 tps = statistics.median(r["tokens_per_second"] for r in tr)
 tf = statistics.median(r["tflops_per_rank"] for r in tr)
 dev = json.load(open(sys.argv[2]))["memory_per_rank"]["device"]
-mem = (dev["parameters_and_gradients"][0] + dev["activations"][0]) / 2**30
+mem = (dev["parameters_and_gradients"][0] + dev.get("optimizer_states", [0])[0] + dev["activations"][0]) / 2**30
 peak = float(sys.argv[4])
-print(f"{sys.argv[5]:<6} {'hpctrain (offload, accum)':<28} {tps:12.0f} {tf:10.1f} {100*tf/peak if peak else 0:7.1f}% "
-      f"{100*tf/989:7.1f}%  {mem:.1f} GiB (params+grads+activations)")
+what = "states+" if sys.argv[6] == "resident" else "params+grads+"
+print(f"{sys.argv[5]:<6} {'hpctrain (' + sys.argv[6] + ')':<28} {tps:12.0f} {tf:10.1f} {100*tf/peak if peak else 0:7.1f}% "
+      f"{100*tf/989:7.1f}%  {mem:.1f} GiB ({what}activations)")
 PY
   fi
+  done
   for att in naive sdpa; do
     extra=(); [[ $att == sdpa ]] && extra=(--sdpa)
     r=$(timeout 120 "$py" "$root/bench/torch_gpt.py" --device cuda --bf16 --vocab "$V" --layers "$L" --hidden "$H" \
-      --heads "$NH" --seq "$T" --micro-batch "$MB" --iters $((iters * 2)) --warmup "$warm" "${extra[@]}" 2>"$out/torch_${s}_$att.err")
+      --heads "$NH" --seq "$T" --micro-batch "$MB" --accum "$accum" --iters "$iters" --warmup "$warm" "${extra[@]}" 2>"$out/torch_${s}_$att.err")
     if [[ -z "$r" ]]; then echo "$s torch $att: failed"; tail -5 "$out/torch_${s}_$att.err"; continue; fi
     tps=$("$py" -c "import json; print(json.loads('$r')['tokens_per_second'])")
     mem=$("$py" -c "import json; print(json.loads('$r')['peak_device_bytes']/2**30)")

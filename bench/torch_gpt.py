@@ -37,6 +37,7 @@ ap.add_argument("--expert-interval", type=int, default=2)
 ap.add_argument("--capacity-factor", type=float, default=1.0)
 ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: one GPU, bf16 autocast on it")
 ap.add_argument("--sdpa", action="store_true", help="attention through F.scaled_dot_product_attention (flash)")
+ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
 a = ap.parse_args()
 dev = torch.device(a.device)
 
@@ -136,17 +137,19 @@ Vp = (a.vocab + 127) // 128 * 128
 model = GPT(Vp, a.layers, a.hidden, a.heads, a.seq, a.experts, a.expert_interval, a.capacity_factor).to(dev)
 if world > 1:
     model = torch.nn.parallel.DistributedDataParallel(model)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+# On a GPU the fused AdamW (one kernel over every tensor), as the step it is compared with.
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=a.device == "cuda")
 g = torch.Generator().manual_seed(rank)
 times = []
 for it in range(a.warmup + a.iters):
-    x = torch.randint(0, a.vocab, (a.micro_batch, a.seq + 1), generator=g).to(dev)
+    xs = [torch.randint(0, a.vocab, (a.micro_batch, a.seq + 1), generator=g).to(dev) for _ in range(a.accum)]
     if a.device == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.bf16):
-        loss = model(x[:, :-1], x[:, 1:])
-    loss.backward()
+    for x in xs:
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.bf16):
+            loss = model(x[:, :-1], x[:, 1:]) / a.accum
+        loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -155,7 +158,7 @@ for it in range(a.warmup + a.iters):
     if it >= a.warmup:
         times.append(time.perf_counter() - t0)
 sec = sorted(times)[len(times) // 2]
-tps = a.micro_batch * a.seq * world / sec
+tps = a.micro_batch * a.accum * a.seq * world / sec
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 if world > 1:
     t = torch.tensor([float(rss)])

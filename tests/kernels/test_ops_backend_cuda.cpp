@@ -18,6 +18,8 @@
 
 #include "hpct/kernels/backend.hpp"
 #include "hpct/kernels/half.hpp"
+#include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/optim.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 
 using namespace hpct::kernels;
@@ -473,4 +475,130 @@ TEST(CudaOps, CopyOnTheDevice) {
   g.be->copy(dst + 10, src + 20, 500 * sizeof(float));
   const Vec got = g.get(dst, 1000);
   for (int i = 0; i < 1000; ++i) EXPECT_EQ(got[i], i >= 10 && i < 510 ? a[i + 10] : 0.0f) << i;
+}
+
+// The optimizer step on the device (OpsBackend::adamw: one multi-tensor launch) against the host's
+// adamw_runs on the same runs: runs of odd lengths (a tile's tail, a run shorter than a warp, an
+// empty run), fp32 and 16-bit gradients, with and without the 16-bit copy, weight decay per run, two
+// steps (the second reuses the uploaded table of runs), and the state norms. Tolerance: the GPU may
+// contract a*b + c into an FMA where the host rounds twice, so each update differs by a few ulps of
+// fp32: 1e-6 relative + 1e-7 absolute on masters and moments after two steps; the 16-bit copies
+// then agree except where such an ulp crosses a rounding boundary (at most 1 in 1000 elements,
+// by one 16-bit ulp).
+TEST(CudaOps, AdamwRunsMatchTheHost) {
+  NEED_GPU(g);
+  const std::vector<size_t> sizes = {4096 * 3 + 17, 5, 0, 70000, 4096};
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    const bool half = p != Precision::fp32;
+    struct Host {
+      Vec param, grad, m, v;
+      std::vector<uint16_t> g16, p16;
+    };
+    std::vector<Host> host(sizes.size());
+    std::vector<AdamwRun> hruns(sizes.size()), druns(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      Host& h = host[k];
+      const size_t n = sizes[k];
+      h.param = randn(n, 100 + k, 0.5f);
+      h.grad = randn(n, 200 + k, 1e-2f);
+      h.m = Vec(n, 0.0f), h.v = Vec(n, 0.0f);
+      if (half) {
+        h.g16.resize(n), h.p16.resize(n);
+        to_half(h.grad.data(), h.g16.data(), n, p);
+      }
+      AdamwRun r;
+      r.n = n;
+      r.weight_decay = k % 2 ? 0.1f : 0.0f;
+      r.norms = k != 3;
+      druns[k] = r;
+      r.param = h.param.data(), r.m = h.m.data(), r.v = h.v.data();
+      if (half) r.grad16 = h.g16.data(), r.param16 = k == 1 ? nullptr : h.p16.data();
+      else r.grad = h.grad.data();
+      hruns[k] = r;
+      AdamwRun& d = druns[k];
+      d.param = g.put(h.param), d.m = g.put(h.m), d.v = g.put(h.v);
+      if (half) d.grad16 = g.put(h.g16), d.param16 = k == 1 ? nullptr : g.put(h.p16);
+      else d.grad = g.put(h.grad);
+    }
+    AdamwArgs a;
+    a.lr = 1e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.grad_scale = 0.5f, a.precision = p;
+    double hs[3] = {0, 0, 0}, ds[3] = {0, 0, 0};
+    for (int step = 1; step <= 2; ++step) {
+      a.step = step;
+      adamw_runs(hruns.data(), hruns.size(), a, hs);
+      g.be->adamw(druns.data(), druns.size(), a, ds);
+    }
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const std::string what = std::string(precision_name(p)) + " run " + std::to_string(k);
+      expect_close((what + " master").c_str(), g.get(druns[k].param, sizes[k]), host[k].param, 1e-6, 1e-7);
+      expect_close((what + " exp_avg").c_str(), g.get(druns[k].m, sizes[k]), host[k].m, 1e-6, 1e-9);
+      expect_close((what + " exp_avg_sq").c_str(), g.get(druns[k].v, sizes[k]), host[k].v, 1e-6, 1e-12);
+      if (half && druns[k].param16) {
+        std::vector<uint16_t> got(sizes[k]);
+        g.be->copy_to_host(got.data(), druns[k].param16, got.size() * sizeof(uint16_t));
+        size_t off = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          off += got[i] != host[k].p16[i] && std::abs(int(got[i]) - int(host[k].p16[i])) != 1 ? 1000 : got[i] != host[k].p16[i];
+        EXPECT_LE(off, got.size() / 1000) << what << ": 16-bit copies that differ (by more than one ulp: x1000)";
+      }
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(ds[i], hs[i], 1e-5 * hs[i]) << precision_name(p) << " state norm " << i;
+  }
+}
+
+// Sums of squares (the gradient norm) in double, over sizes that leave partial blocks, fp32 and
+// 16-bit, against the host; twice, for the same bits (a fixed order, unlike atomics). 1e-12
+// relative: both sum in double, in different orders.
+TEST(CudaOps, SumOfSquaresIsDeterministic) {
+  NEED_GPU(g);
+  for (size_t n : {size_t(1), size_t(1000), size_t(3u << 20) + 5}) {
+    Vec x = randn(n, n, 3.0f);
+    const float* d = g.put(x);
+    const double want = sum_of_squares(x.data(), n), got = g.be->sum_squares(d, n);
+    EXPECT_NEAR(got, want, 1e-12 * want) << n;
+    EXPECT_EQ(got, g.be->sum_squares(d, n)) << n << ": run to run";
+    for (Precision p : {Precision::bf16, Precision::fp16}) {
+      std::vector<uint16_t> h(n);
+      to_half(x.data(), h.data(), n, p);
+      const double w16 = sum_of_squares_half(h.data(), n, p), g16 = g.be->sum_squares_half(g.put(h), n, p);
+      EXPECT_NEAR(g16, w16, 1e-12 * w16) << precision_name(p) << " " << n;
+    }
+  }
+  EXPECT_EQ(g.be->sum_squares(nullptr, 0), 0.0);
+  Vec bad = {1.0f, INFINITY, 2.0f};
+  EXPECT_FALSE(std::isfinite(g.be->sum_squares(g.put(bad), bad.size()))) << "an overflow must show in the norm";
+}
+
+// The 16-bit conversions the engine uses: narrow_half bitwise kernels::to_half and add_half bitwise
+// kernels::add_half over every 16-bit pattern (NaNs need only stay NaN, as above).
+TEST(CudaOps, NarrowAndAddHalfEveryPattern) {
+  NEED_GPU(g);
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<uint16_t> rev(all.rbegin(), all.rend());
+  Vec x = randn(all.size(), 5, 100.0f);
+  x[3] = INFINITY, x[4] = NAN, x[5] = 70000.0f, x[6] = 1e-30f;
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    std::vector<uint16_t> want(all.size()), got(all.size());
+    to_half(x.data(), want.data(), x.size(), p);
+    uint16_t* d = g.put(std::vector<uint16_t>(all.size()));
+    g.be->narrow_half(d, g.put(x), x.size(), p);
+    g.be->copy_to_host(got.data(), d, got.size() * sizeof(uint16_t));
+    Vec nf(got.size());
+    from_half(got.data(), nf.data(), got.size(), p);
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += std::isnan(x[i]) ? !std::isnan(nf[i]) : got[i] != want[i];
+    EXPECT_EQ(bad, 0u) << precision_name(p) << " narrow_half";
+    want = all;
+    add_half(rev.data(), want.data(), want.size(), p);
+    uint16_t* acc = g.put(all);
+    g.be->add_half(acc, g.put(rev), all.size(), p);
+    g.be->copy_to_host(got.data(), acc, got.size() * sizeof(uint16_t));
+    Vec wf(want.size()), gf(got.size());
+    from_half(want.data(), wf.data(), want.size(), p);
+    from_half(got.data(), gf.data(), got.size(), p);
+    bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += std::isnan(wf[i]) ? !std::isnan(gf[i]) : got[i] != want[i];
+    EXPECT_EQ(bad, 0u) << precision_name(p) << " add_half";
+  }
 }

@@ -149,13 +149,21 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                                   : std::string())
               << "\n"
               << "> ZeRO stage " << cfg.zero.stage << " over " << grid.dp().size()
-              << " data-parallel ranks; model states in host memory on rank 0: parameters "
+              << " data-parallel ranks; model states in " << (mem.states_on_device ? "GPU" : "host")
+              << " memory on rank 0: parameters "
               << format_bytes(mem.params) << ", gradients " << format_bytes(mem.grads + mem.grad_shard)
               << ", optimizer states " << format_bytes(mem.optimizer) << "; per rank "
               << format_bytes(*std::min_element(held.begin(), held.end())) << " to "
               << format_bytes(*std::max_element(held.begin(), held.end())) << "\n";
-    if (cfg.device == "cuda")
-      std::cout << "> ZeRO-Offload: the model computes on " << trainer.model().ops().name() << " ("
+    if (mem.states_on_device)
+      std::cout << "> GPU-resident ZeRO: the model, the states above and the optimizer step (one fused AdamW "
+                   "launch) on "
+                << trainer.model().ops().name()
+                << "; only the loss and the gradient norm come back to the host each step (no "
+                   "zero_optimization.offload_optimizer in the config; set its device to cpu for ZeRO-Offload)\n";
+    else if (cfg.device == "cuda")
+      std::cout << "> ZeRO-Offload (zero_optimization.offload_optimizer.device " << cfg.zero.offload_optimizer.device
+                << "): the model computes on " << trainer.model().ops().name() << " ("
                 << (cfg.zero.stage <= 2 ? std::string(trainer.zero().half() ? "16-bit" : "fp32") + " parameters " +
                                               format_bytes(mem.device_params_grads) + " resident, and "
                                         : std::string())
@@ -260,9 +268,19 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                          {"activations", world.allgather(double(mem.activations))}};
   const double steps = std::max<double>(1, double(s.last_iteration - s.start_iteration));  // per-step averages
   nlohmann::json device = nullptr;
-  if (cfg.device == "cuda") {
+  if (mem.states_on_device) {  // GPU-resident: every model state is the device's, nothing crosses per step
+    device = {{"mode", "resident"},
+              {"parameters_and_gradients", world.allgather(double(mem.params + mem.grads + mem.grad_shard))},
+              {"optimizer_states", host["optimizer_states"]},
+              {"working_buffers_peak", host["working_buffers_peak"]},
+              {"activations", host["activations"]},
+              {"parameter_bytes_to_device_per_step", world.allgather(0.0)},
+              {"gradient_bytes_to_host_per_step", world.allgather(0.0)}};
+    host = {{"frozen_parameters", host["frozen_parameters"]}};
+  } else if (cfg.device == "cuda") {
     const auto* ds = trainer.device_store();
-    device = {{"parameters_and_gradients", world.allgather(double(mem.device_params_grads))},
+    device = {{"mode", "offload"},
+              {"parameters_and_gradients", world.allgather(double(mem.device_params_grads))},
               {"activations", host["activations"]},
               // parameters copied in and gradients copied back, averaged over the steps run (an
               // evaluation's copies count too; tokens, targets and losses do not)
