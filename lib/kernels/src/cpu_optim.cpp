@@ -87,6 +87,7 @@ void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* 
   std::vector<float> tile;
   for (size_t k = 0; k < count; ++k) {
     const AdamwRun& r = runs[k];
+    if (r.n == 0) continue;  // an empty run may carry no pointers
     require((r.grad != nullptr) != (r.grad16 != nullptr), "adamw_runs", "each run needs exactly one of grad and grad16");
     auto adam = [&](size_t i, size_t t, const float* g) {
       adamw_update(r.param + i, g, r.m + i, r.v + i, t, a.lr, a.beta1, a.beta2, a.eps, r.weight_decay, a.step,

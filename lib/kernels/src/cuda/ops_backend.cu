@@ -125,8 +125,8 @@ class CudaOps final : public OpsBackend {
     std::vector<unsigned> first{0};
     for (size_t k = 0; k < count; ++k) {
       const AdamwRun& r = runs[k];
+      if (r.n == 0) continue;  // an empty run may carry no pointers
       if ((r.grad != nullptr) == (r.grad16 != nullptr)) throw Error("CUDA backend: adamw: a run needs exactly one of grad and grad16");
-      if (r.n == 0) continue;
       table.push_back({r.param, r.grad, r.grad16, r.m, r.v, r.param16, r.n, r.weight_decay});
       const size_t tiles = first.back() + (r.n + cuda::kAdamwTile - 1) / cuda::kAdamwTile;
       if (tiles > 0x7fffffffu) throw Error("CUDA backend: adamw: more than 2^31 tiles of state in one step");

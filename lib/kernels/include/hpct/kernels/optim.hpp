@@ -20,7 +20,7 @@ namespace hpct::kernels {
 inline constexpr size_t kOptimTile = 1 << 16;
 
 /// One run of optimizer state: n elements. Exactly one of grad (fp32) and grad16 (16-bit, the
-/// step's precision) is set. param16, if set, receives the updated master rounded to 16 bits (the
+/// step's precision) is set (an empty run may set none). param16, if set, receives the updated master rounded to 16 bits (the
 /// copy the model computes with). norms: add this run's p, m and v sums of squares to the step's
 /// state norms (tensor-parallel replicas are counted on one rank only).
 struct AdamwRun {
