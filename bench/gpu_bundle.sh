@@ -25,6 +25,11 @@ build=${2:-$root/build}
 rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/libexec" "$dir/lib/openmpi3" "$dir/lib/pmix"
 
+# -march=native binaries run only on CPUs with the build machine's instruction sets: say so.
+if grep -q '^HPCT_NATIVE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+  echo "gpu_bundle: note: $build was built with -march=native ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs));" \
+    "for a node of another CPU build with -DHPCT_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3" >&2
+fi
 bins=()
 for name in pretrain_gpt pretrain_moe test_kernels_cuda test_ops_backend_cuda test_gpt_cuda test_tensor_parallel_cuda; do
   exe=$(find "$build" -name "$name" -type f -perm -u+x | head -1)

@@ -24,6 +24,7 @@ pkgs=(
   libpcre2-dev                          # GPT-2 pre-tokenizer regex (\p{L}, \p{N}, lookahead)
   libgtest-dev                          # unit tests under CTest
   clang libclang-rt-14-dev              # sanitizer build and libFuzzer targets (scripts/sanitize.sh)
+  libomp-14-dev                         # OpenMP for that Clang build (GCC's libgomp comes with build-essential)
   e2fsprogs mount                       # the full-disk checkpoint test makes small ext2 loop devices
   slurm-wlm munge shellcheck            # slurm tests: a real Slurm on localhost; template linting
   environment-modules                   # modules tests (Lmod is unpacked from its .deb: it conflicts)

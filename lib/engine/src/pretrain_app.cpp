@@ -23,6 +23,7 @@
 #include "hpct/engine/trainer.hpp"
 #include "hpct/io/aio_config.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/optim.hpp"
 #include "hpct/engine/preflight.hpp"
 #include "hpct/parallel/memory_estimate.hpp"
 
@@ -161,7 +162,10 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                 << trainer.model().ops().name()
                 << "; only the loss and the gradient norm come back to the host each step (no "
                    "zero_optimization.offload_optimizer in the config; set its device to cpu for ZeRO-Offload)\n";
-    else if (cfg.device == "cuda")
+    if (!mem.states_on_device)  // the AdamW step runs on the host: CPU training or ZeRO-Offload
+      std::cout << "> host AdamW: " << kernels::optimizer_threads() << " thread(s) per rank, "
+                << kernels::optimizer_isa() << " (--optimizer-threads, OMP_NUM_THREADS or SLURM_CPUS_PER_TASK)\n";
+    if (!mem.states_on_device && cfg.device == "cuda")
       std::cout << "> ZeRO-Offload (zero_optimization.offload_optimizer.device " << cfg.zero.offload_optimizer.device
                 << "): the model computes on " << trainer.model().ops().name() << " ("
                 << (cfg.zero.stage <= 2 ? std::string(trainer.zero().half() ? "16-bit" : "fp32") + " parameters " +

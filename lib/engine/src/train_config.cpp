@@ -148,6 +148,7 @@ const FlagTable& flag_table() {
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
       {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
       {"--mock-data", {false, [](TrainConfig& c, const std::string&) { c.mock_data = true; }, "synthetic tokens (needs --vocab-size)"}},
+      {"--optimizer-threads", {true, [](TrainConfig& c, const std::string& v) { c.optimizer_threads = to_int_min("--optimizer-threads", v, 0); }, "threads of the host AdamW step (CPU training, ZeRO-Offload); 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else the CPUs the rank may use"}},
       {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_int_min("--seed", v, 0); }, "random seed"}},
       {"--log-interval", {true, [](TrainConfig& c, const std::string& v) { c.log_interval = to_i32("--log-interval", v); }, "iterations between log lines"}},
       {"--eval-interval", {true, [](TrainConfig& c, const std::string& v) { c.eval_interval = to_i32("--eval-interval", v); }, "iterations between evaluations"}},

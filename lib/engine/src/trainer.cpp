@@ -68,6 +68,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
     : cfg_(cfg), grid_(grid), ops_(std::move(backend)),
       batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
       clock_(std::make_unique<PhaseClock>()) {
+  if (cfg_.optimizer_threads > 0) kernels::set_optimizer_threads(cfg_.optimizer_threads);
   if (!ops_ && cfg_.device == "cuda") {
     // One GPU per rank, picked by the node-local rank (modulo the GPUs seen). Taking it can fail on
     // one rank only (a busy exclusive-mode GPU, no memory), so every rank learns of it and stops.

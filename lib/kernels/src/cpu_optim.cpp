@@ -1,13 +1,17 @@
-// CPU optimizer step and whole-array reductions (see ops.hpp): AdamW, the sum of squares behind the
-// gradient norm, the finite check behind the fp16 overflow test, and scaling. Split from cpu_ops.cpp;
-// the same chunked SIMD loops (cpu_loops.hpp).
+// CPU optimizer step and whole-array reductions (see ops.hpp, optim.hpp): AdamW (serial, and the
+// threaded step over a rank's runs of state, DeepSpeed CPU-Adam's class: OpenMP threads, AVX-512 or
+// AVX2 chosen at run time, one pass that reads a 16-bit gradient and writes the 16-bit copy), the
+// sum of squares behind the gradient norm, the finite check behind the fp16 overflow test, scaling.
 #include <Kokkos_Core.hpp>
+#include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <exception>
 #include <string>
-
 #include <vector>
 
 #include "bits.hpp"
@@ -25,24 +29,67 @@ using detail::Policy;
 using detail::require;
 using detail::require_backend;
 
+namespace {
+// AdamW's element loop over [lo, hi): the one body the serial op (adamw_update) and the threaded
+// step (adamw_runs) run, so both give the same bits. Compiled for three instruction sets and picked
+// once at run time (the build may target an older CPU than the one it runs on); each has FMA where
+// the CPU has it, so the choice can move a result by an ulp between CPUs, never between runs.
+struct AdamCoef {
+  float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
+};
+#define HPCT_ADAMW_SPAN(NAME, ATTR)                                                                         \
+  ATTR void NAME(float* __restrict param, const float* __restrict grad, float* __restrict m,               \
+                 float* __restrict v, size_t lo, size_t hi, AdamCoef c) {                                  \
+    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) {                                                 \
+      const float g = grad[i] * c.grad_scale;                                                              \
+      const float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;                                              \
+      const float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;                                          \
+      m[i] = mi;                                                                                           \
+      v[i] = vi;                                                                                           \
+      const float mhat = mi / c.bc1, vhat = vi / c.bc2;                                                    \
+      param[i] -= c.lr * (mhat / (__builtin_sqrtf(vhat) + c.eps) + c.weight_decay * param[i]);              \
+    }                                                                                                      \
+  }
+#if defined(__x86_64__)
+HPCT_ADAMW_SPAN(adamw_span_v4, __attribute__((target("arch=x86-64-v4"))))
+HPCT_ADAMW_SPAN(adamw_span_v3, __attribute__((target("arch=x86-64-v3"))))
+#endif
+HPCT_ADAMW_SPAN(adamw_span_base, )
+#undef HPCT_ADAMW_SPAN
+
+using SpanFn = void (*)(float*, const float*, float*, float*, size_t, size_t, AdamCoef);
+struct SpanChoice {
+  SpanFn fn;
+  const char* isa;
+};
+SpanChoice pick_span() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return {adamw_span_v4, "AVX-512"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {adamw_span_v3, "AVX2"};
+#endif
+  return {adamw_span_base, "baseline"};
+}
+const SpanChoice& span() {
+  static const SpanChoice s = pick_span();
+  return s;
+}
+
+AdamCoef coef(float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale) {
+  return {lr, beta1, beta2, eps, weight_decay, (float)(1.0 - std::pow((double)beta1, step)),
+          (float)(1.0 - std::pow((double)beta2, step)), grad_scale};
+}
+
+std::atomic<int> g_optimizer_threads{0};  // 0: not set, use default_optimizer_threads()
+}  // namespace
+
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int step, float grad_scale) {
   require_backend("adamw_update");
   require(step >= 1, "adamw_update", "step is 1-based, got " + std::to_string(step));
-  const float bc1 = (float)(1.0 - std::pow((double)beta1, step));
-  const float bc2 = (float)(1.0 - std::pow((double)beta2, step));
-  for_chunks("adamw_update", n, [=](size_t lo, size_t hi) {
-#pragma omp simd
-    for (size_t i = lo; i < hi; ++i) {
-      const float g = grad[i] * grad_scale;
-      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      const float mhat = mi / bc1, vhat = vi / bc2;
-      param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
-    }
-  });
+  const AdamCoef c = coef(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  const SpanFn fn = span().fn;
+  for_chunks("adamw_update", n, [=](size_t lo, size_t hi) { fn(param, grad, m, v, lo, hi, c); });
 }
 
 double sum_of_squares(const float* x, size_t n) {
@@ -83,32 +130,81 @@ void scale(float* x, float s, size_t n) {
   });
 }
 
+int default_optimizer_threads() {
+  for (const char* var : {"OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"}) {
+    const char* e = std::getenv(var);
+    char* end = nullptr;
+    const long n = e ? std::strtol(e, &end, 10) : 0;
+    if (e && end != e && n >= 1 && n <= 4096) return static_cast<int>(n);
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
+void set_optimizer_threads(int n) {
+  require(n >= 0 && n <= 4096, "set_optimizer_threads", "threads must be 0 (the default) to 4096, got " + std::to_string(n));
+  g_optimizer_threads = n;
+}
+
+int optimizer_threads() {
+  const int n = g_optimizer_threads.load();
+  return n > 0 ? n : default_optimizer_threads();
+}
+
+const char* optimizer_isa() { return span().isa; }
+
+// The step over every run: cut into chunks of kOptimChunk elements (a run's tail is a short
+// chunk), the chunks shared among the threads. A chunk is one pass over memory: a 16-bit gradient
+// is widened into the thread's tile, the update runs, and the 16-bit copy is rounded from the
+// result while it is still in cache. Element-wise, so the threads and their number change no bit.
 void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* sums) {
-  std::vector<float> tile;
+  require(a.step >= 1, "adamw_runs", "step is 1-based, got " + std::to_string(a.step));
+  constexpr size_t kOptimChunk = 8192;
+  struct Chunk {
+    size_t run, lo, hi;
+  };
+  std::vector<Chunk> chunks;
   for (size_t k = 0; k < count; ++k) {
     const AdamwRun& r = runs[k];
     if (r.n == 0) continue;  // an empty run may carry no pointers
     require((r.grad != nullptr) != (r.grad16 != nullptr), "adamw_runs", "each run needs exactly one of grad and grad16");
-    auto adam = [&](size_t i, size_t t, const float* g) {
-      adamw_update(r.param + i, g, r.m + i, r.v + i, t, a.lr, a.beta1, a.beta2, a.eps, r.weight_decay, a.step,
-                   a.grad_scale);
-    };
-    if (r.grad) {
-      adam(0, r.n, r.grad);
-    } else {
-      tile.resize(std::min(kOptimTile, r.n));
-      for (size_t i = 0; i < r.n; i += kOptimTile) {
-        const size_t t = std::min(kOptimTile, r.n - i);
-        from_half(r.grad16 + i, tile.data(), t, a.precision);
-        adam(i, t, tile.data());
+    for (size_t lo = 0; lo < r.n; lo += kOptimChunk) chunks.push_back({k, lo, std::min(r.n, lo + kOptimChunk)});
+  }
+  const SpanFn fn = span().fn;
+  const int threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(optimizer_threads()), chunks.size()));
+  std::string failure;  // an exception may not leave an OpenMP region
+#pragma omp parallel num_threads(std::max(threads, 1))
+  {
+    std::vector<float> tile(kOptimChunk);
+#pragma omp for schedule(dynamic, 4)
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& ch = chunks[i];
+      const AdamwRun& r = runs[ch.run];
+      const AdamCoef c = coef(a.lr, a.beta1, a.beta2, a.eps, r.weight_decay, a.step, a.grad_scale);
+      const size_t n = ch.hi - ch.lo;
+      try {
+        if (r.grad) {
+          fn(r.param + ch.lo, r.grad + ch.lo, r.m + ch.lo, r.v + ch.lo, 0, n, c);
+        } else {
+          from_half(r.grad16 + ch.lo, tile.data(), n, a.precision);
+          fn(r.param + ch.lo, tile.data(), r.m + ch.lo, r.v + ch.lo, 0, n, c);
+        }
+        if (r.param16) to_half(r.param + ch.lo, r.param16 + ch.lo, n, a.precision);
+      } catch (const std::exception& e) {
+#pragma omp critical(hpct_adamw_failure)
+        if (failure.empty()) failure = e.what();
       }
     }
-    if (r.param16) to_half(r.param, r.param16, r.n, a.precision);
-    if (sums && r.norms) {
-      sums[0] += sum_of_squares(r.param, r.n);
-      sums[1] += sum_of_squares(r.m, r.n);
-      sums[2] += sum_of_squares(r.v, r.n);
-    }
+  }
+  if (!failure.empty()) throw Error("adamw_runs: " + failure);
+  if (!sums) return;
+  for (size_t k = 0; k < count; ++k) {  // the state norms (a logging option), run by run in order
+    const AdamwRun& r = runs[k];
+    if (!r.norms || r.n == 0) continue;
+    sums[0] += sum_of_squares(r.param, r.n);
+    sums[1] += sum_of_squares(r.m, r.n);
+    sums[2] += sum_of_squares(r.v, r.n);
   }
 }
 

@@ -145,6 +145,7 @@ struct TrainConfig {
   long long save_interval = 0; // --save-interval N: save every N iterations (0: only at the end / on signal)
   long long exit_interval = 0; // --exit-interval N: save and stop after iteration N (Megatron)
   int keep_last = 0;           // --keep-last K: keep the newest K checkpoints (0: all)
+  int optimizer_threads = 0;   // --optimizer-threads: host AdamW threads (0: kernels::optimizer_threads' default)
   bool async_save = false;     // --async-save: interval saves copy the state and write it on a background thread
   // --estimate-memory: print the ZeRO memory plan for a cluster shape and exit (docs/zero.md).
   // Sizes in GB (1e9 bytes); -1 = this machine (MemTotal, free disk); GPU memory 0 = ranks are host processes.

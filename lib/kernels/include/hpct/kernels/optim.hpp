@@ -43,9 +43,18 @@ struct AdamwArgs {
   Precision precision = Precision::fp32;  // of grad16 and param16 (bf16 or fp16 where used)
 };
 
-/// AdamW on every run, in order. sums (3 doubles: weights, exp_avg, exp_avg_sq) is added to when
-/// given, for runs with norms. Host memory; needs a BackendScope (ops.hpp).
+/// AdamW on every run, threaded over optimizer_threads() (bitwise the same for any number: the
+/// update is element-wise). sums (3 doubles: weights, exp_avg, exp_avg_sq) is added to when given,
+/// for runs with norms, in run order. Host memory; needs a BackendScope (ops.hpp).
 void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* sums);
+
+/// Threads of the host optimizer step: n >= 1, or 0 for the default (OMP_NUM_THREADS, else Slurm's
+/// SLURM_CPUS_PER_TASK, else the CPUs this process may run on). Process-wide (the trainer sets it
+/// from --optimizer-threads).
+void set_optimizer_threads(int n);
+int optimizer_threads();
+/// The instruction set the update's loop runs with on this CPU ("AVX-512", "AVX2", "baseline").
+const char* optimizer_isa();
 /// sum(x^2) of 16-bit values widened to fp32, tile by tile (kOptimTile), accumulated in double.
 double sum_of_squares_half(const uint16_t* x, size_t n, Precision p);
 
