@@ -6,9 +6,11 @@
 // fp16 gradients, with and without the 16-bit copy, NaN/inf gradients and values past fp16's range.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -71,9 +73,20 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
 }
 
+// One BackendScope for the whole binary (Kokkos is initialised once; a scope per test would
+// finalize and initialise it again, which Kokkos does not support).
+class Env : public ::testing::Environment {
+ public:
+  void SetUp() override { scope_ = std::make_unique<BackendScope>(); }
+  void TearDown() override { scope_.reset(); }
+
+ private:
+  std::unique_ptr<BackendScope> scope_;
+};
+[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
+
 class Optim : public ::testing::Test {
  protected:
-  BackendScope scope;
   void TearDown() override { set_optimizer_threads(0); }
 };
 
@@ -140,6 +153,55 @@ TEST_F(Optim, ThreadsFromTheEnvironmentOrTheFlag) {
   EXPECT_THROW(set_optimizer_threads(-1), hpct::Error);
   const std::string isa = optimizer_isa();
   EXPECT_TRUE(isa == "AVX-512" || isa == "AVX2" || isa == "baseline") << isa;
+}
+
+// The 16-bit conversions of large arrays run in pieces over the threads: the same bits as one
+// thread, for every function and both formats (3M + 5 elements: pieces and a tail).
+TEST_F(Optim, LargeConversionsOverThreadsGiveTheSameBits) {
+  const size_t n = (size_t(3) << 20) + 5;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 100.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = d(rng);
+  x[17] = NAN, x[18] = INFINITY, x[19] = 70000.0f;
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    std::vector<std::vector<uint16_t>> h16(2);
+    std::vector<std::vector<float>> f32(2);
+    for (int t : {1, 4}) {
+      set_optimizer_threads(t);
+      std::vector<uint16_t> a(n), b(n);
+      std::vector<float> y(n), z = x;
+      to_half(x.data(), a.data(), n, p);
+      from_half(a.data(), y.data(), n, p);
+      add_from_half(a.data(), z.data(), n, p);
+      b = a;
+      accumulate_half(x.data(), b.data(), n, p);
+      add_half(a.data(), b.data(), n, p);
+      h16[t == 4] = a;
+      h16[t == 4].insert(h16[t == 4].end(), b.begin(), b.end());
+      f32[t == 4] = y;
+      f32[t == 4].insert(f32[t == 4].end(), z.begin(), z.end());
+    }
+    EXPECT_EQ(h16[0], h16[1]) << precision_name(p);
+    EXPECT_TRUE(same_bits(f32[0], f32[1])) << precision_name(p);
+    // The gradient norm's sum of squares of a 16-bit array: its definition (tiles of kOptimTile
+    // widened, each summed by sum_of_squares, added in order) bitwise, for 1 and 4 threads.
+    const std::vector<uint16_t> g(h16[0].begin(), h16[0].begin() + n);
+    std::vector<uint16_t> finite = g;
+    for (auto& v : finite) v &= 0x3fff;  // no inf/NaN: a sum to compare
+    double want = 0;
+    std::vector<float> tile(kOptimTile);
+    for (size_t lo = 0; lo < n; lo += kOptimTile) {
+      const size_t t = std::min(kOptimTile, n - lo);
+      from_half(finite.data() + lo, tile.data(), t, p);
+      want += sum_of_squares(tile.data(), t);
+    }
+    for (int t : {1, 4}) {
+      set_optimizer_threads(t);
+      const double got = sum_of_squares_half(finite.data(), n, p);
+      EXPECT_EQ(std::memcmp(&got, &want, 8), 0) << precision_name(p) << ", " << t << " threads: " << got << " vs " << want;
+    }
+  }
 }
 
 TEST_F(Optim, ARunNeedsExactlyOneGradient) {

@@ -208,15 +208,42 @@ void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* 
   }
 }
 
+// Tile by tile: each tile widened and summed as sum_of_squares sums (chunks of kChunk, each a SIMD
+// reduction, added in order), the tiles' sums added in order; the tiles themselves spread over the
+// host optimizer's threads, which changes no bit.
 double sum_of_squares_half(const uint16_t* x, size_t n, Precision p) {
-  std::vector<float> tile(std::min(kOptimTile, n));
-  double s = 0;
-  for (size_t i = 0; i < n; i += kOptimTile) {
-    const size_t t = std::min(kOptimTile, n - i);
-    from_half(x + i, tile.data(), t, p);
-    s += sum_of_squares(tile.data(), t);
+  const size_t tiles = (n + kOptimTile - 1) / kOptimTile;
+  std::vector<double> part(tiles, 0.0);
+  const int threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(optimizer_threads()), tiles));
+  std::string failure;
+#pragma omp parallel num_threads(std::max(threads, 1))
+  {
+    std::vector<float> tile(std::min(kOptimTile, n));
+#pragma omp for schedule(static)
+    for (size_t k = 0; k < tiles; ++k) {
+      const size_t lo = k * kOptimTile, t = std::min(kOptimTile, n - lo);
+      try {
+        from_half(x + lo, tile.data(), t, p);
+      } catch (const std::exception& e) {
+#pragma omp critical(hpct_sumsq_failure)
+        if (failure.empty()) failure = e.what();
+        continue;
+      }
+      double acc = 0.0;
+      for (size_t c = 0; c < t; c += kChunk) {
+        const size_t hi = std::min(t, c + kChunk);
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = c; i < hi; ++i) s += (double)tile[i] * (double)tile[i];
+        acc += s;
+      }
+      part[k] = acc;
+    }
   }
-  return s;
+  if (!failure.empty()) throw Error("sum_of_squares_half: " + failure);
+  double total = 0.0;
+  for (double v : part) total += v;
+  return total;
 }
 
 }  // namespace hpct::kernels

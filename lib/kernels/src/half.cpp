@@ -7,8 +7,11 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
+
 #include "bits.hpp"
 #include "hpct/core/error.hpp"
+#include "hpct/kernels/optim.hpp"
 
 namespace hpct::kernels {
 namespace {
@@ -46,10 +49,26 @@ void fp16_loop(size_t n, Op8 op8, Op1 op1) {
   for (; i < n; ++i) op1(i);
 }
 
+// Large arrays (ZeRO-Offload's hand-over of a whole model's gradient, the engine's passes over it)
+// in pieces over the host optimizer's threads (optim.hpp optimizer_threads); element-wise, so the
+// bits are those of one pass. Returns false (the caller converts serially) below the threshold.
+template <typename Span>
+bool split(size_t n, Span span) {
+  constexpr size_t kMin = size_t(1) << 20, kPiece = size_t(1) << 16;  // kPiece: a multiple of F16C's 8 lanes
+  if (n < kMin) return false;
+  const int threads = optimizer_threads();
+  if (threads <= 1) return false;
+  const size_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (size_t k = 0; k < pieces; ++k) span(k * kPiece, std::min(n, (k + 1) * kPiece));
+  return true;
+}
+
 }  // namespace
 
 void to_half(const float* x, uint16_t* y, size_t n, Precision p) {
   require_half(p, "to_half");
+  if (split(n, [&](size_t lo, size_t hi) { to_half(x + lo, y + lo, hi - lo, p); })) return;
   if (p == Precision::bf16) {
 #pragma omp simd
     for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
@@ -68,6 +87,7 @@ void to_half(const float* x, uint16_t* y, size_t n, Precision p) {
 
 void from_half(const uint16_t* x, float* y, size_t n, Precision p) {
   require_half(p, "from_half");
+  if (split(n, [&](size_t lo, size_t hi) { from_half(x + lo, y + lo, hi - lo, p); })) return;
   if (p == Precision::bf16) {
 #pragma omp simd
     for (size_t i = 0; i < n; ++i) y[i] = bf16_value(x[i]);
@@ -85,6 +105,7 @@ void from_half(const uint16_t* x, float* y, size_t n, Precision p) {
 
 void add_from_half(const uint16_t* x, float* y, size_t n, Precision p) {
   require_half(p, "add_from_half");
+  if (split(n, [&](size_t lo, size_t hi) { add_from_half(x + lo, y + lo, hi - lo, p); })) return;
   if (p == Precision::bf16) {
 #pragma omp simd
     for (size_t i = 0; i < n; ++i) y[i] += bf16_value(x[i]);
@@ -103,6 +124,7 @@ void add_from_half(const uint16_t* x, float* y, size_t n, Precision p) {
 
 void accumulate_half(const float* x, uint16_t* y, size_t n, Precision p) {
   require_half(p, "accumulate_half");
+  if (split(n, [&](size_t lo, size_t hi) { accumulate_half(x + lo, y + lo, hi - lo, p); })) return;
   if (p == Precision::bf16) {
 #pragma omp simd
     for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(bf16_value(y[i]) + x[i]);
@@ -122,6 +144,7 @@ void accumulate_half(const float* x, uint16_t* y, size_t n, Precision p) {
 
 void add_half(const uint16_t* x, uint16_t* y, size_t n, Precision p) {
   require_half(p, "add_half");
+  if (split(n, [&](size_t lo, size_t hi) { add_half(x + lo, y + lo, hi - lo, p); })) return;
   if (p == Precision::bf16) {
 #pragma omp simd
     for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(bf16_value(y[i]) + bf16_value(x[i]));

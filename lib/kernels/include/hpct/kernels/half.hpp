@@ -5,6 +5,8 @@
 // into such storage. bf16 rounds to nearest even and keeps NaN a NaN; fp16 is IEEE half, rounding
 // to nearest even, with values beyond 65504 becoming inf (what fp16 loss scaling must detect).
 // Widening is exact. Plain SIMD loops (F16C for fp16 where the build has it); no backend needed.
+// Arrays of 2^20 elements or more are converted in pieces over the host optimizer's threads
+// (optim.hpp optimizer_threads), with the same bits.
 #pragma once
 #include <cstddef>
 #include <cstdint>
