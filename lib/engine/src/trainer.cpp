@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <algorithm>
 #include <thread>
 
 #include <csignal>
@@ -33,6 +34,7 @@
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/moe_stats.hpp"
+#include "hpct/kernels/optim.hpp"
 #include "hpct/parallel/device_engine.hpp"
 
 namespace hpct::engine {
@@ -68,7 +70,15 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
     : cfg_(cfg), grid_(grid), ops_(std::move(backend)),
       batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
       clock_(std::make_unique<PhaseClock>()) {
-  if (cfg_.optimizer_threads > 0) kernels::set_optimizer_threads(cfg_.optimizer_threads);
+  if (cfg_.optimizer_threads > 0) {
+    kernels::set_optimizer_threads(cfg_.optimizer_threads);
+  } else if (!std::getenv("OMP_NUM_THREADS") && !std::getenv("SLURM_CPUS_PER_TASK")) {
+    // No thread count given, and a rank that is not pinned sees the whole node: share the node's
+    // CPUs among its ranks instead of running every rank's AdamW on all of them.
+    const int cpus = kernels::optimizer_threads(), hw = static_cast<int>(std::thread::hardware_concurrency());
+    const int local = comm::Communicator::world().node_local_size();
+    if (hw > 0 && cpus >= hw && local > 1) kernels::set_optimizer_threads(std::max(1, hw / local));
+  }
   if (!ops_ && cfg_.device == "cuda") {
     // One GPU per rank, picked by the node-local rank (modulo the GPUs seen). Taking it can fail on
     // one rank only (a busy exclusive-mode GPU, no memory), so every rank learns of it and stops.
@@ -114,8 +124,12 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
     resident = [this](const ParamLayout& layout, const parallel::StoreGroup& g) {
       return std::make_unique<parallel::DeviceEngine>(layout, cfg_.zero, *g.comm, compute_precision(), model_->ops());
     };
-  zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(), &grid_.ep(),
-                                                   &grid_.tp(), resident);
+  // A rank whose GPU cannot hold its states fails at its allocations, which are not collective:
+  // every rank learns of it and stops, rather than wait in the first collective for that rank.
+  comm::throw_if_any(comm::Communicator::world(), comm::error_text_of([&] {
+    zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(),
+                                                     &grid_.ep(), &grid_.tp(), resident);
+  }));
   if ((ops_ && !cfg_.states_on_device()) || cfg_.via_device_store)
     device_store_ = std::make_unique<parallel::DeviceStore>(
         *zero_, model_->layout(), model_->ops(), /*cache_params=*/cfg_.zero.stage <= 2,

@@ -10,6 +10,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/timer.hpp"
+#include "hpct/core/units.hpp"
 #include "hpct/kernels/half.hpp"
 #include "zero_internal.hpp"
 
@@ -47,11 +48,21 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
     }
   }
   const size_t P = layout.numel(), L = shards_.local_numel(), e = elem_bytes(half_), f = sizeof(float);
+  const size_t opt = cfg_.stage == 0 ? P : L;  // elements this rank updates (stage 0: all)
+  const size_t need = P * e + (half_ ? 3 : 2) * opt * f + (cfg_.stage <= 1 ? P * e : 0) + (cfg_.stage >= 1 ? L * e : 0);
   auto alloc = [&](kernels::BackendBuffer& buf, size_t bytes) {
-    buf = kernels::BackendBuffer(be_, bytes);
+    try {
+      buf = kernels::BackendBuffer(be_, bytes);
+    } catch (const std::exception& ex) {
+      throw Error("GPU-resident ZeRO stage " + std::to_string(cfg_.stage) + " needs " + format_bytes(double(need)) +
+                      " of " + be_.name() +
+                      " for this rank's states (" + std::to_string(P) + " parameters over " + std::to_string(n_) +
+                      " data-parallel ranks), and it could not be had: " + ex.what(),
+                  Error::Context{"", "zero_optimization.offload_optimizer.device",
+                                 "a higher ZeRO stage, more GPUs, or offload_optimizer.device cpu (ZeRO-Offload)"});
+    }
     if (bytes) be_.zero(buf.as<void>(), bytes);
   };
-  const size_t opt = cfg_.stage == 0 ? P : L;  // elements this rank updates (stage 0: all)
   alloc(params_, P * e);
   if (half_) alloc(master_, opt * f);
   alloc(m_, opt * f);
