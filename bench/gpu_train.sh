@@ -6,7 +6,7 @@
 #   bench/gpu_train.sh [BIN]      BIN: a folder holding pretrain_gpt and the test_*_cuda binaries
 #                                 (default: the build tree ./build; bench/gpu_bundle.sh makes one
 #                                 that runs on a node without our Debian packages)
-# Environment: CHECKS=0 skips the checks, SHAPES (default "124m 350m"), MODES (default "resident offload"), ITERS timed steps
+# Environment: CHECKS=0 skips the checks, TORCH=0 the PyTorch runs, SHAPES (default "124m 350m"), MODES (default "resident offload"), ITERS timed steps
 # (default 4) after WARM (default 2), ACCUM micro-batches per step (default 8), OUTDIR (default
 # bench/out/gpu). Runs needing mpirun (2 ranks) are left out where there is none (a bundle).
 #
@@ -152,6 +152,7 @@ print(f"{sys.argv[5]:<6} {'hpctrain (' + sys.argv[6] + ')':<28} {tps:12.0f} {tf:
 PY
   fi
   done
+  [[ ${TORCH:-1} == 1 ]] || continue
   for att in naive sdpa; do
     extra=(); [[ $att == sdpa ]] && extra=(--sdpa)
     r=$(timeout 120 "$py" "$root/bench/torch_gpt.py" --device cuda --bf16 --vocab "$V" --layers "$L" --hidden "$H" \
