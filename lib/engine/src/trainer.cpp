@@ -70,14 +70,15 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
     : cfg_(cfg), grid_(grid), ops_(std::move(backend)),
       batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
       clock_(std::make_unique<PhaseClock>()) {
+  // Host AdamW threads. Without a count given, a rank that is not pinned sees the whole node: it
+  // takes its share of the node's CPUs instead of running its AdamW on all of them. (The node's
+  // rank count is collective over the trainer's ranks: asked by every rank, whatever it decides.)
+  const int local_ranks = grid_.world().node_local_size();
   if (cfg_.optimizer_threads > 0) {
     kernels::set_optimizer_threads(cfg_.optimizer_threads);
   } else if (!std::getenv("OMP_NUM_THREADS") && !std::getenv("SLURM_CPUS_PER_TASK")) {
-    // No thread count given, and a rank that is not pinned sees the whole node: share the node's
-    // CPUs among its ranks instead of running every rank's AdamW on all of them.
     const int cpus = kernels::optimizer_threads(), hw = static_cast<int>(std::thread::hardware_concurrency());
-    const int local = comm::Communicator::world().node_local_size();
-    if (hw > 0 && cpus >= hw && local > 1) kernels::set_optimizer_threads(std::max(1, hw / local));
+    if (hw > 0 && cpus >= hw && local_ranks > 1) kernels::set_optimizer_threads(std::max(1, hw / local_ranks));
   }
   if (!ops_ && cfg_.device == "cuda") {
     // One GPU per rank, picked by the node-local rank (modulo the GPUs seen). Taking it can fail on
@@ -126,7 +127,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
     };
   // A rank whose GPU cannot hold its states fails at its allocations, which are not collective:
   // every rank learns of it and stops, rather than wait in the first collective for that rank.
-  comm::throw_if_any(comm::Communicator::world(), comm::error_text_of([&] {
+  comm::throw_if_any(grid_.world(), comm::error_text_of([&] {
     zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(),
                                                      &grid_.ep(), &grid_.tp(), resident);
   }));
