@@ -189,6 +189,10 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
   for (int g = 0; g < 3; ++g)
     for (const auto& ts : tensors) {
       std::string name = Checkpointer::dataset_name(kGroupNames[g], ts.name);
+      // Links and layouts first, on every rank in this order: a virtual dataset's open is collective
+      // and an external link or storage would read another file.
+      if (const std::string why = f.plain_dataset_problem(name); !why.empty())
+        throw file_error(file, "tensor " + why + "; the checkpoint is refused");
       if (!f.has_dataset(name))
         throw file_error(file, "has no tensor " + name + " that this model needs (shape " + shape_string(ts.shape) +
                                    "): it was written for another architecture or is damaged");

@@ -364,6 +364,44 @@ bool H5File::has_dataset(const std::string& name) const {
   return info.type == H5O_TYPE_DATASET;
 }
 
+std::string H5File::plain_dataset_problem(const std::string& name) const {
+  std::string p;
+  for (const auto& part : split_path(name)) {
+    p += "/" + part;
+    htri_t e = H5Lexists(file_, p.c_str(), H5P_DEFAULT);
+    if (e <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return "";  // absent: the caller's own check names it
+    }
+    H5L_info_t li;  // HDF5 1.10's API (Debian 12)
+    if (H5Lget_info(file_, p.c_str(), &li, H5P_DEFAULT) < 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return "its link " + p + " cannot be read";
+    }
+    if (li.type != H5L_TYPE_HARD)
+      return p + " is " + (li.type == H5L_TYPE_SOFT ? "a soft link" : li.type == H5L_TYPE_EXTERNAL ? "an external link to another file" : "a user-defined link") +
+             ": a checkpoint holds its tensors itself, in hard-linked datasets";
+  }
+  H5O_info_t oi;
+  if (H5Oget_info_by_name(file_, p.c_str(), &oi, H5P_DEFAULT) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return "";
+  }
+  if (oi.type != H5O_TYPE_DATASET) return p + " is not a dataset";
+  Hid ds(H5Dopen2(file_, p.c_str(), H5P_DEFAULT), H5Dclose);
+  if (ds < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return p + " cannot be opened";
+  }
+  Hid dcpl(H5Dget_create_plist(ds), H5Pclose);
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  if (layout == H5D_VIRTUAL) return p + " is a virtual dataset (its data would come from other files)";
+  if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT)
+    return p + " has a storage layout this reader does not know";
+  if (H5Pget_external_count(dcpl) != 0) return p + " has external storage (its bytes would come from another file)";
+  return "";
+}
+
 int64_t H5File::open_dataset(const std::string& name) const {
   hid_t ds = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
   if (ds < 0) h5_fail(path_, "no dataset " + name);

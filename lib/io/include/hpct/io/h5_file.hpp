@@ -83,6 +83,12 @@ class H5File {
   /// created as needed) of the given shape, allocated now.
   void create_dataset(const std::string& name, const std::vector<int64_t>& shape);
   bool has_dataset(const std::string& name) const;
+  /// Why the dataset `name` is not plain data of this file, or "" if it is: every component of its
+  /// path a hard link (no soft or external link), its storage in this file (contiguous, chunked or
+  /// compact; no virtual dataset, no external storage). Only links are looked at before the dataset
+  /// is opened, so a rank calls it in the same order as the others (opening a virtual dataset is
+  /// collective in a parallel file): readers check every tensor this way before any per-rank read.
+  std::string plain_dataset_problem(const std::string& name) const;
   /// Shape of an existing dataset; throws naming it if absent.
   std::vector<int64_t> dataset_shape(const std::string& name) const;
   /// Byte offset of a dataset's data in the file (contiguous layout): for inspection tools and tests.
