@@ -219,6 +219,7 @@ class Trainer {
   size_t staging_bytes_ = 0;
   void map_staging();
   void setup_tp_collectives();  // tp_nccl_ and tp_collectives_ (a --device cuda run with T > 1)
+  void setup_host_threads();    // the host AdamW's threads (--optimizer-threads, the environment)
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
   TrainingState training_state() const;
