@@ -224,11 +224,22 @@ case "${case_name}" in
     # tasks running; they time out on it, rank 0 names that node in the report and the job fails (exit
     # 1) instead of hanging. (Under mpirun, Open MPI 4.1 ends the whole job at once: no report.)
     [[ -x "${PREFIX}/bin/ib_healthcheck" ]] || skip "ib_healthcheck is not built"
-    id=$(as_user sbatch --parsable --nodes=3 "${SLURM_DIR}/ib_healthcheck.sbatch" \
-      --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K -t 3 --inject-fault die:1:mpi_p2p)
-    st=$(wait_job "${id}" 180)
-    out=${WORK}/ib_healthcheck-${id}.out
-    show_log "${out}"
+    # Once in CI (2 cores, after 199 tests), rank 0 died of SIGSEGV inside the MPI start-up, before
+    # ib_healthcheck wrote its first line, and the injected fault never ran: 19 local repeats, 12
+    # of them under a CPU hog, did not show it again. Such a start is submitted once more, saying
+    # so; a crash after the start, or a second one, still fails.
+    for attempt in 1 2; do
+      id=$(as_user sbatch --parsable --nodes=3 "${SLURM_DIR}/ib_healthcheck.sbatch" \
+        --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K -t 3 --inject-fault die:1:mpi_p2p)
+      st=$(wait_job "${id}" 180)
+      out=${WORK}/ib_healthcheck-${id}.out
+      show_log "${out}"
+      if ((attempt == 1)) && ! grep -q "^# tool: ib_healthcheck" "${out}" && grep -Eq "Caught signal|Segmentation fault" "${out}"; then
+        echo "NOTE: job ${id} crashed in the MPI start-up before ib_healthcheck's first line; submitting it once more"
+        continue
+      fi
+      break
+    done
     [[ "${st}" == FAILED ]] || fail "job ${id} ended ${st:-in no state}: expected FAILED (exit 1: a node failed)"
     # Rank 1 runs on the allocation's second node (which nodes Slurm gives depends on their state).
     dead=$(sed -n 's/^# nodes 3: [^ ]* \([^ ]*\) [^ ]*$/\1/p' "${out}")
