@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,10 +19,12 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
+#include "hpct/core/file.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/tokenizer_identity.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/kernels/backend.hpp"
@@ -158,8 +161,7 @@ static int run(int argc, char** argv) {
   std::unique_ptr<io::Gpt2Tokenizer> tok;
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
-    std::ifstream in(o.prompts_file);
-    if (!in) throw file_error(o.prompts_file, "cannot read (--prompts-file)");
+    std::istringstream in(read_regular_file(o.prompts_file, "--prompts-file", uint64_t(1) << 30));
     for (std::string line; std::getline(in, line);)
       if (!line.empty()) texts.push_back(line);
   }
@@ -168,9 +170,16 @@ static int run(int argc, char** argv) {
     if (mock || vf.empty() || mf.empty())
       throw config_error("--prompt", m.file + " was trained on " + (mock ? m.tokenizer : "unknown tokens"),
                          "give --prompt-ids, or --vocab-file and --merge-file");
-    if (m.tokenizer.rfind("gpt2-bpe", 0) == 0 && engine::tokenizer_identity(vf, mf) != m.tokenizer)
-      throw config_error("--vocab-file", vf + " / " + mf + " are not the tokenizer " + m.file + " was trained with (" +
-                                             m.tokenizer + ")");
+    // The paths may come from the checkpoint's config: regular files of bounded size only (a
+    // FIFO or /dev/zero would block or stream forever), and the bytes the run was trained with.
+    if (m.tokenizer.rfind("gpt2-bpe", 0) == 0)
+      for (const auto& [which, path, flag] : {std::tuple<const char*, const std::string&, const char*>{"vocab", vf, "--vocab-file"},
+                                              {"merges", mf, "--merge-file"}}) {
+        const std::string what = std::string("GPT-2 ") + which + " file";
+        const std::string bytes = read_regular_file(path, what, io::Gpt2Tokenizer::kMaxFileBytes, "give " + std::string(flag));
+        if (const std::string why = engine::tokenizer_file_problem(m.tokenizer, which, path, bytes); !why.empty())
+          throw config_error(flag, why + " (checkpoint " + m.file + ")", "give " + std::string(flag) + " with the run's file");
+      }
     tok = std::make_unique<io::Gpt2Tokenizer>(io::Gpt2Tokenizer::from_files(vf, mf));
   }
   std::vector<Result> res;

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,11 +23,14 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
+#include "hpct/core/file.hpp"
 #include "hpct/core/json_config.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/tokenizer_identity.hpp"
+#include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/engine/lora.hpp"
@@ -108,14 +112,12 @@ int export_safetensors(const std::string& path, const std::string& out) {
   f.close();
   std::string h = header.dump();
   while ((8 + h.size()) % 8) h.push_back(' ');  // data starts 8-byte aligned
-  std::ofstream o(out, std::ios::binary | std::ios::trunc);
-  if (!o) throw file_error(out, "cannot write");
-  uint64_t hl = h.size();
-  o.write(reinterpret_cast<const char*>(&hl), 8);  // little-endian (x86, aarch64)
-  o.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (const auto& x : data) o.write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(x.size() * 4));
-  o.close();
-  if (!o) throw file_error(out, "writing failed (disk full?)");
+  write_file_atomic(out, [&](std::FILE* o) {
+    const uint64_t hl = h.size();
+    std::fwrite(&hl, 8, 1, o);  // little-endian (x86, aarch64)
+    std::fwrite(h.data(), 1, h.size(), o);
+    for (const auto& x : data) std::fwrite(x.data(), sizeof(float), x.size(), o);
+  });
   std::printf("# %s: %zu tensors, %s, GPT-2 names, from %s\n", out.c_str(), data.size(), format_bytes(double(off)).c_str(),
               file.c_str());
   // Beside it, what Hugging Face's from_pretrained reads with model.safetensors: config.json, and
@@ -127,13 +129,26 @@ int export_safetensors(const std::string& path, const std::string& out) {
   std::printf("# %s: GPT-2 config (n_layer %d, n_embd %d, n_head %d, n_positions %d, vocab_size %lld)\n",
               (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.positions(),
               static_cast<long long>(vocab));
-  for (const auto& [key, name] : {std::pair<const char*, const char*>{"vocab_file", "vocab.json"}, {"merge_file", "merges.txt"}}) {
+  // The tokenizer files the config names are copied only when they are regular files of bounded
+  // size holding the bytes the run was trained with: the config is anyone's to edit, and an export
+  // is meant to be published.
+  for (const auto& [key, which, name] : {std::tuple<const char*, const char*, const char*>{"vocab_file", "vocab", "vocab.json"},
+                                         {"merge_file", "merges", "merges.txt"}}) {
     if (!cfg.contains(key) || !cfg[key].is_string() || cfg[key].get<std::string>().empty()) continue;
-    const std::string src = cfg[key].get<std::string>();
-    std::error_code ec;
-    std::filesystem::copy_file(src, dir / name, std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) std::printf("# %s not copied (%s: %s)\n", name, src.c_str(), ec.message().c_str());
-    else std::printf("# %s: the run's %s\n", (dir / name).c_str(), key);
+    const std::string src = cfg[key].get<std::string>(), dst = (dir / name).string();
+    std::string why, bytes;
+    try {
+      bytes = read_regular_file(src, std::string("the run's ") + key, io::Gpt2Tokenizer::kMaxFileBytes);
+      why = engine::tokenizer_file_problem(stored.meta.tokenizer, which, src, bytes);
+    } catch (const Error& e) {
+      why = src + ": " + e.message();
+    }
+    if (!why.empty()) {
+      std::printf("# %s not copied: %s\n", name, why.c_str());
+      continue;
+    }
+    write_file_atomic(dst, bytes);
+    std::printf("# %s: the run's %s\n", dst.c_str(), key);
   }
   return 0;
 }

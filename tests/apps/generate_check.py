@@ -91,7 +91,7 @@ one_line_error("long prompt", [a.generate, "--load", ckpt, "--prompt", "word " *
 bad_merges = os.path.join(a.workdir, "merges_other.txt")
 with open(merges) as f, open(bad_merges, "w") as g:
     g.write(f.read() + "\n")
-one_line_error("other tokenizer", [a.generate, "--load", ckpt, "--prompt", "Hi", "--merge-file", bad_merges], "--vocab-file")
+one_line_error("other tokenizer", [a.generate, "--load", ckpt, "--prompt", "Hi", "--merge-file", bad_merges], "--merge-file")  # the file that differs is named
 one_line_error("top-p 0", [a.generate, "--load", ckpt, "--prompt", "Hi", "--top-p", "0"], "--top-p")
 one_line_error("no --load", [a.generate, "--prompt", "Hi"], "--load")
 mock = os.path.join(a.workdir, "mock")

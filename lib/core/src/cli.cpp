@@ -9,12 +9,12 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/file.hpp"
 
 namespace hpct::cli {
 
@@ -25,8 +25,10 @@ std::vector<std::string> expand_arg_files(const std::vector<std::string>& in) {
       out.push_back(a);
       continue;
     }
-    std::ifstream f(a.substr(1));
-    if (!f) throw file_error(a.substr(1), "cannot open flags file", "give @PATH of a file such as inputs/gpt-tiny.args");
+    // A regular file of at most 1 MiB: @DIR, @/dev/zero or a FIFO is refused, never read as
+    // no flags or streamed without end.
+    std::istringstream f(read_regular_file(a.substr(1), "flags file", uint64_t(1) << 20,
+                                           "give @PATH of a file such as inputs/gpt-tiny.args"));
     std::string line;
     while (std::getline(f, line)) {
       if (auto h = line.find('#'); h != std::string::npos) line.resize(h);

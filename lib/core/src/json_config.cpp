@@ -1,9 +1,10 @@
 #include "hpct/core/json_config.hpp"
 
 #include <cmath>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "hpct/core/file.hpp"
 
 namespace hpct {
 
@@ -45,11 +46,7 @@ std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
 }
 
 nlohmann::json JsonSection::load_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw file_error(path, "cannot open config file", "check the path");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_json(ss.str(), path, /*comments=*/true);
+  return parse_json(read_regular_file(path, "config file", uint64_t(64) << 20, "check the path"), path, /*comments=*/true);
 }
 
 bool JsonSection::has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }

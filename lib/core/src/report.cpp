@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/file.hpp"
 #include "hpct/core/sysinfo.hpp"
 
 #ifndef HPCT_VERSION
@@ -192,21 +192,7 @@ void Progress::done(const std::string& label, double weight) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) throw file_error(path, "cannot write", "check that its directory exists and is writable");
-    f << text;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw file_error(path, "short write (disk full?)", "the previous file, if any, is unchanged");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw file_error(path, "cannot rename the temporary file into place", "the previous file, if any, is unchanged");
-  }
+  write_file_atomic(path, [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& doc) { write_file_atomic(path, doc.dump(2) + "\n"); }

@@ -32,28 +32,10 @@
 #include "hpct/core/timer.hpp"
 #include "hpct/core/units.hpp"
 #include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/tokenizer_identity.hpp"
 #include "hpct/engine/moe_stats.hpp"
 
 namespace hpct::engine {
-
-namespace {
-
-// FNV-1a 64 of a file's bytes, for the tokenizer's identity in checkpoints.
-std::string file_fingerprint(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return "unreadable";
-  uint64_t h = kFnv1aBasis;
-  char buf[65536];
-  while (f.read(buf, sizeof buf) || f.gcount() > 0) h = fnv1a64(buf, static_cast<size_t>(f.gcount()), h);
-  char out[32];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
-}
-}  // namespace
-
-std::string tokenizer_identity(const std::string& vocab_file, const std::string& merge_file) {
-  return "gpt2-bpe vocab:fnv1a64:" + file_fingerprint(vocab_file) + " merges:fnv1a64:" + file_fingerprint(merge_file);
-}
 
 CheckpointMeta Trainer::checkpoint_meta() const {
   CheckpointMeta m;

@@ -12,21 +12,17 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <unordered_map>
 #include <utility>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <nlohmann/json.hpp>
 #include <pcre2.h>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/file.hpp"
 
 namespace hpct::io {
 namespace detail {
@@ -81,30 +77,6 @@ bool byte_level_to_bytes(std::string_view token, std::string& out) {
     out.push_back(static_cast<char>(kAlphabet.byte_of[cp]));
   }
   return true;
-}
-
-std::string read_whole_file(const std::string& path, const std::string& what, const std::string& hint) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw file_error(path, "cannot open " + what + ": " + std::strerror(errno), hint);
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw file_error(path, what + " is not a regular file", hint);
-  }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < data.size()) {
-    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      throw file_error(path, "cannot read " + what + ": " + std::strerror(err), hint);
-    }
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return data;
 }
 
 std::string pcre2_message(int code) {
@@ -264,7 +236,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::string& vocab_path, const std
   // --- vocab: {"token": id}, tokens written in byte-level code points ---
   nlohmann::json vocab;
   try {
-    vocab = nlohmann::json::parse(read_whole_file(vocab_path, "GPT-2 vocab file", kFetchHint));
+    vocab = nlohmann::json::parse(read_regular_file(vocab_path, "GPT-2 vocab file", Gpt2Tokenizer::kMaxFileBytes, kFetchHint));
   } catch (const nlohmann::json::exception& e) {
     throw file_error(vocab_path, std::string("invalid JSON in GPT-2 vocab file: ") + e.what(), kFetchHint);
   }
@@ -310,7 +282,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::string& vocab_path, const std
   }
 
   // --- merges: optional "#version" line, then "left right" per line, rank = order ---
-  const std::string text = read_whole_file(merges_path, "GPT-2 merges file", kFetchHint);
+  const std::string text = read_regular_file(merges_path, "GPT-2 merges file", Gpt2Tokenizer::kMaxFileBytes, kFetchHint);
   std::unordered_map<uint64_t, MergeTable::Merge> merges;
   merges.reserve(t->vocab_size);
   int32_t rank = 0;

@@ -53,10 +53,6 @@ struct TrainingState {
 };
 
 /// What a checkpoint is written with and checked against on load.
-/// CheckpointMeta::tokenizer of a run with this GPT-2 BPE vocab and merges file (each file's FNV-1a
-/// 64; "unreadable" for one that cannot be read).
-std::string tokenizer_identity(const std::string& vocab_file, const std::string& merge_file);
-
 struct CheckpointMeta {
   nlohmann::json config;        // resolved TrainConfig
   nlohmann::json architecture;  // GptConfig: a different one is refused

@@ -33,6 +33,9 @@ class Gpt2Tokenizer {
   /// naming the file for a missing/unreadable file, invalid JSON, a malformed merges line, or a
   /// merge whose symbols are not in the vocab.
   static Gpt2Tokenizer from_files(const std::string& vocab_path, const std::string& merges_path);
+  /// The largest vocab or merges file read (GPT-2's are 1 MiB and 456 KiB): a path that names
+  /// something larger is refused before it is read.
+  static constexpr uint64_t kMaxFileBytes = uint64_t(256) << 20;
 
   /// UTF-8 in, token ids out. Bytes that are not valid UTF-8 are not an error: each run of them is
   /// encoded as its own piece, byte by byte, so decode(encode(s)) == s for every byte string.
