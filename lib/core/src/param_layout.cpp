@@ -8,7 +8,8 @@ void ParamLayout::begin_block(const std::string& name, ReduceGroup group) {
   blocks_.push_back(BlockSpec{name, total_, 0, group, -1});
 }
 
-const TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool weight_decay, Partition part) {
+const TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool weight_decay, Partition part,
+                                   InitSpec init) {
   if (blocks_.empty()) begin_block("params");
   if (part.parts < 1 || part.stride < 1 || part.index < 0 || part.index >= part.parts ||
       part.dim >= static_cast<int>(shape.size()))
@@ -17,7 +18,7 @@ const TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t>
     throw Error("tensor '" + name + "' of shape " + shape_string(shape) + ": dimension " + std::to_string(part.dim) +
                 " does not divide into " + std::to_string(part.parts) + " parts" +
                 (part.stride > 1 ? " of each of " + std::to_string(part.stride) + " sections" : std::string()));
-  TensorSpec t{name, std::move(shape), total_, 0, static_cast<int>(blocks_.size()) - 1, weight_decay, part};
+  TensorSpec t{name, std::move(shape), total_, 0, static_cast<int>(blocks_.size()) - 1, weight_decay, part, init};
   size_t n = 1;
   for (int64_t d : t.local_shape()) {
     if (d <= 0) throw Error("tensor '" + name + "' has a non-positive dimension");

@@ -1,5 +1,6 @@
 // The model's parameter table (Megatron's names and tensor-parallel partitions) and its
 // layout-independent initialisation; split from gpt.cpp. See gpt.hpp.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -18,14 +19,19 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   const int P = cfg.tensor_parallel;
   if (tp_rank < 0 || tp_rank >= P) throw Error("GPT layout: tensor-parallel rank " + std::to_string(tp_rank) + " of " + std::to_string(P));
   const Partition col{0, P, tp_rank, 1}, qkv{0, P, tp_rank, 3}, row{1, P, tp_rank, 1}, rep{-1, P, tp_rank, 1};
+  // GPT-2 / Megatron init, declared with each tensor: weights N(0, std), the projections into the
+  // residual stream (attention output, MLP fc2) N(0, std / sqrt(2L)), biases zero, norm weights one.
+  const InitSpec w = InitSpec::normal(cfg.init_std), w_out = InitSpec::normal(cfg.init_std / std::sqrt(2.0 * cfg.num_layers));
+  const InitSpec zero = InitSpec::zeros(), one = InitSpec::ones();
   layout.begin_block("embedding");
-  *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col).offset;
+  *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col, w).offset;
   if (cfg.lora.own_position_block()) layout.begin_block("embedding.position");  // trains, the words frozen
-  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep).offset - layout.blocks().back().offset;
+  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep, w).offset - layout.blocks().back().offset;
   if (cfg.lora.adapts(LoraConfig::embedding)) {  // the tied embedding's adapters, beside it
+    // As PEFT: A starts at zero (the adapted model starts as the base), B at N(0, 1).
     layout.begin_block("embedding.lora");
-    layout.add("embedding.word_embeddings.lora_a.weight", {Vp, cfg.lora.rank}, true, col);  // rows as wte's
-    layout.add("embedding.word_embeddings.lora_b.weight", {C, cfg.lora.rank}, true, rep);
+    layout.add("embedding.word_embeddings.lora_a.weight", {Vp, cfg.lora.rank}, true, col, zero);  // rows as wte's
+    layout.add("embedding.word_embeddings.lora_b.weight", {C, cfg.lora.rank}, true, rep, InitSpec::normal(1.0));
   }
   int moe_index = 0;
   for (int l = 0; l < cfg.num_layers; ++l) {
@@ -34,28 +40,28 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
     Block o;
     o.block = static_cast<int>(layout.blocks().size()) - 1;
     size_t base = layout.numel();
-    auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd, const Partition& part) {
-      return layout.add(p + n, std::move(s), wd, part).offset - base;
+    auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd, const Partition& part, const InitSpec& init) {
+      return layout.add(p + n, std::move(s), wd, part, init).offset - base;
     };
-    o.ln1w = rel("input_layernorm.weight", {C}, false, rep);
-    o.ln1b = rel("input_layernorm.bias", {C}, false, rep);
-    o.qkvw = rel("attention.query_key_value.weight", {3 * C, C}, true, qkv);
-    o.qkvb = rel("attention.query_key_value.bias", {3 * C}, false, qkv);
-    o.projw = rel("attention.dense.weight", {C, C}, true, row);
-    o.projb = rel("attention.dense.bias", {C}, false, rep);
-    o.ln2w = rel("post_attention_layernorm.weight", {C}, false, rep);
-    o.ln2b = rel("post_attention_layernorm.bias", {C}, false, rep);
+    o.ln1w = rel("input_layernorm.weight", {C}, false, rep, one);
+    o.ln1b = rel("input_layernorm.bias", {C}, false, rep, zero);
+    o.qkvw = rel("attention.query_key_value.weight", {3 * C, C}, true, qkv, w);
+    o.qkvb = rel("attention.query_key_value.bias", {3 * C}, false, qkv, zero);
+    o.projw = rel("attention.dense.weight", {C, C}, true, row, w_out);
+    o.projb = rel("attention.dense.bias", {C}, false, rep, zero);
+    o.ln2w = rel("post_attention_layernorm.weight", {C}, false, rep, one);
+    o.ln2b = rel("post_attention_layernorm.bias", {C}, false, rep, zero);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
-    if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep);  // DeepSpeed's wg: no bias
+    if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
     if (o.experts == 0 || cfg.moe.residual) {
-      o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true, col);
-      o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false, col);
-      o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true, row);
-      o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false, rep);
+      o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true, col, w);
+      o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false, col, zero);
+      o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true, row, w_out);
+      o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false, rep, zero);
     }
     if (o.experts > 0 && cfg.moe.residual) {
-      o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep);
-      o.coefb = rel("mlp.coefficient.bias", {2}, false, rep);
+      o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep, w);
+      o.coefb = rel("mlp.coefficient.bias", {2}, false, rep, zero);
     }
     if (o.experts > 0) {
       o.moe_index = moe_index++;
@@ -67,10 +73,10 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
         // Experts stay whole on a rank (every tensor-parallel rank holds the same ones), or with
         // --enable-expert-tensor-parallelism are split like the dense MLP.
         const bool split = cfg.moe.expert_tensor_parallel;
-        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true, split ? col : rep);
-        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false, split ? col : rep);
-        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true, split ? row : rep);
-        layout.add(ep + ".dense_4h_to_h.bias", {C}, false, rep);
+        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true, split ? col : rep, w);
+        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false, split ? col : rep, zero);
+        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true, split ? row : rep, w_out);
+        layout.add(ep + ".dense_4h_to_h.bias", {C}, false, rep, zero);
       }
     }
     if (cfg.lora.enabled()) {  // A (rank, in), B (out, rank) beside each adapted linear's weight
@@ -83,18 +89,21 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
       // Split as the weight: a column-parallel linear's B by its output rows (QKV by sections), a
       // row-parallel linear's A by its input columns; the other factor a replica (model/lora.cpp).
       const Partition a_part[4] = {rep, row, rep, row}, b_part[4] = {qkv, rep, col, rep};
+      // A: PEFT's kaiming_uniform(a=sqrt(5)) has variance 1/(3 in); the same variance, normal.
+      // B starts at zero, so the adapted model starts as the base.
       for (int t = 0; t < 4; ++t)
         if (cfg.lora.adapts(t)) {
-          o.lora_a[t] = rel(std::string(names[t]) + ".lora_a.weight", {r, in[t]}, true, a_part[t]);
-          o.lora_b[t] = rel(std::string(names[t]) + ".lora_b.weight", {out[t], r}, true, b_part[t]);
+          const InitSpec a_init = InitSpec::normal(1.0 / std::sqrt(3.0 * static_cast<double>(in[t])));
+          o.lora_a[t] = rel(std::string(names[t]) + ".lora_a.weight", {r, in[t]}, true, a_part[t], a_init);
+          o.lora_b[t] = rel(std::string(names[t]) + ".lora_b.weight", {out[t], r}, true, b_part[t], zero);
         }
     }
     if (blocks) blocks->push_back(std::move(o));
   }
   layout.begin_block("final_norm");
   size_t base = layout.numel();
-  *lnfw = layout.add("final_layernorm.weight", {C}, false, rep).offset - base;
-  *lnfb = layout.add("final_layernorm.bias", {C}, false, rep).offset - base;
+  *lnfw = layout.add("final_layernorm.weight", {C}, false, rep, one).offset - base;
+  *lnfb = layout.add("final_layernorm.bias", {C}, false, rep, zero).offset - base;
   if (cfg.lora.enabled())  // LoRA: the base model is frozen; the adapters and any modules to save train
     for (size_t b = 0; b < layout.blocks().size(); ++b) {
       const std::string& n = layout.blocks()[b].name;
@@ -120,29 +129,23 @@ void Gpt::init_params(float* params, uint64_t seed) const {
 }
 
 void Gpt::init_block(int block, float* dst, uint64_t seed) const {
-  const double std_w = cfg_.init_std;
-  const double std_out = cfg_.init_std / std::sqrt(2.0 * cfg_.num_layers);
   const size_t base = layout_.blocks()[block].offset;
   for (const auto& t : layout_.tensors()) {
     if (t.block != block) continue;
     float* p = dst + (t.offset - base);
-    // One stream per tensor, keyed by its index: init does not depend on how others are laid out.
-    Rng rng(mix_seed(seed, std::hash<std::string>{}(t.name) & 0xffffffffu, 0x1417));
-    bool is_norm_weight = t.name.find("layernorm.weight") != std::string::npos;
-    bool is_bias = t.name.size() >= 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
-    bool is_out = t.name.find("attention.dense.weight") != std::string::npos ||
-                  t.name.find("dense_4h_to_h.weight") != std::string::npos;
-    const bool emb = t.name.rfind("embedding.", 0) == 0;
-    const bool lora_a = t.name.find(".lora_a.") != std::string::npos, lora_b = t.name.find(".lora_b.") != std::string::npos;
-    // LoRA: one factor starts at zero, so the adapted model starts as the base (B of a linear, A
-    // of the embedding, as PEFT)
-    if (is_norm_weight || is_bias || (lora_b && !emb) || (lora_a && emb)) {
-      std::fill(p, p + t.numel, is_norm_weight ? 1.0f : 0.0f);
-      continue;
+    switch (t.init.kind) {
+      case InitSpec::Kind::zeros:
+      case InitSpec::Kind::ones:
+        std::fill(p, p + t.numel, t.init.kind == InitSpec::Kind::ones ? 1.0f : 0.0f);
+        continue;
+      case InitSpec::Kind::unset:
+        throw Error("tensor '" + t.name + "' declares no initialisation (its layout.add in model/gpt_layout.cpp)");
+      case InitSpec::Kind::normal:
+        break;
     }
-    // A linear's A: PEFT's kaiming_uniform(a=sqrt(5)) has variance 1/(3 in); the same variance,
-    // normal. The embedding's B: PEFT's N(0, 1).
-    const double sd = lora_b ? 1.0 : lora_a ? 1.0 / std::sqrt(3.0 * static_cast<double>(t.shape[1])) : is_out ? std_out : std_w;
+    // One stream per tensor, keyed by its name: init does not depend on how others are laid out.
+    Rng rng(mix_seed(seed, std::hash<std::string>{}(t.name) & 0xffffffffu, 0x1417));
+    const double sd = t.init.std;
     // A tensor-parallel part draws the full tensor's sequence and keeps its own elements, so every
     // element has the value it has at T = 1 (Megatron's --use-cpu-initialization does the same).
     uint64_t next = 0;  // full-tensor index of the next draw

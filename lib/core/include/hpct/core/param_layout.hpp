@@ -28,6 +28,18 @@ struct Partition {
   int stride = 1;
 };
 
+/// How a tensor starts. The layout only carries it, declared with the tensor; the model's init reads
+/// it. unset: nothing was declared, and the model's init refuses the tensor, so a new tensor never
+/// silently starts from a default (an RMSNorm weight at N(0, std) would train, badly).
+struct InitSpec {
+  enum class Kind { unset, zeros, ones, normal };
+  Kind kind = Kind::unset;
+  double std = 0;  // normal: N(0, std)
+  static InitSpec zeros() { return {Kind::zeros, 0}; }
+  static InitSpec ones() { return {Kind::ones, 0}; }
+  static InitSpec normal(double std) { return {Kind::normal, std}; }
+};
+
 struct TensorSpec {
   std::string name;            // e.g. "layers.3.attn.qkv.weight"
   std::vector<int64_t> shape;  // the full (unsharded, tensor-parallel-whole) shape: the checkpoint's
@@ -36,6 +48,7 @@ struct TensorSpec {
   int block = 0;               // contiguous group this tensor belongs to
   bool weight_decay = true;    // Megatron: no decay on biases and norm weights
   Partition part;
+  InitSpec init;
 
   bool partitioned() const { return part.dim >= 0 && part.parts > 1; }
   /// Counted once over the tensor-parallel group: a partition, or the primary copy of a replica.
@@ -70,7 +83,8 @@ class ParamLayout {
   void begin_block(const std::string& name, ReduceGroup group = ReduceGroup::dense);
   /// Adds a tensor of full shape `shape`; with a partition the rank holds its part (the split
   /// dimension must divide by parts * stride; throws naming the tensor otherwise).
-  const TensorSpec& add(const std::string& name, std::vector<int64_t> shape, bool weight_decay, Partition part = {});
+  const TensorSpec& add(const std::string& name, std::vector<int64_t> shape, bool weight_decay, Partition part = {},
+                        InitSpec init = {});
   size_t numel() const { return total_; }
   /// Elements of every tensor whole (what a checkpoint holds): numel() without tensor parallelism.
   size_t full_numel() const;
