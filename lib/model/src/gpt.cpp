@@ -47,9 +47,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
     emb_lora_a_ = a.offset - layout_.blocks()[a.block].offset;
     emb_lora_b_ = layout_.find("embedding.word_embeddings.lora_b.weight").offset - layout_.blocks()[a.block].offset;
   }
-  const size_t C = cfg_.hidden_size;
-  const size_t Fe = expert_width();  // 4C, or 4C/T with expert tensor parallelism
-  ex_ = ExpertOffsets{0, Fe * C, Fe * C + Fe, 2 * Fe * C + Fe};
+  mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block& o = blocks_[l];
     if (o.experts == 0) continue;
@@ -228,34 +226,17 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   return recompute_ ? f : f * 0.75;
 }
 
-void Gpt::mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F,
-                     const Block* lora, LayerActs* a) {
-  ops_->matmul_forward(fch, x, fcw, fcb, rows, cfg_.hidden_size, F, precision_);
-  if (lora) lora_forward(*lora, *a, LoraConfig::fc, x, fch, rows);
-  ops_->gelu_forward(fch_gelu, fch, (size_t)rows * F);
-}
-
-void Gpt::mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
-                      float* fch, float* fch_gelu, float* out, int rows, int F, const Block* lora, LayerActs* a) {
-  mlp_hidden(fcw, fcb, x, fch, fch_gelu, rows, F, lora, a);
-  ops_->matmul_forward(out, fch_gelu, projw, projb, rows, F, cfg_.hidden_size, precision_);
-  if (lora) lora_forward(*lora, *a, LoraConfig::fc2, fch_gelu, out, rows);
-}
-
-// dx is ACCUMULATED (zero it first for an overwrite); the weight gradients too.
-void Gpt::mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
-                       const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
-                       float* dfch, float* dfch_gelu, int F, const Block* lora, LayerActs* a) {
-  const int C = cfg_.hidden_size;
-  const size_t n4 = (size_t)rows * F;
-  ops_->zero(dfch_gelu, n4 * sizeof(float));
-  ops_->matmul_backward(dfch_gelu, dprojw, dprojb, dout, fch_gelu, projw, rows, F, C, precision_);
-  if (lora) lora_backward(*lora, *a, LoraConfig::fc2, fch_gelu, dout, dfch_gelu, rows);
-  ops_->zero(dfch, n4 * sizeof(float));
-  ops_->gelu_backward(dfch, fch, dfch_gelu, n4);
-  ops_->matmul_backward(dx, dfcw, dfcb, dfch, x, fcw, rows, C, F, precision_);
-  if (lora) lora_backward(*lora, *a, LoraConfig::fc, x, dfch, dx, rows);
-}
+struct Gpt::MlpLora final : LinearHooks {
+  Gpt& g;
+  const Block& o;
+  LayerActs& a;
+  MlpLora(Gpt& gpt, const Block& block, LayerActs& acts) : g(gpt), o(block), a(acts) {}
+  static int target(Linear which) { return which == fc ? LoraConfig::fc : LoraConfig::fc2; }
+  void forward(Linear which, const float* x, float* out, int rows) override { g.lora_forward(o, a, target(which), x, out, rows); }
+  void backward(Linear which, const float* x, const float* dout, float* dx, int rows) override {
+    g.lora_backward(o, a, target(which), x, dout, dx, rows);
+  }
+};
 
 // in, out and a.res2 hold this rank's n token rows (all N without sequence parallelism, else the n
 // from row r0): the norms run on them and write their rows of the full a.ln1 / a.ln2, which f
@@ -292,13 +273,14 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   tp_.all_gather(a.ln2, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
-    if (o.experts == 0) mlp_hidden(lp + o.fcw, lp + o.fcb, a.ln2, a.fch, a.fch_gelu, N, Fl_, &o, &a);
+    MlpLora lora(*this, o, a);
+    if (o.experts == 0) mlp_.hidden(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, &lora);
     else moe_forward(store, l, lp, a, ff, N);
     return;
   }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
-    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_,
-                &o, &a);
+    MlpLora lora(*this, o, a);
+    mlp_.forward(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_, &lora);
     tp_.reduce_scatter(ff, out, NC);
   } else {
     moe_forward(store, l, lp, a, ff, N);  // every tensor-parallel rank routes every row alike
@@ -336,8 +318,9 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   ops_->zero(w.dln, NC * sizeof(float));
   const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
-    mlp_backward(lp + o.fcw, lp + o.fcprojw, G(o.fcw), G(o.fcb), G(o.fcprojw), G(o.fcprojb), a.ln2, a.fch, a.fch_gelu,
-                 dout, w.dln, N, w.dfch, w.dfch_gelu, Fl_, &o, &a);
+    MlpLora lora(*this, o, a);
+    mlp_.backward(dense_mlp(lp, o), MlpGrads::at(lg, o.mlp), a.ln2, a.fch, a.fch_gelu, dout, w.dln, N, w.dfch,
+                  w.dfch_gelu, Fl_, &lora);
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {
     moe_backward(store, l, lp, lg, a, dout, w.dln, N);  // whole on every rank

@@ -53,12 +53,7 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
     o.ln2b = rel("post_attention_layernorm.bias", {C}, false, rep, zero);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
     if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
-    if (o.experts == 0 || cfg.moe.residual) {
-      o.fcw = rel("mlp.dense_h_to_4h.weight", {4 * C, C}, true, col, w);
-      o.fcb = rel("mlp.dense_h_to_4h.bias", {4 * C}, false, col, zero);
-      o.fcprojw = rel("mlp.dense_4h_to_h.weight", {C, 4 * C}, true, row, w_out);
-      o.fcprojb = rel("mlp.dense_4h_to_h.bias", {C}, false, rep, zero);
-    }
+    if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, 4 * C, {col, row, rep}, w, w_out, base);
     if (o.experts > 0 && cfg.moe.residual) {
       o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep, w);
       o.coefb = rel("mlp.coefficient.bias", {2}, false, rep, zero);
@@ -73,10 +68,8 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
         // Experts stay whole on a rank (every tensor-parallel rank holds the same ones), or with
         // --enable-expert-tensor-parallelism are split like the dense MLP.
         const bool split = cfg.moe.expert_tensor_parallel;
-        layout.add(ep + ".dense_h_to_4h.weight", {4 * C, C}, true, split ? col : rep, w);
-        layout.add(ep + ".dense_h_to_4h.bias", {4 * C}, false, split ? col : rep, zero);
-        layout.add(ep + ".dense_4h_to_h.weight", {C, 4 * C}, true, split ? row : rep, w_out);
-        layout.add(ep + ".dense_4h_to_h.bias", {C}, false, rep, zero);
+        o.expert_mlp = Mlp::declare(layout, ep + ".", C, 4 * C, {split ? col : rep, split ? row : rep, rep}, w, w_out,
+                                    layout.blocks().back().offset);
       }
     }
     if (cfg.lora.enabled()) {  // A (rank, in), B (out, rank) beside each adapted linear's weight

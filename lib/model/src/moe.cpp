@@ -266,12 +266,12 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
       const int b = o.expert_blocks[ep_rank_ * El + j];
       const float* w = store.params(b);
       if (rows > 0)
-        mlp_hidden(w + ex_.fcw, w + ex_.fcb, m.rows.data() + row * C, xa.fch.data() + row * F,
-                   xa.fch_gelu.data() + row * F, rows, F);
+        mlp_.hidden(MlpWeights::at(w, o.expert_mlp), m.rows.data() + row * C, xa.fch.data() + row * F,
+                    xa.fch_gelu.data() + row * F, rows, F, nullptr);
       store.release(b);
       row += rows;
     }
-    if (cfg_.moe.residual) mlp_hidden(lp + o.fcw, lp + o.fcb, a.ln2, a.fch, a.fch_gelu, N, Fl_);
+    if (cfg_.moe.residual) mlp_.hidden(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, nullptr);
     return;
   }
   m.N = N;
@@ -349,10 +349,12 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     const int rows = expert_rows(rc, P, El, j);
     const int b = o.expert_blocks[ep_rank_ * El + j];
     const float* w = store.params(b);
-    if (rows > 0)
-      mlp_forward(w + ex_.fcw, w + ex_.fcb, w + ex_.projw, split ? row_bias(w + ex_.projb) : w + ex_.projb,
-                  m.rows.data() + row * C, xa.fch.data() + row * F, xa.fch_gelu.data() + row * F,
-                  xa.y.data() + row * C, rows, F);
+    if (rows > 0) {
+      MlpWeights ew = MlpWeights::at(w, o.expert_mlp);
+      if (split) ew.projb = row_bias(ew.projb);
+      mlp_.forward(ew, m.rows.data() + row * C, xa.fch.data() + row * F, xa.fch_gelu.data() + row * F,
+                   xa.y.data() + row * C, rows, F, nullptr);
+    }
     store.release(b);
     row += rows;
   }
@@ -366,8 +368,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   if (cfg_.moe.residual) {
     // out = c0 * moe + c1 * mlp(x), (c0, c1) = softmax(x Wc^T + bc) per token.
     // The dense MLP beside the experts is tensor-parallel like a dense layer's (the experts are not).
-    mlp_forward(lp + o.fcw, lp + o.fcb, lp + o.fcprojw, row_bias(lp + o.fcprojb), x, a.fch, a.fch_gelu,
-                m.dense_out.resize((size_t)N * C), N, Fl_);
+    mlp_.forward(dense_mlp(lp, o), x, a.fch, a.fch_gelu, m.dense_out.resize((size_t)N * C), N, Fl_, nullptr);
     tp_.all_reduce(m.dense_out.data(), (size_t)N * C);
     ops_->matmul_forward(m.coef.resize((size_t)N * 2), x, lp + o.coefw, lp + o.coefb, N, C, 2, Precision::fp32);
     ops_->residual_mix(out, m.coef.data(), m.moe_out.data(), m.dense_out.data(), N, C);
@@ -396,8 +397,8 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     // dx is zero here: the dense MLP's part first, summed over the tensor-parallel group (f's
     // backward), then the whole contributions of the coefficient and the experts.
     Workspace& w = *ws_;
-    mlp_backward(lp + o.fcw, lp + o.fcprojw, lg + o.fcw, lg + o.fcb, lg + o.fcprojw, lg + o.fcprojb, x, a.fch, a.fch_gelu,
-                 dd.data(), dx, N, w.dfch, w.dfch_gelu, Fl_);
+    mlp_.backward(dense_mlp(lp, o), MlpGrads::at(lg, o.mlp), x, a.fch, a.fch_gelu, dd.data(), dx, N, w.dfch,
+                  w.dfch_gelu, Fl_, nullptr);
     tp_.all_reduce(dx, (size_t)N * C);
     ops_->matmul_backward(dx, lg + o.coefw, lg + o.coefb, dlog.data(), x, lp + o.coefw, N, C, 2, Precision::fp32);
     dm = dmoe.data();
@@ -426,9 +427,9 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     const float* w = store.params(b);
     float* g = store.grads(b);
     if (rows > 0)
-      mlp_backward(w + ex_.fcw, w + ex_.projw, g + ex_.fcw, g + ex_.fcb, g + ex_.projw, g + ex_.projb,
-                   m.rows.data() + row * C, xa.fch.data() + row * F, xa.fch_gelu.data() + row * F,
-                   dy.data() + row * C, drows.data() + row * C, rows, dscratch.data(), dscratch2.data(), F);
+      mlp_.backward(MlpWeights::at(w, o.expert_mlp), MlpGrads::at(g, o.expert_mlp), m.rows.data() + row * C,
+                    xa.fch.data() + row * F, xa.fch_gelu.data() + row * F, dy.data() + row * C,
+                    drows.data() + row * C, rows, dscratch.data(), dscratch2.data(), F, nullptr);
     store.release(b);
     store.grads_ready(b);
     row += rows;

@@ -2,7 +2,7 @@
 //
 // Token + learned position embeddings, L pre-LayerNorm transformer blocks, final LayerNorm, output
 // head tied to the token embedding. A block is ln1, causal multi-head attention, ln2 and a
-// feed-forward that is either the GELU MLP or a mixture of experts (model/moe.cpp: a router, top-k
+// feed-forward that is either the GELU MLP (model/mlp.hpp) or a mixture of experts (model/moe.cpp: a router, top-k
 // gating with capacity, experts that are the same MLP, and the expert-parallel all-to-all).
 // No autograd: the backward is written out, op by op, against hpct::kernels. Activation
 // checkpointing per layer keeps only each layer's input and recomputes the layer in backward.
@@ -43,6 +43,7 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/mlp.hpp"
 #include "hpct/model/param_store.hpp"
 #include "hpct/model/tensor_parallel.hpp"
 
@@ -284,8 +285,8 @@ class Gpt {
   struct Block {
     int block = 0;  // schema block id of the dense part
     size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b;
-    // dense MLP (or the residual MLP beside the experts): fc and proj
-    size_t fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;
+    MlpTensors mlp;                 // the dense MLP (or the residual MLP beside the experts)
+    MlpTensors expert_mlp;          // inside each expert block (every expert alike)
     int experts = 0;                // 0: dense MLP; else E experts routed by `router`
     size_t routerw = 0;             // (E, C)
     size_t coefw = 0, coefb = 0;    // residual MoE: (2, C), (2)
@@ -310,17 +311,14 @@ class Gpt {
   const int32_t* kept_key_start(int l, int B, int T);
   void layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres,
                       int B, int T);
-  // The GELU MLP of hidden width F (4C, or 4C/T for a tensor-parallel part: the caller passes
-  // projb on one rank only and sums `out`, and dx, over the group).
-  // lora: the dense MLP's layer and activations, for its LoRA adapters (nullptr: none, as experts).
-  void mlp_hidden(const float* fcw, const float* fcb, const float* x, float* fch, float* fch_gelu, int rows, int F,
-                  const Block* lora = nullptr, LayerActs* a = nullptr);
-  void mlp_forward(const float* fcw, const float* fcb, const float* projw, const float* projb, const float* x,
-                   float* fch, float* fch_gelu, float* out, int rows, int F, const Block* lora = nullptr,
-                   LayerActs* a = nullptr);
-  void mlp_backward(const float* fcw, const float* projw, float* dfcw, float* dfcb, float* dprojw, float* dprojb,
-                    const float* x, const float* fch, const float* fch_gelu, const float* dout, float* dx, int rows,
-                    float* dfch, float* dfch_gelu, int F, const Block* lora = nullptr, LayerActs* a = nullptr);
+  /// A dense layer's MLP parameters, fc2's bias on tensor-parallel rank 0 only (row_bias).
+  MlpWeights dense_mlp(const float* lp, const Block& o) const {
+    MlpWeights w = MlpWeights::at(lp, o.mlp);
+    w.projb = row_bias(w.projb);
+    return w;
+  }
+  /// The dense MLP's LoRA adapters of layer o (LinearHooks over lora_forward / lora_backward).
+  struct MlpLora;
   // ---- LoRA (lora.cpp) ----
   /// out += scale * (x A^T) B^T for linear t of layer o on `rows` rows (nothing if t is not adapted);
   /// x A^T is kept in a for backward. Reads the adapter block set by lora_use().
@@ -404,9 +402,7 @@ class Gpt {
   TensorParallel tp_;
   int Cl_ = 0, NHl_ = 0, Fl_ = 0;  // this tensor-parallel rank's attention channels, heads, MLP width
   int Vl_ = 0, vstart_ = 0;        // its rows of the padded vocabulary: [vstart_, vstart_ + Vl_)
-  struct ExpertOffsets {
-    size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
-  } ex_;  // tensors inside an expert block (every expert alike)
+  Mlp mlp_;  // the feed-forward of every dense layer, residual MoE and expert
   bool cac_ = false, replaying_ = false;
   long long alltoall_calls_ = 0;
   std::vector<MoeLayerStats> moe_stats_;

@@ -1,0 +1,83 @@
+// hpct/model/mlp.hpp — the transformer's feed-forward network as one component: it declares its
+// tensors (names, shapes, tensor-parallel splits, initialisation) and computes its forward and
+// backward. A dense layer's MLP, the MLP beside a residual MoE's experts and every expert are this
+// one class, so a new feed-forward (SwiGLU) is written here once.
+//
+// fc (C -> F), GELU, fc2 (F -> C); Megatron's names dense_h_to_4h and dense_4h_to_h. With tensor
+// parallelism F is this rank's part: fc column-parallel, fc2 row-parallel, so the caller passes
+// fc2's bias on one rank only and sums the output (and the input gradient) over the group.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "hpct/core/param_layout.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+
+namespace hpct::model {
+
+/// Where an MLP's tensors are in its block: element offsets from the block's start.
+struct MlpTensors {
+  size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
+};
+
+/// What runs beside the two linears (LoRA's adapters): after each linear's forward, with its input
+/// and output; in backward, with its input, its output's gradient and the input gradient to add to.
+class LinearHooks {
+ public:
+  enum Linear { fc = 0, fc2 = 1 };
+  virtual ~LinearHooks() = default;
+  virtual void forward(Linear which, const float* x, float* out, int rows) = 0;
+  virtual void backward(Linear which, const float* x, const float* dout, float* dx, int rows) = 0;
+};
+
+/// One MLP's parameters (projb null: no bias added, a row-parallel part off rank 0) or gradients
+/// (null: not computed, a frozen block's).
+struct MlpWeights {
+  const float *fcw = nullptr, *fcb = nullptr, *projw = nullptr, *projb = nullptr;
+  static MlpWeights at(const float* block, const MlpTensors& t) {
+    return {block + t.fcw, block + t.fcb, block + t.projw, block + t.projb};
+  }
+};
+struct MlpGrads {
+  float *fcw = nullptr, *fcb = nullptr, *projw = nullptr, *projb = nullptr;
+  static MlpGrads at(float* block, const MlpTensors& t) {
+    if (!block) return {};
+    return {block + t.fcw, block + t.fcb, block + t.projw, block + t.projb};
+  }
+};
+
+class Mlp {
+ public:
+  /// How the tensors split over the tensor-parallel group: fc's rows, fc2's columns; fc2's bias is
+  /// a replica.
+  struct Split {
+    Partition fc, fc2, replica;
+  };
+  /// Declares fc's and fc2's weight and bias under `prefix` ("layers.0.mlp.", "layers.1.mlp.experts.3.")
+  /// in the block being built, of hidden size C and full width F; `weight` and `out_weight` are
+  /// fc's and fc2's initialisation (biases start at zero). Offsets from `block_base`.
+  static MlpTensors declare(ParamLayout& layout, const std::string& prefix, int64_t C, int64_t F, const Split& split,
+                            const InitSpec& weight, const InitSpec& out_weight, size_t block_base);
+
+  Mlp() = default;
+  Mlp(kernels::OpsBackend& ops, kernels::Precision precision, int hidden) : ops_(&ops), precision_(precision), C_(hidden) {}
+
+  /// fc and its activation only (what a recompute pass that keeps the output needs): fch = x fc^T + b,
+  /// act = GELU(fch), on `rows` rows of width F.
+  void hidden(const MlpWeights& w, const float* x, float* fch, float* act, int rows, int F, LinearHooks* hooks) const;
+  /// The whole MLP: out = GELU(x fc^T + b) fc2^T + b2; fch and act are kept for backward.
+  void forward(const MlpWeights& w, const float* x, float* fch, float* act, float* out, int rows, int F,
+               LinearHooks* hooks) const;
+  /// From dout: the weight gradients and dx ACCUMULATED (zero dx first to overwrite); dfch and dact
+  /// are scratch of rows x F.
+  void backward(const MlpWeights& w, const MlpGrads& g, const float* x, const float* fch, const float* act,
+                const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const;
+
+ private:
+  kernels::OpsBackend* ops_ = nullptr;
+  kernels::Precision precision_ = kernels::Precision::fp32;
+  int C_ = 0;
+};
+
+}  // namespace hpct::model
