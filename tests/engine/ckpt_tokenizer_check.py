@@ -28,6 +28,8 @@ except ImportError:  # Debian's python3-h5py is in the system interpreter (scrip
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks  # noqa: E402  (tests/checklib.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckpt_forge import rechecksum, run_state_checksum  # noqa: E402  (tests/engine/ckpt_forge.py)
 
 c = Checks("--gpt", "--tool", "--generate", "--args", "--data", "--workdir")
 a, check = c.args, c.check
@@ -45,33 +47,6 @@ def run(cmd, timeout=30):
         return "timeout", ""
 
 
-def fnv1a(data):
-    h = 0xcbf29ce484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def text_attr(f, k):
-    v = f.attrs[k]
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def run_state_checksum(f):
-    """lib/engine/src/checkpoint_state.cpp's checksum_of over the stored attributes' text."""
-    t = (f"{text_attr(f, 'format')}\niteration={int(f.attrs['iteration'])}\nconsumed_samples={int(f.attrs['consumed_samples'])}"
-         f"\noptimizer_step={int(f.attrs['optimizer_step'])}\nskipped_iterations={int(f.attrs['skipped_iterations'])}"
-         f"\nnan_iterations={int(f.attrs['nan_iterations'])}\nseed={int(f.attrs['seed'])}\nloss_scaler={text_attr(f, 'loss_scaler')}"
-         f"\nconfig={text_attr(f, 'config')}\narchitecture={text_attr(f, 'architecture')}\ntokenizer={text_attr(f, 'tokenizer')}"
-         f"\nparallel_layout={text_attr(f, 'parallel_layout')}")
-    for k in ("consumed_tokens", "consumed_layer_tokens"):
-        if k in f.attrs:
-            t += f"\n{k}={int(f.attrs[k])}"
-    if int(f.attrs.get("optimizer_step_base", 0)) > 0:
-        t += f"\noptimizer_step_base={int(f.attrs['optimizer_step_base'])}"
-    return fnv1a(t.encode())
-
-
 good = os.path.join(a.workdir, "good")
 rc, out = run([a.gpt, "@" + a.args, "--data-path", os.path.join(a.data, "brown_text_document"), "--vocab-file", vocab,
                "--merge-file", merges, "--micro-batch-size", "2", "--global-batch-size", "2", "--num-layers", "1",
@@ -81,7 +56,8 @@ ckpt = "iter_0000001.h5"
 with h5py.File(os.path.join(good, ckpt), "r") as f:
     check(int(f.attrs["run_state_checksum"]) == run_state_checksum(f),
           "the test's run-state checksum is the checkpointer's (so the forgeries below pass it)")
-    config = text_attr(f, "config")
+    config = f.attrs["config"]
+    config = config.decode() if isinstance(config, bytes) else str(config)
 check(config.count('"' + vocab + '"') == 1, f"the stored config names {vocab} once")
 
 secret = os.path.join(a.workdir, "secret.json")
@@ -95,8 +71,8 @@ def forged(tag, path):
     d = os.path.join(a.workdir, tag)
     shutil.copytree(good, d)
     with h5py.File(os.path.join(d, ckpt), "r+") as f:
-        f.attrs["config"] = text_attr(f, "config").replace('"' + vocab + '"', '"' + path + '"')
-        f.attrs.modify("run_state_checksum", h5py.h5t.NATIVE_UINT64.dtype.type(run_state_checksum(f)))
+        f.attrs["config"] = config.replace('"' + vocab + '"', '"' + path + '"')
+        rechecksum(f)
     return d
 
 

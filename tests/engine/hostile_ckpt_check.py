@@ -24,6 +24,8 @@ except ImportError:  # Debian's python3-h5py is in the system interpreter (scrip
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks  # noqa: E402  (tests/checklib.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckpt_forge import rechecksum  # noqa: E402  (tests/engine/ckpt_forge.py)
 
 c = Checks("--gpt", "--tool", "--args", "--workdir")
 a, check, fails = c.args, c.check, c.fails
@@ -131,8 +133,13 @@ cases = [
     ("optimizer step -1", set_attr("optimizer_step", np.int64(-1)), "'optimizer_step' = -1"),
     ("no architecture", del_attr("architecture"), "lacks the attribute 'architecture'"),
     ("architecture not JSON", set_attr("architecture", "{num_layers: 2"), "attribute 'architecture'"),
-    ("loss scaler not a number", lambda f: (f.attrs.__delitem__("run_state_checksum"),
-                                            f.attrs.__setitem__("loss_scaler", '{"scale": "x"}')), "needs a positive finite 'scale'"),
+    ("loss scaler not a number", lambda f: (f.attrs.__setitem__("loss_scaler", '{"scale": "x"}'), rechecksum(f)),
+     "needs a positive finite 'scale'"),
+    # Issue 47 item 8: the checksum is required, or an edit (4 heads read as 8) would pass with it deleted.
+    ("no run-state checksum", del_attr("run_state_checksum"), "lacks the attribute 'run_state_checksum'"),
+    ("heads 4 -> 8, checksum deleted", lambda f: (f.attrs.__delitem__("run_state_checksum"), f.attrs.__setitem__(
+        "architecture", '{"hidden_size":128,"model":"gpt","num_attention_heads":8,"num_layers":2,'
+                        '"padded_vocab_size":512,"seq_length":128}')), "lacks the attribute 'run_state_checksum'"),
     ("unknown format", set_attr("format", "hpctrain-checkpoint/99"), "has format 'hpctrain-checkpoint/99'"),
     ("iteration as an array", set_attr("iteration", np.arange(1000, dtype=np.int64)), "holds 1000 elements"),
     ("tokenizer as a string array", set_attr("tokenizer", np.array(["a", "b"], dtype=h5py.string_dtype())), "holds 2 elements"),
@@ -148,17 +155,17 @@ for tag, fn, want in cases:
     refused_load(tag, d, want)
     refused_verify(tag, d, want)
 
-# An architecture claiming a million experts (and no run-state checksum to catch it): verify counts
-# the tensors it would need before building their table, instead of listing 4 million names.
+# An architecture claiming a million experts (its run-state checksum recomputed, FNV-1a being public):
+# verify counts the tensors it would need before building their table, instead of listing 4 million names.
 tag = "a million experts"
-d = edited("million_experts", lambda f: (f.attrs.__delitem__("run_state_checksum"), f.attrs.__setitem__(
+d = edited("million_experts", lambda f: (f.attrs.__setitem__(
     "architecture", '{"expert_interval":2,"hidden_size":64,"mlp_type":"standard","model":"gpt","num_attention_heads":2,'
-                    '"num_experts":[1000000],"num_layers":2,"padded_vocab_size":512,"seq_length":32,"topk":1}')))
+                    '"num_experts":[1000000],"num_layers":2,"padded_vocab_size":512,"seq_length":32,"topk":1}'),
+                                         rechecksum(f)))
 refused_verify(tag, d, "needs 12000")
 
-# Both removed: range checks alone still hold (a checkpoint from before the run-state checksum).
-d = edited("no_checksum_bad_step", lambda f: (f.attrs.__delitem__("run_state_checksum"),
-                                              f.attrs.__setitem__("optimizer_step", np.int64(7))))
+# The checksum recomputed: the range checks behind it still hold.
+d = edited("rechecksummed_bad_step", lambda f: (f.attrs.__setitem__("optimizer_step", np.int64(7)), rechecksum(f)))
 refused_load("optimizer step past the iteration, no checksum", d, "optimizer_step 7 > iteration 2")
 
 # ---- item 6: another seed or another tokenizer than the checkpoint's ----

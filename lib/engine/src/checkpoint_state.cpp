@@ -96,15 +96,17 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   r.meta.config = getj("config", config);
   r.meta.architecture = getj("architecture", arch);
   r.meta.layout = getj("parallel_layout", layout);
-  if (auto sum = f.u64("run_state_checksum")) {
-    r.has_checksum = true;
-    if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
-                            scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens, s.consumed_layer_tokens,
-                            s.adam_step_base))
-      throw file_error(file, "fails its run-state checksum (iteration, samples, optimizer step, config or architecture "
-                             "attributes were altered or are corrupt)",
-                       "load an earlier checkpoint (pass its file to --load)");
-  }
+  // Required: without it an edited run state (an architecture of 4 heads read as 8) would load.
+  const auto sum = f.u64("run_state_checksum");
+  if (!sum)
+    throw file_error(file, "lacks the attribute 'run_state_checksum': the checkpoint is damaged or was edited",
+                     "load an earlier checkpoint (pass its file to --load)");
+  if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
+                          scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens, s.consumed_layer_tokens,
+                          s.adam_step_base))
+    throw file_error(file, "fails its run-state checksum (iteration, samples, optimizer step, config or architecture "
+                           "attributes were altered or are corrupt)",
+                     "load an earlier checkpoint (pass its file to --load)");
   auto rel = [&](bool ok, const std::string& what) {
     if (!ok) throw file_error(file, "has an impossible run state: " + what + ": the checkpoint is damaged");
   };

@@ -24,7 +24,6 @@ inline constexpr const char* kCheckpointFormat = "hpctrain-checkpoint/1";
 struct StoredRun {
   TrainingState state;
   CheckpointMeta meta;
-  bool has_checksum = false;  // written by a version that checksums the run state
 };
 
 /// The checksum begin_save stores and read_stored_run checks: over the values as they are written.

@@ -1,0 +1,41 @@
+"""What a checkpoint's author can recompute: the run-state checksum (FNV-1a 64, public) over the
+stored attributes' text, as lib/engine/src/checkpoint_state.cpp's checksum_of writes it. The
+hostile-checkpoint checks forge edits that pass it, so that the check behind it is what refuses.
+
+    from ckpt_forge import run_state_checksum, rechecksum
+    with h5py.File(path, "r+") as f:
+        f.attrs["config"] = ...
+        rechecksum(f)
+"""
+import numpy as np
+
+
+def fnv1a(data):
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _text(f, k):
+    v = f.attrs[k]
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def run_state_checksum(f):
+    t = (f"{_text(f, 'format')}\niteration={int(f.attrs['iteration'])}\nconsumed_samples={int(f.attrs['consumed_samples'])}"
+         f"\noptimizer_step={int(f.attrs['optimizer_step'])}\nskipped_iterations={int(f.attrs['skipped_iterations'])}"
+         f"\nnan_iterations={int(f.attrs['nan_iterations'])}\nseed={int(f.attrs['seed'])}\nloss_scaler={_text(f, 'loss_scaler')}"
+         f"\nconfig={_text(f, 'config')}\narchitecture={_text(f, 'architecture')}\ntokenizer={_text(f, 'tokenizer')}"
+         f"\nparallel_layout={_text(f, 'parallel_layout')}")
+    for k in ("consumed_tokens", "consumed_layer_tokens"):
+        if k in f.attrs:
+            t += f"\n{k}={int(f.attrs[k])}"
+    if int(f.attrs.get("optimizer_step_base", 0)) > 0:
+        t += f"\noptimizer_step_base={int(f.attrs['optimizer_step_base'])}"
+    return fnv1a(t.encode())
+
+
+def rechecksum(f):
+    """Stores the checksum of the attributes as they are now (an edit that passes the guard)."""
+    f.attrs["run_state_checksum"] = np.uint64(run_state_checksum(f))
