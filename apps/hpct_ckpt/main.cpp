@@ -33,6 +33,7 @@
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
+#include "hpct/engine/preflight.hpp"
 #include "hpct/engine/lora.hpp"
 #include "hpct/io/safetensors.hpp"
 #include "hpct/model/gpt.hpp"
@@ -156,6 +157,7 @@ int export_safetensors(const std::string& path, const std::string& out) {
 int import_safetensors(const std::string& in, const std::string& dir, int heads, int vocab_multiple) {
   // One loader for every app (engine/hf_gpt2.hpp): names with or without "transformer.", F32/F16/
   // BF16, config.json where `in` is a save_pretrained directory; every tensor checked before use.
+  engine::require_no_checkpoints(dir, "import");
   engine::HfGpt2 hf = engine::read_hf_gpt2(in, vocab_multiple, heads);
   const model::GptConfig& mc = hf.cfg;
   const ParamLayout layout = model::Gpt::layout_for(mc);
@@ -190,6 +192,7 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
 int merge_lora(const std::string& adapters, const std::string& dir, const std::string& base, const std::string& base_hf) {
   if (base.empty() == base_hf.empty())
     throw config_error("--base", "merge-lora needs the base model: --base CKPT or --base-hf DIR (one of them)", "see --help");
+  engine::require_no_checkpoints(dir, "merge-lora");
   const engine::CheckpointWeights a = engine::read_checkpoint_weights(adapters, /*adapters=*/true);
   model::GptConfig mc;
   std::vector<float> params;

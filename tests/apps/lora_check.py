@@ -116,4 +116,11 @@ po = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "
 c.one_line_error("--finetune-resume-optimizer with LoRA", po, "finetune", ["--finetune-resume-optimizer"])
 pm = c.run([a.tool, "merge-lora", ft, os.path.join(a.workdir, "m2")], want=None)
 c.one_line_error("merge-lora without a base", pm, "hpct_ckpt", ["--base"])
+# Into a directory of checkpoints: refused before anything is written (it repointed `latest` to its
+# iteration 0, so a requeued --load X --save X restarted there; issue 47 item 9).
+latest_before = open(os.path.join(ft, "latest")).read()
+pd = c.run([a.tool, "merge-lora", os.path.join(ft, "iter_0000012.h5"), ft, "--base", pre], want=None)
+c.one_line_error("merge-lora into a checkpoint directory", pd, "hpct_ckpt", [ft, "already holds checkpoints"])
+check(open(os.path.join(ft, "latest")).read() == latest_before and not os.path.exists(os.path.join(ft, "iter_0000000.h5")),
+      "the directory's `latest` is unchanged and no iteration-0 file was written")
 c.finish()

@@ -64,6 +64,12 @@ vals = struct.unpack(f"<{C}f", raw[8 + hl + ln[0]:8 + hl + ln[1]])
 check(all(v == v for v in vals) and any(v != 1.0 for v in vals), "values are the trained ones (ln_1 moved from 1)")
 
 run([a.tool, "import", st1, d2, "--num-attention-heads", "4"])
+# Again into the same directory (now holding a checkpoint): refused, the file kept (issue 47 item 9).
+before = open(os.path.join(d2, "iter_0000000.h5"), "rb").read()
+p = subprocess.run([a.tool, "import", st1, d2, "--num-attention-heads", "4"], capture_output=True, text=True)
+check(p.returncode != 0 and "already holds checkpoints (iter_0000000.h5)" in p.stderr and
+      open(os.path.join(d2, "iter_0000000.h5"), "rb").read() == before,
+      f"import into a directory holding checkpoints is refused, its checkpoint untouched (exit {p.returncode}): {p.stderr[-300:]}")
 
 
 def listing(cmd, path):

@@ -62,8 +62,7 @@ void check_run_outputs(const TrainConfig& cfg, const std::string& loaded) {
   }
   if (::access(d.c_str(), W_OK | X_OK) != 0)
     throw config_error("--save", "--save " + d + " cannot be written: " + std::strerror(errno), "choose a directory you can write");
-  std::string newest = Checkpointer::newest_checkpoint_in(d);
-  if (newest.empty() && ::stat((d + "/latest").c_str(), &st) == 0) newest = "latest";
+  const std::string newest = checkpoints_in(d);
   if (newest.empty()) return;
   const bool resumes_here = !loaded.empty() && real(parent_of(loaded)) == real(d);
   if (!resumes_here)
@@ -71,6 +70,22 @@ void check_run_outputs(const TrainConfig& cfg, const std::string& loaded) {
                                      (loaded.empty() ? " does not load" : " does not resume from (it loads " + loaded + ")") +
                                      ": its saves would overwrite them",
                        "add --load " + d + " to continue that run, or save to another directory");
+}
+
+std::string checkpoints_in(const std::string& dir) {
+  std::string newest = Checkpointer::newest_checkpoint_in(dir);
+  struct stat st {};
+  if (newest.empty() && ::lstat((dir + "/latest").c_str(), &st) == 0) newest = "latest";
+  return newest;
+}
+
+void require_no_checkpoints(const std::string& dir, const std::string& what) {
+  const std::string newest = checkpoints_in(dir);
+  if (!newest.empty())
+    throw config_error(what, what + ": " + dir + " already holds checkpoints (" + newest +
+                                 "): a new iteration-0 checkpoint there would replace `latest`, and a run resuming "
+                                 "from that directory would restart at iteration 0",
+                       "give a new or empty directory");
 }
 
 void check_host_memory(const TrainConfig& cfg, int ranks_on_node, int world_size) {

@@ -20,6 +20,15 @@ namespace hpct::engine {
 /// Creates the --save directory (as the first save would).
 void check_run_outputs(const TrainConfig& cfg, const std::string& loaded);
 
+/// The newest checkpoint in directory `dir` ("latest" when only that file is there; "" when none,
+/// or no such directory).
+std::string checkpoints_in(const std::string& dir);
+
+/// Local. For a tool that writes a new checkpoint at iteration 0 into `dir` (hpct_ckpt import,
+/// merge-lora): throws config_error naming `what` when `dir` already holds checkpoints, whose
+/// `latest` it would repoint (a requeued --load DIR --save DIR would then restart at iteration 0).
+void require_no_checkpoints(const std::string& dir, const std::string& what);
+
 /// Local. The ZeRO memory plan of this run (parallel/memory_estimate: model states and ZeRO's
 /// working buffers per rank, for its stage, precision and offload; activations not counted) times
 /// the ranks on this node (partitions over all world_size ranks), against the node's available memory (MemAvailable). Throws config_error
