@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <new>
 #include <cstdio>
@@ -97,6 +98,7 @@ int export_safetensors(const std::string& path, const std::string& out) {
     for (auto d : shape) n *= static_cast<uint64_t>(d);
     std::vector<float> x(n);
     f.read(ds, 0, x.data(), n);
+    engine::Checkpointer::check_checksum(f, ds, engine::Checkpointer::checksum(x.data(), 0, n), file);
     if (nm.theirs == "wte.weight") {  // drop the padding rows
       x.resize(static_cast<size_t>(vocab * shape[1]));
       shape[0] = vocab;
@@ -213,6 +215,14 @@ int merge_lora(const std::string& adapters, const std::string& dir, const std::s
                        "give the base model the LoRA run started from");
   engine::merge_lora(a.cfg, a.params, mc, params, flag);
   const ParamLayout layout = model::Gpt::layout_for(mc);
+  // Fresh checksums would certify whatever is written: a NaN or inf from the adapters or the base
+  // is refused here, naming the tensor, instead of laundered into a file that verifies.
+  for (const auto& t : layout.tensors())
+    for (size_t i = 0; i < t.numel; ++i)
+      if (!std::isfinite(params[t.offset + i]))
+        throw file_error(a.file, "merging gives a non-finite value in " + t.name + " (element " + std::to_string(i) +
+                                     "): the adapters or the base weights are not finite",
+                         "merge adapters of a run whose loss stayed finite");
   std::vector<float> zeros(layout.numel(), 0.0f), zeros2(layout.numel(), 0.0f);
   parallel::StatePiece piece;
   piece.count = layout.numel();

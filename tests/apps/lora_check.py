@@ -25,10 +25,21 @@ lora_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --generate GENERATE --tool 
 """
 import json
 import os
+import shutil
 import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError:  # Debian's python3-h5py is in the system interpreter (scripts/install_deps.sh)
+    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks, write_reverse_task  # noqa: E402  (tests/checklib.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
+from ckpt_forge import set_tensor  # noqa: E402  (tests/engine/ckpt_forge.py)
 
 c = Checks("--gpt", "--finetune", "--generate", "--tool", "--mpiexec", "--args", "--data", "--workdir")
 a, check = c.args, c.check
@@ -116,6 +127,20 @@ po = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "
 c.one_line_error("--finetune-resume-optimizer with LoRA", po, "finetune", ["--finetune-resume-optimizer"])
 pm = c.run([a.tool, "merge-lora", ft, os.path.join(a.workdir, "m2")], want=None)
 c.one_line_error("merge-lora without a base", pm, "hpct_ckpt", ["--base"])
+# Adapters holding a NaN under a valid checksum (a diverged run's): the merge is refused, naming the
+# tensor, instead of writing a file that verifies (issue 47 item 5).
+nan_dir = os.path.join(a.workdir, "nan_adapters")
+os.makedirs(nan_dir)
+shutil.copy(os.path.join(ft, "iter_0000012.h5"), nan_dir)
+with h5py.File(os.path.join(nan_dir, "iter_0000012.h5"), "r+") as f:
+    ds = "/model/layers/0/mlp/dense_h_to_4h/lora_b/weight"
+    x = f[ds][...]
+    x.reshape(-1)[3] = np.nan
+    set_tensor(f, ds, x)
+pn = c.run([a.tool, "merge-lora", os.path.join(nan_dir, "iter_0000012.h5"), os.path.join(a.workdir, "m_nan"), "--base", pre],
+           want=None)
+c.one_line_error("merge-lora of NaN adapters", pn, "hpct_ckpt", ["non-finite", "layers.0"])
+check(not os.path.exists(os.path.join(a.workdir, "m_nan", "latest")), "no merged checkpoint was written")
 # Into a directory of checkpoints: refused before anything is written (it repointed `latest` to its
 # iteration 0, so a requeued --load X --save X restarted there; issue 47 item 9).
 latest_before = open(os.path.join(ft, "latest")).read()

@@ -39,3 +39,26 @@ def run_state_checksum(f):
 def rechecksum(f):
     """Stores the checksum of the attributes as they are now (an edit that passes the guard)."""
     f.attrs["run_state_checksum"] = np.uint64(run_state_checksum(f))
+
+
+def _splitmix64(x):
+    m = 0xFFFFFFFFFFFFFFFF
+    x = (x + 0x9e3779b97f4a7c15) & m
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & m
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & m
+    return x ^ (x >> 31)
+
+
+def tensor_checksum(values):
+    """Checkpointer::checksum_at over a whole tensor: sum of splitmix64(i * 0x100000001B3 ^ bits_i) mod 2^64."""
+    bits = np.ascontiguousarray(values, dtype="<f4").reshape(-1).view("<u4")
+    h = 0
+    for i, b in enumerate(bits.tolist()):
+        h = (h + _splitmix64(((i * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF) ^ b)) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def set_tensor(f, dataset, values):
+    """Writes `values` into the dataset and stores their checksum: a forged tensor that passes the check."""
+    f[dataset][...] = values
+    f[dataset].attrs["checksum"] = np.uint64(tensor_checksum(values))

@@ -25,9 +25,9 @@ except ImportError:  # Debian's python3-h5py is in the system interpreter (scrip
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks  # noqa: E402  (tests/checklib.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckpt_forge import rechecksum  # noqa: E402  (tests/engine/ckpt_forge.py)
+from ckpt_forge import rechecksum, set_tensor, tensor_checksum  # noqa: E402  (tests/engine/ckpt_forge.py)
 
-c = Checks("--gpt", "--tool", "--args", "--workdir")
+c = Checks("--gpt", "--tool", "--generate", "--args", "--workdir")
 a, check, fails = c.args, c.check, c.fails
 base = [a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--micro-batch-size", "2", "--global-batch-size", "2",
         "--log-interval", "1", "--eval-iters", "0", "--num-layers", "2",
@@ -167,6 +167,32 @@ refused_verify(tag, d, "needs 12000")
 # The checksum recomputed: the range checks behind it still hold.
 d = edited("rechecksummed_bad_step", lambda f: (f.attrs.__setitem__("optimizer_step", np.int64(7)), rechecksum(f)))
 refused_load("optimizer step past the iteration, no checksum", d, "optimizer_step 7 > iteration 2")
+
+# ---- issue 47 item 5: every weights-only load checks the tensors' checksums ----
+# One flipped bit in a weight: --load and verify refused it, but generate, export and --finetune
+# --load used it with exit 0.
+FLIPPED = "/model/layers/1/attention/dense/weight"
+
+
+def flip(f):
+    x = f[FLIPPED][...]
+    x.reshape(-1).view("<u4")[5] ^= 1 << 20
+    f[FLIPPED][...] = x
+
+
+with h5py.File(os.path.join(good, "iter_0000002.h5"), "r") as f:
+    check(int(f[FLIPPED].attrs["checksum"]) == tensor_checksum(f[FLIPPED][...]),
+          "the test's tensor checksum is the checkpointer's (so the forged NaN below passes it)")
+d = edited("flipped_weight", flip)
+for tag, cmd in (("generate", [a.generate, "--load", d, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"]),
+                 ("export", [a.tool, "export", d, os.path.join(a.workdir, "flipped_export", "model.safetensors")]),
+                 ("--finetune --load", base + ["--train-iters", "1", "--finetune", "--load", d])):
+    os.makedirs(os.path.join(a.workdir, "flipped_export"), exist_ok=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    errs = errors(p.stdout)
+    check(p.returncode != 0 and len(errs) == 1 and FLIPPED in errs[0] and "fails its checksum" in errs[0],
+          f"flipped bit: {tag} refused in one line naming {FLIPPED} (exit {p.returncode}): {errs or p.stdout[-300:]}")
+check(not os.path.exists(os.path.join(a.workdir, "flipped_export", "model.safetensors")), "flipped bit: export wrote no file")
 
 # ---- item 6: another seed or another tokenizer than the checkpoint's ----
 refused_load("another --seed", elsewhere, "differs from the checkpoint's seed 1234", extra=["--seed", "99"])

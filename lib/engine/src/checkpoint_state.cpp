@@ -334,8 +334,11 @@ CheckpointWeights read_checkpoint_weights(const std::string& path, bool adapters
                                     " DIR --base CKPT (or --base-hf DIR)");
   const ParamLayout layout = model::Gpt::layout_for(w.cfg).trained();
   w.params.resize(layout.numel());
-  for (const auto& t : layout.tensors())
-    f.read(Checkpointer::dataset_name("model", t.name), 0, w.params.data() + t.offset, t.numel);
+  for (const auto& t : layout.tensors()) {  // whole tensors (T = 1): each checked as --load checks it
+    const std::string ds = Checkpointer::dataset_name("model", t.name);
+    f.read(ds, 0, w.params.data() + t.offset, t.numel);
+    Checkpointer::check_checksum(f, ds, Checkpointer::checksum(w.params.data() + t.offset, 0, t.numel), w.file);
+  }
   f.close();
   return w;
 }

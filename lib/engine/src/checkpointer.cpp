@@ -177,6 +177,14 @@ uint64_t Checkpointer::checksum_at(const float* first, uint64_t begin, uint64_t 
   return h;
 }
 
+void Checkpointer::check_checksum(const io::H5File& f, const std::string& name, uint64_t sum, const std::string& file) {
+  auto want = f.attr_uint(name, "checksum");
+  if (!want) throw file_error(file, "tensor " + name + " has no checksum attribute");
+  if (*want != sum)
+    throw file_error(file, "tensor " + name + " fails its checksum: the checkpoint is corrupt",
+                     "load an earlier checkpoint (pass its file to --load)");
+}
+
 Checkpointer::Checkpointer(const comm::Communicator& world, std::string dir, int keep_last)
     : world_(world), dir_(std::move(dir)), keep_last_(keep_last) {}
 
@@ -418,12 +426,7 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   err = comm::error_text_of([&] {
     for (int g = 0; g < 3; ++g)
       for (size_t i = 0; i < tensors.size(); ++i) {
-        std::string name = dataset_name(kGroups[g], tensors[i].name);
-        auto want = f.attr_uint(name, "checksum");
-        if (!want) throw file_error(file, "tensor " + name + " has no checksum attribute");
-        if (*want != sums[g * tensors.size() + i])
-          throw file_error(file, "tensor " + name + " fails its checksum: the checkpoint is corrupt",
-                           "load an earlier checkpoint (pass its file to --load)");
+        check_checksum(f, dataset_name(kGroups[g], tensors[i].name), sums[g * tensors.size() + i], file);
       }
     s = stored.state;
   });

@@ -124,6 +124,9 @@ class Checkpointer {
   static uint64_t checksum(const float* data, uint64_t begin, uint64_t end) { return checksum_at(data + begin, begin, end); }
   /// The same, with `first` pointing at element `begin`.
   static uint64_t checksum_at(const float* first, uint64_t begin, uint64_t end);
+  /// Throws file_error naming the dataset when `sum` (checksum of every element) is not the one the
+  /// file stores for it, or the file stores none: the one check of every load, whole or weights-only.
+  static void check_checksum(const io::H5File& f, const std::string& dataset, uint64_t sum, const std::string& file);
   /// "/model/layers/3/attention/dense/weight" for "layers.3.attention.dense.weight".
   static std::string dataset_name(const std::string& group, const std::string& tensor);
 
