@@ -142,4 +142,32 @@ ps = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load-hf", hf,
 c.one_line_error("a sequence longer than the weights' positions", ps, "finetune", ["--seq-length 512", "256 positions"])
 pn = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--train-iters", "1"], want=None)
 c.one_line_error("no weights to start from", pn, "finetune", ["--load"])
+# Prompts that fill the sample (issue 47 item 7: this trained at loss 0, grad norm 0, exit 0): all of
+# them refused, naming --seq-length; some of them trained with a warning that counts them.
+long_prompt = " ".join(["word"] * 200)  # 200+ tokens, past --seq-length 128
+all_long = os.path.join(a.workdir, "all_long.jsonl")
+with open(all_long, "w") as f:
+    for i in range(4):
+        f.write(json.dumps({"prompt": long_prompt, "response": " yes"}) + "\n")
+pl = c.run([a.finetune, "@" + a.args, "--data-path", all_long, *tok, "--load", pre, "--train-iters", "1", "--split", "100,0,0"],
+           want=None)
+c.one_line_error("only prompts longer than the sample", pl, "finetune", ["--seq-length 128", "none of the 4 training examples"])
+some_long = os.path.join(a.workdir, "some_long.jsonl")
+with open(some_long, "w") as f:
+    for i in range(4):
+        f.write(json.dumps({"prompt": long_prompt if i % 2 else "short", "response": " yes"}) + "\n")
+pw = c.run([a.finetune, "@" + a.args, "--data-path", some_long, *tok, "--load", pre, "--train-iters", "1", "--split", "100,0,0"])
+check("warning: 2 of 4 training examples keep no response token within --seq-length 128" in pw.stdout,
+      f"some prompts longer than the sample: trained, with a warning that counts them: "
+      f"{[l for l in pw.stdout.splitlines() if 'warning' in l]}")
+long_valid = os.path.join(a.workdir, "long_valid.jsonl")
+with open(long_valid, "w") as f:
+    for i in range(4):  # --split 50,50,0: the two short ones train, the two long ones validate
+        f.write(json.dumps({"prompt": long_prompt if i >= 2 else "short", "response": " yes"}) + "\n")
+pv = c.run([a.finetune, "@" + a.args, "--data-path", long_valid, *tok, "--load", pre, "--train-iters", "2", "--split", "50,50,0",
+            "--eval-interval", "1", "--eval-iters", "1"])
+check("none of the validation examples keeps a response token" in pv.stdout and
+      not any("valid" in l and " nan" in l.lower() for l in pv.stdout.splitlines()),
+      f"validation examples without a target: no validation (not a nan loss): "
+      f"{[l for l in pv.stdout.splitlines() if 'warning' in l or 'validation' in l][:3]}")
 c.finish()

@@ -118,3 +118,29 @@ TEST(PromptResponse, PackingKeepsEachExampleAndItsMask) {
   }
   EXPECT_GT(fewer, 0u) << "no seed put two examples in one sample";
 }
+
+// The loss-counted targets the dataset reports are the sum of its masks, packed or not; examples
+// that keep none (a prompt that fills the sample, an empty prompt and response) are counted (issue
+// 47 item 7: such data trained at loss 0 with exit 0).
+TEST(PromptResponse, TargetTokensAreTheMasksSum) {
+  std::vector<PromptResponseExample> ex = examples();
+  ex.push_back({{kEod}, 0});                          // empty prompt and response
+  ex.push_back({{10, 11, 12, 13, 14, 15, 16, 17, 20, kEod}, 8});  // its prompt fills T = 7 targets
+  for (bool pack : {false, true})
+    for (size_t T : {7u, 12u}) {
+      PromptResponseDataset d(ex, 0, ex.size(), T, kEod, 3, pack);
+      size_t sum = 0;
+      std::vector<uint8_t> m(T);
+      for (size_t i = 0; i < d.size(); ++i) {
+        d.get_loss_mask(i, m.data());
+        for (uint8_t v : m) sum += v;
+      }
+      EXPECT_EQ(d.target_tokens(), sum) << "pack " << pack << " T " << T;
+      EXPECT_EQ(d.examples_without_targets(), T == 7 ? 2u : 1u) << "pack " << pack << " T " << T;
+    }
+  // Only prompts that fill the sample: nothing to train.
+  std::vector<PromptResponseExample> long_prompts = {{{10, 11, 12, 13, 14, 20, kEod}, 5}, {{10, 11, 12, 13, 14, 15, kEod}, 6}};
+  PromptResponseDataset none(long_prompts, 0, 2, 4, kEod, 1);
+  EXPECT_EQ(none.target_tokens(), 0u);
+  EXPECT_EQ(none.examples_without_targets(), 2u);
+}

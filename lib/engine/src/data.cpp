@@ -140,14 +140,33 @@ static TrainData build_datasets(TrainConfig& cfg, int dp, bool verbose) {
       throw config_error("--split", "the split '" + cfg.split + "' leaves no training example of " + std::to_string(n));
     auto train = std::make_shared<io::PromptResponseDataset>(all, r[0].first, r[0].second, T, tok.eod(), cfg.seed,
                                                              cfg.pack_examples);
+    std::shared_ptr<io::PromptResponseDataset> valid;
     if (r[1].second > r[1].first)
-      out.valid = std::make_shared<io::PromptResponseDataset>(all, r[1].first, r[1].second, T, tok.eod(), cfg.seed,
-                                                              cfg.pack_examples);
+      valid = std::make_shared<io::PromptResponseDataset>(all, r[1].first, r[1].second, T, tok.eod(), cfg.seed,
+                                                          cfg.pack_examples);
     if (verbose)
       std::printf("> prompt/response data %s: %zu examples ('%s' -> '%s', loss on the responses); train [%zu, %zu), "
                   "valid [%zu, %zu); %zu training examples longer than %zu tokens are cut\n",
                   path.c_str(), n, cfg.prompt_key.c_str(), cfg.response_key.c_str(), r[0].first, r[0].second, r[1].first,
                   r[1].second, train->truncated(), T + 1);
+    // Training on no target trains nothing (loss 0, gradient 0): refused; some examples without one
+    // are said with their count.
+    if (train->target_tokens() == 0)
+      throw config_error("--seq-length", path + ": none of the " + std::to_string(train->examples()) +
+                                             " training examples keeps a response token within --seq-length " +
+                                             std::to_string(T) + " (each prompt fills the sample, or prompt and response are empty)",
+                         "raise --seq-length, or shorten the prompts");
+    if (verbose && train->examples_without_targets() > 0)
+      std::printf("> warning: %zu of %zu training examples keep no response token within --seq-length %zu (the prompt "
+                  "fills the sample, or prompt and response are empty): they train nothing\n",
+                  train->examples_without_targets(), train->examples(), T);
+    if (valid && valid->target_tokens() == 0) {
+      if (verbose)
+        std::printf("> warning: none of the validation examples keeps a response token within --seq-length %zu: "
+                    "no validation (its loss would be 0/0)\n", T);
+      valid.reset();
+    }
+    out.valid = valid;
     if (verbose && cfg.pack_examples)
       std::printf("> packed %zu training examples into %zu samples of %zu tokens (%.1f%% of the tokens are examples'); "
                   "attention and positions per example\n",

@@ -56,6 +56,20 @@ PromptResponseDataset::PromptResponseDataset(std::vector<PromptResponseExample> 
     used += n;
   }
   first_.push_back(order_.size());
+  // What the loss masks will count, example by example (as get_loss_mask: targets from the
+  // response's first token to the end-of-document, within the sample's T targets).
+  for (size_t s = 0; s + 1 < first_.size(); ++s) {
+    size_t at = 0;
+    for (size_t k = first_[s]; k < first_[s + 1]; ++k) {
+      const auto& e = ex_[order_[k]];
+      const size_t from = at + std::max<size_t>(static_cast<size_t>(e.prompt), 1) - 1;
+      const size_t to = std::min(T_, at + e.ids.size() - 1);
+      const size_t kept = to > from ? to - from : 0;
+      targets_ += kept;
+      empty_ += kept == 0;
+      at += e.ids.size();
+    }
+  }
 }
 
 double PromptResponseDataset::fill() const {

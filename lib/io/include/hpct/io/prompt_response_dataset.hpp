@@ -48,6 +48,11 @@ class PromptResponseDataset : public TokenDataset {
   size_t truncated() const { return truncated_; }
   /// Examples served (each once per epoch of size() samples).
   size_t examples() const { return ex_.size(); }
+  /// Loss-counted targets in one epoch of samples (the response tokens and end-of-document that
+  /// fit), and the examples that keep none (a prompt that fills the sample, an empty prompt and
+  /// response): they train nothing.
+  size_t target_tokens() const { return targets_; }
+  size_t examples_without_targets() const { return empty_; }
   /// The fraction of the samples' seq_length+1 tokens that hold example tokens (not padding).
   double fill() const;
 
@@ -58,6 +63,7 @@ class PromptResponseDataset : public TokenDataset {
   size_t T_;
   int32_t eod_;
   size_t truncated_ = 0;
+  size_t targets_ = 0, empty_ = 0;
 };
 
 }  // namespace hpct::io
