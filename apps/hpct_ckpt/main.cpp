@@ -113,7 +113,7 @@ int export_safetensors(const std::string& path, const std::string& out) {
     data.push_back(std::move(x));
   }
   f.close();
-  std::string h = header.dump();
+  std::string h = json_text(header);
   while ((8 + h.size()) % 8) h.push_back(' ');  // data starts 8-byte aligned
   write_file_atomic(out, [&](std::FILE* o) {
     const uint64_t hl = h.size();

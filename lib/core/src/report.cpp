@@ -195,6 +195,10 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
 }
 
-void write_json_file(const std::string& path, const nlohmann::json& doc) { write_file_atomic(path, doc.dump(2) + "\n"); }
+std::string json_text(const nlohmann::json& doc, int indent) {
+  return doc.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& doc) { write_file_atomic(path, json_text(doc, 2) + "\n"); }
 
 }  // namespace hpct

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/report.hpp"
 #include "hpct/core/json_config.hpp"
 #include "hpct/engine/schedules.hpp"
 
@@ -42,7 +43,7 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
 
 uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m) {
   return checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, m.seed,
-                     s.loss_scaler.dump(), m.config.dump(), m.architecture.dump(), m.tokenizer, m.layout.dump(),
+                     json_text(s.loss_scaler), json_text(m.config), json_text(m.architecture), m.tokenizer, json_text(m.layout),
                      s.consumed_tokens, s.consumed_layer_tokens, s.adam_step_base);
 }
 

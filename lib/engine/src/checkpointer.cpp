@@ -298,11 +298,11 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       if (s.adam_step_base > 0) f.set_attr("/", "optimizer_step_base", static_cast<int64_t>(s.adam_step_base));
       f.set_attr("/", "skipped_iterations", static_cast<int64_t>(s.skipped_iterations));
       f.set_attr("/", "nan_iterations", static_cast<int64_t>(s.nan_iterations));
-      f.set_attr("/", "loss_scaler", s.loss_scaler.dump());
-      f.set_attr("/", "config", meta.config.dump());
-      f.set_attr("/", "architecture", meta.architecture.dump());
+      f.set_attr("/", "loss_scaler", json_text(s.loss_scaler));
+      f.set_attr("/", "config", json_text(meta.config));
+      f.set_attr("/", "architecture", json_text(meta.architecture));
       f.set_attr("/", "tokenizer", meta.tokenizer);
-      f.set_attr("/", "parallel_layout", meta.layout.dump());
+      f.set_attr("/", "parallel_layout", json_text(meta.layout));
       f.set_attr("/", "seed", static_cast<uint64_t>(meta.seed));
       f.set_attr("/", "software", std::string("hpctrain ") + hpct_version() + " (git " + hpct_git_sha() + ")");
       f.set_attr("/", "rng", std::string("no random state is consumed during training: data order, initialisation, "

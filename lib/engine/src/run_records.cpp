@@ -116,7 +116,7 @@ void RunRecorder::begin_segment(const SegmentInfo& info) {
     seg.update(provenance_);
     seg["discarded_records"] = dropped;
     seg["discarded_file"] = dropped ? nlohmann::json(discarded) : nlohmann::json(nullptr);
-    metrics_ << seg.dump() << "\n" << std::flush;
+    metrics_ << json_text(seg) << "\n" << std::flush;
     provenance_["segment"] = segments + 1;
   }
   if (info.evaluation_only) {
@@ -200,7 +200,7 @@ void RunRecorder::record(const nlohmann::json& rec, const std::vector<Scalar>& s
   if (metrics_.is_open()) {
     nlohmann::json r = rec;
     if (!r.contains("wall_time")) r["wall_time"] = now_seconds();
-    metrics_ << r.dump() << "\n";
+    metrics_ << json_text(r) << "\n";
   }
   write_scalars(scalars);
   flush();

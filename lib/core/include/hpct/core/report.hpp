@@ -97,7 +97,11 @@ class Progress {
 /// Writes text to a file atomically (temp file + rename), so a reader (or a crash) sees the old
 /// file or the new one, never half of one. Throws hpct::Error naming the file.
 void write_file_atomic(const std::string& path, const std::string& text);
-/// write_file_atomic of the JSON, pretty-printed.
+/// The JSON's text (indent < 0: one line). A string that is not valid UTF-8 (byte-level BPE cuts
+/// characters; a path may hold any byte) is written with U+FFFD for each invalid byte instead of
+/// failing: every JSON hpctrain writes goes through here.
+std::string json_text(const nlohmann::json& doc, int indent = -1);
+/// write_file_atomic of the JSON, pretty-printed (json_text).
 void write_json_file(const std::string& path, const nlohmann::json& doc);
 
 }  // namespace hpct
