@@ -20,6 +20,7 @@
 #include "hpct/core/report.hpp"
 #include "hpct/core/timer.hpp"
 #include "hpct/engine/data.hpp"
+#include "hpct/engine/preflight.hpp"
 #include "hpct/engine/data_sampling.hpp"
 #include "hpct/engine/train_config.hpp"
 
@@ -76,6 +77,9 @@ static int run(int argc, char** argv) {
   if (cfg.data_path.size() != 1 || !cfg.train_data_path.empty())
     throw config_error(cfg.data_path.size() > 1 ? "--data-path" : "--train-data-path", "analyze_data indexes one dataset, not a blend",
                        "give --data-path PREFIX (the curriculum's dataset)");
+  // The outputs are checked before the work, not found unwritable after it.
+  engine::check_file_output(prefix, "--output-prefix");
+  engine::check_file_output(json, "--json");
   engine::TrainData data = engine::build_train_data(cfg, 1, false);
   const auto* train = dynamic_cast<const io::GptDataset*>(data.train.get());
   if (!train) throw Error("analyze_data: the training set is not an indexed dataset");
@@ -94,7 +98,7 @@ static int run(int argc, char** argv) {
     // Rank 0 writes; a failure there stops every rank with its message.
     std::string err = root ? comm::error_text_of([&] { paths = engine::write_metric_index(prefix, m, v, header); }) : "";
     world.bcast_string(err, 0);
-    if (!err.empty()) throw Error(err);
+    if (!err.empty()) throw Error::relayed(err);  // err already names its rank
     std::vector<double> sorted = v;
     std::sort(sorted.begin(), sorted.end());
     const double secs = t.seconds();

@@ -35,6 +35,12 @@ h = run([analyze, "--help"])
 assert "--output-prefix" in h and "vocab_rarity" in h, h
 e = run([analyze, "--output-prefix", f"{out}/x", "--metrics", "rarity"] + flags, rc=1)
 assert re.search(r"analyze_data: error: .*unknown metric 'rarity'.*vocab_rarity", e), e
+# Outputs that cannot be written are found before the work, in one line without a doubled rank
+# (issue 47 item 15).
+e = run([analyze, "--output-prefix", f"{out}/no_such_dir/x", "--metrics", "seqlen"] + flags, rc=1)
+assert re.search(r"analyze_data: error: .*--output-prefix .*no_such_dir.* does not exist", e) and "[rank 0] [rank 0]" not in e, e
+e = run([analyze, "--output-prefix", f"{out}/x", "--json", out, "--metrics", "seqlen"] + flags, rc=1)
+assert re.search(r"analyze_data: error: .*--json .* is a directory", e) and "analyze_data: seqlen" not in e, e
 
 iters = 40
 o = run(mpi + [analyze, "--metrics", "vocab_rarity,seqlen", "--output-prefix", f"{out}/brown", "--json", f"{out}/an.json",

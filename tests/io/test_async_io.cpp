@@ -351,6 +351,10 @@ TEST(AioConfig, BadValuesNameTheKey) {
   EXPECT_NE(parse_error(R"({"use_gds": true})").find("aio.use_gds"), std::string::npos);
   EXPECT_NE(parse_error(R"({"queue_dept": 8})").find("queue_dept"), std::string::npos);
   EXPECT_NE(parse_error(R"({"engine": "spdk"})").find("aio.engine"), std::string::npos);
+  // Checked before the narrowing to int: 4294967300 is not 4 (issue 47 item 15).
+  EXPECT_NE(parse_error(R"({"thread_count": 4294967300})").find("thread_count 4294967300 must be in 1..256"), std::string::npos);
+  EXPECT_NE(parse_error(R"({"intra_op_parallelism": 4294967297})").find("aio.intra_op_parallelism"), std::string::npos);
+  EXPECT_NE(parse_error(R"({"queue_depth": 4294967304})").find("queue_depth 4294967304 must be in 1..4096"), std::string::npos);
 }
 
 // `auto` (the default) stands for the first engine this kernel runs, in preference order; an AsyncIo

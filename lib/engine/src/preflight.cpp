@@ -32,6 +32,8 @@ std::string parent_of(const std::string& file) {
   return slash == 0 ? "/" : file.substr(0, slash);
 }
 
+}  // namespace
+
 void check_file_output(const std::string& file, const char* flag) {
   if (file.empty()) return;
   struct stat st {};
@@ -44,8 +46,6 @@ void check_file_output(const std::string& file, const char* flag) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw config_error(flag, std::string(flag) + " " + file + ": the directory " + dir + " cannot be written: " + std::strerror(errno));
 }
-
-}  // namespace
 
 void check_run_outputs(const TrainConfig& cfg, const std::string& loaded) {
   check_file_output(cfg.json_summary, "--json");

@@ -93,15 +93,22 @@ void AioConfig::validate(const std::string& prefix) const {
 AioConfig AioConfig::from_json(JsonSection& aio) {
   AioConfig c;
   if (auto v = aio.get_int("block_size")) c.block_size = static_cast<size_t>(*v < 0 ? 0 : *v);
-  if (auto v = aio.get_int("queue_depth")) c.queue_depth = static_cast<int>(*v);
+  // In range before the narrowing to int (4294967300 would become 4 and pass).
+  auto bounded = [&](const char* key, long long v, long long lo, long long hi) {
+    if (v < lo || v > hi)
+      throw config_error(aio.key_path(key), std::string(key) + " " + std::to_string(v) + " must be in " + std::to_string(lo) +
+                                                ".." + std::to_string(hi));
+    return static_cast<int>(v);
+  };
+  if (auto v = aio.get_int("queue_depth")) c.queue_depth = bounded("queue_depth", *v, 1, 4096);
   auto iop = aio.get_int("intra_op_parallelism");
   auto tc = aio.get_int("thread_count");
   if (iop && tc && *iop != *tc)
     throw config_error(aio.key_path("thread_count"),
                        "thread_count " + std::to_string(*tc) + " disagrees with intra_op_parallelism " + std::to_string(*iop),
                        "they are the old and new name of one knob; give one");
-  if (iop) c.thread_count = static_cast<int>(*iop);
-  else if (tc) c.thread_count = static_cast<int>(*tc);
+  if (iop) c.thread_count = bounded("intra_op_parallelism", *iop, 1, 256);
+  else if (tc) c.thread_count = bounded("thread_count", *tc, 1, 256);
   if (auto v = aio.get_bool("single_submit")) c.single_submit = *v;
   if (auto v = aio.get_bool("overlap_events")) c.overlap_events = *v;
   if (auto v = aio.get_bool("use_gds"); v && *v)

@@ -20,6 +20,10 @@ namespace hpct::engine {
 /// Creates the --save directory (as the first save would).
 void check_run_outputs(const TrainConfig& cfg, const std::string& loaded);
 
+/// Local. Throws config_error naming `flag` when the file `file` could not be written later: it is
+/// a directory, or its directory does not exist or cannot be written. "" passes.
+void check_file_output(const std::string& file, const char* flag);
+
 /// The newest checkpoint in directory `dir` ("latest" when only that file is there; "" when none,
 /// or no such directory).
 std::string checkpoints_in(const std::string& dir);
