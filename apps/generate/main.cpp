@@ -26,6 +26,7 @@
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/tokenizer_identity.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
+#include "hpct/engine/preflight.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/kernels/backend.hpp"
 #include "hpct/model/decoder.hpp"
@@ -153,6 +154,7 @@ static int run(int argc, char** argv) {
   }
   if (comm::Communicator::world().size() != 1)
     throw config_error("mpirun", "generate runs as one process: start it without mpirun -np N (N > 1)");
+  engine::check_file_output(o.json, "--json");  // before the work, not found unwritable after it
   kernels::BackendScope backend;
   Loaded m = o.load.empty() ? load_hf(o.load_hf) : load(o.load);
 

@@ -2,6 +2,7 @@
 // index written byte by byte as Megatron's writer does read back unchanged, and every corruption
 // refused with a message that names the file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -309,6 +310,18 @@ TEST_F(Corrupt, MissingData) {
   write_valid(prefix());
   fs::remove(prefix() + ".bin");
   expect_refused(prefix(), prefix() + ".bin", "not found");
+}
+
+// A directory or FIFO at the .bin's path is named as such (a directory read as 2^63-1 bytes; a FIFO
+// would block the open).
+TEST_F(Corrupt, DataIsADirectoryOrFifo) {
+  write_valid(prefix());
+  fs::remove(prefix() + ".bin");
+  fs::create_directory(prefix() + ".bin");
+  expect_refused(prefix(), prefix() + ".bin", "is a directory");
+  fs::remove(prefix() + ".bin");
+  ASSERT_EQ(::mkfifo((prefix() + ".bin").c_str(), 0600), 0);
+  expect_refused(prefix(), prefix() + ".bin", "not a regular file");
 }
 
 TEST_F(Corrupt, BadMagic) {

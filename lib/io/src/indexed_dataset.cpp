@@ -45,7 +45,8 @@ bool valid_dtype_code(uint8_t c) { return c >= 1 && c <= 8; }
 class MappedFile {
  public:
   MappedFile(const std::string& path, const char* role) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO at the path is refused below, not waited on.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (errno == ENOENT)
         throw file_error(path, std::string("dataset ") + role + " file not found",
@@ -58,6 +59,12 @@ class MappedFile {
       int err = errno;
       ::close(fd);
       throw_syscall_error("fstat", "fstat " + path, err, __FILE__, __LINE__);
+    }
+    if (!S_ISREG(st.st_mode)) {  // a directory's st_size is not a length (it read as 2^63-1 bytes)
+      ::close(fd);
+      throw file_error(path, std::string("dataset ") + role + " file is " +
+                                 (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file (a device, FIFO or socket)"),
+                       "--data-path takes the prefix of a .bin/.idx pair made by preprocess_data");
     }
     len_ = static_cast<size_t>(st.st_size);
     if (len_ > 0) {
