@@ -75,8 +75,18 @@ def external_storage(f):
     f.create_dataset(TENSOR, shape=shape, dtype="<f4", external=[(secret, 0, values.nbytes)])
 
 
+def as_dtype(dtype):
+    def edit(f):
+        del f[TENSOR]
+        f.create_dataset(TENSOR, data=values.astype(dtype))
+    return edit
+
+
+# Also (issue 47 item 15) another element type: it was read as wrong floats or "truncated?".
 for tag, edit, why in (("virtual", virtual, "virtual dataset"), ("external_link", external_link, "external link"),
-                       ("external_storage", external_storage, "external storage")):
+                       ("external_storage", external_storage, "external storage"),
+                       ("float64", as_dtype("<f8"), "holds 64-bit floats"), ("float16", as_dtype("<f2"), "holds 16-bit floats"),
+                       ("big_endian", as_dtype(">f4"), "32-bit floats in big-endian order")):
     d = os.path.join(a.workdir, tag)
     shutil.copytree(good, d)
     with h5py.File(os.path.join(d, "iter_0000002.h5"), "r+") as f:

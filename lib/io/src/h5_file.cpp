@@ -399,6 +399,12 @@ std::string H5File::plain_dataset_problem(const std::string& name) const {
   if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT)
     return p + " has a storage layout this reader does not know";
   if (H5Pget_external_count(dcpl) != 0) return p + " has external storage (its bytes would come from another file)";
+  Hid type(H5Dget_type(ds), H5Tclose);
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t bytes = H5Tget_size(type);
+  if (cls != H5T_FLOAT || bytes != 4 || H5Tget_order(type) != H5T_ORDER_LE)
+    return p + " holds " + (cls == H5T_FLOAT ? std::to_string(8 * bytes) + "-bit floats" : cls == H5T_INTEGER ? "integers" : "non-numbers") +
+           (cls == H5T_FLOAT && bytes == 4 ? " in big-endian order" : "") + ", not the 32-bit little-endian floats of a checkpoint";
   return "";
 }
 

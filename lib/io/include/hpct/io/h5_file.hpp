@@ -85,7 +85,9 @@ class H5File {
   bool has_dataset(const std::string& name) const;
   /// Why the dataset `name` is not plain data of this file, or "" if it is: every component of its
   /// path a hard link (no soft or external link), its storage in this file (contiguous, chunked or
-  /// compact; no virtual dataset, no external storage). Only links are looked at before the dataset
+  /// compact; no virtual dataset, no external storage), its elements 32-bit little-endian IEEE
+  /// floats (what read() and write() move; an f16 or f64 dataset was read as wrong floats or as
+  /// "truncated"). Only links are looked at before the dataset
   /// is opened, so a rank calls it in the same order as the others (opening a virtual dataset is
   /// collective in a parallel file): readers check every tensor this way before any per-rank read.
   std::string plain_dataset_problem(const std::string& name) const;
