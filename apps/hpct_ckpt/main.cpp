@@ -337,7 +337,7 @@ int run(const std::vector<std::string>& args) {
     table.add_row({name, shape_string(shape), static_cast<int64_t>(n), state});
     tensors.push_back({{"name", name}, {"shape", shape}, {"elements", n}, {"checksum", state},
                        {"stored_checksum", stored ? nlohmann::json(std::to_string(*stored)) : nlohmann::json(nullptr)},
-                       {"offset", f.dataset_file_offset(name)}});
+                       {"offset", f.contiguous_offset(name) ? nlohmann::json(*f.contiguous_offset(name)) : nlohmann::json(nullptr)}});
   }
   std::cout << table.text();
   std::printf("# %zu tensors, %s of fp32\n", table.size(), format_bytes(4.0 * static_cast<double>(total)).c_str());

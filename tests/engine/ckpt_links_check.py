@@ -111,6 +111,35 @@ for tag, edit, why in (("virtual", virtual, "virtual dataset"), ("external_link"
     rc, out = run([a.generate, "--load", d, "--prompt", "hello", "--max-new-tokens", "2"])
     check(rc not in (0, "timeout") and why in out, f"{tag}: generate refused naming '{why}' (exit {rc}): {out[-300:]}")
 
+# Chunked and compact storage are this file's own data: --load and verify agree in taking them
+# (issue 47 item 11: they loaded but failed verify).
+def restored(layout):
+    def edit(f):
+        attrs = dict(f[TENSOR].attrs)
+        del f[TENSOR]
+        if layout == "chunked":
+            f.create_dataset(TENSOR, data=values, chunks=(max(1, values.shape[0] // 4),) + values.shape[1:])
+        else:
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_layout(h5py.h5d.COMPACT)
+            space = h5py.h5s.create_simple(values.shape)
+            dsid = h5py.h5d.create(f.id, TENSOR.encode(), h5py.h5t.IEEE_F32LE, space, dcpl=dcpl)
+            dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, values.astype("<f4"))
+        for k, v in attrs.items():
+            f[TENSOR].attrs[k] = v
+    return edit
+
+
+for layout in ("chunked", "compact"):
+    d = os.path.join(a.workdir, layout)
+    shutil.copytree(good, d)
+    with h5py.File(os.path.join(d, "iter_0000002.h5"), "r+") as f:
+        restored(layout)(f)
+    rc_v, out_v = run([a.tool, "verify", d])
+    rc_l, out_l = run([a.gpt, "@" + a.args, *base, "--train-iters", "3", "--load", d])
+    check(rc_v == 0 and rc_l == 0, f"{layout}: verify (exit {rc_v}) and --load (exit {rc_l}) both take it: "
+                                   f"{(out_v if rc_v else out_l)[-300:] if rc_v or rc_l else ''}")
+
 rc, out = run([a.gpt, "@" + a.args, *base, "--train-iters", "4", "--load", good])
 check(rc == 0, f"the good checkpoint still loads (exit {rc}): {out[-300:] if rc else ''}")
 c.finish()

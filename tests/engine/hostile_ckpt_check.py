@@ -144,6 +144,7 @@ cases = [
     ("iteration as an array", set_attr("iteration", np.arange(1000, dtype=np.int64)), "holds 1000 elements"),
     ("tokenizer as a string array", set_attr("tokenizer", np.array(["a", "b"], dtype=h5py.string_dtype())), "holds 2 elements"),
     ("no iteration", del_attr("iteration"), "lacks the integer attribute 'iteration'"),
+    ("iteration 4.7", set_attr("iteration", np.float64(4.7)), "attribute 'iteration' of / is not an integer"),  # item 11
     ("heads 4 -> 8", set_attr("architecture", '{"hidden_size":128,"model":"gpt","num_attention_heads":8,"num_layers":2,'
                                               '"padded_vocab_size":512,"seq_length":128}'), "run-state checksum"),
     ("tensor deleted", lambda f: f.__delitem__("/optimizer/exp_avg/layers/1/attention/dense/bias"),

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 #include "hpct/core/error.hpp"
 
@@ -425,9 +426,18 @@ std::vector<int64_t> H5File::dataset_shape(const std::string& name) const {
 }
 
 uint64_t H5File::dataset_file_offset(const std::string& name) const {
+  const auto a = contiguous_offset(name);
+  if (!a) h5_fail(path_, "dataset " + name + " has no contiguous storage");
+  return *a;
+}
+
+std::optional<uint64_t> H5File::contiguous_offset(const std::string& name) const {
   Hid ds(open_dataset(name), H5Dclose);
-  haddr_t a = H5Dget_offset(ds);
-  if (a == HADDR_UNDEF) h5_fail(path_, "dataset " + name + " has no contiguous storage");
+  const haddr_t a = H5Dget_offset(ds);
+  if (a == HADDR_UNDEF) {
+    H5Eclear2(H5E_DEFAULT);
+    return std::nullopt;
+  }
   return static_cast<uint64_t>(a);
 }
 
@@ -612,6 +622,11 @@ std::optional<T> read_scalar(hid_t file, const std::string& path, const std::str
   if (!open_attr(file, obj, key, &a)) return std::nullopt;
   Hid attr(a, H5Aclose);
   require_one_element(attr, path, obj, key);
+  if constexpr (std::is_integral_v<T>) {  // a float 4.7 is not read as the integer 4
+    Hid type(H5Aget_type(attr), H5Tclose);
+    if (H5Tget_class(type) != H5T_INTEGER)
+      throw file_error(path, "attribute '" + key + "' of " + obj + " is not an integer: the checkpoint is damaged");
+  }
   T v{};
   if (H5Aread(attr, mtype, &v) < 0) h5_fail(path, "cannot read attribute " + key + " of " + obj);
   return v;

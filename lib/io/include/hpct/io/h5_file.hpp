@@ -95,6 +95,8 @@ class H5File {
   std::vector<int64_t> dataset_shape(const std::string& name) const;
   /// Byte offset of a dataset's data in the file (contiguous layout): for inspection tools and tests.
   uint64_t dataset_file_offset(const std::string& name) const;
+  /// The same, or nothing for a dataset without one contiguous extent (chunked, compact, unwritten).
+  std::optional<uint64_t> contiguous_offset(const std::string& name) const;
   /// Every dataset in the file, full paths, sorted.
   std::vector<std::string> list_datasets() const;
 
