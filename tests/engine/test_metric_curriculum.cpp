@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -141,6 +142,35 @@ TEST(MetricCurriculum, IndexFilesRoundTripAndRefuseDamage) {
     FAIL() << "a truncated index was read";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("_index_to_sample.bin"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 47 item 14: a sample count near 2^61 passed the size check by wrapping (2^61 + 38527 samples
+// of 8 bytes "are" 308216 bytes); an analysis of another dataset was accepted.
+TEST(MetricCurriculum, HeadersCannotWrapOrNameAnotherDataset) {
+  Fixture f("mc_headers");
+  if (world().rank() == 0) {
+    nlohmann::json h = nlohmann::json::parse(std::ifstream(f.paths.first + ".json"));
+    h["samples"] = (uint64_t(1) << 61) + 38527;
+    std::ofstream(f.paths.first + ".json") << h.dump();
+    fs::resize_file(f.paths.first + ".bin", 308216);
+  }
+  world().barrier();
+  try {
+    engine::read_metric_index(f.paths.first, f.paths.second);
+    FAIL() << "a wrapped sample count was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 308216 bytes"), std::string::npos) << e.what();
+  }
+  Fixture g("mc_other");
+  const auto c = curriculum(g, "value", 0, 100);
+  const size_t samples = g.rarity.size();
+  EXPECT_NO_THROW(engine::open_curriculum_sampler({c}, samples, kSeq, 1234, "969,30,1", 4, g.dir + "/corpus"));
+  try {
+    engine::open_curriculum_sampler({c}, samples, kSeq, 1234, "969,30,1", 4, g.dir + "/other_corpus");
+    FAIL() << "an analysis of another dataset was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was made from the dataset corpus; this run trains on"), std::string::npos) << e.what();
   }
 }
 

@@ -2,6 +2,8 @@
 // data_sampling.hpp, docs/data-efficiency.md).
 #include "hpct/engine/data_sampling.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -58,10 +60,14 @@ std::vector<T> read_file(const std::string& path, nlohmann::json* header, const 
     throw file_error(name, std::string("is not an analyze_data ") + contents + " header",
                      "give the paths analyze_data printed (without .bin / .json)");
   const size_t n = (*header)["samples"].get<size_t>();
+  struct stat st {};
+  if (::stat((path + ".bin").c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw file_error(path + ".bin", "is not a regular file", "give the paths analyze_data printed (without .bin / .json)");
   std::ifstream f(path + ".bin", std::ios::binary | std::ios::ate);
   if (!f) throw file_error(path + ".bin", "cannot be opened");
   const auto bytes = static_cast<size_t>(f.tellg());
-  if (bytes != n * sizeof(T))
+  // Compared by division: n * sizeof(T) wraps for n near 2^61 (2^61 + 38527 samples "fit" 308216 bytes).
+  if (bytes % sizeof(T) != 0 || n != bytes / sizeof(T))
     throw file_error(path + ".bin", "holds " + std::to_string(bytes) + " bytes; its header says " + std::to_string(n) +
                                         " samples (" + std::to_string(n * sizeof(T)) + " bytes): the file is damaged");
   std::vector<T> v(n);
@@ -113,9 +119,24 @@ MetricIndex read_metric_index(const std::string& sample_path, const std::string&
   return ix;
 }
 
+namespace {
+// Whether the analysis's data_path (as analyze_data was given it) names this run's dataset: the same
+// .idx file where the recorded path resolves from here, else the same final name (a relative path
+// recorded in another directory cannot be resolved).
+bool same_dataset(const std::string& recorded, const std::string& run) {
+  if (recorded.empty() || run.empty()) return true;
+  struct stat a {}, b {};
+  if (::stat((recorded + ".idx").c_str(), &a) == 0 && ::stat((run + ".idx").c_str(), &b) == 0)
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  auto base = [](const std::string& p) { return p.substr(p.find_last_of('/') == std::string::npos ? 0 : p.find_last_of('/') + 1); };
+  return base(recorded) == base(run);
+}
+}  // namespace
+
 std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const std::vector<MetricCurriculumConfig>& cfgs,
                                                            size_t samples, int seq_length, uint64_t seed,
-                                                           const std::string& split, long long global_batch) {
+                                                           const std::string& split, long long global_batch,
+                                                           const std::string& data_path) {
   std::vector<MetricIndex> indexes;
   for (const MetricCurriculumConfig& mc : cfgs) {
     MetricIndex ix = read_metric_index(mc.index_to_sample_path, mc.index_to_metric_path);
@@ -130,6 +151,10 @@ std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const std::vector<Met
                                  "); this run's training set has " + std::to_string(samples) + " of " +
                                  std::to_string(seq_length) + " (seed " + std::to_string(seed) + ", split " + split + ")",
                        "run analyze_data with this run's data flags (--split, --seq-length, --seed, --train-iters, batch sizes)");
+    const std::string recorded = h.contains("data_path") && h["data_path"].is_string() ? h["data_path"].get<std::string>() : "";
+    if (!same_dataset(recorded, data_path))
+      throw file_error(file, "was made from the dataset " + recorded + "; this run trains on " + data_path,
+                       "run analyze_data on this run's --data-path");
     if (h.value("metric", std::string()) != mc.metric)
       throw file_error(file, "holds the metric '" + h.value("metric", std::string()) + "', the ds_config's block is '" +
                                  mc.metric + "'", "name the block after the metric, or give that metric's files");

@@ -252,7 +252,7 @@ void Trainer::start_sampler(const io::TokenDataset& data) {
                                               "cannot replay (its batches are drawn per iteration)",
                        "resume with the global batch the run started with");
   sampler_ = open_curriculum_sampler(cfg_.metric_curricula, data.size(), cfg_.model.max_seq_length, cfg_.seed, cfg_.split,
-                                     cfg_.global_batch);
+                                     cfg_.global_batch, cfg_.data_path.size() == 1 ? cfg_.data_path[0] : "");
 }
 
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.

@@ -67,10 +67,12 @@ std::vector<double> analyze_metric(const io::GptDataset& data, const std::string
 
 class CurriculumSampler;
 /// Reads each metric's index files, checks their headers against a training set of `samples`
-/// samples of seq_length tokens drawn with (seed, split), and returns the sampler; throws naming the file.
+/// samples of seq_length tokens drawn with (seed, split) from the dataset `data_path` ("": not
+/// checked), and returns the sampler; throws naming the file.
 std::unique_ptr<CurriculumSampler> open_curriculum_sampler(const std::vector<MetricCurriculumConfig>& cfgs,
                                                            size_t samples, int seq_length, uint64_t seed,
-                                                           const std::string& split, long long global_batch);
+                                                           const std::string& split, long long global_batch,
+                                                           const std::string& data_path = "");
 
 class CurriculumSampler {
  public:
