@@ -58,7 +58,20 @@ def tensor_checksum(values):
     return h
 
 
+def tensor_set_digest(f):
+    """checkpoint_state.cpp's tensor_set_digest over the stored per-tensor checksums."""
+    lines = []
+
+    def visit(name, obj):
+        if hasattr(obj, "shape") and "checksum" in obj.attrs:
+            lines.append(f"/{name} [{', '.join(str(d) for d in obj.shape)}] {int(obj.attrs['checksum'])}\n")
+    f.visititems(visit)
+    return fnv1a("".join(sorted(lines)).encode())
+
+
 def set_tensor(f, dataset, values):
-    """Writes `values` into the dataset and stores their checksum: a forged tensor that passes the check."""
+    """Writes `values` into the dataset and stores their checksum and the file's tensor_checksums: a
+    forged tensor that passes both checks."""
     f[dataset][...] = values
     f[dataset].attrs["checksum"] = np.uint64(tensor_checksum(values))
+    f.attrs["tensor_checksums"] = np.uint64(tensor_set_digest(f))

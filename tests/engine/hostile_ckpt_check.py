@@ -25,7 +25,7 @@ except ImportError:  # Debian's python3-h5py is in the system interpreter (scrip
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checklib import Checks  # noqa: E402  (tests/checklib.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckpt_forge import rechecksum, set_tensor, tensor_checksum  # noqa: E402  (tests/engine/ckpt_forge.py)
+from ckpt_forge import rechecksum, set_tensor, tensor_checksum, tensor_set_digest  # noqa: E402  (tests/engine/ckpt_forge.py)
 
 c = Checks("--gpt", "--tool", "--generate", "--args", "--workdir")
 a, check, fails = c.args, c.check, c.fails
@@ -194,6 +194,33 @@ for tag, cmd in (("generate", [a.generate, "--load", d, "--prompt-ids", "1,2,3",
     check(p.returncode != 0 and len(errs) == 1 and FLIPPED in errs[0] and "fails its checksum" in errs[0],
           f"flipped bit: {tag} refused in one line naming {FLIPPED} (exit {p.returncode}): {errs or p.stdout[-300:]}")
 check(not os.path.exists(os.path.join(a.workdir, "flipped_export", "model.safetensors")), "flipped bit: export wrote no file")
+
+# ---- issue 47 item 13: a stored checksum is bound to its tensor's name and shape ----
+A, B = "/model/layers/0/attention/dense/weight", "/model/layers/1/attention/dense/weight"
+with h5py.File(os.path.join(good, "iter_0000002.h5"), "r") as f:
+    check(int(f.attrs["tensor_checksums"]) == tensor_set_digest(f), "the test's tensor_checksums is the checkpointer's")
+
+
+def swap(f):  # two same-shape tensors exchanged between layers, each with its own checksum
+    f.move(A, A + "_tmp")
+    f.move(B, A)
+    f.move(A + "_tmp", B)
+
+
+def alias(f):  # layer 1's tensor replaced by a hard link to layer 0's (its data and checksum)
+    del f[B]
+    f[B] = f[A]
+
+
+for tag, fn in (("swapped tensors", swap), ("hard-link alias", alias)):
+    d = edited(tag.replace(" ", "_"), fn)
+    refused_load(tag, d, "fails its tensor_checksums")
+    refused_verify(tag, d, "fails its tensor_checksums")
+    p = subprocess.run([a.generate, "--load", d, "--prompt-ids", "1,2", "--max-new-tokens", "1"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode != 0 and "fails its tensor_checksums" in p.stdout, f"{tag}: generate refused (exit {p.returncode})")
+d = edited("no_tensor_checksums", del_attr("tensor_checksums"))
+refused_load("no tensor_checksums", d, "lacks the attribute 'tensor_checksums'")
 
 # ---- item 6: another seed or another tokenizer than the checkpoint's ----
 refused_load("another --seed", elsewhere, "differs from the checkpoint's seed 1234", extra=["--seed", "99"])

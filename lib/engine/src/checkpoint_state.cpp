@@ -1,12 +1,13 @@
 // Reading and checking a checkpoint's run state (see checkpoint_state.hpp).
 #include "hpct/engine/checkpoint_state.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
 #include "hpct/core/error.hpp"
-#include "hpct/core/report.hpp"
 #include "hpct/core/json_config.hpp"
+#include "hpct/core/report.hpp"
 #include "hpct/engine/schedules.hpp"
 
 namespace hpct::engine {
@@ -214,6 +215,29 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
       if (!known) throw file_error(file, "has tensor " + n + ", which this model does not: it was written for another architecture");
     }
   }
+  std::vector<TensorChecksum> sums;
+  for (int g = 0; g < 3; ++g)
+    for (const auto& ts : tensors) {
+      const std::string name = Checkpointer::dataset_name(kGroupNames[g], ts.name);
+      const auto sum = f.attr_uint(name, "checksum");
+      if (!sum) throw file_error(file, "tensor " + name + " has no checksum attribute");
+      sums.push_back({name, ts.shape, *sum});
+    }
+  const auto want = f.attr_uint("/", "tensor_checksums");
+  if (!want)
+    throw file_error(file, "lacks the attribute 'tensor_checksums': the checkpoint is damaged or was edited",
+                     "load an earlier checkpoint (pass its file to --load)");
+  if (*want != tensor_set_digest(std::move(sums)))
+    throw file_error(file, "fails its tensor_checksums: a tensor's stored checksum is not the one saved under its name "
+                           "(tensors swapped or aliased, or their checksums edited)",
+                     "load an earlier checkpoint (pass its file to --load)");
+}
+
+uint64_t tensor_set_digest(std::vector<TensorChecksum> tensors) {
+  std::sort(tensors.begin(), tensors.end(), [](const TensorChecksum& a, const TensorChecksum& b) { return a.dataset < b.dataset; });
+  std::string text;
+  for (const auto& t : tensors) text += t.dataset + " " + shape_string(t.shape) + " " + std::to_string(t.checksum) + "\n";
+  return fnv1a(text);  // the run-state checksum's FNV-1a (standard offset basis)
 }
 
 StoredRun check_structure(const io::H5File& f, const std::string& file, model::GptConfig* cfg) {

@@ -359,9 +359,14 @@ std::string Checkpointer::finish_save(PendingSave& ps) {
     io::H5File f = std::move(ps.file);
     if (data_ok) {
       err = comm::error_text_of([&] {
+        std::vector<TensorChecksum> bound;
         for (int g = 0; g < 3; ++g)
-          for (size_t i = 0; i < tensors.size(); ++i)
-            f.set_attr(dataset_name(kGroups[g], tensors[i].name), "checksum", ps.sums[g * tensors.size() + i]);
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            const std::string name = dataset_name(kGroups[g], tensors[i].name);
+            f.set_attr(name, "checksum", ps.sums[g * tensors.size() + i]);
+            bound.push_back({name, tensors[i].shape, ps.sums[g * tensors.size() + i]});
+          }
+        f.set_attr("/", "tensor_checksums", tensor_set_digest(std::move(bound)));
         f.close();
       });
     }

@@ -51,7 +51,19 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
 
 /// Local. Every tensor of `layout` present in the three groups (model, exp_avg, exp_avg_sq) with
 /// its shape, and no other tensor.
+/// Then the root attribute `tensor_checksums` (required) against tensor_set_digest of the stored
+/// per-tensor checksums: a stored checksum is bound to its tensor's name and shape.
 void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file);
+
+/// FNV-1a 64 over one "dataset shape checksum" line per tensor, sorted by dataset name: two
+/// same-shape tensors swapped with their checksums, or one tensor hard-linked under another's
+/// name, change it. (FNV-1a guards against damage and mix-ups, not against an author.)
+struct TensorChecksum {
+  std::string dataset;
+  std::vector<int64_t> shape;
+  uint64_t checksum = 0;
+};
+uint64_t tensor_set_digest(std::vector<TensorChecksum> tensors);
 
 /// Local. What a tool checks before reading tensor data (hpct_ckpt verify, export): read_stored_run,
 /// the GPT its architecture describes (into *cfg), its dataset count against 3 x (12 L + 4) before
