@@ -2,6 +2,7 @@
 // a resume, and the CRC-32C of TensorBoard's record framing (the decoding itself is checked with
 // python3-protobuf in tests/records).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -108,6 +109,24 @@ TEST(MetricsFile, ResumeMovesWhatLiesPastTheCheckpoint) {
   EXPECT_EQ(engine::trim_metrics_file(m, 0, d), 6);
   EXPECT_EQ(read(m), "{\"type\":\"segment\",\"resumed_from_iteration\":0}\n");
   EXPECT_EQ(engine::trim_metrics_file(tmp("no_such_metrics.jsonl"), 5, d), 0);
+}
+
+// A symbolic link planted at the .discarded name is not appended through (issue 47 item 12): the
+// trim is refused, naming it, and the metrics file and the link's target are unchanged.
+TEST(MetricsFile, ALinkAtTheDiscardedNameIsRefused) {
+  const std::string m = write("linked.jsonl", "{\"type\":\"train\",\"iteration\":1}\n{\"type\":\"train\",\"iteration\":2}\n");
+  const std::string victim = write("victim.txt", "untouched\n"), d = tmp("linked.jsonl.discarded");
+  std::remove(d.c_str());
+  ASSERT_EQ(::symlink(victim.c_str(), d.c_str()), 0);
+  try {
+    engine::trim_metrics_file(m, 1, d);
+    ADD_FAILURE() << "appended through a symbolic link";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linked.jsonl.discarded"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read(victim), "untouched\n");
+  EXPECT_EQ(read(m), "{\"type\":\"train\",\"iteration\":1}\n{\"type\":\"train\",\"iteration\":2}\n");
+  std::remove(d.c_str());
 }
 
 TEST(MetricsFile, ALastLineWithoutNewlineIsClosed) {

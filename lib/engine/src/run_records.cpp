@@ -1,9 +1,14 @@
 // Metrics file, TensorBoard and CSV records of a run, across its segments. See run_records.hpp.
 #include "hpct/engine/run_records.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <sstream>
@@ -72,10 +77,18 @@ long long trim_metrics_file(const std::string& path, long long R, const std::str
     return 0;
   }
   {  // the dropped records first (appended, flushed), then the rewrite: a crash in between loses nothing
-    std::ofstream d(discarded_path, std::ios::app);
-    for (const auto& l : dropped) d << l << "\n";
-    d.flush();
-    if (!d) throw file_error(discarded_path, "cannot write the discarded records", "nothing was changed in " + path);
+    // O_NOFOLLOW: a symbolic link planted at the name is refused, not appended through.
+    const int fd = ::open(discarded_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    std::FILE* d = fd >= 0 ? ::fdopen(fd, "a") : nullptr;
+    if (!d) {
+      if (fd >= 0) ::close(fd);
+      throw file_error(discarded_path, std::string("cannot write the discarded records: ") + std::strerror(errno),
+                       "nothing was changed in " + path);
+    }
+    for (const auto& l : dropped) std::fprintf(d, "%s\n", l.c_str());
+    const bool ok = std::fflush(d) == 0 && !std::ferror(d);
+    if (std::fclose(d) != 0 || !ok)
+      throw file_error(discarded_path, "cannot write the discarded records (disk full?)", "nothing was changed in " + path);
   }
   replace_file(path, kept);
   return static_cast<long long>(dropped.size());
