@@ -410,6 +410,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
     }
     if (data.unigram_ppl > 0) summary["unigram_val_ppl"] = data.unigram_ppl;
     records.record(summary);
+    if (!records.stopped().empty()) summary["records_stopped"] = records.stopped();  // writers a full disk stopped
     if (!cfg.json_summary.empty()) {
       // Written whole or not at all (temp file + rename), with the segment's provenance.
       summary["provenance"] = records.provenance();

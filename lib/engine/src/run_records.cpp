@@ -172,8 +172,15 @@ void RunRecorder::trim_csv(long long R) {
   }
 }
 
+void RunRecorder::stop(const std::string& what, const std::string& why) {
+  stopped_.push_back(what + ": " + why);
+  std::fprintf(stderr, "warning: %s cannot be written (%s): its records stop here; training goes on\n", what.c_str(),
+               why.c_str());
+  std::fflush(stderr);
+}
+
 void RunRecorder::write_scalars(const std::vector<Scalar>& scalars) {
-  if (events_) {
+  if (events_) try {
     // One Event per run of scalars at the same step.
     const double wall = now_seconds();
     std::vector<std::pair<std::string, float>> v;
@@ -184,8 +191,11 @@ void RunRecorder::write_scalars(const std::vector<Scalar>& scalars) {
         v.clear();
       }
     }
+  } catch (const Error& e) {
+    events_.reset();
+    stop("the TensorBoard event file in " + cfg_.tensorboard_dir, e.message());
   }
-  if (!cfg_.csv_dir.empty()) {
+  if (!cfg_.csv_dir.empty() && !csv_stopped_) {
     for (const auto& s : scalars) {
       if (!std::isfinite(s.value)) continue;
       auto& f = csv_[s.tag];
@@ -193,7 +203,12 @@ void RunRecorder::write_scalars(const std::vector<Scalar>& scalars) {
         const std::string path = cfg_.csv_dir + "/" + csv_name(s.tag);
         const bool fresh = !fs::exists(path);
         f = std::make_unique<std::ofstream>(path, std::ios::app);
-        if (!*f) throw file_error(path, "cannot write the CSV file");
+        if (!*f) {
+          csv_.clear();
+          csv_stopped_ = true;
+          stop("the CSV file " + path, "cannot open it");
+          break;
+        }
         if (fresh) *f << "step," << s.tag.substr(s.tag.rfind('/') + 1) << "\n";
       }
       char buf[64];
@@ -223,10 +238,29 @@ void RunRecorder::flush() {
   if (!root_) return;
   if (metrics_.is_open()) {
     metrics_.flush();
-    if (!metrics_) throw file_error(metrics_path_, "cannot write the metrics file (disk full?)");
+    if (!metrics_) {
+      metrics_.close();
+      stop("the metrics file " + metrics_path_, "a write failed; disk full?");
+    }
   }
-  if (events_) events_->flush();
-  for (auto& [tag, f] : csv_) f->flush();
+  if (events_) try {
+      events_->flush();
+    } catch (const Error& e) {
+      events_.reset();
+      stop("the TensorBoard event file in " + cfg_.tensorboard_dir, e.message());
+    }
+  for (auto it = csv_.begin(); it != csv_.end();) {
+    it->second->flush();
+    if (*it->second) {
+      ++it;
+      continue;
+    }
+    const std::string tag = it->first;
+    csv_.clear();
+    csv_stopped_ = true;
+    stop("the CSV file for " + tag + " in " + cfg_.csv_dir, "a write failed; disk full?");
+    break;
+  }
 }
 
 }  // namespace hpct::engine

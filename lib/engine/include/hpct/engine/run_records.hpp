@@ -65,7 +65,11 @@ class RunRecorder {
   void record(const nlohmann::json& rec, const std::vector<Scalar>& scalars = {});
   bool tensorboard() const { return events_ != nullptr; }
   /// Flushes everything written so far to the files.
+  /// Records are a by-product of training: once the segment has begun, a write that fails (a full
+  /// disk) stops that writer, with one warning on stderr, and training goes on; stopped() says which.
   void flush();
+  /// One line per writer that stopped mid-run ("metrics file F: ..."), for the run's summary.
+  const std::vector<std::string>& stopped() const { return stopped_; }
   /// The segment's provenance (the segment record without its trimming counts).
   const nlohmann::json& provenance() const { return provenance_; }
 
@@ -73,6 +77,8 @@ class RunRecorder {
 
  private:
   void write_scalars(const std::vector<Scalar>& scalars);
+  /// Closes a writer that failed mid-run and says so once.
+  void stop(const std::string& what, const std::string& why);
   void trim_csv(long long resumed_from);
   RunRecordsConfig cfg_;
   std::string metrics_path_;
@@ -81,6 +87,8 @@ class RunRecorder {
   std::unique_ptr<io::EventFileWriter> events_;
   std::map<std::string, std::unique_ptr<std::ofstream>> csv_;  // tag -> its file
   nlohmann::json provenance_;
+  std::vector<std::string> stopped_;
+  bool csv_stopped_ = false;  // a CSV write failed: no CSV file is written again
 };
 
 /// Moves the records of a JSON-lines metrics file that lie past iteration R (train/eval records
