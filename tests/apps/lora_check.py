@@ -120,7 +120,7 @@ c.one_line_error("adapters on another base", pw, "finetune", ["iter_0000014.h5",
 pt = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "--lora-rank", "4", "--lora-targets", "qkv,mlp",
             "--train-iters", "1"], want=None)
 c.one_line_error("an unknown --lora-targets entry", pt, "finetune", ["--lora-targets", "'mlp'"])
-pn = c.run([a.gpt, "@" + a.args, "--mock-data", "--lora-rank", "4", "--train-iters", "1"], want=None)
+pn = c.run([a.gpt, "@" + a.args, "--mock-data", "--vocab-size", "512", "--lora-rank", "4", "--train-iters", "1"], want=None)
 c.one_line_error("LoRA without a base model", pn, "pretrain_gpt", ["--lora-rank", "--load-hf"])
 po = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--load", pre, "--lora-rank", "4", "--finetune-resume-optimizer",
             "--train-iters", "1"], want=None)

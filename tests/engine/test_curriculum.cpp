@@ -179,7 +179,7 @@ TEST(Curriculum, TokenFlagsAreCheckedByName) {
     try {
       std::vector<std::string> base = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                                        "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "10",
-                                       "--lr", "1e-3", "--mock-data"};
+                                       "--lr", "1e-3", "--mock-data", "--vocab-size", "100"};
       base.insert(base.end(), args.begin(), args.end());
       engine::parse_args(base, c);
       c.finalize(1);

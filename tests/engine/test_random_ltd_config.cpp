@@ -41,7 +41,7 @@ std::string apply(const std::string& ltd, engine::TrainConfig* out = nullptr, st
   try {
     std::vector<std::string> args = {"--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
                                      "--seq-length", "128", "--micro-batch-size", "1", "--train-iters", "10",
-                                     "--lr", "1e-3", "--mock-data", "--deepspeed_config", path};
+                                     "--lr", "1e-3", "--mock-data", "--vocab-size", "100", "--deepspeed_config", path};
     args.insert(args.end(), flags.begin(), flags.end());
     engine::parse_args(args, c);
     c.finalize(4);

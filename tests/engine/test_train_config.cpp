@@ -92,6 +92,14 @@ TEST(TrainConfig, HelpReturnsFalse) {
   }
 }
 
+// --mock-data has no tokenizer to size its vocabulary: without --vocab-size it is refused (issue 47
+// item 15: 256 was taken silently).
+TEST(TrainConfig, MockDataNeedsAVocabularySize) {
+  std::vector<std::string> a = base_args();
+  a.erase(a.end() - 2, a.end());  // "--vocab-size", "100"
+  EXPECT_NE(error_of(a).find("--mock-data needs --vocab-size V"), std::string::npos) << error_of(a);
+}
+
 TEST(TrainConfig, UnknownFlag) { EXPECT_NE(error_of(with(base_args(), {"--num-layer", "3"})).find("unknown flag '--num-layer'"), std::string::npos); }
 TEST(TrainConfig, BadInteger) { EXPECT_NE(error_of(with(base_args(), {"--train-iters", "ten"})).find("--train-iters expects an integer, got 'ten'"), std::string::npos); }
 TEST(TrainConfig, MissingValue) { EXPECT_NE(error_of(with(base_args(), {"--lr"})).find("--lr needs a value"), std::string::npos); }

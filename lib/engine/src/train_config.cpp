@@ -147,7 +147,7 @@ const FlagTable& flag_table() {
       {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
       {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
-      {"--mock-data", {false, [](TrainConfig& c, const std::string&) { c.mock_data = true; }, "synthetic tokens (needs --vocab-size)"}},
+      {"--mock-data", {false, [](TrainConfig& c, const std::string&) { c.mock_data = true; }, "synthetic tokens in [0, --vocab-size) (both required)"}},
       {"--optimizer-threads", {true, [](TrainConfig& c, const std::string& v) { c.optimizer_threads = to_int_min("--optimizer-threads", v, 0); }, "threads of the host AdamW step (CPU training, ZeRO-Offload); 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else the CPUs the rank may use"}},
       {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_int_min("--seed", v, 0); }, "random seed"}},
       {"--log-interval", {true, [](TrainConfig& c, const std::string& v) { c.log_interval = to_i32("--log-interval", v); }, "iterations between log lines"}},
@@ -266,6 +266,10 @@ bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg,
   const std::vector<std::string>& given = p.given();
   if (std::count(given.begin(), given.end(), "--bf16") && std::count(given.begin(), given.end(), "--fp16"))
     throw config_error("--bf16", "--bf16 and --fp16 are both given", "give one of them");
+  // Mock tokens have no tokenizer to size the vocabulary: 256 was taken silently (issue 47 item 15).
+  if (cfg.mock_data && !cfg.vocab_size_given)
+    throw config_error("--mock-data", "--mock-data needs --vocab-size V: the range of its random tokens",
+                       "add --vocab-size (50257 for GPT-2's)");
   if (!cfg.ds_config_path.empty()) apply_ds_config(cfg.ds_config_path, cfg, given);
   return true;
 }
