@@ -14,6 +14,18 @@ import subprocess
 import sys
 
 
+def system_python_for(*modules):
+    """Re-runs this script under Debian's /usr/bin/python3 when `modules` (h5py, numpy: Debian's
+    python3-h5py, scripts/install_deps.sh) do not import in the interpreter that started it."""
+    try:
+        for m in modules:
+            __import__(m)
+    except ImportError:
+        if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+            os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+        raise
+
+
 class Checks:
     def __init__(self, *required, workdir="--workdir"):
         ap = argparse.ArgumentParser()

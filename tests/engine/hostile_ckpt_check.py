@@ -14,16 +14,12 @@ import shutil
 import subprocess
 import sys
 
-try:
-    import h5py
-    import numpy as np
-except ImportError:  # Debian's python3-h5py is in the system interpreter (scripts/install_deps.sh)
-    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    raise
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checklib import Checks  # noqa: E402  (tests/checklib.py)
+from checklib import Checks, system_python_for  # noqa: E402  (tests/checklib.py)
+
+system_python_for("h5py", "numpy")
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckpt_forge import rechecksum, set_tensor, tensor_checksum, tensor_set_digest  # noqa: E402  (tests/engine/ckpt_forge.py)
 
