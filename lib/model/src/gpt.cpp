@@ -38,7 +38,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   Fl_ = 4 * cfg_.hidden_size / tp_.size();
   Vl_ = cfg_.padded_vocab() / tp_.size();
   vstart_ = tp_.rank() * Vl_;
-  build_layout(cfg_, tp_.rank(), layout_, &blocks_, &wte_, &wpe_, &lnfw_, &lnfb_);
+  build_layout(cfg_, tp_.rank(), layout_, &blocks_, &wte_, &wpe_, &lnf_);
   final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
   pos_block_ = layout_.find("embedding.position_embeddings.weight").block;
   if (cfg_.lora.adapts(LoraConfig::embedding)) {
@@ -47,6 +47,8 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
     emb_lora_a_ = a.offset - layout_.blocks()[a.block].offset;
     emb_lora_b_ = layout_.find("embedding.word_embeddings.lora_b.weight").offset - layout_.blocks()[a.block].offset;
   }
+  norm_ = Norm(*ops_, cfg_.hidden_size);
+  attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_);
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block& o = blocks_[l];
@@ -90,13 +92,13 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->T = T;
   // Tensor-parallel parts: attention channels Cl = C/T, heads NH/T, MLP width F = 4C/T, Vl = Vp/T.
   const size_t N = (size_t)B * T, C = cfg_.hidden_size, L = cfg_.num_layers;
-  const size_t Cl = Cl_, NHl = NHl_, F = Fl_, Vl = Vl_;
+  const size_t Cl = Cl_, F = Fl_, Vl = Vl_;
   // Sequence parallelism: the residual stream, res2, dres and the norms' statistics hold n = N/T
   // rows; the gathered norm outputs, dfull (gathered gradients) and dslice (scattered) are extra.
   const size_t n = tp_.local_rows(N), sp = tp_.sequence_parallel() ? 1 : 0;
   const size_t nsets = recompute_ ? 1 : L;
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
-  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + (size_t)B * NHl * T * T + N * F * 2;
+  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + attention_.state_floats(B, T) + N * F * 2;
   size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
                  N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
@@ -111,7 +113,7 @@ void Gpt::ensure_workspace(int B, int T) {
     a.ln1_mean = take(n);
     a.ln1_rstd = take(n);
     a.qkv = take(N * 3 * Cl);
-    a.att = take((size_t)B * NHl * T * T);
+    a.att = take(attention_.state_floats(B, T));
     a.atty = take(N * Cl);
     a.res2 = take(n * C);
     a.ln2 = take(N * C);
@@ -226,17 +228,19 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   return recompute_ ? f : f * 0.75;
 }
 
-struct Gpt::MlpLora final : LinearHooks {
+// LinearHooks::Linear numbers the linears as LoraConfig::Target does.
+struct Gpt::LayerLora final : LinearHooks {
   Gpt& g;
   const Block& o;
   LayerActs& a;
-  MlpLora(Gpt& gpt, const Block& block, LayerActs& acts) : g(gpt), o(block), a(acts) {}
-  static int target(Linear which) { return which == fc ? LoraConfig::fc : LoraConfig::fc2; }
-  void forward(Linear which, const float* x, float* out, int rows) override { g.lora_forward(o, a, target(which), x, out, rows); }
+  LayerLora(Gpt& gpt, const Block& block, LayerActs& acts) : g(gpt), o(block), a(acts) {}
+  void forward(Linear which, const float* x, float* out, int rows) override { g.lora_forward(o, a, which, x, out, rows); }
   void backward(Linear which, const float* x, const float* dout, float* dx, int rows) override {
-    g.lora_backward(o, a, target(which), x, dout, dx, rows);
+    g.lora_backward(o, a, which, x, dout, dx, rows);
   }
 };
+static_assert(int{LinearHooks::qkv} == int{LoraConfig::qkv} && int{LinearHooks::proj} == int{LoraConfig::proj} &&
+              int{LinearHooks::fc} == int{LoraConfig::fc} && int{LinearHooks::fc2} == int{LoraConfig::fc2});
 
 // in, out and a.res2 hold this rank's n token rows (all N without sequence parallelism, else the n
 // from row r0): the norms run on them and write their rows of the full a.ln1 / a.ln2, which f
@@ -248,13 +252,13 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N), nC = n * C;
   float* part = sp ? ws_->dln : a.res2;
-  ops_->layernorm_forward(a.ln1 + r0 * C, a.ln1_mean, a.ln1_rstd, in, lp + o.ln1w, lp + o.ln1b, (int)n, C);
+  LayerLora lora(*this, o, a);
+  norm_.forward(NormWeights::at(lp, o.ln1), in, a.ln1 + r0 * C, {a.ln1_mean, a.ln1_rstd}, (int)n);
   tp_.all_gather(a.ln1, NC);
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
-  ops_->matmul_forward(a.qkv, a.ln1, lp + o.qkvw, lp + o.qkvb, N, C, 3 * Cl_, precision_);
-  lora_forward(o, a, LoraConfig::qkv, a.ln1, a.qkv, N);
+  const AttentionWeights aw = attention(lp, o);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  ops_->attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, precision_, &attn_drop, key_start);
+  attention_.mix(aw, a.ln1, a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, &lora);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
   // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
   const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
@@ -262,24 +266,21 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   if (replaying_) {  // CAC: the attention output's g is not run again
     std::memcpy(a.res2, kept, nC * sizeof(float));
   } else {
-    ops_->matmul_forward(part, a.atty, lp + o.projw, row_bias(lp + o.projb), N, Cl_, C, precision_);
-    lora_forward(o, a, LoraConfig::proj, a.atty, part, N);
+    attention_.project(aw, a.atty, part, N, &lora);
     tp_.reduce_scatter(part, a.res2, NC);
     hidden_dropout(a.res2, l, kernels::DropoutSite::attention_out, B, T);
     ops_->residual_forward(a.res2, in, a.res2, nC);
     if (kept) std::memcpy(kept, a.res2, nC * sizeof(float));
   }
-  ops_->layernorm_forward(a.ln2 + r0 * C, a.ln2_mean, a.ln2_rstd, a.res2, lp + o.ln2w, lp + o.ln2b, (int)n, C);
+  norm_.forward(NormWeights::at(lp, o.ln2), a.res2, a.ln2 + r0 * C, {a.ln2_mean, a.ln2_rstd}, (int)n);
   tp_.all_gather(a.ln2, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
-    MlpLora lora(*this, o, a);
     if (o.experts == 0) mlp_.hidden(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, &lora);
     else moe_forward(store, l, lp, a, ff, N);
     return;
   }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
-    MlpLora lora(*this, o, a);
     mlp_.forward(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_, &lora);
     tp_.reduce_scatter(ff, out, NC);
   } else {
@@ -310,15 +311,17 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
   float* dsl = sp ? w.dslice : w.dln;
-  // A frozen block (LoRA's base: lg null) gets no weight gradients; its norms' go to scratch.
-  auto G = [lg](size_t off) { return lg ? lg + off : nullptr; };
-  float* dn1 = sp || !lg ? w.dnorm : lg + o.ln1w;  // ln1 weight, bias; ln2 weight, bias (each C; w and b adjacent)
-  float* dn2 = sp || !lg ? w.dnorm + 2 * C : lg + o.ln2w;
+  // A frozen block (LoRA's base: lg null) gets no weight gradients. The norms' gradients go into
+  // lg, or into w.dnorm (ln1's weight and bias, then ln2's, C each): partial sums under sequence
+  // parallelism, scratch for a frozen block.
+  const bool scratch = sp || !lg;
+  const NormGrads dn1 = scratch ? NormGrads{w.dnorm, w.dnorm + C} : NormGrads{lg + o.ln1.weight, lg + o.ln1.bias};
+  const NormGrads dn2 = scratch ? NormGrads{w.dnorm + 2 * C, w.dnorm + 3 * C} : NormGrads{lg + o.ln2.weight, lg + o.ln2.bias};
+  LayerLora lora(*this, o, a);
   if (sp) ops_->zero(w.dnorm, 4 * C * sizeof(float));
   ops_->zero(w.dln, NC * sizeof(float));
   const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
-    MlpLora lora(*this, o, a);
     mlp_.backward(dense_mlp(lp, o), MlpGrads::at(lg, o.mlp), a.ln2, a.fch, a.fch_gelu, dout, w.dln, N, w.dfch,
                   w.dfch_gelu, Fl_, &lora);
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
@@ -327,24 +330,19 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
     if (sp) ops_->copy(dsl, w.dln + r0 * C, n * C * sizeof(float));
   }
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
-  ops_->layernorm_backward(dres, dn2, dn2 + C, dsl, a.res2, lp + o.ln2w, a.ln2_mean, a.ln2_rstd, (int)n, C);
-  const size_t NCl = (size_t)N * Cl_;
-  ops_->zero(w.datty, NCl * sizeof(float));
+  norm_.backward(NormWeights::at(lp, o.ln2), dn2, a.res2, {a.ln2_mean, a.ln2_rstd}, dsl, dres, (int)n);
   const float* dproj = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::attention_out, B, T), N);
-  ops_->matmul_backward(w.datty, G(o.projw), G(o.projb), dproj, a.atty, lp + o.projw, N, Cl_, C, precision_);
-  lora_backward(o, a, LoraConfig::proj, a.atty, dproj, w.datty, N);
-  ops_->zero(w.dqkv, NCl * 3 * sizeof(float));
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  ops_->attention_backward(w.dqkv, w.datty, a.qkv, a.att, B, T, Cl_, NHl_, precision_, &attn_drop);
   ops_->zero(w.dln, NC * sizeof(float));
-  ops_->matmul_backward(w.dln, G(o.qkvw), G(o.qkvb), w.dqkv, a.ln1, lp + o.qkvw, N, C, 3 * Cl_, precision_);
-  lora_backward(o, a, LoraConfig::qkv, a.ln1, w.dqkv, w.dln, N);
+  attention_.backward(attention(lp, o), AttentionGrads::at(lg, o.attn), a.ln1, a.qkv, a.att, a.atty, dproj, w.dln, B,
+                      T, w.datty, w.dqkv, &attn_drop, &lora);
   tp_.reduce_scatter(w.dln, dsl, NC);
-  ops_->layernorm_backward(dres, dn1, dn1 + C, dsl, in, lp + o.ln1w, a.ln1_mean, a.ln1_rstd, (int)n, C);
+  norm_.backward(NormWeights::at(lp, o.ln1), dn1, in, {a.ln1_mean, a.ln1_rstd}, dsl, dres, (int)n);
   if (sp && lg) {  // (a frozen block's norms: scratch, not reduced)
     tp_.reduce_partial_grads(w.dnorm, 4 * C);
-    ops_->residual_forward(lg + o.ln1w, lg + o.ln1w, w.dnorm, 2 * C);
-    ops_->residual_forward(lg + o.ln2w, lg + o.ln2w, w.dnorm + 2 * C, 2 * C);
+    const float* sums[4] = {w.dnorm, w.dnorm + C, w.dnorm + 2 * C, w.dnorm + 3 * C};
+    float* into[4] = {lg + o.ln1.weight, lg + o.ln1.bias, lg + o.ln2.weight, lg + o.ln2.bias};
+    for (int i = 0; i < 4; ++i) ops_->residual_forward(into[i], into[i], sums[i], C);
   }
 }
 
@@ -358,7 +356,8 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   // x (and dx) hold this rank's rows under sequence parallelism; the norm's output is gathered.
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
-  ops_->layernorm_forward(w.lnf + r0 * C, w.lnf_mean, w.lnf_rstd, x, fp + lnfw_, fp + lnfb_, (int)n, C);
+  const NormWeights nw = NormWeights::at(fp, lnf_);
+  norm_.forward(nw, x, w.lnf + r0 * C, {w.lnf_mean, w.lnf_rstd}, (int)n);
   tp_.all_gather(w.lnf, NC);
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
   double loss_sum = 0;
@@ -387,12 +386,15 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
     float* dsl = sp ? w.dslice : w.dln;
     tp_.reduce_scatter(w.dln, dsl, NC);
     ops_->zero(dx, n * C * sizeof(float));
-    float* dn = sp || !fg ? w.dnorm : fg + lnfw_;  // weight, bias (adjacent); scratch when frozen
+    // weight, bias: partial sums in w.dnorm under sequence parallelism; scratch when frozen
+    const bool scratch = sp || !fg;
+    const NormGrads dn = scratch ? NormGrads{w.dnorm, w.dnorm + C} : NormGrads{fg + lnf_.weight, fg + lnf_.bias};
     if (sp) ops_->zero(w.dnorm, 2 * C * sizeof(float));
-    ops_->layernorm_backward(dx, dn, dn + C, dsl, x, fp + lnfw_, w.lnf_mean, w.lnf_rstd, (int)n, C);
+    norm_.backward(nw, dn, x, {w.lnf_mean, w.lnf_rstd}, dsl, dx, (int)n);
     if (sp && fg) {
       tp_.reduce_partial_grads(w.dnorm, 2 * C);
-      ops_->residual_forward(fg + lnfw_, fg + lnfw_, w.dnorm, 2 * C);
+      ops_->residual_forward(fg + lnf_.weight, fg + lnf_.weight, w.dnorm, C);
+      ops_->residual_forward(fg + lnf_.bias, fg + lnf_.bias, w.dnorm + C, C);
     }
   }
   return loss_sum;

@@ -12,7 +12,7 @@
 namespace hpct::model {
 
 void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte,
-                       size_t* wpe, size_t* lnfw, size_t* lnfb) {
+                       size_t* wpe, NormTensors* lnf) {
   const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.positions();
   // Megatron's split: column-parallel (rows of the (out, in) weight and its bias; QKV by sections
   // q|k|v), row-parallel (columns; the bias is a replica), everything else a replica.
@@ -22,7 +22,7 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   // GPT-2 / Megatron init, declared with each tensor: weights N(0, std), the projections into the
   // residual stream (attention output, MLP fc2) N(0, std / sqrt(2L)), biases zero, norm weights one.
   const InitSpec w = InitSpec::normal(cfg.init_std), w_out = InitSpec::normal(cfg.init_std / std::sqrt(2.0 * cfg.num_layers));
-  const InitSpec zero = InitSpec::zeros(), one = InitSpec::ones();
+  const InitSpec zero = InitSpec::zeros();
   layout.begin_block("embedding");
   *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col, w).offset;
   if (cfg.lora.own_position_block()) layout.begin_block("embedding.position");  // trains, the words frozen
@@ -43,14 +43,9 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
     auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd, const Partition& part, const InitSpec& init) {
       return layout.add(p + n, std::move(s), wd, part, init).offset - base;
     };
-    o.ln1w = rel("input_layernorm.weight", {C}, false, rep, one);
-    o.ln1b = rel("input_layernorm.bias", {C}, false, rep, zero);
-    o.qkvw = rel("attention.query_key_value.weight", {3 * C, C}, true, qkv, w);
-    o.qkvb = rel("attention.query_key_value.bias", {3 * C}, false, qkv, zero);
-    o.projw = rel("attention.dense.weight", {C, C}, true, row, w_out);
-    o.projb = rel("attention.dense.bias", {C}, false, rep, zero);
-    o.ln2w = rel("post_attention_layernorm.weight", {C}, false, rep, one);
-    o.ln2b = rel("post_attention_layernorm.bias", {C}, false, rep, zero);
+    o.ln1 = Norm::declare(layout, p + "input_layernorm", C, rep, base);
+    o.attn = Attention::declare(layout, p + "attention.", C, {qkv, row, rep}, w, w_out, base);
+    o.ln2 = Norm::declare(layout, p + "post_attention_layernorm", C, rep, base);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
     if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
     if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, 4 * C, {col, row, rep}, w, w_out, base);
@@ -95,8 +90,7 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   }
   layout.begin_block("final_norm");
   size_t base = layout.numel();
-  *lnfw = layout.add("final_layernorm.weight", {C}, false, rep, one).offset - base;
-  *lnfb = layout.add("final_layernorm.bias", {C}, false, rep, zero).offset - base;
+  *lnf = Norm::declare(layout, "final_layernorm", C, rep, base);
   if (cfg.lora.enabled())  // LoRA: the base model is frozen; the adapters and any modules to save train
     for (size_t b = 0; b < layout.blocks().size(); ++b) {
       const std::string& n = layout.blocks()[b].name;
@@ -111,8 +105,9 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
 ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank) {
   cfg.validate();
   ParamLayout layout;
-  size_t a, b, c, d;
-  build_layout(cfg, tp_rank, layout, nullptr, &a, &b, &c, &d);
+  size_t wte, wpe;
+  NormTensors lnf;
+  build_layout(cfg, tp_rank, layout, nullptr, &wte, &wpe, &lnf);
   return layout;
 }
 

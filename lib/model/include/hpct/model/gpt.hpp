@@ -1,9 +1,10 @@
 // hpct/model/gpt.hpp — GPT-2 style decoder with explicit forward and backward, dense or MoE.
 //
 // Token + learned position embeddings, L pre-LayerNorm transformer blocks, final LayerNorm, output
-// head tied to the token embedding. A block is ln1, causal multi-head attention, ln2 and a
-// feed-forward that is either the GELU MLP (model/mlp.hpp) or a mixture of experts (model/moe.cpp: a router, top-k
-// gating with capacity, experts that are the same MLP, and the expert-parallel all-to-all).
+// head tied to the token embedding. A block is ln1 (model/norm.hpp), causal multi-head attention
+// (model/attention.hpp), ln2 and a feed-forward that is either the GELU MLP (model/mlp.hpp) or a
+// mixture of experts (model/moe.cpp: a router, top-k gating with capacity, experts that are the
+// same MLP, and the expert-parallel all-to-all).
 // No autograd: the backward is written out, op by op, against hpct::kernels. Activation
 // checkpointing per layer keeps only each layer's input and recomputes the layer in backward.
 // Not here: optimizer, data parallelism, sharding — the model reads parameters and writes
@@ -43,7 +44,9 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/attention.hpp"
 #include "hpct/model/mlp.hpp"
+#include "hpct/model/norm.hpp"
 #include "hpct/model/param_store.hpp"
 #include "hpct/model/tensor_parallel.hpp"
 
@@ -284,7 +287,8 @@ class Gpt {
   // what its feed-forward is.
   struct Block {
     int block = 0;  // schema block id of the dense part
-    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b;
+    NormTensors ln1, ln2;           // before the attention, before the feed-forward
+    AttentionTensors attn;
     MlpTensors mlp;                 // the dense MLP (or the residual MLP beside the experts)
     MlpTensors expert_mlp;          // inside each expert block (every expert alike)
     int experts = 0;                // 0: dense MLP; else E experts routed by `router`
@@ -317,8 +321,14 @@ class Gpt {
     w.projb = row_bias(w.projb);
     return w;
   }
-  /// The dense MLP's LoRA adapters of layer o (LinearHooks over lora_forward / lora_backward).
-  struct MlpLora;
+  /// The attention's parameters, its output bias on tensor-parallel rank 0 only (row_bias).
+  AttentionWeights attention(const float* lp, const Block& o) const {
+    AttentionWeights w = AttentionWeights::at(lp, o.attn);
+    w.projb = row_bias(w.projb);
+    return w;
+  }
+  /// Layer o's LoRA adapters (LinearHooks over lora_forward / lora_backward).
+  struct LayerLora;
   // ---- LoRA (lora.cpp) ----
   /// out += scale * (x A^T) B^T for linear t of layer o on `rows` rows (nothing if t is not adapted);
   /// x A^T is kept in a for backward. Reads the adapter block set by lora_use().
@@ -387,14 +397,15 @@ class Gpt {
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
   static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
-                           size_t* wte, size_t* wpe, size_t* lnfw, size_t* lnfb);
+                           size_t* wte, size_t* wpe, NormTensors* lnf);
 
   GptConfig cfg_;
   kernels::Precision precision_;
   bool recompute_;
   ParamLayout layout_;
   std::vector<Block> blocks_;  // one per layer
-  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;  // offsets in their blocks
+  size_t wte_ = 0, wpe_ = 0;  // offsets in their blocks
+  NormTensors lnf_;
   int pos_block_ = 0;  // the block of wpe_: the embedding's, or LoRA's "embedding.position"
   int final_block_ = 0;
   const comm::Communicator* ep_ = nullptr;
@@ -402,7 +413,9 @@ class Gpt {
   TensorParallel tp_;
   int Cl_ = 0, NHl_ = 0, Fl_ = 0;  // this tensor-parallel rank's attention channels, heads, MLP width
   int Vl_ = 0, vstart_ = 0;        // its rows of the padded vocabulary: [vstart_, vstart_ + Vl_)
-  Mlp mlp_;  // the feed-forward of every dense layer, residual MoE and expert
+  Norm norm_;            // every norm
+  Attention attention_;  // every layer's attention
+  Mlp mlp_;              // the feed-forward of every dense layer, residual MoE and expert
   bool cac_ = false, replaying_ = false;
   long long alltoall_calls_ = 0;
   std::vector<MoeLayerStats> moe_stats_;

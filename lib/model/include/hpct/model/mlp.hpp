@@ -13,22 +13,13 @@
 
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/linear_hooks.hpp"
 
 namespace hpct::model {
 
 /// Where an MLP's tensors are in its block: element offsets from the block's start.
 struct MlpTensors {
   size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
-};
-
-/// What runs beside the two linears (LoRA's adapters): after each linear's forward, with its input
-/// and output; in backward, with its input, its output's gradient and the input gradient to add to.
-class LinearHooks {
- public:
-  enum Linear { fc = 0, fc2 = 1 };
-  virtual ~LinearHooks() = default;
-  virtual void forward(Linear which, const float* x, float* out, int rows) = 0;
-  virtual void backward(Linear which, const float* x, const float* dout, float* dx, int rows) = 0;
 };
 
 /// One MLP's parameters (projb null: no bias added, a row-parallel part off rank 0) or gradients

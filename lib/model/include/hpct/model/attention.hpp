@@ -1,0 +1,84 @@
+// hpct/model/attention.hpp — the transformer's self-attention as one component: it declares its
+// tensors (names, shapes, tensor-parallel splits, initialisation) and computes its forward and
+// backward, so the attention variants to come (grouped key/value heads, rotary positions, a fused
+// kernel's state) are written here once, for the training model and the tools that read its table.
+//
+// query_key_value (C -> 3C, sections q|k|v), causal multi-head attention (softmax(q k^T / sqrt(d)) v
+// per head, the backend's attention op with its saved state `att`), dense (C -> C); Megatron's names.
+// With tensor parallelism the heads split over the group: query_key_value column-parallel by
+// sections (this rank's heads of q, k and v), dense row-parallel, so the caller passes dense's bias
+// on one rank only and sums the output (and the input gradient) over the group.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "hpct/core/param_layout.hpp"
+#include "hpct/kernels/dropout.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+#include "hpct/model/linear_hooks.hpp"
+
+namespace hpct::model {
+
+/// Where an attention's tensors are in its block: element offsets from the block's start.
+struct AttentionTensors {
+  size_t qkvw = 0, qkvb = 0, projw = 0, projb = 0;
+};
+
+/// One attention's parameters (projb null: no bias added, a row-parallel part off rank 0) or
+/// gradients (null: not computed, a frozen block's).
+struct AttentionWeights {
+  const float *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr;
+  static AttentionWeights at(const float* block, const AttentionTensors& t) {
+    return {block + t.qkvw, block + t.qkvb, block + t.projw, block + t.projb};
+  }
+};
+struct AttentionGrads {
+  float *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr;
+  static AttentionGrads at(float* block, const AttentionTensors& t) {
+    if (!block) return {};
+    return {block + t.qkvw, block + t.qkvb, block + t.projw, block + t.projb};
+  }
+};
+
+class Attention {
+ public:
+  /// How the tensors split over the tensor-parallel group: query_key_value's rows (a stride-3
+  /// partition: q|k|v sections), dense's columns; dense's bias is a replica.
+  struct Split {
+    Partition qkv, proj, replica;
+  };
+  /// Declares query_key_value's and dense's weight and bias under `prefix` ("layers.0.attention.")
+  /// in the block being built, of hidden size C; `weight` and `out_weight` are their
+  /// initialisation (biases start at zero). Offsets from `block_base`.
+  static AttentionTensors declare(ParamLayout& layout, const std::string& prefix, int64_t C, const Split& split,
+                                  const InitSpec& weight, const InitSpec& out_weight, size_t block_base);
+
+  Attention() = default;
+  /// hidden: the model's width C; heads, channels: this rank's heads and their channels (C / T).
+  Attention(kernels::OpsBackend& ops, kernels::Precision precision, int hidden, int heads, int channels)
+      : ops_(&ops), precision_(precision), C_(hidden), NH_(heads), Cl_(channels) {}
+
+  /// The attention's state for backward, in the backend's memory (the op's probabilities, B x heads x T x T).
+  size_t state_floats(int B, int T) const { return (size_t)B * NH_ * T * T; }
+
+  /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of 3 x channels), then y, the heads'
+  /// outputs (B*T rows of channels); att is the state backward reads. drop: attention dropout
+  /// (nullptr: none); key_start: each row's first key (per-document attention; nullptr: causal only).
+  void mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
+           const kernels::Dropout* drop, const int32_t* key_start, LinearHooks* hooks) const;
+  /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
+  void project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const;
+  /// From dout (the projection's output gradient): the weight gradients and dx ACCUMULATED (zero dx
+  /// first to overwrite); dy (B*T x channels) and dqkv (B*T x 3 channels) are scratch.
+  void backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv, const float* att,
+                const float* y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
+                const kernels::Dropout* drop, LinearHooks* hooks) const;
+
+ private:
+  kernels::OpsBackend* ops_ = nullptr;
+  kernels::Precision precision_ = kernels::Precision::fp32;
+  int C_ = 0, NH_ = 0, Cl_ = 0;
+};
+
+}  // namespace hpct::model

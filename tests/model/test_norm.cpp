@@ -1,0 +1,103 @@
+// model/norm.hpp: the norm component. Its tensors as declared (names, adjacency, initialisation),
+// its forward against LayerNorm in double, its backward against finite differences.
+#include "hpct/model/norm.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "hpct/core/rng.hpp"
+#include "hpct/kernels/backend.hpp"
+
+using namespace hpct;
+using namespace hpct::model;
+
+namespace {
+
+TEST(Norm, DeclaresItsTensors) {
+  ParamLayout L;
+  L.begin_block("layers.0");
+  L.add("layers.0.other", {3}, false, {}, InitSpec::zeros());
+  const NormTensors t = Norm::declare(L, "layers.0.input_layernorm", 8, {-1, 2, 0, 1}, 0);
+  const auto& v = L.tensors();
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[1].name, "layers.0.input_layernorm.weight");
+  EXPECT_EQ(v[2].name, "layers.0.input_layernorm.bias");
+  EXPECT_EQ(v[1].numel, 8u);  // a replica under tensor parallelism
+  EXPECT_EQ(v[1].init.kind, InitSpec::Kind::ones);
+  EXPECT_EQ(v[2].init.kind, InitSpec::Kind::zeros);
+  EXPECT_FALSE(v[1].weight_decay);
+  EXPECT_EQ(t.weight, 3u);
+  EXPECT_EQ(t.bias, 11u);
+}
+
+struct Case {
+  int R = 3, C = 5;
+  std::vector<float> w, b, x;
+  Case() {
+    Rng rng(5);
+    auto fill = [&](std::vector<float>& v, size_t n, double mean) {
+      v.resize(n);
+      for (auto& e : v) e = static_cast<float>(mean + rng.normal() * 0.5);
+    };
+    fill(w, C, 1.0), fill(b, C, 0.0), fill(x, R * C, 0.3);
+  }
+  NormWeights weights() const { return {w.data(), b.data()}; }
+};
+
+double loss_of(const Norm& n, const Case& k) {  // sum of out * (index + 1)
+  std::vector<float> out(k.x.size()), mean(k.R), rstd(k.R);
+  n.forward(k.weights(), k.x.data(), out.data(), {mean.data(), rstd.data()}, k.R);
+  double l = 0;
+  for (size_t i = 0; i < out.size(); ++i) l += double(out[i]) * double(i + 1);
+  return l;
+}
+
+TEST(Norm, ForwardBackward) {
+  auto ops = kernels::cpu_ops();
+  Case k;
+  const Norm n(*ops, k.C);
+  std::vector<float> out(k.x.size()), mean(k.R), rstd(k.R);
+  n.forward(k.weights(), k.x.data(), out.data(), {mean.data(), rstd.data()}, k.R);
+  // LayerNorm in double (eps 1e-5, GPT-2's), relative 1e-5: fp32 sums of 5 terms.
+  for (int r = 0; r < k.R; ++r) {
+    double m = 0, var = 0;
+    for (int c = 0; c < k.C; ++c) m += k.x[r * k.C + c];
+    m /= k.C;
+    for (int c = 0; c < k.C; ++c) var += (k.x[r * k.C + c] - m) * (k.x[r * k.C + c] - m);
+    const double rs = 1 / std::sqrt(var / k.C + 1e-5);
+    for (int c = 0; c < k.C; ++c) {
+      const double ref = (k.x[r * k.C + c] - m) * rs * k.w[c] + k.b[c];
+      EXPECT_NEAR(out[r * k.C + c], ref, 1e-5 * (1 + std::fabs(ref)));
+    }
+  }
+  std::vector<float> dout(out.size()), dx(k.x.size(), 0.0f), gw(k.C, 0.0f), gb(k.C, 0.0f);
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(i + 1);
+  n.backward(k.weights(), {gw.data(), gb.data()}, k.x.data(), {mean.data(), rstd.data()}, dout.data(), dx.data(), k.R);
+  // Central differences in fp32, h = 1e-2: below 2e-3 relative for this smooth function.
+  auto check = [&](std::vector<float>& v, const std::vector<float>& grad, const char* what) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float keep = v[i];
+      const double h = 1e-2;
+      v[i] = keep + float(h);
+      const double up = loss_of(n, k);
+      v[i] = keep - float(h);
+      const double down = loss_of(n, k);
+      v[i] = keep;
+      const double fd = (up - down) / (2 * h);
+      EXPECT_NEAR(grad[i], fd, 2e-3 * (1 + std::fabs(fd))) << what << "[" << i << "]";
+    }
+  };
+  check(k.x, dx, "x");
+  check(k.w, gw, "weight");
+  check(k.b, gb, "bias");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  kernels::BackendScope backend;
+  return RUN_ALL_TESTS();
+}
