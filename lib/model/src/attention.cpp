@@ -14,11 +14,14 @@ AttentionTensors Attention::declare(ParamLayout& layout, const std::string& pref
   return t;
 }
 
+void Attention::qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const {
+  ops_->matmul_forward(qkv, x, w.qkvw, w.qkvb, rows, C_, 3 * Cl_, precision_);
+  if (hooks) hooks->forward(LinearHooks::qkv, x, qkv, rows);
+}
+
 void Attention::mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
                     const kernels::Dropout* drop, const int32_t* key_start, LinearHooks* hooks) const {
-  const int N = B * T;
-  ops_->matmul_forward(qkv, x, w.qkvw, w.qkvb, N, C_, 3 * Cl_, precision_);
-  if (hooks) hooks->forward(LinearHooks::qkv, x, qkv, N);
+  this->qkv(w, x, qkv, B * T, hooks);
   ops_->attention_forward(y, att, qkv, B, T, Cl_, NH_, precision_, drop, key_start);
 }
 

@@ -25,34 +25,11 @@ Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
   if (cfg.tensor_parallel != 1)
     throw config_error("--tensor-model-parallel-size", "the decoder runs the whole model on one process (tensor_parallel 1)");
   if (sequences < 1) throw Error("Decoder: need at least one sequence (got " + std::to_string(sequences) + ")");
-  const ParamLayout layout = Gpt::layout_for(cfg);
-  auto at = [&](const std::string& name) { return layout.find(name).offset; };
-  wte_ = at("embedding.word_embeddings.weight");
-  wpe_ = at("embedding.position_embeddings.weight");
-  lnfw_ = at("final_layernorm.weight");
-  lnfb_ = at("final_layernorm.bias");
-  for (int l = 0; l < L_; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    LayerOffsets o{at(p + "input_layernorm.weight"), at(p + "input_layernorm.bias"),
-                   at(p + "attention.query_key_value.weight"), at(p + "attention.query_key_value.bias"),
-                   at(p + "attention.dense.weight"), at(p + "attention.dense.bias"),
-                   at(p + "post_attention_layernorm.weight"), at(p + "post_attention_layernorm.bias")};
-    o.experts = cfg.moe.experts_of(l, cfg.num_layers);
-    if (o.experts == 0 || cfg.moe.residual) {
-      o.fcw = at(p + "mlp.dense_h_to_4h.weight"), o.fcb = at(p + "mlp.dense_h_to_4h.bias");
-      o.fcprojw = at(p + "mlp.dense_4h_to_h.weight"), o.fcprojb = at(p + "mlp.dense_4h_to_h.bias");
-    }
-    if (o.experts > 0) {
-      o.routerw = at(p + "mlp.router.weight");
-      if (cfg.moe.residual) o.coefw = at(p + "mlp.coefficient.weight"), o.coefb = at(p + "mlp.coefficient.bias");
-      for (int e = 0; e < o.experts; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        o.expert.push_back({at(x + "dense_h_to_4h.weight"), at(x + "dense_h_to_4h.bias"), at(x + "dense_4h_to_h.weight"),
-                            at(x + "dense_4h_to_h.bias")});
-      }
-    }
-    layers_.push_back(std::move(o));
-  }
+  layout_ = Gpt::layout_for(cfg, 0, &t_);
+  ops_ = kernels::cpu_ops();
+  norm_ = Norm(*ops_, C_);
+  attention_ = Attention(*ops_, kernels::Precision::fp32, C_, NH_, C_);
+  mlp_ = Mlp(*ops_, kernels::Precision::fp32, C_);
   len_.assign(sequences, 0);
   const size_t cache = (size_t)L_ * sequences * T_ * C_;
   k_.assign(cache, 0.0f);
@@ -102,55 +79,59 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
   grow(x_, RC), grow(ln_, RC), grow(qkv_, 3 * RC), grow(atty_, RC), grow(res_, RC);
   grow(fch_, (size_t)R * F), grow(fcg_, (size_t)R * F), grow(mean_, R), grow(rstd_, R);
   const int V = cfg_.vocab_size;
+  const float* wte = block(t_.embedding_block) + t_.wte;
+  const float* wpe = block(t_.position_block) + t_.wpe;
   for (int r = 0; r < R; ++r) {  // token + position embeddings
     if (tokens[r] < 0 || tokens[r] >= V)
       throw config_error("--prompt", "token " + std::to_string(tokens[r]) + " is not in the model's vocabulary 0.." +
                                          std::to_string(V - 1));
-    const float* te = p_ + wte_ + (size_t)tokens[r] * C;
-    const float* pe = p_ + wpe_ + (size_t)rows[r].pos * C;
+    const float* te = wte + (size_t)tokens[r] * C;
+    const float* pe = wpe + (size_t)rows[r].pos * C;
     for (int c = 0; c < C; ++c) x_[(size_t)r * C + c] = te[c] + pe[c];
   }
+  const NormStats stats{mean_.data(), rstd_.data()};
   for (int l = 0; l < L_; ++l) {
-    const LayerOffsets& o = layers_[l];
-    kernels::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), p_ + o.ln1w, p_ + o.ln1b, R, C);
-    kernels::matmul_forward(qkv_.data(), ln_.data(), p_ + o.qkvw, p_ + o.qkvb, R, C, 3 * C);
+    const LayerTensors& o = t_.layers[l];
+    const float* lp = block(o.block);
+    const AttentionWeights aw = AttentionWeights::at(lp, o.attn);
+    norm_.forward(NormWeights::at(lp, o.ln1), x_.data(), ln_.data(), stats, R);
+    attention_.qkv(aw, ln_.data(), qkv_.data(), R, nullptr);
     for (int r = 0; r < R; ++r) {  // this layer's keys and values into the cache first: rows of one
       const float* q = qkv_.data() + (size_t)r * 3 * C;  // prompt attend to each other through it
       std::copy(q + C, q + 2 * C, kcache(l, rows[r].seq, rows[r].pos));
       std::copy(q + 2 * C, q + 3 * C, vcache(l, rows[r].seq, rows[r].pos));
     }
     attend(rows, l);
-    kernels::matmul_forward(res_.data(), atty_.data(), p_ + o.projw, p_ + o.projb, R, C, C);
-    kernels::residual_forward(res_.data(), x_.data(), res_.data(), RC);
-    kernels::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), res_.data(), p_ + o.ln2w, p_ + o.ln2b, R, C);
-    if (o.experts == 0) mlp(o.fcw, o.fcb, o.fcprojw, o.fcprojb, ln_.data(), x_.data(), R);
+    attention_.project(aw, atty_.data(), res_.data(), R, nullptr);
+    ops_->residual_forward(res_.data(), x_.data(), res_.data(), RC);
+    norm_.forward(NormWeights::at(lp, o.ln2), res_.data(), ln_.data(), stats, R);
+    if (o.experts == 0) mlp(MlpWeights::at(lp, o.mlp), ln_.data(), x_.data(), R);
     else moe(l, R, x_.data());
-    kernels::residual_forward(x_.data(), res_.data(), x_.data(), RC);
+    ops_->residual_forward(x_.data(), res_.data(), x_.data(), RC);
   }
   if (out_rows.empty() || !logits) return;
   const int K = static_cast<int>(out_rows.size());
   for (int i = 0; i < K; ++i)  // the rows that need logits, packed
     std::copy(x_.data() + (size_t)out_rows[i] * C, x_.data() + (size_t)(out_rows[i] + 1) * C, res_.data() + (size_t)i * C);
-  kernels::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), res_.data(), p_ + lnfw_, p_ + lnfb_, K, C);
-  kernels::matmul_forward(logits, ln_.data(), p_ + wte_, nullptr, K, C, Vp_);  // the head is the tied embedding
+  norm_.forward(NormWeights::at(block(t_.final_block), t_.final_norm), res_.data(), ln_.data(), stats, K);
+  ops_->matmul_forward(logits, ln_.data(), wte, nullptr, K, C, Vp_, kernels::Precision::fp32);  // the tied head
 }
 
-void Decoder::mlp(size_t fcw, size_t fcb, size_t projw, size_t projb, const float* in, float* out, int R) {
-  const int C = C_, F = 4 * C_;
+void Decoder::mlp(const MlpWeights& w, const float* in, float* out, int R) {
+  const int F = 4 * C_;
   grow(fch_, (size_t)R * F), grow(fcg_, (size_t)R * F);
-  kernels::matmul_forward(fch_.data(), in, p_ + fcw, p_ + fcb, R, C, F);
-  kernels::gelu_forward(fcg_.data(), fch_.data(), (size_t)R * F);
-  kernels::matmul_forward(out, fcg_.data(), p_ + projw, p_ + projb, R, F, C);
+  mlp_.forward(w, in, fch_.data(), fcg_.data(), out, R, F, nullptr);
 }
 
 // The training model's MoE forward (moe.cpp) in evaluation, every route kept: router logits in
 // fp32, the gate's experts and weights, each expert's MLP over its rows, the weighted combine, and
 // Residual-MoE's mix with the dense MLP.
 void Decoder::moe(int l, int R, float* out) {
-  const LayerOffsets& o = layers_[l];
+  const LayerTensors& o = t_.layers[l];
+  const float* lp = block(o.block);
   const int C = C_, E = o.experts, K = cfg_.moe.topk;
   grow(logits_, (size_t)R * E);
-  kernels::matmul_forward(logits_.data(), ln_.data(), p_ + o.routerw, nullptr, R, C, E);
+  kernels::matmul_forward(logits_.data(), ln_.data(), lp + o.routerw, nullptr, R, C, E);
   GateConfig gc = gate_config(cfg_.moe, E, /*training=*/false);
   gc.drop_tokens = false;
   Routing r = select_experts(logits_.data(), R, gc, 0, /*training=*/false);
@@ -164,10 +145,9 @@ void Decoder::moe(int l, int R, float* out) {
   grow(erows_, S * C), grow(ey_, S * C);
   kernels::gather_rows(erows_.data(), ln_.data(), source.data(), S, C);
   for (int e = 0; e < E; ++e)
-    if (const int rows = r.load[e]; rows > 0) {
-      const auto& w = o.expert[e];
-      mlp(w[0], w[1], w[2], w[3], erows_.data() + first[e] * C, ey_.data() + first[e] * C, rows);
-    }
+    if (const int rows = r.load[e]; rows > 0)
+      mlp(MlpWeights::at(block(o.expert_blocks[e]), o.expert_mlp), erows_.data() + first[e] * C,
+          ey_.data() + first[e] * C, rows);
   if (!cfg_.moe.residual) {
     kernels::moe_combine(out, ey_.data(), pos.data(), r.weight.data(), R, K, C);
     return;
@@ -175,8 +155,8 @@ void Decoder::moe(int l, int R, float* out) {
   grow(dense_, (size_t)R * C), grow(coef_, (size_t)R * 2);
   std::vector<float> moe_out((size_t)R * C);
   kernels::moe_combine(moe_out.data(), ey_.data(), pos.data(), r.weight.data(), R, K, C);
-  mlp(o.fcw, o.fcb, o.fcprojw, o.fcprojb, ln_.data(), dense_.data(), R);
-  kernels::matmul_forward(coef_.data(), ln_.data(), p_ + o.coefw, p_ + o.coefb, R, C, 2);
+  mlp(MlpWeights::at(lp, o.mlp), ln_.data(), dense_.data(), R);
+  kernels::matmul_forward(coef_.data(), ln_.data(), lp + o.coefw, lp + o.coefb, R, C, 2);
   kernels::residual_mix(out, coef_.data(), moe_out.data(), dense_.data(), R, C);
 }
 

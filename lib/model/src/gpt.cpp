@@ -38,9 +38,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   Fl_ = 4 * cfg_.hidden_size / tp_.size();
   Vl_ = cfg_.padded_vocab() / tp_.size();
   vstart_ = tp_.rank() * Vl_;
-  build_layout(cfg_, tp_.rank(), layout_, &blocks_, &wte_, &wpe_, &lnf_);
-  final_block_ = static_cast<int>(layout_.blocks().size()) - 1;
-  pos_block_ = layout_.find("embedding.position_embeddings.weight").block;
+  layout_ = layout_for(cfg_, tp_.rank(), &tensors_);
   if (cfg_.lora.adapts(LoraConfig::embedding)) {
     const TensorSpec& a = layout_.find("embedding.word_embeddings.lora_a.weight");
     emb_lora_block_ = a.block;
@@ -50,8 +48,8 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   norm_ = Norm(*ops_, cfg_.hidden_size);
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_);
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size);
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const Block& o = blocks_[l];
+  for (size_t l = 0; l < tensors_.layers.size(); ++l) {
+    const Block& o = tensors_.layers[l];
     if (o.experts == 0) continue;
     if (o.experts % ep_size_ != 0)
       throw config_error("--moe-expert-parallel-size",
@@ -65,7 +63,7 @@ std::vector<int> Gpt::held_blocks() const {
   std::vector<int> held;
   for (size_t b = 0; b < layout_.blocks().size(); ++b) {
     bool mine = true;
-    for (const auto& o : blocks_)
+    for (const auto& o : tensors_.layers)
       for (size_t e = 0; e < o.expert_blocks.size(); ++e)
         if (o.expert_blocks[e] == static_cast<int>(b)) mine = static_cast<int>(e) / (o.experts / ep_size_) == ep_rank_;
     if (mine) held.push_back(static_cast<int>(b));
@@ -220,7 +218,7 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const bool short_layer = kept > 0 && kept < T && std::binary_search(ltd_layers_.begin(), ltd_layers_.end(), l);
     const double sl = short_layer ? (double)kept : s;
-    const bool moe = blocks_[l].experts > 0;
+    const bool moe = tensors_.layers[l].experts > 0;
     f += 96.0 * B * sl * h * h * (1.0 + sl / (6.0 * h));
     if (moe) f += 64.0 * B * sl * h * h * extra_mlps;
     if (cac) f -= 10.0 * B * sl * h * h + (moe ? 8.0 * B * sl * h * h * extra_mlps : 0.0);
@@ -248,7 +246,7 @@ static_assert(int{LinearHooks::qkv} == int{LoraConfig::qkv} && int{LinearHooks::
 void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                         int T, const int32_t* key_start) {
   const int N = B * T, C = cfg_.hidden_size;
-  const Block& o = blocks_[l];
+  const Block& o = tensors_.layers[l];
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N), nC = n * C;
   float* part = sp ? ws_->dln : a.res2;
@@ -306,7 +304,7 @@ const float* Gpt::gather_rows(const float* d, int N) {
 void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                          float* dres, int B, int T) {
   const int N = B * T, C = cfg_.hidden_size;
-  const Block& o = blocks_[l];
+  const Block& o = tensors_.layers[l];
   Workspace& w = *ws_;
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
@@ -356,7 +354,7 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   // x (and dx) hold this rank's rows under sequence parallelism; the norm's output is gathered.
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
-  const NormWeights nw = NormWeights::at(fp, lnf_);
+  const NormWeights nw = NormWeights::at(fp, tensors_.final_norm);
   norm_.forward(nw, x, w.lnf + r0 * C, {w.lnf_mean, w.lnf_rstd}, (int)n);
   tp_.all_gather(w.lnf, NC);
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
@@ -364,14 +362,14 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   for (int r0 = 0; r0 < N; r0 += kHeadRows) {
     int rows = std::min(kHeadRows, N - r0);
     const float* xin = w.lnf + (size_t)r0 * C;
-    ops_->matmul_forward(w.logits, xin, ep + wte_, nullptr, rows, C, Vl_, precision_);
+    ops_->matmul_forward(w.logits, xin, ep + tensors_.wte, nullptr, rows, C, Vl_, precision_);
     lora_head(xin, w.logits, rows, false, nullptr);
     if (tp_.enabled())
       tp_.cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, Vl_, vstart_, V, backward);
     else
       ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
     if (backward) {
-      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg ? eg + wte_ : nullptr, nullptr, w.logits, xin, ep + wte_, rows,
+      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg ? eg + tensors_.wte : nullptr, nullptr, w.logits, xin, ep + tensors_.wte, rows,
                             C, Vl_, precision_);
       lora_head(xin, w.logits, rows, true, w.dln + (size_t)r0 * C);
     }
@@ -388,13 +386,13 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
     ops_->zero(dx, n * C * sizeof(float));
     // weight, bias: partial sums in w.dnorm under sequence parallelism; scratch when frozen
     const bool scratch = sp || !fg;
-    const NormGrads dn = scratch ? NormGrads{w.dnorm, w.dnorm + C} : NormGrads{fg + lnf_.weight, fg + lnf_.bias};
+    const NormGrads dn = scratch ? NormGrads{w.dnorm, w.dnorm + C} : NormGrads{fg + tensors_.final_norm.weight, fg + tensors_.final_norm.bias};
     if (sp) ops_->zero(w.dnorm, 2 * C * sizeof(float));
     norm_.backward(nw, dn, x, {w.lnf_mean, w.lnf_rstd}, dsl, dx, (int)n);
     if (sp && fg) {
       tp_.reduce_partial_grads(w.dnorm, 2 * C);
-      ops_->residual_forward(fg + lnf_.weight, fg + lnf_.weight, w.dnorm, C);
-      ops_->residual_forward(fg + lnf_.bias, fg + lnf_.bias, w.dnorm + C, C);
+      ops_->residual_forward(fg + tensors_.final_norm.weight, fg + tensors_.final_norm.weight, w.dnorm, C);
+      ops_->residual_forward(fg + tensors_.final_norm.bias, fg + tensors_.final_norm.bias, w.dnorm + C, C);
     }
   }
   return loss_sum;
@@ -408,18 +406,18 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const int C = cfg_.hidden_size;
   const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const float* ep = store.params(0);
-  const float* pe = (pos_block_ ? store.params(pos_block_) : ep) + wpe_;
+  const float* pe = (tensors_.position_block ? store.params(tensors_.position_block) : ep) + tensors_.wpe;
   if (tp_.enabled())
-    tp_.embedding_forward(w.res, tokens, ep + wte_, pe, B, T, C, vstart_, Vl_, w.dln, positions_);
-  else ops_->encoder_forward(w.res, tokens, ep + wte_, pe, B, T, C, positions_);
-  if (pos_block_) store.release(pos_block_);
+    tp_.embedding_forward(w.res, tokens, ep + tensors_.wte, pe, B, T, C, vstart_, Vl_, w.dln, positions_);
+  else ops_->encoder_forward(w.res, tokens, ep + tensors_.wte, pe, B, T, C, positions_);
+  if (tensors_.position_block) store.release(tensors_.position_block);
   if (emb_lora_block_ >= 0) {  // held until the head (the caller releases it)
     emb_lora_p_ = store.params(emb_lora_block_);
     lora_embed_forward(tokens, w.res, B * T);
   }
   hidden_dropout(w.res, -1, kernels::DropoutSite::embedding, B, T);
   for (int l = 0; l < cfg_.num_layers; ++l) {
-    const int b = blocks_[l].block;
+    const int b = tensors_.layers[l].block;
     LayerActs& a = w.acts[keep_acts ? l : 0];
     const float* lp = store.params(b);
     lora_use(store, l, false);
@@ -443,7 +441,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   Workspace& w = *ws_;
   const int L = cfg_.num_layers, C = cfg_.hidden_size;
   const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
-  const int F = final_block_;
+  const int F = tensors_.final_block;
   const float* fp = store.params(F);
   if (emb_lora_block_ >= 0) emb_lora_g_ = store.grads(emb_lora_block_);
   double loss = head(ep, store.grads(0), fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
@@ -453,7 +451,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   store.grads_ready(F);
   for (int l = L - 1; l >= 0; --l) {
     LayerActs& a = w.acts[recompute_ ? 0 : l];
-    const int b = blocks_[l].block;
+    const int b = tensors_.layers[l].block;
     const float* lp = store.params(b);
     lora_use(store, l, true);
     if (recompute_) {  // with CAC a replay: the kept results of the forward's collectives
@@ -470,14 +468,14 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(b);
   }
   float* eg = store.grads(0);
-  float* pg = pos_block_ ? store.grads(pos_block_) : eg;  // LoRA: the positions may train alone
+  float* pg = tensors_.position_block ? store.grads(tensors_.position_block) : eg;  // LoRA: the positions may train alone
   hidden_dropout(w.dres, -1, kernels::DropoutSite::embedding, B, T);  // in place: nothing reads dres after
   // Every row of d(embedding output) (gathered once under sequence parallelism)
   const float* demb = pg || emb_lora_block_ >= 0 ? gather_rows(w.dres, B * T) : w.dres;
   if (!pg) {  // a frozen embedding (LoRA): nothing to compute
   } else if (tp_.enabled())  // eg null: LoRA's frozen words beside trained positions
-    tp_.embedding_backward(eg ? eg + wte_ : nullptr, pg + wpe_, demb, tokens, B, T, C, vstart_, Vl_, positions_);
-  else ops_->encoder_backward(eg ? eg + wte_ : nullptr, pg + wpe_, w.dres, tokens, B, T, C, positions_);
+    tp_.embedding_backward(eg ? eg + tensors_.wte : nullptr, pg + tensors_.wpe, demb, tokens, B, T, C, vstart_, Vl_, positions_);
+  else ops_->encoder_backward(eg ? eg + tensors_.wte : nullptr, pg + tensors_.wpe, w.dres, tokens, B, T, C, positions_);
   if (emb_lora_block_ >= 0) {  // the embedding's adapters: the input side's share, then complete
     emb_lora_p_ = store.params(emb_lora_block_);
     emb_lora_g_ = store.grads(emb_lora_block_);
@@ -486,7 +484,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(emb_lora_block_);
     emb_lora_p_ = nullptr, emb_lora_g_ = nullptr;
   }
-  if (pos_block_) store.grads_ready(pos_block_);
+  if (tensors_.position_block) store.grads_ready(tensors_.position_block);
   store.grads_ready(0);
   phase_.backward += phase.seconds();
   return loss;
@@ -502,9 +500,9 @@ double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const in
   const int L = cfg_.num_layers;
   const size_t NC = tp_.local_rows((size_t)B * T) * cfg_.hidden_size;
   emb_lora_g_ = nullptr;
-  double loss = head(ep, nullptr, store.params(final_block_), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
+  double loss = head(ep, nullptr, store.params(tensors_.final_block), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
   if (emb_lora_block_ >= 0) store.release(emb_lora_block_), emb_lora_p_ = nullptr;
-  store.release(final_block_);
+  store.release(tensors_.final_block);
   store.release(0);
   return loss;
 }

@@ -11,8 +11,12 @@
 
 namespace hpct::model {
 
-void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks, size_t* wte,
-                       size_t* wpe, NormTensors* lnf) {
+ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tensors) {
+  cfg.validate();
+  ParamLayout layout;
+  GptTensors local;
+  GptTensors& found = tensors ? *tensors : local;
+  found = {};
   const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.positions();
   // Megatron's split: column-parallel (rows of the (out, in) weight and its bias; QKV by sections
   // q|k|v), row-parallel (columns; the bias is a replica), everything else a replica.
@@ -24,9 +28,12 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   const InitSpec w = InitSpec::normal(cfg.init_std), w_out = InitSpec::normal(cfg.init_std / std::sqrt(2.0 * cfg.num_layers));
   const InitSpec zero = InitSpec::zeros();
   layout.begin_block("embedding");
-  *wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col, w).offset;
+  found.embedding_block = static_cast<int>(layout.blocks().size()) - 1;
+  found.wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col, w).offset;
   if (cfg.lora.own_position_block()) layout.begin_block("embedding.position");  // trains, the words frozen
-  *wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep, w).offset - layout.blocks().back().offset;
+  const TensorSpec& wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep, w);
+  found.position_block = wpe.block;
+  found.wpe = wpe.offset - layout.blocks().back().offset;
   if (cfg.lora.adapts(LoraConfig::embedding)) {  // the tied embedding's adapters, beside it
     // As PEFT: A starts at zero (the adapted model starts as the base), B at N(0, 1).
     layout.begin_block("embedding.lora");
@@ -37,7 +44,7 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
   for (int l = 0; l < cfg.num_layers; ++l) {
     std::string p = "layers." + std::to_string(l) + ".";
     layout.begin_block("layers." + std::to_string(l));
-    Block o;
+    LayerTensors o;
     o.block = static_cast<int>(layout.blocks().size()) - 1;
     size_t base = layout.numel();
     auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd, const Partition& part, const InitSpec& init) {
@@ -86,11 +93,12 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
           o.lora_b[t] = rel(std::string(names[t]) + ".lora_b.weight", {out[t], r}, true, b_part[t], zero);
         }
     }
-    if (blocks) blocks->push_back(std::move(o));
+    found.layers.push_back(std::move(o));
   }
   layout.begin_block("final_norm");
   size_t base = layout.numel();
-  *lnf = Norm::declare(layout, "final_layernorm", C, rep, base);
+  found.final_block = static_cast<int>(layout.blocks().size()) - 1;
+  found.final_norm = Norm::declare(layout, "final_layernorm", C, rep, base);
   if (cfg.lora.enabled())  // LoRA: the base model is frozen; the adapters and any modules to save train
     for (size_t b = 0; b < layout.blocks().size(); ++b) {
       const std::string& n = layout.blocks()[b].name;
@@ -100,14 +108,6 @@ void Gpt::build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, s
                          n == "embedding.position";
       if (!adapters && !saved) layout.freeze(static_cast<int>(b));
     }
-}
-
-ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank) {
-  cfg.validate();
-  ParamLayout layout;
-  size_t wte, wpe;
-  NormTensors lnf;
-  build_layout(cfg, tp_rank, layout, nullptr, &wte, &wpe, &lnf);
   return layout;
 }
 

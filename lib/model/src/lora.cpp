@@ -39,14 +39,14 @@ std::pair<int, int> Gpt::lora_dims(int t) const {
 }
 
 void Gpt::lora_use(ParamStore& store, int l, bool grads) {
-  const int b = blocks_[l].lora_block;
+  const int b = tensors_.layers[l].lora_block;
   if (b < 0) return;
   lora_p_ = store.params(b);
   lora_g_ = grads ? store.grads(b) : nullptr;
 }
 
 void Gpt::lora_done(ParamStore& store, int l, bool grads) {
-  const int b = blocks_[l].lora_block;
+  const int b = tensors_.layers[l].lora_block;
   if (b < 0) return;
   store.release(b);
   if (grads) store.grads_ready(b);

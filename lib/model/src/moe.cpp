@@ -247,7 +247,7 @@ size_t Gpt::kept_for_replay_bytes() const {
 }
 
 void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N) {
-  const Block& o = blocks_[l];
+  const Block& o = tensors_.layers[l];
   const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
   const int set = static_cast<int>(&a - ws_->acts.data());
   MoeActs& m = moe_state(o, set);  // routing and exchanged rows (kept per layer with CAC)
@@ -378,7 +378,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
 // dout (N, C): d(loss)/d(feed-forward output); dx (N, C) ACCUMULATES d(loss)/d(ln2 output).
 void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* dout, float* dx,
                        int N) {
-  const Block& o = blocks_[l];
+  const Block& o = tensors_.layers[l];
   const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
   const int set = static_cast<int>(&a - ws_->acts.data());
   MoeActs& m = moe_state(o, set);

@@ -62,6 +62,8 @@ class Attention {
   /// The attention's state for backward, in the backend's memory (the op's probabilities, B x heads x T x T).
   size_t state_floats(int B, int T) const { return (size_t)B * NH_ * T * T; }
 
+  /// The query/key/value projection alone: qkv = x W^T + b on `rows` rows (3 x channels each, q|k|v).
+  void qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const;
   /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of 3 x channels), then y, the heads'
   /// outputs (B*T rows of channels); att is the state backward reads. drop: attention dropout
   /// (nullptr: none); key_start: each row's first key (per-document attention; nullptr: causal only).

@@ -1,7 +1,8 @@
 // hpct/model/decoder.hpp — the GPT's forward for text generation, with a key/value cache.
 //
-// What it is: inference for a dense GPT (the same parameter table and math as model/gpt.hpp's
-// forward, fp32 on the CPU ops) over several sequences at once, each with its own cache of every
+// What it is: inference for a GPT (the same parameter table, read through Gpt::layout_for's
+// GptTensors, and the same components as model/gpt.hpp's forward: norms, attention projections,
+// MLPs; fp32 on the CPU ops) over several sequences at once, each with its own cache of every
 // layer's keys and values. extend() runs new tokens of one sequence (a prompt: its rows attend to
 // the cache and causally to each other), step() one new token of each of several sequences
 // (batched GEMMs, each row attending to its own sequence's cache). Either way each token costs its
@@ -16,9 +17,9 @@
 // Memory: the cache holds 2 x L x sequences x positions() x C floats, allocated up front
 // (cache_bytes()).
 #pragma once
-#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "hpct/model/gpt.hpp"
@@ -54,24 +55,24 @@ class Decoder {
   // the rows listed in out_rows.
   void run(const std::vector<Row>& rows, const int32_t* tokens, const std::vector<int>& out_rows, float* logits);
   void attend(const std::vector<Row>& rows, int layer);  // atty_ from qkv_ and the cache
-  // The feed-forward of layer l on R rows of ln_ into out: the GELU MLP, or the MoE.
-  void mlp(size_t fcw, size_t fcb, size_t projw, size_t projb, const float* in, float* out, int R);
+  // An MLP on R rows of in into out.
+  void mlp(const MlpWeights& w, const float* in, float* out, int R);
+  // Layer l's mixture of experts on R rows of ln_ into out.
   void moe(int l, int R, float* out);
+  // A schema block's parameters.
+  const float* block(int b) const { return p_ + layout_.blocks()[b].offset; }
   float* kcache(int layer, int seq, int pos) { return k_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
   float* vcache(int layer, int seq, int pos) { return v_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
 
   GptConfig cfg_;
   const float* p_;
   int C_, T_, L_, NH_, Vp_;
-  struct LayerOffsets {
-    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b;
-    size_t fcw = 0, fcb = 0, fcprojw = 0, fcprojb = 0;  // the dense MLP (or the residual MoE's)
-    int experts = 0;                                      // 0: dense
-    size_t routerw = 0, coefw = 0, coefb = 0;
-    std::vector<std::array<size_t, 4>> expert;            // each expert's fc weight, fc bias, proj weight, proj bias
-  };
-  std::vector<LayerOffsets> layers_;
-  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  ParamLayout layout_;
+  GptTensors t_;  // where each tensor lies in layout_
+  std::unique_ptr<kernels::OpsBackend> ops_;  // the CPU ops
+  Norm norm_;
+  Attention attention_;
+  Mlp mlp_;
   std::vector<int> len_;
   std::vector<float> k_, v_;  // (L, sequences, T, C)
   // Working rows, grown to the largest call.

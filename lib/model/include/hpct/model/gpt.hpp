@@ -154,6 +154,36 @@ struct GptConfig {
 
 struct Routing;  // moe_gate.hpp
 
+/// One transformer layer's tensors, as the model and the tools that compute with its parameters
+/// (the decoder) read them: offsets relative to the start of the layer's schema block (each expert's
+/// relative to its own block: every expert alike), and what its feed-forward is.
+struct LayerTensors {
+  int block = 0;                  // schema block id of the dense part ("layers.<l>")
+  NormTensors ln1, ln2;           // before the attention, before the feed-forward
+  AttentionTensors attn;
+  MlpTensors mlp;                 // the dense MLP (or the residual MLP beside the experts)
+  MlpTensors expert_mlp;          // inside each expert block
+  int experts = 0;                // 0: dense MLP; else E experts routed by `router`
+  size_t routerw = 0;             // (E, C)
+  size_t coefw = 0, coefb = 0;    // residual MoE: (2, C), (2)
+  std::vector<int> expert_blocks; // schema block of each expert (global index)
+  int moe_index = -1;             // which MoE layer (0-based) this is
+  int lora_block = -1;            // LoRA: the layer's adapter block ("layers.<l>.lora"), or -1
+  size_t lora_a[4] = {}, lora_b[4] = {};  // per LoraConfig::Target, offsets in that block
+};
+
+/// Every tensor the model computes with, located in its layout: the layers, the embeddings and the
+/// final norm (offsets relative to their blocks).
+struct GptTensors {
+  std::vector<LayerTensors> layers;
+  int embedding_block = 0;   // "embedding": the word embeddings (and the head tied to them)
+  size_t wte = 0;
+  int position_block = 0;    // the embedding's, or LoRA's "embedding.position"
+  size_t wpe = 0;
+  int final_block = 0;       // "final_norm"
+  NormTensors final_norm;
+};
+
 class Gpt {
  public:
   /// ops: the backend the model computes on, which must outlive the model; nullptr = the CPU one.
@@ -174,8 +204,9 @@ class Gpt {
   /// rank's parts (the full layout at T = 1): names and full shapes are the checkpoint schema.
   const ParamLayout& layout() const { return layout_; }
   /// The same table without building a model (the estimator, hpct_ckpt), for tensor-parallel rank
-  /// tp_rank of cfg.tensor_parallel. Throws for a bad config.
-  static ParamLayout layout_for(const GptConfig& cfg, int tp_rank = 0);
+  /// tp_rank of cfg.tensor_parallel; where each tensor the model computes with lies in it into
+  /// `tensors` when given. Throws for a bad config.
+  static ParamLayout layout_for(const GptConfig& cfg, int tp_rank = 0, GptTensors* tensors = nullptr);
   /// Schema blocks this rank computes with: every dense block and its own experts, in order.
   std::vector<int> held_blocks() const;
   kernels::Precision precision() const { return precision_; }
@@ -283,22 +314,7 @@ class Gpt {
   struct LayerActs;
   struct Workspace;
   struct MoeActs;
-  // One transformer block: where its tensors are (offsets relative to the dense block's base) and
-  // what its feed-forward is.
-  struct Block {
-    int block = 0;  // schema block id of the dense part
-    NormTensors ln1, ln2;           // before the attention, before the feed-forward
-    AttentionTensors attn;
-    MlpTensors mlp;                 // the dense MLP (or the residual MLP beside the experts)
-    MlpTensors expert_mlp;          // inside each expert block (every expert alike)
-    int experts = 0;                // 0: dense MLP; else E experts routed by `router`
-    size_t routerw = 0;             // (E, C)
-    size_t coefw = 0, coefb = 0;    // residual MoE: (2, C), (2)
-    std::vector<int> expert_blocks; // schema block of each expert (global index)
-    int moe_index = -1;             // which MoE layer (0-based) this is
-    int lora_block = -1;            // LoRA: the layer's adapter block ("layers.<l>.lora"), or -1
-    size_t lora_a[4] = {}, lora_b[4] = {};  // per LoraConfig::Target, offsets in that block
-  };
+  using Block = LayerTensors;
   void ensure_workspace(int B, int T);
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
   std::pair<const int32_t*, const int32_t*> stage_inputs(const int32_t* tokens, const int32_t* targets, int B, int T);
@@ -396,18 +412,12 @@ class Gpt {
                           float* dres, int B, int T);
   double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
-  static void build_layout(const GptConfig& cfg, int tp_rank, ParamLayout& layout, std::vector<Block>* blocks,
-                           size_t* wte, size_t* wpe, NormTensors* lnf);
 
   GptConfig cfg_;
   kernels::Precision precision_;
   bool recompute_;
   ParamLayout layout_;
-  std::vector<Block> blocks_;  // one per layer
-  size_t wte_ = 0, wpe_ = 0;  // offsets in their blocks
-  NormTensors lnf_;
-  int pos_block_ = 0;  // the block of wpe_: the embedding's, or LoRA's "embedding.position"
-  int final_block_ = 0;
+  GptTensors tensors_;  // where each tensor lies in layout_
   const comm::Communicator* ep_ = nullptr;
   int ep_size_ = 1, ep_rank_ = 0;
   TensorParallel tp_;
