@@ -11,8 +11,12 @@ the h.N.attn.bias mask buffers of hub files, and config.json; in F32, F16 and BF
 - hpct_ckpt import of the directory, then generate --load of the checkpoint: the same ids;
 - hpct_ckpt export writes config.json with the model's shape beside model.safetensors, and importing
   that directory again gives the same ids;
+- a GPT-2 whose MLP is not 4 x n_embd wide (config.json's n_inner) gives numpy's forward too, and
+  export writes that n_inner back;
 - one-line errors naming the file and the tensor or key: an unknown tensor, a config.json that
-  disagrees with the tensors, another activation, an untied head.
+  disagrees with the tensors (n_embd; n_inner null with a narrower MLP), another activation, the
+  attention scalings GPT-2's config can switch (scale_attn_weights false,
+  scale_attn_by_inverse_layer_idx true) that this GPT does not apply, an untied head.
 
 hf_gpt2_check.py --generate GENERATE --tool HPCT_CKPT --workdir DIR
 """
@@ -39,7 +43,7 @@ L, C, H, T, V = 2, 64, 4, 64, 300
 rng = np.random.default_rng(5)
 
 
-def weights():
+def weights(F=4 * C):
     w = {"wte.weight": rng.normal(0, 0.5, (V, C)), "wpe.weight": rng.normal(0, 0.1, (T, C)),
          "ln_f.weight": 1 + rng.normal(0, 0.1, C), "ln_f.bias": rng.normal(0, 0.1, C)}
     for l in range(L):
@@ -48,8 +52,8 @@ def weights():
         w[p + "ln_2.weight"], w[p + "ln_2.bias"] = 1 + rng.normal(0, 0.1, C), rng.normal(0, 0.1, C)
         w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"] = rng.normal(0, 0.2, (C, 3 * C)), rng.normal(0, 0.1, 3 * C)
         w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"] = rng.normal(0, 0.2, (C, C)), rng.normal(0, 0.1, C)
-        w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"] = rng.normal(0, 0.2, (C, 4 * C)), rng.normal(0, 0.1, 4 * C)
-        w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = rng.normal(0, 0.1, (4 * C, C)), rng.normal(0, 0.1, C)
+        w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"] = rng.normal(0, 0.2, (C, F)), rng.normal(0, 0.1, F)
+        w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = rng.normal(0, 0.1, (F, C)), rng.normal(0, 0.1, C)
     return w
 
 
@@ -147,6 +151,38 @@ for dtype in ("F32", "F16", "BF16"):
             fails.append(f"export then --load-hf: {r3 and r3['ids']} vs {f32_ids}")
 
 
+def greedy_numpy(seen):
+    ctx, ids, lps = list(prompt), [], []
+    for _ in range(10):
+        lp = gpt2_logprobs(seen, np.array(ctx), H)[-1]
+        nxt = int(np.argmax(lp))
+        ids.append(nxt)
+        lps.append(lp[nxt])
+        ctx.append(nxt)
+    return ids, lps
+
+
+# An MLP 96 wide (n_inner), not 4 x 64: the same forward as numpy's, kept through import and export.
+narrow = weights(96)
+d = os.path.join(a.workdir, "hf_n_inner")
+seen = write_dir(d, narrow, config={"n_inner": 96})
+r = generate("--load-hf", d, "gen_n_inner")
+want_ids, want_lp = greedy_numpy(seen)
+gap = max(abs(x - y) for x, y in zip(r["logprobs"], want_lp)) if r and r["ids"] == want_ids else None
+print(f"{'ok  ' if gap is not None and gap < 1e-4 else 'FAIL'} n_inner 96: ids {r and r['ids']} (numpy {want_ids}), gap {gap}")
+if gap is None or gap >= 1e-4:
+    fails.append("n_inner 96: generate --load-hf differs from GPT-2's forward in numpy")
+ck = os.path.join(a.workdir, "imported_n_inner")
+sh([a.tool, "import", d, ck])
+ex = os.path.join(a.workdir, "exported_n_inner")
+os.makedirs(ex)
+sh([a.tool, "export", ck, os.path.join(ex, "model.safetensors")])
+cfg = json.load(open(os.path.join(ex, "config.json"))) if os.path.exists(os.path.join(ex, "config.json")) else {}
+r3 = generate("--load-hf", ex, "gen_exported_n_inner")
+if cfg.get("n_inner") != 96 or r3 is None or r3["ids"] != want_ids:
+    fails.append(f"n_inner 96 through import and export: config n_inner {cfg.get('n_inner')}, ids {r3 and r3['ids']}")
+
+
 def one_line_error(name, d, needles):
     c.one_line_error(name, sh([a.generate, "--load-hf", d, "--prompt-ids", "1,2"], want=None), "generate", needles)
 
@@ -160,6 +196,13 @@ one_line_error("config disagrees", bad, ["n_embd", "config.json"])
 bad = os.path.join(a.workdir, "bad_act")
 write_dir(bad, w, config={"activation_function": "relu"})
 one_line_error("another activation", bad, ["activation_function"])
+bad = os.path.join(a.workdir, "bad_n_inner")
+write_dir(bad, narrow, config={"n_inner": None})
+one_line_error("n_inner null, MLP 96 wide", bad, ["n_inner", "config.json", "96"])
+for key, value in (("scale_attn_weights", False), ("scale_attn_by_inverse_layer_idx", True)):
+    bad = os.path.join(a.workdir, "bad_" + key)
+    write_dir(bad, w, config={key: value})
+    one_line_error(key, bad, [key, "config.json"])
 bad = os.path.join(a.workdir, "bad_head")
 w2 = dict(w)
 write_dir(bad, w2, head=False, extra={"lm_head.weight": to_bits(w["wte.weight"] * 2, "F32")[0]})

@@ -154,7 +154,7 @@ def write_st(path, tensors):
 huge = os.path.join(a.workdir, "huge.safetensors")
 write_st(huge, [("wte.weight", [1, 65536]), ("wpe.weight", [1, 65536]), ("h.0.ln_1.weight", [65536])])
 p = subprocess.run([a.tool, "import", huge, os.path.join(a.workdir, "huge")], capture_output=True, text=True)
-check(p.returncode == 1 and "has no tensor 'h.0.ln_1.bias'" in p.stderr,
+check(p.returncode == 1 and "has no tensor 'h.0." in p.stderr,
       f"a header naming a few tensors of a huge model is refused before allocating ({p.returncode}: {p.stderr.strip()[:200]})")
 p = subprocess.run([a.tool, "import", st1, os.path.join(a.workdir, "x"), "--num-attention-heads", "x"], capture_output=True, text=True)
 check(p.returncode == 2 and "--num-attention-heads expects an integer" in p.stderr,

@@ -45,8 +45,9 @@ using test::world;
 
 namespace {
 
-model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false) {
+model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, int ffn = 0) {
   model::GptConfig c;
+  c.ffn_hidden_size = ffn;
   c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
@@ -83,12 +84,12 @@ std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& loca
 
 // documents: per-document attention and positions (gpt.hpp), token 3 ending the documents.
 // ltd: random-LTD in layer 1 (4 of the 8 tokens of each sample; under sequence parallelism the kept
-// sub-batch is split over the ranks too).
+// sub-batch is split over the ranks too). ffn: the MLPs' width (0: 4 x 16).
 void check_model(bool moe, bool residual, bool sp = false, bool etp = false, bool dropout = false,
-                 bool documents = false, bool ltd = false) {
+                 bool documents = false, bool ltd = false, int ffn = 0) {
   const auto& w = world();
   const int T = w.size();
-  model::GptConfig rc = tiny(1, moe, residual), pc = tiny(T, moe, residual, sp, etp);
+  model::GptConfig rc = tiny(1, moe, residual, false, false, ffn), pc = tiny(T, moe, residual, sp, etp, ffn);
   if (dropout) rc.attention_dropout = pc.attention_dropout = rc.hidden_dropout = pc.hidden_dropout = 0.2;
   if (documents)
     for (auto* c : {&rc, &pc}) c->reset_attention_mask = c->reset_position_ids = true, c->eod_token = 3;
@@ -105,7 +106,8 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
   ref.init_params(rp.data(), 42);
   par.init_params(pp.data(), 42);
   if (etp && T > 1)
-    EXPECT_EQ(par.layout().find("layers.1.mlp.experts.0.dense_h_to_4h.weight").numel, 4u * 16 * 16 / T) << "experts not split";
+    EXPECT_EQ(par.layout().find("layers.1.mlp.experts.0.dense_h_to_4h.weight").numel, (ffn ? ffn : 64u) * 16 / T)
+        << "experts not split";
   const std::vector<float> assembled = assemble(par.layout(), pp, w);
   ASSERT_EQ(assembled.size(), rp.size());
   EXPECT_EQ(std::memcmp(assembled.data(), rp.data(), rp.size() * 4), 0) << "a part is not its slice of the T=1 init";
@@ -133,9 +135,9 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
     at += t.numel;
   }
   if (w.rank() == 0)
-    std::printf("T=%d%s%s%s%s%s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
+    std::printf("T=%d%s%s%s%s%s MLP width %d: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
                 sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", dropout ? " dropout" : "",
-                documents ? " documents" : "", ltd ? " random-LTD" : "", lp, lr, worst_all / gmax);
+                documents ? " documents" : "", ltd ? " random-LTD" : "", rc.ffn(), lp, lr, worst_all / gmax);
   // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
   for (const auto& t : par.layout().tensors()) {
     if (t.partitioned()) continue;
@@ -172,6 +174,11 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
 }  // namespace
 
 TEST(TensorParallel, GptMatchesUnsplitModel) { check_model(false, false); }
+// --ffn-hidden-size: MLPs 24 wide instead of 64 (divisible by T = 1, 2, 4), dense and split experts.
+TEST(TensorParallel, GptWithMlpWidthMatchesUnsplitModel) { check_model(false, false, true, false, false, false, false, 24); }
+TEST(TensorParallel, ExpertTensorParallelResidualMoeWithMlpWidthMatchesUnsplitModel) {
+  check_model(true, true, false, true, false, false, false, 24);
+}
 TEST(TensorParallel, MoeMatchesUnsplitModel) { check_model(true, false); }
 TEST(TensorParallel, ResidualMoeMatchesUnsplitModel) { check_model(true, true); }
 TEST(TensorParallel, SequenceParallelGptMatchesUnsplitModel) { check_model(false, false, true); }

@@ -128,18 +128,22 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
 }
 
 namespace {
-// Checkpoints written before the position table was sized apart from --seq-length recorded its
-// rows as seq_length (the two were equal).
-nlohmann::json with_positions(nlohmann::json a) {
+// A stored architecture with the keys added since written out as they were then: checkpoints
+// written before the position table was sized apart from --seq-length recorded its rows as
+// seq_length (the two were equal); before --ffn-hidden-size every MLP was 4 x hidden_size wide.
+nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("max_position_embeddings") && a.contains("seq_length"))
     a["max_position_embeddings"] = a["seq_length"];
   if (a.is_object()) a.erase("seq_length");
+  if (a.is_object() && !a.contains("ffn_hidden_size") && a.contains("hidden_size") && a["hidden_size"].is_number_integer() &&
+      a["hidden_size"].get<long long>() > 0 && a["hidden_size"].get<long long>() < (1LL << 28))
+    a["ffn_hidden_size"] = 4 * a["hidden_size"].get<long long>();
   return a;
 }
 }  // namespace
 
 void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std::string& file) {
-  const nlohmann::json a = with_positions(r.meta.architecture);
+  const nlohmann::json a = with_current_keys(r.meta.architecture);
   for (auto it = here.architecture.begin(); it != here.architecture.end(); ++it) {
     if (!a.contains(it.key()))
       throw file_error(file, "architecture lacks '" + it.key() + "' (this run: " + it.value().dump() + "): the checkpoint is damaged");
@@ -266,6 +270,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
                       {"num_layers", mc.num_layers},
                       {"hidden_size", mc.hidden_size},
                       {"num_attention_heads", mc.num_heads},
+                      {"ffn_hidden_size", mc.ffn()},
                       {"max_position_embeddings", mc.positions()},
                       {"padded_vocab_size", mc.padded_vocab()}};
   if (mc.moe.enabled(mc.num_layers)) {
@@ -284,7 +289,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
 }
 
 model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& file) {
-  const nlohmann::json a = with_positions(stored);
+  const nlohmann::json a = with_current_keys(stored);
   auto field = [&](const char* k) {
     if (!a.is_object() || !a.contains(k) || !a[k].is_number_integer() || a[k].get<long long>() <= 0 ||
         a[k].get<long long>() > std::numeric_limits<int>::max() / 4)
@@ -297,6 +302,7 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
   c.num_layers = field("num_layers");
   c.hidden_size = field("hidden_size");
   c.num_heads = field("num_attention_heads");
+  c.ffn_hidden_size = field("ffn_hidden_size");
   c.max_seq_length = field("max_position_embeddings");
   c.vocab_size = field("padded_vocab_size");
   c.vocab_multiple = 1;

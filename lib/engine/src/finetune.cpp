@@ -53,6 +53,7 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
                        "give the --mlp-type of the model the weights belong to");
   same("--hidden-size", cfg.model.hidden_size, file, "hidden size", mc.hidden_size);
   same("--num-attention-heads", cfg.model.num_heads, file, "heads", mc.num_heads);
+  same("--ffn-hidden-size", cfg.model.ffn(), file, "an MLP width of", mc.ffn());
   same("--vocab-file", cfg.model.padded_vocab(), file, "a padded vocabulary of", mc.padded_vocab());
   const int rows = mc.positions();
   if (cfg.model.max_position_embeddings > 0)

@@ -96,6 +96,12 @@ HfGpt2 read_hf_gpt2(const std::string& path, int vocab_multiple, int heads) {
   if (config.contains("layer_norm_epsilon") &&
       (!config["layer_norm_epsilon"].is_number() || std::fabs(config["layer_norm_epsilon"].get<double>() - 1e-5) > 1e-12))
     throw file_error(config_file, "key layer_norm_epsilon is " + config["layer_norm_epsilon"].dump() + "; this GPT's is 1e-05");
+  // Attention scalings this GPT does not apply (it scales the scores by 1/sqrt(head size), always).
+  for (const auto& [key, plain] : {std::pair<const char*, bool>{"scale_attn_weights", true},
+                                   {"scale_attn_by_inverse_layer_idx", false}})
+    if (config.contains(key) && config[key] != plain)
+      throw file_error(config_file, std::string("key ") + key + " is " + config[key].dump() + "; this GPT computes " +
+                                        (plain ? "true" : "false") + " (softmax(q k^T / sqrt(head size)) in every layer)");
 
   const io::SafetensorsFile sf = io::SafetensorsFile::open(out.file);
   const std::string prefix = sf.find("transformer.wte.weight") ? "transformer." : "";
@@ -122,6 +128,14 @@ HfGpt2 read_hf_gpt2(const std::string& path, int vocab_multiple, int heads) {
   agree(config, config_file, "n_embd", "", mc.hidden_size, wte.name);
   agree(config, config_file, "vocab_size", "", mc.vocab_size, wte.name);
   agree(config, config_file, "n_positions", "n_ctx", mc.max_seq_length, wpe.name);
+  // The MLP's width: Conv1D c_fc is (n_embd, n_inner); config.json's n_inner null means 4 x n_embd.
+  const auto& fc = need("h.0.mlp.c_fc.weight");
+  mc.ffn_hidden_size = dim_of(sf, fc, 1, "the MLP width", 1 << 30);
+  if (config.contains("n_inner") && !config["n_inner"].is_null())
+    agree(config, config_file, "n_inner", "", mc.ffn_hidden_size, fc.name);
+  else if (!config_file.empty() && mc.ffn_hidden_size != 4 * mc.hidden_size)
+    throw file_error(config_file, "key n_inner is null (4 x n_embd = " + std::to_string(4 * mc.hidden_size) + ") but " +
+                                      fc.name + " is " + std::to_string(mc.ffn_hidden_size) + " wide");
   mc.num_heads = std::max(1, mc.hidden_size / 64);
   if (config.contains("n_head")) {
     if (!config["n_head"].is_number_integer() || config["n_head"].get<int64_t>() < 1 ||
@@ -194,7 +208,7 @@ nlohmann::json hf_gpt2_config(const model::GptConfig& cfg, int vocab) {
           {"n_head", cfg.num_heads},
           {"n_positions", cfg.positions()},
           {"n_ctx", cfg.positions()},
-          {"n_inner", nullptr},
+          {"n_inner", cfg.ffn() == 4 * cfg.hidden_size ? nlohmann::json(nullptr) : nlohmann::json(cfg.ffn())},
           {"vocab_size", vocab},
           {"bos_token_id", vocab - 1},
           {"eos_token_id", vocab - 1},

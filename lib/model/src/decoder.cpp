@@ -74,7 +74,7 @@ void Decoder::step(const int* seqs, const int32_t* tokens, int k, float* logits)
 }
 
 void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std::vector<int>& out_rows, float* logits) {
-  const int R = static_cast<int>(rows.size()), C = C_, F = 4 * C_;
+  const int R = static_cast<int>(rows.size()), C = C_, F = cfg_.ffn();
   const size_t RC = (size_t)R * C;
   grow(x_, RC), grow(ln_, RC), grow(qkv_, 3 * RC), grow(atty_, RC), grow(res_, RC);
   grow(fch_, (size_t)R * F), grow(fcg_, (size_t)R * F), grow(mean_, R), grow(rstd_, R);
@@ -118,7 +118,7 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
 }
 
 void Decoder::mlp(const MlpWeights& w, const float* in, float* out, int R) {
-  const int F = 4 * C_;
+  const int F = cfg_.ffn();
   grow(fch_, (size_t)R * F), grow(fcg_, (size_t)R * F);
   mlp_.forward(w, in, fch_.data(), fcg_.data(), out, R, F, nullptr);
 }

@@ -35,7 +35,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   tp_.set_sequence_parallel(cfg_.sequence_parallel);
   Cl_ = cfg_.hidden_size / tp_.size();
   NHl_ = cfg_.num_heads / tp_.size();
-  Fl_ = 4 * cfg_.hidden_size / tp_.size();
+  Fl_ = cfg_.ffn() / tp_.size();
   Vl_ = cfg_.padded_vocab() / tp_.size();
   vstart_ = tp_.rank() * Vl_;
   layout_ = layout_for(cfg_, tp_.rank(), &tensors_);
@@ -141,13 +141,14 @@ void Gpt::ensure_workspace(int B, int T) {
     ws->dnorm = take(4 * C);
   }
   if (cfg_.lora.enabled()) {  // x A^T per adapted linear and set; update scratch; the frozen norms' discarded gradients
-    const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * 4 * C + N * r + (sp ? 0 : 4 * C);
+    const size_t W = std::max({C, 3 * Cl, F});  // the widest adapter output: qkv's, fc's, or C
+    const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * W + N * r + (sp ? 0 : 4 * C);
     const size_t emb = emb_lora_block_ >= 0 ? N * r + 2 * (size_t)kHeadRows * r + (size_t)kHeadRows * Vl + (size_t)T * r : 0;
     ws->lora_mem = kernels::BackendBuffer(*ops_, (sets + extra + emb) * sizeof(float));
     float* q = ws->lora_mem.as<float>();
     for (auto& a : ws->acts)
       for (int t = 0; t < 4; ++t) a.lora_h[t] = q, q += N * r;
-    ws->lora_t = q, q += N * 4 * C;
+    ws->lora_t = q, q += N * W;
     ws->lora_dh = q, q += N * r;
     if (!sp) ws->dnorm = q, q += 4 * C;
     if (emb) {
@@ -206,22 +207,24 @@ std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* token
 double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   // Megatron's 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) counts forward+backward (x3) plus one
   // recompute forward (x4 in all); without recompute the same model FLOPs are 3/4 of it. Summed
-  // layer by layer (96*B*s*h^2*(1 + s/(6h)) each, and 6*B*s*h*V for the head), so that a layer that
-  // random-LTD runs on `kept` tokens per sample counts at that length.
-  const double h = cfg_.hidden_size, s = (double)T, V = cfg_.padded_vocab();
+  // layer by layer, and 6*B*s*h*V for the head, so that a layer that random-LTD runs on `kept`
+  // tokens per sample counts at that length. A layer's forward is 2 FLOPs per multiply-add of its
+  // linears per token (QKV 3h^2, output h^2, the MLP 2hF: with F = 4h, 24h^2 in all) plus 4sh for
+  // the attention scores and their weighted sum; x4: 4 * (8h^2 + 4hF + 4sh), Megatron's 96h^2(1 + s/6h).
+  const double h = cfg_.hidden_size, s = (double)T, V = cfg_.padded_vocab(), F = cfg_.ffn();
   // MoE: a token runs k expert MLPs (and the dense one beside them in a residual MoE) where a dense
-  // layer runs one; each MLP is 16h^2 of the layer's 24h^2 per token. Router and combine omitted.
+  // layer runs one (4hF per token, x4). Router and combine omitted.
   const double extra_mlps = cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0);
-  // CAC's replay skips the attention output projection (2h^2 per token) and fc2 (8h^2 per MLP run).
+  // CAC's replay skips the attention output projection (2h^2 per token) and fc2 (2hF per MLP run).
   const bool cac = recompute_ && keeps_communication();
   double f = 6.0 * B * s * h * V;
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const bool short_layer = kept > 0 && kept < T && std::binary_search(ltd_layers_.begin(), ltd_layers_.end(), l);
     const double sl = short_layer ? (double)kept : s;
     const bool moe = tensors_.layers[l].experts > 0;
-    f += 96.0 * B * sl * h * h * (1.0 + sl / (6.0 * h));
-    if (moe) f += 64.0 * B * sl * h * h * extra_mlps;
-    if (cac) f -= 10.0 * B * sl * h * h + (moe ? 8.0 * B * sl * h * h * extra_mlps : 0.0);
+    f += 4.0 * B * sl * (8.0 * h * h + 4.0 * h * F + 4.0 * sl * h);
+    if (moe) f += 16.0 * B * sl * h * F * extra_mlps;
+    if (cac) f -= 2.0 * B * sl * h * (h + F) + (moe ? 2.0 * B * sl * h * F * extra_mlps : 0.0);
   }
   return recompute_ ? f : f * 0.75;
 }

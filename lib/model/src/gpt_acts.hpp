@@ -58,7 +58,7 @@ struct Gpt::Workspace {
   kernels::BackendBuffer ltd_start;
   // LoRA: each activation set's lora_h, and scratch for one adapter's update and gradients
   kernels::BackendBuffer lora_mem;
-  float* lora_t = nullptr;   // (N, 4C)
+  float* lora_t = nullptr;   // (N, the widest adapter output)
   float* lora_dh = nullptr;  // (N, rank)
   // The embedding's adapters: A[token] rows (N, rank), the head chunk's x B and s x B (2 x 256 x
   // rank), its adapter logits (256, Vp), and scratch for the scatter's position gradient (T, rank)

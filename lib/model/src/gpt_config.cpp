@@ -34,6 +34,16 @@ void GptConfig::validate() const {
     throw config_error("--num-attention-heads", "--hidden-size " + std::to_string(hidden_size) +
                                                     " is not divisible by --num-attention-heads " +
                                                     std::to_string(num_heads));
+  if (ffn_hidden_size < 0 || ffn_hidden_size > (1 << 30) || hidden_size > (1 << 28))
+    throw config_error(ffn_hidden_size < 0 || ffn_hidden_size > (1 << 30) ? "--ffn-hidden-size" : "--hidden-size",
+                       "--ffn-hidden-size " + std::to_string(ffn_hidden_size) + " / --hidden-size " +
+                           std::to_string(hidden_size) + " is out of range",
+                       "give a positive --ffn-hidden-size (0 or none: 4 x --hidden-size)");
+  if (ffn() % tensor_parallel != 0)
+    throw config_error("--ffn-hidden-size", "the MLP width " + std::to_string(ffn()) +
+                                                " is not divisible by --tensor-model-parallel-size " +
+                                                std::to_string(tensor_parallel),
+                       "each tensor-parallel rank holds an equal part of every MLP: choose --ffn-hidden-size to divide");
   if (num_heads % tensor_parallel != 0)
     throw config_error("--tensor-model-parallel-size", "--num-attention-heads " + std::to_string(num_heads) +
                                                            " is not divisible by --tensor-model-parallel-size " +
@@ -144,7 +154,9 @@ std::string LoraConfig::module_list() const { return name_list(modules_to_save, 
 
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
-         std::to_string(num_heads) + " heads, seq " + std::to_string(max_seq_length) +
+         std::to_string(num_heads) + " heads, " +
+         (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) + "seq " +
+         std::to_string(max_seq_length) +
          (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +
          (tensor_parallel > 1 ? ", tensor-parallel " + std::to_string(tensor_parallel) +

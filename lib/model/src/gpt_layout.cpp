@@ -17,7 +17,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
   GptTensors local;
   GptTensors& found = tensors ? *tensors : local;
   found = {};
-  const int64_t C = cfg.hidden_size, Vp = cfg.padded_vocab(), T = cfg.positions();
+  const int64_t C = cfg.hidden_size, F = cfg.ffn(), Vp = cfg.padded_vocab(), T = cfg.positions();
   // Megatron's split: column-parallel (rows of the (out, in) weight and its bias; QKV by sections
   // q|k|v), row-parallel (columns; the bias is a replica), everything else a replica.
   const int P = cfg.tensor_parallel;
@@ -55,7 +55,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
     o.ln2 = Norm::declare(layout, p + "post_attention_layernorm", C, rep, base);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
     if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
-    if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, 4 * C, {col, row, rep}, w, w_out, base);
+    if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, F, {col, row, rep}, w, w_out, base);
     if (o.experts > 0 && cfg.moe.residual) {
       o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep, w);
       o.coefb = rel("mlp.coefficient.bias", {2}, false, rep, zero);
@@ -70,7 +70,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
         // Experts stay whole on a rank (every tensor-parallel rank holds the same ones), or with
         // --enable-expert-tensor-parallelism are split like the dense MLP.
         const bool split = cfg.moe.expert_tensor_parallel;
-        o.expert_mlp = Mlp::declare(layout, ep + ".", C, 4 * C, {split ? col : rep, split ? row : rep, rep}, w, w_out,
+        o.expert_mlp = Mlp::declare(layout, ep + ".", C, F, {split ? col : rep, split ? row : rep, rep}, w, w_out,
                                     layout.blocks().back().offset);
       }
     }
@@ -80,7 +80,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
       base = layout.numel();
       const int64_t r = cfg.lora.rank;
       const char* names[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
-      const int64_t in[4] = {C, C, C, 4 * C}, out[4] = {3 * C, C, 4 * C, C};
+      const int64_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, F, C};
       // Split as the weight: a column-parallel linear's B by its output rows (QKV by sections), a
       // row-parallel linear's A by its input columns; the other factor a replica (model/lora.cpp).
       const Partition a_part[4] = {rep, row, rep, row}, b_part[4] = {qkv, rep, col, rep};

@@ -32,9 +32,9 @@ std::string gb_text(uint64_t bytes) {
 void count_lora(const model::GptConfig& cfg, GptSize& s) {
   using model::LoraConfig;
   const LoraConfig& lo = cfg.lora;
-  const uint64_t C = (uint64_t)cfg.hidden_size, Vp = (uint64_t)cfg.padded_vocab(), r = (uint64_t)lo.rank;
-  const uint64_t P = (uint64_t)cfg.tensor_parallel;
-  const uint64_t in[4] = {C, C, C, 4 * C}, out[4] = {3 * C, C, 4 * C, C};  // qkv, proj, fc, fc2
+  const uint64_t C = (uint64_t)cfg.hidden_size, F = (uint64_t)cfg.ffn(), Vp = (uint64_t)cfg.padded_vocab();
+  const uint64_t r = (uint64_t)lo.rank, P = (uint64_t)cfg.tensor_parallel;
+  const uint64_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, F, C};  // qkv, proj, fc, fc2
   const bool column[4] = {true, false, true, false};
   uint64_t layer_adapters = 0, whole_layer = 0;
   for (int t = 0; t < 4; ++t)
@@ -65,23 +65,23 @@ void count_lora(const model::GptConfig& cfg, GptSize& s) {
 
 GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   cfg.validate();
-  const uint64_t C = (uint64_t)cfg.hidden_size;
+  const uint64_t C = (uint64_t)cfg.hidden_size, F = (uint64_t)cfg.ffn();
   const uint64_t T = (uint64_t)cfg.positions(), Vp = (uint64_t)cfg.padded_vocab();
-  const uint64_t P = (uint64_t)cfg.tensor_parallel;  // divides heads, hence C, and Vp (validated)
+  const uint64_t P = (uint64_t)cfg.tensor_parallel;  // divides heads, hence C, F and Vp (validated)
   if (expert_parallel < 1)
     throw config_error("--moe-expert-parallel-size", "--moe-expert-parallel-size must be at least 1");
   GptSize s;
   s.tensor_parallel = cfg.tensor_parallel;
   s.expert_parallel = expert_parallel;
   s.embedding = Vp / P * C + T * C;  // wte (Vp/P, C), also the output head; wpe (T, C) whole
-  // ln1 (2C) + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 (2C) + fc (4C*C + 4C)/P + fcproj 4C*C/P + C
-  s.layer = (12 * C * C + 7 * C) / P + 6 * C;
+  // ln1 (2C) + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 (2C) + fc (F*C + F)/P + fcproj C*F/P + C
+  s.layer = (4 * C * C + 3 * C + 2 * C * F + F) / P + 6 * C;
   s.final_norm = 2 * C;
   // An MoE layer: the attention and norms, the router (E, C) whole, a residual MoE's dense MLP and
-  // coefficient (2C + 2); each expert fc (4C*C + 4C) + fcproj (4C*C) + C, split like the MLP with
+  // coefficient (2C + 2); each expert fc (F*C + F) + fcproj (C*F) + C, split like the MLP with
   // expert tensor parallelism.
-  const uint64_t attention = (4 * C * C + 3 * C) / P + 5 * C, mlp = (8 * C * C + 4 * C) / P + C;
-  s.expert = cfg.moe.expert_tensor_parallel ? mlp : 8 * C * C + 5 * C;
+  const uint64_t attention = (4 * C * C + 3 * C) / P + 5 * C, mlp = (2 * C * F + F) / P + C;
+  s.expert = cfg.moe.expert_tensor_parallel ? mlp : 2 * C * F + F + C;
   s.dense = s.embedding + s.final_norm;
   uint64_t largest_moe = 0;
   for (int l = 0; l < cfg.num_layers; ++l) {
@@ -446,6 +446,7 @@ nlohmann::json MemoryEstimate::json() const {
            {{"num_layers", model.num_layers},
             {"hidden_size", model.hidden_size},
             {"num_attention_heads", model.num_heads},
+            {"ffn_hidden_size", model.ffn()},
             {"seq_length", model.max_seq_length},
             {"max_position_embeddings", model.positions()},
             {"vocab_size", model.vocab_size},

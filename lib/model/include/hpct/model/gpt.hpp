@@ -116,6 +116,9 @@ struct GptConfig {
   int num_layers = 2;
   int hidden_size = 64;
   int num_heads = 2;
+  // --ffn-hidden-size: the hidden width of every MLP (dense, residual and each expert's); 0 is
+  // Megatron's default, 4 x hidden_size. ffn() is the width in use.
+  int ffn_hidden_size = 0;
   int max_seq_length = 64;  // the longest sequence trained on (--seq-length)
   int max_position_embeddings = 0;  // learned position table rows (Megatron's flag); 0: max_seq_length
   int vocab_size = 256;     // tokenizer's vocabulary
@@ -145,6 +148,7 @@ struct GptConfig {
   int padded_vocab() const;
   /// The multiple padded_vocab() rounds to.
   long long vocab_granule() const;
+  int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   /// Rows of the position table: the longest sequence the model can read (generation included).
   int positions() const { return max_position_embeddings > 0 ? max_position_embeddings : max_seq_length; }
   /// Throws config_error naming the flag for impossible shapes.
@@ -379,8 +383,8 @@ class Gpt {
   void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
   void exchange_shares(const std::vector<int>& rin, const std::vector<int>& rout, float* in, float* out, int C,
                        bool partial);  // host memory
-  /// An expert's hidden width on this rank: 4C, or 4C/T when experts are tensor-parallel.
-  int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : 4 * cfg_.hidden_size; }
+  /// An expert's hidden width on this rank: F (cfg.ffn()), or F/T when experts are tensor-parallel.
+  int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : cfg_.ffn(); }
   /// Dropout site `site` of layer l (-1: the embedding) for this micro-batch (T tokens per sample),
   /// p = 0 outside training; rows start at micro-batch row first_row.
   kernels::Dropout dropout_at(int l, kernels::DropoutSite site, int T, long long first_row = 0) const;

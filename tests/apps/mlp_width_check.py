@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""--ffn-hidden-size (Megatron's flag): the MLP width is part of the model everywhere it is written.
+
+- pretrain_gpt trains a model whose MLPs are 48 wide (hidden 32: not 4 x 32), says so at start, and
+  its checkpoint records ffn_hidden_size 48 (hpct_ckpt list);
+- generate loads it; a resume at another width is refused in one line naming the MLP's tensor and
+  both shapes;
+- a checkpoint written before the key existed (the key removed, the run-state checksum recomputed)
+  resumes at the default 4 x hidden;
+- a width the tensor-parallel size does not divide is refused naming --ffn-hidden-size.
+
+mlp_width_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --generate GENERATE --mpi "MPIRUN -np 2 ..." --workdir DIR
+"""
+import json
+import os
+import shlex
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(here, ".."), os.path.join(here, "..", "engine")]
+from checklib import Checks, system_python_for  # noqa: E402
+
+system_python_for("h5py")
+import h5py  # noqa: E402
+from ckpt_forge import rechecksum  # noqa: E402
+
+c = Checks("--gpt", "--tool", "--generate", "--mpi", "--workdir")
+a = c.args
+base = ["--mock-data", "--vocab-size", "300", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+        "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "1e-3", "--lr-decay-iters", "10", "--eval-iters", "0",
+        "--log-interval", "1"]
+
+
+def latest(d):
+    return os.path.join(d, open(os.path.join(d, "latest")).read().split()[0]) if os.path.exists(os.path.join(d, "latest")) else d
+
+
+narrow = os.path.join(a.workdir, "narrow")
+p = c.run([a.gpt, *base, "--ffn-hidden-size", "48", "--train-iters", "2", "--save", narrow])
+c.check("MLP width 48" in p.stdout, "the start line describes the MLP width")
+p = c.run([a.tool, "list", narrow])
+arch = next((l for l in p.stdout.splitlines() if l.startswith("# architecture:")), "")
+c.check('"ffn_hidden_size":48' in arch.replace(" ", ""), f"the checkpoint records the width ({arch[:160]})")
+c.run([a.generate, "--load", narrow, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
+p = c.run([a.gpt, *base, "--ffn-hidden-size", "64", "--train-iters", "3", "--load", narrow], want=None)
+c.one_line_error("resume at another width", p, "pretrain_gpt", ["dense_h_to_4h", "[48, 32]", "[64, 32]"])
+
+# A checkpoint from before the key: resumes at 4 x hidden.
+old = os.path.join(a.workdir, "old")
+c.run([a.gpt, *base, "--train-iters", "2", "--save", old])
+with h5py.File(latest(old), "r+") as f:
+    arch = json.loads(f.attrs["architecture"])
+    c.check(arch.pop("ffn_hidden_size", None) == 128, "a default run records 4 x hidden")
+    f.attrs["architecture"] = json.dumps(arch)
+    rechecksum(f)
+p = c.run([a.gpt, *base, "--train-iters", "3", "--load", old])
+c.check("iteration        3/" in p.stdout or "iteration 3/" in " ".join(p.stdout.split()),
+        "the key-less checkpoint resumes and trains iteration 3")
+
+p = c.run(shlex.split(a.mpi) + [a.gpt, *base, "--ffn-hidden-size", "47", "--tensor-model-parallel-size", "2",
+                                "--train-iters", "1"], want=None)
+c.check(p.returncode != 0 and "--ffn-hidden-size" in p.stdout + p.stderr and "not divisible" in p.stdout + p.stderr,
+        "a width T does not divide is refused naming --ffn-hidden-size")
+c.finish()
