@@ -150,6 +150,29 @@ TEST(CudaOps, LayerNormOverSeveralRowChunks) {
   expect_close("layernorm dbias", g.get(d_db, C), db);
 }
 
+// RMSNorm on the device against the CPU's, with LayerNorm's sizes, inputs and tolerances.
+TEST(CudaOps, RmsNormOverSeveralRowChunks) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 600, C = 70;
+  Vec inp = randn(N * C, 1, 2.0f), w = randn(C, 2), dout = randn(N * C, 4);
+  Vec out(N * C), rstd(N), dinp = randn(N * C, 5), dw = randn(C, 6);
+  float* d_inp = g.put(inp);
+  float* d_w = g.put(w);
+  float* d_out = g.put(out);
+  float* d_rstd = g.put(rstd);
+  float* d_dinp = g.put(dinp);
+  float* d_dw = g.put(dw);
+  cpu->rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), N, C);
+  cpu->rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N, C);
+  g.be->rmsnorm_forward(d_out, d_rstd, d_inp, d_w, N, C);
+  g.be->rmsnorm_backward(d_dinp, d_dw, g.put(dout), d_inp, d_w, d_rstd, N, C);
+  expect_close("rmsnorm out", g.get(d_out, out.size()), out);
+  expect_close("rmsnorm rstd", g.get(d_rstd, N), rstd);
+  expect_close("rmsnorm dinp", g.get(d_dinp, dinp.size()), dinp);
+  expect_close("rmsnorm dweight", g.get(d_dw, C), dw);
+}
+
 void matmul_case(Precision p) {
   NEED_GPU(g);
   auto cpu = cpu_ops();

@@ -52,6 +52,13 @@ class StagedCpuOps final : public kernels::OpsBackend {
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
     in_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) override {
+    in_->rmsnorm_forward(out, rstd, inp, weight, N, C);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                        const float* rstd, int N, int C) override {
+    in_->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                       kernels::Precision p) override {
     in_->matmul_forward(out, inp, weight, bias, N, C, OC, p);

@@ -272,6 +272,58 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 
 // ---------------------------------------------------------------------------------------------
+// rmsnorm
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) {
+  require_backend("rmsnorm_forward");
+  require(N >= 0 && C > 0, "rmsnorm_forward", "need N >= 0 and C > 0");
+  Kokkos::parallel_for("rmsnorm_forward", Policy(0, N), KOKKOS_LAMBDA(int i) {
+    const float* x = inp + (size_t)i * C;  // (C)
+    float* o = out + (size_t)i * C;        // (C)
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) v += x[c] * x[c];
+    const float rs = 1.0f / std::sqrt(v / C + kLayerNormEps);
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = x[c] * rs * weight[c];
+    rstd[i] = rs;
+  });
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  require_backend("rmsnorm_backward");
+  require(N >= 0 && C > 0, "rmsnorm_backward", "need N >= 0 and C > 0");
+  if (N == 0) return;
+  // As layernorm_backward: dinp row by row, dweight into per-chunk partials summed afterwards.
+  const int chunks = (N + kRowsPerPartial - 1) / kRowsPerPartial;
+  thread_local std::vector<float> partial_buf;
+  float* partials = scratch(partial_buf, (size_t)chunks * C);  // (chunks, C)
+  Kokkos::parallel_for("rmsnorm_backward", Policy(0, chunks), KOKKOS_LAMBDA(int ch) {
+    float* pw = partials + (size_t)ch * C;  // (C) partial dweight
+    std::fill(pw, pw + C, 0.0f);
+    const int i1 = std::min(N, (ch + 1) * kRowsPerPartial);
+    for (int i = ch * kRowsPerPartial; i < i1; ++i) {
+      const float* d = dout + (size_t)i * C;  // (C)
+      const float* x = inp + (size_t)i * C;   // (C)
+      float* dx = dinp + (size_t)i * C;       // (C)
+      const float rs = rstd[i];
+      float dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_norm_mean)
+      for (int c = 0; c < C; ++c) dnorm_norm_mean += weight[c] * d[c] * x[c] * rs;
+      dnorm_norm_mean /= C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) {
+        const float n = x[c] * rs;
+        pw[c] += n * d[c];
+        dx[c] += (weight[c] * d[c] - n * dnorm_norm_mean) * rs;
+      }
+    }
+  });
+  add_partials(dweight, partials, chunks, C, (size_t)C);
+}
+
+// ---------------------------------------------------------------------------------------------
 // matmul (nn.Linear)
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,

@@ -89,7 +89,30 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   }
 }
 
+// RMSNorm: one warp per row, as layernorm_forward_kernel without the mean and the bias.
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* weight, int N, int C) {
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+    const float* x = inp + (size_t)row * C;  // (C)
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+    const float rs = rsqrtf(warp_sum(ss) / C + kLayerNormEps);
+    float* o = out + (size_t)row * C;  // (C)
+    for (int c = lane; c < C; c += 32) o[c] = x[c] * rs * weight[c];
+    if (lane == 0) rstd[row] = rs;
+  }
+}
+
 }  // namespace
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, cudaStream_t stream) {
+  if (N < 0 || C <= 0)
+    throw Error("hpct::kernels::cuda::rmsnorm_forward: need N >= 0 and C > 0 (N=" + std::to_string(N) +
+                ", C=" + std::to_string(C) + ")");
+  if (N == 0) return;
+  rmsnorm_forward_kernel<<<blocks_for((size_t)N * 32), kThreads, 0, stream>>>(out, rstd, inp, weight, N, C);
+  check_launch("rmsnorm_forward");
+}
 
 void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
   if (n == 0) return;

@@ -105,10 +105,27 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
   }
 }
 
+// RMSNorm: one warp per row: dinp += rstd * (dnorm - xhat * mean(dnorm * xhat)), xhat = x * rstd.
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
+                                             const float* rstd, int N, int C) {
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+    const float* x = inp + (size_t)row * C;
+    const float* g = dout + (size_t)row * C;
+    const float rs = rstd[row];
+    float b = 0.0f;
+    for (int c = lane; c < C; c += 32) b += g[c] * weight[c] * x[c] * rs;
+    b = warp_sum(b) / C;
+    float* d = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) d[c] += rs * (g[c] * weight[c] - x[c] * rs * b);
+  }
+}
+
 // Column sums over rows in two passes, deterministic: each block sums a chunk of kChunkRows rows
 // for 32 columns (8 rows at a time per column, then across the 8 in shared memory) into a
 // partial, and the second pass adds a column's partials in chunk order. For the layernorm
 // parameters it sums dout * xhat (into part_a) beside dout (part_b); for a bias, dout alone.
+// RMSNorm's xhat has no mean (mean null), and no bias (out_b null: part_b is summed, not added).
 constexpr int kChunkRows = 256;
 constexpr int kColTile = 32, kRowLanes = 8;
 
@@ -123,7 +140,7 @@ __global__ void column_partials_kernel(float* part_a, float* part_b, const float
       const size_t k = (size_t)n * C + c;
       const float g = dout[k];
       b += g;
-      if (inp) a += g * (inp[k] - mean[n]) * rstd[n];
+      if (inp) a += g * (inp[k] - (mean ? mean[n] : 0.0f)) * rstd[n];
     }
   }
   sa[threadIdx.y][threadIdx.x] = a;
@@ -145,7 +162,7 @@ __global__ void column_finish_kernel(float* out_a, float* out_b, const float* pa
       tb += part_b[(size_t)k * C + c];
       if (part_a) ta += part_a[(size_t)k * C + c];
     }
-    out_b[c] += tb;
+    if (out_b) out_b[c] += tb;
     if (out_a) out_a[c] += ta;
   }
 }
@@ -344,6 +361,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                                                                                        rstd, N, C);
   check_launch("layernorm_backward");
   column_sums(dweight, dbias, dout, inp, mean, rstd, N, C, workspace, stream, "layernorm_backward");
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C, float* workspace, cudaStream_t stream) {
+  require(N >= 0 && C > 0, "rmsnorm_backward", "need N >= 0 and C > 0");
+  require(N < 65535 * kChunkRows, "rmsnorm_backward", "more than 16.7M rows in one call");
+  if (N == 0) return;
+  rmsnorm_backward_dinp_kernel<<<blocks_for((size_t)N * 32), kThreads, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
+  check_launch("rmsnorm_backward");
+  column_sums(dweight, nullptr, dout, inp, nullptr, rstd, N, C, workspace, stream, "rmsnorm_backward");
 }
 
 void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {

@@ -190,6 +190,14 @@ class CudaOps final : public OpsBackend {
                              workspace(cuda::column_sum_workspace(N, C)), stream_);
   }
 
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) override {
+    cuda::rmsnorm_forward(out, rstd, inp, weight, N, C, stream_);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                        const float* rstd, int N, int C) override {
+    cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, workspace(cuda::column_sum_workspace(N, C)),
+                           stream_);
+  }
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                       Precision p) override {
     require_sizes("matmul_forward", N, C, OC);

@@ -43,6 +43,10 @@ void adamw_update(float* param /*(n)*/, const float* grad /*(n)*/, float* m /*(n
 void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/,
                        const float* weight /*(C)*/, const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
 
+/// RMSNorm, eps 1e-5, saving rstd, as hpct::kernels::rmsnorm_forward.
+void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/, const float* weight /*(C)*/,
+                     int N, int C, cudaStream_t stream);
+
 /// dst = fp32 values of 16-bit src: bfloat16 (the top half of an fp32) when bf16, else IEEE half.
 void widen_half(float* dst /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
 /// acc = 16-bit(acc + src), round to nearest even (bf16: NaN stays a quiet NaN), as
@@ -65,6 +69,10 @@ size_t column_sum_workspace(int N, int C);
 void layernorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, float* dbias /*(C)*/, const float* dout /*(N,C)*/,
                         const float* inp /*(N,C)*/, const float* weight /*(C)*/, const float* mean /*(N)*/,
                         const float* rstd /*(N)*/, int N, int C, float* workspace, cudaStream_t stream);
+/// As hpct::kernels::rmsnorm_backward (accumulates into dinp and dweight); workspace: column_sum_workspace.
+void rmsnorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, const float* dout /*(N,C)*/, const float* inp /*(N,C)*/,
+                      const float* weight /*(C)*/, const float* rstd /*(N)*/, int N, int C, float* workspace,
+                      cudaStream_t stream);
 /// out[n][o] += bias[o].
 void add_bias(float* out /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC, cudaStream_t stream);
 /// dbias[o] += sum over n of dout[n][o]; workspace: column_sum_workspace(N, OC) floats.

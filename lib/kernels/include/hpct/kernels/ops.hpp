@@ -50,6 +50,15 @@ void layernorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, float* db
                         const float* inp /*(N,C)*/, const float* weight /*(C)*/, const float* mean /*(N)*/,
                         const float* rstd /*(N)*/, int N, int C);
 
+/// RMSNorm (Zhang & Sennrich 2019; Llama's, Megatron's --normalization rmsnorm): out = inp * rstd *
+/// weight, rstd = 1/sqrt(mean(inp^2) + 1e-5), saved for backward. No mean is subtracted, no bias.
+void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/, const float* weight /*(C)*/,
+                     int N, int C);
+/// Accumulates into dinp and dweight: dinp += rstd * (dout*weight - xhat * mean(dout*weight*xhat)),
+/// xhat = inp * rstd.
+void rmsnorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, const float* dout /*(N,C)*/, const float* inp /*(N,C)*/,
+                      const float* weight /*(C)*/, const float* rstd /*(N)*/, int N, int C);
+
 /// out = inp @ weight^T + bias, weight (OC, C) as nn.Linear; bias may be nullptr.
 void matmul_forward(float* out /*(N,OC)*/, const float* inp /*(N,C)*/, const float* weight /*(OC,C)*/,
                     const float* bias /*(OC)*/, int N, int C, int OC, Precision p = Precision::fp32);

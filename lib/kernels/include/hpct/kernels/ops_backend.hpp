@@ -80,6 +80,10 @@ class OpsBackend {
                                  const float* bias, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const float* weight, const float* mean, const float* rstd, int N, int C) = 0;
+  /// RMSNorm (ops.hpp): rstd saved for backward; backward accumulates into dinp and dweight.
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                                const float* rstd, int N, int C) = 0;
   virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
                               int OC, Precision p) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
