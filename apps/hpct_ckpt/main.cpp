@@ -81,6 +81,12 @@ int export_safetensors(const std::string& path, const std::string& out) {
   // The structure verify checks, before any tensor is read: run state, architecture, tensor set.
   model::GptConfig mc;
   const engine::StoredRun stored = engine::check_structure(f, file, &mc);
+  // What a GPT-2 (GPT2LMHeadModel) cannot hold is refused before anything is written.
+  if (mc.normalization != model::NormKind::layernorm)
+    throw file_error(file, std::string("holds a model with ") + model::norm_name(mc.normalization) +
+                               "; export writes GPT-2, whose norms are LayerNorm (a Llama export is not implemented)");
+  if (mc.moe.enabled(mc.num_layers))
+    throw file_error(file, "holds a mixture-of-experts model; export writes GPT-2, which has one MLP per layer");
   const auto& cfg = stored.meta.config;
   const int layers = mc.num_layers;
   if (!cfg.contains("model") || !cfg["model"].is_object() || !cfg["model"].contains("vocab_size") ||

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""--ffn-hidden-size (Megatron's flag): the MLP width is part of the model everywhere it is written.
+"""The model options Megatron spells as flags, each part of the model everywhere it is written.
 
+--ffn-hidden-size:
 - pretrain_gpt trains a model whose MLPs are 48 wide (hidden 32: not 4 x 32), says so at start, and
   its checkpoint records ffn_hidden_size 48 (hpct_ckpt list);
 - generate loads it; a resume at another width is refused in one line naming the MLP's tensor and
@@ -9,7 +10,12 @@
   resumes at the default 4 x hidden;
 - a width the tensor-parallel size does not divide is refused naming --ffn-hidden-size.
 
-mlp_width_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --generate GENERATE --mpi "MPIRUN -np 2 ..." --workdir DIR
+--normalization rmsnorm:
+- trains on 2 ranks, says so at start, and the checkpoint records it and has no norm biases;
+- generate loads it; a resume with LayerNorm is refused in one line naming the missing bias; export
+  (which writes GPT-2) is refused in one line; an unknown kind is refused naming the flag.
+
+model_options_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --generate GENERATE --mpi "MPIRUN -np 2 ..." --workdir DIR
 """
 import json
 import os
@@ -61,4 +67,27 @@ p = c.run(shlex.split(a.mpi) + [a.gpt, *base, "--ffn-hidden-size", "47", "--tens
                                 "--train-iters", "1"], want=None)
 c.check(p.returncode != 0 and "--ffn-hidden-size" in p.stdout + p.stderr and "not divisible" in p.stdout + p.stderr,
         "a width T does not divide is refused naming --ffn-hidden-size")
+# --normalization rmsnorm
+rms = os.path.join(a.workdir, "rms")
+p = c.run(shlex.split(a.mpi) + [a.gpt, *base, "--normalization", "rmsnorm", "--global-batch-size", "4",
+                                "--train-iters", "2", "--save", rms])
+c.check("rmsnorm" in p.stdout, "the start line names the norm")
+losses = [float(x.split("lm loss:")[1].split("|")[0]) for x in p.stdout.splitlines() if "lm loss:" in x]
+c.check(len(losses) == 2 and all(l == l and 0 < l < 20 for l in losses), f"finite losses {losses}")
+if os.path.exists(os.path.join(rms, "latest")):
+    with h5py.File(latest(rms), "r") as f:
+        arch = json.loads(f.attrs["architecture"])
+        names = []
+        f.visit(names.append)
+    c.check(arch.get("normalization") == "rmsnorm", f"the architecture records rmsnorm ({arch.get('normalization')})")
+    c.check(any(n.endswith("input_layernorm/weight") for n in names) and not any(n.endswith("layernorm/bias") for n in names),
+            "the checkpoint has norm weights and no norm biases")
+c.run([a.generate, "--load", rms, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
+p = c.run([a.gpt, *base, "--train-iters", "3", "--global-batch-size", "4", "--load", rms], want=None)
+c.one_line_error("resume with layernorm", p, "pretrain_gpt", ["input_layernorm/bias"])
+p = c.run([a.tool, "export", rms, os.path.join(a.workdir, "rms_export", "model.safetensors")], want=None)
+c.one_line_error("export of an RMSNorm model", p, "hpct_ckpt", ["rmsnorm", "GPT-2"])
+c.check(not os.path.exists(os.path.join(a.workdir, "rms_export", "model.safetensors")), "export wrote nothing")
+p = c.run([a.gpt, *base, "--normalization", "batchnorm", "--train-iters", "1"], want=None)
+c.one_line_error("unknown kind", p, "pretrain_gpt", ["--normalization", "batchnorm", "rmsnorm"])
 c.finish()

@@ -158,6 +158,14 @@ void batched_steps(const GptConfig& c) {
 }
 
 TEST(Decoder, BatchedStepsEqualSeparateOnes) { batched_steps(tiny()); }
+// The model options read through the same components: RMSNorm, an MLP 40 wide.
+TEST(Decoder, RmsNormAndMlpWidthAreTheTrainingModels) {
+  GptConfig c = tiny();
+  c.normalization = model::NormKind::rmsnorm;
+  c.ffn_hidden_size = 40;
+  whole_sequence_loss(c);
+  cached_greedy(c);
+}
 // MoE: a token's routes do not depend on the other sequences of the step (nothing is dropped).
 TEST(Decoder, MoeBatchedStepsEqualSeparateOnes) { batched_steps(tiny_moe(2, true)); }
 

@@ -45,9 +45,16 @@ using test::world;
 
 namespace {
 
-model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, int ffn = 0) {
+// The model options beside the layout: the MLPs' width (0: 4 x 16) and the norms' kind.
+struct Shape {
+  int ffn = 0;
+  model::NormKind norm = model::NormKind::layernorm;
+};
+
+model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, Shape shape = {}) {
   model::GptConfig c;
-  c.ffn_hidden_size = ffn;
+  c.ffn_hidden_size = shape.ffn;
+  c.normalization = shape.norm;
   c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
@@ -84,12 +91,13 @@ std::vector<float> assemble(const ParamLayout& l, const std::vector<float>& loca
 
 // documents: per-document attention and positions (gpt.hpp), token 3 ending the documents.
 // ltd: random-LTD in layer 1 (4 of the 8 tokens of each sample; under sequence parallelism the kept
-// sub-batch is split over the ranks too). ffn: the MLPs' width (0: 4 x 16).
+// sub-batch is split over the ranks too).
 void check_model(bool moe, bool residual, bool sp = false, bool etp = false, bool dropout = false,
-                 bool documents = false, bool ltd = false, int ffn = 0) {
+                 bool documents = false, bool ltd = false, Shape shape = {}) {
   const auto& w = world();
   const int T = w.size();
-  model::GptConfig rc = tiny(1, moe, residual, false, false, ffn), pc = tiny(T, moe, residual, sp, etp, ffn);
+  const int ffn = shape.ffn;
+  model::GptConfig rc = tiny(1, moe, residual, false, false, shape), pc = tiny(T, moe, residual, sp, etp, shape);
   if (dropout) rc.attention_dropout = pc.attention_dropout = rc.hidden_dropout = pc.hidden_dropout = 0.2;
   if (documents)
     for (auto* c : {&rc, &pc}) c->reset_attention_mask = c->reset_position_ids = true, c->eod_token = 3;
@@ -135,9 +143,10 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
     at += t.numel;
   }
   if (w.rank() == 0)
-    std::printf("T=%d%s%s%s%s%s MLP width %d: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
+    std::printf("T=%d%s%s%s%s%s MLP width %d %s: loss %.9g vs %.9g, largest gradient difference %.2e x max|g|\n", T,
                 sp ? " sequence-parallel" : "", etp ? " expert-tensor-parallel" : "", dropout ? " dropout" : "",
-                documents ? " documents" : "", ltd ? " random-LTD" : "", rc.ffn(), lp, lr, worst_all / gmax);
+                documents ? " documents" : "", ltd ? " random-LTD" : "", rc.ffn(), model::norm_name(rc.normalization), lp, lr,
+                worst_all / gmax);
   // Replicas' gradients are the same on every rank of the group (the same inputs, the same sums).
   for (const auto& t : par.layout().tensors()) {
     if (t.partitioned()) continue;
@@ -175,9 +184,16 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
 
 TEST(TensorParallel, GptMatchesUnsplitModel) { check_model(false, false); }
 // --ffn-hidden-size: MLPs 24 wide instead of 64 (divisible by T = 1, 2, 4), dense and split experts.
-TEST(TensorParallel, GptWithMlpWidthMatchesUnsplitModel) { check_model(false, false, true, false, false, false, false, 24); }
+TEST(TensorParallel, GptWithMlpWidthMatchesUnsplitModel) { check_model(false, false, true, false, false, false, false, {24}); }
 TEST(TensorParallel, ExpertTensorParallelResidualMoeWithMlpWidthMatchesUnsplitModel) {
-  check_model(true, true, false, true, false, false, false, 24);
+  check_model(true, true, false, true, false, false, false, {24});
+}
+// --normalization rmsnorm: with sequence parallelism the norms' weight gradients are partial sums.
+TEST(TensorParallel, SequenceParallelRmsNormGptMatchesUnsplitModel) {
+  check_model(false, false, true, false, false, false, false, {0, model::NormKind::rmsnorm});
+}
+TEST(TensorParallel, RmsNormMoeMatchesUnsplitModel) {
+  check_model(true, false, false, false, false, false, false, {0, model::NormKind::rmsnorm});
 }
 TEST(TensorParallel, MoeMatchesUnsplitModel) { check_model(true, false); }
 TEST(TensorParallel, ResidualMoeMatchesUnsplitModel) { check_model(true, true); }

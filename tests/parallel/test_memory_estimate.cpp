@@ -47,8 +47,10 @@ model::GptConfig shape(int L, int C, int NH, int T, int V) {
 TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
   auto narrow = shape(3, 96, 3, 40, 1000);
   narrow.ffn_hidden_size = 200;  // --ffn-hidden-size
+  auto rms = shape(2, 64, 2, 64, 256);
+  rms.normalization = model::NormKind::rmsnorm;  // norms without a bias
   for (auto g : {shape(2, 64, 2, 64, 256), shape(4, 128, 4, 128, 512), shape(3, 96, 3, 40, 1000),
-                 shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow}) {
+                 shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow, rms}) {
     model::Gpt m(g, kernels::Precision::fp32, false);
     const GptSize s = gpt_size(g);
     EXPECT_EQ(s.params, m.layout().numel()) << g.describe();
@@ -89,6 +91,7 @@ TEST(MemoryEstimate, MoeCountsWhatARankHolds) {
                         Case{2, 4, {8}, true, false}, Case{2, 2, {4}, false, true}, Case{4, 2, {4, 8}, true, true}}) {
     auto g = shape(4, 64, 4, 32, 300);
     g.ffn_hidden_size = k.etp ? 96 : 0;  // --ffn-hidden-size in the split-expert cases
+    if (k.residual) g.normalization = model::NormKind::rmsnorm;  // and RMSNorm in the residual ones
     g.tensor_parallel = k.T;
     g.moe.num_experts = k.experts;
     g.moe.residual = k.residual;
@@ -313,6 +316,7 @@ TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
   for (int tp : {1, 3}) {
     model::GptConfig g = shape(3, 96, 3, 40, 1000);
     g.ffn_hidden_size = k.save & 1 ? 150 : 0;  // --ffn-hidden-size in some cases (divisible by T = 3)
+    if (k.save & 2) g.normalization = model::NormKind::rmsnorm;
     g.lora.rank = 4;
     g.lora.targets = k.targets;
     g.lora.modules_to_save = k.save;

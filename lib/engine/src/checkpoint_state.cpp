@@ -130,7 +130,8 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
 namespace {
 // A stored architecture with the keys added since written out as they were then: checkpoints
 // written before the position table was sized apart from --seq-length recorded its rows as
-// seq_length (the two were equal); before --ffn-hidden-size every MLP was 4 x hidden_size wide.
+// seq_length (the two were equal); before --ffn-hidden-size every MLP was 4 x hidden_size wide;
+// before --normalization every norm was a LayerNorm.
 nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("max_position_embeddings") && a.contains("seq_length"))
     a["max_position_embeddings"] = a["seq_length"];
@@ -138,6 +139,7 @@ nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("ffn_hidden_size") && a.contains("hidden_size") && a["hidden_size"].is_number_integer() &&
       a["hidden_size"].get<long long>() > 0 && a["hidden_size"].get<long long>() < (1LL << 28))
     a["ffn_hidden_size"] = 4 * a["hidden_size"].get<long long>();
+  if (a.is_object() && !a.contains("normalization")) a["normalization"] = "layernorm";
   return a;
 }
 }  // namespace
@@ -271,6 +273,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
                       {"hidden_size", mc.hidden_size},
                       {"num_attention_heads", mc.num_heads},
                       {"ffn_hidden_size", mc.ffn()},
+                      {"normalization", model::norm_name(mc.normalization)},
                       {"max_position_embeddings", mc.positions()},
                       {"padded_vocab_size", mc.padded_vocab()}};
   if (mc.moe.enabled(mc.num_layers)) {
@@ -303,6 +306,10 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
   c.hidden_size = field("hidden_size");
   c.num_heads = field("num_attention_heads");
   c.ffn_hidden_size = field("ffn_hidden_size");
+  if (a["normalization"] == "rmsnorm") c.normalization = model::NormKind::rmsnorm;
+  else if (a["normalization"] != "layernorm")
+    throw file_error(file, "has architecture.normalization " + json_excerpt(a["normalization"]) +
+                               ": layernorm or rmsnorm; the checkpoint is damaged or from a newer version");
   c.max_seq_length = field("max_position_embeddings");
   c.vocab_size = field("padded_vocab_size");
   c.vocab_multiple = 1;

@@ -54,6 +54,10 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
   same("--hidden-size", cfg.model.hidden_size, file, "hidden size", mc.hidden_size);
   same("--num-attention-heads", cfg.model.num_heads, file, "heads", mc.num_heads);
   same("--ffn-hidden-size", cfg.model.ffn(), file, "an MLP width of", mc.ffn());
+  if (cfg.model.normalization != mc.normalization)
+    throw config_error("--normalization", std::string("--normalization is ") + model::norm_name(cfg.model.normalization) +
+                                              " but " + file + " holds " + model::norm_name(mc.normalization) + " norms",
+                       "give the --normalization of the model the weights belong to");
   same("--vocab-file", cfg.model.padded_vocab(), file, "a padded vocabulary of", mc.padded_vocab());
   const int rows = mc.positions();
   if (cfg.model.max_position_embeddings > 0)

@@ -27,7 +27,7 @@ Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
   if (sequences < 1) throw Error("Decoder: need at least one sequence (got " + std::to_string(sequences) + ")");
   layout_ = Gpt::layout_for(cfg, 0, &t_);
   ops_ = kernels::cpu_ops();
-  norm_ = Norm(*ops_, C_);
+  norm_ = Norm(*ops_, C_, cfg.normalization);
   attention_ = Attention(*ops_, kernels::Precision::fp32, C_, NH_, C_);
   mlp_ = Mlp(*ops_, kernels::Precision::fp32, C_);
   len_.assign(sequences, 0);

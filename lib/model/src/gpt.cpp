@@ -45,7 +45,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
     emb_lora_a_ = a.offset - layout_.blocks()[a.block].offset;
     emb_lora_b_ = layout_.find("embedding.word_embeddings.lora_b.weight").offset - layout_.blocks()[a.block].offset;
   }
-  norm_ = Norm(*ops_, cfg_.hidden_size);
+  norm_ = Norm(*ops_, cfg_.hidden_size, cfg_.normalization);
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_);
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size);
   for (size_t l = 0; l < tensors_.layers.size(); ++l) {
@@ -229,6 +229,11 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   return recompute_ ? f : f * 0.75;
 }
 
+NormGrads Gpt::scratch_norm_grads(size_t at) const {
+  float* d = ws_->dnorm + at;
+  return {d, cfg_.normalization == NormKind::layernorm ? d + cfg_.hidden_size : nullptr};
+}
+
 // LinearHooks::Linear numbers the linears as LoraConfig::Target does.
 struct Gpt::LayerLora final : LinearHooks {
   Gpt& g;
@@ -316,8 +321,8 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   // lg, or into w.dnorm (ln1's weight and bias, then ln2's, C each): partial sums under sequence
   // parallelism, scratch for a frozen block.
   const bool scratch = sp || !lg;
-  const NormGrads dn1 = scratch ? NormGrads{w.dnorm, w.dnorm + C} : NormGrads{lg + o.ln1.weight, lg + o.ln1.bias};
-  const NormGrads dn2 = scratch ? NormGrads{w.dnorm + 2 * C, w.dnorm + 3 * C} : NormGrads{lg + o.ln2.weight, lg + o.ln2.bias};
+  const NormGrads dn1 = scratch ? scratch_norm_grads(0) : norm_grads(lg, o.ln1);
+  const NormGrads dn2 = scratch ? scratch_norm_grads(2 * C) : norm_grads(lg, o.ln2);
   LayerLora lora(*this, o, a);
   if (sp) ops_->zero(w.dnorm, 4 * C * sizeof(float));
   ops_->zero(w.dln, NC * sizeof(float));
@@ -341,9 +346,11 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   norm_.backward(NormWeights::at(lp, o.ln1), dn1, in, {a.ln1_mean, a.ln1_rstd}, dsl, dres, (int)n);
   if (sp && lg) {  // (a frozen block's norms: scratch, not reduced)
     tp_.reduce_partial_grads(w.dnorm, 4 * C);
-    const float* sums[4] = {w.dnorm, w.dnorm + C, w.dnorm + 2 * C, w.dnorm + 3 * C};
-    float* into[4] = {lg + o.ln1.weight, lg + o.ln1.bias, lg + o.ln2.weight, lg + o.ln2.bias};
-    for (int i = 0; i < 4; ++i) ops_->residual_forward(into[i], into[i], sums[i], C);
+    const NormGrads sums[2] = {dn1, dn2}, into[2] = {norm_grads(lg, o.ln1), norm_grads(lg, o.ln2)};
+    for (int i = 0; i < 2; ++i) {
+      ops_->residual_forward(into[i].weight, into[i].weight, sums[i].weight, C);
+      if (into[i].bias) ops_->residual_forward(into[i].bias, into[i].bias, sums[i].bias, C);
+    }
   }
 }
 
@@ -389,13 +396,14 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
     ops_->zero(dx, n * C * sizeof(float));
     // weight, bias: partial sums in w.dnorm under sequence parallelism; scratch when frozen
     const bool scratch = sp || !fg;
-    const NormGrads dn = scratch ? NormGrads{w.dnorm, w.dnorm + C} : NormGrads{fg + tensors_.final_norm.weight, fg + tensors_.final_norm.bias};
+    const NormGrads dn = scratch ? scratch_norm_grads(0) : norm_grads(fg, tensors_.final_norm);
     if (sp) ops_->zero(w.dnorm, 2 * C * sizeof(float));
     norm_.backward(nw, dn, x, {w.lnf_mean, w.lnf_rstd}, dsl, dx, (int)n);
     if (sp && fg) {
       tp_.reduce_partial_grads(w.dnorm, 2 * C);
-      ops_->residual_forward(fg + tensors_.final_norm.weight, fg + tensors_.final_norm.weight, w.dnorm, C);
-      ops_->residual_forward(fg + tensors_.final_norm.bias, fg + tensors_.final_norm.bias, w.dnorm + C, C);
+      const NormGrads into = norm_grads(fg, tensors_.final_norm);
+      ops_->residual_forward(into.weight, into.weight, dn.weight, C);
+      if (into.bias) ops_->residual_forward(into.bias, into.bias, dn.bias, C);
     }
   }
   return loss_sum;

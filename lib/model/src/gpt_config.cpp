@@ -155,7 +155,8 @@ std::string LoraConfig::module_list() const { return name_list(modules_to_save, 
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
          std::to_string(num_heads) + " heads, " +
-         (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) + "seq " +
+         (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) +
+         (normalization != NormKind::layernorm ? std::string(norm_name(normalization)) + ", " : std::string()) + "seq " +
          std::to_string(max_seq_length) +
          (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +

@@ -50,9 +50,9 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
     auto rel = [&](const std::string& n, std::vector<int64_t> s, bool wd, const Partition& part, const InitSpec& init) {
       return layout.add(p + n, std::move(s), wd, part, init).offset - base;
     };
-    o.ln1 = Norm::declare(layout, p + "input_layernorm", C, rep, base);
+    o.ln1 = Norm::declare(layout, p + "input_layernorm", C, rep, base, cfg.normalization);
     o.attn = Attention::declare(layout, p + "attention.", C, {qkv, row, rep}, w, w_out, base);
-    o.ln2 = Norm::declare(layout, p + "post_attention_layernorm", C, rep, base);
+    o.ln2 = Norm::declare(layout, p + "post_attention_layernorm", C, rep, base, cfg.normalization);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
     if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
     if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, F, {col, row, rep}, w, w_out, base);
@@ -98,7 +98,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
   layout.begin_block("final_norm");
   size_t base = layout.numel();
   found.final_block = static_cast<int>(layout.blocks().size()) - 1;
-  found.final_norm = Norm::declare(layout, "final_layernorm", C, rep, base);
+  found.final_norm = Norm::declare(layout, "final_layernorm", C, rep, base, cfg.normalization);
   if (cfg.lora.enabled())  // LoRA: the base model is frozen; the adapters and any modules to save train
     for (size_t b = 0; b < layout.blocks().size(); ++b) {
       const std::string& n = layout.blocks()[b].name;

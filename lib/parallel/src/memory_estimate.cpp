@@ -74,13 +74,14 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   s.tensor_parallel = cfg.tensor_parallel;
   s.expert_parallel = expert_parallel;
   s.embedding = Vp / P * C + T * C;  // wte (Vp/P, C), also the output head; wpe (T, C) whole
-  // ln1 (2C) + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 (2C) + fc (F*C + F)/P + fcproj C*F/P + C
-  s.layer = (4 * C * C + 3 * C + 2 * C * F + F) / P + 6 * C;
-  s.final_norm = 2 * C;
+  const uint64_t norm = cfg.normalization == model::NormKind::layernorm ? 2 * C : C;  // weight (and bias)
+  // ln1 + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 + fc (F*C + F)/P + fcproj C*F/P + C
+  s.layer = (4 * C * C + 3 * C + 2 * C * F + F) / P + 2 * C + 2 * norm;
+  s.final_norm = norm;
   // An MoE layer: the attention and norms, the router (E, C) whole, a residual MoE's dense MLP and
   // coefficient (2C + 2); each expert fc (F*C + F) + fcproj (C*F) + C, split like the MLP with
   // expert tensor parallelism.
-  const uint64_t attention = (4 * C * C + 3 * C) / P + 5 * C, mlp = (2 * C * F + F) / P + C;
+  const uint64_t attention = (4 * C * C + 3 * C) / P + C + 2 * norm, mlp = (2 * C * F + F) / P + C;
   s.expert = cfg.moe.expert_tensor_parallel ? mlp : 2 * C * F + F + C;
   s.dense = s.embedding + s.final_norm;
   uint64_t largest_moe = 0;
@@ -447,6 +448,7 @@ nlohmann::json MemoryEstimate::json() const {
             {"hidden_size", model.hidden_size},
             {"num_attention_heads", model.num_heads},
             {"ffn_hidden_size", model.ffn()},
+            {"normalization", model::norm_name(model.normalization)},
             {"seq_length", model.max_seq_length},
             {"max_position_embeddings", model.positions()},
             {"vocab_size", model.vocab_size},

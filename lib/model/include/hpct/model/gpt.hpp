@@ -119,6 +119,7 @@ struct GptConfig {
   // --ffn-hidden-size: the hidden width of every MLP (dense, residual and each expert's); 0 is
   // Megatron's default, 4 x hidden_size. ffn() is the width in use.
   int ffn_hidden_size = 0;
+  NormKind normalization = NormKind::layernorm;  // --normalization: every norm's kind (model/norm.hpp)
   int max_seq_length = 64;  // the longest sequence trained on (--seq-length)
   int max_position_embeddings = 0;  // learned position table rows (Megatron's flag); 0: max_seq_length
   int vocab_size = 256;     // tokenizer's vocabulary
@@ -347,6 +348,13 @@ class Gpt {
     w.projb = row_bias(w.projb);
     return w;
   }
+  /// A norm's gradients in a block's gradients g (its bias's null without one).
+  static NormGrads norm_grads(float* g, const NormTensors& t) {
+    return {g + t.weight, t.bias == NormTensors::none ? nullptr : g + t.bias};
+  }
+  /// A norm's gradients in the workspace's dnorm from `at` (partial sums, or scratch when frozen):
+  /// weight then bias, C each (bias null without one).
+  NormGrads scratch_norm_grads(size_t at) const;
   /// Layer o's LoRA adapters (LinearHooks over lora_forward / lora_backward).
   struct LayerLora;
   // ---- LoRA (lora.cpp) ----
