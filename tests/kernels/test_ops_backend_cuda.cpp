@@ -150,6 +150,25 @@ TEST(CudaOps, LayerNormOverSeveralRowChunks) {
   expect_close("layernorm dbias", g.get(d_db, C), db);
 }
 
+// SwiGLU on the device against the CPU's: 300 rows of [gate | up], F = 50; expf against the CPU's
+// exp and one product per element: default tolerances.
+TEST(CudaOps, SwiGlu) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int R = 300, F = 50;
+  Vec inp = randn((size_t)R * 2 * F, 1, 2.0f), dout = randn((size_t)R * F, 2), out((size_t)R * F),
+      dinp = randn((size_t)R * 2 * F, 3);
+  float* d_inp = g.put(inp);
+  float* d_out = g.put(out);
+  float* d_dinp = g.put(dinp);
+  cpu->swiglu_forward(out.data(), inp.data(), R, F);
+  cpu->swiglu_backward(dinp.data(), inp.data(), dout.data(), R, F);
+  g.be->swiglu_forward(d_out, d_inp, R, F);
+  g.be->swiglu_backward(d_dinp, d_inp, g.put(dout), R, F);
+  expect_close("swiglu out", g.get(d_out, out.size()), out);
+  expect_close("swiglu dinp", g.get(d_dinp, dinp.size()), dinp);
+}
+
 // RMSNorm on the device against the CPU's, with LayerNorm's sizes, inputs and tolerances.
 TEST(CudaOps, RmsNormOverSeveralRowChunks) {
   NEED_GPU(g);

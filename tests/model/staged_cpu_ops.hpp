@@ -77,6 +77,10 @@ class StagedCpuOps final : public kernels::OpsBackend {
   }
   void dropout(float* x, size_t rows, int C, const kernels::Dropout& d) override { in_->dropout(x, rows, C, d); }
   void gelu_forward(float* out, const float* inp, size_t n) override { in_->gelu_forward(out, inp, n); }
+  void swiglu_forward(float* out, const float* inp, size_t rows, int F) override { in_->swiglu_forward(out, inp, rows, F); }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) override {
+    in_->swiglu_backward(dinp, inp, dout, rows, F);
+  }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
     in_->gelu_backward(dinp, inp, dout, n);
   }

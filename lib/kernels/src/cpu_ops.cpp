@@ -508,6 +508,41 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   });
 }
 
+void swiglu_forward(float* out, const float* inp, size_t rows, int F) {
+  require_backend("swiglu_forward");
+  require(F > 0, "swiglu_forward", "need F > 0");
+  for_chunks("swiglu_forward", rows, [=](size_t lo, size_t hi) {
+    for (size_t r = lo; r < hi; ++r) {
+      const float* g = inp + r * 2 * F;
+      const float* u = g + F;
+      float* o = out + r * F;
+#pragma omp simd
+      for (int j = 0; j < F; ++j) o[j] = g[j] / (1.0f + exp_simd(-g[j])) * u[j];
+    }
+  });
+}
+
+// silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x).
+void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) {
+  require_backend("swiglu_backward");
+  require(F > 0, "swiglu_backward", "need F > 0");
+  for_chunks("swiglu_backward", rows, [=](size_t lo, size_t hi) {
+    for (size_t r = lo; r < hi; ++r) {
+      const float* g = inp + r * 2 * F;
+      const float* u = g + F;
+      const float* d = dout + r * F;
+      float* dg = dinp + r * 2 * F;
+      float* du = dg + F;
+#pragma omp simd
+      for (int j = 0; j < F; ++j) {
+        const float s = 1.0f / (1.0f + exp_simd(-g[j]));
+        dg[j] += d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+        du[j] += d[j] * g[j] * s;
+      }
+    }
+  });
+}
+
 void dropout(float* x, size_t rows, int C, const Dropout& d) {
   require_backend("dropout");
   require(C > 0 && d.T > 0 && d.p >= 0.0f && d.p < 1.0f, "dropout",

@@ -93,6 +93,12 @@ class CpuOps final : public OpsBackend {
   }
   void dropout(float* x, size_t rows, int C, const Dropout& d) override { kernels::dropout(x, rows, C, d); }
   void gelu_forward(float* out, const float* inp, size_t n) override { kernels::gelu_forward(out, inp, n); }
+  void swiglu_forward(float* out, const float* inp, size_t rows, int F) override {
+    kernels::swiglu_forward(out, inp, rows, F);
+  }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) override {
+    kernels::swiglu_backward(dinp, inp, dout, rows, F);
+  }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
     kernels::gelu_backward(dinp, inp, dout, n);
   }

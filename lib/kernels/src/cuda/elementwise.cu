@@ -42,6 +42,24 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   }
 }
 
+// SwiGLU: element i of the (rows, F) output reads gate and up of its row.
+__global__ void swiglu_forward_kernel(float* out, const float* inp, size_t n, int F) {
+  HPCT_GRID_STRIDE(i, n) {
+    const size_t r = i / F, j = i % F;
+    const float g = inp[r * 2 * F + j], u = inp[r * 2 * F + F + j];
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+__global__ void swiglu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n, int F) {
+  HPCT_GRID_STRIDE(i, n) {
+    const size_t r = i / F, j = i % F, at = r * 2 * F + j;
+    const float g = inp[at], u = inp[at + F], s = 1.0f / (1.0f + expf(-g));
+    dinp[at] += dout[i] * u * s * (1.0f + g * (1.0f - s));
+    dinp[at + F] += dout[i] * g * s;
+  }
+}
+
 __global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
   HPCT_GRID_STRIDE(i, n)
     out[i] = a[i] + b[i];
@@ -124,6 +142,20 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, c
   if (n == 0) return;
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
   check_launch("gelu_backward");
+}
+
+void swiglu_forward(float* out, const float* inp, size_t rows, int F, cudaStream_t stream) {
+  const size_t n = rows * (size_t)F;
+  if (n == 0) return;
+  swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n, F);
+  check_launch("swiglu_forward");
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F, cudaStream_t stream) {
+  const size_t n = rows * (size_t)F;
+  if (n == 0) return;
+  swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n, F);
+  check_launch("swiglu_backward");
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {

@@ -278,6 +278,12 @@ class CudaOps final : public OpsBackend {
 
   void dropout(float* x, size_t rows, int C, const Dropout& d) override { cuda::dropout(x, rows, C, d, stream_); }
   void gelu_forward(float* out, const float* inp, size_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
+  void swiglu_forward(float* out, const float* inp, size_t rows, int F) override {
+    cuda::swiglu_forward(out, inp, rows, F, stream_);
+  }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) override {
+    cuda::swiglu_backward(dinp, inp, dout, rows, F, stream_);
+  }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
     cuda::gelu_backward(dinp, inp, dout, n, stream_);
   }

@@ -43,6 +43,10 @@ void adamw_update(float* param /*(n)*/, const float* grad /*(n)*/, float* m /*(n
 void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/,
                        const float* weight /*(C)*/, const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
 
+/// SwiGLU on rows of [gate | up], as hpct::kernels::swiglu_forward; backward accumulates.
+void swiglu_forward(float* out /*(rows,F)*/, const float* inp /*(rows,2F)*/, size_t rows, int F, cudaStream_t stream);
+void swiglu_backward(float* dinp /*(rows,2F)*/, const float* inp /*(rows,2F)*/, const float* dout /*(rows,F)*/,
+                     size_t rows, int F, cudaStream_t stream);
 /// RMSNorm, eps 1e-5, saving rstd, as hpct::kernels::rmsnorm_forward.
 void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/, const float* weight /*(C)*/,
                      int N, int C, cudaStream_t stream);

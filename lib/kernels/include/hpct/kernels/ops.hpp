@@ -90,6 +90,12 @@ void dropout(float* x /*(rows,C)*/, size_t rows, int C, const Dropout& d);
 /// GELU, tanh approximation (GPT-2).
 void gelu_forward(float* out /*(n)*/, const float* inp /*(n)*/, size_t n);
 void gelu_backward(float* dinp /*(n)*/, const float* inp /*(n)*/, const float* dout /*(n)*/, size_t n);
+/// SwiGLU (Shazeer 2020; Llama's MLP, Megatron's --swiglu): each row of inp is [gate | up], F wide
+/// each; out = silu(gate) * up, silu(x) = x * sigmoid(x).
+void swiglu_forward(float* out /*(rows,F)*/, const float* inp /*(rows,2F)*/, size_t rows, int F);
+/// Accumulates: d(gate) += dout * up * silu'(gate), d(up) += dout * silu(gate).
+void swiglu_backward(float* dinp /*(rows,2F)*/, const float* inp /*(rows,2F)*/, const float* dout /*(rows,F)*/,
+                     size_t rows, int F);
 
 /// out = a + b; out may alias a or b.
 void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, size_t n);

@@ -98,6 +98,9 @@ class OpsBackend {
   virtual void dropout(float* x, size_t rows, int C, const Dropout& d) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  /// SwiGLU on rows of [gate | up] (ops.hpp); backward accumulates into dinp.
+  virtual void swiglu_forward(float* out, const float* inp, size_t rows, int F) = 0;
+  virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
   virtual void add_scaled(float* y, const float* x, float a, size_t n) = 0;
   /// As ops.hpp, except that targets are checked by the caller on a device backend (a kernel
