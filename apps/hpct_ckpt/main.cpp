@@ -85,6 +85,8 @@ int export_safetensors(const std::string& path, const std::string& out) {
   if (mc.normalization != model::NormKind::layernorm)
     throw file_error(file, std::string("holds a model with ") + model::norm_name(mc.normalization) +
                                "; export writes GPT-2, whose norms are LayerNorm (a Llama export is not implemented)");
+  if (mc.mlp != model::MlpKind::gelu)
+    throw file_error(file, "holds a model with SwiGLU MLPs; export writes GPT-2, whose MLPs are GELU (a Llama export is not implemented)");
   if (mc.moe.enabled(mc.num_layers))
     throw file_error(file, "holds a mixture-of-experts model; export writes GPT-2, which has one MLP per layer");
   const auto& cfg = stored.meta.config;

@@ -158,13 +158,22 @@ void batched_steps(const GptConfig& c) {
 }
 
 TEST(Decoder, BatchedStepsEqualSeparateOnes) { batched_steps(tiny()); }
-// The model options read through the same components: RMSNorm, an MLP 40 wide.
+// The model options read through the same components: RMSNorm, an MLP 40 wide, SwiGLU (also in
+// the experts of a residual MoE).
 TEST(Decoder, RmsNormAndMlpWidthAreTheTrainingModels) {
   GptConfig c = tiny();
   c.normalization = model::NormKind::rmsnorm;
   c.ffn_hidden_size = 40;
   whole_sequence_loss(c);
   cached_greedy(c);
+  c.mlp = model::MlpKind::swiglu;
+  whole_sequence_loss(c);
+  cached_greedy(c);
+  GptConfig m = tiny_moe(2, true);
+  m.mlp = model::MlpKind::swiglu;
+  m.ffn_hidden_size = 24;
+  whole_sequence_loss(m);
+  batched_steps(m);
 }
 // MoE: a token's routes do not depend on the other sequences of the step (nothing is dropped).
 TEST(Decoder, MoeBatchedStepsEqualSeparateOnes) { batched_steps(tiny_moe(2, true)); }

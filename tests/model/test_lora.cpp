@@ -20,8 +20,10 @@ namespace {
 const char* kLinear[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
 constexpr unsigned kAll = 0x1F;  // the four linears and the embedding
 
-model::GptConfig tiny(int rank = 0, unsigned targets = 0xF) {
+// llama: RMSNorm and SwiGLU MLPs 24 wide (fc's LoRA B is then 48 x rank: gate and up).
+model::GptConfig tiny(int rank = 0, unsigned targets = 0xF, bool llama = false) {
   model::GptConfig c;
+  if (llama) c.normalization = model::NormKind::rmsnorm, c.mlp = model::MlpKind::swiglu, c.ffn_hidden_size = 24;
   c.num_layers = 2;
   c.hidden_size = 16;
   c.num_heads = 2;
@@ -140,11 +142,11 @@ TEST(Lora, BackwardMatchesFiniteDifferences) {
 // and the adapters' gradients follow from the merged weight's gradient G: dB = s G A^T,
 // dA = s B^T G (the embedding: dA = s G B, dB = s G^T A). fp32 sums in different orders: 1e-5
 // relative on the loss, 1e-4 of the largest entry on the gradients.
-TEST(Lora, EqualsTheMergedModel) {
+void check_merged(bool llama) {
   Batch d;
-  const model::GptConfig cfg = tiny(3, kAll);
+  const model::GptConfig cfg = tiny(3, kAll, llama);
   const double s = cfg.lora.scale();
-  model::Gpt base(tiny(), kernels::Precision::fp32, false), m(cfg, kernels::Precision::fp32, false);
+  model::Gpt base(tiny(0, 0xF, llama), kernels::Precision::fp32, false), m(cfg, kernels::Precision::fp32, false);
   std::vector<float> bp(base.layout().numel());
   base.init_params(bp.data(), 3);
   std::vector<float> p = lora_params(m, base, bp, false), g(p.size(), 0.0f);
@@ -228,6 +230,9 @@ TEST(Lora, EqualsTheMergedModel) {
   for (size_t k = 0; k < wantA.size(); ++k) ASSERT_NEAR(dA[k], wantA[k], 1e-4 * scale) << "embedding lora_a[" << k << "]";
   for (size_t k = 0; k < wantB.size(); ++k) ASSERT_NEAR(dB[k], wantB[k], 1e-4 * scale) << "embedding lora_b[" << k << "]";
 }
+
+TEST(Lora, EqualsTheMergedModel) { check_merged(false); }
+TEST(Lora, EqualsTheMergedModelWithRmsNormAndSwiGlu) { check_merged(true); }
 
 // --lora-modules-to-save: the named base blocks train in full and are stored with the adapters.
 TEST(Lora, ModulesToSaveTrainInFull) {

@@ -1,6 +1,6 @@
-// model/mlp.hpp: the feed-forward component every dense layer, residual MoE and expert uses. Its
-// tensors as declared (names, shapes, splits, initialisation), its forward against a plain loop,
-// its backward against finite differences, and the hooks (LoRA's) called around each linear.
+// model/mlp.hpp: the feed-forward component every dense layer, residual MoE and expert uses, GELU
+// and SwiGLU. Its tensors as declared (names, shapes, splits, initialisation), its forward against a
+// plain loop, its backward against finite differences, and the hooks (LoRA's) around each linear.
 #include "hpct/model/mlp.hpp"
 
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@ TEST(Mlp, DeclaresItsTensors) {
   const size_t base = 0;
   const Partition col{0, 2, 1, 1}, row{1, 2, 1, 1}, rep{-1, 2, 1, 1};
   const MlpTensors t = Mlp::declare(L, "layers.0.mlp.", 8, 32, {col, row, rep}, InitSpec::normal(0.02),
-                                    InitSpec::normal(0.01), base);
+                                    InitSpec::normal(0.01), base, MlpKind::gelu);
   const auto& v = L.tensors();
   ASSERT_EQ(v.size(), 5u);
   EXPECT_EQ(v[1].name, "layers.0.mlp.dense_h_to_4h.weight");
@@ -43,6 +43,20 @@ TEST(Mlp, DeclaresItsTensors) {
   EXPECT_EQ(t.fcb, 3u + 128);
   EXPECT_EQ(t.projw, 3u + 128 + 16);
   EXPECT_EQ(t.projb, 3u + 128 + 16 + 128);
+  // SwiGLU: fc holds gate and up (2F rows), split by those sections (stride 2); fc2 as GELU's.
+  ParamLayout G;
+  G.begin_block("layers.0");
+  const MlpTensors g = Mlp::declare(G, "layers.0.mlp.", 8, 32, {col, row, rep}, InitSpec::normal(0.02),
+                                    InitSpec::normal(0.01), 0, MlpKind::swiglu);
+  const auto& gv = G.tensors();
+  ASSERT_EQ(gv.size(), 4u);
+  EXPECT_EQ(gv[0].shape, (std::vector<int64_t>{64, 8}));
+  EXPECT_EQ(gv[0].part.stride, 2);
+  EXPECT_EQ(gv[0].numel, 32u * 8);  // this rank's half of gate and of up
+  EXPECT_EQ(gv[1].shape, (std::vector<int64_t>{64}));
+  EXPECT_EQ(gv[1].part.stride, 2);
+  EXPECT_EQ(gv[2].shape, (std::vector<int64_t>{8, 32}));
+  EXPECT_EQ(g.projw, 256u + 32);
 }
 
 struct Recorder final : LinearHooks {
@@ -55,6 +69,8 @@ struct Recorder final : LinearHooks {
 
 struct Case {
   int C = 4, F = 6, R = 3;
+  MlpKind kind = MlpKind::gelu;
+  int W() const { return kind == MlpKind::swiglu ? 2 * F : F; }  // fc's output width
   std::vector<float> fcw, fcb, projw, projb, x;
   Case() {
     Rng rng(7);
@@ -62,20 +78,26 @@ struct Case {
       v.resize(n);
       for (auto& e : v) e = static_cast<float>(rng.normal() * 0.5);
     };
-    fill(fcw, F * C), fill(fcb, F), fill(projw, C * F), fill(projb, C), fill(x, R * C);
+    fill(fcw, 2 * F * C), fill(fcb, 2 * F), fill(projw, C * F), fill(projb, C), fill(x, R * C);  // room for SwiGLU's
   }
   MlpWeights w() const { return {fcw.data(), fcb.data(), projw.data(), projb.data()}; }
 };
 
-// out = GELU(x fc^T + b) fc2^T + b2, GELU's tanh form (GPT-2's), in double.
+// out = act(x fc^T + b) fc2^T + b2 in double: GELU's tanh form (GPT-2's), or SwiGLU's silu(gate) *
+// up with gate = fc's rows 0..F-1 and up = rows F..2F-1.
 std::vector<double> reference(const Case& k) {
   std::vector<double> out(k.R * k.C);
   for (int r = 0; r < k.R; ++r) {
-    std::vector<double> h(k.F);
-    for (int f = 0; f < k.F; ++f) {
+    std::vector<double> pre(k.W()), h(k.F);
+    for (int f = 0; f < k.W(); ++f) {
       double s = k.fcb[f];
       for (int c = 0; c < k.C; ++c) s += double(k.x[r * k.C + c]) * k.fcw[f * k.C + c];
-      h[f] = 0.5 * s * (1 + std::tanh(std::sqrt(2 / M_PI) * (s + 0.044715 * s * s * s)));
+      pre[f] = s;
+    }
+    for (int f = 0; f < k.F; ++f) {
+      const double s = pre[f];
+      h[f] = k.kind == MlpKind::swiglu ? s / (1 + std::exp(-s)) * pre[k.F + f]
+                                       : 0.5 * s * (1 + std::tanh(std::sqrt(2 / M_PI) * (s + 0.044715 * s * s * s)));
     }
     for (int c = 0; c < k.C; ++c) {
       double s = k.projb[c];
@@ -87,19 +109,21 @@ std::vector<double> reference(const Case& k) {
 }
 
 double loss_of(const Mlp& m, const Case& k) {  // sum of out * (index + 1): every output weighs in
-  std::vector<float> fch(k.R * k.F), act(k.R * k.F), out(k.R * k.C);
+  std::vector<float> fch(k.R * k.W()), act(k.R * k.F), out(k.R * k.C);
   m.forward(k.w(), k.x.data(), fch.data(), act.data(), out.data(), k.R, k.F, nullptr);
   double s = 0;
   for (size_t i = 0; i < out.size(); ++i) s += double(out[i]) * double(i + 1);
   return s;
 }
 
-TEST(Mlp, ForwardBackwardAndHooks) {
+void forward_backward_and_hooks(MlpKind kind) {
   auto ops = kernels::cpu_ops();
   Case k;
-  const Mlp m(*ops, kernels::Precision::fp32, k.C);
+  k.kind = kind;
+  const Mlp m(*ops, kernels::Precision::fp32, k.C, kind);
+  EXPECT_EQ(m.fc_width(k.F), k.W());
   // Forward against the double loop: fp32 GEMMs of 4-6 terms, relative 1e-5.
-  std::vector<float> fch(k.R * k.F), act(k.R * k.F), out(k.R * k.C);
+  std::vector<float> fch(k.R * k.W()), act(k.R * k.F), out(k.R * k.C);
   Recorder rec;
   m.forward(k.w(), k.x.data(), fch.data(), act.data(), out.data(), k.R, k.F, &rec);
   const auto ref = reference(k);
@@ -107,7 +131,7 @@ TEST(Mlp, ForwardBackwardAndHooks) {
   // Backward of loss = sum out_i (i + 1): dout_i = i + 1.
   std::vector<float> dout(out.size()), dx(k.x.size(), 0.0f), dfch(fch.size()), dact(fch.size());
   for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(i + 1);
-  std::vector<float> gfcw(k.fcw.size(), 0.0f), gfcb(k.F, 0.0f), gprojw(k.projw.size(), 0.0f), gprojb(k.C, 0.0f);
+  std::vector<float> gfcw(k.fcw.size(), 0.0f), gfcb(k.fcb.size(), 0.0f), gprojw(k.projw.size(), 0.0f), gprojb(k.C, 0.0f);
   m.backward(k.w(), {gfcw.data(), gfcb.data(), gprojw.data(), gprojb.data()}, k.x.data(), fch.data(), act.data(),
              dout.data(), dx.data(), k.R, dfch.data(), dact.data(), k.F, &rec);
   EXPECT_EQ(rec.calls, (std::vector<std::string>{"f2:3", "f3:3", "b3:3", "b2:3"}));  // fc, fc2
@@ -132,6 +156,9 @@ TEST(Mlp, ForwardBackwardAndHooks) {
   check(k.projw, gprojw, "fc2.weight");
   check(k.projb, gprojb, "fc2.bias");
 }
+
+TEST(Mlp, GeluForwardBackwardAndHooks) { forward_backward_and_hooks(MlpKind::gelu); }
+TEST(Mlp, SwiGluForwardBackwardAndHooks) { forward_backward_and_hooks(MlpKind::swiglu); }
 
 }  // namespace
 

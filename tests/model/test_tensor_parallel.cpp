@@ -49,12 +49,14 @@ namespace {
 struct Shape {
   int ffn = 0;
   model::NormKind norm = model::NormKind::layernorm;
+  model::MlpKind mlp = model::MlpKind::gelu;
 };
 
 model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, Shape shape = {}) {
   model::GptConfig c;
   c.ffn_hidden_size = shape.ffn;
   c.normalization = shape.norm;
+  c.mlp = shape.mlp;
   c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
@@ -114,7 +116,8 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
   ref.init_params(rp.data(), 42);
   par.init_params(pp.data(), 42);
   if (etp && T > 1)
-    EXPECT_EQ(par.layout().find("layers.1.mlp.experts.0.dense_h_to_4h.weight").numel, (ffn ? ffn : 64u) * 16 / T)
+    EXPECT_EQ(par.layout().find("layers.1.mlp.experts.0.dense_h_to_4h.weight").numel,
+              (shape.mlp == model::MlpKind::swiglu ? 2u : 1u) * rc.ffn() * 16 / T)
         << "experts not split";
   const std::vector<float> assembled = assemble(par.layout(), pp, w);
   ASSERT_EQ(assembled.size(), rp.size());
@@ -191,6 +194,13 @@ TEST(TensorParallel, ExpertTensorParallelResidualMoeWithMlpWidthMatchesUnsplitMo
 // --normalization rmsnorm: with sequence parallelism the norms' weight gradients are partial sums.
 TEST(TensorParallel, SequenceParallelRmsNormGptMatchesUnsplitModel) {
   check_model(false, false, true, false, false, false, false, {0, model::NormKind::rmsnorm});
+}
+// --swiglu: fc's rows are gate then up, each rank holding its part of both (a stride-2 split).
+TEST(TensorParallel, SequenceParallelSwiGluGptMatchesUnsplitModel) {
+  check_model(false, false, true, false, false, false, false, {24, model::NormKind::rmsnorm, model::MlpKind::swiglu});
+}
+TEST(TensorParallel, ExpertTensorParallelResidualSwiGluMoeMatchesUnsplitModel) {
+  check_model(true, true, false, true, false, false, false, {24, model::NormKind::layernorm, model::MlpKind::swiglu});
 }
 TEST(TensorParallel, RmsNormMoeMatchesUnsplitModel) {
   check_model(true, false, false, false, false, false, false, {0, model::NormKind::rmsnorm});

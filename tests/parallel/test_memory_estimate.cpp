@@ -49,8 +49,10 @@ TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
   narrow.ffn_hidden_size = 200;  // --ffn-hidden-size
   auto rms = shape(2, 64, 2, 64, 256);
   rms.normalization = model::NormKind::rmsnorm;  // norms without a bias
+  auto glu = shape(2, 128, 2, 64, 256);
+  glu.mlp = model::MlpKind::swiglu;  // fc 2F x C, F = int(4 x 128 x 2/3 / 64) x 64 = 320
   for (auto g : {shape(2, 64, 2, 64, 256), shape(4, 128, 4, 128, 512), shape(3, 96, 3, 40, 1000),
-                 shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow, rms}) {
+                 shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow, rms, glu}) {
     model::Gpt m(g, kernels::Precision::fp32, false);
     const GptSize s = gpt_size(g);
     EXPECT_EQ(s.params, m.layout().numel()) << g.describe();
@@ -92,6 +94,7 @@ TEST(MemoryEstimate, MoeCountsWhatARankHolds) {
     auto g = shape(4, 64, 4, 32, 300);
     g.ffn_hidden_size = k.etp ? 96 : 0;  // --ffn-hidden-size in the split-expert cases
     if (k.residual) g.normalization = model::NormKind::rmsnorm;  // and RMSNorm in the residual ones
+    if (k.EP == 2) g.mlp = model::MlpKind::swiglu;  // and SwiGLU at EP 2
     g.tensor_parallel = k.T;
     g.moe.num_experts = k.experts;
     g.moe.residual = k.residual;
@@ -317,6 +320,10 @@ TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
     model::GptConfig g = shape(3, 96, 3, 40, 1000);
     g.ffn_hidden_size = k.save & 1 ? 150 : 0;  // --ffn-hidden-size in some cases (divisible by T = 3)
     if (k.save & 2) g.normalization = model::NormKind::rmsnorm;
+    if (k.targets & 4) {  // LoRA on a SwiGLU fc: B is 2F x r (its default width, 256, does not split over 3)
+      g.mlp = model::MlpKind::swiglu;
+      if (!g.ffn_hidden_size) g.ffn_hidden_size = 192;
+    }
     g.lora.rank = 4;
     g.lora.targets = k.targets;
     g.lora.modules_to_save = k.save;

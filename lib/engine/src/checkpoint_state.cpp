@@ -131,7 +131,7 @@ namespace {
 // A stored architecture with the keys added since written out as they were then: checkpoints
 // written before the position table was sized apart from --seq-length recorded its rows as
 // seq_length (the two were equal); before --ffn-hidden-size every MLP was 4 x hidden_size wide;
-// before --normalization every norm was a LayerNorm.
+// before --normalization every norm was a LayerNorm, before --swiglu every MLP a GELU one.
 nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("max_position_embeddings") && a.contains("seq_length"))
     a["max_position_embeddings"] = a["seq_length"];
@@ -140,6 +140,7 @@ nlohmann::json with_current_keys(nlohmann::json a) {
       a["hidden_size"].get<long long>() > 0 && a["hidden_size"].get<long long>() < (1LL << 28))
     a["ffn_hidden_size"] = 4 * a["hidden_size"].get<long long>();
   if (a.is_object() && !a.contains("normalization")) a["normalization"] = "layernorm";
+  if (a.is_object() && !a.contains("swiglu")) a["swiglu"] = false;
   return a;
 }
 }  // namespace
@@ -274,6 +275,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
                       {"num_attention_heads", mc.num_heads},
                       {"ffn_hidden_size", mc.ffn()},
                       {"normalization", model::norm_name(mc.normalization)},
+                      {"swiglu", mc.mlp == model::MlpKind::swiglu},
                       {"max_position_embeddings", mc.positions()},
                       {"padded_vocab_size", mc.padded_vocab()}};
   if (mc.moe.enabled(mc.num_layers)) {
@@ -305,6 +307,9 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
   c.num_layers = field("num_layers");
   c.hidden_size = field("hidden_size");
   c.num_heads = field("num_attention_heads");
+  if (!a["swiglu"].is_boolean())
+    throw file_error(file, "has architecture.swiglu " + json_excerpt(a["swiglu"]) + ", not true or false: the checkpoint is damaged");
+  if (a["swiglu"].get<bool>()) c.mlp = model::MlpKind::swiglu;
   c.ffn_hidden_size = field("ffn_hidden_size");
   if (a["normalization"] == "rmsnorm") c.normalization = model::NormKind::rmsnorm;
   else if (a["normalization"] != "layernorm")

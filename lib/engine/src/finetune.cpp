@@ -53,6 +53,10 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
                        "give the --mlp-type of the model the weights belong to");
   same("--hidden-size", cfg.model.hidden_size, file, "hidden size", mc.hidden_size);
   same("--num-attention-heads", cfg.model.num_heads, file, "heads", mc.num_heads);
+  if (cfg.model.mlp != mc.mlp)
+    throw config_error("--swiglu", std::string(cfg.model.mlp == model::MlpKind::swiglu ? "--swiglu is given" : "--swiglu is not given") +
+                                       " but " + file + " holds " + (mc.mlp == model::MlpKind::swiglu ? "SwiGLU" : "GELU") + " MLPs",
+                       "give the --swiglu of the model the weights belong to");
   same("--ffn-hidden-size", cfg.model.ffn(), file, "an MLP width of", mc.ffn());
   if (cfg.model.normalization != mc.normalization)
     throw config_error("--normalization", std::string("--normalization is ") + model::norm_name(cfg.model.normalization) +

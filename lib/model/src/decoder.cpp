@@ -29,7 +29,7 @@ Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
   ops_ = kernels::cpu_ops();
   norm_ = Norm(*ops_, C_, cfg.normalization);
   attention_ = Attention(*ops_, kernels::Precision::fp32, C_, NH_, C_);
-  mlp_ = Mlp(*ops_, kernels::Precision::fp32, C_);
+  mlp_ = Mlp(*ops_, kernels::Precision::fp32, C_, cfg.mlp);
   len_.assign(sequences, 0);
   const size_t cache = (size_t)L_ * sequences * T_ * C_;
   k_.assign(cache, 0.0f);
@@ -77,7 +77,7 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
   const int R = static_cast<int>(rows.size()), C = C_, F = cfg_.ffn();
   const size_t RC = (size_t)R * C;
   grow(x_, RC), grow(ln_, RC), grow(qkv_, 3 * RC), grow(atty_, RC), grow(res_, RC);
-  grow(fch_, (size_t)R * F), grow(fcg_, (size_t)R * F), grow(mean_, R), grow(rstd_, R);
+  grow(fch_, (size_t)R * mlp_.fc_width(F)), grow(fcg_, (size_t)R * F), grow(mean_, R), grow(rstd_, R);
   const int V = cfg_.vocab_size;
   const float* wte = block(t_.embedding_block) + t_.wte;
   const float* wpe = block(t_.position_block) + t_.wpe;
@@ -119,7 +119,7 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
 
 void Decoder::mlp(const MlpWeights& w, const float* in, float* out, int R) {
   const int F = cfg_.ffn();
-  grow(fch_, (size_t)R * F), grow(fcg_, (size_t)R * F);
+  grow(fch_, (size_t)R * mlp_.fc_width(F)), grow(fcg_, (size_t)R * F);
   mlp_.forward(w, in, fch_.data(), fcg_.data(), out, R, F, nullptr);
 }
 

@@ -47,7 +47,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   }
   norm_ = Norm(*ops_, cfg_.hidden_size, cfg_.normalization);
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_);
-  mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size);
+  mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size, cfg_.mlp);
   for (size_t l = 0; l < tensors_.layers.size(); ++l) {
     const Block& o = tensors_.layers[l];
     if (o.experts == 0) continue;
@@ -90,15 +90,15 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->T = T;
   // Tensor-parallel parts: attention channels Cl = C/T, heads NH/T, MLP width F = 4C/T, Vl = Vp/T.
   const size_t N = (size_t)B * T, C = cfg_.hidden_size, L = cfg_.num_layers;
-  const size_t Cl = Cl_, F = Fl_, Vl = Vl_;
+  const size_t Cl = Cl_, F = Fl_, W = mlp_.fc_width(Fl_), Vl = Vl_;  // W: fc's output (SwiGLU: 2F)
   // Sequence parallelism: the residual stream, res2, dres and the norms' statistics hold n = N/T
   // rows; the gathered norm outputs, dfull (gathered gradients) and dslice (scattered) are extra.
   const size_t n = tp_.local_rows(N), sp = tp_.sequence_parallel() ? 1 : 0;
   const size_t nsets = recompute_ ? 1 : L;
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
-  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + attention_.state_floats(B, T) + N * F * 2;
+  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + attention_.state_floats(B, T) + N * (W + F);
   size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
-                 N * F * 2 + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
+                 N * (W + F) + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
@@ -117,7 +117,7 @@ void Gpt::ensure_workspace(int B, int T) {
     a.ln2 = take(N * C);
     a.ln2_mean = take(n);
     a.ln2_rstd = take(n);
-    a.fch = take(N * F);
+    a.fch = take(N * W);
     a.fch_gelu = take(N * F);
   }
   ws->res = take((L + 1) * n * C);
@@ -128,7 +128,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->dln = take(N * C);
   ws->datty = take(N * Cl);
   ws->dqkv = take(N * 3 * Cl);
-  ws->dfch = take(N * F);
+  ws->dfch = take(N * W);
   ws->dfch_gelu = take(N * F);
   ws->logits = take((size_t)kHeadRows * Vl);
   ws->losses = take(N);
@@ -141,14 +141,14 @@ void Gpt::ensure_workspace(int B, int T) {
     ws->dnorm = take(4 * C);
   }
   if (cfg_.lora.enabled()) {  // x A^T per adapted linear and set; update scratch; the frozen norms' discarded gradients
-    const size_t W = std::max({C, 3 * Cl, F});  // the widest adapter output: qkv's, fc's, or C
-    const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * W + N * r + (sp ? 0 : 4 * C);
+    const size_t widest = std::max({C, 3 * Cl, W});  // the widest adapter output: qkv's, fc's, or C
+    const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * widest + N * r + (sp ? 0 : 4 * C);
     const size_t emb = emb_lora_block_ >= 0 ? N * r + 2 * (size_t)kHeadRows * r + (size_t)kHeadRows * Vl + (size_t)T * r : 0;
     ws->lora_mem = kernels::BackendBuffer(*ops_, (sets + extra + emb) * sizeof(float));
     float* q = ws->lora_mem.as<float>();
     for (auto& a : ws->acts)
       for (int t = 0; t < 4; ++t) a.lora_h[t] = q, q += N * r;
-    ws->lora_t = q, q += N * W;
+    ws->lora_t = q, q += N * widest;
     ws->lora_dh = q, q += N * r;
     if (!sp) ws->dnorm = q, q += 4 * C;
     if (emb) {
@@ -209,11 +209,13 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   // recompute forward (x4 in all); without recompute the same model FLOPs are 3/4 of it. Summed
   // layer by layer, and 6*B*s*h*V for the head, so that a layer that random-LTD runs on `kept`
   // tokens per sample counts at that length. A layer's forward is 2 FLOPs per multiply-add of its
-  // linears per token (QKV 3h^2, output h^2, the MLP 2hF: with F = 4h, 24h^2 in all) plus 4sh for
-  // the attention scores and their weighted sum; x4: 4 * (8h^2 + 4hF + 4sh), Megatron's 96h^2(1 + s/6h).
+  // linears per token (QKV 3h^2, output h^2, the MLP 2hF, SwiGLU's 3hF: with F = 4h, 24h^2 in all)
+  // plus 4sh for the attention scores and their weighted sum; x4: 4 * (8h^2 + 2mhF + 4sh) with
+  // m = 2 matrices in the MLP (3 for SwiGLU), Megatron's 96h^2(1 + s/6h) at F = 4h.
   const double h = cfg_.hidden_size, s = (double)T, V = cfg_.padded_vocab(), F = cfg_.ffn();
+  const double m = cfg_.mlp == MlpKind::swiglu ? 3 : 2;
   // MoE: a token runs k expert MLPs (and the dense one beside them in a residual MoE) where a dense
-  // layer runs one (4hF per token, x4). Router and combine omitted.
+  // layer runs one (2mhF per token, x4). Router and combine omitted.
   const double extra_mlps = cfg_.moe.topk - 1 + (cfg_.moe.residual ? 1 : 0);
   // CAC's replay skips the attention output projection (2h^2 per token) and fc2 (2hF per MLP run).
   const bool cac = recompute_ && keeps_communication();
@@ -222,8 +224,8 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
     const bool short_layer = kept > 0 && kept < T && std::binary_search(ltd_layers_.begin(), ltd_layers_.end(), l);
     const double sl = short_layer ? (double)kept : s;
     const bool moe = tensors_.layers[l].experts > 0;
-    f += 4.0 * B * sl * (8.0 * h * h + 4.0 * h * F + 4.0 * sl * h);
-    if (moe) f += 16.0 * B * sl * h * F * extra_mlps;
+    f += 4.0 * B * sl * (8.0 * h * h + 2.0 * m * h * F + 4.0 * sl * h);
+    if (moe) f += 8.0 * m * B * sl * h * F * extra_mlps;
     if (cac) f -= 2.0 * B * sl * h * (h + F) + (moe ? 2.0 * B * sl * h * F * extra_mlps : 0.0);
   }
   return recompute_ ? f : f * 0.75;

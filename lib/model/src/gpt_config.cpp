@@ -39,6 +39,10 @@ void GptConfig::validate() const {
                        "--ffn-hidden-size " + std::to_string(ffn_hidden_size) + " / --hidden-size " +
                            std::to_string(hidden_size) + " is out of range",
                        "give a positive --ffn-hidden-size (0 or none: 4 x --hidden-size)");
+  if (ffn() <= 0)
+    throw config_error("--ffn-hidden-size", "--swiglu's default MLP width, int(4 x " + std::to_string(hidden_size) +
+                                                " x 2/3 / 64) x 64 (Megatron's), is 0",
+                       "give --ffn-hidden-size");
   if (ffn() % tensor_parallel != 0)
     throw config_error("--ffn-hidden-size", "the MLP width " + std::to_string(ffn()) +
                                                 " is not divisible by --tensor-model-parallel-size " +
@@ -156,7 +160,8 @@ std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
          std::to_string(num_heads) + " heads, " +
          (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) +
-         (normalization != NormKind::layernorm ? std::string(norm_name(normalization)) + ", " : std::string()) + "seq " +
+         (normalization != NormKind::layernorm ? std::string(norm_name(normalization)) + ", " : std::string()) +
+         (mlp == MlpKind::swiglu ? "SwiGLU, " : "") + "seq " +
          std::to_string(max_seq_length) +
          (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +

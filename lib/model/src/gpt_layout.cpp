@@ -55,7 +55,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
     o.ln2 = Norm::declare(layout, p + "post_attention_layernorm", C, rep, base, cfg.normalization);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
     if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
-    if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, F, {col, row, rep}, w, w_out, base);
+    if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, F, {col, row, rep}, w, w_out, base, cfg.mlp);
     if (o.experts > 0 && cfg.moe.residual) {
       o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep, w);
       o.coefb = rel("mlp.coefficient.bias", {2}, false, rep, zero);
@@ -71,7 +71,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
         // --enable-expert-tensor-parallelism are split like the dense MLP.
         const bool split = cfg.moe.expert_tensor_parallel;
         o.expert_mlp = Mlp::declare(layout, ep + ".", C, F, {split ? col : rep, split ? row : rep, rep}, w, w_out,
-                                    layout.blocks().back().offset);
+                                    layout.blocks().back().offset, cfg.mlp);
       }
     }
     if (cfg.lora.enabled()) {  // A (rank, in), B (out, rank) beside each adapted linear's weight
@@ -80,10 +80,13 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
       base = layout.numel();
       const int64_t r = cfg.lora.rank;
       const char* names[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
-      const int64_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, F, C};
-      // Split as the weight: a column-parallel linear's B by its output rows (QKV by sections), a
-      // row-parallel linear's A by its input columns; the other factor a replica (model/lora.cpp).
-      const Partition a_part[4] = {rep, row, rep, row}, b_part[4] = {qkv, rep, col, rep};
+      const bool gated = cfg.mlp == MlpKind::swiglu;  // fc's output: [gate | up], 2F
+      const int64_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, gated ? 2 * F : F, C};
+      // Split as the weight: a column-parallel linear's B by its output rows (QKV and a SwiGLU fc by
+      // sections), a row-parallel linear's A by its input columns; the other factor a replica
+      // (model/lora.cpp).
+      const Partition fc_rows{0, P, tp_rank, gated ? 2 : 1};
+      const Partition a_part[4] = {rep, row, rep, row}, b_part[4] = {qkv, rep, fc_rows, rep};
       // A: PEFT's kaiming_uniform(a=sqrt(5)) has variance 1/(3 in); the same variance, normal.
       // B starts at zero, so the adapted model starts as the base.
       for (int t = 0; t < 4; ++t)

@@ -33,7 +33,7 @@ std::pair<int, int> Gpt::lora_dims(int t) const {
   switch (t) {
     case LoraConfig::qkv: return {C, 3 * Cl_};
     case LoraConfig::proj: return {Cl_, C};
-    case LoraConfig::fc: return {C, Fl_};
+    case LoraConfig::fc: return {C, mlp_.fc_width(Fl_)};
     default: return {Fl_, C};
   }
 }

@@ -4,20 +4,24 @@
 namespace hpct::model {
 
 MlpTensors Mlp::declare(ParamLayout& layout, const std::string& prefix, int64_t C, int64_t F, const Split& split,
-                        const InitSpec& weight, const InitSpec& out_weight, size_t block_base) {
+                        const InitSpec& weight, const InitSpec& out_weight, size_t block_base, MlpKind kind) {
   const InitSpec zero = InitSpec::zeros();
+  const bool gated = kind == MlpKind::swiglu;
+  Partition fc = split.fc;
+  if (gated && fc.dim == 0) fc.stride = 2;  // this rank's rows of gate and of up
   MlpTensors t;
-  t.fcw = layout.add(prefix + "dense_h_to_4h.weight", {F, C}, true, split.fc, weight).offset - block_base;
-  t.fcb = layout.add(prefix + "dense_h_to_4h.bias", {F}, false, split.fc, zero).offset - block_base;
+  t.fcw = layout.add(prefix + "dense_h_to_4h.weight", {gated ? 2 * F : F, C}, true, fc, weight).offset - block_base;
+  t.fcb = layout.add(prefix + "dense_h_to_4h.bias", {gated ? 2 * F : F}, false, fc, zero).offset - block_base;
   t.projw = layout.add(prefix + "dense_4h_to_h.weight", {C, F}, true, split.fc2, out_weight).offset - block_base;
   t.projb = layout.add(prefix + "dense_4h_to_h.bias", {C}, false, split.replica, zero).offset - block_base;
   return t;
 }
 
 void Mlp::hidden(const MlpWeights& w, const float* x, float* fch, float* act, int rows, int F, LinearHooks* hooks) const {
-  ops_->matmul_forward(fch, x, w.fcw, w.fcb, rows, C_, F, precision_);
+  ops_->matmul_forward(fch, x, w.fcw, w.fcb, rows, C_, fc_width(F), precision_);
   if (hooks) hooks->forward(LinearHooks::fc, x, fch, rows);
-  ops_->gelu_forward(act, fch, (size_t)rows * F);
+  if (kind_ == MlpKind::swiglu) ops_->swiglu_forward(act, fch, (size_t)rows, F);
+  else ops_->gelu_forward(act, fch, (size_t)rows * F);
 }
 
 void Mlp::forward(const MlpWeights& w, const float* x, float* fch, float* act, float* out, int rows, int F,
@@ -33,9 +37,11 @@ void Mlp::backward(const MlpWeights& w, const MlpGrads& g, const float* x, const
   ops_->zero(dact, n * sizeof(float));
   ops_->matmul_backward(dact, g.projw, g.projb, dout, act, w.projw, rows, F, C_, precision_);
   if (hooks) hooks->backward(LinearHooks::fc2, act, dout, dact, rows);
-  ops_->zero(dfch, n * sizeof(float));
-  ops_->gelu_backward(dfch, fch, dact, n);
-  ops_->matmul_backward(dx, g.fcw, g.fcb, dfch, x, w.fcw, rows, C_, F, precision_);
+  const int W = fc_width(F);
+  ops_->zero(dfch, (size_t)rows * W * sizeof(float));
+  if (kind_ == MlpKind::swiglu) ops_->swiglu_backward(dfch, fch, dact, (size_t)rows, F);
+  else ops_->gelu_backward(dfch, fch, dact, n);
+  ops_->matmul_backward(dx, g.fcw, g.fcb, dfch, x, w.fcw, rows, C_, W, precision_);
   if (hooks) hooks->backward(LinearHooks::fc, x, dfch, dx, rows);
 }
 

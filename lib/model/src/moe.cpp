@@ -252,13 +252,13 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   const int set = static_cast<int>(&a - ws_->acts.data());
   MoeActs& m = moe_state(o, set);  // routing and exchanged rows (kept per layer with CAC)
   MoeActs& xa = moe_acts(set);      // the experts' hidden activations
-  const int F = expert_width();
+  const int F = expert_width(), W = mlp_.fc_width(F);  // act rows F wide, fch rows W (SwiGLU: 2F)
   const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
   if (replaying_) {
     // CAC's replay: the experts' hidden activations from the kept rows, the residual MoE's dense
     // MLP's likewise; the routing, the exchanges and the outputs are the forward's.
     const size_t R = m.rows.size() / C;
-    xa.fch.resize(R * F);
+    xa.fch.resize(R * W);
     xa.fch_gelu.resize(R * F);
     size_t row = 0;
     for (int j = 0; j < El; ++j) {
@@ -266,7 +266,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
       const int b = o.expert_blocks[ep_rank_ * El + j];
       const float* w = store.params(b);
       if (rows > 0)
-        mlp_.hidden(MlpWeights::at(w, o.expert_mlp), m.rows.data() + row * C, xa.fch.data() + row * F,
+        mlp_.hidden(MlpWeights::at(w, o.expert_mlp), m.rows.data() + row * C, xa.fch.data() + row * W,
                     xa.fch_gelu.data() + row * F, rows, F, nullptr);
       store.release(b);
       row += rows;
@@ -341,7 +341,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
 
   // Experts: one MLP per local expert over its rows (every source's rows in one GEMM). Tensor-
   // parallel experts hold F = 4C/T of the hidden width: partial outputs, summed on the way back.
-  xa.fch.resize(R * F);
+  xa.fch.resize(R * W);
   xa.fch_gelu.resize(R * F);
   xa.y.resize(R * C);
   size_t row = 0;
@@ -352,7 +352,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     if (rows > 0) {
       MlpWeights ew = MlpWeights::at(w, o.expert_mlp);
       if (split) ew.projb = row_bias(ew.projb);
-      mlp_.forward(ew, m.rows.data() + row * C, xa.fch.data() + row * F, xa.fch_gelu.data() + row * F,
+      mlp_.forward(ew, m.rows.data() + row * C, xa.fch.data() + row * W, xa.fch_gelu.data() + row * F,
                    xa.y.data() + row * C, rows, F, nullptr);
     }
     store.release(b);
@@ -414,11 +414,11 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   BackendArray<float> recv(*ops_), dy(*ops_);
   moe_exchange(m, dyback.data(), recv.resize(R * C), C, /*to_experts=*/true);
   regroup(*ops_, recv.data(), dy.resize(R * C), m.recv_counts, P, El, C, true);
-  const int F = expert_width();
+  const int F = expert_width(), W = mlp_.fc_width(F);
   const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
   BackendArray<float> drows(*ops_), dscratch(*ops_), dscratch2(*ops_);
   drows.zeros(R * C);
-  dscratch.resize(R * F);
+  dscratch.resize(R * W);
   dscratch2.resize(R * F);
   size_t row = 0;
   for (int j = 0; j < El; ++j) {
@@ -428,7 +428,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
     float* g = store.grads(b);
     if (rows > 0)
       mlp_.backward(MlpWeights::at(w, o.expert_mlp), MlpGrads::at(g, o.expert_mlp), m.rows.data() + row * C,
-                    xa.fch.data() + row * F, xa.fch_gelu.data() + row * F, dy.data() + row * C,
+                    xa.fch.data() + row * W, xa.fch_gelu.data() + row * F, dy.data() + row * C,
                     drows.data() + row * C, rows, dscratch.data(), dscratch2.data(), F, nullptr);
     store.release(b);
     store.grads_ready(b);

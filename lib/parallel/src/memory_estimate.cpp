@@ -34,7 +34,8 @@ void count_lora(const model::GptConfig& cfg, GptSize& s) {
   const LoraConfig& lo = cfg.lora;
   const uint64_t C = (uint64_t)cfg.hidden_size, F = (uint64_t)cfg.ffn(), Vp = (uint64_t)cfg.padded_vocab();
   const uint64_t r = (uint64_t)lo.rank, P = (uint64_t)cfg.tensor_parallel;
-  const uint64_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, F, C};  // qkv, proj, fc, fc2
+  const uint64_t G = cfg.mlp == model::MlpKind::swiglu ? 2 * F : F;  // fc's output: SwiGLU's [gate | up]
+  const uint64_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, G, C};  // qkv, proj, fc, fc2
   const bool column[4] = {true, false, true, false};
   uint64_t layer_adapters = 0, whole_layer = 0;
   for (int t = 0; t < 4; ++t)
@@ -75,14 +76,15 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   s.expert_parallel = expert_parallel;
   s.embedding = Vp / P * C + T * C;  // wte (Vp/P, C), also the output head; wpe (T, C) whole
   const uint64_t norm = cfg.normalization == model::NormKind::layernorm ? 2 * C : C;  // weight (and bias)
-  // ln1 + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 + fc (F*C + F)/P + fcproj C*F/P + C
-  s.layer = (4 * C * C + 3 * C + 2 * C * F + F) / P + 2 * C + 2 * norm;
+  const uint64_t G = cfg.mlp == model::MlpKind::swiglu ? 2 * F : F;  // fc's rows: SwiGLU's gate and up
+  // ln1 + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 + fc (G*C + G)/P + fcproj C*F/P + C
+  s.layer = (4 * C * C + 3 * C + G * C + G + C * F) / P + 2 * C + 2 * norm;
   s.final_norm = norm;
   // An MoE layer: the attention and norms, the router (E, C) whole, a residual MoE's dense MLP and
-  // coefficient (2C + 2); each expert fc (F*C + F) + fcproj (C*F) + C, split like the MLP with
+  // coefficient (2C + 2); each expert fc (G*C + G) + fcproj (C*F) + C, split like the MLP with
   // expert tensor parallelism.
-  const uint64_t attention = (4 * C * C + 3 * C) / P + C + 2 * norm, mlp = (2 * C * F + F) / P + C;
-  s.expert = cfg.moe.expert_tensor_parallel ? mlp : 2 * C * F + F + C;
+  const uint64_t attention = (4 * C * C + 3 * C) / P + C + 2 * norm, mlp = (G * C + G + C * F) / P + C;
+  s.expert = cfg.moe.expert_tensor_parallel ? mlp : G * C + G + C * F + C;
   s.dense = s.embedding + s.final_norm;
   uint64_t largest_moe = 0;
   for (int l = 0; l < cfg.num_layers; ++l) {
@@ -449,6 +451,7 @@ nlohmann::json MemoryEstimate::json() const {
             {"num_attention_heads", model.num_heads},
             {"ffn_hidden_size", model.ffn()},
             {"normalization", model::norm_name(model.normalization)},
+            {"swiglu", model.mlp == model::MlpKind::swiglu},
             {"seq_length", model.max_seq_length},
             {"max_position_embeddings", model.positions()},
             {"vocab_size", model.vocab_size},

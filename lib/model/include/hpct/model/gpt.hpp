@@ -117,8 +117,9 @@ struct GptConfig {
   int hidden_size = 64;
   int num_heads = 2;
   // --ffn-hidden-size: the hidden width of every MLP (dense, residual and each expert's); 0 is
-  // Megatron's default, 4 x hidden_size. ffn() is the width in use.
+  // Megatron's default: 4 x hidden_size, or with SwiGLU int(4h x 2/3 / 64) x 64. ffn() is the width in use.
   int ffn_hidden_size = 0;
+  MlpKind mlp = MlpKind::gelu;  // --swiglu: every MLP's kind (model/mlp.hpp)
   NormKind normalization = NormKind::layernorm;  // --normalization: every norm's kind (model/norm.hpp)
   int max_seq_length = 64;  // the longest sequence trained on (--seq-length)
   int max_position_embeddings = 0;  // learned position table rows (Megatron's flag); 0: max_seq_length
@@ -149,7 +150,10 @@ struct GptConfig {
   int padded_vocab() const;
   /// The multiple padded_vocab() rounds to.
   long long vocab_granule() const;
-  int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  int ffn() const {
+    if (ffn_hidden_size > 0) return ffn_hidden_size;
+    return mlp == MlpKind::swiglu ? static_cast<int>(4.0 * hidden_size * 2 / 3 / 64) * 64 : 4 * hidden_size;
+  }
   /// Rows of the position table: the longest sequence the model can read (generation included).
   int positions() const { return max_position_embeddings > 0 ? max_position_embeddings : max_seq_length; }
   /// Throws config_error naming the flag for impossible shapes.

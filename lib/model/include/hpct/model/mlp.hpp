@@ -3,9 +3,12 @@
 // backward. A dense layer's MLP, the MLP beside a residual MoE's experts and every expert are this
 // one class, so a new feed-forward (SwiGLU) is written here once.
 //
-// fc (C -> F), GELU, fc2 (F -> C); Megatron's names dense_h_to_4h and dense_4h_to_h. With tensor
-// parallelism F is this rank's part: fc column-parallel, fc2 row-parallel, so the caller passes
-// fc2's bias on one rank only and sums the output (and the input gradient) over the group.
+// fc (C -> F), GELU, fc2 (F -> C); Megatron's names dense_h_to_4h and dense_4h_to_h. Or SwiGLU
+// (Megatron's --swiglu, Llama's MLP): fc (C -> 2F, rows [gate | up]), silu(gate) * up, fc2 (F -> C).
+// With tensor parallelism F is this rank's part: fc column-parallel (a SwiGLU fc by sections, stride
+// 2: this rank's gate rows and up rows, so its output is its own [gate | up]), fc2 row-parallel, so
+// the caller passes fc2's bias on one rank only and sums the output (and the input gradient) over
+// the group.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +19,8 @@
 #include "hpct/model/linear_hooks.hpp"
 
 namespace hpct::model {
+
+enum class MlpKind { gelu, swiglu };
 
 /// Where an MLP's tensors are in its block: element offsets from the block's start.
 struct MlpTensors {
@@ -47,21 +52,26 @@ class Mlp {
   };
   /// Declares fc's and fc2's weight and bias under `prefix` ("layers.0.mlp.", "layers.1.mlp.experts.3.")
   /// in the block being built, of hidden size C and full width F; `weight` and `out_weight` are
-  /// fc's and fc2's initialisation (biases start at zero). Offsets from `block_base`.
+  /// fc's and fc2's initialisation (biases start at zero). Offsets from `block_base`. A SwiGLU fc
+  /// has 2F rows (gate, then up) and a column-parallel split by those two sections.
   static MlpTensors declare(ParamLayout& layout, const std::string& prefix, int64_t C, int64_t F, const Split& split,
-                            const InitSpec& weight, const InitSpec& out_weight, size_t block_base);
+                            const InitSpec& weight, const InitSpec& out_weight, size_t block_base, MlpKind kind);
 
   Mlp() = default;
-  Mlp(kernels::OpsBackend& ops, kernels::Precision precision, int hidden) : ops_(&ops), precision_(precision), C_(hidden) {}
+  Mlp(kernels::OpsBackend& ops, kernels::Precision precision, int hidden, MlpKind kind)
+      : ops_(&ops), precision_(precision), C_(hidden), kind_(kind) {}
+  MlpKind kind() const { return kind_; }
+  /// fc's output width for an MLP F wide (2F for SwiGLU): the row width of fch and dfch.
+  int fc_width(int F) const { return kind_ == MlpKind::swiglu ? 2 * F : F; }
 
-  /// fc and its activation only (what a recompute pass that keeps the output needs): fch = x fc^T + b,
-  /// act = GELU(fch), on `rows` rows of width F.
+  /// fc and its activation only (what a recompute pass that keeps the output needs): fch = x fc^T + b
+  /// (rows of fc_width(F)), act = GELU(fch) or SwiGLU(fch) (rows of F), on `rows` rows.
   void hidden(const MlpWeights& w, const float* x, float* fch, float* act, int rows, int F, LinearHooks* hooks) const;
   /// The whole MLP: out = GELU(x fc^T + b) fc2^T + b2; fch and act are kept for backward.
   void forward(const MlpWeights& w, const float* x, float* fch, float* act, float* out, int rows, int F,
                LinearHooks* hooks) const;
-  /// From dout: the weight gradients and dx ACCUMULATED (zero dx first to overwrite); dfch and dact
-  /// are scratch of rows x F.
+  /// From dout: the weight gradients and dx ACCUMULATED (zero dx first to overwrite); dfch (rows x
+  /// fc_width(F)) and dact (rows x F) are scratch.
   void backward(const MlpWeights& w, const MlpGrads& g, const float* x, const float* fch, const float* act,
                 const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const;
 
@@ -69,6 +79,7 @@ class Mlp {
   kernels::OpsBackend* ops_ = nullptr;
   kernels::Precision precision_ = kernels::Precision::fp32;
   int C_ = 0;
+  MlpKind kind_ = MlpKind::gelu;
 };
 
 }  // namespace hpct::model
