@@ -87,6 +87,9 @@ int export_safetensors(const std::string& path, const std::string& out) {
                                "; export writes GPT-2, whose norms are LayerNorm (a Llama export is not implemented)");
   if (mc.mlp != model::MlpKind::gelu)
     throw file_error(file, "holds a model with SwiGLU MLPs; export writes GPT-2, whose MLPs are GELU (a Llama export is not implemented)");
+  if (!mc.linear_bias)
+    throw file_error(file, "holds a model without linear biases (--disable-bias-linear); export writes GPT-2, whose "
+                           "linears have biases (a Llama export is not implemented)");
   if (mc.moe.enabled(mc.num_layers))
     throw file_error(file, "holds a mixture-of-experts model; export writes GPT-2, which has one MLP per layer");
   const auto& cfg = stored.meta.config;

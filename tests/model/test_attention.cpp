@@ -45,6 +45,17 @@ TEST(Attention, DeclaresItsTensors) {
   EXPECT_EQ(t.qkvb, 3u + 96);
   EXPECT_EQ(t.projw, 3u + 96 + 12);
   EXPECT_EQ(t.projb, 3u + 96 + 12 + 32);
+  // --disable-bias-linear: the weights only
+  ParamLayout N;
+  N.begin_block("layers.0");
+  const AttentionTensors nb = Attention::declare(N, "layers.0.attention.", 8, {qkv, row, rep}, InitSpec::normal(0.02),
+                                                 InitSpec::normal(0.01), 0, false);
+  ASSERT_EQ(N.tensors().size(), 2u);
+  EXPECT_EQ(N.tensors()[1].name, "layers.0.attention.dense.weight");
+  EXPECT_EQ(nb.qkvb, AttentionTensors::none);
+  float block[256] = {};
+  EXPECT_EQ(AttentionWeights::at(block, nb).projb, nullptr);
+  EXPECT_EQ(AttentionGrads::at(block, nb).qkvb, nullptr);
 }
 
 struct Recorder final : LinearHooks {

@@ -167,6 +167,7 @@ TEST(Decoder, RmsNormAndMlpWidthAreTheTrainingModels) {
   whole_sequence_loss(c);
   cached_greedy(c);
   c.mlp = model::MlpKind::swiglu;
+  c.linear_bias = false;
   whole_sequence_loss(c);
   cached_greedy(c);
   GptConfig m = tiny_moe(2, true);

@@ -50,6 +50,7 @@ struct Shape {
   int ffn = 0;
   model::NormKind norm = model::NormKind::layernorm;
   model::MlpKind mlp = model::MlpKind::gelu;
+  bool bias = true;  // false: --disable-bias-linear
 };
 
 model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, Shape shape = {}) {
@@ -57,6 +58,7 @@ model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp
   c.ffn_hidden_size = shape.ffn;
   c.normalization = shape.norm;
   c.mlp = shape.mlp;
+  c.linear_bias = shape.bias;
   c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
@@ -198,6 +200,10 @@ TEST(TensorParallel, SequenceParallelRmsNormGptMatchesUnsplitModel) {
 // --swiglu: fc's rows are gate then up, each rank holding its part of both (a stride-2 split).
 TEST(TensorParallel, SequenceParallelSwiGluGptMatchesUnsplitModel) {
   check_model(false, false, true, false, false, false, false, {24, model::NormKind::rmsnorm, model::MlpKind::swiglu});
+}
+// --disable-bias-linear (with Llama's norm and MLP): no row-parallel bias to add on rank 0 only.
+TEST(TensorParallel, LlamaShapedGptWithoutBiasesMatchesUnsplitModel) {
+  check_model(false, false, false, false, false, false, false, {24, model::NormKind::rmsnorm, model::MlpKind::swiglu, false});
 }
 TEST(TensorParallel, ExpertTensorParallelResidualSwiGluMoeMatchesUnsplitModel) {
   check_model(true, true, false, true, false, false, false, {24, model::NormKind::layernorm, model::MlpKind::swiglu});

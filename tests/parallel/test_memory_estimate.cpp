@@ -51,6 +51,7 @@ TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
   rms.normalization = model::NormKind::rmsnorm;  // norms without a bias
   auto glu = shape(2, 128, 2, 64, 256);
   glu.mlp = model::MlpKind::swiglu;  // fc 2F x C, F = int(4 x 128 x 2/3 / 64) x 64 = 320
+  glu.linear_bias = false;           // and no linear biases
   for (auto g : {shape(2, 64, 2, 64, 256), shape(4, 128, 4, 128, 512), shape(3, 96, 3, 40, 1000),
                  shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow, rms, glu}) {
     model::Gpt m(g, kernels::Precision::fp32, false);
@@ -95,6 +96,7 @@ TEST(MemoryEstimate, MoeCountsWhatARankHolds) {
     g.ffn_hidden_size = k.etp ? 96 : 0;  // --ffn-hidden-size in the split-expert cases
     if (k.residual) g.normalization = model::NormKind::rmsnorm;  // and RMSNorm in the residual ones
     if (k.EP == 2) g.mlp = model::MlpKind::swiglu;  // and SwiGLU at EP 2
+    if (k.T == 2) g.linear_bias = false;            // and no linear biases at T 2
     g.tensor_parallel = k.T;
     g.moe.num_experts = k.experts;
     g.moe.residual = k.residual;

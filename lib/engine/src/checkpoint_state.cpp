@@ -131,7 +131,8 @@ namespace {
 // A stored architecture with the keys added since written out as they were then: checkpoints
 // written before the position table was sized apart from --seq-length recorded its rows as
 // seq_length (the two were equal); before --ffn-hidden-size every MLP was 4 x hidden_size wide;
-// before --normalization every norm was a LayerNorm, before --swiglu every MLP a GELU one.
+// before --normalization every norm was a LayerNorm, before --swiglu every MLP a GELU one, before
+// --disable-bias-linear every linear had a bias.
 nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("max_position_embeddings") && a.contains("seq_length"))
     a["max_position_embeddings"] = a["seq_length"];
@@ -141,6 +142,7 @@ nlohmann::json with_current_keys(nlohmann::json a) {
     a["ffn_hidden_size"] = 4 * a["hidden_size"].get<long long>();
   if (a.is_object() && !a.contains("normalization")) a["normalization"] = "layernorm";
   if (a.is_object() && !a.contains("swiglu")) a["swiglu"] = false;
+  if (a.is_object() && !a.contains("add_bias_linear")) a["add_bias_linear"] = true;
   return a;
 }
 }  // namespace
@@ -252,15 +254,18 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   *cfg = gpt_config_of(r.meta.architecture, file);
   // Bound the layout to be built by the file's own contents (a few tensors short or extra are named
   // one by one by check_tensor_set below): count the tensors before building their table, layers
-  // first (12 per dense layer at least), then what each MoE layer's experts add.
+  // first (a dense layer: 2 norms and 4 linears, each a weight and perhaps a bias), then what each
+  // MoE layer's experts add.
   const uint64_t have = f.list_datasets().size();
-  uint64_t want = 3ull * (12ull * static_cast<uint64_t>(cfg->num_layers) + 4);
+  const uint64_t norm_t = cfg->normalization == model::NormKind::layernorm ? 2 : 1, lin_t = cfg->linear_bias ? 2 : 1;
+  uint64_t want = 3ull * ((2 * norm_t + 4 * lin_t) * static_cast<uint64_t>(cfg->num_layers) + 2 + norm_t);
   if (cfg->lora.enabled())  // adapters only: an A and a B per adapted linear of each layer
     want = 6ull * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets)) +
            6ull * static_cast<uint64_t>(__builtin_popcount(cfg->lora.modules_to_save));
   else if (want <= have + 36)
     for (int l = 0; l < cfg->num_layers; ++l)
-      if (const int e = cfg->moe.experts_of(l, cfg->num_layers); e > 0) want += 3ull * (4ull * e + 1 + (cfg->moe.residual ? 6 : 0) - 4);
+      if (const int e = cfg->moe.experts_of(l, cfg->num_layers); e > 0)  // E MLPs, a router (and a coefficient) for one MLP
+        want += 3ull * (2 * lin_t * e + 1 + (cfg->moe.residual ? 2 + 2 * lin_t : 0) - 2 * lin_t);
   if (want > have + 36)
     throw file_error(file, "holds " + std::to_string(have) + " tensors, its architecture (" + std::to_string(cfg->num_layers) +
                                " layers) needs " + std::to_string(want) + ": the checkpoint is damaged");
@@ -276,6 +281,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
                       {"ffn_hidden_size", mc.ffn()},
                       {"normalization", model::norm_name(mc.normalization)},
                       {"swiglu", mc.mlp == model::MlpKind::swiglu},
+                      {"add_bias_linear", mc.linear_bias},
                       {"max_position_embeddings", mc.positions()},
                       {"padded_vocab_size", mc.padded_vocab()}};
   if (mc.moe.enabled(mc.num_layers)) {
@@ -310,6 +316,10 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
   if (!a["swiglu"].is_boolean())
     throw file_error(file, "has architecture.swiglu " + json_excerpt(a["swiglu"]) + ", not true or false: the checkpoint is damaged");
   if (a["swiglu"].get<bool>()) c.mlp = model::MlpKind::swiglu;
+  if (!a["add_bias_linear"].is_boolean())
+    throw file_error(file, "has architecture.add_bias_linear " + json_excerpt(a["add_bias_linear"]) +
+                               ", not true or false: the checkpoint is damaged");
+  c.linear_bias = a["add_bias_linear"].get<bool>();
   c.ffn_hidden_size = field("ffn_hidden_size");
   if (a["normalization"] == "rmsnorm") c.normalization = model::NormKind::rmsnorm;
   else if (a["normalization"] != "layernorm")

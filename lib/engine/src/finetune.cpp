@@ -57,6 +57,10 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
     throw config_error("--swiglu", std::string(cfg.model.mlp == model::MlpKind::swiglu ? "--swiglu is given" : "--swiglu is not given") +
                                        " but " + file + " holds " + (mc.mlp == model::MlpKind::swiglu ? "SwiGLU" : "GELU") + " MLPs",
                        "give the --swiglu of the model the weights belong to");
+  if (cfg.model.linear_bias != mc.linear_bias)
+    throw config_error("--disable-bias-linear", std::string(cfg.model.linear_bias ? "--disable-bias-linear is not given" : "--disable-bias-linear is given") +
+                                                    " but " + file + "'s linears have " + (mc.linear_bias ? "biases" : "no biases"),
+                       "give the --disable-bias-linear of the model the weights belong to");
   same("--ffn-hidden-size", cfg.model.ffn(), file, "an MLP width of", mc.ffn());
   if (cfg.model.normalization != mc.normalization)
     throw config_error("--normalization", std::string("--normalization is ") + model::norm_name(cfg.model.normalization) +

@@ -88,6 +88,7 @@ const FlagTable& flag_table() {
       {"--num-attention-heads", {true, [](TrainConfig& c, const std::string& v) { c.model.num_heads = to_i32("--num-attention-heads", v); }, "attention heads"}},
       {"--ffn-hidden-size", {true, [](TrainConfig& c, const std::string& v) { c.model.ffn_hidden_size = to_i32("--ffn-hidden-size", v, 1); }, "the MLP's hidden width (default 4 x --hidden-size)"}},
       {"--swiglu", {false, [](TrainConfig& c, const std::string&) { c.model.mlp = model::MlpKind::swiglu; }, "SwiGLU MLPs (Llama's): silu(gate) * up, default width int(4h x 2/3 / 64) x 64"}},
+      {"--disable-bias-linear", {false, [](TrainConfig& c, const std::string&) { c.model.linear_bias = false; }, "no bias on the attention's and the MLPs' linears (Llama's)"}},
       {"--normalization", {true, [](TrainConfig& c, const std::string& v) {
          if (v == "layernorm" || v == "LayerNorm") c.model.normalization = model::NormKind::layernorm;
          else if (v == "rmsnorm" || v == "RMSNorm") c.model.normalization = model::NormKind::rmsnorm;
@@ -211,7 +212,7 @@ static const char* help_group(const std::string& f) {
   if (any({"--eval-", "--skip-train"})) return "validation";
   if (any({"dropout", "--weight-decay", "--clip-grad", "--adam-"})) return "regularization";
   if (any({"--init-method", "--seed"})) return "initialization";
-  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--normalization", "--swiglu", "--seq-length", "--max-position-embeddings",
+  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--normalization", "--swiglu", "--disable-bias-linear", "--seq-length", "--max-position-embeddings",
            "--vocab-size", "--make-vocab-size", "rotary"}))
     return "network size";
   if (any({"parallel", "--distributed", "--deepspeed", "--deepscale", "--zero-stage", "DDP", "--device",
@@ -406,6 +407,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
             {"ffn_hidden_size", c.model.ffn()},
             {"normalization", model::norm_name(c.model.normalization)},
             {"swiglu", c.model.mlp == model::MlpKind::swiglu},
+            {"add_bias_linear", c.model.linear_bias},
             {"seq_length", c.model.max_seq_length},
             {"max_position_embeddings", c.model.positions()},
             {"vocab_size", c.model.vocab_size},

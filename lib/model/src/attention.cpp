@@ -4,13 +4,15 @@
 namespace hpct::model {
 
 AttentionTensors Attention::declare(ParamLayout& layout, const std::string& prefix, int64_t C, const Split& split,
-                                    const InitSpec& weight, const InitSpec& out_weight, size_t block_base) {
+                                    const InitSpec& weight, const InitSpec& out_weight, size_t block_base, bool bias) {
   const InitSpec zero = InitSpec::zeros();
   AttentionTensors t;
   t.qkvw = layout.add(prefix + "query_key_value.weight", {3 * C, C}, true, split.qkv, weight).offset - block_base;
-  t.qkvb = layout.add(prefix + "query_key_value.bias", {3 * C}, false, split.qkv, zero).offset - block_base;
+  if (bias) t.qkvb = layout.add(prefix + "query_key_value.bias", {3 * C}, false, split.qkv, zero).offset - block_base;
+  else t.qkvb = AttentionTensors::none;
   t.projw = layout.add(prefix + "dense.weight", {C, C}, true, split.proj, out_weight).offset - block_base;
-  t.projb = layout.add(prefix + "dense.bias", {C}, false, split.replica, zero).offset - block_base;
+  if (bias) t.projb = layout.add(prefix + "dense.bias", {C}, false, split.replica, zero).offset - block_base;
+  else t.projb = AttentionTensors::none;
   return t;
 }
 

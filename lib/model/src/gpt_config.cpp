@@ -161,7 +161,7 @@ std::string GptConfig::describe() const {
          std::to_string(num_heads) + " heads, " +
          (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) +
          (normalization != NormKind::layernorm ? std::string(norm_name(normalization)) + ", " : std::string()) +
-         (mlp == MlpKind::swiglu ? "SwiGLU, " : "") + "seq " +
+         (mlp == MlpKind::swiglu ? "SwiGLU, " : "") + (linear_bias ? "" : "no linear biases, ") + "seq " +
          std::to_string(max_seq_length) +
          (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +

@@ -51,11 +51,11 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
       return layout.add(p + n, std::move(s), wd, part, init).offset - base;
     };
     o.ln1 = Norm::declare(layout, p + "input_layernorm", C, rep, base, cfg.normalization);
-    o.attn = Attention::declare(layout, p + "attention.", C, {qkv, row, rep}, w, w_out, base);
+    o.attn = Attention::declare(layout, p + "attention.", C, {qkv, row, rep}, w, w_out, base, cfg.linear_bias);
     o.ln2 = Norm::declare(layout, p + "post_attention_layernorm", C, rep, base, cfg.normalization);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
     if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
-    if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, F, {col, row, rep}, w, w_out, base, cfg.mlp);
+    if (o.experts == 0 || cfg.moe.residual) o.mlp = Mlp::declare(layout, p + "mlp.", C, F, {col, row, rep}, w, w_out, base, cfg.mlp, cfg.linear_bias);
     if (o.experts > 0 && cfg.moe.residual) {
       o.coefw = rel("mlp.coefficient.weight", {2, C}, true, rep, w);
       o.coefb = rel("mlp.coefficient.bias", {2}, false, rep, zero);
@@ -71,7 +71,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
         // --enable-expert-tensor-parallelism are split like the dense MLP.
         const bool split = cfg.moe.expert_tensor_parallel;
         o.expert_mlp = Mlp::declare(layout, ep + ".", C, F, {split ? col : rep, split ? row : rep, rep}, w, w_out,
-                                    layout.blocks().back().offset, cfg.mlp);
+                                    layout.blocks().back().offset, cfg.mlp, cfg.linear_bias);
       }
     }
     if (cfg.lora.enabled()) {  // A (rank, in), B (out, rank) beside each adapted linear's weight

@@ -4,16 +4,19 @@
 namespace hpct::model {
 
 MlpTensors Mlp::declare(ParamLayout& layout, const std::string& prefix, int64_t C, int64_t F, const Split& split,
-                        const InitSpec& weight, const InitSpec& out_weight, size_t block_base, MlpKind kind) {
+                        const InitSpec& weight, const InitSpec& out_weight, size_t block_base, MlpKind kind,
+                        bool bias) {
   const InitSpec zero = InitSpec::zeros();
   const bool gated = kind == MlpKind::swiglu;
   Partition fc = split.fc;
   if (gated && fc.dim == 0) fc.stride = 2;  // this rank's rows of gate and of up
   MlpTensors t;
   t.fcw = layout.add(prefix + "dense_h_to_4h.weight", {gated ? 2 * F : F, C}, true, fc, weight).offset - block_base;
-  t.fcb = layout.add(prefix + "dense_h_to_4h.bias", {gated ? 2 * F : F}, false, fc, zero).offset - block_base;
+  t.fcb = bias ? layout.add(prefix + "dense_h_to_4h.bias", {gated ? 2 * F : F}, false, fc, zero).offset - block_base
+               : MlpTensors::none;
   t.projw = layout.add(prefix + "dense_4h_to_h.weight", {C, F}, true, split.fc2, out_weight).offset - block_base;
-  t.projb = layout.add(prefix + "dense_4h_to_h.bias", {C}, false, split.replica, zero).offset - block_base;
+  t.projb = bias ? layout.add(prefix + "dense_4h_to_h.bias", {C}, false, split.replica, zero).offset - block_base
+                 : MlpTensors::none;
   return t;
 }
 

@@ -77,14 +77,16 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   s.embedding = Vp / P * C + T * C;  // wte (Vp/P, C), also the output head; wpe (T, C) whole
   const uint64_t norm = cfg.normalization == model::NormKind::layernorm ? 2 * C : C;  // weight (and bias)
   const uint64_t G = cfg.mlp == model::MlpKind::swiglu ? 2 * F : F;  // fc's rows: SwiGLU's gate and up
-  // ln1 + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 + fc (G*C + G)/P + fcproj C*F/P + C
-  s.layer = (4 * C * C + 3 * C + G * C + G + C * F) / P + 2 * C + 2 * norm;
+  const uint64_t b = cfg.linear_bias ? 1 : 0;  // --disable-bias-linear: no qkv, dense, fc, fc2 biases
+  // ln1 + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 + fc (G*C + G)/P + fcproj C*F/P + C (the
+  // biases: the b terms)
+  s.layer = (4 * C * C + b * 3 * C + G * C + b * G + C * F) / P + b * 2 * C + 2 * norm;
   s.final_norm = norm;
   // An MoE layer: the attention and norms, the router (E, C) whole, a residual MoE's dense MLP and
   // coefficient (2C + 2); each expert fc (G*C + G) + fcproj (C*F) + C, split like the MLP with
   // expert tensor parallelism.
-  const uint64_t attention = (4 * C * C + 3 * C) / P + C + 2 * norm, mlp = (G * C + G + C * F) / P + C;
-  s.expert = cfg.moe.expert_tensor_parallel ? mlp : G * C + G + C * F + C;
+  const uint64_t attention = (4 * C * C + b * 3 * C) / P + b * C + 2 * norm, mlp = (G * C + b * G + C * F) / P + b * C;
+  s.expert = cfg.moe.expert_tensor_parallel ? mlp : G * C + b * G + C * F + b * C;
   s.dense = s.embedding + s.final_norm;
   uint64_t largest_moe = 0;
   for (int l = 0; l < cfg.num_layers; ++l) {
@@ -452,6 +454,7 @@ nlohmann::json MemoryEstimate::json() const {
             {"ffn_hidden_size", model.ffn()},
             {"normalization", model::norm_name(model.normalization)},
             {"swiglu", model.mlp == model::MlpKind::swiglu},
+            {"add_bias_linear", model.linear_bias},
             {"seq_length", model.max_seq_length},
             {"max_position_embeddings", model.positions()},
             {"vocab_size", model.vocab_size},

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "hpct/core/param_layout.hpp"
@@ -20,8 +21,10 @@
 
 namespace hpct::model {
 
-/// Where an attention's tensors are in its block: element offsets from the block's start.
+/// Where an attention's tensors are in its block: element offsets from the block's start (the
+/// biases `none` without them: --disable-bias-linear).
 struct AttentionTensors {
+  static constexpr size_t none = std::numeric_limits<size_t>::max();
   size_t qkvw = 0, qkvb = 0, projw = 0, projb = 0;
 };
 
@@ -30,14 +33,16 @@ struct AttentionTensors {
 struct AttentionWeights {
   const float *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr;
   static AttentionWeights at(const float* block, const AttentionTensors& t) {
-    return {block + t.qkvw, block + t.qkvb, block + t.projw, block + t.projb};
+    auto bias = [&](size_t o) { return o == AttentionTensors::none ? nullptr : block + o; };
+    return {block + t.qkvw, bias(t.qkvb), block + t.projw, bias(t.projb)};
   }
 };
 struct AttentionGrads {
   float *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr;
   static AttentionGrads at(float* block, const AttentionTensors& t) {
     if (!block) return {};
-    return {block + t.qkvw, block + t.qkvb, block + t.projw, block + t.projb};
+    auto bias = [&](size_t o) { return o == AttentionTensors::none ? nullptr : block + o; };
+    return {block + t.qkvw, bias(t.qkvb), block + t.projw, bias(t.projb)};
   }
 };
 
@@ -50,9 +55,10 @@ class Attention {
   };
   /// Declares query_key_value's and dense's weight and bias under `prefix` ("layers.0.attention.")
   /// in the block being built, of hidden size C; `weight` and `out_weight` are their
-  /// initialisation (biases start at zero). Offsets from `block_base`.
+  /// initialisation (biases start at zero; none without `bias`). Offsets from `block_base`.
   static AttentionTensors declare(ParamLayout& layout, const std::string& prefix, int64_t C, const Split& split,
-                                  const InitSpec& weight, const InitSpec& out_weight, size_t block_base);
+                                  const InitSpec& weight, const InitSpec& out_weight, size_t block_base,
+                                  bool bias = true);
 
   Attention() = default;
   /// hidden: the model's width C; heads, channels: this rank's heads and their channels (C / T).

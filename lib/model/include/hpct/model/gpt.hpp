@@ -120,6 +120,7 @@ struct GptConfig {
   // Megatron's default: 4 x hidden_size, or with SwiGLU int(4h x 2/3 / 64) x 64. ffn() is the width in use.
   int ffn_hidden_size = 0;
   MlpKind mlp = MlpKind::gelu;  // --swiglu: every MLP's kind (model/mlp.hpp)
+  bool linear_bias = true;      // --disable-bias-linear clears it: no bias on the attention's and MLPs' linears
   NormKind normalization = NormKind::layernorm;  // --normalization: every norm's kind (model/norm.hpp)
   int max_seq_length = 64;  // the longest sequence trained on (--seq-length)
   int max_position_embeddings = 0;  // learned position table rows (Megatron's flag); 0: max_seq_length

@@ -12,6 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "hpct/core/param_layout.hpp"
@@ -22,8 +23,10 @@ namespace hpct::model {
 
 enum class MlpKind { gelu, swiglu };
 
-/// Where an MLP's tensors are in its block: element offsets from the block's start.
+/// Where an MLP's tensors are in its block: element offsets from the block's start (the biases
+/// `none` without them: --disable-bias-linear).
 struct MlpTensors {
+  static constexpr size_t none = std::numeric_limits<size_t>::max();
   size_t fcw = 0, fcb = 0, projw = 0, projb = 0;
 };
 
@@ -32,14 +35,16 @@ struct MlpTensors {
 struct MlpWeights {
   const float *fcw = nullptr, *fcb = nullptr, *projw = nullptr, *projb = nullptr;
   static MlpWeights at(const float* block, const MlpTensors& t) {
-    return {block + t.fcw, block + t.fcb, block + t.projw, block + t.projb};
+    auto bias = [&](size_t o) { return o == MlpTensors::none ? nullptr : block + o; };
+    return {block + t.fcw, bias(t.fcb), block + t.projw, bias(t.projb)};
   }
 };
 struct MlpGrads {
   float *fcw = nullptr, *fcb = nullptr, *projw = nullptr, *projb = nullptr;
   static MlpGrads at(float* block, const MlpTensors& t) {
     if (!block) return {};
-    return {block + t.fcw, block + t.fcb, block + t.projw, block + t.projb};
+    auto bias = [&](size_t o) { return o == MlpTensors::none ? nullptr : block + o; };
+    return {block + t.fcw, bias(t.fcb), block + t.projw, bias(t.projb)};
   }
 };
 
@@ -53,9 +58,11 @@ class Mlp {
   /// Declares fc's and fc2's weight and bias under `prefix` ("layers.0.mlp.", "layers.1.mlp.experts.3.")
   /// in the block being built, of hidden size C and full width F; `weight` and `out_weight` are
   /// fc's and fc2's initialisation (biases start at zero). Offsets from `block_base`. A SwiGLU fc
-  /// has 2F rows (gate, then up) and a column-parallel split by those two sections.
+  /// has 2F rows (gate, then up) and a column-parallel split by those two sections. No biases
+  /// without `bias`.
   static MlpTensors declare(ParamLayout& layout, const std::string& prefix, int64_t C, int64_t F, const Split& split,
-                            const InitSpec& weight, const InitSpec& out_weight, size_t block_base, MlpKind kind);
+                            const InitSpec& weight, const InitSpec& out_weight, size_t block_base, MlpKind kind,
+                            bool bias = true);
 
   Mlp() = default;
   Mlp(kernels::OpsBackend& ops, kernels::Precision precision, int hidden, MlpKind kind)
