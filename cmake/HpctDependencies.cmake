@@ -8,6 +8,10 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
 # Async IO engine backends: io_uring (liburing-dev) and libaio (libaio-dev; no pkg-config file).
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+# Compressed corpora in preprocess_data (io/text_source.hpp): gzip, zstd, bzip2.
+find_package(ZLIB REQUIRED)
+find_package(BZip2 REQUIRED)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 find_library(HPCT_AIO_LIBRARY aio REQUIRED)
 find_path(HPCT_AIO_INCLUDE_DIR libaio.h REQUIRED)
 add_library(hpct_libaio INTERFACE)

@@ -1,5 +1,6 @@
 // preprocess_data — Megatron's tools/preprocess_data.py: documents in (JSONL with one {"text": ...}
-// per line, or plain text with documents separated by blank lines), token ids out as the indexed
+// per line, or plain text with documents separated by blank lines; plain or gzip/zstd/bzip2
+// compressed, one file or several in order: io/text_source.hpp), token ids out as the indexed
 // dataset {prefix}_{key}_document.bin/.idx that pretrain_gpt --data-path reads.
 //
 // Not here: --split-sentences (it needs NLTK's punkt model), --partitions, tokenizers other than
@@ -10,9 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -25,21 +26,28 @@
 #include "hpct/core/report.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
+#include "hpct/io/text_source.hpp"
+
+#include <glob.h>
 
 using namespace hpct;
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: preprocess_data --input FILE --output-prefix PREFIX --vocab-file FILE --merge-file FILE
+constexpr const char* kUsage = R"(usage: preprocess_data --input FILE [FILE ...] --output-prefix PREFIX --vocab-file FILE --merge-file FILE
                        [--tokenizer-type GPT2BPETokenizer] [--json-keys KEY [KEY ...]] [--append-eod]
                        [--workers N] [--log-interval N] [--input-format auto|json|text] [--dataset-impl mmap]
 
 Tokenizes documents into Megatron indexed datasets {PREFIX}_{KEY}_document.bin/.idx.
 
-  --input FILE          JSONL, one object per line whose KEY holds a string (or a list of strings,
+  --input FILE ...      JSONL, one object per line whose KEY holds a string (or a list of strings,
                         each stored as one item of the document); or plain text, one document per
-                        run of lines up to a blank line
-  --input-format F      auto (default: json for *.json/*.jsonl, else text), json or text
+                        run of lines up to a blank line. Plain, or compressed with gzip, zstd or
+                        bzip2 (known by the file's first bytes); any other binary file is refused.
+                        Several files and globs ("shard_*.jsonl.zst", quoted) are read in the order
+                        given, each glob's matches sorted, into one dataset
+  --input-format F      auto (default: json for *.json/*.jsonl, also compressed: *.jsonl.zst, ...;
+                        else text), json or text
   --output-prefix P     output path prefix; files are P_KEY_document.{bin,idx}
   --vocab-file FILE     GPT-2 vocab.json
   --merge-file FILE     GPT-2 merges.txt
@@ -57,7 +65,8 @@ Exit status: 0 on success, 1 on any error (one line on stderr).
 )";
 
 struct Options {
-  std::string input, output_prefix, vocab_file, merge_file;
+  std::vector<std::string> inputs;  // the files, globs expanded
+  std::string output_prefix, vocab_file, merge_file;
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string input_format = "auto";
   std::vector<std::string> json_keys = {"text"};
@@ -71,7 +80,24 @@ Options parse_args(int argc, char** argv) {
   Options o;
   cli::Parser p("preprocess_data");
   auto count = [](const std::string& f, const std::string& v) { return static_cast<size_t>(cli::to_int(f, v, 1)); };
-  p.flag("--input", 1, [&](const std::string& v) { o.input = v; });
+  p.flag("--input", -1, [&](const std::string& v) {  // nargs='+': files and globs (paths without spaces)
+    o.inputs.clear();
+    std::istringstream is(v);
+    for (std::string pattern; is >> pattern;) {
+      if (pattern.find_first_of("*?[") == std::string::npos) {
+        o.inputs.push_back(pattern);
+        continue;
+      }
+      glob_t g{};
+      const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+      if (rc != 0) {
+        globfree(&g);
+        throw config_error("--input", "--input '" + printable(pattern) + "' matches no file");
+      }
+      for (size_t i = 0; i < g.gl_pathc; ++i) o.inputs.push_back(g.gl_pathv[i]);  // sorted by glob(3)
+      globfree(&g);
+    }
+  });
   p.flag("--output-prefix", 1, [&](const std::string& v) { o.output_prefix = v; });
   p.flag("--vocab-file", 1, [&](const std::string& v) { o.vocab_file = v; });
   p.flag("--merge-file", 1, [&](const std::string& v) { o.merge_file = v; });
@@ -99,7 +125,7 @@ Options parse_args(int argc, char** argv) {
   });
   o.help = !p.parse(argc, argv);
   if (o.help) return o;
-  if (o.input.empty()) throw config_error("--input", "missing --input");
+  if (o.inputs.empty()) throw config_error("--input", "missing --input");
   if (o.output_prefix.empty()) throw config_error("--output-prefix", "missing --output-prefix");
   if (o.tokenizer_type != "GPT2BPETokenizer") {
     static const char* known[] = {"BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
@@ -113,10 +139,13 @@ Options parse_args(int argc, char** argv) {
   if (o.merge_file.empty()) throw config_error("--merge-file", "missing --merge-file (GPT2BPETokenizer needs it)");
   if (o.input_format != "auto" && o.input_format != "json" && o.input_format != "text")
     throw config_error("--input-format", "--input-format expects auto, json or text, got '" + o.input_format + "'");
-  if (o.input_format == "auto") {
+  if (o.input_format == "auto") {  // by the first file's name, a compression suffix aside
+    std::string name = o.inputs.front();
     auto ends_with = [&](const std::string& s) {
-      return o.input.size() >= s.size() && o.input.compare(o.input.size() - s.size(), s.size(), s) == 0;
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
+    for (const char* z : {".gz", ".zst", ".zstd", ".bz2"})
+      if (ends_with(z)) name.resize(name.size() - std::strlen(z));
     o.input_format = ends_with(".json") || ends_with(".jsonl") ? "json" : "text";
   }
   if (o.input_format == "text" && o.json_keys.size() != 1)
@@ -126,17 +155,20 @@ Options parse_args(int argc, char** argv) {
 
 // One document as read, and what tokenizing it gave: per key, the items (one per string).
 struct Doc {
-  size_t line = 0;  // first line in the input, for messages
+  const std::string* file = nullptr;  // the input file it is in
+  size_t line = 0;  // its first line in that file, for messages
   std::string raw;  // a JSON line, or the text itself
   std::vector<std::vector<std::vector<int32_t>>> items;  // (keys, items, tokens)
   std::exception_ptr error;
 };
 
-// Reads the next batch: stops after max_docs documents or max_bytes of input.
+// Reads the next batch: stops after max_docs documents or max_bytes of input. The files are read
+// one after the other; a document never spans two files.
 class Reader {
  public:
-  Reader(const std::string& path, bool json) : path_(path), json_(json), in_(path, std::ios::binary) {
-    if (!in_) throw file_error(path, "cannot open the input file");
+  // Every file is opened (and its format checked) before anything is written.
+  Reader(const std::vector<std::string>& paths, bool json) : json_(json) {
+    for (const auto& p : paths) sources_.emplace_back(p);
   }
   bool next_batch(std::vector<Doc>& batch, size_t max_docs, size_t max_bytes) {
     batch.clear();
@@ -144,13 +176,12 @@ class Reader {
     std::string line;
     Doc cur;
     bool in_doc = false;
-    while (batch.size() < max_docs && bytes < max_bytes && std::getline(in_, line)) {
+    while (batch.size() < max_docs && bytes < max_bytes && next_line(line, in_doc, cur, batch, bytes)) {
       ++line_no_;
-      bytes_read_ += line.size() + 1;
       const bool blank = line.find_first_not_of(" \t\r\f\v") == std::string::npos;
       if (json_) {
         if (blank) continue;  // tolerate blank lines, e.g. at the end
-        batch.push_back(Doc{line_no_, std::move(line), {}, nullptr});
+        batch.push_back(Doc{&path(), line_no_, std::move(line), {}, nullptr});
         bytes += batch.back().raw.size();
         continue;
       }
@@ -165,6 +196,7 @@ class Reader {
         continue;
       }
       if (!in_doc) {
+        cur.file = &path();
         cur.line = line_no_;
         in_doc = true;
       } else {
@@ -175,9 +207,8 @@ class Reader {
     // A text document in progress continues into the next batch only if we stopped early; keep it
     // simple by finishing it here (it is at most one document over the limits).
     if (in_doc) {
-      while (std::getline(in_, line)) {
+      while (at_ < sources_.size() && sources_[at_].getline(line)) {
         ++line_no_;
-        bytes_read_ += line.size() + 1;
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.find_first_not_of(" \t\r\f\v") == std::string::npos) break;
         cur.raw += '\n';
@@ -185,17 +216,45 @@ class Reader {
       }
       batch.push_back(std::move(cur));
     }
-    if (in_.bad()) throw file_error(path_, "read error after line " + std::to_string(line_no_));
     return !batch.empty();
   }
-  uint64_t bytes_read() const { return bytes_read_; }
+  /// Bytes of the files read so far (compressed bytes for compressed files).
+  uint64_t bytes_read() const {
+    uint64_t n = 0;
+    for (const auto& s : sources_) n += s.file_bytes();
+    return n;
+  }
+  /// Each file's compression, for the start line ("zstd" or "none, gzip, ...").
+  std::string compressions() const {
+    std::string all;
+    for (const auto& s : sources_)
+      if (all.find(s.compression()) == std::string::npos) all += (all.empty() ? "" : ", ") + std::string(s.compression());
+    return all;
+  }
 
  private:
-  std::string path_;
+  const std::string& path() const { return sources_[at_].path(); }
+  // The next line of the current file, moving on to the next file at its end (a text document in
+  // progress ends with its file).
+  bool next_line(std::string& line, bool& in_doc, Doc& cur, std::vector<Doc>& batch, size_t& bytes) {
+    while (at_ < sources_.size()) {
+      if (sources_[at_].getline(line)) return true;
+      if (in_doc) {
+        bytes += cur.raw.size();
+        batch.push_back(std::move(cur));
+        cur = Doc{};
+        in_doc = false;
+      }
+      ++at_;
+      line_no_ = 0;
+    }
+    return false;
+  }
+
   bool json_;
-  std::ifstream in_;
+  std::vector<io::TextSource> sources_;
+  size_t at_ = 0;  // the file being read
   size_t line_no_ = 0;
-  uint64_t bytes_read_ = 0;
 };
 
 void tokenize(Doc& doc, const Options& o, const io::Gpt2Tokenizer& tok, bool json) {
@@ -209,18 +268,18 @@ void tokenize(Doc& doc, const Options& o, const io::Gpt2Tokenizer& tok, bool jso
       std::string msg = e.what();
       if (auto p = msg.find("] "); p != std::string::npos) msg = msg.substr(p + 2);  // drop "[json.exception...]"
       if (msg.rfind("parse error at line 1, ", 0) == 0) msg = "parse error at " + msg.substr(23);  // our line is the line
-      throw file_error(o.input, where + "invalid JSON: " + msg);
+      throw file_error(*doc.file, where + "invalid JSON: " + msg);
     }
-    if (!j.is_object()) throw file_error(o.input, where + "expected a JSON object");
+    if (!j.is_object()) throw file_error(*doc.file, where + "expected a JSON object");
     for (size_t k = 0; k < o.json_keys.size(); ++k) {
       auto it = j.find(o.json_keys[k]);
-      if (it == j.end()) throw file_error(o.input, where + "no key '" + o.json_keys[k] + "'", "check --json-keys");
+      if (it == j.end()) throw file_error(*doc.file, where + "no key '" + o.json_keys[k] + "'", "check --json-keys");
       if (it->is_string()) {
         texts[k].push_back(it->get<std::string>());
       } else if (it->is_array() && std::all_of(it->begin(), it->end(), [](const auto& x) { return x.is_string(); })) {
         for (const auto& s : *it) texts[k].push_back(s.get<std::string>());
       } else {
-        throw file_error(o.input, where + "'" + o.json_keys[k] + "' must be a string or a list of strings");
+        throw file_error(*doc.file, where + "'" + o.json_keys[k] + "' must be a string or a list of strings");
       }
     }
   } else {
@@ -252,7 +311,7 @@ int run(int argc, char** argv) {
   const auto tok = io::Gpt2Tokenizer::from_files(o.vocab_file, o.merge_file);
   const io::DType dtype = io::best_fitting_dtype(tok.vocab_size());
   const bool json = o.input_format == "json";
-  Reader reader(o.input, json);
+  Reader reader(o.inputs, json);
 
   const auto parent = std::filesystem::path(o.output_prefix).parent_path();
   if (!parent.empty() && !std::filesystem::is_directory(parent))
@@ -263,13 +322,15 @@ int run(int argc, char** argv) {
     outputs.push_back(o.output_prefix + "_" + key + "_document");
     builders.push_back(std::make_unique<io::IndexedDatasetBuilder>(outputs.back(), dtype));
   }
-  std::printf("preprocess_data: %s -> %s_{%s}_document (%s, vocab %zu, dtype %s, %zu worker%s)\n", o.input.c_str(),
+  const std::string inputs = o.inputs.size() == 1 ? o.inputs[0] : std::to_string(o.inputs.size()) + " files";
+  std::printf("preprocess_data: %s -> %s_{%s}_document (%s, compression %s, vocab %zu, dtype %s, %zu worker%s)\n",
+              inputs.c_str(),
               o.output_prefix.c_str(), [&] {
                 std::string s;
                 for (const auto& k : o.json_keys) s += (s.empty() ? "" : ",") + k;
                 return s;
               }().c_str(),
-              json ? "jsonl" : "text", tok.vocab_size(), io::dtype_name(dtype), o.workers, o.workers == 1 ? "" : "s");
+              json ? "jsonl" : "text", reader.compressions().c_str(), tok.vocab_size(), io::dtype_name(dtype), o.workers, o.workers == 1 ? "" : "s");
   std::fflush(stdout);
 
   const auto t_start = std::chrono::steady_clock::now();
