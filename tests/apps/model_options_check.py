@@ -15,10 +15,12 @@
 - generate loads it; a resume with LayerNorm is refused in one line naming the missing bias; export
   (which writes GPT-2) is refused in one line; an unknown kind is refused naming the flag.
 
---swiglu --disable-bias-linear (with RMSNorm, on 2 tensor-parallel ranks with sequence parallelism):
+--swiglu --disable-bias-linear --untie-embeddings-and-output-weights (with RMSNorm, on 2
+tensor-parallel ranks with sequence parallelism):
 - trains at Megatron's default width int(4 x 32 x 2/3 / 64) x 64 = 64, says so at start; the
   checkpoint records swiglu, the width and no linear biases, its fc holds gate and up (128 x 32)
-  and it has no bias tensor at all; generate loads it; export is refused in one line.
+  and it has no bias tensor at all, and an output layer of its own (384 x 32); generate loads it;
+  export is refused in one line.
 
 model_options_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --generate GENERATE --mpi "MPIRUN -np 2 ..." --workdir DIR
 """
@@ -98,6 +100,7 @@ c.one_line_error("unknown kind", p, "pretrain_gpt", ["--normalization", "batchno
 # --swiglu
 glu = os.path.join(a.workdir, "glu")
 p = c.run(shlex.split(a.mpi) + [a.gpt, *base, "--swiglu", "--disable-bias-linear", "--normalization", "rmsnorm",
+                                "--untie-embeddings-and-output-weights",
                                 "--tensor-model-parallel-size", "2",
                                 "--sequence-parallel", "--train-iters", "2", "--save", glu])
 c.check("SwiGLU" in p.stdout and "MLP width 64" in p.stdout and "no linear biases" in p.stdout,
@@ -106,12 +109,15 @@ if os.path.exists(os.path.join(glu, "latest")):
     with h5py.File(latest(glu), "r") as f:
         arch = json.loads(f.attrs["architecture"])
         fc = f["model/layers/0/mlp/dense_h_to_4h/weight"].shape
+        head = f["model/output_layer/weight"].shape if "model/output_layer/weight" in f else None
         names = []
         f["model"].visit(names.append)
     c.check(arch.get("swiglu") is True and arch.get("ffn_hidden_size") == 64 and arch.get("add_bias_linear") is False,
             f"the architecture records swiglu, width 64, no linear biases ({arch.get('swiglu')}, "
             f"{arch.get('ffn_hidden_size')}, {arch.get('add_bias_linear')})")
     c.check(not any(n.endswith("/bias") for n in names), f"no bias tensor ({[n for n in names if n.endswith('/bias')][:3]})")
+    c.check(head is not None and tuple(head) == (384, 32) and arch.get("untie_embeddings_and_output_weights") is True,
+            f"an output layer of its own, whole ({head})")
     c.check(tuple(fc) == (128, 32), f"fc holds gate and up, whole in the checkpoint ({fc})")
 c.run([a.generate, "--load", glu, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
 p = c.run([a.tool, "export", glu, os.path.join(a.workdir, "glu_export", "model.safetensors")], want=None)

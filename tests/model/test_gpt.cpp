@@ -55,7 +55,8 @@ void check_finite_differences(const model::GptConfig& cfg, bool dropout) {
       size_t step = std::max<size_t>(1, t.numel / 5);
       for (size_t k = 0; k < t.numel; k += step) {
         size_t i = t.offset + k;
-        if (t.name.find("word_embeddings") != std::string::npos && k / 16 >= 23) continue;  // padding rows
+        const bool vocab_rows = t.name.find("word_embeddings") != std::string::npos || t.name == "output_layer.weight";
+        if (vocab_rows && k / 16 >= 23) continue;  // padding rows
         float keep = p[i];
         const float eps = 1e-2f;
         p[i] = keep + eps;
@@ -70,7 +71,7 @@ void check_finite_differences(const model::GptConfig& cfg, bool dropout) {
         }
       }
     }
-    EXPECT_GT(checked, 100);
+    EXPECT_GT(checked, 80);  // 5 points of every tensor (the Llama-shaped model has fewer tensors)
     EXPECT_EQ(bad, 0);
   }
 }
@@ -102,6 +103,17 @@ std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bo
 }  // namespace
 
 TEST(Gpt, BackwardMatchesFiniteDifferences) { check_finite_differences(tiny(), false); }
+
+// Llama's options together: RMSNorm, SwiGLU MLPs 24 wide, no linear biases, an untied output layer.
+TEST(Gpt, LlamaShapedBackwardMatchesFiniteDifferences) {
+  model::GptConfig c = tiny();
+  c.normalization = model::NormKind::rmsnorm;
+  c.mlp = model::MlpKind::swiglu;
+  c.ffn_hidden_size = 24;
+  c.linear_bias = false;
+  c.untie_embeddings = true;
+  check_finite_differences(c, false);
+}
 
 // Tolerances as above: the masks are constants of the step, so the same fp32 differences apply.
 TEST(Gpt, BackwardWithDropoutMatchesFiniteDifferences) { check_finite_differences(with_dropout(0.2, 0.2), true); }

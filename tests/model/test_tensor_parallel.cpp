@@ -51,6 +51,7 @@ struct Shape {
   model::NormKind norm = model::NormKind::layernorm;
   model::MlpKind mlp = model::MlpKind::gelu;
   bool bias = true;  // false: --disable-bias-linear
+  bool untie = false;  // --untie-embeddings-and-output-weights
 };
 
 model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, Shape shape = {}) {
@@ -59,6 +60,7 @@ model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp
   c.normalization = shape.norm;
   c.mlp = shape.mlp;
   c.linear_bias = shape.bias;
+  c.untie_embeddings = shape.untie;
   c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
@@ -204,6 +206,11 @@ TEST(TensorParallel, SequenceParallelSwiGluGptMatchesUnsplitModel) {
 // --disable-bias-linear (with Llama's norm and MLP): no row-parallel bias to add on rank 0 only.
 TEST(TensorParallel, LlamaShapedGptWithoutBiasesMatchesUnsplitModel) {
   check_model(false, false, false, false, false, false, false, {24, model::NormKind::rmsnorm, model::MlpKind::swiglu, false});
+}
+// --untie-embeddings-and-output-weights: the output layer vocab-parallel as the embedding (with SP).
+TEST(TensorParallel, SequenceParallelUntiedLlamaShapedGptMatchesUnsplitModel) {
+  check_model(false, false, true, false, false, false, false,
+              {24, model::NormKind::rmsnorm, model::MlpKind::swiglu, false, true});
 }
 TEST(TensorParallel, ExpertTensorParallelResidualSwiGluMoeMatchesUnsplitModel) {
   check_model(true, true, false, true, false, false, false, {24, model::NormKind::layernorm, model::MlpKind::swiglu});

@@ -52,16 +52,19 @@ TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
   auto glu = shape(2, 128, 2, 64, 256);
   glu.mlp = model::MlpKind::swiglu;  // fc 2F x C, F = int(4 x 128 x 2/3 / 64) x 64 = 320
   glu.linear_bias = false;           // and no linear biases
+  glu.untie_embeddings = true;       // and an output layer of its own
   for (auto g : {shape(2, 64, 2, 64, 256), shape(4, 128, 4, 128, 512), shape(3, 96, 3, 40, 1000),
                  shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow, rms, glu}) {
     model::Gpt m(g, kernels::Precision::fp32, false);
     const GptSize s = gpt_size(g);
     EXPECT_EQ(s.params, m.layout().numel()) << g.describe();
     const auto& blocks = m.layout().blocks();
-    ASSERT_EQ(blocks.size(), (size_t)g.num_layers + 2);
+    const size_t untied = g.untie_embeddings ? 1 : 0;  // the output layer's block, last
+    ASSERT_EQ(blocks.size(), (size_t)g.num_layers + 2 + untied);
     EXPECT_EQ(s.embedding, blocks.front().numel);
     EXPECT_EQ(s.layer, blocks[1].numel);
-    EXPECT_EQ(s.final_norm, blocks.back().numel);
+    EXPECT_EQ(s.final_norm, blocks[g.num_layers + 1].numel);
+    EXPECT_EQ(s.output_layer, untied ? blocks.back().numel : 0u);
     size_t largest = 0;
     for (const auto& b : blocks) largest = std::max(largest, b.numel);
     EXPECT_EQ(s.largest_block, largest) << g.describe();
@@ -97,6 +100,7 @@ TEST(MemoryEstimate, MoeCountsWhatARankHolds) {
     if (k.residual) g.normalization = model::NormKind::rmsnorm;  // and RMSNorm in the residual ones
     if (k.EP == 2) g.mlp = model::MlpKind::swiglu;  // and SwiGLU at EP 2
     if (k.T == 2) g.linear_bias = false;            // and no linear biases at T 2
+    if (k.T == 4) g.untie_embeddings = true;        // and an untied head at T 4
     g.tensor_parallel = k.T;
     g.moe.num_experts = k.experts;
     g.moe.residual = k.residual;
@@ -322,6 +326,7 @@ TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
     model::GptConfig g = shape(3, 96, 3, 40, 1000);
     g.ffn_hidden_size = k.save & 1 ? 150 : 0;  // --ffn-hidden-size in some cases (divisible by T = 3)
     if (k.save & 2) g.normalization = model::NormKind::rmsnorm;
+    if (k.save == 1 && !(k.targets & 0x10)) g.untie_embeddings = true;  // a frozen output layer of its own
     if (k.targets & 4) {  // LoRA on a SwiGLU fc: B is 2F x r (its default width, 256, does not split over 3)
       g.mlp = model::MlpKind::swiglu;
       if (!g.ffn_hidden_size) g.ffn_hidden_size = 192;
@@ -346,9 +351,11 @@ TEST(MemoryEstimate, LoraCountsWhatTrainsAndTheFrozenBaseApart) {
     one.tensor_parallel = 1;
     EXPECT_EQ(s.whole_model, model::Gpt::layout_for(one).numel()) << what;
     EXPECT_EQ(s.params + s.frozen, l.numel()) << what;
-    // widened while in use in 16-bit runs: the frozen embedding block (the words) and one layer
-    const uint64_t working = (l.blocks()[0].trains ? 0 : l.blocks()[0].numel) +
-                             l.blocks()[l.find("layers.0.input_layernorm.weight").block].numel;
+    // widened while in use in 16-bit runs: the frozen embedding block (the words) and one layer, or
+    // the untied output layer at the end
+    const uint64_t layer = l.blocks()[l.find("layers.0.input_layernorm.weight").block].numel;
+    const uint64_t head = g.untie_embeddings ? l.blocks()[l.find("output_layer.weight").block].numel : 0;
+    const uint64_t working = (l.blocks()[0].trains ? 0 : l.blocks()[0].numel) + std::max(layer, head);
     EXPECT_EQ(s.frozen_working, working) << what;
   }
   model::GptConfig g = shape(12, 768, 12, 1024, 50257);  // GPT-2 124M, rank 8 on the four linears

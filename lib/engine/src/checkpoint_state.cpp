@@ -132,7 +132,8 @@ namespace {
 // written before the position table was sized apart from --seq-length recorded its rows as
 // seq_length (the two were equal); before --ffn-hidden-size every MLP was 4 x hidden_size wide;
 // before --normalization every norm was a LayerNorm, before --swiglu every MLP a GELU one, before
-// --disable-bias-linear every linear had a bias.
+// --disable-bias-linear every linear had a bias, before --untie-embeddings-and-output-weights the
+// head was the word embedding.
 nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("max_position_embeddings") && a.contains("seq_length"))
     a["max_position_embeddings"] = a["seq_length"];
@@ -143,6 +144,7 @@ nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("normalization")) a["normalization"] = "layernorm";
   if (a.is_object() && !a.contains("swiglu")) a["swiglu"] = false;
   if (a.is_object() && !a.contains("add_bias_linear")) a["add_bias_linear"] = true;
+  if (a.is_object() && !a.contains("untie_embeddings_and_output_weights")) a["untie_embeddings_and_output_weights"] = false;
   return a;
 }
 }  // namespace
@@ -258,7 +260,8 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   // MoE layer's experts add.
   const uint64_t have = f.list_datasets().size();
   const uint64_t norm_t = cfg->normalization == model::NormKind::layernorm ? 2 : 1, lin_t = cfg->linear_bias ? 2 : 1;
-  uint64_t want = 3ull * ((2 * norm_t + 4 * lin_t) * static_cast<uint64_t>(cfg->num_layers) + 2 + norm_t);
+  uint64_t want = 3ull * ((2 * norm_t + 4 * lin_t) * static_cast<uint64_t>(cfg->num_layers) + 2 + norm_t +
+                          (cfg->untie_embeddings ? 1 : 0));
   if (cfg->lora.enabled())  // adapters only: an A and a B per adapted linear of each layer
     want = 6ull * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets)) +
            6ull * static_cast<uint64_t>(__builtin_popcount(cfg->lora.modules_to_save));
@@ -282,6 +285,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
                       {"normalization", model::norm_name(mc.normalization)},
                       {"swiglu", mc.mlp == model::MlpKind::swiglu},
                       {"add_bias_linear", mc.linear_bias},
+                      {"untie_embeddings_and_output_weights", mc.untie_embeddings},
                       {"max_position_embeddings", mc.positions()},
                       {"padded_vocab_size", mc.padded_vocab()}};
   if (mc.moe.enabled(mc.num_layers)) {
@@ -320,6 +324,10 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
     throw file_error(file, "has architecture.add_bias_linear " + json_excerpt(a["add_bias_linear"]) +
                                ", not true or false: the checkpoint is damaged");
   c.linear_bias = a["add_bias_linear"].get<bool>();
+  if (!a["untie_embeddings_and_output_weights"].is_boolean())
+    throw file_error(file, "has architecture.untie_embeddings_and_output_weights " +
+                               json_excerpt(a["untie_embeddings_and_output_weights"]) + ", not true or false: the checkpoint is damaged");
+  c.untie_embeddings = a["untie_embeddings_and_output_weights"].get<bool>();
   c.ffn_hidden_size = field("ffn_hidden_size");
   if (a["normalization"] == "rmsnorm") c.normalization = model::NormKind::rmsnorm;
   else if (a["normalization"] != "layernorm")

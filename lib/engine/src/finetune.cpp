@@ -61,6 +61,12 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
     throw config_error("--disable-bias-linear", std::string(cfg.model.linear_bias ? "--disable-bias-linear is not given" : "--disable-bias-linear is given") +
                                                     " but " + file + "'s linears have " + (mc.linear_bias ? "biases" : "no biases"),
                        "give the --disable-bias-linear of the model the weights belong to");
+  if (cfg.model.untie_embeddings != mc.untie_embeddings)
+    throw config_error("--untie-embeddings-and-output-weights",
+                       std::string(cfg.model.untie_embeddings ? "--untie-embeddings-and-output-weights is given"
+                                                              : "--untie-embeddings-and-output-weights is not given") +
+                           " but " + file + (mc.untie_embeddings ? " has an output layer of its own" : " ties its head to the embedding"),
+                       "give the --untie-embeddings-and-output-weights of the model the weights belong to");
   same("--ffn-hidden-size", cfg.model.ffn(), file, "an MLP width of", mc.ffn());
   if (cfg.model.normalization != mc.normalization)
     throw config_error("--normalization", std::string("--normalization is ") + model::norm_name(cfg.model.normalization) +

@@ -89,6 +89,7 @@ const FlagTable& flag_table() {
       {"--ffn-hidden-size", {true, [](TrainConfig& c, const std::string& v) { c.model.ffn_hidden_size = to_i32("--ffn-hidden-size", v, 1); }, "the MLP's hidden width (default 4 x --hidden-size)"}},
       {"--swiglu", {false, [](TrainConfig& c, const std::string&) { c.model.mlp = model::MlpKind::swiglu; }, "SwiGLU MLPs (Llama's): silu(gate) * up, default width int(4h x 2/3 / 64) x 64"}},
       {"--disable-bias-linear", {false, [](TrainConfig& c, const std::string&) { c.model.linear_bias = false; }, "no bias on the attention's and the MLPs' linears (Llama's)"}},
+      {"--untie-embeddings-and-output-weights", {false, [](TrainConfig& c, const std::string&) { c.model.untie_embeddings = true; }, "the LM head is a tensor of its own (output_layer.weight), not the word embedding"}},
       {"--normalization", {true, [](TrainConfig& c, const std::string& v) {
          if (v == "layernorm" || v == "LayerNorm") c.model.normalization = model::NormKind::layernorm;
          else if (v == "rmsnorm" || v == "RMSNorm") c.model.normalization = model::NormKind::rmsnorm;
@@ -212,7 +213,7 @@ static const char* help_group(const std::string& f) {
   if (any({"--eval-", "--skip-train"})) return "validation";
   if (any({"dropout", "--weight-decay", "--clip-grad", "--adam-"})) return "regularization";
   if (any({"--init-method", "--seed"})) return "initialization";
-  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--normalization", "--swiglu", "--disable-bias-linear", "--seq-length", "--max-position-embeddings",
+  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--normalization", "--swiglu", "--disable-bias-linear", "--untie-embeddings", "--seq-length", "--max-position-embeddings",
            "--vocab-size", "--make-vocab-size", "rotary"}))
     return "network size";
   if (any({"parallel", "--distributed", "--deepspeed", "--deepscale", "--zero-stage", "DDP", "--device",
@@ -408,6 +409,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
             {"normalization", model::norm_name(c.model.normalization)},
             {"swiglu", c.model.mlp == model::MlpKind::swiglu},
             {"add_bias_linear", c.model.linear_bias},
+            {"untie_embeddings_and_output_weights", c.model.untie_embeddings},
             {"seq_length", c.model.max_seq_length},
             {"max_position_embeddings", c.model.positions()},
             {"vocab_size", c.model.vocab_size},

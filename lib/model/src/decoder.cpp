@@ -114,7 +114,8 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
   for (int i = 0; i < K; ++i)  // the rows that need logits, packed
     std::copy(x_.data() + (size_t)out_rows[i] * C, x_.data() + (size_t)(out_rows[i] + 1) * C, res_.data() + (size_t)i * C);
   norm_.forward(NormWeights::at(block(t_.final_block), t_.final_norm), res_.data(), ln_.data(), stats, K);
-  ops_->matmul_forward(logits, ln_.data(), wte, nullptr, K, C, Vp_, kernels::Precision::fp32);  // the tied head
+  const float* head = t_.output_block < 0 ? wte : block(t_.output_block) + t_.output;  // tied: the word embedding
+  ops_->matmul_forward(logits, ln_.data(), head, nullptr, K, C, Vp_, kernels::Precision::fp32);
 }
 
 void Decoder::mlp(const MlpWeights& w, const float* in, float* out, int R) {

@@ -358,7 +358,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
 
 // Final norm + tied LM head + loss, chunked over rows. With backward, also writes d(x) into dx
 // (overwritten) and accumulates the head's share of d(wte) and the final norm's gradients.
-double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
+double Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
                  int T, float dloss, bool backward, float* dx) {
   const int N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   Workspace& w = *ws_;
@@ -374,15 +374,14 @@ double Gpt::head(const float* ep, float* eg, const float* fp, float* fg, const f
   for (int r0 = 0; r0 < N; r0 += kHeadRows) {
     int rows = std::min(kHeadRows, N - r0);
     const float* xin = w.lnf + (size_t)r0 * C;
-    ops_->matmul_forward(w.logits, xin, ep + tensors_.wte, nullptr, rows, C, Vl_, precision_);
+    ops_->matmul_forward(w.logits, xin, hw, nullptr, rows, C, Vl_, precision_);
     lora_head(xin, w.logits, rows, false, nullptr);
     if (tp_.enabled())
       tp_.cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, Vl_, vstart_, V, backward);
     else
       ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
     if (backward) {
-      ops_->matmul_backward(w.dln + (size_t)r0 * C, eg ? eg + tensors_.wte : nullptr, nullptr, w.logits, xin, ep + tensors_.wte, rows,
-                            C, Vl_, precision_);
+      ops_->matmul_backward(w.dln + (size_t)r0 * C, hg, nullptr, w.logits, xin, hw, rows, C, Vl_, precision_);
       lora_head(xin, w.logits, rows, true, w.dln + (size_t)r0 * C);
     }
   }
@@ -441,6 +440,23 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   return ep;
 }
 
+std::pair<const float*, float*> Gpt::use_head(ParamStore& store, const float* ep, bool grads) {
+  // A frozen block (LoRA's base) has no gradients: null, not an offset from null.
+  if (tensors_.output_block < 0) {
+    float* g = grads ? store.grads(0) : nullptr;
+    return {ep + tensors_.wte, g ? g + tensors_.wte : nullptr};
+  }
+  const float* p = store.params(tensors_.output_block) + tensors_.output;
+  float* g = grads ? store.grads(tensors_.output_block) : nullptr;
+  return {p, g ? g + tensors_.output : nullptr};
+}
+
+void Gpt::done_head(ParamStore& store, bool grads) {
+  if (tensors_.output_block < 0) return;
+  store.release(tensors_.output_block);
+  if (grads) store.grads_ready(tensors_.output_block);
+}
+
 double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T,
                              float dloss) {
   const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
@@ -457,10 +473,12 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const int F = tensors_.final_block;
   const float* fp = store.params(F);
   if (emb_lora_block_ >= 0) emb_lora_g_ = store.grads(emb_lora_block_);
-  double loss = head(ep, store.grads(0), fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
+  const auto [hw, hg] = use_head(store, ep, true);
+  double loss = head(hw, hg, fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
+  done_head(store, true);
   if (emb_lora_block_ >= 0) store.release(emb_lora_block_);
   store.release(F);
-  store.release(0);  // the tied head was the last reader of the embedding's parameters (ZeRO-3 frees them now)
+  store.release(0);  // a tied head was the last reader of the embedding's parameters (ZeRO-3 frees them now)
   store.grads_ready(F);
   for (int l = L - 1; l >= 0; --l) {
     LayerActs& a = w.acts[recompute_ ? 0 : l];
@@ -513,7 +531,10 @@ double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const in
   const int L = cfg_.num_layers;
   const size_t NC = tp_.local_rows((size_t)B * T) * cfg_.hidden_size;
   emb_lora_g_ = nullptr;
-  double loss = head(ep, nullptr, store.params(tensors_.final_block), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
+  const auto [hw, hg] = use_head(store, ep, false);
+  double loss = head(hw, hg, store.params(tensors_.final_block), nullptr, w.res + L * NC, targets, B, T, 0.0f, false,
+                     nullptr);
+  done_head(store, false);
   if (emb_lora_block_ >= 0) store.release(emb_lora_block_), emb_lora_p_ = nullptr;
   store.release(tensors_.final_block);
   store.release(0);

@@ -70,6 +70,10 @@ void GptConfig::validate() const {
       throw config_error("--lora-alpha", "--lora-alpha must be positive, got " + std::to_string(lora.alpha));
     if (moe.enabled(num_layers))
       throw config_error("--lora-rank", "LoRA adapts the dense GPT's linears; this model has MoE layers (--num-experts)");
+    if (untie_embeddings && lora.adapts(LoraConfig::embedding))
+      throw config_error("--lora-targets", "--lora-targets embedding adapts the word embedding that is also the output "
+                                           "head; with --untie-embeddings-and-output-weights they are two tensors",
+                         "drop embedding from --lora-targets");
   } else if (lora.rank < 0) {
     throw config_error("--lora-rank", "--lora-rank must not be negative, got " + std::to_string(lora.rank));
   }
@@ -161,7 +165,8 @@ std::string GptConfig::describe() const {
          std::to_string(num_heads) + " heads, " +
          (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) +
          (normalization != NormKind::layernorm ? std::string(norm_name(normalization)) + ", " : std::string()) +
-         (mlp == MlpKind::swiglu ? "SwiGLU, " : "") + (linear_bias ? "" : "no linear biases, ") + "seq " +
+         (mlp == MlpKind::swiglu ? "SwiGLU, " : "") + (linear_bias ? "" : "no linear biases, ") +
+         (untie_embeddings ? "untied output layer, " : "") + "seq " +
          std::to_string(max_seq_length) +
          (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +

@@ -102,6 +102,11 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
   size_t base = layout.numel();
   found.final_block = static_cast<int>(layout.blocks().size()) - 1;
   found.final_norm = Norm::declare(layout, "final_layernorm", C, rep, base, cfg.normalization);
+  if (cfg.untie_embeddings) {  // the LM head's own weight, vocab-parallel as the embedding (Megatron's output_layer)
+    layout.begin_block("output_layer");
+    found.output_block = static_cast<int>(layout.blocks().size()) - 1;
+    found.output = layout.add("output_layer.weight", {Vp, C}, true, col, w).offset - layout.blocks().back().offset;
+  }
   if (cfg.lora.enabled())  // LoRA: the base model is frozen; the adapters and any modules to save train
     for (size_t b = 0; b < layout.blocks().size(); ++b) {
       const std::string& n = layout.blocks()[b].name;

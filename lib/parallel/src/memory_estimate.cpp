@@ -50,7 +50,8 @@ void count_lora(const model::GptConfig& cfg, GptSize& s) {
   const uint64_t pos = lo.own_position_block() ? (uint64_t)cfg.positions() * C : 0;  // wpe (T, C), a block apart
   const uint64_t base = s.params, adapters = layer_adapters * (uint64_t)cfg.num_layers + emb_adapters;
   s.frozen = base - norm - emb - pos;
-  s.frozen_working = (emb ? 0 : s.embedding - pos) + s.layer;
+  // the embedding is held from the input to the head; with it a layer, or at the end an untied head
+  s.frozen_working = (emb ? 0 : s.embedding - pos) + std::max(s.layer, s.output_layer);
   s.params = s.dense = adapters + norm + emb + pos;
   model::GptConfig one = cfg;  // whole_model counts the model at T = 1 (its padded vocabulary)
   one.tensor_parallel = 1;
@@ -82,12 +83,13 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   // biases: the b terms)
   s.layer = (4 * C * C + b * 3 * C + G * C + b * G + C * F) / P + b * 2 * C + 2 * norm;
   s.final_norm = norm;
+  s.output_layer = cfg.untie_embeddings ? Vp / P * C : 0;
   // An MoE layer: the attention and norms, the router (E, C) whole, a residual MoE's dense MLP and
   // coefficient (2C + 2); each expert fc (G*C + G) + fcproj (C*F) + C, split like the MLP with
   // expert tensor parallelism.
   const uint64_t attention = (4 * C * C + b * 3 * C) / P + b * C + 2 * norm, mlp = (G * C + b * G + C * F) / P + b * C;
   s.expert = cfg.moe.expert_tensor_parallel ? mlp : G * C + b * G + C * F + b * C;
-  s.dense = s.embedding + s.final_norm;
+  s.dense = s.embedding + s.final_norm + s.output_layer;
   uint64_t largest_moe = 0;
   for (int l = 0; l < cfg.num_layers; ++l) {
     const int E = cfg.moe.experts_of(l, cfg.num_layers);
@@ -112,9 +114,9 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   s.largest_block_name = "embedding";
   const bool dense_layers = s.moe_layers < cfg.num_layers;
   for (auto [n, name] : {std::pair{dense_layers ? s.layer : 0, "layer"}, {largest_moe, "moe layer"},
-                         {s.moe_layers ? s.expert : 0, "expert"}})
+                         {s.moe_layers ? s.expert : 0, "expert"}, {s.output_layer, "output layer"}})
     if (n > s.largest_block) s.largest_block = n, s.largest_block_name = name;
-  s.largest_dense_block = std::max({s.embedding, dense_layers ? s.layer : 0, largest_moe});
+  s.largest_dense_block = std::max({s.embedding, dense_layers ? s.layer : 0, largest_moe, s.output_layer});
   if (P == 1 && expert_parallel == 1 && !cfg.moe.expert_tensor_parallel) {
     s.whole_model = s.params;
   } else {
@@ -455,6 +457,7 @@ nlohmann::json MemoryEstimate::json() const {
             {"normalization", model::norm_name(model.normalization)},
             {"swiglu", model.mlp == model::MlpKind::swiglu},
             {"add_bias_linear", model.linear_bias},
+            {"untie_embeddings_and_output_weights", model.untie_embeddings},
             {"seq_length", model.max_seq_length},
             {"max_position_embeddings", model.positions()},
             {"vocab_size", model.vocab_size},

@@ -121,6 +121,9 @@ struct GptConfig {
   int ffn_hidden_size = 0;
   MlpKind mlp = MlpKind::gelu;  // --swiglu: every MLP's kind (model/mlp.hpp)
   bool linear_bias = true;      // --disable-bias-linear clears it: no bias on the attention's and MLPs' linears
+  // --untie-embeddings-and-output-weights: the LM head is its own (Vp, C) tensor, "output_layer.weight"
+  // in a block of its own after the final norm, instead of the word embedding.
+  bool untie_embeddings = false;
   NormKind normalization = NormKind::layernorm;  // --normalization: every norm's kind (model/norm.hpp)
   int max_seq_length = 64;  // the longest sequence trained on (--seq-length)
   int max_position_embeddings = 0;  // learned position table rows (Megatron's flag); 0: max_seq_length
@@ -192,6 +195,8 @@ struct GptTensors {
   size_t wpe = 0;
   int final_block = 0;       // "final_norm"
   NormTensors final_norm;
+  int output_block = -1;     // untied: "output_layer", the LM head's own block; -1: the head is wte
+  size_t output = 0;         // its weight (Vp, C), offset in that block
 };
 
 class Gpt {
@@ -427,8 +432,15 @@ class Gpt {
                          int T, bool fresh);
   void run_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                           float* dres, int B, int T);
-  double head(const float* ep, float* eg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
+  /// Final norm (fp/fg: the final block) and the LM head (hw, its weight; hg, its gradient or null)
+  /// + loss, chunked over rows.
+  double head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
               int T, float dloss, bool backward, float* dx);
+  /// The LM head's weight and (with grads) its gradient: the word embedding's (ep, the embedding
+  /// block's parameters, held by the caller), or the untied output layer's, taken from the store;
+  /// done_head releases the latter (and reports its gradient complete).
+  std::pair<const float*, float*> use_head(ParamStore& store, const float* ep, bool grads);
+  void done_head(ParamStore& store, bool grads);
 
   GptConfig cfg_;
   kernels::Precision precision_;

@@ -41,7 +41,8 @@ struct GptSize {
   uint64_t moe_layer = 0;      // an MoE layer's block without its experts (attention, norms, router, residual MLP)
   uint64_t expert = 0;         // one expert's block: 8 C^2 + 5 C (its part with expert tensor parallelism)
   int moe_layers = 0;
-  uint64_t final_norm = 0;     // 2 C
+  uint64_t final_norm = 0;     // 2 C (C with RMSNorm)
+  uint64_t output_layer = 0;   // the untied LM head (Vp/T, C), a block of its own; 0 when tied
   uint64_t largest_block = 0;  // ZeRO-3's gather unit: the largest block
   std::string largest_block_name;
   uint64_t largest_dense_block = 0;  // the largest block but the experts (MoE: each group's engine has its own buffers)
@@ -51,7 +52,8 @@ struct GptSize {
   // working precision (parallel::GroupedStore's frozen group), with no gradient or optimizer state.
   uint64_t frozen = 0;          // the frozen base's parameters (0 without LoRA)
   uint64_t frozen_working = 0;  // of those, the most widened to fp32 at once in 16-bit runs: the
-                                // embedding (read from the input to the tied head) + one layer
+                                // embedding (read from the input to the head) + one layer, or
+                                // at the end an untied head if that is larger
 };
 /// Validates cfg (config_error naming the flag) and counts; expert_parallel must divide every MoE
 /// layer's experts (config_error naming --moe-expert-parallel-size).
