@@ -150,6 +150,26 @@ TEST(CudaOps, LayerNormOverSeveralRowChunks) {
   expect_close("layernorm dbias", g.get(d_db, C), db);
 }
 
+// Rotary positions on the device against the CPU's: 2 x 50 rows, 4 heads of 16 with 12 rotated,
+// explicit positions up to 4000 (angles to 4000 rad: fp32 sin/cos and powf against the CPU's
+// double-rounded frequencies differ by ~1e-4 there), forward then inverse (which must restore).
+TEST(CudaOps, Rope) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int B = 2, T = 50, C = 64, NH = 4, rot = 12;
+  Vec qkv = randn((size_t)B * T * 3 * C, 1);
+  std::vector<int32_t> pos(B * T);
+  for (int i = 0; i < B * T; ++i) pos[i] = (i * 83) % 4001;
+  float* d = g.put(qkv);
+  const int32_t* dp = g.put(pos);
+  Vec ref = qkv;
+  cpu->rope(ref.data(), B, T, C, NH, rot, 10000.0f, pos.data(), false);
+  g.be->rope(d, B, T, C, NH, rot, 10000.0f, dp, false);
+  expect_close("rope forward", g.get(d, qkv.size()), ref, 1e-3, 1e-3);
+  g.be->rope(d, B, T, C, NH, rot, 10000.0f, dp, true);
+  expect_close("rope inverse restores", g.get(d, qkv.size()), qkv, 1e-5, 1e-5);
+}
+
 // SwiGLU on the device against the CPU's: 300 rows of [gate | up], F = 50; expf against the CPU's
 // exp and one product per element: default tolerances.
 TEST(CudaOps, SwiGlu) {

@@ -149,8 +149,12 @@ void encoder_forward(float* out, const int32_t* tokens, const float* wte, const 
   }
   Kokkos::parallel_for("encoder_forward", Policy(0, BT), KOKKOS_LAMBDA(size_t bt) {
     const float* e = wte + (size_t)tokens[bt] * C;             // (C)
-    const float* p = wpe + (pos ? pos[bt] : bt % T) * C;       // (C)
     float* o = out + bt * C;                       // (C)
+    if (!wpe) {  // no learned positions (rotary ones are applied in attention)
+      std::copy(e, e + C, o);
+      return;
+    }
+    const float* p = wpe + (pos ? pos[bt] : bt % T) * C;       // (C)
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
   });
@@ -167,7 +171,8 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   }
   constexpr int kCols = 256;
   const int blocks = (C + kCols - 1) / kCols;
-  if (!pos) {
+  if (!dwpe) pos = nullptr;  // no position table: the word embedding's gradient only
+  if (!pos && dwpe) {
     // dwpe: position t collects its B rows, positions are independent.
     Kokkos::parallel_for("encoder_backward_wpe", Policy(0, T), KOKKOS_LAMBDA(int t) {
       float* dp = dwpe + (size_t)t * C;  // (C)
@@ -269,6 +274,35 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   });
   add_partials(dweight, partials, chunks, C, 2 * (size_t)C);
   add_partials(dbias, partials + C, chunks, C, 2 * (size_t)C);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rotary position embedding
+
+void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse) {
+  require_backend("rope");
+  require(B >= 0 && T > 0 && NH > 0 && C % NH == 0 && rot > 0 && rot % 2 == 0 && rot <= C / NH && theta > 0, "rope",
+          "need C divisible by NH and an even rot in (0, C/NH], theta > 0 (C=" + std::to_string(C) + ", NH=" +
+              std::to_string(NH) + ", rot=" + std::to_string(rot) + ")");
+  const int d = C / NH, half = rot / 2;
+  std::vector<float> inv(half);  // theta^(-2i/rot), in double then rounded once
+  for (int i = 0; i < half; ++i) inv[i] = static_cast<float>(std::pow((double)theta, -2.0 * i / rot));
+  const float* invp = inv.data();
+  const float sign = inverse ? -1.0f : 1.0f;
+  Kokkos::parallel_for("rope", Policy(0, (int64_t)B * T), KOKKOS_LAMBDA(int64_t r) {
+    const float p = static_cast<float>(pos ? pos[r] : r % T);
+    float* row = qkv + (size_t)r * 3 * C;
+    for (int i = 0; i < half; ++i) {
+      const float ang = p * invp[i], c = std::cos(ang), s = sign * std::sin(ang);
+      for (int sec = 0; sec < 2; ++sec)  // q, then k
+        for (int h = 0; h < NH; ++h) {
+          float* x = row + (size_t)sec * C + (size_t)h * d;
+          const float a = x[i], b = x[i + half];
+          x[i] = a * c - b * s;
+          x[i + half] = b * c + a * s;
+        }
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

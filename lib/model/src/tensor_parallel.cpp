@@ -123,13 +123,13 @@ void TensorParallel::embedding_forward(float* out, const int32_t* tokens, const 
   // g: every token's row comes from the one rank that holds it (this rank's rows only under
   // sequence parallelism, written from row 0 of out).
   reduce_scatter(parts, out, N * C);
-  ops_->add_position_rows(out, wpe, pos, first_row(N), local_rows(N), T, C);
+  if (wpe) ops_->add_position_rows(out, wpe, pos, first_row(N), local_rows(N), T, C);  // null: rotary positions
 }
 
 void TensorParallel::embedding_backward(float* dwte_part, float* dwpe, const float* dout, const int32_t* tokens, int B,
                                         int T, int C, int vstart, int vrows, const int32_t* pos) {
   // Each gradient element sums its tokens' rows in token order, as the backend's encoder_backward.
-  ops_->encoder_backward(nullptr, dwpe, dout, tokens, B, T, C, pos);
+  if (dwpe) ops_->encoder_backward(nullptr, dwpe, dout, tokens, B, T, C, pos);
   if (dwte_part) ops_->vocab_rows_backward(dwte_part, dout, tokens, (size_t)B * T, C, vstart, vrows);
 }
 

@@ -42,6 +42,27 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   }
 }
 
+// Rotary positions: one thread per (row, q or k, head, pair i < rot/2).
+__global__ void rope_kernel(float* qkv, int T, int C, int NH, int rot, float theta, const int32_t* pos, float sign,
+                            size_t n) {
+  const int d = C / NH, half = rot / 2;
+  HPCT_GRID_STRIDE(k, n) {
+    const int i = (int)(k % half);
+    const size_t rest = k / half;
+    const int h = (int)(rest % NH), sec = (int)((rest / NH) % 2);
+    const size_t r = rest / NH / 2;
+    const float p = (float)(pos ? pos[r] : (int)(r % T));
+    const float ang = p * powf(theta, -2.0f * i / rot);
+    float s, c;
+    sincosf(ang, &s, &c);
+    s *= sign;
+    float* x = qkv + r * 3 * C + (size_t)sec * C + (size_t)h * d;
+    const float a = x[i], b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
 // SwiGLU: element i of the (rows, F) output reads gate and up of its row.
 __global__ void swiglu_forward_kernel(float* out, const float* inp, size_t n, int F) {
   HPCT_GRID_STRIDE(i, n) {
@@ -142,6 +163,17 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, c
   if (n == 0) return;
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
   check_launch("gelu_backward");
+}
+
+void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse,
+          cudaStream_t stream) {
+  if (NH <= 0 || C % NH != 0 || rot <= 0 || rot % 2 != 0 || rot > C / NH || T <= 0)
+    throw Error("hpct::kernels::cuda::rope: need C divisible by NH and an even rot in (0, C/NH] (C=" + std::to_string(C) +
+                ", NH=" + std::to_string(NH) + ", rot=" + std::to_string(rot) + ")");
+  const size_t n = (size_t)B * T * 2 * NH * (rot / 2);
+  if (n == 0) return;
+  rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(qkv, T, C, NH, rot, theta, pos, inverse ? -1.0f : 1.0f, n);
+  check_launch("rope");
 }
 
 void swiglu_forward(float* out, const float* inp, size_t rows, int F, cudaStream_t stream) {

@@ -53,7 +53,7 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const 
   HPCT_GRID_STRIDE(i, n) {
     const size_t bt = i / C, c = i % C;
     const int t = pos ? pos[bt] : (int)(bt % T);
-    out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
+    out[i] = wte[(size_t)tokens[bt] * C + c] + (wpe ? wpe[(size_t)t * C + c] : 0.0f);  // no table: rotary positions
   }
 }
 
@@ -344,6 +344,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
     encoder_backward_wte_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwte, dout, tokens, C, n);
     check_launch("encoder_backward");
   }
+  if (!dwpe) return;  // no position table
   if (pos) encoder_backward_pos_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dwpe, dout, pos, C, n);
   else encoder_backward_wpe_kernel<<<blocks_for((size_t)T * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   check_launch("encoder_backward");

@@ -281,6 +281,9 @@ class CudaOps final : public OpsBackend {
   void swiglu_forward(float* out, const float* inp, size_t rows, int F) override {
     cuda::swiglu_forward(out, inp, rows, F, stream_);
   }
+  void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse) override {
+    cuda::rope(qkv, B, T, C, NH, rot, theta, pos, inverse, stream_);
+  }
   void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) override {
     cuda::swiglu_backward(dinp, inp, dout, rows, F, stream_);
   }

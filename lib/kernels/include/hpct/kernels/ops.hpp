@@ -38,8 +38,9 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 /// must be >= 0 (the caller guarantees < V and < the table's rows).
 void encoder_forward(float* out /*(B,T,C)*/, const int32_t* tokens /*(B,T)*/, const float* wte /*(V,C)*/,
                      const float* wpe /*(maxT,C)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/ = nullptr);
+/// wpe null: no position table (the word embedding alone; rotary positions act in attention).
 /// Accumulates into dwte and dwpe; dwte null: dwpe only (a frozen word embedding, LoRA's
-/// --lora-modules-to-save position_embedding).
+/// --lora-modules-to-save position_embedding); dwpe null: dwte only (no position table).
 void encoder_backward(float* dwte /*(V,C)*/, float* dwpe /*(maxT,C)*/, const float* dout /*(B,T,C)*/,
                       const int32_t* tokens /*(B,T)*/, int B, int T, int C, const int32_t* pos /*(B,T)*/ = nullptr);
 
@@ -58,6 +59,14 @@ void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* inp
 /// xhat = inp * rstd.
 void rmsnorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, const float* dout /*(N,C)*/, const float* inp /*(N,C)*/,
                       const float* weight /*(C)*/, const float* rstd /*(N)*/, int N, int C);
+
+/// Rotary position embedding (RoFormer, Su et al. 2021; GPT-NeoX's and Llama's rotate-half form), in
+/// place on the query and key sections of qkv rows (B*T rows of 3C: q | k | v, NH heads of d = C/NH):
+/// the first `rot` channels of each head, pairs (i, i + rot/2), rotate by angle p * theta^(-2i/rot)
+/// with p the row's position (pos[row], or row % T without pos). inverse: by minus that angle, the
+/// transpose (backward: d(q, k) before rotation from d(q, k) after).
+void rope(float* qkv /*(B*T, 3C)*/, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos /*(B*T)*/,
+          bool inverse);
 
 /// out = inp @ weight^T + bias, weight (OC, C) as nn.Linear; bias may be nullptr.
 void matmul_forward(float* out /*(N,OC)*/, const float* inp /*(N,C)*/, const float* weight /*(OC,C)*/,
