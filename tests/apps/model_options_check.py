@@ -15,12 +15,12 @@
 - generate loads it; a resume with LayerNorm is refused in one line naming the missing bias; export
   (which writes GPT-2) is refused in one line; an unknown kind is refused naming the flag.
 
---swiglu --disable-bias-linear --untie-embeddings-and-output-weights (with RMSNorm, on 2
-tensor-parallel ranks with sequence parallelism):
+--swiglu --disable-bias-linear --untie-embeddings-and-output-weights --use-rotary-position-embeddings
+(with RMSNorm, on 2 tensor-parallel ranks with sequence parallelism):
 - trains at Megatron's default width int(4 x 32 x 2/3 / 64) x 64 = 64, says so at start; the
   checkpoint records swiglu, the width and no linear biases, its fc holds gate and up (128 x 32)
-  and it has no bias tensor at all, and an output layer of its own (384 x 32); generate loads it;
-  export is refused in one line.
+  and it has no bias tensor at all, an output layer of its own (384 x 32) and no position table;
+  generate loads it; export is refused in one line.
 
 model_options_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --generate GENERATE --mpi "MPIRUN -np 2 ..." --workdir DIR
 """
@@ -100,11 +100,12 @@ c.one_line_error("unknown kind", p, "pretrain_gpt", ["--normalization", "batchno
 # --swiglu
 glu = os.path.join(a.workdir, "glu")
 p = c.run(shlex.split(a.mpi) + [a.gpt, *base, "--swiglu", "--disable-bias-linear", "--normalization", "rmsnorm",
-                                "--untie-embeddings-and-output-weights",
+                                "--untie-embeddings-and-output-weights", "--use-rotary-position-embeddings",
                                 "--tensor-model-parallel-size", "2",
                                 "--sequence-parallel", "--train-iters", "2", "--save", glu])
-c.check("SwiGLU" in p.stdout and "MLP width 64" in p.stdout and "no linear biases" in p.stdout,
-        "the start line names SwiGLU, its default width and no linear biases")
+c.check("SwiGLU" in p.stdout and "MLP width 64" in p.stdout and "no linear biases" in p.stdout and
+        "rotary positions (16 channels, theta 10000)" in p.stdout,
+        "the start line names SwiGLU, its default width, no linear biases and rotary positions")
 if os.path.exists(os.path.join(glu, "latest")):
     with h5py.File(latest(glu), "r") as f:
         arch = json.loads(f.attrs["architecture"])
@@ -118,6 +119,8 @@ if os.path.exists(os.path.join(glu, "latest")):
     c.check(not any(n.endswith("/bias") for n in names), f"no bias tensor ({[n for n in names if n.endswith('/bias')][:3]})")
     c.check(head is not None and tuple(head) == (384, 32) and arch.get("untie_embeddings_and_output_weights") is True,
             f"an output layer of its own, whole ({head})")
+    c.check(arch.get("position_embedding_type") == "rope" and arch.get("rope_theta") == 10000 and
+            not any("position_embeddings" in n for n in names), f"rotary positions, no table ({arch.get('position_embedding_type')})")
     c.check(tuple(fc) == (128, 32), f"fc holds gate and up, whole in the checkpoint ({fc})")
 c.run([a.generate, "--load", glu, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
 p = c.run([a.tool, "export", glu, os.path.join(a.workdir, "glu_export", "model.safetensors")], want=None)

@@ -81,9 +81,11 @@ TEST(TrainConfig, HelpReturnsFalse) {
   const std::string h = engine::help_text("pretrain_gpt");
   EXPECT_NE(h.find("--global-batch-size"), std::string::npos);
   // Grouped as Megatron groups its arguments, each flag once.
-  EXPECT_NE(h.find("\nnetwork size:\n  --ffn-hidden-size"), std::string::npos) << h;
-  EXPECT_LT(h.find("\nnetwork size:\n"), h.find("  --hidden-size"));
-  EXPECT_LT(h.find("  --hidden-size"), h.find("\nregularization:\n"));
+  ASSERT_NE(h.find("\nnetwork size:\n  --"), std::string::npos) << h;
+  for (const char* f : {"  --hidden-size", "  --ffn-hidden-size", "  --swiglu", "  --use-rotary-position-embeddings"}) {
+    EXPECT_LT(h.find("\nnetwork size:\n"), h.find(f)) << f;
+    EXPECT_LT(h.find(f), h.find("\nregularization:\n")) << f;
+  }
   EXPECT_LT(h.find("\nregularization:\n"), h.find("  --hidden-dropout"));
   EXPECT_LT(h.find("  --hidden-dropout"), h.find("\ntraining:\n"));
   EXPECT_EQ(h.find("\nother:\n"), std::string::npos) << "a flag without a group";

@@ -1,7 +1,7 @@
 // model/attention.hpp: the self-attention component every layer uses. Its tensors as declared
 // (names, shapes, the q|k|v stride-3 split, initialisation), its forward against a plain causal
-// attention in double, its backward against finite differences, and the hooks (LoRA's) called
-// around each linear.
+// attention in double (with and without rotary positions on all or half of each head's channels),
+// its backward against finite differences, and the hooks (LoRA's) called around each linear.
 #include "hpct/model/attention.hpp"
 
 #include <gtest/gtest.h>
@@ -67,7 +67,8 @@ struct Recorder final : LinearHooks {
 };
 
 struct Case {
-  int B = 2, T = 3, C = 4, NH = 2;
+  int B = 2, T = 3, C = 8, NH = 2;
+  Rotary rotary;  // dims 0: none
   std::vector<float> qkvw, qkvb, projw, projb, x;
   Case() {
     Rng rng(11);
@@ -82,7 +83,9 @@ struct Case {
 };
 
 // Causal multi-head attention in double: q, k, v are the sections of x qkv^T + b, head h the
-// channels [h*d, (h+1)*d); out = concat(softmax(q k^T / sqrt(d)) v) dense^T + b.
+// channels [h*d, (h+1)*d); with rotary positions, q's and k's channel pairs (i, i + rot/2) of each
+// head rotated by t * theta^(-2i/rot) (GPT-NeoX's rotate-half); out = concat(softmax(q k^T /
+// sqrt(d)) v) dense^T + b.
 std::vector<double> reference(const Case& k) {
   const int C = k.C, d = C / k.NH;
   std::vector<double> qkv(k.N() * 3 * C), y(k.N() * C), out(k.N() * C);
@@ -92,6 +95,17 @@ std::vector<double> reference(const Case& k) {
       for (int c = 0; c < C; ++c) s += double(k.x[r * C + c]) * k.qkvw[o * C + c];
       qkv[r * 3 * C + o] = s;
     }
+  if (const int rot = k.rotary.dims; rot > 0)
+    for (int r = 0; r < k.N(); ++r)
+      for (int sec = 0; sec < 2; ++sec)
+        for (int h = 0; h < k.NH; ++h)
+          for (int i = 0; i < rot / 2; ++i) {
+            double* x = &qkv[r * 3 * C + sec * C + h * d];
+            const double ang = (r % k.T) * std::pow(double(k.rotary.theta), -2.0 * i / rot);
+            const double a = x[i], b = x[i + rot / 2];
+            x[i] = a * std::cos(ang) - b * std::sin(ang);
+            x[i + rot / 2] = b * std::cos(ang) + a * std::sin(ang);
+          }
   for (int b = 0; b < k.B; ++b)
     for (int h = 0; h < k.NH; ++h)
       for (int t = 0; t < k.T; ++t) {
@@ -128,7 +142,7 @@ struct Buffers {
 };
 
 void run(const Attention& a, const Case& k, Buffers& s, LinearHooks* hooks) {
-  a.mix(k.w(), k.x.data(), s.qkv.data(), s.att.data(), s.y.data(), k.B, k.T, nullptr, nullptr, hooks);
+  a.mix(k.w(), k.x.data(), s.qkv.data(), s.att.data(), s.y.data(), k.B, k.T, nullptr, nullptr, nullptr, hooks);
   a.project(k.w(), s.y.data(), s.out.data(), k.N(), hooks);
 }
 
@@ -140,10 +154,11 @@ double loss_of(const Attention& a, const Case& k) {  // sum of out * (index + 1)
   return l;
 }
 
-TEST(Attention, ForwardBackwardAndHooks) {
+void forward_backward_and_hooks(Rotary rotary) {
   auto ops = kernels::cpu_ops();
   Case k;
-  const Attention a(*ops, kernels::Precision::fp32, k.C, k.NH, k.C);
+  k.rotary = rotary;
+  const Attention a(*ops, kernels::Precision::fp32, k.C, k.NH, k.C, rotary);
   Buffers s(k, a);
   Recorder rec;
   run(a, k, s, &rec);
@@ -156,7 +171,7 @@ TEST(Attention, ForwardBackwardAndHooks) {
   std::vector<float> gqkvw(k.qkvw.size(), 0.0f), gqkvb(k.qkvb.size(), 0.0f), gprojw(k.projw.size(), 0.0f),
       gprojb(k.C, 0.0f);
   a.backward(k.w(), {gqkvw.data(), gqkvb.data(), gprojw.data(), gprojb.data()}, k.x.data(), s.qkv.data(),
-             s.att.data(), s.y.data(), dout.data(), dx.data(), k.B, k.T, dy.data(), dqkv.data(), nullptr, &rec);
+             s.att.data(), s.y.data(), dout.data(), dx.data(), k.B, k.T, dy.data(), dqkv.data(), nullptr, nullptr, &rec);
   EXPECT_EQ(rec.calls, (std::vector<std::string>{"f0:6", "f1:6", "b1:6", "b0:6"}));  // qkv, proj
   for (auto& e : dx) e -= 1.0f;
   // Central differences in fp32 with h = 1e-2 on a smooth function of O(10) values: truncation and
@@ -180,6 +195,12 @@ TEST(Attention, ForwardBackwardAndHooks) {
   check(k.projw, gprojw, "dense.weight");
   check(k.projb, gprojb, "dense.bias");
 }
+
+TEST(Attention, ForwardBackwardAndHooks) { forward_backward_and_hooks({}); }
+// Rotary positions on every channel of the 4-wide heads, and on half of them (--rotary-percent
+// 0.5); theta 10 so that 3 positions turn the pairs far enough to matter.
+TEST(Attention, RotaryForwardBackwardAndHooks) { forward_backward_and_hooks({4, 10.0f}); }
+TEST(Attention, PartialRotaryForwardBackwardAndHooks) { forward_backward_and_hooks({2, 10.0f}); }
 
 }  // namespace
 

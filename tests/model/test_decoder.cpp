@@ -169,8 +169,11 @@ TEST(Decoder, RmsNormAndMlpWidthAreTheTrainingModels) {
   c.mlp = model::MlpKind::swiglu;
   c.linear_bias = false;
   c.untie_embeddings = true;
+  c.rotary = true;  // the cache holds rotated keys, each new query rotated at its own position
+  c.rope_theta = 100;
   whole_sequence_loss(c);
   cached_greedy(c);
+  batched_steps(c);
   GptConfig m = tiny_moe(2, true);
   m.mlp = model::MlpKind::swiglu;
   m.ffn_hidden_size = 24;

@@ -104,9 +104,12 @@ std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bo
 
 TEST(Gpt, BackwardMatchesFiniteDifferences) { check_finite_differences(tiny(), false); }
 
-// Llama's options together: RMSNorm, SwiGLU MLPs 24 wide, no linear biases, an untied output layer.
+// Llama's options together: RMSNorm, SwiGLU MLPs 24 wide, no linear biases, an untied output layer,
+// rotary positions (theta 100: 6 positions turn the pairs visibly).
 TEST(Gpt, LlamaShapedBackwardMatchesFiniteDifferences) {
   model::GptConfig c = tiny();
+  c.rotary = true;
+  c.rope_theta = 100;
   c.normalization = model::NormKind::rmsnorm;
   c.mlp = model::MlpKind::swiglu;
   c.ffn_hidden_size = 24;

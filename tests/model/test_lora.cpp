@@ -20,11 +20,13 @@ namespace {
 const char* kLinear[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
 constexpr unsigned kAll = 0x1F;  // the four linears and the embedding
 
-// llama: RMSNorm, SwiGLU MLPs 24 wide (fc's LoRA B is then 48 x rank: gate and up), no linear biases.
+// llama: RMSNorm, SwiGLU MLPs 24 wide (fc's LoRA B is then 48 x rank: gate and up), no linear biases,
+// rotary positions (the qkv adapter's output is rotated with the base's).
 model::GptConfig tiny(int rank = 0, unsigned targets = 0xF, bool llama = false) {
   model::GptConfig c;
   if (llama)
-    c.normalization = model::NormKind::rmsnorm, c.mlp = model::MlpKind::swiglu, c.ffn_hidden_size = 24, c.linear_bias = false;
+    c.normalization = model::NormKind::rmsnorm, c.mlp = model::MlpKind::swiglu, c.ffn_hidden_size = 24, c.linear_bias = false,
+    c.rotary = true;
   c.num_layers = 2;
   c.hidden_size = 16;
   c.num_heads = 2;

@@ -52,6 +52,7 @@ struct Shape {
   model::MlpKind mlp = model::MlpKind::gelu;
   bool bias = true;  // false: --disable-bias-linear
   bool untie = false;  // --untie-embeddings-and-output-weights
+  bool rotary = false;  // --use-rotary-position-embeddings (theta 100)
 };
 
 model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, Shape shape = {}) {
@@ -61,6 +62,8 @@ model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp
   c.mlp = shape.mlp;
   c.linear_bias = shape.bias;
   c.untie_embeddings = shape.untie;
+  c.rotary = shape.rotary;
+  c.rope_theta = 100;
   c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
@@ -210,7 +213,12 @@ TEST(TensorParallel, LlamaShapedGptWithoutBiasesMatchesUnsplitModel) {
 // --untie-embeddings-and-output-weights: the output layer vocab-parallel as the embedding (with SP).
 TEST(TensorParallel, SequenceParallelUntiedLlamaShapedGptMatchesUnsplitModel) {
   check_model(false, false, true, false, false, false, false,
-              {24, model::NormKind::rmsnorm, model::MlpKind::swiglu, false, true});
+              {24, model::NormKind::rmsnorm, model::MlpKind::swiglu, false, true, true});
+}
+// Rotary positions restart with each document (--reset-position-ids): the rotation follows them.
+TEST(TensorParallel, RotaryGptWithDocumentsMatchesUnsplitModel) {
+  check_model(false, false, false, false, false, true, false,
+              {0, model::NormKind::layernorm, model::MlpKind::gelu, true, false, true});
 }
 TEST(TensorParallel, ExpertTensorParallelResidualSwiGluMoeMatchesUnsplitModel) {
   check_model(true, true, false, true, false, false, false, {24, model::NormKind::layernorm, model::MlpKind::swiglu});

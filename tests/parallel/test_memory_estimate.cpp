@@ -53,6 +53,7 @@ TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
   glu.mlp = model::MlpKind::swiglu;  // fc 2F x C, F = int(4 x 128 x 2/3 / 64) x 64 = 320
   glu.linear_bias = false;           // and no linear biases
   glu.untie_embeddings = true;       // and an output layer of its own
+  glu.rotary = true;                 // and no position table
   for (auto g : {shape(2, 64, 2, 64, 256), shape(4, 128, 4, 128, 512), shape(3, 96, 3, 40, 1000),
                  shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow, rms, glu}) {
     model::Gpt m(g, kernels::Precision::fp32, false);
@@ -101,6 +102,7 @@ TEST(MemoryEstimate, MoeCountsWhatARankHolds) {
     if (k.EP == 2) g.mlp = model::MlpKind::swiglu;  // and SwiGLU at EP 2
     if (k.T == 2) g.linear_bias = false;            // and no linear biases at T 2
     if (k.T == 4) g.untie_embeddings = true;        // and an untied head at T 4
+    if (k.T == 4) g.rotary = true;                  // and rotary positions
     g.tensor_parallel = k.T;
     g.moe.num_experts = k.experts;
     g.moe.residual = k.residual;

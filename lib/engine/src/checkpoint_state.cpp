@@ -133,7 +133,7 @@ namespace {
 // seq_length (the two were equal); before --ffn-hidden-size every MLP was 4 x hidden_size wide;
 // before --normalization every norm was a LayerNorm, before --swiglu every MLP a GELU one, before
 // --disable-bias-linear every linear had a bias, before --untie-embeddings-and-output-weights the
-// head was the word embedding.
+// head was the word embedding, before rotary positions every model had a learned table.
 nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("max_position_embeddings") && a.contains("seq_length"))
     a["max_position_embeddings"] = a["seq_length"];
@@ -145,6 +145,7 @@ nlohmann::json with_current_keys(nlohmann::json a) {
   if (a.is_object() && !a.contains("swiglu")) a["swiglu"] = false;
   if (a.is_object() && !a.contains("add_bias_linear")) a["add_bias_linear"] = true;
   if (a.is_object() && !a.contains("untie_embeddings_and_output_weights")) a["untie_embeddings_and_output_weights"] = false;
+  if (a.is_object() && !a.contains("position_embedding_type")) a["position_embedding_type"] = "learned_absolute";
   return a;
 }
 }  // namespace
@@ -260,8 +261,8 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   // MoE layer's experts add.
   const uint64_t have = f.list_datasets().size();
   const uint64_t norm_t = cfg->normalization == model::NormKind::layernorm ? 2 : 1, lin_t = cfg->linear_bias ? 2 : 1;
-  uint64_t want = 3ull * ((2 * norm_t + 4 * lin_t) * static_cast<uint64_t>(cfg->num_layers) + 2 + norm_t +
-                          (cfg->untie_embeddings ? 1 : 0));
+  uint64_t want = 3ull * ((2 * norm_t + 4 * lin_t) * static_cast<uint64_t>(cfg->num_layers) + (cfg->rotary ? 1 : 2) +
+                          norm_t + (cfg->untie_embeddings ? 1 : 0));
   if (cfg->lora.enabled())  // adapters only: an A and a B per adapted linear of each layer
     want = 6ull * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets)) +
            6ull * static_cast<uint64_t>(__builtin_popcount(cfg->lora.modules_to_save));
@@ -286,8 +287,13 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
                       {"swiglu", mc.mlp == model::MlpKind::swiglu},
                       {"add_bias_linear", mc.linear_bias},
                       {"untie_embeddings_and_output_weights", mc.untie_embeddings},
+                      {"position_embedding_type", mc.rotary ? "rope" : "learned_absolute"},
                       {"max_position_embeddings", mc.positions()},
                       {"padded_vocab_size", mc.padded_vocab()}};
+  if (mc.rotary) {
+    a["rotary_percent"] = mc.rotary_percent;
+    a["rope_theta"] = mc.rope_theta;
+  }
   if (mc.moe.enabled(mc.num_layers)) {
     a["num_experts"] = mc.moe.num_experts;
     a["expert_interval"] = mc.moe.expert_interval;
@@ -328,6 +334,18 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
     throw file_error(file, "has architecture.untie_embeddings_and_output_weights " +
                                json_excerpt(a["untie_embeddings_and_output_weights"]) + ", not true or false: the checkpoint is damaged");
   c.untie_embeddings = a["untie_embeddings_and_output_weights"].get<bool>();
+  if (a["position_embedding_type"] == "rope") {
+    c.rotary = true;
+    if (!a.contains("rotary_percent") || !a["rotary_percent"].is_number() || !a.contains("rope_theta") ||
+        !a["rope_theta"].is_number())
+      throw file_error(file, "has rotary positions without numbers rotary_percent and rope_theta in its architecture: "
+                             "the checkpoint is damaged");
+    c.rotary_percent = a["rotary_percent"].get<double>();
+    c.rope_theta = a["rope_theta"].get<double>();
+  } else if (a["position_embedding_type"] != "learned_absolute") {
+    throw file_error(file, "has architecture.position_embedding_type " + json_excerpt(a["position_embedding_type"]) +
+                               ": learned_absolute or rope; the checkpoint is damaged or from a newer version");
+  }
   c.ffn_hidden_size = field("ffn_hidden_size");
   if (a["normalization"] == "rmsnorm") c.normalization = model::NormKind::rmsnorm;
   else if (a["normalization"] != "layernorm")

@@ -67,6 +67,15 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
                                                               : "--untie-embeddings-and-output-weights is not given") +
                            " but " + file + (mc.untie_embeddings ? " has an output layer of its own" : " ties its head to the embedding"),
                        "give the --untie-embeddings-and-output-weights of the model the weights belong to");
+  if (cfg.model.rotary != mc.rotary || (mc.rotary && (cfg.model.rotary_percent != mc.rotary_percent ||
+                                                      cfg.model.rope_theta != mc.rope_theta)))
+    throw config_error("--use-rotary-position-embeddings",
+                       "the positions here (" + std::string(cfg.model.rotary ? "rotary" : "learned") + ") are not " + file +
+                           "'s (" + (mc.rotary ? "rotary, " + std::to_string(mc.rotary_dims()) + " channels, theta " +
+                                                     std::to_string(mc.rope_theta)
+                                               : std::string("learned")) + ")",
+                       "give the --use-rotary-position-embeddings, --rotary-percent and --rope-theta of the model the "
+                       "weights belong to");
   same("--ffn-hidden-size", cfg.model.ffn(), file, "an MLP width of", mc.ffn());
   if (cfg.model.normalization != mc.normalization)
     throw config_error("--normalization", std::string("--normalization is ") + model::norm_name(cfg.model.normalization) +

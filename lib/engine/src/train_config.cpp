@@ -90,6 +90,14 @@ const FlagTable& flag_table() {
       {"--swiglu", {false, [](TrainConfig& c, const std::string&) { c.model.mlp = model::MlpKind::swiglu; }, "SwiGLU MLPs (Llama's): silu(gate) * up, default width int(4h x 2/3 / 64) x 64"}},
       {"--disable-bias-linear", {false, [](TrainConfig& c, const std::string&) { c.model.linear_bias = false; }, "no bias on the attention's and the MLPs' linears (Llama's)"}},
       {"--untie-embeddings-and-output-weights", {false, [](TrainConfig& c, const std::string&) { c.model.untie_embeddings = true; }, "the LM head is a tensor of its own (output_layer.weight), not the word embedding"}},
+      {"--use-rotary-position-embeddings", {false, [](TrainConfig& c, const std::string&) { c.model.rotary = true; }, "rotary positions (RoPE, Llama's) in every attention instead of a learned table"}},
+      {"--position-embedding-type", {true, [](TrainConfig& c, const std::string& v) {
+         if (v == "rope") c.model.rotary = true;
+         else if (v == "learned_absolute") c.model.rotary = false;
+         else throw config_error("--position-embedding-type", "--position-embedding-type is '" + printable(v) + "'; the choices are learned_absolute and rope");
+       }, "learned_absolute (default) or rope"}},
+      {"--rotary-percent", {true, [](TrainConfig& c, const std::string& v) { c.model.rotary_percent = to_double("--rotary-percent", v); }, "the share of each head's channels rotated (default 1.0)"}},
+      {"--rope-theta,--rotary-base", {true, [](TrainConfig& c, const std::string& v) { c.model.rope_theta = to_double("--rope-theta", v); }, "rotary positions' base (default 10000)"}},
       {"--normalization", {true, [](TrainConfig& c, const std::string& v) {
          if (v == "layernorm" || v == "LayerNorm") c.model.normalization = model::NormKind::layernorm;
          else if (v == "rmsnorm" || v == "RMSNorm") c.model.normalization = model::NormKind::rmsnorm;
@@ -213,7 +221,7 @@ static const char* help_group(const std::string& f) {
   if (any({"--eval-", "--skip-train"})) return "validation";
   if (any({"dropout", "--weight-decay", "--clip-grad", "--adam-"})) return "regularization";
   if (any({"--init-method", "--seed"})) return "initialization";
-  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--normalization", "--swiglu", "--disable-bias-linear", "--untie-embeddings", "--seq-length", "--max-position-embeddings",
+  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--normalization", "--swiglu", "--disable-bias-linear", "--untie-embeddings", "--seq-length", "rotary", "--rope-theta", "--position-embedding-type", "--max-position-embeddings",
            "--vocab-size", "--make-vocab-size", "rotary"}))
     return "network size";
   if (any({"parallel", "--distributed", "--deepspeed", "--deepscale", "--zero-stage", "DDP", "--device",
@@ -410,6 +418,9 @@ nlohmann::json config_to_json(const TrainConfig& c) {
             {"swiglu", c.model.mlp == model::MlpKind::swiglu},
             {"add_bias_linear", c.model.linear_bias},
             {"untie_embeddings_and_output_weights", c.model.untie_embeddings},
+            {"position_embedding_type", c.model.rotary ? "rope" : "learned_absolute"},
+            {"rotary_percent", c.model.rotary_percent},
+            {"rope_theta", c.model.rope_theta},
             {"seq_length", c.model.max_seq_length},
             {"max_position_embeddings", c.model.positions()},
             {"vocab_size", c.model.vocab_size},

@@ -130,8 +130,6 @@ void add_compat_flags(FlagTable& t) {
       {"--train-doc-idx-path", refused("--train-doc-idx-path", true, "Megatron's .npy sample-index files are not read: the index is built from --data-path, --split and --seed", "drop it (a data-metric curriculum takes the analyzer's files in the ds_config)")},
       {"--train-sample-idx-path", refused("--train-sample-idx-path", true, "Megatron's .npy sample-index files are not read: the index is built from --data-path, --split and --seed", "drop it (a data-metric curriculum takes the analyzer's files in the ds_config)")},
       {"--train-shuffle-idx-path", refused("--train-shuffle-idx-path", true, "Megatron's .npy sample-index files are not read: the index is built from --data-path, --split and --seed", "drop it (a data-metric curriculum takes the analyzer's files in the ds_config)")},
-      {"--use-rotary-position-embeddings", refused("--use-rotary-position-embeddings", false, "rotary position embeddings are not implemented (the GPT has learned absolute positions)", "drop it")},
-      {"--rotary-percent", refused("--rotary-percent", true, "rotary position embeddings are not implemented (the GPT has learned absolute positions)", "drop it")},
   };
   for (const auto& [name, spec] : compat)
     if (!t.emplace(name, spec).second) throw Error("internal: flag " + name + " is defined twice");  // each flag has one meaning

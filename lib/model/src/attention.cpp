@@ -21,9 +21,14 @@ void Attention::qkv(const AttentionWeights& w, const float* x, float* qkv, int r
   if (hooks) hooks->forward(LinearHooks::qkv, x, qkv, rows);
 }
 
+void Attention::rotate(float* qkv, int rows, const int32_t* pos) const {
+  if (rotary_.dims > 0 && rows > 0) ops_->rope(qkv, 1, rows, Cl_, NH_, rotary_.dims, rotary_.theta, pos, false);
+}
+
 void Attention::mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
-                    const kernels::Dropout* drop, const int32_t* key_start, LinearHooks* hooks) const {
+                    const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const {
   this->qkv(w, x, qkv, B * T, hooks);
+  if (rotary_.dims > 0) ops_->rope(qkv, B, T, Cl_, NH_, rotary_.dims, rotary_.theta, pos, false);
   ops_->attention_forward(y, att, qkv, B, T, Cl_, NH_, precision_, drop, key_start);
 }
 
@@ -34,7 +39,7 @@ void Attention::project(const AttentionWeights& w, const float* y, float* out, i
 
 void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv,
                          const float* att, const float* y, const float* dout, float* dx, int B, int T, float* dy,
-                         float* dqkv, const kernels::Dropout* drop, LinearHooks* hooks) const {
+                         float* dqkv, const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const {
   const int N = B * T;
   const size_t NCl = (size_t)N * Cl_;
   ops_->zero(dy, NCl * sizeof(float));
@@ -42,6 +47,7 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
   if (hooks) hooks->backward(LinearHooks::proj, y, dout, dy, N);
   ops_->zero(dqkv, 3 * NCl * sizeof(float));
   ops_->attention_backward(dqkv, dy, qkv, att, B, T, Cl_, NH_, precision_, drop);
+  if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
   ops_->matmul_backward(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, 3 * Cl_, precision_);
   if (hooks) hooks->backward(LinearHooks::qkv, x, dqkv, dx, N);
 }

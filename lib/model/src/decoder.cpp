@@ -28,7 +28,8 @@ Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
   layout_ = Gpt::layout_for(cfg, 0, &t_);
   ops_ = kernels::cpu_ops();
   norm_ = Norm(*ops_, C_, cfg.normalization);
-  attention_ = Attention(*ops_, kernels::Precision::fp32, C_, NH_, C_);
+  attention_ = Attention(*ops_, kernels::Precision::fp32, C_, NH_, C_,
+                         {cfg.rotary_dims(), static_cast<float>(cfg.rope_theta)});
   mlp_ = Mlp(*ops_, kernels::Precision::fp32, C_, cfg.mlp);
   len_.assign(sequences, 0);
   const size_t cache = (size_t)L_ * sequences * T_ * C_;
@@ -80,14 +81,15 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
   grow(fch_, (size_t)R * mlp_.fc_width(F)), grow(fcg_, (size_t)R * F), grow(mean_, R), grow(rstd_, R);
   const int V = cfg_.vocab_size;
   const float* wte = block(t_.embedding_block) + t_.wte;
-  const float* wpe = block(t_.position_block) + t_.wpe;
+  const float* wpe = t_.learned_positions ? block(t_.position_block) + t_.wpe : nullptr;  // rotary: none
+  pos_.resize(R);
+  for (int r = 0; r < R; ++r) pos_[r] = rows[r].pos;
   for (int r = 0; r < R; ++r) {  // token + position embeddings
     if (tokens[r] < 0 || tokens[r] >= V)
       throw config_error("--prompt", "token " + std::to_string(tokens[r]) + " is not in the model's vocabulary 0.." +
                                          std::to_string(V - 1));
     const float* te = wte + (size_t)tokens[r] * C;
-    const float* pe = wpe + (size_t)rows[r].pos * C;
-    for (int c = 0; c < C; ++c) x_[(size_t)r * C + c] = te[c] + pe[c];
+    for (int c = 0; c < C; ++c) x_[(size_t)r * C + c] = te[c] + (wpe ? wpe[(size_t)rows[r].pos * C + c] : 0.0f);
   }
   const NormStats stats{mean_.data(), rstd_.data()};
   for (int l = 0; l < L_; ++l) {
@@ -96,6 +98,7 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
     const AttentionWeights aw = AttentionWeights::at(lp, o.attn);
     norm_.forward(NormWeights::at(lp, o.ln1), x_.data(), ln_.data(), stats, R);
     attention_.qkv(aw, ln_.data(), qkv_.data(), R, nullptr);
+    attention_.rotate(qkv_.data(), R, pos_.data());  // rotary positions: q and k at each row's position
     for (int r = 0; r < R; ++r) {  // this layer's keys and values into the cache first: rows of one
       const float* q = qkv_.data() + (size_t)r * 3 * C;  // prompt attend to each other through it
       std::copy(q + C, q + 2 * C, kcache(l, rows[r].seq, rows[r].pos));

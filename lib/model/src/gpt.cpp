@@ -46,7 +46,8 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
     emb_lora_b_ = layout_.find("embedding.word_embeddings.lora_b.weight").offset - layout_.blocks()[a.block].offset;
   }
   norm_ = Norm(*ops_, cfg_.hidden_size, cfg_.normalization);
-  attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_);
+  attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_,
+                         {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)});
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size, cfg_.mlp);
   for (size_t l = 0; l < tensors_.layers.size(); ++l) {
     const Block& o = tensors_.layers[l];
@@ -266,7 +267,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   const AttentionWeights aw = attention(lp, o);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  attention_.mix(aw, a.ln1, a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, &lora);
+  attention_.mix(aw, a.ln1, a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, positions_, &lora);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
   // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
   const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
@@ -343,7 +344,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
   ops_->zero(w.dln, NC * sizeof(float));
   attention_.backward(attention(lp, o), AttentionGrads::at(lg, o.attn), a.ln1, a.qkv, a.att, a.atty, dproj, w.dln, B,
-                      T, w.datty, w.dqkv, &attn_drop, &lora);
+                      T, w.datty, w.dqkv, &attn_drop, positions_, &lora);
   tp_.reduce_scatter(w.dln, dsl, NC);
   norm_.backward(NormWeights::at(lp, o.ln1), dn1, in, {a.ln1_mean, a.ln1_rstd}, dsl, dres, (int)n);
   if (sp && lg) {  // (a frozen block's norms: scratch, not reduced)
@@ -418,11 +419,12 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
   const int C = cfg_.hidden_size;
   const size_t NC = tp_.local_rows((size_t)B * T) * C;  // the residual stream's rows on this rank
   const float* ep = store.params(0);
-  const float* pe = (tensors_.position_block ? store.params(tensors_.position_block) : ep) + tensors_.wpe;
+  const float* pe = !tensors_.learned_positions ? nullptr  // rotary: no table
+                    : (tensors_.position_block ? store.params(tensors_.position_block) : ep) + tensors_.wpe;
   if (tp_.enabled())
     tp_.embedding_forward(w.res, tokens, ep + tensors_.wte, pe, B, T, C, vstart_, Vl_, w.dln, positions_);
   else ops_->encoder_forward(w.res, tokens, ep + tensors_.wte, pe, B, T, C, positions_);
-  if (tensors_.position_block) store.release(tensors_.position_block);
+  if (tensors_.learned_positions && tensors_.position_block) store.release(tensors_.position_block);
   if (emb_lora_block_ >= 0) {  // held until the head (the caller releases it)
     emb_lora_p_ = store.params(emb_lora_block_);
     lora_embed_forward(tokens, w.res, B * T);
@@ -499,14 +501,16 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(b);
   }
   float* eg = store.grads(0);
-  float* pg = tensors_.position_block ? store.grads(tensors_.position_block) : eg;  // LoRA: the positions may train alone
+  float* pg = tensors_.learned_positions && tensors_.position_block ? store.grads(tensors_.position_block)
+                                                                    : eg;  // LoRA: the positions may train alone
+  float* dwpe = tensors_.learned_positions && pg ? pg + tensors_.wpe : nullptr;  // rotary: no table
   hidden_dropout(w.dres, -1, kernels::DropoutSite::embedding, B, T);  // in place: nothing reads dres after
   // Every row of d(embedding output) (gathered once under sequence parallelism)
   const float* demb = pg || emb_lora_block_ >= 0 ? gather_rows(w.dres, B * T) : w.dres;
   if (!pg) {  // a frozen embedding (LoRA): nothing to compute
   } else if (tp_.enabled())  // eg null: LoRA's frozen words beside trained positions
-    tp_.embedding_backward(eg ? eg + tensors_.wte : nullptr, pg + tensors_.wpe, demb, tokens, B, T, C, vstart_, Vl_, positions_);
-  else ops_->encoder_backward(eg ? eg + tensors_.wte : nullptr, pg + tensors_.wpe, w.dres, tokens, B, T, C, positions_);
+    tp_.embedding_backward(eg ? eg + tensors_.wte : nullptr, dwpe, demb, tokens, B, T, C, vstart_, Vl_, positions_);
+  else ops_->encoder_backward(eg ? eg + tensors_.wte : nullptr, dwpe, w.dres, tokens, B, T, C, positions_);
   if (emb_lora_block_ >= 0) {  // the embedding's adapters: the input side's share, then complete
     emb_lora_p_ = store.params(emb_lora_block_);
     emb_lora_g_ = store.grads(emb_lora_block_);
@@ -515,7 +519,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
     store.grads_ready(emb_lora_block_);
     emb_lora_p_ = nullptr, emb_lora_g_ = nullptr;
   }
-  if (tensors_.position_block) store.grads_ready(tensors_.position_block);
+  if (tensors_.learned_positions && tensors_.position_block) store.grads_ready(tensors_.position_block);
   store.grads_ready(0);
   phase_.backward += phase.seconds();
   return loss;

@@ -54,6 +54,18 @@ void GptConfig::validate() const {
                                                            std::to_string(tensor_parallel),
                        "each tensor-parallel rank computes whole heads: choose a size that divides the heads");
   if (!(init_std > 0)) throw config_error("--init-method-std", "--init-method-std must be positive");
+  if (rotary) {
+    const int d = hidden_size / num_heads;
+    if (!(rotary_percent > 0 && rotary_percent <= 1) || rotary_dims() < 2 || rotary_dims() % 2 != 0)
+      throw config_error("--rotary-percent", "--rotary-percent " + std::to_string(rotary_percent) + " of the head size " +
+                                                 std::to_string(d) + " gives " + std::to_string(rotary_dims()) +
+                                                 " rotary channels; they must be an even number >= 2",
+                         "choose --rotary-percent in (0, 1] so that head size x percent is even");
+    if (!(rope_theta > 1) || !std::isfinite(rope_theta))
+      throw config_error("--rope-theta", "--rope-theta must be a finite number above 1, got " + std::to_string(rope_theta));
+    if (lora.enabled() && lora.saves(LoraConfig::position_embeddings))
+      throw config_error("--lora-modules-to-save", "position_embedding has no table to train: this model's positions are rotary");
+  }
   if (!(attention_dropout >= 0 && attention_dropout < 1))
     throw config_error("--attention-dropout", "--attention-dropout must be in [0, 1), got " + std::to_string(attention_dropout));
   if (!(hidden_dropout >= 0 && hidden_dropout < 1))
@@ -166,7 +178,9 @@ std::string GptConfig::describe() const {
          (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) +
          (normalization != NormKind::layernorm ? std::string(norm_name(normalization)) + ", " : std::string()) +
          (mlp == MlpKind::swiglu ? "SwiGLU, " : "") + (linear_bias ? "" : "no linear biases, ") +
-         (untie_embeddings ? "untied output layer, " : "") + "seq " +
+         (untie_embeddings ? "untied output layer, " : "") +
+         (rotary ? "rotary positions (" + std::to_string(rotary_dims()) + " channels, theta " + fmt_prob(rope_theta) + "), "
+                 : std::string()) + "seq " +
          std::to_string(max_seq_length) +
          (positions() != max_seq_length ? " (" + std::to_string(positions()) + " positions)" : std::string()) + ", vocab " +
          std::to_string(vocab_size) + " (padded " + std::to_string(padded_vocab()) + ")" +

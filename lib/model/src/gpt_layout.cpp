@@ -30,10 +30,13 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
   layout.begin_block("embedding");
   found.embedding_block = static_cast<int>(layout.blocks().size()) - 1;
   found.wte = layout.add("embedding.word_embeddings.weight", {Vp, C}, true, col, w).offset;
-  if (cfg.lora.own_position_block()) layout.begin_block("embedding.position");  // trains, the words frozen
-  const TensorSpec& wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep, w);
-  found.position_block = wpe.block;
-  found.wpe = wpe.offset - layout.blocks().back().offset;
+  found.learned_positions = !cfg.rotary;
+  if (found.learned_positions) {  // rotary positions have no table
+    if (cfg.lora.own_position_block()) layout.begin_block("embedding.position");  // trains, the words frozen
+    const TensorSpec& wpe = layout.add("embedding.position_embeddings.weight", {T, C}, true, rep, w);
+    found.position_block = wpe.block;
+    found.wpe = wpe.offset - layout.blocks().back().offset;
+  }
   if (cfg.lora.adapts(LoraConfig::embedding)) {  // the tied embedding's adapters, beside it
     // As PEFT: A starts at zero (the adapted model starts as the base), B at N(0, 1).
     layout.begin_block("embedding.lora");

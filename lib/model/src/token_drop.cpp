@@ -24,6 +24,10 @@ namespace hpct::model {
 void Gpt::set_random_ltd_layers(std::vector<int> layers) {
   std::sort(layers.begin(), layers.end());
   layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+  if (!layers.empty() && cfg_.rotary)
+    throw config_error("random_ltd_layer_id", "random-LTD with rotary positions is not implemented (the kept tokens "
+                                              "would need their own positions in attention)",
+                       "train with learned positions, or without random-LTD");
   for (int l : layers)
     if (l < 0 || l >= cfg_.num_layers)
       throw config_error("random_ltd_layer_id", "random-LTD layer " + std::to_string(l) + " is not a layer of this " +

@@ -75,7 +75,7 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   GptSize s;
   s.tensor_parallel = cfg.tensor_parallel;
   s.expert_parallel = expert_parallel;
-  s.embedding = Vp / P * C + T * C;  // wte (Vp/P, C), also the output head; wpe (T, C) whole
+  s.embedding = Vp / P * C + (cfg.rotary ? 0 : T * C);  // wte (Vp/P, C); wpe (T, C) whole, none with rotary positions
   const uint64_t norm = cfg.normalization == model::NormKind::layernorm ? 2 * C : C;  // weight (and bias)
   const uint64_t G = cfg.mlp == model::MlpKind::swiglu ? 2 * F : F;  // fc's rows: SwiGLU's gate and up
   const uint64_t b = cfg.linear_bias ? 1 : 0;  // --disable-bias-linear: no qkv, dense, fc, fc2 biases
@@ -458,6 +458,7 @@ nlohmann::json MemoryEstimate::json() const {
             {"swiglu", model.mlp == model::MlpKind::swiglu},
             {"add_bias_linear", model.linear_bias},
             {"untie_embeddings_and_output_weights", model.untie_embeddings},
+            {"position_embedding_type", model.rotary ? "rope" : "learned_absolute"},
             {"seq_length", model.max_seq_length},
             {"max_position_embeddings", model.positions()},
             {"vocab_size", model.vocab_size},

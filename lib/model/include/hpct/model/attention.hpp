@@ -5,6 +5,8 @@
 //
 // query_key_value (C -> 3C, sections q|k|v), causal multi-head attention (softmax(q k^T / sqrt(d)) v
 // per head, the backend's attention op with its saved state `att`), dense (C -> C); Megatron's names.
+// With rotary positions (Rotary::dims > 0) q and k are rotated by their tokens' positions between
+// the projection and the attention (kernels::rope); the backward rotates their gradients back.
 // With tensor parallelism the heads split over the group: query_key_value column-parallel by
 // sections (this rank's heads of q, k and v), dense row-parallel, so the caller passes dense's bias
 // on one rank only and sums the output (and the input gradient) over the group.
@@ -46,6 +48,13 @@ struct AttentionGrads {
   }
 };
 
+/// Rotary position embedding of the queries and keys: the first `dims` channels of each head
+/// (0: none, learned positions are added at the input instead), frequencies theta^(-2i/dims).
+struct Rotary {
+  int dims = 0;
+  float theta = 10000.0f;
+};
+
 class Attention {
  public:
   /// How the tensors split over the tensor-parallel group: query_key_value's rows (a stride-3
@@ -62,8 +71,13 @@ class Attention {
 
   Attention() = default;
   /// hidden: the model's width C; heads, channels: this rank's heads and their channels (C / T).
-  Attention(kernels::OpsBackend& ops, kernels::Precision precision, int hidden, int heads, int channels)
-      : ops_(&ops), precision_(precision), C_(hidden), NH_(heads), Cl_(channels) {}
+  Attention(kernels::OpsBackend& ops, kernels::Precision precision, int hidden, int heads, int channels,
+            Rotary rotary = {})
+      : ops_(&ops), precision_(precision), C_(hidden), NH_(heads), Cl_(channels), rotary_(rotary) {}
+  const Rotary& rotary() const { return rotary_; }
+  /// Rotates the q and k sections of `rows` qkv rows by their positions pos (backend memory), as
+  /// mix does (the decoder's rows, each at its own position). Nothing without rotary positions.
+  void rotate(float* qkv, int rows, const int32_t* pos) const;
 
   /// The attention's state for backward, in the backend's memory (the op's probabilities, B x heads x T x T).
   size_t state_floats(int B, int T) const { return (size_t)B * NH_ * T * T; }
@@ -72,21 +86,23 @@ class Attention {
   void qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const;
   /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of 3 x channels), then y, the heads'
   /// outputs (B*T rows of channels); att is the state backward reads. drop: attention dropout
-  /// (nullptr: none); key_start: each row's first key (per-document attention; nullptr: causal only).
+  /// (nullptr: none); key_start: each row's first key (per-document attention; nullptr: causal only);
+  /// pos: each row's position for rotary positions (nullptr: its place in the sample).
   void mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
-           const kernels::Dropout* drop, const int32_t* key_start, LinearHooks* hooks) const;
+           const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const;
   /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
   void project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const;
   /// From dout (the projection's output gradient): the weight gradients and dx ACCUMULATED (zero dx
   /// first to overwrite); dy (B*T x channels) and dqkv (B*T x 3 channels) are scratch.
   void backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv, const float* att,
                 const float* y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
-                const kernels::Dropout* drop, LinearHooks* hooks) const;
+                const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;
 
  private:
   kernels::OpsBackend* ops_ = nullptr;
   kernels::Precision precision_ = kernels::Precision::fp32;
   int C_ = 0, NH_ = 0, Cl_ = 0;
+  Rotary rotary_;
 };
 
 }  // namespace hpct::model

@@ -78,6 +78,7 @@ class Decoder {
   // Working rows, grown to the largest call.
   std::vector<float> x_, ln_, qkv_, atty_, res_, fch_, fcg_, mean_, rstd_, scores_;
   std::vector<float> logits_, erows_, ey_, dense_, coef_;  // MoE layers
+  std::vector<int32_t> pos_;  // each row's position (rotary positions)
 };
 
 }  // namespace hpct::model

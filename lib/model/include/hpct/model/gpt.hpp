@@ -124,6 +124,14 @@ struct GptConfig {
   // --untie-embeddings-and-output-weights: the LM head is its own (Vp, C) tensor, "output_layer.weight"
   // in a block of its own after the final norm, instead of the word embedding.
   bool untie_embeddings = false;
+  // Positions (Megatron's --position-embedding-type): a learned table added at the input
+  // (learned_absolute, GPT-2's), or rotary (--use-rotary-position-embeddings: q and k rotated in
+  // every attention, no table) on the first rotary_percent of each head's channels, base rope_theta.
+  bool rotary = false;
+  double rotary_percent = 1.0;  // --rotary-percent
+  double rope_theta = 10000.0;  // --rope-theta (Megatron-LM's --rotary-base)
+  /// Rotary positions' channels per head (0: learned positions): int(head size x rotary_percent).
+  int rotary_dims() const { return rotary ? static_cast<int>(hidden_size / num_heads * rotary_percent) : 0; }
   NormKind normalization = NormKind::layernorm;  // --normalization: every norm's kind (model/norm.hpp)
   int max_seq_length = 64;  // the longest sequence trained on (--seq-length)
   int max_position_embeddings = 0;  // learned position table rows (Megatron's flag); 0: max_seq_length
@@ -193,6 +201,7 @@ struct GptTensors {
   size_t wte = 0;
   int position_block = 0;    // the embedding's, or LoRA's "embedding.position"
   size_t wpe = 0;
+  bool learned_positions = true;  // false: rotary positions, no table (wpe, position_block unused)
   int final_block = 0;       // "final_norm"
   NormTensors final_norm;
   int output_block = -1;     // untied: "output_layer", the LM head's own block; -1: the head is wte
