@@ -374,10 +374,19 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       records->record({{"type", "eval"}, {"iteration", at}, {"val_loss", vl}, {"val_ppl", std::exp(vl)}}, sc);
     }
   };
-  if (cfg_.skip_train) {  // Megatron's --skip-train: evaluate the loaded model and stop
-    if (valid && cfg_.eval_iters > 0) run_evaluation(it);
+  // A run restarted after it finished (its checkpoint reached --train-iters or --train-tokens, e.g. a
+  // requeued job) trains no step and saves nothing.
+  const bool tokens_reached = cfg_.train_tokens > 0 && consumed_layer_tokens_ >= cfg_.train_tokens * cfg_.model.num_layers;
+  const bool finished = !cfg_.skip_train && (it >= cfg_.train_iters || tokens_reached);
+  if (finished && root)
+    std::cout << "> nothing to train: the loaded checkpoint (iteration " << it << ") has reached "
+              << (tokens_reached ? "--train-tokens " + std::to_string(cfg_.train_tokens)
+                                 : "--train-iters " + std::to_string(cfg_.train_iters))
+              << std::endl;
+  if (cfg_.skip_train || finished) {  // Megatron's --skip-train: evaluate the loaded model and stop
+    if (cfg_.skip_train && valid && cfg_.eval_iters > 0) run_evaluation(it);
     it = iteration_;
-    sum.exit_reason = "skip_train";
+    sum.exit_reason = cfg_.skip_train ? "skip_train" : "already_complete";
     sum.start_iteration = sum.last_iteration = it;
     sum.seconds = total.seconds();
     sum.peak_rss_per_rank = grid_.world().allgather((double)peak_rss_bytes());

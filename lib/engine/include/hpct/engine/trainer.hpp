@@ -62,7 +62,9 @@ struct TrainSummary {
   long long skipped_iterations = 0;
   long long start_iteration = 0;       // > 0 when resumed from a checkpoint
   long long last_iteration = 0;        // the iteration training stopped after
-  std::string exit_reason = "completed";  // "completed", "exit_interval", "exit_duration", "signal", "train_tokens"
+  // "completed", "exit_interval", "exit_duration", "signal", "train_tokens", "skip_train", or
+  // "already_complete" (the loaded checkpoint had reached --train-iters / --train-tokens: no step)
+  std::string exit_reason = "completed";
   std::vector<std::string> saved;      // checkpoint files written, in order
   struct Save {
     long long iteration = 0;
