@@ -8,7 +8,10 @@
 //
 // Every other flag is pretrain_gpt's: give the data flags of the training run (data path, split,
 // --seq-length, --seed, --train-iters and the global batch) so the samples are the run's.
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -19,6 +22,7 @@
 #include "hpct/core/error.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/timer.hpp"
+#include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/data.hpp"
 #include "hpct/engine/preflight.hpp"
 #include "hpct/engine/data_sampling.hpp"
@@ -77,7 +81,23 @@ static int run(int argc, char** argv) {
   if (cfg.data_path.size() != 1 || !cfg.train_data_path.empty())
     throw config_error(cfg.data_path.size() > 1 ? "--data-path" : "--train-data-path", "analyze_data indexes one dataset, not a blend",
                        "give --data-path PREFIX (the curriculum's dataset)");
-  // The outputs are checked before the work, not found unwritable after it.
+  // The outputs are checked before the work, not found unwritable after it. The prefix's folder is
+  // created first (DeepSpeed's DataAnalyzer makes its save_path), by rank 0, every rank then checking it.
+  if (const std::string dir = std::filesystem::path(prefix).parent_path().string(); !dir.empty()) {
+    std::string err = root ? comm::error_text_of([&] {
+      struct stat st {};
+      if (::stat(dir.c_str(), &st) != 0) {
+        try {
+          engine::Checkpointer::make_directory(dir);
+        } catch (const Error& e) {
+          throw config_error("--output-prefix", "--output-prefix " + prefix + ": cannot create its folder " + dir + ": " +
+                                                    e.message());
+        }
+      }
+    }) : "";
+    world.bcast_string(err, 0);
+    if (!err.empty()) throw Error::relayed(err);
+  }
   engine::check_file_output(prefix, "--output-prefix");
   engine::check_file_output(json, "--json");
   engine::TrainData data = engine::build_train_data(cfg, 1, false);

@@ -37,8 +37,12 @@ e = run([analyze, "--output-prefix", f"{out}/x", "--metrics", "rarity"] + flags,
 assert re.search(r"analyze_data: error: .*unknown metric 'rarity'.*vocab_rarity", e), e
 # Outputs that cannot be written are found before the work, in one line without a doubled rank
 # (issue 47 item 15).
-e = run([analyze, "--output-prefix", f"{out}/no_such_dir/x", "--metrics", "seqlen"] + flags, rc=1)
-assert re.search(r"analyze_data: error: .*--output-prefix .*no_such_dir.* does not exist", e) and "[rank 0] [rank 0]" not in e, e
+# The prefix's folder is created before anything is computed (DeepSpeed's DataAnalyzer makes its
+# save_path); one under a regular file cannot be, and is refused in one line before any work.
+open(f"{out}/a_file", "w").close()
+e = run([analyze, "--output-prefix", f"{out}/a_file/sub/x", "--metrics", "seqlen"] + flags, rc=1)
+assert re.search(r"analyze_data: error: .*--output-prefix .*a_file/sub/x: cannot create its folder", e) and \
+    "[rank 0] [rank 0]" not in e and "training samples" not in e, e
 e = run([analyze, "--output-prefix", f"{out}/x", "--json", out, "--metrics", "seqlen"] + flags, rc=1)
 assert re.search(r"analyze_data: error: .*--json .* is a directory", e) and "analyze_data: seqlen" not in e, e
 
@@ -136,8 +140,9 @@ print(f"two metrics: allowed {train2[0]['curriculum_allowed_samples']} -> {train
       "each the count both percentiles allow")
 
 # An index made for another training set (another --seed: other samples) is refused by name.
-run([analyze, "--metrics", "vocab_rarity", "--output-prefix", f"{out}/other", "--train-iters", str(iters), "--seed", "7"] + flags)
-config(f"{out}/ds_other.json", f"{out}/other_vocab_rarity_index_to_sample", f"{out}/other_vocab_rarity_index_to_metric")
+# (into a folder that does not exist yet: analyze_data creates it)
+run([analyze, "--metrics", "vocab_rarity", "--output-prefix", f"{out}/new_dir/other", "--train-iters", str(iters), "--seed", "7"] + flags)
+config(f"{out}/ds_other.json", f"{out}/new_dir/other_vocab_rarity_index_to_sample", f"{out}/new_dir/other_vocab_rarity_index_to_metric")
 e = run([gpt] + flags + ["--deepspeed_config", f"{out}/ds_other.json", "--train-iters", str(iters)], rc=1)
 assert re.search(r"pretrain_gpt: error: .*was made for \d+ samples of 128 tokens \(seed 7.*other_vocab_rarity_index_to_sample\.json.*"
                  r"run analyze_data with this run's data flags", e), e
