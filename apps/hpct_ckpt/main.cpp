@@ -90,6 +90,9 @@ int export_safetensors(const std::string& path, const std::string& out) {
   if (!mc.linear_bias)
     throw file_error(file, "holds a model without linear biases (--disable-bias-linear); export writes GPT-2, whose "
                            "linears have biases (a Llama export is not implemented)");
+  if (mc.kv_heads() != mc.num_heads)
+    throw file_error(file, "holds a model with grouped-query attention; export writes GPT-2, whose heads each have "
+                           "their own keys and values (a Llama export is not implemented)");
   if (mc.rotary)
     throw file_error(file, "holds a model with rotary positions; export writes GPT-2, whose positions are a learned "
                            "table (a Llama export is not implemented)");

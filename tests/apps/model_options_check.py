@@ -16,11 +16,12 @@
   (which writes GPT-2) is refused in one line; an unknown kind is refused naming the flag.
 
 --swiglu --disable-bias-linear --untie-embeddings-and-output-weights --use-rotary-position-embeddings
-(with RMSNorm, on 2 tensor-parallel ranks with sequence parallelism):
+--num-key-value-heads 2 of 4 heads (with RMSNorm, on 2 tensor-parallel ranks with sequence
+parallelism): a Llama-shaped model.
 - trains at Megatron's default width int(4 x 32 x 2/3 / 64) x 64 = 64, says so at start; the
   checkpoint records swiglu, the width and no linear biases, its fc holds gate and up (128 x 32)
-  and it has no bias tensor at all, an output layer of its own (384 x 32) and no position table;
-  generate loads it; export is refused in one line.
+  and it has no bias tensor at all, an output layer of its own (384 x 32), no position table and a
+  query_key_value of 32 + 2 x 2 x 8 rows; generate loads it; export is refused in one line.
 
 model_options_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --generate GENERATE --mpi "MPIRUN -np 2 ..." --workdir DIR
 """
@@ -101,16 +102,18 @@ c.one_line_error("unknown kind", p, "pretrain_gpt", ["--normalization", "batchno
 glu = os.path.join(a.workdir, "glu")
 p = c.run(shlex.split(a.mpi) + [a.gpt, *base, "--swiglu", "--disable-bias-linear", "--normalization", "rmsnorm",
                                 "--untie-embeddings-and-output-weights", "--use-rotary-position-embeddings",
+                                "--num-attention-heads", "4", "--num-key-value-heads", "2",
                                 "--tensor-model-parallel-size", "2",
                                 "--sequence-parallel", "--train-iters", "2", "--save", glu])
 c.check("SwiGLU" in p.stdout and "MLP width 64" in p.stdout and "no linear biases" in p.stdout and
-        "rotary positions (16 channels, theta 10000)" in p.stdout,
-        "the start line names SwiGLU, its default width, no linear biases and rotary positions")
+        "rotary positions (8 channels, theta 10000)" in p.stdout and "4 heads (2 key/value heads)" in p.stdout,
+        "the start line names SwiGLU, its default width, no linear biases, rotary positions and the key/value heads")
 if os.path.exists(os.path.join(glu, "latest")):
     with h5py.File(latest(glu), "r") as f:
         arch = json.loads(f.attrs["architecture"])
         fc = f["model/layers/0/mlp/dense_h_to_4h/weight"].shape
         head = f["model/output_layer/weight"].shape if "model/output_layer/weight" in f else None
+        qkv = f["model/layers/0/attention/query_key_value/weight"].shape
         names = []
         f["model"].visit(names.append)
     c.check(arch.get("swiglu") is True and arch.get("ffn_hidden_size") == 64 and arch.get("add_bias_linear") is False,
@@ -119,6 +122,8 @@ if os.path.exists(os.path.join(glu, "latest")):
     c.check(not any(n.endswith("/bias") for n in names), f"no bias tensor ({[n for n in names if n.endswith('/bias')][:3]})")
     c.check(head is not None and tuple(head) == (384, 32) and arch.get("untie_embeddings_and_output_weights") is True,
             f"an output layer of its own, whole ({head})")
+    c.check(tuple(qkv) == (64, 32) and arch.get("num_key_value_heads") == 2,
+            f"grouped query_key_value, whole ({qkv}, {arch.get('num_key_value_heads')} key/value heads)")
     c.check(arch.get("position_embedding_type") == "rope" and arch.get("rope_theta") == 10000 and
             not any("position_embeddings" in n for n in names), f"rotary positions, no table ({arch.get('position_embedding_type')})")
     c.check(tuple(fc) == (128, 32), f"fc holds gate and up, whole in the checkpoint ({fc})")

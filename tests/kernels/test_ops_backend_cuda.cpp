@@ -163,11 +163,29 @@ TEST(CudaOps, Rope) {
   float* d = g.put(qkv);
   const int32_t* dp = g.put(pos);
   Vec ref = qkv;
-  cpu->rope(ref.data(), B, T, C, NH, rot, 10000.0f, pos.data(), false);
-  g.be->rope(d, B, T, C, NH, rot, 10000.0f, dp, false);
+  cpu->rope(ref.data(), B, T, C, NH, NH, rot, 10000.0f, pos.data(), false);
+  g.be->rope(d, B, T, C, NH, NH, rot, 10000.0f, dp, false);
   expect_close("rope forward", g.get(d, qkv.size()), ref, 1e-3, 1e-3);
-  g.be->rope(d, B, T, C, NH, rot, 10000.0f, dp, true);
+  g.be->rope(d, B, T, C, NH, NH, rot, 10000.0f, dp, true);
   expect_close("rope inverse restores", g.get(d, qkv.size()), qkv, 1e-5, 1e-5);
+}
+
+// Grouped-query attention's widening and its reduction on the device against the CPU's: 90 rows,
+// 8 query heads of 6 on 2 key/value heads (sums of 4 in fp32: default tolerances).
+TEST(CudaOps, ExpandAndReduceKv) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int R = 90, C = 48, NH = 8, KV = 2, W = C + 2 * KV * (C / NH);
+  Vec inp = randn((size_t)R * W, 1), wide((size_t)R * 3 * C), dwide = randn((size_t)R * 3 * C, 2), dinp((size_t)R * W);
+  float* d_in = g.put(inp);
+  float* d_wide = g.put(wide);
+  float* d_dinp = g.put(dinp);
+  cpu->expand_kv(wide.data(), inp.data(), R, C, NH, KV);
+  cpu->reduce_kv(dinp.data(), dwide.data(), R, C, NH, KV);
+  g.be->expand_kv(d_wide, d_in, R, C, NH, KV);
+  g.be->reduce_kv(d_dinp, g.put(dwide), R, C, NH, KV);
+  expect_close("expand_kv", g.get(d_wide, wide.size()), wide);
+  expect_close("reduce_kv", g.get(d_dinp, dinp.size()), dinp);
 }
 
 // SwiGLU on the device against the CPU's: 300 rows of [gate | up], F = 50; expf against the CPU's

@@ -78,8 +78,15 @@ class StagedCpuOps final : public kernels::OpsBackend {
   void dropout(float* x, size_t rows, int C, const kernels::Dropout& d) override { in_->dropout(x, rows, C, d); }
   void gelu_forward(float* out, const float* inp, size_t n) override { in_->gelu_forward(out, inp, n); }
   void swiglu_forward(float* out, const float* inp, size_t rows, int F) override { in_->swiglu_forward(out, inp, rows, F); }
-  void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse) override {
-    in_->rope(qkv, B, T, C, NH, rot, theta, pos, inverse);
+  void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) override {
+    in_->expand_kv(out, inp, rows, C, NH, KV);
+  }
+  void reduce_kv(float* dinp, const float* dout, size_t rows, int C, int NH, int KV) override {
+    in_->reduce_kv(dinp, dout, rows, C, NH, KV);
+  }
+  void rope(float* qkv, int B, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos,
+            bool inverse) override {
+    in_->rope(qkv, B, T, C, NH, KV, rot, theta, pos, inverse);
   }
   void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) override {
     in_->swiglu_backward(dinp, inp, dout, rows, F);

@@ -66,41 +66,44 @@ struct Recorder final : LinearHooks {
   }
 };
 
+// kv: key/value heads (grouped-query attention when fewer than NH; 0: NH).
 struct Case {
-  int B = 2, T = 3, C = 8, NH = 2;
+  int B = 2, T = 3, C = 16, NH = 4, KV = 4;
   Rotary rotary;  // dims 0: none
   std::vector<float> qkvw, qkvb, projw, projb, x;
-  Case() {
+  explicit Case(int kv = 0) : KV(kv > 0 ? kv : NH) {
     Rng rng(11);
     auto fill = [&](std::vector<float>& v, size_t n) {
       v.resize(n);
       for (auto& e : v) e = static_cast<float>(rng.normal() * 0.5);
     };
-    fill(qkvw, 3 * C * C), fill(qkvb, 3 * C), fill(projw, C * C), fill(projb, C), fill(x, B * T * C);
+    fill(qkvw, Q() * C), fill(qkvb, Q()), fill(projw, C * C), fill(projb, C), fill(x, B * T * C);
   }
+  int d() const { return C / NH; }
+  int Q() const { return C + 2 * KV * d(); }  // a qkv row: q, KV key heads, KV value heads
   int N() const { return B * T; }
   AttentionWeights w() const { return {qkvw.data(), qkvb.data(), projw.data(), projb.data()}; }
 };
 
-// Causal multi-head attention in double: q, k, v are the sections of x qkv^T + b, head h the
-// channels [h*d, (h+1)*d); with rotary positions, q's and k's channel pairs (i, i + rot/2) of each
-// head rotated by t * theta^(-2i/rot) (GPT-NeoX's rotate-half); out = concat(softmax(q k^T /
-// sqrt(d)) v) dense^T + b.
+// Causal multi-head attention in double: q, k, v are the sections of x qkv^T + b (q: NH heads, k and
+// v: KV heads each), head h the channels [h*d, (h+1)*d) of its section, query head h reading
+// key/value head h / (NH/KV) (HF's repeat_kv); with rotary positions, q's and k's channel pairs (i,
+// i + rot/2) of each head rotated by t * theta^(-2i/rot) (GPT-NeoX's rotate-half); out =
+// concat(softmax(q k^T / sqrt(d)) v) dense^T + b.
 std::vector<double> reference(const Case& k) {
-  const int C = k.C, d = C / k.NH;
-  std::vector<double> qkv(k.N() * 3 * C), y(k.N() * C), out(k.N() * C);
+  const int C = k.C, d = k.d(), Q = k.Q(), G = k.NH / k.KV;
+  std::vector<double> qkv(k.N() * Q), y(k.N() * C), out(k.N() * C);
   for (int r = 0; r < k.N(); ++r)
-    for (int o = 0; o < 3 * C; ++o) {
+    for (int o = 0; o < Q; ++o) {
       double s = k.qkvb[o];
       for (int c = 0; c < C; ++c) s += double(k.x[r * C + c]) * k.qkvw[o * C + c];
-      qkv[r * 3 * C + o] = s;
+      qkv[r * Q + o] = s;
     }
   if (const int rot = k.rotary.dims; rot > 0)
     for (int r = 0; r < k.N(); ++r)
-      for (int sec = 0; sec < 2; ++sec)
-        for (int h = 0; h < k.NH; ++h)
+      for (int h = 0; h < k.NH + k.KV; ++h)  // the query heads, then the key heads after them
           for (int i = 0; i < rot / 2; ++i) {
-            double* x = &qkv[r * 3 * C + sec * C + h * d];
+            double* x = &qkv[r * Q + h * d];
             const double ang = (r % k.T) * std::pow(double(k.rotary.theta), -2.0 * i / rot);
             const double a = x[i], b = x[i + rot / 2];
             x[i] = a * std::cos(ang) - b * std::sin(ang);
@@ -109,11 +112,12 @@ std::vector<double> reference(const Case& k) {
   for (int b = 0; b < k.B; ++b)
     for (int h = 0; h < k.NH; ++h)
       for (int t = 0; t < k.T; ++t) {
-        const double* q = &qkv[(b * k.T + t) * 3 * C + h * d];
+        const double* q = &qkv[(b * k.T + t) * Q + h * d];
+        const int kv = C + (h / G) * d;  // its key head's channels (values KV d further)
         std::vector<double> p(t + 1);
         double mx = -1e300, sum = 0;
         for (int j = 0; j <= t; ++j) {
-          const double* kk = &qkv[(b * k.T + j) * 3 * C + C + h * d];
+          const double* kk = &qkv[(b * k.T + j) * Q + kv];
           double s = 0;
           for (int e = 0; e < d; ++e) s += q[e] * kk[e];
           p[j] = s / std::sqrt(double(d));
@@ -122,7 +126,7 @@ std::vector<double> reference(const Case& k) {
         for (auto& e : p) sum += (e = std::exp(e - mx));
         for (int e = 0; e < d; ++e) {
           double s = 0;
-          for (int j = 0; j <= t; ++j) s += p[j] / sum * qkv[(b * k.T + j) * 3 * C + 2 * C + h * d + e];
+          for (int j = 0; j <= t; ++j) s += p[j] / sum * qkv[(b * k.T + j) * Q + kv + k.KV * d + e];
           y[(b * k.T + t) * C + h * d + e] = s;
         }
       }
@@ -138,7 +142,7 @@ std::vector<double> reference(const Case& k) {
 struct Buffers {
   std::vector<float> qkv, att, y, out;
   explicit Buffers(const Case& k, const Attention& a)
-      : qkv(k.N() * 3 * k.C), att(a.state_floats(k.B, k.T)), y(k.N() * k.C), out(k.N() * k.C) {}
+      : qkv(k.N() * a.qkv_width()), att(a.state_floats(k.B, k.T)), y(k.N() * k.C), out(k.N() * k.C) {}
 };
 
 void run(const Attention& a, const Case& k, Buffers& s, LinearHooks* hooks) {
@@ -146,28 +150,30 @@ void run(const Attention& a, const Case& k, Buffers& s, LinearHooks* hooks) {
   a.project(k.w(), s.y.data(), s.out.data(), k.N(), hooks);
 }
 
-double loss_of(const Attention& a, const Case& k) {  // sum of out * (index + 1): every output weighs in
+double loss_of(const Attention& a, const Case& k) {  // sum of out * (1 + index % 5): every output weighs in
   Buffers s(k, a);
   run(a, k, s, nullptr);
   double l = 0;
-  for (size_t i = 0; i < s.out.size(); ++i) l += double(s.out[i]) * double(i + 1);
+  for (size_t i = 0; i < s.out.size(); ++i) l += double(s.out[i]) * double(1 + i % 5);
   return l;
 }
 
-void forward_backward_and_hooks(Rotary rotary) {
+void forward_backward_and_hooks(Rotary rotary, int kv = 0) {
   auto ops = kernels::cpu_ops();
-  Case k;
+  Case k(kv);
   k.rotary = rotary;
-  const Attention a(*ops, kernels::Precision::fp32, k.C, k.NH, k.C, rotary);
+  const Attention a(*ops, kernels::Precision::fp32, k.C, k.NH, k.C, rotary, k.KV);
+  ASSERT_EQ(a.qkv_width(), k.Q());
   Buffers s(k, a);
   Recorder rec;
   run(a, k, s, &rec);
   // Forward against the double reference: fp32 GEMMs and softmaxes of a few terms, relative 1e-5.
   const auto ref = reference(k);
   for (size_t i = 0; i < s.out.size(); ++i) EXPECT_NEAR(s.out[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << i;
-  // Backward of loss = sum out_i (i + 1): dout_i = i + 1; dx accumulates onto what is there.
-  std::vector<float> dout(s.out.size()), dx(k.x.size(), 1.0f), dy(k.N() * k.C), dqkv(k.N() * 3 * k.C);
-  for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(i + 1);
+  // Backward of loss = sum out_i (1 + i % 5): dout_i = 1 + i % 5 (weights that keep the loss small
+  // enough for fp32 differences); dx accumulates onto what is there.
+  std::vector<float> dout(s.out.size()), dx(k.x.size(), 1.0f), dy(k.N() * k.C), dqkv(a.dqkv_floats(k.N()));
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(1 + i % 5);
   std::vector<float> gqkvw(k.qkvw.size(), 0.0f), gqkvb(k.qkvb.size(), 0.0f), gprojw(k.projw.size(), 0.0f),
       gprojb(k.C, 0.0f);
   a.backward(k.w(), {gqkvw.data(), gqkvb.data(), gprojw.data(), gprojb.data()}, k.x.data(), s.qkv.data(),
@@ -201,6 +207,10 @@ TEST(Attention, ForwardBackwardAndHooks) { forward_backward_and_hooks({}); }
 // 0.5); theta 10 so that 3 positions turn the pairs far enough to matter.
 TEST(Attention, RotaryForwardBackwardAndHooks) { forward_backward_and_hooks({4, 10.0f}); }
 TEST(Attention, PartialRotaryForwardBackwardAndHooks) { forward_backward_and_hooks({2, 10.0f}); }
+// Grouped-query attention: 4 query heads on 2 key/value heads, and on 1 (multi-query), with rotary
+// positions on the query and the key heads.
+TEST(Attention, GroupedQueryForwardBackwardAndHooks) { forward_backward_and_hooks({2, 10.0f}, 2); }
+TEST(Attention, MultiQueryForwardBackwardAndHooks) { forward_backward_and_hooks({}, 1); }
 
 }  // namespace
 

@@ -170,6 +170,7 @@ TEST(Decoder, RmsNormAndMlpWidthAreTheTrainingModels) {
   c.linear_bias = false;
   c.untie_embeddings = true;
   c.rotary = true;  // the cache holds rotated keys, each new query rotated at its own position
+  c.num_kv_heads = 1;  // and the key/value heads only
   c.rope_theta = 100;
   whole_sequence_loss(c);
   cached_greedy(c);

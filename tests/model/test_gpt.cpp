@@ -105,11 +105,12 @@ std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bo
 TEST(Gpt, BackwardMatchesFiniteDifferences) { check_finite_differences(tiny(), false); }
 
 // Llama's options together: RMSNorm, SwiGLU MLPs 24 wide, no linear biases, an untied output layer,
-// rotary positions (theta 100: 6 positions turn the pairs visibly).
+// rotary positions (theta 100: 6 positions turn the pairs visibly), one key/value head.
 TEST(Gpt, LlamaShapedBackwardMatchesFiniteDifferences) {
   model::GptConfig c = tiny();
   c.rotary = true;
   c.rope_theta = 100;
+  c.num_kv_heads = 1;  // multi-query: both query heads share one key/value head
   c.normalization = model::NormKind::rmsnorm;
   c.mlp = model::MlpKind::swiglu;
   c.ffn_hidden_size = 24;

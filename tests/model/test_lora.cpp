@@ -26,7 +26,7 @@ model::GptConfig tiny(int rank = 0, unsigned targets = 0xF, bool llama = false) 
   model::GptConfig c;
   if (llama)
     c.normalization = model::NormKind::rmsnorm, c.mlp = model::MlpKind::swiglu, c.ffn_hidden_size = 24, c.linear_bias = false,
-    c.rotary = true;
+    c.rotary = true, c.num_kv_heads = 1;
   c.num_layers = 2;
   c.hidden_size = 16;
   c.num_heads = 2;

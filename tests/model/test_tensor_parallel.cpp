@@ -53,6 +53,7 @@ struct Shape {
   bool bias = true;  // false: --disable-bias-linear
   bool untie = false;  // --untie-embeddings-and-output-weights
   bool rotary = false;  // --use-rotary-position-embeddings (theta 100)
+  int heads = 4, kv_heads = 0;  // --num-attention-heads, --num-key-value-heads (0: one per head)
 };
 
 model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp = false, Shape shape = {}) {
@@ -63,12 +64,13 @@ model::GptConfig tiny(int tp, bool moe, bool residual, bool sp = false, bool etp
   c.linear_bias = shape.bias;
   c.untie_embeddings = shape.untie;
   c.rotary = shape.rotary;
+  c.num_heads = shape.heads;
+  c.num_kv_heads = shape.kv_heads;
   c.rope_theta = 100;
   c.moe.expert_tensor_parallel = etp;
   c.sequence_parallel = sp;
   c.num_layers = 2;
   c.hidden_size = 16;
-  c.num_heads = 4;
   c.max_seq_length = 8;
   c.vocab_size = 29;  // padded to 32: the last rank's slice holds padding
   c.vocab_multiple = 8;
@@ -105,7 +107,6 @@ void check_model(bool moe, bool residual, bool sp = false, bool etp = false, boo
                  bool documents = false, bool ltd = false, Shape shape = {}) {
   const auto& w = world();
   const int T = w.size();
-  const int ffn = shape.ffn;
   model::GptConfig rc = tiny(1, moe, residual, false, false, shape), pc = tiny(T, moe, residual, sp, etp, shape);
   if (dropout) rc.attention_dropout = pc.attention_dropout = rc.hidden_dropout = pc.hidden_dropout = 0.2;
   if (documents)
@@ -214,6 +215,12 @@ TEST(TensorParallel, LlamaShapedGptWithoutBiasesMatchesUnsplitModel) {
 TEST(TensorParallel, SequenceParallelUntiedLlamaShapedGptMatchesUnsplitModel) {
   check_model(false, false, true, false, false, false, false,
               {24, model::NormKind::rmsnorm, model::MlpKind::swiglu, false, true, true});
+}
+// Grouped-query attention: 8 query heads on 4 key/value heads, each rank holding its part of the
+// q, k and v sections (the Llama-shaped model, rotary positions included).
+TEST(TensorParallel, GroupedQueryLlamaShapedGptMatchesUnsplitModel) {
+  check_model(false, false, true, false, false, false, false,
+              {24, model::NormKind::rmsnorm, model::MlpKind::swiglu, false, true, true, 8, 4});
 }
 // Rotary positions restart with each document (--reset-position-ids): the rotation follows them.
 TEST(TensorParallel, RotaryGptWithDocumentsMatchesUnsplitModel) {

@@ -54,6 +54,7 @@ TEST(MemoryEstimate, ParamCountEqualsModelLayout) {
   glu.linear_bias = false;           // and no linear biases
   glu.untie_embeddings = true;       // and an output layer of its own
   glu.rotary = true;                 // and no position table
+  glu.num_kv_heads = 1;              // and one key/value head
   for (auto g : {shape(2, 64, 2, 64, 256), shape(4, 128, 4, 128, 512), shape(3, 96, 3, 40, 1000),
                  shape(12, 768, 12, 1024, 50257), shape(1, 32, 1, 7, 77), narrow, rms, glu}) {
     model::Gpt m(g, kernels::Precision::fp32, false);
@@ -103,6 +104,7 @@ TEST(MemoryEstimate, MoeCountsWhatARankHolds) {
     if (k.T == 2) g.linear_bias = false;            // and no linear biases at T 2
     if (k.T == 4) g.untie_embeddings = true;        // and an untied head at T 4
     if (k.T == 4) g.rotary = true;                  // and rotary positions
+    if (k.T == 2) g.num_kv_heads = 2;               // and grouped-query attention
     g.tensor_parallel = k.T;
     g.moe.num_experts = k.experts;
     g.moe.residual = k.residual;

@@ -14,7 +14,16 @@ const TensorSpec& ParamLayout::add(const std::string& name, std::vector<int64_t>
   if (part.parts < 1 || part.stride < 1 || part.index < 0 || part.index >= part.parts ||
       part.dim >= static_cast<int>(shape.size()))
     throw Error("tensor '" + name + "': impossible partition");
-  if (part.dim >= 0 && shape[part.dim] % (int64_t(part.parts) * part.stride) != 0)
+  if (part.dim >= 0 && !part.sections.empty()) {
+    int64_t sum = 0;
+    for (int64_t s : part.sections) {
+      if (s <= 0 || s % part.parts != 0)
+        throw Error("tensor '" + name + "': a section of " + std::to_string(s) + " rows does not divide into " +
+                    std::to_string(part.parts) + " parts");
+      sum += s;
+    }
+    if (sum != shape[part.dim]) throw Error("tensor '" + name + "': its sections do not add up to dimension " + std::to_string(part.dim));
+  } else if (part.dim >= 0 && shape[part.dim] % (int64_t(part.parts) * part.stride) != 0)
     throw Error("tensor '" + name + "' of shape " + shape_string(shape) + ": dimension " + std::to_string(part.dim) +
                 " does not divide into " + std::to_string(part.parts) + " parts" +
                 (part.stride > 1 ? " of each of " + std::to_string(part.stride) + " sections" : std::string()));

@@ -142,6 +142,8 @@ nlohmann::json with_current_keys(nlohmann::json a) {
       a["hidden_size"].get<long long>() > 0 && a["hidden_size"].get<long long>() < (1LL << 28))
     a["ffn_hidden_size"] = 4 * a["hidden_size"].get<long long>();
   if (a.is_object() && !a.contains("normalization")) a["normalization"] = "layernorm";
+  if (a.is_object() && !a.contains("num_key_value_heads") && a.contains("num_attention_heads"))
+    a["num_key_value_heads"] = a["num_attention_heads"];  // before grouped-query attention: one per head
   if (a.is_object() && !a.contains("swiglu")) a["swiglu"] = false;
   if (a.is_object() && !a.contains("add_bias_linear")) a["add_bias_linear"] = true;
   if (a.is_object() && !a.contains("untie_embeddings_and_output_weights")) a["untie_embeddings_and_output_weights"] = false;
@@ -282,6 +284,7 @@ nlohmann::json architecture_of(const model::GptConfig& mc) {
                       {"num_layers", mc.num_layers},
                       {"hidden_size", mc.hidden_size},
                       {"num_attention_heads", mc.num_heads},
+                      {"num_key_value_heads", mc.kv_heads()},
                       {"ffn_hidden_size", mc.ffn()},
                       {"normalization", model::norm_name(mc.normalization)},
                       {"swiglu", mc.mlp == model::MlpKind::swiglu},
@@ -347,6 +350,7 @@ model::GptConfig gpt_config_of(const nlohmann::json& stored, const std::string& 
                                ": learned_absolute or rope; the checkpoint is damaged or from a newer version");
   }
   c.ffn_hidden_size = field("ffn_hidden_size");
+  c.num_kv_heads = field("num_key_value_heads");
   if (a["normalization"] == "rmsnorm") c.normalization = model::NormKind::rmsnorm;
   else if (a["normalization"] != "layernorm")
     throw file_error(file, "has architecture.normalization " + json_excerpt(a["normalization"]) +

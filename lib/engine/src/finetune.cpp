@@ -76,6 +76,7 @@ void read_start(StartWeights& s, TrainConfig& cfg) {
                                                : std::string("learned")) + ")",
                        "give the --use-rotary-position-embeddings, --rotary-percent and --rope-theta of the model the "
                        "weights belong to");
+  same("--num-key-value-heads", cfg.model.kv_heads(), file, "key/value heads", mc.kv_heads());
   same("--ffn-hidden-size", cfg.model.ffn(), file, "an MLP width of", mc.ffn());
   if (cfg.model.normalization != mc.normalization)
     throw config_error("--normalization", std::string("--normalization is ") + model::norm_name(cfg.model.normalization) +

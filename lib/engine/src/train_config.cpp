@@ -98,6 +98,8 @@ const FlagTable& flag_table() {
        }, "learned_absolute (default) or rope"}},
       {"--rotary-percent", {true, [](TrainConfig& c, const std::string& v) { c.model.rotary_percent = to_double("--rotary-percent", v); }, "the share of each head's channels rotated (default 1.0)"}},
       {"--rope-theta,--rotary-base", {true, [](TrainConfig& c, const std::string& v) { c.model.rope_theta = to_double("--rope-theta", v); }, "rotary positions' base (default 10000)"}},
+      {"--num-key-value-heads,--num-query-groups", {true, [](TrainConfig& c, const std::string& v) { c.model.num_kv_heads = to_i32("--num-key-value-heads", v, 1); }, "key/value heads shared by groups of query heads (grouped-query attention; default: one per head)"}},
+      {"--group-query-attention", {false, [](TrainConfig&, const std::string&) {}, "grouped-query attention (Megatron-LM's switch; the count is --num-query-groups)"}},
       {"--normalization", {true, [](TrainConfig& c, const std::string& v) {
          if (v == "layernorm" || v == "LayerNorm") c.model.normalization = model::NormKind::layernorm;
          else if (v == "rmsnorm" || v == "RMSNorm") c.model.normalization = model::NormKind::rmsnorm;
@@ -221,7 +223,7 @@ static const char* help_group(const std::string& f) {
   if (any({"--eval-", "--skip-train"})) return "validation";
   if (any({"dropout", "--weight-decay", "--clip-grad", "--adam-"})) return "regularization";
   if (any({"--init-method", "--seed"})) return "initialization";
-  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--normalization", "--swiglu", "--disable-bias-linear", "--untie-embeddings", "--seq-length", "rotary", "--rope-theta", "--position-embedding-type", "--max-position-embeddings",
+  if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--num-key-value-heads", "--group-query-attention", "--normalization", "--swiglu", "--disable-bias-linear", "--untie-embeddings", "--seq-length", "rotary", "--rope-theta", "--position-embedding-type", "--max-position-embeddings",
            "--vocab-size", "--make-vocab-size", "rotary"}))
     return "network size";
   if (any({"parallel", "--distributed", "--deepspeed", "--deepscale", "--zero-stage", "DDP", "--device",
@@ -413,6 +415,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
            {{"num_layers", c.model.num_layers},
             {"hidden_size", c.model.hidden_size},
             {"num_attention_heads", c.model.num_heads},
+            {"num_key_value_heads", c.model.kv_heads()},
             {"ffn_hidden_size", c.model.ffn()},
             {"normalization", model::norm_name(c.model.normalization)},
             {"swiglu", c.model.mlp == model::MlpKind::swiglu},

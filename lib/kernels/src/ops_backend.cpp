@@ -96,8 +96,15 @@ class CpuOps final : public OpsBackend {
   void swiglu_forward(float* out, const float* inp, size_t rows, int F) override {
     kernels::swiglu_forward(out, inp, rows, F);
   }
-  void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse) override {
-    kernels::rope(qkv, B, T, C, NH, rot, theta, pos, inverse);
+  void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) override {
+    kernels::expand_kv(out, inp, rows, C, NH, KV);
+  }
+  void reduce_kv(float* dinp, const float* dout, size_t rows, int C, int NH, int KV) override {
+    kernels::reduce_kv(dinp, dout, rows, C, NH, KV);
+  }
+  void rope(float* qkv, int B, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos,
+            bool inverse) override {
+    kernels::rope(qkv, B, T, C, NH, KV, rot, theta, pos, inverse);
   }
   void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) override {
     kernels::swiglu_backward(dinp, inp, dout, rows, F);

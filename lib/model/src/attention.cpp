@@ -4,11 +4,15 @@
 namespace hpct::model {
 
 AttentionTensors Attention::declare(ParamLayout& layout, const std::string& prefix, int64_t C, const Split& split,
-                                    const InitSpec& weight, const InitSpec& out_weight, size_t block_base, bool bias) {
+                                    const InitSpec& weight, const InitSpec& out_weight, size_t block_base, bool bias,
+                                    int64_t kv_channels) {
   const InitSpec zero = InitSpec::zeros();
+  const int64_t KVC = kv_channels > 0 ? kv_channels : C, rows = C + 2 * KVC;
+  Partition qkv = split.qkv;
+  if (KVC != C && qkv.dim == 0) qkv.sections = {C, KVC, KVC}, qkv.stride = 1;  // q | k | v of their own sizes
   AttentionTensors t;
-  t.qkvw = layout.add(prefix + "query_key_value.weight", {3 * C, C}, true, split.qkv, weight).offset - block_base;
-  if (bias) t.qkvb = layout.add(prefix + "query_key_value.bias", {3 * C}, false, split.qkv, zero).offset - block_base;
+  t.qkvw = layout.add(prefix + "query_key_value.weight", {rows, C}, true, qkv, weight).offset - block_base;
+  if (bias) t.qkvb = layout.add(prefix + "query_key_value.bias", {rows}, false, qkv, zero).offset - block_base;
   else t.qkvb = AttentionTensors::none;
   t.projw = layout.add(prefix + "dense.weight", {C, C}, true, split.proj, out_weight).offset - block_base;
   if (bias) t.projb = layout.add(prefix + "dense.bias", {C}, false, split.replica, zero).offset - block_base;
@@ -17,19 +21,26 @@ AttentionTensors Attention::declare(ParamLayout& layout, const std::string& pref
 }
 
 void Attention::qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const {
-  ops_->matmul_forward(qkv, x, w.qkvw, w.qkvb, rows, C_, 3 * Cl_, precision_);
+  ops_->matmul_forward(qkv, x, w.qkvw, w.qkvb, rows, C_, qkv_width(), precision_);
   if (hooks) hooks->forward(LinearHooks::qkv, x, qkv, rows);
 }
 
 void Attention::rotate(float* qkv, int rows, const int32_t* pos) const {
-  if (rotary_.dims > 0 && rows > 0) ops_->rope(qkv, 1, rows, Cl_, NH_, rotary_.dims, rotary_.theta, pos, false);
+  if (rotary_.dims > 0 && rows > 0) ops_->rope(qkv, 1, rows, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, false);
 }
 
 void Attention::mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
                     const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const {
-  this->qkv(w, x, qkv, B * T, hooks);
-  if (rotary_.dims > 0) ops_->rope(qkv, B, T, Cl_, NH_, rotary_.dims, rotary_.theta, pos, false);
-  ops_->attention_forward(y, att, qkv, B, T, Cl_, NH_, precision_, drop, key_start);
+  const size_t N = (size_t)B * T;
+  this->qkv(w, x, qkv, (int)N, hooks);
+  if (rotary_.dims > 0) ops_->rope(qkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, false);
+  const float* heads = qkv;
+  if (grouped()) {  // every query head its key/value head's copy, kept beside the probabilities
+    float* wide = att + probs_floats(B, T);
+    ops_->expand_kv(wide, qkv, N, Cl_, NH_, KV_);
+    heads = wide;
+  }
+  ops_->attention_forward(y, att, heads, B, T, Cl_, NH_, precision_, drop, key_start);
 }
 
 void Attention::project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const {
@@ -45,10 +56,14 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
   ops_->zero(dy, NCl * sizeof(float));
   ops_->matmul_backward(dy, g.projw, g.projb, dout, y, w.projw, N, Cl_, C_, precision_);
   if (hooks) hooks->backward(LinearHooks::proj, y, dout, dy, N);
-  ops_->zero(dqkv, 3 * NCl * sizeof(float));
-  ops_->attention_backward(dqkv, dy, qkv, att, B, T, Cl_, NH_, precision_, drop);
-  if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
-  ops_->matmul_backward(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, 3 * Cl_, precision_);
+  // Grouped: the op's gradient for every query head's key/value copy (after dqkv's grouped rows),
+  // then summed into the shared heads.
+  float* dheads = grouped() ? dqkv + (size_t)N * qkv_width() : dqkv;
+  ops_->zero(dheads, 3 * NCl * sizeof(float));
+  ops_->attention_backward(dheads, dy, grouped() ? att + probs_floats(B, T) : qkv, att, B, T, Cl_, NH_, precision_, drop);
+  if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
+  if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
+  ops_->matmul_backward(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, qkv_width(), precision_);
   if (hooks) hooks->backward(LinearHooks::qkv, x, dqkv, dx, N);
 }
 

@@ -29,10 +29,11 @@ Decoder::Decoder(const GptConfig& cfg, const float* params, int sequences)
   ops_ = kernels::cpu_ops();
   norm_ = Norm(*ops_, C_, cfg.normalization);
   attention_ = Attention(*ops_, kernels::Precision::fp32, C_, NH_, C_,
-                         {cfg.rotary_dims(), static_cast<float>(cfg.rope_theta)});
+                         {cfg.rotary_dims(), static_cast<float>(cfg.rope_theta)}, cfg.kv_heads());
   mlp_ = Mlp(*ops_, kernels::Precision::fp32, C_, cfg.mlp);
   len_.assign(sequences, 0);
-  const size_t cache = (size_t)L_ * sequences * T_ * C_;
+  KVC_ = cfg.kv_heads() * (C_ / NH_);
+  const size_t cache = (size_t)L_ * sequences * T_ * KVC_;
   k_.assign(cache, 0.0f);
   v_.assign(cache, 0.0f);
 }
@@ -77,7 +78,8 @@ void Decoder::step(const int* seqs, const int32_t* tokens, int k, float* logits)
 void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std::vector<int>& out_rows, float* logits) {
   const int R = static_cast<int>(rows.size()), C = C_, F = cfg_.ffn();
   const size_t RC = (size_t)R * C;
-  grow(x_, RC), grow(ln_, RC), grow(qkv_, 3 * RC), grow(atty_, RC), grow(res_, RC);
+  const int Q = attention_.qkv_width();  // a qkv row: q, then the key and value heads
+  grow(x_, RC), grow(ln_, RC), grow(qkv_, (size_t)R * Q), grow(atty_, RC), grow(res_, RC);
   grow(fch_, (size_t)R * mlp_.fc_width(F)), grow(fcg_, (size_t)R * F), grow(mean_, R), grow(rstd_, R);
   const int V = cfg_.vocab_size;
   const float* wte = block(t_.embedding_block) + t_.wte;
@@ -100,9 +102,9 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
     attention_.qkv(aw, ln_.data(), qkv_.data(), R, nullptr);
     attention_.rotate(qkv_.data(), R, pos_.data());  // rotary positions: q and k at each row's position
     for (int r = 0; r < R; ++r) {  // this layer's keys and values into the cache first: rows of one
-      const float* q = qkv_.data() + (size_t)r * 3 * C;  // prompt attend to each other through it
-      std::copy(q + C, q + 2 * C, kcache(l, rows[r].seq, rows[r].pos));
-      std::copy(q + 2 * C, q + 3 * C, vcache(l, rows[r].seq, rows[r].pos));
+      const float* q = qkv_.data() + (size_t)r * Q;  // prompt attend to each other through it
+      std::copy(q + C, q + C + KVC_, kcache(l, rows[r].seq, rows[r].pos));
+      std::copy(q + C + KVC_, q + C + 2 * KVC_, vcache(l, rows[r].seq, rows[r].pos));
     }
     attend(rows, l);
     attention_.project(aw, atty_.data(), res_.data(), R, nullptr);
@@ -165,17 +167,18 @@ void Decoder::moe(int l, int R, float* out) {
 }
 
 void Decoder::attend(const std::vector<Row>& rows, int layer) {
-  const int C = C_, HS = C_ / NH_;
+  const int C = C_, HS = C_ / NH_, G = NH_ / (KVC_ / HS);  // G query heads per key/value head
   const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
   grow(scores_, T_);
   float* sv = scores_.data();
   for (size_t r = 0; r < rows.size(); ++r) {
     const int s = rows[r].seq, keys = rows[r].pos + 1;  // causal: positions 0..pos of its own sequence
     for (int h = 0; h < NH_; ++h) {
-      const float* q = qkv_.data() + r * 3 * C + (size_t)h * HS;
+      const float* q = qkv_.data() + r * attention_.qkv_width() + (size_t)h * HS;
+      const size_t kvh = (size_t)(h / G) * HS;  // its key/value head
       float mx = -INFINITY;
       for (int j = 0; j < keys; ++j) {
-        const float* k = kcache(layer, s, j) + (size_t)h * HS;
+        const float* k = kcache(layer, s, j) + kvh;
         float d = 0.0f;
         for (int e = 0; e < HS; ++e) d += q[e] * k[e];
         sv[j] = d * sc;
@@ -187,7 +190,7 @@ void Decoder::attend(const std::vector<Row>& rows, int layer) {
       float* o = atty_.data() + r * C + (size_t)h * HS;
       std::fill(o, o + HS, 0.0f);
       for (int j = 0; j < keys; ++j) {
-        const float* v = vcache(layer, s, j) + (size_t)h * HS;
+        const float* v = vcache(layer, s, j) + kvh;
         const float w = sv[j] * inv;
         for (int e = 0; e < HS; ++e) o[e] += w * v[e];
       }

@@ -47,7 +47,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   }
   norm_ = Norm(*ops_, cfg_.hidden_size, cfg_.normalization);
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_,
-                         {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)});
+                         {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)}, cfg_.kv_heads() / tp_.size());
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size, cfg_.mlp);
   for (size_t l = 0; l < tensors_.layers.size(); ++l) {
     const Block& o = tensors_.layers[l];
@@ -97,8 +97,9 @@ void Gpt::ensure_workspace(int B, int T) {
   const size_t n = tp_.local_rows(N), sp = tp_.sequence_parallel() ? 1 : 0;
   const size_t nsets = recompute_ ? 1 : L;
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
-  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * 3 * Cl + attention_.state_floats(B, T) + N * (W + F);
-  size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * 3 * Cl +
+  const size_t Q = attention_.qkv_width(), dQ = attention_.dqkv_floats(N) / std::max<size_t>(N, 1);  // per row
+  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * Q + attention_.state_floats(B, T) + N * (W + F);
+  size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * dQ +
                  N * (W + F) + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   ws_.reset();  // the old buffers go back before the new ones are taken
@@ -111,7 +112,7 @@ void Gpt::ensure_workspace(int B, int T) {
     a.ln1 = take(N * C);
     a.ln1_mean = take(n);
     a.ln1_rstd = take(n);
-    a.qkv = take(N * 3 * Cl);
+    a.qkv = take(N * Q);
     a.att = take(attention_.state_floats(B, T));
     a.atty = take(N * Cl);
     a.res2 = take(n * C);
@@ -128,7 +129,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->dres = take(n * C);
   ws->dln = take(N * C);
   ws->datty = take(N * Cl);
-  ws->dqkv = take(N * 3 * Cl);
+  ws->dqkv = take(N * dQ);
   ws->dfch = take(N * W);
   ws->dfch_gelu = take(N * F);
   ws->logits = take((size_t)kHeadRows * Vl);
@@ -142,7 +143,7 @@ void Gpt::ensure_workspace(int B, int T) {
     ws->dnorm = take(4 * C);
   }
   if (cfg_.lora.enabled()) {  // x A^T per adapted linear and set; update scratch; the frozen norms' discarded gradients
-    const size_t widest = std::max({C, 3 * Cl, W});  // the widest adapter output: qkv's, fc's, or C
+    const size_t widest = std::max({C, Q, W});  // the widest adapter output: qkv's, fc's, or C
     const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * widest + N * r + (sp ? 0 : 4 * C);
     const size_t emb = emb_lora_block_ >= 0 ? N * r + 2 * (size_t)kHeadRows * r + (size_t)kHeadRows * Vl + (size_t)T * r : 0;
     ws->lora_mem = kernels::BackendBuffer(*ops_, (sets + extra + emb) * sizeof(float));
@@ -214,6 +215,7 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
   // plus 4sh for the attention scores and their weighted sum; x4: 4 * (8h^2 + 2mhF + 4sh) with
   // m = 2 matrices in the MLP (3 for SwiGLU), Megatron's 96h^2(1 + s/6h) at F = 4h.
   const double h = cfg_.hidden_size, s = (double)T, V = cfg_.padded_vocab(), F = cfg_.ffn();
+  const double kv = (double)cfg_.kv_heads() / cfg_.num_heads * h;  // key (and value) channels
   const double m = cfg_.mlp == MlpKind::swiglu ? 3 : 2;
   // MoE: a token runs k expert MLPs (and the dense one beside them in a residual MoE) where a dense
   // layer runs one (2mhF per token, x4). Router and combine omitted.
@@ -225,7 +227,7 @@ double Gpt::flops_per_iteration(long long B, long long T, int kept) const {
     const bool short_layer = kept > 0 && kept < T && std::binary_search(ltd_layers_.begin(), ltd_layers_.end(), l);
     const double sl = short_layer ? (double)kept : s;
     const bool moe = tensors_.layers[l].experts > 0;
-    f += 4.0 * B * sl * (8.0 * h * h + 2.0 * m * h * F + 4.0 * sl * h);
+    f += 4.0 * B * sl * (2.0 * h * (2.0 * h + 2.0 * kv) + 2.0 * m * h * F + 4.0 * sl * h);  // QKV h(h+2kv), out h^2
     if (moe) f += 8.0 * m * B * sl * h * F * extra_mlps;
     if (cac) f -= 2.0 * B * sl * h * (h + F) + (moe ? 2.0 * B * sl * h * F * extra_mlps : 0.0);
   }

@@ -48,6 +48,15 @@ void GptConfig::validate() const {
                                                 " is not divisible by --tensor-model-parallel-size " +
                                                 std::to_string(tensor_parallel),
                        "each tensor-parallel rank holds an equal part of every MLP: choose --ffn-hidden-size to divide");
+  if (num_kv_heads < 0 || num_heads % kv_heads() != 0)
+    throw config_error("--num-key-value-heads", "--num-key-value-heads " + std::to_string(num_kv_heads) +
+                                                    " does not divide --num-attention-heads " + std::to_string(num_heads),
+                       "give a count of key/value heads that divides the query heads");
+  if (kv_heads() % tensor_parallel != 0)
+    throw config_error("--num-key-value-heads", "--num-key-value-heads " + std::to_string(kv_heads()) +
+                                                    " is not divisible by --tensor-model-parallel-size " +
+                                                    std::to_string(tensor_parallel),
+                       "each tensor-parallel rank computes whole key/value heads: choose a size that divides them");
   if (num_heads % tensor_parallel != 0)
     throw config_error("--tensor-model-parallel-size", "--num-attention-heads " + std::to_string(num_heads) +
                                                            " is not divisible by --tensor-model-parallel-size " +
@@ -174,7 +183,8 @@ std::string LoraConfig::module_list() const { return name_list(modules_to_save, 
 
 std::string GptConfig::describe() const {
   return "GPT: " + std::to_string(num_layers) + " layers, hidden " + std::to_string(hidden_size) + ", " +
-         std::to_string(num_heads) + " heads, " +
+         std::to_string(num_heads) + " heads" +
+         (kv_heads() != num_heads ? " (" + std::to_string(kv_heads()) + " key/value heads)" : std::string()) + ", " +
          (ffn() != 4 * hidden_size ? "MLP width " + std::to_string(ffn()) + ", " : std::string()) +
          (normalization != NormKind::layernorm ? std::string(norm_name(normalization)) + ", " : std::string()) +
          (mlp == MlpKind::swiglu ? "SwiGLU, " : "") + (linear_bias ? "" : "no linear biases, ") +

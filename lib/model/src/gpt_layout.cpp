@@ -18,6 +18,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
   GptTensors& found = tensors ? *tensors : local;
   found = {};
   const int64_t C = cfg.hidden_size, F = cfg.ffn(), Vp = cfg.padded_vocab(), T = cfg.positions();
+  const int64_t KVC = (int64_t)cfg.kv_heads() * (C / cfg.num_heads);  // key (and value) channels
   // Megatron's split: column-parallel (rows of the (out, in) weight and its bias; QKV by sections
   // q|k|v), row-parallel (columns; the bias is a replica), everything else a replica.
   const int P = cfg.tensor_parallel;
@@ -54,7 +55,7 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
       return layout.add(p + n, std::move(s), wd, part, init).offset - base;
     };
     o.ln1 = Norm::declare(layout, p + "input_layernorm", C, rep, base, cfg.normalization);
-    o.attn = Attention::declare(layout, p + "attention.", C, {qkv, row, rep}, w, w_out, base, cfg.linear_bias);
+    o.attn = Attention::declare(layout, p + "attention.", C, {qkv, row, rep}, w, w_out, base, cfg.linear_bias, KVC);
     o.ln2 = Norm::declare(layout, p + "post_attention_layernorm", C, rep, base, cfg.normalization);
     o.experts = cfg.moe.experts_of(l, cfg.num_layers);
     if (o.experts > 0) o.routerw = rel("mlp.router.weight", {o.experts, C}, false, rep, w);  // DeepSpeed's wg: no bias
@@ -84,12 +85,14 @@ ParamLayout Gpt::layout_for(const GptConfig& cfg, int tp_rank, GptTensors* tenso
       const int64_t r = cfg.lora.rank;
       const char* names[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
       const bool gated = cfg.mlp == MlpKind::swiglu;  // fc's output: [gate | up], 2F
-      const int64_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, gated ? 2 * F : F, C};
+      const int64_t in[4] = {C, C, C, F}, out[4] = {C + 2 * KVC, C, gated ? 2 * F : F, C};
       // Split as the weight: a column-parallel linear's B by its output rows (QKV and a SwiGLU fc by
       // sections), a row-parallel linear's A by its input columns; the other factor a replica
       // (model/lora.cpp).
       const Partition fc_rows{0, P, tp_rank, gated ? 2 : 1};
-      const Partition a_part[4] = {rep, row, rep, row}, b_part[4] = {qkv, rep, fc_rows, rep};
+      Partition qkv_rows = qkv;  // as query_key_value's rows (grouped: q | k | v of their own sizes)
+      if (KVC != C) qkv_rows.sections = {C, KVC, KVC}, qkv_rows.stride = 1;
+      const Partition a_part[4] = {rep, row, rep, row}, b_part[4] = {qkv_rows, rep, fc_rows, rep};
       // A: PEFT's kaiming_uniform(a=sqrt(5)) has variance 1/(3 in); the same variance, normal.
       // B starts at zero, so the adapted model starts as the base.
       for (int t = 0; t < 4; ++t)

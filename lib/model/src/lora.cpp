@@ -31,7 +31,7 @@ bool column_parallel(int t) { return t == LoraConfig::qkv || t == LoraConfig::fc
 std::pair<int, int> Gpt::lora_dims(int t) const {
   const int C = cfg_.hidden_size;
   switch (t) {
-    case LoraConfig::qkv: return {C, 3 * Cl_};
+    case LoraConfig::qkv: return {C, attention_.qkv_width()};
     case LoraConfig::proj: return {Cl_, C};
     case LoraConfig::fc: return {C, mlp_.fc_width(Fl_)};
     default: return {Fl_, C};

@@ -79,15 +79,16 @@ GptSize gpt_size(const model::GptConfig& cfg, int expert_parallel) {
   const uint64_t norm = cfg.normalization == model::NormKind::layernorm ? 2 * C : C;  // weight (and bias)
   const uint64_t G = cfg.mlp == model::MlpKind::swiglu ? 2 * F : F;  // fc's rows: SwiGLU's gate and up
   const uint64_t b = cfg.linear_bias ? 1 : 0;  // --disable-bias-linear: no qkv, dense, fc, fc2 biases
+  const uint64_t Q = C + 2 * (uint64_t)cfg.kv_heads() * (C / cfg.num_heads);  // qkv rows (grouped: fewer k, v)
   // ln1 + qkv (3C*C + 3C)/P + proj C*C/P + C + ln2 + fc (G*C + G)/P + fcproj C*F/P + C (the
   // biases: the b terms)
-  s.layer = (4 * C * C + b * 3 * C + G * C + b * G + C * F) / P + b * 2 * C + 2 * norm;
+  s.layer = (Q * C + C * C + b * Q + G * C + b * G + C * F) / P + b * 2 * C + 2 * norm;
   s.final_norm = norm;
   s.output_layer = cfg.untie_embeddings ? Vp / P * C : 0;
   // An MoE layer: the attention and norms, the router (E, C) whole, a residual MoE's dense MLP and
   // coefficient (2C + 2); each expert fc (G*C + G) + fcproj (C*F) + C, split like the MLP with
   // expert tensor parallelism.
-  const uint64_t attention = (4 * C * C + b * 3 * C) / P + b * C + 2 * norm, mlp = (G * C + b * G + C * F) / P + b * C;
+  const uint64_t attention = (Q * C + C * C + b * Q) / P + b * C + 2 * norm, mlp = (G * C + b * G + C * F) / P + b * C;
   s.expert = cfg.moe.expert_tensor_parallel ? mlp : G * C + b * G + C * F + b * C;
   s.dense = s.embedding + s.final_norm + s.output_layer;
   uint64_t largest_moe = 0;
@@ -453,6 +454,7 @@ nlohmann::json MemoryEstimate::json() const {
            {{"num_layers", model.num_layers},
             {"hidden_size", model.hidden_size},
             {"num_attention_heads", model.num_heads},
+            {"num_key_value_heads", model.kv_heads()},
             {"ffn_hidden_size", model.ffn()},
             {"normalization", model::norm_name(model.normalization)},
             {"swiglu", model.mlp == model::MlpKind::swiglu},

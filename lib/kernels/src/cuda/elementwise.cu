@@ -42,24 +42,55 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   }
 }
 
-// Rotary positions: one thread per (row, q or k, head, pair i < rot/2).
-__global__ void rope_kernel(float* qkv, int T, int C, int NH, int rot, float theta, const int32_t* pos, float sign,
-                            size_t n) {
+// Rotary positions: one thread per (row, query or key head, pair i < rot/2).
+__global__ void rope_kernel(float* qkv, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos,
+                            float sign, size_t n) {
   const int d = C / NH, half = rot / 2;
+  const size_t W = (size_t)C + 2 * (size_t)KV * d;
   HPCT_GRID_STRIDE(k, n) {
     const int i = (int)(k % half);
     const size_t rest = k / half;
-    const int h = (int)(rest % NH), sec = (int)((rest / NH) % 2);
-    const size_t r = rest / NH / 2;
+    const int h = (int)(rest % (NH + KV));  // q heads, then the k heads after them
+    const size_t r = rest / (NH + KV);
     const float p = (float)(pos ? pos[r] : (int)(r % T));
     const float ang = p * powf(theta, -2.0f * i / rot);
     float s, c;
     sincosf(ang, &s, &c);
     s *= sign;
-    float* x = qkv + r * 3 * C + (size_t)sec * C + (size_t)h * d;
+    float* x = qkv + r * W + (size_t)h * d;
     const float a = x[i], b = x[i + half];
     x[i] = a * c - b * s;
     x[i + half] = b * c + a * s;
+  }
+}
+
+// Grouped-query attention: one thread per element of the widened (rows, 3C) row.
+__global__ void expand_kv_kernel(float* out, const float* inp, int C, int NH, int KV, size_t n) {
+  const int d = C / NH, G = NH / KV;
+  const size_t W = (size_t)C + 2 * (size_t)KV * d;
+  HPCT_GRID_STRIDE(i, n) {
+    const size_t r = i / (3 * (size_t)C), c = i % (3 * (size_t)C);
+    const int sec = (int)(c / C), h = (int)((c % C) / d), e = (int)(c % d);
+    out[i] = sec == 0 ? inp[r * W + c] : inp[r * W + C + (size_t)(sec - 1) * KV * d + (size_t)(h / G) * d + e];
+  }
+}
+
+// One thread per element of the grouped (rows, C + 2 KV d) row: a key/value element sums its group.
+__global__ void reduce_kv_kernel(float* dinp, const float* dout, int C, int NH, int KV, size_t n) {
+  const int d = C / NH, G = NH / KV;
+  const size_t W = (size_t)C + 2 * (size_t)KV * d;
+  HPCT_GRID_STRIDE(i, n) {
+    const size_t r = i / W, c = i % W;
+    const float* g = dout + r * 3 * (size_t)C;
+    if (c < (size_t)C) {
+      dinp[i] = g[c];
+      continue;
+    }
+    const size_t kc = c - C;
+    const int sec = 1 + (int)(kc / ((size_t)KV * d)), k = (int)((kc % ((size_t)KV * d)) / d), e = (int)(kc % d);
+    float s = 0.0f;
+    for (int j = 0; j < G; ++j) s += g[(size_t)sec * C + (size_t)(k * G + j) * d + e];
+    dinp[i] = s;
   }
 }
 
@@ -165,15 +196,31 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, c
   check_launch("gelu_backward");
 }
 
-void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse,
+void rope(float* qkv, int B, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos, bool inverse,
           cudaStream_t stream) {
-  if (NH <= 0 || C % NH != 0 || rot <= 0 || rot % 2 != 0 || rot > C / NH || T <= 0)
+  if (NH <= 0 || KV <= 0 || C % NH != 0 || rot <= 0 || rot % 2 != 0 || rot > C / NH || T <= 0)
     throw Error("hpct::kernels::cuda::rope: need C divisible by NH and an even rot in (0, C/NH] (C=" + std::to_string(C) +
                 ", NH=" + std::to_string(NH) + ", rot=" + std::to_string(rot) + ")");
-  const size_t n = (size_t)B * T * 2 * NH * (rot / 2);
+  const size_t n = (size_t)B * T * (NH + KV) * (rot / 2);
   if (n == 0) return;
-  rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(qkv, T, C, NH, rot, theta, pos, inverse ? -1.0f : 1.0f, n);
+  rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(qkv, T, C, NH, KV, rot, theta, pos, inverse ? -1.0f : 1.0f, n);
   check_launch("rope");
+}
+
+void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV, cudaStream_t stream) {
+  if (NH <= 0 || KV <= 0 || NH % KV != 0 || C % NH != 0) throw Error("hpct::kernels::cuda::expand_kv: need KV | NH | C");
+  const size_t n = rows * 3 * (size_t)C;
+  if (n == 0) return;
+  expand_kv_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, C, NH, KV, n);
+  check_launch("expand_kv");
+}
+
+void reduce_kv(float* dinp, const float* dout, size_t rows, int C, int NH, int KV, cudaStream_t stream) {
+  if (NH <= 0 || KV <= 0 || NH % KV != 0 || C % NH != 0) throw Error("hpct::kernels::cuda::reduce_kv: need KV | NH | C");
+  const size_t n = rows * ((size_t)C + 2 * (size_t)KV * (C / NH));
+  if (n == 0) return;
+  reduce_kv_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, dout, C, NH, KV, n);
+  check_launch("reduce_kv");
 }
 
 void swiglu_forward(float* out, const float* inp, size_t rows, int F, cudaStream_t stream) {

@@ -281,8 +281,15 @@ class CudaOps final : public OpsBackend {
   void swiglu_forward(float* out, const float* inp, size_t rows, int F) override {
     cuda::swiglu_forward(out, inp, rows, F, stream_);
   }
-  void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse) override {
-    cuda::rope(qkv, B, T, C, NH, rot, theta, pos, inverse, stream_);
+  void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) override {
+    cuda::expand_kv(out, inp, rows, C, NH, KV, stream_);
+  }
+  void reduce_kv(float* dinp, const float* dout, size_t rows, int C, int NH, int KV) override {
+    cuda::reduce_kv(dinp, dout, rows, C, NH, KV, stream_);
+  }
+  void rope(float* qkv, int B, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos,
+            bool inverse) override {
+    cuda::rope(qkv, B, T, C, NH, KV, rot, theta, pos, inverse, stream_);
   }
   void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) override {
     cuda::swiglu_backward(dinp, inp, dout, rows, F, stream_);

@@ -21,11 +21,18 @@ namespace hpct {
 /// q, k and v rows together). dim < 0: the whole tensor; with parts > 1 every rank of the
 /// tensor-parallel group holds a copy and `index` says which one (copy 0 is the primary: it alone
 /// is counted in norms and written to checkpoints, Megatron's param_is_not_tensor_parallel_duplicate).
+/// `sections`, when given, replaces the equal ones: the dimension's sections in order, of these sizes
+/// (grouped-query attention's q|k|v rows: NH, KV and KV heads), each cut into `parts` pieces.
 struct Partition {
   int dim = -1;
   int parts = 1;
   int index = 0;
   int stride = 1;
+  std::vector<int64_t> sections;
+  /// The sizes of the sections of a dimension of size D.
+  std::vector<int64_t> section_sizes(int64_t D) const {
+    return sections.empty() ? std::vector<int64_t>(stride, D / stride) : sections;
+  }
 };
 
 /// How a tensor starts. The layout only carries it, declared with the tensor; the model's init reads
@@ -126,13 +133,33 @@ void TensorSpec::for_full_runs(uint64_t begin, uint64_t end, F&& fn) const {
   for (int d = 0; d < part.dim; ++d) outer *= static_cast<uint64_t>(shape[d]);
   for (size_t d = part.dim + 1; d < shape.size(); ++d) inner *= static_cast<uint64_t>(shape[d]);
   const uint64_t D = static_cast<uint64_t>(shape[part.dim]), Dl = D / part.parts;
-  const uint64_t sec = D / part.stride, piece = sec / part.parts;  // full rows per section, per piece
-  uint64_t i = begin;
+  if (part.sections.empty()) {
+    const uint64_t sec = D / part.stride, piece = sec / part.parts;  // full rows per section, per piece
+    uint64_t i = begin;
+    while (i < end) {
+      const uint64_t row = i / inner, in_row = i % inner;  // local row index over (outer, Dl)
+      const uint64_t o = row / Dl, r = row % Dl;
+      const uint64_t full_r = (r / piece) * sec + static_cast<uint64_t>(part.index) * piece + r % piece;
+      const uint64_t n = std::min<uint64_t>(end - i, (piece - r % piece) * inner - in_row);
+      fn((o * D + full_r) * inner + in_row, i, n);
+      i += n;
+    }
+    return;
+  }
+  uint64_t i = begin;  // sections of their own sizes: find the one local row r falls in
   while (i < end) {
-    const uint64_t row = i / inner, in_row = i % inner;  // local row index over (outer, Dl)
+    const uint64_t row = i / inner, in_row = i % inner;
     const uint64_t o = row / Dl, r = row % Dl;
-    const uint64_t full_r = (r / piece) * sec + static_cast<uint64_t>(part.index) * piece + r % piece;
-    const uint64_t n = std::min<uint64_t>(end - i, (piece - r % piece) * inner - in_row);
+    uint64_t full_start = 0, local_start = 0, piece = 0;
+    for (int64_t s : part.sections) {
+      piece = static_cast<uint64_t>(s) / part.parts;
+      if (r < local_start + piece) break;
+      full_start += static_cast<uint64_t>(s);
+      local_start += piece;
+    }
+    const uint64_t k = r - local_start;
+    const uint64_t full_r = full_start + static_cast<uint64_t>(part.index) * piece + k;
+    const uint64_t n = std::min<uint64_t>(end - i, (piece - k) * inner - in_row);
     fn((o * D + full_r) * inner + in_row, i, n);
     i += n;
   }

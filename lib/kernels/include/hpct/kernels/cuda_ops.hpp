@@ -44,8 +44,11 @@ void layernorm_forward(float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*
                        const float* weight /*(C)*/, const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
 
 /// Rotary position embedding in place, as hpct::kernels::rope (angles from theta^(-2i/rot) in fp32).
-void rope(float* qkv /*(B*T, 3C)*/, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos /*(B*T)*/,
-          bool inverse, cudaStream_t stream);
+void rope(float* qkv /*(B*T, C + 2 KV d)*/, int B, int T, int C, int NH, int KV, int rot, float theta,
+          const int32_t* pos /*(B*T)*/, bool inverse, cudaStream_t stream);
+/// Grouped-query attention's key/value heads widened and reduced, as hpct::kernels::expand_kv/reduce_kv.
+void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV, cudaStream_t stream);
+void reduce_kv(float* dinp, const float* dout, size_t rows, int C, int NH, int KV, cudaStream_t stream);
 /// SwiGLU on rows of [gate | up], as hpct::kernels::swiglu_forward; backward accumulates.
 void swiglu_forward(float* out /*(rows,F)*/, const float* inp /*(rows,2F)*/, size_t rows, int F, cudaStream_t stream);
 void swiglu_backward(float* dinp /*(rows,2F)*/, const float* inp /*(rows,2F)*/, const float* dout /*(rows,F)*/,

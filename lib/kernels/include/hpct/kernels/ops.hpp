@@ -61,12 +61,20 @@ void rmsnorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, const float
                       const float* weight /*(C)*/, const float* rstd /*(N)*/, int N, int C);
 
 /// Rotary position embedding (RoFormer, Su et al. 2021; GPT-NeoX's and Llama's rotate-half form), in
-/// place on the query and key sections of qkv rows (B*T rows of 3C: q | k | v, NH heads of d = C/NH):
+/// place on the query and key sections of qkv rows (B*T rows of q | k | v: NH query heads of d = C/NH,
+/// then KV key heads and KV value heads, C + 2 KV d wide; KV = NH without grouped-query attention):
 /// the first `rot` channels of each head, pairs (i, i + rot/2), rotate by angle p * theta^(-2i/rot)
 /// with p the row's position (pos[row], or row % T without pos). inverse: by minus that angle, the
 /// transpose (backward: d(q, k) before rotation from d(q, k) after).
-void rope(float* qkv /*(B*T, 3C)*/, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos /*(B*T)*/,
-          bool inverse);
+void rope(float* qkv /*(B*T, C + 2 KV d)*/, int B, int T, int C, int NH, int KV, int rot, float theta,
+          const int32_t* pos /*(B*T)*/, bool inverse);
+
+/// Grouped-query attention (Ainslie et al. 2023; Llama's num_key_value_heads): rows of q | k | v with
+/// NH query heads and KV key/value heads (C + 2 KV d wide) widened to NH of each (3C wide), query head
+/// h using key/value head h / (NH/KV), for the attention op; reduce_kv is its backward: d(q) copied,
+/// each key/value head's gradient the sum over its group's query heads (overwrites dinp).
+void expand_kv(float* out /*(rows, 3C)*/, const float* inp /*(rows, C + 2 KV d)*/, size_t rows, int C, int NH, int KV);
+void reduce_kv(float* dinp /*(rows, C + 2 KV d)*/, const float* dout /*(rows, 3C)*/, size_t rows, int C, int NH, int KV);
 
 /// out = inp @ weight^T + bias, weight (OC, C) as nn.Linear; bias may be nullptr.
 void matmul_forward(float* out /*(N,OC)*/, const float* inp /*(N,C)*/, const float* weight /*(OC,C)*/,

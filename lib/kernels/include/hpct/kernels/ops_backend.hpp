@@ -100,7 +100,11 @@ class OpsBackend {
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   /// Rotary position embedding on the q and k sections of qkv rows, in place (ops.hpp); pos in the
   /// backend's memory (nullptr: row % T).
-  virtual void rope(float* qkv, int B, int T, int C, int NH, int rot, float theta, const int32_t* pos, bool inverse) = 0;
+  virtual void rope(float* qkv, int B, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos,
+                    bool inverse) = 0;
+  /// Grouped-query attention's key/value heads widened to every query head, and back (ops.hpp).
+  virtual void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) = 0;
+  virtual void reduce_kv(float* dinp, const float* dout, size_t rows, int C, int NH, int KV) = 0;
   /// SwiGLU on rows of [gate | up] (ops.hpp); backward accumulates into dinp.
   virtual void swiglu_forward(float* out, const float* inp, size_t rows, int F) = 0;
   virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) = 0;

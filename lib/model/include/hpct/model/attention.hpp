@@ -10,6 +10,10 @@
 // With tensor parallelism the heads split over the group: query_key_value column-parallel by
 // sections (this rank's heads of q, k and v), dense row-parallel, so the caller passes dense's bias
 // on one rank only and sums the output (and the input gradient) over the group.
+// Grouped-query attention (fewer key/value heads than query heads; Llama's num_key_value_heads):
+// query_key_value is C + 2 KV d rows (q, then KV key heads, then KV value heads), query head h uses
+// key/value head h / (NH/KV); the shared heads are widened for the attention op (kernels::expand_kv)
+// and their gradients summed back (reduce_kv). Each rank holds its part of each of the three sections.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -65,27 +69,38 @@ class Attention {
   /// Declares query_key_value's and dense's weight and bias under `prefix` ("layers.0.attention.")
   /// in the block being built, of hidden size C; `weight` and `out_weight` are their
   /// initialisation (biases start at zero; none without `bias`). Offsets from `block_base`.
+  /// kv_channels: the key (and value) heads' channels, KV d (0: C, every head its own).
   static AttentionTensors declare(ParamLayout& layout, const std::string& prefix, int64_t C, const Split& split,
                                   const InitSpec& weight, const InitSpec& out_weight, size_t block_base,
-                                  bool bias = true);
+                                  bool bias = true, int64_t kv_channels = 0);
 
   Attention() = default;
-  /// hidden: the model's width C; heads, channels: this rank's heads and their channels (C / T).
+  /// hidden: the model's width C; heads, channels: this rank's query heads and their channels (C / T);
+  /// kv_heads: this rank's key/value heads (0: as many as query heads).
   Attention(kernels::OpsBackend& ops, kernels::Precision precision, int hidden, int heads, int channels,
-            Rotary rotary = {})
-      : ops_(&ops), precision_(precision), C_(hidden), NH_(heads), Cl_(channels), rotary_(rotary) {}
+            Rotary rotary = {}, int kv_heads = 0)
+      : ops_(&ops), precision_(precision), C_(hidden), NH_(heads), Cl_(channels), KV_(kv_heads > 0 ? kv_heads : heads),
+        rotary_(rotary) {}
   const Rotary& rotary() const { return rotary_; }
+  bool grouped() const { return KV_ != NH_; }
+  /// A qkv row: this rank's q, k and v channels (3 x channels without grouping).
+  int qkv_width() const { return Cl_ + 2 * KV_ * (Cl_ / NH_); }
+  /// Floats of the dqkv scratch backward needs for `rows` rows.
+  size_t dqkv_floats(size_t rows) const { return rows * (qkv_width() + (grouped() ? 3 * (size_t)Cl_ : 0)); }
   /// Rotates the q and k sections of `rows` qkv rows by their positions pos (backend memory), as
   /// mix does (the decoder's rows, each at its own position). Nothing without rotary positions.
   void rotate(float* qkv, int rows, const int32_t* pos) const;
 
-  /// The attention's state for backward, in the backend's memory (the op's probabilities, B x heads x T x T).
-  size_t state_floats(int B, int T) const { return (size_t)B * NH_ * T * T; }
+  /// The attention's state for backward, in the backend's memory: the op's probabilities (B x heads x
+  /// T x T), and grouped, the widened q, k, v rows (B T x 3 channels).
+  size_t state_floats(int B, int T) const {
+    return probs_floats(B, T) + (grouped() ? (size_t)B * T * 3 * Cl_ : 0);
+  }
 
   /// The query/key/value projection alone: qkv = x W^T + b on `rows` rows (3 x channels each, q|k|v).
   void qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const;
-  /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of 3 x channels), then y, the heads'
-  /// outputs (B*T rows of channels); att is the state backward reads. drop: attention dropout
+  /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of qkv_width()), then y, the heads'
+  /// outputs (B*T rows of channels); att is the state backward reads (state_floats). drop: attention dropout
   /// (nullptr: none); key_start: each row's first key (per-document attention; nullptr: causal only);
   /// pos: each row's position for rotary positions (nullptr: its place in the sample).
   void mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
@@ -93,15 +108,17 @@ class Attention {
   /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
   void project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const;
   /// From dout (the projection's output gradient): the weight gradients and dx ACCUMULATED (zero dx
-  /// first to overwrite); dy (B*T x channels) and dqkv (B*T x 3 channels) are scratch.
+  /// first to overwrite); dy (B*T x channels) and dqkv (dqkv_floats(B*T)) are scratch.
   void backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv, const float* att,
                 const float* y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;
 
  private:
+  size_t probs_floats(int B, int T) const { return (size_t)B * NH_ * T * T; }
+
   kernels::OpsBackend* ops_ = nullptr;
   kernels::Precision precision_ = kernels::Precision::fp32;
-  int C_ = 0, NH_ = 0, Cl_ = 0;
+  int C_ = 0, NH_ = 0, Cl_ = 0, KV_ = 0;
   Rotary rotary_;
 };
 

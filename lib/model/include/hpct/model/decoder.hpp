@@ -14,8 +14,8 @@
 // What it is not: a training path (no activations kept, no backward), tensor parallel, expert
 // parallel (one process holds every expert), or GPU-resident (kernels::cpu ops; the parameters
 // and caches are host memory).
-// Memory: the cache holds 2 x L x sequences x positions() x C floats, allocated up front
-// (cache_bytes()).
+// Memory: the cache holds 2 x L x sequences x positions() x KV d floats (C without grouped-query
+// attention: the cache keeps the key/value heads only), allocated up front (cache_bytes()).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -61,8 +61,8 @@ class Decoder {
   void moe(int l, int R, float* out);
   // A schema block's parameters.
   const float* block(int b) const { return p_ + layout_.blocks()[b].offset; }
-  float* kcache(int layer, int seq, int pos) { return k_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
-  float* vcache(int layer, int seq, int pos) { return v_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * C_; }
+  float* kcache(int layer, int seq, int pos) { return k_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * KVC_; }
+  float* vcache(int layer, int seq, int pos) { return v_.data() + (((size_t)layer * len_.size() + seq) * T_ + pos) * KVC_; }
 
   GptConfig cfg_;
   const float* p_;
@@ -74,7 +74,8 @@ class Decoder {
   Attention attention_;
   Mlp mlp_;
   std::vector<int> len_;
-  std::vector<float> k_, v_;  // (L, sequences, T, C)
+  int KVC_ = 0;                // the key (and value) channels: KV heads x d
+  std::vector<float> k_, v_;  // (L, sequences, T, KVC)
   // Working rows, grown to the largest call.
   std::vector<float> x_, ln_, qkv_, atty_, res_, fch_, fcg_, mean_, rstd_, scores_;
   std::vector<float> logits_, erows_, ey_, dense_, coef_;  // MoE layers

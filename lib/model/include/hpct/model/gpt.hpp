@@ -116,6 +116,9 @@ struct GptConfig {
   int num_layers = 2;
   int hidden_size = 64;
   int num_heads = 2;
+  // --num-key-value-heads (Megatron-LM's --group-query-attention --num-query-groups): key/value
+  // heads shared by groups of query heads (GQA; 1: multi-query); 0: one per query head.
+  int num_kv_heads = 0;
   // --ffn-hidden-size: the hidden width of every MLP (dense, residual and each expert's); 0 is
   // Megatron's default: 4 x hidden_size, or with SwiGLU int(4h x 2/3 / 64) x 64. ffn() is the width in use.
   int ffn_hidden_size = 0;
@@ -162,6 +165,7 @@ struct GptConfig {
   int padded_vocab() const;
   /// The multiple padded_vocab() rounds to.
   long long vocab_granule() const;
+  int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   int ffn() const {
     if (ffn_hidden_size > 0) return ffn_hidden_size;
     return mlp == MlpKind::swiglu ? static_cast<int>(4.0 * hidden_size * 2 / 3 / 64) * 64 : 4 * hidden_size;
