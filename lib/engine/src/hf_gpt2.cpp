@@ -11,6 +11,7 @@
 #include "hpct/core/error.hpp"
 #include "hpct/core/json_config.hpp"
 #include "hpct/core/param_layout.hpp"
+#include "hpct/engine/hf_llama.hpp"
 #include "hpct/io/safetensors.hpp"
 
 namespace hpct::engine {
@@ -71,6 +72,7 @@ std::vector<float> transposed(const std::vector<float>& x, int64_t rows, int64_t
 }
 
 HfGpt2 read_hf_gpt2(const std::string& path, int vocab_multiple, int heads) {
+  if (is_hf_llama(path)) return read_hf_llama(path, vocab_multiple);  // every app's --load-hf reads Llamas too
   HfGpt2 out;
   nlohmann::json config;
   std::string config_file;

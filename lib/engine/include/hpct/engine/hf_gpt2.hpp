@@ -9,7 +9,9 @@
 // ours; F32, F16 and BF16 (widened exactly). The attention mask buffers of hub files (h.N.attn.bias,
 // h.N.attn.masked_bias) are ignored by name; lm_head.weight, where present, must be the tied
 // embedding; any other tensor is an error naming it, as is a config.json that disagrees with the
-// tensors or describes another architecture (activation, layer-norm epsilon).
+// tensors or describes another architecture (activation, layer-norm epsilon). A directory whose
+// config.json says model_type "llama" is read by read_hf_llama instead (hf_llama.hpp), so every
+// app's --load-hf takes Llama weights too.
 #pragma once
 #include <cstdint>
 #include <string>
