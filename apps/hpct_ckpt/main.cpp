@@ -2,8 +2,8 @@
 // Thin: resolve the file (a directory's `latest`), read attributes and datasets through
 // hpct::io::H5File, recompute each dataset's checksum with the checkpointer's definition.
 // export writes a GPT checkpoint's weights as safetensors with the GPT-2 (Hugging Face) tensor
-// names and layouts; import turns such a file into a checkpoint at iteration 0 (Adam moments zero)
-// that pretrain_gpt --load continues from.
+// names and layouts, or a Llama-shaped one's as LlamaForCausalLM's; import turns such files into a
+// checkpoint at iteration 0 (Adam moments zero) that pretrain_gpt --load continues from.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -34,6 +34,7 @@
 #include "hpct/io/gpt2_tokenizer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
+#include "hpct/engine/hf_llama.hpp"
 #include "hpct/engine/preflight.hpp"
 #include "hpct/engine/lora.hpp"
 #include "hpct/io/safetensors.hpp"
@@ -57,7 +58,9 @@ PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` 
            ...; linear weights as (in, out), as GPT-2's Conv1D stores them; the vocabulary
            padding rows dropped), fp32; beside it config.json and the run's tokenizer files as
            vocab.json and merges.txt: name it DIR/model.safetensors and Hugging Face's
-           GPT2LMHeadModel.from_pretrained(DIR) opens DIR
+           GPT2LMHeadModel.from_pretrained(DIR) opens DIR. A Llama-shaped model (RMSNorm,
+           SwiGLU, rotary positions, no biases) is written with LlamaForCausalLM's names
+           (model.layers.N.self_attn.q_proj.weight, ...) and config.json instead
   import   GPT-2 weights in Hugging Face's layout into DIR/iter_0000000.h5 + DIR/latest, Adam
            moments zero; `pretrain_gpt --load DIR` then continues from those weights. IN is a
            save_pretrained directory (model.safetensors + config.json, and its vocab.json and
@@ -81,26 +84,22 @@ int export_safetensors(const std::string& path, const std::string& out) {
   // The structure verify checks, before any tensor is read: run state, architecture, tensor set.
   model::GptConfig mc;
   const engine::StoredRun stored = engine::check_structure(f, file, &mc);
-  // What a GPT-2 (GPT2LMHeadModel) cannot hold is refused before anything is written.
-  if (mc.normalization != model::NormKind::layernorm)
-    throw file_error(file, std::string("holds a model with ") + model::norm_name(mc.normalization) +
-                               "; export writes GPT-2, whose norms are LayerNorm (a Llama export is not implemented)");
-  if (mc.mlp != model::MlpKind::gelu)
-    throw file_error(file, "holds a model with SwiGLU MLPs; export writes GPT-2, whose MLPs are GELU (a Llama export is not implemented)");
-  if (!mc.linear_bias)
-    throw file_error(file, "holds a model without linear biases (--disable-bias-linear); export writes GPT-2, whose "
-                           "linears have biases (a Llama export is not implemented)");
-  if (mc.kv_heads() != mc.num_heads)
-    throw file_error(file, "holds a model with grouped-query attention; export writes GPT-2, whose heads each have "
-                           "their own keys and values (a Llama export is not implemented)");
-  if (mc.rotary)
-    throw file_error(file, "holds a model with rotary positions; export writes GPT-2, whose positions are a learned "
-                           "table (a Llama export is not implemented)");
-  if (mc.untie_embeddings)
-    throw file_error(file, "holds a model with an output layer of its own (--untie-embeddings-and-output-weights); export "
-                           "writes GPT-2, whose head is the word embedding (a Llama export is not implemented)");
-  if (mc.moe.enabled(mc.num_layers))
-    throw file_error(file, "holds a mixture-of-experts model; export writes GPT-2, which has one MLP per layer");
+  // A Llama-shaped model is written as LlamaForCausalLM, any other as GPT2LMHeadModel; what neither
+  // can hold is refused before anything is written.
+  const std::string not_llama = engine::hf_llama_unfit(mc);
+  const bool llama = not_llama.empty();
+  auto refuse = [&](const std::string& not_gpt2) {
+    throw file_error(file, "cannot be exported: not as GPT-2 (" + not_gpt2 + ") and not as Llama (" + not_llama + ")");
+  };
+  if (!llama) {
+    if (mc.normalization != model::NormKind::layernorm) refuse("its norms are " + std::string(model::norm_name(mc.normalization)));
+    if (mc.mlp != model::MlpKind::gelu) refuse("its MLPs are SwiGLU");
+    if (!mc.linear_bias) refuse("its linears have no biases");
+    if (mc.kv_heads() != mc.num_heads) refuse("it has grouped-query attention");
+    if (mc.rotary) refuse("its positions are rotary");
+    if (mc.untie_embeddings) refuse("its output layer is not the word embedding");
+    if (mc.moe.enabled(mc.num_layers)) refuse("it has mixture-of-experts layers");
+  }
   const auto& cfg = stored.meta.config;
   const int layers = mc.num_layers;
   if (!cfg.contains("model") || !cfg["model"].is_object() || !cfg["model"].contains("vocab_size") ||
@@ -108,29 +107,42 @@ int export_safetensors(const std::string& path, const std::string& out) {
       cfg["model"]["vocab_size"].get<int64_t>() > mc.vocab_size)
     throw file_error(file, "has no config.model.vocab_size in 1.." + std::to_string(mc.vocab_size) + " (the padded vocabulary)");
   const int64_t vocab = cfg["model"]["vocab_size"].get<int64_t>();
-  nlohmann::json header = {{"__metadata__", {{"format", "pt"}, {"source", file}, {"software", hpct_version()}}}};
-  std::vector<std::vector<float>> data;
-  uint64_t off = 0;
-  for (const auto& nm : engine::gpt2_names(layers)) {
-    const std::string ds = engine::Checkpointer::dataset_name("model", nm.ours);
-    auto shape = f.dataset_shape(ds);
+  // One of our tensors whole, its checksum checked.
+  auto ours = [&](const std::string& name, std::vector<int64_t>* shape_out) {
+    const std::string ds = engine::Checkpointer::dataset_name("model", name);
+    const auto shape = f.dataset_shape(ds);
     uint64_t n = 1;
     for (auto d : shape) n *= static_cast<uint64_t>(d);
     std::vector<float> x(n);
     f.read(ds, 0, x.data(), n);
     engine::Checkpointer::check_checksum(f, ds, engine::Checkpointer::checksum(x.data(), 0, n), file);
-    if (nm.theirs == "wte.weight") {  // drop the padding rows
-      x.resize(static_cast<size_t>(vocab * shape[1]));
-      shape[0] = vocab;
+    if (shape_out) *shape_out = shape;
+    return x;
+  };
+  std::vector<engine::HfTensor> tensors;
+  if (llama) {
+    tensors = engine::hf_llama_tensors(mc, vocab, [&](const std::string& n) { return ours(n, nullptr); });
+  } else {
+    for (const auto& nm : engine::gpt2_names(layers)) {
+      std::vector<int64_t> shape;
+      std::vector<float> x = ours(nm.ours, &shape);
+      if (nm.theirs == "wte.weight") {  // drop the padding rows
+        x.resize(static_cast<size_t>(vocab * shape[1]));
+        shape[0] = vocab;
+      }
+      if (nm.transpose) {
+        x = engine::transposed(x, shape[0], shape[1]);
+        std::swap(shape[0], shape[1]);
+      }
+      tensors.push_back({nm.theirs, shape, std::move(x)});
     }
-    if (nm.transpose) {
-      x = engine::transposed(x, shape[0], shape[1]);
-      std::swap(shape[0], shape[1]);
-    }
-    const uint64_t bytes = x.size() * sizeof(float);
-    header[nm.theirs] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {off, off + bytes}}};
+  }
+  nlohmann::json header = {{"__metadata__", {{"format", "pt"}, {"source", file}, {"software", hpct_version()}}}};
+  uint64_t off = 0;
+  for (const auto& t : tensors) {
+    const uint64_t bytes = t.data.size() * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
     off += bytes;
-    data.push_back(std::move(x));
   }
   f.close();
   std::string h = json_text(header);
@@ -139,15 +151,24 @@ int export_safetensors(const std::string& path, const std::string& out) {
     const uint64_t hl = h.size();
     std::fwrite(&hl, 8, 1, o);  // little-endian (x86, aarch64)
     std::fwrite(h.data(), 1, h.size(), o);
-    for (const auto& x : data) std::fwrite(x.data(), sizeof(float), x.size(), o);
+    for (const auto& t : tensors) std::fwrite(t.data.data(), sizeof(float), t.data.size(), o);
   });
-  std::printf("# %s: %zu tensors, %s, GPT-2 names, from %s\n", out.c_str(), data.size(), format_bytes(double(off)).c_str(),
-              file.c_str());
+  std::printf("# %s: %zu tensors, %s, %s names, from %s\n", out.c_str(), tensors.size(), format_bytes(double(off)).c_str(),
+              llama ? "Llama" : "GPT-2", file.c_str());
   // Beside it, what Hugging Face's from_pretrained reads with model.safetensors: config.json, and
   // the run's tokenizer files as vocab.json and merges.txt.
   const std::filesystem::path dir = std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
   model::GptConfig hc = mc;
   hc.vocab_size = static_cast<int>(vocab);
+  if (llama) {
+    write_json_file((dir / "config.json").string(), engine::hf_llama_config(hc, vocab));
+    std::printf("# %s: Llama config (num_hidden_layers %d, hidden_size %d, num_attention_heads %d, num_key_value_heads %d, "
+                "vocab_size %lld)\n# the run's tokenizer files are not copied for a Llama (its SentencePiece model is not "
+                "exported yet)\n",
+                (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.kv_heads(),
+                static_cast<long long>(vocab));
+    return 0;
+  }
   write_json_file((dir / "config.json").string(), engine::hf_gpt2_config(hc, static_cast<int>(vocab)));
   std::printf("# %s: GPT-2 config (n_layer %d, n_embd %d, n_head %d, n_positions %d, vocab_size %lld)\n",
               (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.positions(),

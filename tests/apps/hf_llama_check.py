@@ -10,7 +10,9 @@ model.safetensors.index.json. Then:
 - generate --load-hf, greedy, gives the tokens and log-probabilities of Hugging Face's Llama forward
   written out in float64 numpy below (rotate-half rotary positions, repeat_kv, RMSNorm eps 1e-5,
   silu(gate) * up): the same ids, the log-probabilities within 1e-5 (hpctrain computes in fp32);
-- hpct_ckpt import of the directory, then generate --load of the checkpoint: the same ids;
+- hpct_ckpt import of the directory, then generate --load of the checkpoint: the same ids; hpct_ckpt
+  export of that checkpoint writes the same tensors, bit for bit, under the same names, and a
+  LlamaForCausalLM config.json with the shape;
 - a tied variant (tie_word_embeddings true, no lm_head) gives numpy's forward too;
 - one-line errors naming the file and the key or tensor: rope_scaling, another rms_norm_eps, a
   tensor that is not part of the model, a directory with only pytorch_model.bin.
@@ -184,6 +186,21 @@ if r32:
     sh([a.tool, "import", d32, ck])
     r2 = generate("--load", ck, "gen_imported")
     c.check(r2 is not None and r2["ids"] == r32["ids"], f"import then --load: {r2 and r2['ids']} vs {r32['ids']}")
+    ex = os.path.join(a.workdir, "exported")
+    os.makedirs(ex)
+    sh([a.tool, "export", ck, os.path.join(ex, "model.safetensors")])
+    raw = open(os.path.join(ex, "model.safetensors"), "rb").read()
+    hl = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + hl])
+    got = {k: np.frombuffer(raw[8 + hl + v["data_offsets"][0]: 8 + hl + v["data_offsets"][1]], "<f4").reshape(v["shape"])
+           for k, v in hdr.items() if k != "__metadata__"}
+    want32 = {k: np.asarray(x, dtype="<f4") for k, x in w.items()}
+    same = set(got) == set(want32) and all(np.array_equal(got[k], want32[k]) for k in want32)
+    c.check(same, f"export writes the imported tensors bit for bit ({len(got)} of {len(want32)})")
+    cfg = json.load(open(os.path.join(ex, "config.json"))) if os.path.exists(os.path.join(ex, "config.json")) else {}
+    c.check([cfg.get(k) for k in ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                                  "num_key_value_heads", "intermediate_size", "vocab_size", "rope_theta")] ==
+            ["llama", L, C, NH, KV, F, V, THETA], f"exported config.json: {cfg}")
 dt = os.path.join(a.workdir, "llama_tied")
 against_numpy("tied embeddings", dt, write_dir(dt, weights(tied=True)))
 

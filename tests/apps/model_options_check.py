@@ -21,7 +21,8 @@ parallelism): a Llama-shaped model.
 - trains at Megatron's default width int(4 x 32 x 2/3 / 64) x 64 = 64, says so at start; the
   checkpoint records swiglu, the width and no linear biases, its fc holds gate and up (128 x 32)
   and it has no bias tensor at all, an output layer of its own (384 x 32), no position table and a
-  query_key_value of 32 + 2 x 2 x 8 rows; generate loads it; export is refused in one line.
+  query_key_value of 32 + 2 x 2 x 8 rows; generate loads it; hpct_ckpt export writes it as a
+  LlamaForCausalLM directory that generate --load-hf reads back to the same tokens.
 
 model_options_check.py --gpt PRETRAIN_GPT --tool HPCT_CKPT --generate GENERATE --mpi "MPIRUN -np 2 ..." --workdir DIR
 """
@@ -127,7 +128,20 @@ if os.path.exists(os.path.join(glu, "latest")):
     c.check(arch.get("position_embedding_type") == "rope" and arch.get("rope_theta") == 10000 and
             not any("position_embeddings" in n for n in names), f"rotary positions, no table ({arch.get('position_embedding_type')})")
     c.check(tuple(fc) == (128, 32), f"fc holds gate and up, whole in the checkpoint ({fc})")
-c.run([a.generate, "--load", glu, "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"])
-p = c.run([a.tool, "export", glu, os.path.join(a.workdir, "glu_export", "model.safetensors")], want=None)
-c.one_line_error("export of a SwiGLU model", p, "hpct_ckpt", ["GPT-2"])
+
+
+def ids(flag, path):
+    out = os.path.join(a.workdir, "ids.json")
+    c.run([a.generate, flag, path, "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--temperature", "0", "--json", out])
+    return json.load(open(out))["results"][0]["ids"] if os.path.exists(out) else None
+
+
+from_ckpt = ids("--load", glu)
+ex = os.path.join(a.workdir, "glu_export")
+os.makedirs(ex)
+c.run([a.tool, "export", glu, os.path.join(ex, "model.safetensors")])
+hf_cfg = json.load(open(os.path.join(ex, "config.json"))) if os.path.exists(os.path.join(ex, "config.json")) else {}
+c.check(hf_cfg.get("model_type") == "llama" and hf_cfg.get("num_key_value_heads") == 2 and hf_cfg.get("intermediate_size") == 64
+        and hf_cfg.get("tie_word_embeddings") is False, f"exported as LlamaForCausalLM ({hf_cfg.get('architectures')})")
+c.check(from_ckpt is not None and ids("--load-hf", ex) == from_ckpt, f"the exported Llama gives the checkpoint's tokens {from_ckpt}")
 c.finish()

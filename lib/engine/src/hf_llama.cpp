@@ -206,3 +206,65 @@ HfGpt2 read_hf_llama(const std::string& dir, int vocab_multiple) {
 }
 
 }  // namespace hpct::engine
+
+namespace hpct::engine {
+
+std::string hf_llama_unfit(const model::GptConfig& mc) {
+  if (mc.normalization != model::NormKind::rmsnorm) return "its norms are LayerNorm, a Llama's are RMSNorm";
+  if (mc.mlp != model::MlpKind::swiglu) return "its MLPs are GELU, a Llama's are SwiGLU";
+  if (!mc.rotary) return "its positions are a learned table, a Llama's are rotary";
+  if (mc.rotary_dims() != mc.hidden_size / mc.num_heads) return "its rotary positions cover part of each head, a Llama's all of it";
+  if (mc.linear_bias) return "its linears have biases, a Llama's have none";
+  if (mc.moe.enabled(mc.num_layers)) return "it has mixture-of-experts layers, a Llama one MLP per layer";
+  if (mc.lora.enabled()) return "it holds LoRA adapters (merge them first: hpct_ckpt merge-lora)";
+  return "";
+}
+
+std::vector<HfTensor> hf_llama_tensors(const model::GptConfig& mc, int64_t vocab,
+                                       const std::function<std::vector<float>(const std::string&)>& ours) {
+  const int64_t C = mc.hidden_size, d = C / mc.num_heads, KVC = (int64_t)mc.kv_heads() * d, F = mc.ffn();
+  std::vector<HfTensor> out;
+  auto rows = [&](const std::vector<float>& x, int64_t first, int64_t n, int64_t cols, const std::string& name) {
+    out.push_back({name, {n, cols}, std::vector<float>(x.begin() + first * cols, x.begin() + (first + n) * cols)});
+  };
+  rows(ours("embedding.word_embeddings.weight"), 0, vocab, C, "model.embed_tokens.weight");  // padding rows dropped
+  for (int l = 0; l < mc.num_layers; ++l) {
+    const std::string o = "layers." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
+    out.push_back({h + "input_layernorm.weight", {C}, ours(o + "input_layernorm.weight")});
+    const std::vector<float> qkv = ours(o + "attention.query_key_value.weight");
+    rows(qkv, 0, C, C, h + "self_attn.q_proj.weight");
+    rows(qkv, C, KVC, C, h + "self_attn.k_proj.weight");
+    rows(qkv, C + KVC, KVC, C, h + "self_attn.v_proj.weight");
+    out.push_back({h + "self_attn.o_proj.weight", {C, C}, ours(o + "attention.dense.weight")});
+    out.push_back({h + "post_attention_layernorm.weight", {C}, ours(o + "post_attention_layernorm.weight")});
+    const std::vector<float> fc = ours(o + "mlp.dense_h_to_4h.weight");
+    rows(fc, 0, F, C, h + "mlp.gate_proj.weight");
+    rows(fc, F, F, C, h + "mlp.up_proj.weight");
+    out.push_back({h + "mlp.down_proj.weight", {C, F}, ours(o + "mlp.dense_4h_to_h.weight")});
+  }
+  out.push_back({"model.norm.weight", {C}, ours("final_layernorm.weight")});
+  if (mc.untie_embeddings) rows(ours("output_layer.weight"), 0, vocab, C, "lm_head.weight");
+  return out;
+}
+
+nlohmann::json hf_llama_config(const model::GptConfig& mc, int64_t vocab) {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", mc.hidden_size},
+          {"intermediate_size", mc.ffn()},
+          {"num_attention_heads", mc.num_heads},
+          {"num_key_value_heads", mc.kv_heads()},
+          {"num_hidden_layers", mc.num_layers},
+          {"max_position_embeddings", mc.positions()},
+          {"vocab_size", vocab},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", mc.rope_theta},
+          {"rope_scaling", nullptr},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"tie_word_embeddings", !mc.untie_embeddings},
+          {"torch_dtype", "float32"}};
+}
+
+}  // namespace hpct::engine

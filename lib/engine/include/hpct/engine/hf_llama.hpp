@@ -28,3 +28,30 @@ bool is_hf_llama(const std::string& path);
 HfGpt2 read_hf_llama(const std::string& dir, int vocab_multiple = 128);
 
 }  // namespace hpct::engine
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace hpct::engine {
+
+/// Why a model of config mc cannot be written as a LlamaForCausalLM ("" when it can): Llama's norms
+/// are RMSNorm, its MLPs SwiGLU, its positions rotary over whole heads, its linears without biases,
+/// and it has one MLP per layer.
+std::string hf_llama_unfit(const model::GptConfig& mc);
+
+/// One tensor in Hugging Face's names: its shape and values.
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+/// The tensors of the Llama-shaped model mc in Hugging Face's names and layout, from ours: `ours`
+/// returns one of our tensors whole by name (Gpt::layout_for's full shape). vocab: the tokenizer's
+/// size (the padding rows are dropped). The inverse of read_hf_llama.
+std::vector<HfTensor> hf_llama_tensors(const model::GptConfig& mc, int64_t vocab,
+                                       const std::function<std::vector<float>(const std::string&)>& ours);
+/// config.json for it (LlamaConfig's keys).
+nlohmann::json hf_llama_config(const model::GptConfig& mc, int64_t vocab);
+
+}  // namespace hpct::engine
