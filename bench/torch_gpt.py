@@ -38,6 +38,10 @@ ap.add_argument("--capacity-factor", type=float, default=1.0)
 ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: one GPU, bf16 autocast on it")
 ap.add_argument("--sdpa", action="store_true", help="attention through F.scaled_dot_product_attention (flash)")
 ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (gradient accumulation)")
+ap.add_argument("--llama", action="store_true",
+                help="Llama-shaped: RMSNorm, SwiGLU (--ffn wide), rotary positions, no biases, untied head")
+ap.add_argument("--kv-heads", type=int, default=0, help="--llama: key/value heads (grouped-query attention; 0: heads)")
+ap.add_argument("--ffn", type=int, default=0, help="--llama: the SwiGLU width")
 a = ap.parse_args()
 dev = torch.device(a.device)
 
@@ -84,6 +88,63 @@ class MoE(nn.Module):
         dispatched = torch.einsum("sec,sm->ecm", dispatch, x)
         out = torch.stack([self.experts[e](dispatched[e]) for e in range(E)])
         return torch.einsum("sec,ecm->sm", combine.type_as(out), out), l_aux
+
+
+class RMSNorm(nn.Module):  # torch 1.13 has none: Llama's, eps 1e-5
+    def __init__(self, C):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+
+def rotate(t, cos, sin):  # (B, heads, T, d): Hugging Face's rotate_half form
+    d = t.shape[-1]
+    return t * cos + torch.cat([-t[..., d // 2:], t[..., : d // 2]], -1) * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, C, NH, KV, Fw):
+        super().__init__()
+        self.ln1, self.ln2 = RMSNorm(C), RMSNorm(C)
+        self.d, self.NH, self.KV = C // NH, NH, KV
+        self.qkv = nn.Linear(C, C + 2 * KV * (C // NH), bias=False)
+        self.proj = nn.Linear(C, C, bias=False)
+        self.gate, self.up, self.down = nn.Linear(C, Fw, bias=False), nn.Linear(C, Fw, bias=False), nn.Linear(Fw, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split([C, self.KV * self.d, self.KV * self.d], dim=2)
+        q = rotate(q.view(B, T, self.NH, self.d).transpose(1, 2), cos, sin)
+        k = rotate(k.view(B, T, self.KV, self.d).transpose(1, 2), cos, sin)
+        v = v.view(B, T, self.KV, self.d).transpose(1, 2)
+        k, v = (t.repeat_interleave(self.NH // self.KV, dim=1) for t in (k, v))  # repeat_kv
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.d)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        y = (att.masked_fill(~mask, float("-inf")).softmax(-1) @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.proj(y)
+        h = self.ln2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, V, L, C, NH, KV, Fw):
+        super().__init__()
+        self.wte, self.head = nn.Embedding(V, C), nn.Linear(C, V, bias=False)
+        self.blocks = nn.ModuleList(LlamaBlock(C, NH, KV, Fw) for _ in range(L))
+        self.lnf, self.d = RMSNorm(C), C // NH
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        inv = 1.0 / (10000 ** (torch.arange(0, self.d, 2, device=idx.device).float() / self.d))
+        ang = torch.outer(torch.arange(T, device=idx.device).float(), inv)
+        cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+        x = self.wte(idx)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        logits = self.head(self.lnf(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 class Block(nn.Module):
@@ -134,11 +195,15 @@ class GPT(nn.Module):
 
 
 Vp = (a.vocab + 127) // 128 * 128
-model = GPT(Vp, a.layers, a.hidden, a.heads, a.seq, a.experts, a.expert_interval, a.capacity_factor).to(dev)
+if a.llama:
+    model = Llama(Vp, a.layers, a.hidden, a.heads, a.kv_heads or a.heads, a.ffn).to(dev)
+else:
+    model = GPT(Vp, a.layers, a.hidden, a.heads, a.seq, a.experts, a.expert_interval, a.capacity_factor).to(dev)
 if world > 1:
     model = torch.nn.parallel.DistributedDataParallel(model)
 # On a GPU the fused AdamW (one kernel over every tensor), as the step it is compared with.
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=a.device == "cuda")
+# (Only asked for there: Debian's CPU torch 1.13 has no `fused` argument.)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **({"fused": True} if a.device == "cuda" else {}))
 g = torch.Generator().manual_seed(rank)
 times = []
 for it in range(a.warmup + a.iters):

@@ -5,6 +5,8 @@
 #
 # Shape SE is S with 8 experts top-1 on every other layer: pretrain_moe with EP 2 on the 2 ranks
 # against torch_gpt.py --experts 8, DeepSpeed's MoE layer (einsum dispatch) in PyTorch.
+# Shape SL is S Llama-shaped: RMSNorm, SwiGLU 1024 wide, rotary positions, 6 query heads on 2
+# key/value heads, no biases, an untied head (torch_gpt.py --llama: the same model in PyTorch).
 #
 # hpctrain: 2 MPI ranks, mock data, dropout 0 (torch_gpt.py has none: equal work). PyTorch: its
 # faster set-up here (fp32: 2 DDP processes over gloo, 1 thread each; bf16: 1 process, 2 threads,
@@ -30,6 +32,7 @@ shape_args() {  # vocab layers hidden heads seq micro experts
   case "$1" in
     S) echo "8192 6 384 6 256 8 0" ;;
     SE) echo "8192 6 384 6 256 8 8" ;;
+    SL) echo "8192 6 384 6 256 8 0" ;;
     M) echo "50304 12 768 12 512 4 0" ;;
     *) echo "unknown shape $1" >&2; exit 2 ;;
   esac
@@ -41,6 +44,10 @@ run_hpct() {  # shape prec -> "tps rss"
   read -r V L C NH T MB E <<<"$(shape_args "$1")"
   local extra=() bin=$gpt
   [[ "$2" == bf16 ]] && extra+=(--bf16)
+  if [[ "$1" == SL ]]; then
+    extra+=(--swiglu --ffn-hidden-size 1024 --normalization rmsnorm --use-rotary-position-embeddings --num-key-value-heads 2
+            --disable-bias-linear --untie-embeddings-and-output-weights)
+  fi
   if ((E > 0)); then
     bin="$root/build/apps/pretrain_moe/pretrain_moe"
     extra+=(--num-experts "$E" --expert-interval 2 --topk 1 --moe-expert-parallel-size 2 --moe-loss-coeff 0.01)
@@ -62,6 +69,7 @@ run_torch() {  # shape prec -> "tps rss"
   read -r V L C NH T MB E <<<"$(shape_args "$1")"
   local args=(--vocab "$V" --layers "$L" --hidden "$C" --heads "$NH" --seq "$T" --iters "$iters" --warmup "$warm")
   ((E > 0)) && args+=(--experts "$E" --expert-interval 2)
+  [[ "$1" == SL ]] && args+=(--llama --kv-heads 2 --ffn 1024)
   if [[ "$2" == bf16 ]]; then
     OMP_NUM_THREADS=2 /usr/bin/python3 "$root/bench/torch_gpt.py" "${args[@]}" --micro-batch $((MB * 2)) --bf16 >"$tmp/t.json"
   else
