@@ -113,7 +113,9 @@ HfGpt2 read_hf_llama(const std::string& dir, int vocab_multiple) {
   mc.rotary = true;
   mc.linear_bias = false;
   mc.attention_dropout = mc.hidden_dropout = 0;
-  const bool tied = c.value("tie_word_embeddings", false);
+  if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_boolean())
+    throw file_error(cf, "key tie_word_embeddings is " + c["tie_word_embeddings"].dump() + ": true or false is needed");
+  const bool tied = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].get<bool>();
   mc.untie_embeddings = !tied;
   if (c.contains("rope_theta")) {
     if (!c["rope_theta"].is_number() || !(c["rope_theta"].get<double>() > 1))

@@ -43,25 +43,25 @@ void GptConfig::validate() const {
     throw config_error("--ffn-hidden-size", "--swiglu's default MLP width, int(4 x " + std::to_string(hidden_size) +
                                                 " x 2/3 / 64) x 64 (Megatron's), is 0",
                        "give --ffn-hidden-size");
-  if (ffn() % tensor_parallel != 0)
-    throw config_error("--ffn-hidden-size", "the MLP width " + std::to_string(ffn()) +
-                                                " is not divisible by --tensor-model-parallel-size " +
-                                                std::to_string(tensor_parallel),
-                       "each tensor-parallel rank holds an equal part of every MLP: choose --ffn-hidden-size to divide");
   if (num_kv_heads < 0 || num_heads % kv_heads() != 0)
     throw config_error("--num-key-value-heads", "--num-key-value-heads " + std::to_string(num_kv_heads) +
                                                     " does not divide --num-attention-heads " + std::to_string(num_heads),
                        "give a count of key/value heads that divides the query heads");
-  if (kv_heads() % tensor_parallel != 0)
-    throw config_error("--num-key-value-heads", "--num-key-value-heads " + std::to_string(kv_heads()) +
-                                                    " is not divisible by --tensor-model-parallel-size " +
-                                                    std::to_string(tensor_parallel),
-                       "each tensor-parallel rank computes whole key/value heads: choose a size that divides them");
   if (num_heads % tensor_parallel != 0)
     throw config_error("--tensor-model-parallel-size", "--num-attention-heads " + std::to_string(num_heads) +
                                                            " is not divisible by --tensor-model-parallel-size " +
                                                            std::to_string(tensor_parallel),
                        "each tensor-parallel rank computes whole heads: choose a size that divides the heads");
+  if (kv_heads() % tensor_parallel != 0)  // (after the query heads: without grouping they are the same count)
+    throw config_error("--num-key-value-heads", "--num-key-value-heads " + std::to_string(kv_heads()) +
+                                                    " is not divisible by --tensor-model-parallel-size " +
+                                                    std::to_string(tensor_parallel),
+                       "each tensor-parallel rank computes whole key/value heads: choose a size that divides them");
+  if (ffn() % tensor_parallel != 0)
+    throw config_error("--ffn-hidden-size", "the MLP width " + std::to_string(ffn()) +
+                                                " is not divisible by --tensor-model-parallel-size " +
+                                                std::to_string(tensor_parallel),
+                       "each tensor-parallel rank holds an equal part of every MLP: choose --ffn-hidden-size to divide");
   if (!(init_std > 0)) throw config_error("--init-method-std", "--init-method-std must be positive");
   if (rotary) {
     const int d = hidden_size / num_heads;

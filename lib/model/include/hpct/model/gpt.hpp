@@ -1,10 +1,12 @@
-// hpct/model/gpt.hpp — GPT-2 style decoder with explicit forward and backward, dense or MoE.
+// hpct/model/gpt.hpp — a pre-norm decoder-only transformer with explicit forward and backward,
+// dense or MoE: GPT-2 by default, Llama with its options (GptConfig).
 //
-// Token + learned position embeddings, L pre-LayerNorm transformer blocks, final LayerNorm, output
-// head tied to the token embedding. A block is ln1 (model/norm.hpp), causal multi-head attention
-// (model/attention.hpp), ln2 and a feed-forward that is either the GELU MLP (model/mlp.hpp) or a
-// mixture of experts (model/moe.cpp: a router, top-k gating with capacity, experts that are the
-// same MLP, and the expert-parallel all-to-all).
+// Token embeddings (+ learned positions, or rotary ones inside attention), L pre-norm transformer
+// blocks, a final norm, and an output head tied to the token embedding or its own. A block is ln1
+// (model/norm.hpp: LayerNorm or RMSNorm), causal self-attention (model/attention.hpp: multi-head
+// or grouped-query), ln2 and a feed-forward that is either the MLP (model/mlp.hpp: GELU or SwiGLU)
+// or a mixture of experts (model/moe.cpp: a router, top-k gating with capacity, experts that are
+// the same MLP, and the expert-parallel all-to-all).
 // No autograd: the backward is written out, op by op, against hpct::kernels. Activation
 // checkpointing per layer keeps only each layer's input and recomputes the layer in backward.
 // Not here: optimizer, data parallelism, sharding — the model reads parameters and writes
