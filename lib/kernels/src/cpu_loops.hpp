@@ -1,4 +1,4 @@
-// Private to the CPU ops (cpu_ops.cpp, cpu_optim.cpp): the host execution policy, the SIMD chunk
+// Private to the CPU ops (cpu_ops.cpp, cpu_qkv.cpp, cpu_optim.cpp): the host execution policy, the SIMD chunk
 // loop every element-wise op runs over, and the argument checks.
 #pragma once
 #include <Kokkos_Core.hpp>
