@@ -113,6 +113,17 @@ def generate(flag, path, name):
     return json.load(open(out))["results"][0] if os.path.exists(out) else None
 
 
+def greedy_numpy(seen):
+    ctx, ids, lps = list(prompt), [], []
+    for _ in range(10):
+        lp = gpt2_logprobs(seen, np.array(ctx), H)[-1]
+        nxt = int(np.argmax(lp))
+        ids.append(nxt)
+        lps.append(lp[nxt])
+        ctx.append(nxt)
+    return ids, lps
+
+
 w = weights()
 for dtype in ("F32", "F16", "BF16"):
     d = os.path.join(a.workdir, "hf_" + dtype)
@@ -121,13 +132,7 @@ for dtype in ("F32", "F16", "BF16"):
     if r is None:
         fails.append(f"{dtype}: generate wrote nothing")
         continue
-    ctx, want_ids, want_lp = list(prompt), [], []
-    for _ in range(10):
-        lp = gpt2_logprobs(seen, np.array(ctx), H)[-1]
-        nxt = int(np.argmax(lp))
-        want_ids.append(nxt)
-        want_lp.append(lp[nxt])
-        ctx.append(nxt)
+    want_ids, want_lp = greedy_numpy(seen)
     gap = max(abs(x - y) for x, y in zip(r["logprobs"], want_lp)) if r["ids"] == want_ids else None
     ok = r["ids"] == want_ids and gap < 1e-4
     print(f"{'ok  ' if ok else 'FAIL'} {dtype}: ids {r['ids']} (numpy {want_ids}), largest log-probability gap {gap}")
@@ -149,17 +154,6 @@ for dtype in ("F32", "F16", "BF16"):
         r3 = generate("--load-hf", ex, "gen_exported")
         if r3 is None or r3["ids"] != f32_ids:
             fails.append(f"export then --load-hf: {r3 and r3['ids']} vs {f32_ids}")
-
-
-def greedy_numpy(seen):
-    ctx, ids, lps = list(prompt), [], []
-    for _ in range(10):
-        lp = gpt2_logprobs(seen, np.array(ctx), H)[-1]
-        nxt = int(np.argmax(lp))
-        ids.append(nxt)
-        lps.append(lp[nxt])
-        ctx.append(nxt)
-    return ids, lps
 
 
 # An MLP 96 wide (n_inner), not 4 x 64: the same forward as numpy's, kept through import and export.

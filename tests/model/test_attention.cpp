@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hpct/core/rng.hpp"
+#include "finite_differences.hpp"
 #include "hpct/kernels/backend.hpp"
 
 using namespace hpct;
@@ -180,20 +181,8 @@ void forward_backward_and_hooks(Rotary rotary, int kv = 0) {
              s.att.data(), s.y.data(), dout.data(), dx.data(), k.B, k.T, dy.data(), dqkv.data(), nullptr, nullptr, &rec);
   EXPECT_EQ(rec.calls, (std::vector<std::string>{"f0:6", "f1:6", "b1:6", "b0:6"}));  // qkv, proj
   for (auto& e : dx) e -= 1.0f;
-  // Central differences in fp32 with h = 1e-2 on a smooth function of O(10) values: truncation and
-  // rounding stay below 2e-3 relative; a wrong term is off by O(1).
   auto check = [&](std::vector<float>& v, const std::vector<float>& grad, const char* what) {
-    for (size_t i = 0; i < v.size(); ++i) {
-      const float keep = v[i];
-      const double h = 1e-2;
-      v[i] = keep + float(h);
-      const double up = loss_of(a, k);
-      v[i] = keep - float(h);
-      const double down = loss_of(a, k);
-      v[i] = keep;
-      const double fd = (up - down) / (2 * h);
-      EXPECT_NEAR(grad[i], fd, 2e-3 * (1 + std::fabs(fd))) << what << "[" << i << "]";
-    }
+    test::expect_gradient(v, grad, [&] { return loss_of(a, k); }, what);  // finite_differences.hpp
   };
   check(k.x, dx, "x");
   check(k.qkvw, gqkvw, "query_key_value.weight");

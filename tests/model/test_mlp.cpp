@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hpct/core/rng.hpp"
+#include "finite_differences.hpp"
 #include "hpct/kernels/backend.hpp"
 
 using namespace hpct;
@@ -135,20 +136,8 @@ void forward_backward_and_hooks(MlpKind kind) {
   m.backward(k.w(), {gfcw.data(), gfcb.data(), gprojw.data(), gprojb.data()}, k.x.data(), fch.data(), act.data(),
              dout.data(), dx.data(), k.R, dfch.data(), dact.data(), k.F, &rec);
   EXPECT_EQ(rec.calls, (std::vector<std::string>{"f2:3", "f3:3", "b3:3", "b2:3"}));  // fc, fc2
-  // Central differences in fp32 with h = 1e-2 on a smooth function of O(10) values: the truncation
-  // and rounding error stays below 2e-3 relative; a wrong term is off by O(1).
   auto check = [&](std::vector<float>& v, const std::vector<float>& grad, const char* what) {
-    for (size_t i = 0; i < v.size(); ++i) {
-      const float keep = v[i];
-      const double h = 1e-2;
-      v[i] = keep + float(h);
-      const double up = loss_of(m, k);
-      v[i] = keep - float(h);
-      const double down = loss_of(m, k);
-      v[i] = keep;
-      const double fd = (up - down) / (2 * h);
-      EXPECT_NEAR(grad[i], fd, 2e-3 * (1 + std::fabs(fd))) << what << "[" << i << "]";
-    }
+    test::expect_gradient(v, grad, [&] { return loss_of(m, k); }, what);  // finite_differences.hpp
   };
   check(k.x, dx, "x");
   check(k.fcw, gfcw, "fc.weight");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hpct/core/rng.hpp"
+#include "finite_differences.hpp"
 #include "hpct/kernels/backend.hpp"
 
 using namespace hpct;
@@ -91,19 +92,8 @@ void forward_backward(NormKind kind) {
   for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(i + 1);
   n.backward(k.weights(), {gw.data(), ln ? gb.data() : nullptr}, k.x.data(), {ln ? mean.data() : nullptr, rstd.data()},
              dout.data(), dx.data(), k.R);
-  // Central differences in fp32, h = 1e-2: below 2e-3 relative for this smooth function.
   auto check = [&](std::vector<float>& v, const std::vector<float>& grad, const char* what) {
-    for (size_t i = 0; i < v.size(); ++i) {
-      const float keep = v[i];
-      const double h = 1e-2;
-      v[i] = keep + float(h);
-      const double up = loss_of(n, k);
-      v[i] = keep - float(h);
-      const double down = loss_of(n, k);
-      v[i] = keep;
-      const double fd = (up - down) / (2 * h);
-      EXPECT_NEAR(grad[i], fd, 2e-3 * (1 + std::fabs(fd))) << what << "[" << i << "]";
-    }
+    test::expect_gradient(v, grad, [&] { return loss_of(n, k); }, what);  // finite_differences.hpp
   };
   check(k.x, dx, "x");
   check(k.w, gw, "weight");
