@@ -12,6 +12,8 @@ pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
 find_package(ZLIB REQUIRED)
 find_package(BZip2 REQUIRED)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+# SentencePiece tokenizers (io/sentencepiece_tokenizer.hpp): libsentencepiece-dev.
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 find_library(HPCT_AIO_LIBRARY aio REQUIRED)
 find_path(HPCT_AIO_INCLUDE_DIR libaio.h REQUIRED)
 add_library(hpct_libaio INTERFACE)

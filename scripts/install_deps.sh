@@ -24,6 +24,7 @@ pkgs=(
   libpcre2-dev                          # GPT-2 pre-tokenizer regex (\p{L}, \p{N}, lookahead)
   zlib1g-dev libzstd-dev libbz2-dev     # preprocess_data reads .gz, .zst and .bz2 corpora
   zstd gzip bzip2 xz-utils              # tests: make those corpora (and an .xz one it refuses)
+  libsentencepiece-dev sentencepiece   # SentencePiece tokenizers; spm_train/spm_encode in tests
   libgtest-dev                          # unit tests under CTest
   clang libclang-rt-14-dev              # sanitizer build and libFuzzer targets (scripts/sanitize.sh)
   libomp-14-dev                         # OpenMP for that Clang build (GCC's libgomp comes with build-essential)

@@ -10,7 +10,7 @@
 
 namespace hpct::io {
 
-std::vector<PromptResponseExample> read_prompt_response(const std::string& path, const Gpt2Tokenizer& tok,
+std::vector<PromptResponseExample> read_prompt_response(const std::string& path, const Tokenizer& tok,
                                                         const std::string& prompt_key, const std::string& response_key) {
   std::ifstream in(path);
   if (!in) throw file_error(path, "cannot read (JSON lines with '" + prompt_key + "' and '" + response_key + "' fields)");
@@ -26,7 +26,8 @@ std::vector<PromptResponseExample> read_prompt_response(const std::string& path,
                          "each line is a JSON object with '" + prompt_key + "' and '" + response_key +
                              "' (--prompt-key, --response-key)");
     PromptResponseExample e;
-    e.ids = tok.encode(j[prompt_key].get<std::string>());
+    e.ids = tok.document_prefix();
+    tok.encode_append(j[prompt_key].get<std::string>(), e.ids);
     e.prompt = static_cast<int>(e.ids.size());
     tok.encode_append(j[response_key].get<std::string>(), e.ids);
     e.ids.push_back(tok.eod());

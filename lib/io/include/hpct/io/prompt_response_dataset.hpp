@@ -2,7 +2,8 @@
 // response, one example per sample, the loss on the response only.
 //
 // Each line is an object with string fields `prompt_key` and `response_key` (other fields are
-// ignored). An example is tokenized as prompt ids, response ids, end-of-document; a sample is its
+// ignored). An example is tokenized as the tokenizer's document prefix (Llama2Tokenizer's <s>),
+// prompt ids, response ids, end-of-document; a sample is its
 // first seq_length+1 tokens, padded with end-of-document. Its loss mask counts the targets that
 // are response tokens or the closing end-of-document (so the model learns to stop), never the
 // prompt's or the padding's. Examples longer than a sample are cut at its end (counted in
@@ -19,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/tokenizer.hpp"
 #include "hpct/io/gpt_dataset.hpp"
 
 namespace hpct::io {
@@ -31,7 +32,7 @@ struct PromptResponseExample {
 
 /// Every example of a JSON-lines file; throws hpct::Error naming the file, the line and the key for
 /// a line that is not an object with both string fields.
-std::vector<PromptResponseExample> read_prompt_response(const std::string& path, const Gpt2Tokenizer& tok,
+std::vector<PromptResponseExample> read_prompt_response(const std::string& path, const Tokenizer& tok,
                                                         const std::string& prompt_key, const std::string& response_key);
 
 class PromptResponseDataset : public TokenDataset {
