@@ -3,13 +3,14 @@
 //
 //   generate --load checkpoints/gpt-tiny --prompt "The jury said" --max-new-tokens 40 --temperature 0
 //
-// The tokenizer is the run's (its --vocab-file/--merge-file, stored in the checkpoint), or given.
+// The tokenizer is the run's (its --tokenizer-type and files, stored in the checkpoint), or given.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,7 +28,7 @@
 #include "hpct/engine/tokenizer_identity.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/engine/preflight.hpp"
-#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/tokenizer.hpp"
 #include "hpct/kernels/backend.hpp"
 #include "hpct/model/decoder.hpp"
 #include "hpct/model/sampling.hpp"
@@ -46,7 +47,7 @@ const char* kHelp =
     "  --load-hf PATH          a save_pretrained GPT-2 directory (model.safetensors, config.json, and\n"
     "                          vocab.json + merges.txt for text prompts) or a .safetensors file; or a\n"
     "                          Llama directory (LlamaForCausalLM: one or several safetensors shards;\n"
-    "                          --prompt-ids until SentencePiece is read)\n"
+    "                          its tokenizer.model, else tokenizer.json, for text prompts)\n"
     "  --prompt TEXT           a prompt (repeat for several)\n"
     "  --prompts-file FILE     one prompt per line\n"
     "  --prompt-ids IDS        a prompt as comma-separated token ids (models trained on --mock-data)\n"
@@ -59,7 +60,9 @@ const char* kHelp =
     "                          its text does not depend on the batching\n"
     "  --micro-batch-size N    prompts decoded together (default 8)\n"
     "  --no-kv-cache           recompute every position for every new token (for comparisons)\n"
-    "  --vocab-file, --merge-file  the GPT-2 BPE files (default: the ones the checkpoint's run used)\n"
+    "  --tokenizer-type T      as pretrain_gpt's (default: the checkpoint run's tokenizer), with\n"
+    "  --tokenizer-model F     --tokenizer-model (SentencePiece, Hugging Face tokenizer.json) or\n"
+    "  --vocab-file, --merge-file  the GPT-2 BPE files; files given must be the ones the run used\n"
     "  --json FILE             per prompt: its ids, the generated ids, each one's log-probability (the\n"
     "                          model's, temperature 1), the text and why it stopped; and the speeds\n"
     "  -h, --help              this text\n"
@@ -67,7 +70,7 @@ const char* kHelp =
     "@FILE stands for the flags written in FILE.\n";
 
 struct Options {
-  std::string load, load_hf, prompts_file, prompt_ids, vocab, merges, json;
+  std::string load, load_hf, prompts_file, prompt_ids, vocab, merges, tokenizer_type, tokenizer_model, json;
   std::vector<std::string> prompts;
   int max_new = 32, batch = 8;
   uint64_t seed = 1234;
@@ -93,6 +96,8 @@ Options parse(int argc, char** argv) {
   p.flag("--no-kv-cache", 0, [&](const std::string&) { o.cache = false; });
   p.flag("--vocab-file", 1, [&](const std::string& v) { o.vocab = v; });
   p.flag("--merge-file", 1, [&](const std::string& v) { o.merges = v; });
+  p.flag("--tokenizer-type", 1, [&](const std::string& v) { o.tokenizer_type = v; });
+  p.flag("--tokenizer-model", 1, [&](const std::string& v) { o.tokenizer_model = v; });
   p.flag("--json", 1, [&](const std::string& v) { o.json = v; });
   o.help = !p.parse(argc, argv);
   if (o.help) return o;
@@ -107,7 +112,8 @@ Options parse(int argc, char** argv) {
 struct Loaded {
   model::GptConfig cfg;
   int vocab = 0;
-  std::string file, tokenizer, vocab_file, merge_file;
+  std::string file, tokenizer;
+  std::optional<io::TokenizerSpec> spec;  // the run's tokenizer, where known
   std::vector<float> params;
 };
 
@@ -117,9 +123,8 @@ Loaded load_hf(const std::string& path) {
   m.cfg = hf.cfg;
   m.vocab = hf.cfg.vocab_size;
   m.file = hf.file;
-  m.tokenizer = hf.vocab_file.empty() ? "unknown: Hugging Face weights without tokenizer files" : "hf";
-  m.vocab_file = hf.vocab_file;
-  m.merge_file = hf.merge_file;
+  m.tokenizer = hf.tokenizer ? "hf" : "unknown: Hugging Face weights without tokenizer files";
+  m.spec = hf.tokenizer;
   m.params = std::move(hf.params);
   return m;
 }
@@ -134,8 +139,7 @@ Loaded load(const std::string& path) {
   if (c.contains("model") && c["model"].contains("vocab_size") && c["model"]["vocab_size"].is_number_integer())
     m.vocab = std::min<int>(m.vocab, c["model"]["vocab_size"].get<int>());
   m.tokenizer = w.stored.meta.tokenizer;
-  if (c.contains("vocab_file") && c["vocab_file"].is_string()) m.vocab_file = c["vocab_file"].get<std::string>();
-  if (c.contains("merge_file") && c["merge_file"].is_string()) m.merge_file = c["merge_file"].get<std::string>();
+  m.spec = engine::stored_tokenizer_spec(c);
   m.params = std::move(w.params);
   return m;
 }
@@ -162,7 +166,7 @@ static int run(int argc, char** argv) {
 
   // Prompts as ids; text through the run's tokenizer (checked against the checkpoint's identity).
   const bool mock = m.tokenizer.rfind("mock", 0) == 0;
-  std::unique_ptr<io::Gpt2Tokenizer> tok;
+  std::shared_ptr<const io::Tokenizer> tok;
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
     std::istringstream in(read_regular_file(o.prompts_file, "--prompts-file", uint64_t(1) << 30));
@@ -170,24 +174,29 @@ static int run(int argc, char** argv) {
       if (!line.empty()) texts.push_back(line);
   }
   if (!texts.empty()) {
-    const std::string vf = o.vocab.empty() ? m.vocab_file : o.vocab, mf = o.merges.empty() ? m.merge_file : o.merges;
-    if (mock || vf.empty() || mf.empty())
+    // The run's tokenizer, each file given on the command line instead of the stored one.
+    io::TokenizerSpec s = m.spec.value_or(io::TokenizerSpec{});
+    const bool given = !o.tokenizer_type.empty();
+    if (given) s.type = o.tokenizer_type;
+    if (!o.vocab.empty()) s.vocab_file = o.vocab;
+    if (!o.merges.empty()) s.merge_file = o.merges;
+    if (!o.tokenizer_model.empty()) s.model = o.tokenizer_model;
+    const bool known = s.type == "GPT2BPETokenizer" ? !s.vocab_file.empty() && !s.merge_file.empty() : !s.model.empty();
+    if (mock || (!m.spec && !given && o.vocab.empty()) || !known)
       throw config_error("--prompt", m.file + " was trained on " + (mock ? m.tokenizer : "unknown tokens"),
-                         "give --prompt-ids, or --vocab-file and --merge-file");
-    // The paths may come from the checkpoint's config: regular files of bounded size only (a
-    // FIFO or /dev/zero would block or stream forever), and the bytes the run was trained with.
-    if (m.tokenizer.rfind("gpt2-bpe", 0) == 0)
-      for (const auto& [which, path, flag] : {std::tuple<const char*, const std::string&, const char*>{"vocab", vf, "--vocab-file"},
-                                              {"merges", mf, "--merge-file"}}) {
-        const std::string what = std::string("GPT-2 ") + which + " file";
-        const std::string bytes = read_regular_file(path, what, io::Gpt2Tokenizer::kMaxFileBytes, "give " + std::string(flag));
-        if (const std::string why = engine::tokenizer_file_problem(m.tokenizer, which, path, bytes); !why.empty())
-          throw config_error(flag, why + " (checkpoint " + m.file + ")", "give " + std::string(flag) + " with the run's file");
-      }
-    tok = std::make_unique<io::Gpt2Tokenizer>(io::Gpt2Tokenizer::from_files(vf, mf));
+                         "give --prompt-ids, or the tokenizer (--vocab-file and --merge-file, or --tokenizer-type and "
+                         "--tokenizer-model)");
+    // The paths may come from the checkpoint's config: files the run was trained with, checked.
+    const bool checkable = m.tokenizer.rfind("mock", 0) != 0 && m.tokenizer.rfind("unknown", 0) != 0;
+    tok = checkable ? engine::open_checked_tokenizer(s, m.tokenizer, m.file) : io::open_tokenizer(s);
   }
   std::vector<Result> res;
-  for (const auto& t : texts) res.push_back({tok->encode(t), {}, {}, {}});
+  for (const auto& t : texts) {
+    Result r;
+    r.prompt = tok->document_prefix();  // Llama2Tokenizer's <s>, as Megatron's tokenize() gives it
+    tok->encode_append(t, r.prompt);
+    res.push_back(std::move(r));
+  }
   if (!o.prompt_ids.empty()) {
     Result r;
     std::stringstream ss(o.prompt_ids);
@@ -269,9 +278,13 @@ static int run(int argc, char** argv) {
     if (tok) {
       std::vector<int32_t> shown = r.ids;
       if (!shown.empty() && shown.back() == eod) shown.pop_back();
-      text = tok->decode(shown);
-      std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop << ")\n"
-                << tok->decode(r.prompt) << text << "\n";
+      // The continuation as the whole text shows it: SentencePiece drops a leading space from a
+      // text's first piece, so the generated ids are decoded after the prompt's, not alone.
+      std::vector<int32_t> all = r.prompt;
+      all.insert(all.end(), shown.begin(), shown.end());
+      const std::string prompt = tok->decode(r.prompt), whole = tok->decode(all);
+      text = whole.compare(0, prompt.size(), prompt) == 0 ? whole.substr(prompt.size()) : tok->decode(shown);
+      std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop << ")\n" << prompt << text << "\n";
     } else {
       std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop << ")\n";
       for (int32_t id : r.ids) std::cout << id << " ";

@@ -31,7 +31,7 @@
 #include "hpct/engine/checkpoint_state.hpp"
 #include "hpct/engine/checkpointer.hpp"
 #include "hpct/engine/tokenizer_identity.hpp"
-#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/tokenizer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/engine/hf_llama.hpp"
@@ -57,14 +57,16 @@ PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` 
   export   the model weights as safetensors with GPT-2's names (wte.weight, h.0.attn.c_attn.weight,
            ...; linear weights as (in, out), as GPT-2's Conv1D stores them; the vocabulary
            padding rows dropped), fp32; beside it config.json and the run's tokenizer files as
-           vocab.json and merges.txt: name it DIR/model.safetensors and Hugging Face's
+           vocab.json and merges.txt (tokenizer.model, tokenizer.json for the SentencePiece and
+           HFTokenizer types): name it DIR/model.safetensors and Hugging Face's
            GPT2LMHeadModel.from_pretrained(DIR) opens DIR. A Llama-shaped model (RMSNorm,
            SwiGLU, rotary positions, no biases) is written with LlamaForCausalLM's names
            (model.layers.N.self_attn.q_proj.weight, ...) and config.json instead
-  import   GPT-2 weights in Hugging Face's layout into DIR/iter_0000000.h5 + DIR/latest, Adam
-           moments zero; `pretrain_gpt --load DIR` then continues from those weights. IN is a
-           save_pretrained directory (model.safetensors + config.json, and its vocab.json and
-           merges.txt if there) or a bare .safetensors file; names with or without
+  import   GPT-2 or Llama weights in Hugging Face's layout into DIR/iter_0000000.h5 + DIR/latest,
+           Adam moments zero; `pretrain_gpt --load DIR` then continues from those weights. IN is a
+           save_pretrained directory (model.safetensors or its shards + config.json, and its
+           tokenizer if there: vocab.json + merges.txt, else tokenizer.model as Llama2Tokenizer,
+           else tokenizer.json as HFTokenizer; generate finds it) or a bare .safetensors file; names with or without
            "transformer.", F32, F16 or BF16. A bare file has no head count: --num-attention-heads
            (default hidden/64, GPT-2's)
   merge-lora  a --lora-rank run's checkpoint (ADAPTERS: its adapters only) folded into the base
@@ -156,33 +158,34 @@ int export_safetensors(const std::string& path, const std::string& out) {
   std::printf("# %s: %zu tensors, %s, %s names, from %s\n", out.c_str(), tensors.size(), format_bytes(double(off)).c_str(),
               llama ? "Llama" : "GPT-2", file.c_str());
   // Beside it, what Hugging Face's from_pretrained reads with model.safetensors: config.json, and
-  // the run's tokenizer files as vocab.json and merges.txt.
+  // the run's tokenizer files under Hugging Face's names.
   const std::filesystem::path dir = std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
   model::GptConfig hc = mc;
   hc.vocab_size = static_cast<int>(vocab);
   if (llama) {
     write_json_file((dir / "config.json").string(), engine::hf_llama_config(hc, vocab));
     std::printf("# %s: Llama config (num_hidden_layers %d, hidden_size %d, num_attention_heads %d, num_key_value_heads %d, "
-                "vocab_size %lld)\n# the run's tokenizer files are not copied for a Llama (its SentencePiece model is not "
-                "exported yet)\n",
+                "vocab_size %lld)\n",
                 (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.kv_heads(),
                 static_cast<long long>(vocab));
-    return 0;
+  } else {
+    write_json_file((dir / "config.json").string(), engine::hf_gpt2_config(hc, static_cast<int>(vocab)));
+    std::printf("# %s: GPT-2 config (n_layer %d, n_embd %d, n_head %d, n_positions %d, vocab_size %lld)\n",
+                (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.positions(),
+                static_cast<long long>(vocab));
   }
-  write_json_file((dir / "config.json").string(), engine::hf_gpt2_config(hc, static_cast<int>(vocab)));
-  std::printf("# %s: GPT-2 config (n_layer %d, n_embd %d, n_head %d, n_positions %d, vocab_size %lld)\n",
-              (dir / "config.json").c_str(), hc.num_layers, hc.hidden_size, hc.num_heads, hc.positions(),
-              static_cast<long long>(vocab));
-  // The tokenizer files the config names are copied only when they are regular files of bounded
-  // size holding the bytes the run was trained with: the config is anyone's to edit, and an export
-  // is meant to be published.
-  for (const auto& [key, which, name] : {std::tuple<const char*, const char*, const char*>{"vocab_file", "vocab", "vocab.json"},
-                                         {"merge_file", "merges", "merges.txt"}}) {
-    if (!cfg.contains(key) || !cfg[key].is_string() || cfg[key].get<std::string>().empty()) continue;
-    const std::string src = cfg[key].get<std::string>(), dst = (dir / name).string();
+  // The tokenizer files the config names are copied, under the names Hugging Face reads, only when
+  // they are regular files of bounded size holding the bytes the run was trained with: the config
+  // is anyone's to edit, and an export is meant to be published.
+  const io::TokenizerSpec spec = engine::stored_tokenizer_spec(cfg);
+  for (const auto& [which, src] : io::tokenizer_files(spec)) {
+    if (src.empty()) continue;
+    const char* name = which == "vocab" ? "vocab.json" : which == "merges" ? "merges.txt"
+                     : which == "model" ? "tokenizer.model" : "tokenizer.json";
+    const std::string dst = (dir / name).string();
     std::string why, bytes;
     try {
-      bytes = read_regular_file(src, std::string("the run's ") + key, io::Gpt2Tokenizer::kMaxFileBytes);
+      bytes = read_regular_file(src, "the run's tokenizer " + which + " file", io::kMaxTokenizerFileBytes);
       why = engine::tokenizer_file_problem(stored.meta.tokenizer, which, src, bytes);
     } catch (const Error& e) {
       why = src + ": " + e.message();
@@ -192,7 +195,7 @@ int export_safetensors(const std::string& path, const std::string& out) {
       continue;
     }
     write_file_atomic(dst, bytes);
-    std::printf("# %s: the run's %s\n", dst.c_str(), key);
+    std::printf("# %s: the run's %s (%s)\n", dst.c_str(), name, spec.type.c_str());
   }
   return 0;
 }
@@ -217,10 +220,12 @@ int import_safetensors(const std::string& in, const std::string& dir, int heads,
   meta.architecture = engine::architecture_of(mc);
   meta.config = {{"imported_from", in}, {"model", {{"vocab_size", mc.vocab_size}}}};
   meta.tokenizer = "unknown: imported from safetensors (GPT-2 names)";
-  if (!hf.vocab_file.empty()) {  // the directory's tokenizer files: generate finds them there
-    meta.config["vocab_file"] = hf.vocab_file;
-    meta.config["merge_file"] = hf.merge_file;
-    meta.tokenizer = engine::tokenizer_identity(hf.vocab_file, hf.merge_file);
+  if (hf.tokenizer) {  // the directory's tokenizer files: generate finds them there
+    meta.config["tokenizer_type"] = hf.tokenizer->type;
+    if (!hf.tokenizer->model.empty()) meta.config["tokenizer_model"] = hf.tokenizer->model;
+    if (!hf.tokenizer->vocab_file.empty()) meta.config["vocab_file"] = hf.tokenizer->vocab_file;
+    if (!hf.tokenizer->merge_file.empty()) meta.config["merge_file"] = hf.tokenizer->merge_file;
+    meta.tokenizer = engine::tokenizer_identity(*hf.tokenizer);
   }
   meta.layout = {{"world_size", 1}, {"dp", 1}, {"tp", 1}, {"ep", 1}, {"zero_stage", 0}};
   comm::Communicator self = comm::Communicator::self();

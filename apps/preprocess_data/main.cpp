@@ -24,7 +24,7 @@
 #include "hpct/core/cli.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/report.hpp"
-#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/tokenizer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
 #include "hpct/io/text_source.hpp"
 
@@ -34,8 +34,9 @@ using namespace hpct;
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: preprocess_data --input FILE [FILE ...] --output-prefix PREFIX --vocab-file FILE --merge-file FILE
-                       [--tokenizer-type GPT2BPETokenizer] [--json-keys KEY [KEY ...]] [--append-eod]
+constexpr const char* kUsage = R"(usage: preprocess_data --input FILE [FILE ...] --output-prefix PREFIX
+                       (--vocab-file FILE --merge-file FILE | --tokenizer-type TYPE --tokenizer-model FILE)
+                       [--json-keys KEY [KEY ...]] [--append-eod]
                        [--workers N] [--log-interval N] [--input-format auto|json|text] [--dataset-impl mmap]
 
 Tokenizes documents into Megatron indexed datasets {PREFIX}_{KEY}_document.bin/.idx.
@@ -49,11 +50,16 @@ Tokenizes documents into Megatron indexed datasets {PREFIX}_{KEY}_document.bin/.
   --input-format F      auto (default: json for *.json/*.jsonl, also compressed: *.jsonl.zst, ...;
                         else text), json or text
   --output-prefix P     output path prefix; files are P_KEY_document.{bin,idx}
+  --tokenizer-type T    GPT2BPETokenizer (default: --vocab-file, --merge-file);
+                        GPTSentencePieceTokenizer, Llama2Tokenizer (<s> before each item) or
+                        SentencePieceTokenizer (Megatron's added <EOD> ...): --tokenizer-model a
+                        SentencePiece .model; HFTokenizer: a byte-level BPE tokenizer.json (or its
+                        folder; its template's tokens before each item)
+  --tokenizer-model F   the SentencePiece model or tokenizer.json
   --vocab-file FILE     GPT-2 vocab.json
   --merge-file FILE     GPT-2 merges.txt
-  --tokenizer-type T    GPT2BPETokenizer (the only one so far)
   --json-keys KEY...    keys to extract (default: text); one dataset per key
-  --append-eod          append <|endoftext|> after each document
+  --append-eod          append the tokenizer's end-of-document id after each document
   --workers N           tokenizer threads (default 1); the output is identical for any N
   --log-interval N      report progress every N documents (default 1000)
   --dataset-impl mmap   accepted for compatibility; mmap is the only format written
@@ -66,8 +72,8 @@ Exit status: 0 on success, 1 on any error (one line on stderr).
 
 struct Options {
   std::vector<std::string> inputs;  // the files, globs expanded
-  std::string output_prefix, vocab_file, merge_file;
-  std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string output_prefix;
+  io::TokenizerSpec tokenizer;
   std::string input_format = "auto";
   std::vector<std::string> json_keys = {"text"};
   bool append_eod = false;
@@ -99,9 +105,10 @@ Options parse_args(int argc, char** argv) {
     }
   });
   p.flag("--output-prefix", 1, [&](const std::string& v) { o.output_prefix = v; });
-  p.flag("--vocab-file", 1, [&](const std::string& v) { o.vocab_file = v; });
-  p.flag("--merge-file", 1, [&](const std::string& v) { o.merge_file = v; });
-  p.flag("--tokenizer-type", 1, [&](const std::string& v) { o.tokenizer_type = v; });
+  p.flag("--vocab-file", 1, [&](const std::string& v) { o.tokenizer.vocab_file = v; });
+  p.flag("--merge-file", 1, [&](const std::string& v) { o.tokenizer.merge_file = v; });
+  p.flag("--tokenizer-type", 1, [&](const std::string& v) { o.tokenizer.type = v; });
+  p.flag("--tokenizer-model", 1, [&](const std::string& v) { o.tokenizer.model = v; });
   p.flag("--input-format", 1, [&](const std::string& v) { o.input_format = v; });
   p.flag("--append-eod", 0, [&](const std::string&) { o.append_eod = true; });
   p.flag("--workers", 1, [&](const std::string& v) { o.workers = count("--workers", v); });
@@ -127,16 +134,7 @@ Options parse_args(int argc, char** argv) {
   if (o.help) return o;
   if (o.inputs.empty()) throw config_error("--input", "missing --input");
   if (o.output_prefix.empty()) throw config_error("--output-prefix", "missing --output-prefix");
-  if (o.tokenizer_type != "GPT2BPETokenizer") {
-    static const char* known[] = {"BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
-                                  "GPTSentencePieceTokenizer", "Llama2Tokenizer", "HFTokenizer", "NullTokenizer"};
-    bool is_known = std::find(std::begin(known), std::end(known), o.tokenizer_type) != std::end(known);
-    throw config_error("--tokenizer-type",
-                       "--tokenizer-type '" + o.tokenizer_type + (is_known ? "' is a Megatron tokenizer not supported yet" : "' is unknown"),
-                       "use GPT2BPETokenizer");
-  }
-  if (o.vocab_file.empty()) throw config_error("--vocab-file", "missing --vocab-file (GPT2BPETokenizer needs it)");
-  if (o.merge_file.empty()) throw config_error("--merge-file", "missing --merge-file (GPT2BPETokenizer needs it)");
+  io::check_tokenizer_spec(o.tokenizer);
   if (o.input_format != "auto" && o.input_format != "json" && o.input_format != "text")
     throw config_error("--input-format", "--input-format expects auto, json or text, got '" + o.input_format + "'");
   if (o.input_format == "auto") {  // by the first file's name, a compression suffix aside
@@ -257,7 +255,7 @@ class Reader {
   size_t line_no_ = 0;
 };
 
-void tokenize(Doc& doc, const Options& o, const io::Gpt2Tokenizer& tok, bool json) {
+void tokenize(Doc& doc, const Options& o, const io::Tokenizer& tok, bool json) {
   const std::string where = "line " + std::to_string(doc.line) + ": ";
   std::vector<std::vector<std::string>> texts(o.json_keys.size());
   if (json) {
@@ -290,8 +288,9 @@ void tokenize(Doc& doc, const Options& o, const io::Gpt2Tokenizer& tok, bool jso
   doc.items.resize(o.json_keys.size());
   for (size_t k = 0; k < texts.size(); ++k) {
     for (const std::string& s : texts[k]) {
-      std::vector<int32_t> ids = tok.encode(s);
-      if (!ids.empty()) doc.items[k].push_back(std::move(ids));  // Megatron drops empty sentences
+      std::vector<int32_t> ids = tok.document_prefix();  // as Megatron's tokenize() (Llama2Tokenizer's <s>)
+      tok.encode_append(s, ids);
+      if (!ids.empty()) doc.items[k].push_back(std::move(ids));  // Megatron drops empty ones (a lone <s> is kept, as there)
     }
     if (o.append_eod && !doc.items[k].empty()) doc.items[k].back().push_back(tok.eod());
   }
@@ -308,7 +307,8 @@ int run(int argc, char** argv) {
     return 0;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto tok = io::Gpt2Tokenizer::from_files(o.vocab_file, o.merge_file);
+  const auto tokenizer = io::open_tokenizer(o.tokenizer);
+  const io::Tokenizer& tok = *tokenizer;
   const io::DType dtype = io::best_fitting_dtype(tok.vocab_size());
   const bool json = o.input_format == "json";
   Reader reader(o.inputs, json);
@@ -331,6 +331,9 @@ int run(int argc, char** argv) {
                 return s;
               }().c_str(),
               json ? "jsonl" : "text", reader.compressions().c_str(), tok.vocab_size(), io::dtype_name(dtype), o.workers, o.workers == 1 ? "" : "s");
+  if (o.tokenizer.type != "GPT2BPETokenizer")
+    std::printf("preprocess_data: tokenizer %s (%zu id(s) before each item%s)\n", tok.describe().c_str(),
+                tok.document_prefix().size(), o.append_eod ? (", end-of-document id " + std::to_string(tok.eod())).c_str() : "");
   std::fflush(stdout);
 
   const auto t_start = std::chrono::steady_clock::now();

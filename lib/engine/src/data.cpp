@@ -7,8 +7,9 @@
 #include <cstdio>
 
 #include "hpct/core/error.hpp"
+#include "hpct/engine/hf_gpt2.hpp"
 #include "hpct/io/blended_dataset.hpp"
-#include "hpct/io/gpt2_tokenizer.hpp"
+#include "hpct/io/tokenizer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
 #include "hpct/io/prompt_response_dataset.hpp"
 
@@ -117,11 +118,20 @@ static TrainData build_datasets(TrainConfig& cfg, int dp, bool verbose) {
         if (is_jsonl(p))
           throw config_error(v == &cfg.data_path ? "--data-path" : v == &cfg.train_data_path ? "--train-data-path" : "--valid-data-path",
                              "prompt/response files (" + p + ") are not blended", "give one FILE.jsonl as --data-path");
-  if (cfg.vocab_file.empty() || cfg.merge_file.empty())
-    throw config_error(cfg.vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
-  auto tok = io::Gpt2Tokenizer::from_files(cfg.vocab_file, cfg.merge_file);
+  // Weights from a Hugging Face directory bring their tokenizer, unless one is given.
+  if (!cfg.load_hf.empty() && cfg.tokenizer_type == "GPT2BPETokenizer" && cfg.vocab_file.empty() &&
+      cfg.merge_file.empty() && cfg.tokenizer_model.empty())
+    if (const auto s = directory_tokenizer(cfg.load_hf)) {
+      cfg.tokenizer_type = s->type, cfg.vocab_file = s->vocab_file, cfg.merge_file = s->merge_file;
+      cfg.tokenizer_model = s->model;
+    }
+  const auto tokenizer = io::open_tokenizer(cfg.tokenizer_spec());
+  const io::Tokenizer& tok = *tokenizer;
   cfg.model.vocab_size = (int)tok.vocab_size();
   cfg.model.eod_token = tok.eod();
+  if (verbose && cfg.tokenizer_type != "GPT2BPETokenizer")
+    std::printf("> tokenizer %s: vocab %zu, end-of-document id %d%s\n", tok.describe().c_str(), tok.vocab_size(), tok.eod(),
+                tok.document_prefix().empty() ? "" : (", " + std::to_string(tok.document_prefix().size()) + " id(s) before each document").c_str());
   const std::string& path = apart ? cfg.train_data_path[0] : cfg.data_path[0];
   const bool examples = !apart && cfg.data_path.size() == 1 && is_jsonl(path);
   if (cfg.pack_examples && !examples)

@@ -71,6 +71,24 @@ std::vector<float> transposed(const std::vector<float>& x, int64_t rows, int64_t
   return y;
 }
 
+std::optional<io::TokenizerSpec> directory_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return std::nullopt;
+  auto has = [&](const char* name) { return fs::is_regular_file(fs::path(path) / name, ec); };
+  io::TokenizerSpec s;
+  if (has("vocab.json") && has("merges.txt")) {
+    s.vocab_file = path + "/vocab.json", s.merge_file = path + "/merges.txt";
+  } else if (has("tokenizer.model")) {
+    s.type = "Llama2Tokenizer", s.model = path + "/tokenizer.model";
+  } else if (has("tokenizer.json")) {
+    s.type = "HFTokenizer", s.model = path + "/tokenizer.json";
+  } else {
+    return std::nullopt;
+  }
+  return s;
+}
+
 HfGpt2 read_hf_gpt2(const std::string& path, int vocab_multiple, int heads) {
   if (is_hf_llama(path)) return read_hf_llama(path, vocab_multiple);  // every app's --load-hf reads Llamas too
   HfGpt2 out;
@@ -86,8 +104,7 @@ HfGpt2 read_hf_gpt2(const std::string& path, int vocab_multiple, int heads) {
     ss << in.rdbuf();
     config = parse_json(ss.str(), config_file);
     if (!config.is_object()) throw file_error(config_file, "is not a JSON object");
-    if (std::filesystem::is_regular_file(path + "/vocab.json") && std::filesystem::is_regular_file(path + "/merges.txt"))
-      out.vocab_file = path + "/vocab.json", out.merge_file = path + "/merges.txt";
+    out.tokenizer = directory_tokenizer(path);
   } else {
     out.file = path;
   }

@@ -150,6 +150,7 @@ HfGpt2 read_hf_llama(const std::string& dir, int vocab_multiple) {
   HfGpt2 out;
   out.cfg = mc;
   out.file = t.first_path();
+  out.tokenizer = directory_tokenizer(dir);
   const int64_t C = mc.hidden_size, d = C / mc.num_heads, KVC = (int64_t)mc.kv_heads() * d, F = mc.ffn(),
                 V = mc.vocab_size;
   // (theirs, shape) -> (ours, row offset in ours): every tensor of the file is one of these.

@@ -163,6 +163,8 @@ const FlagTable& flag_table() {
       {"--train-data-path", {true, [](TrainConfig& c, const std::string& v) { parse_blend("--train-data-path", v, c.train_data_path, c.train_data_weights); }, "training data apart (PREFIX or W1 PREFIX1 ...; whole documents, no --split)", true}},
       {"--valid-data-path", {true, [](TrainConfig& c, const std::string& v) { parse_blend("--valid-data-path", v, c.valid_data_path, c.valid_data_weights); }, "validation data apart (with --train-data-path)", true}},
       {"--test-data-path", {true, [](TrainConfig& c, const std::string& v) { parse_blend("--test-data-path", v, c.test_data_path, c.test_data_weights); c.notes.push_back("--test-data-path has no effect here: the test split is not evaluated"); }, "test data apart (accepted; the test split is not evaluated here)", true}},
+      {"--tokenizer-type", {true, [](TrainConfig& c, const std::string& v) { c.tokenizer_type = v; }, "GPT2BPETokenizer (default; --vocab-file, --merge-file), GPTSentencePieceTokenizer, Llama2Tokenizer (<s> before each document), SentencePieceTokenizer (Megatron's added <EOD> ...), HFTokenizer (a byte-level BPE tokenizer.json); the last four read --tokenizer-model"}},
+      {"--tokenizer-model", {true, [](TrainConfig& c, const std::string& v) { c.tokenizer_model = v; }, "SentencePiece .model file, or a Hugging Face tokenizer.json (or its folder) for HFTokenizer"}},
       {"--vocab-file", {true, [](TrainConfig& c, const std::string& v) { c.vocab_file = v; }, "GPT-2 vocab.json"}},
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
       {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
@@ -299,6 +301,7 @@ void TrainConfig::finalize(int dp) {
   if (mock_data) {
     if (!data_path.empty() || !train_data_path.empty())
       throw config_error("--mock-data", "--mock-data and --data-path (or --train-data-path) are exclusive");
+    if (tokenizer_type != "GPT2BPETokenizer") io::check_tokenizer_spec(tokenizer_spec());  // a typo is still refused
   } else if (!data_path.empty() && !train_data_path.empty()) {
     throw config_error("--train-data-path", "--data-path and --train-data-path both name the training data",
                        "give --data-path (split by --split), or --train-data-path with --valid-data-path");
@@ -306,8 +309,8 @@ void TrainConfig::finalize(int dp) {
     throw config_error("--valid-data-path", "--valid-data-path goes with --train-data-path", "give --train-data-path too");
   } else if (data_path.empty() && train_data_path.empty()) {
     throw config_error("--data-path", "no training data", "give --data-path PREFIX (see preprocess_data) or --mock-data");
-  } else if (vocab_file.empty() || merge_file.empty()) {
-    throw config_error(vocab_file.empty() ? "--vocab-file" : "--merge-file", "--data-path needs --vocab-file and --merge-file");
+  } else {
+    io::check_tokenizer_spec(tokenizer_spec());
   }
   // DeepSpeed's batch rule: train_batch = micro * grad_accum * dp; any two give the third.
   const std::string where = ds_config_path.empty() ? "" : " (with " + ds_config_path + ")";
@@ -483,6 +486,8 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"train_data_weights", c.train_data_weights},
           {"valid_data_path", c.valid_data_path},
           {"valid_data_weights", c.valid_data_weights},
+          {"tokenizer_type", c.tokenizer_type},
+          {"tokenizer_model", c.tokenizer_model},
           {"vocab_file", c.vocab_file},
           {"merge_file", c.merge_file},
           {"split", c.split},

@@ -70,7 +70,6 @@ void add_compat_flags(FlagTable& t) {
       {"--num-workers", {true, [](TrainConfig& c, const std::string& v) { to_int_min("--num-workers", v, 0); c.notes.push_back("--num-workers " + v + " has no effect here: the dataset is memory-mapped and read by the training thread"); }, "the dataset is memory-mapped and read by the training thread"}},
       {"--data-impl", no_op_values("--data-impl", {"mmap", "infer"}, "indexed datasets are always read as mmap (.bin/.idx)", "only the mmap indexed format is read (see preprocess_data)")},
       {"--distributed-backend", no_op_values("--distributed-backend", {"nccl", "gloo", "mpi", "ccl"}, "ranks communicate over MPI (and NCCL between GPUs)", "is not a backend Megatron knows")},
-      {"--tokenizer-type", no_op_values("--tokenizer-type", {"GPT2BPETokenizer"}, "the tokenizer is GPT-2's BPE from --vocab-file/--merge-file", "only GPT2BPETokenizer is implemented")},
       {"--DDP-impl", no_op_values("--DDP-impl", {"local", "torch"}, "data-parallel gradients are reduced by the ZeRO engine", "expects local or torch")},
       {"--pipeline-model-parallel-size", no_op_values("--pipeline-model-parallel-size", {"1"}, "pipeline parallelism is off (size 1)", "pipeline parallelism is not implemented; ZeRO-3 and tensor parallelism split the model instead")},
       {"--ds-sequence-parallel-size", no_op_values("--ds-sequence-parallel-size", {"1"}, "DeepSpeed-Ulysses sequence parallelism is off (size 1)", "DeepSpeed-Ulysses sequence parallelism is not implemented (Megatron's --sequence-parallel is)")},

@@ -10,7 +10,7 @@ void add_finetune_flags(FlagTable& t) {
   t.insert({
       {"--finetune", {false, [](TrainConfig& c, const std::string&) { c.finetune = true; }, "start from --load's weights only (Megatron's --finetune): iteration 0, fresh optimizer and schedule, any seed"}},
       {"--finetune-resume-optimizer", {false, [](TrainConfig& c, const std::string&) { c.finetune_resume_optimizer = true; }, "with --finetune: also take the checkpoint's optimizer states (Adam moments, step count, loss scale); iteration and schedule still start afresh"}},
-      {"--load-hf", {true, [](TrainConfig& c, const std::string& v) { c.load_hf = v; }, "start from GPT-2 or Llama weights in Hugging Face's layout (a save_pretrained directory, or a GPT-2 .safetensors file)"}},
+      {"--load-hf", {true, [](TrainConfig& c, const std::string& v) { c.load_hf = v; }, "start from GPT-2 or Llama weights in Hugging Face's layout (a save_pretrained directory, or a GPT-2 .safetensors file); without tokenizer flags, the directory's own tokenizer is used"}},
       {"--prompt-key", {true, [](TrainConfig& c, const std::string& v) { c.prompt_key = v; }, "--data-path FILE.jsonl: the prompt's field (default prompt)"}},
       {"--pack-examples", {false, [](TrainConfig& c, const std::string&) { c.pack_examples = true; }, "--data-path FILE.jsonl: several examples per sample, each with its own attention and positions (sets --reset-attention-mask and --reset-position-ids)"}},
       {"--response-key", {true, [](TrainConfig& c, const std::string& v) { c.response_key = v; }, "--data-path FILE.jsonl: the response's field (default response); the loss is on the response only"}},

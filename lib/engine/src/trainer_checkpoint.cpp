@@ -43,7 +43,7 @@ CheckpointMeta Trainer::checkpoint_meta() const {
   const auto& mc = cfg_.model;
   m.architecture = architecture_of(mc);
   m.tokenizer = cfg_.mock_data ? "mock (vocab " + std::to_string(mc.vocab_size) + ")"
-                                : tokenizer_identity(cfg_.vocab_file, cfg_.merge_file);
+                                : tokenizer_identity(cfg_.tokenizer_spec());
   m.layout = {{"world_size", grid_.world_size()},
               {"dp", grid_.dp().size()},
               {"tp", grid_.tp().size()},

@@ -2,7 +2,7 @@
 // this project's parameter table. One loader for every app: hpct_ckpt import, generate --load-hf.
 //
 // What it reads: a directory as save_pretrained writes it (model.safetensors and config.json, with
-// vocab.json and merges.txt when the tokenizer was saved too), or a bare .safetensors file (then
+// the tokenizer's files when it was saved too: directory_tokenizer), or a bare .safetensors file (then
 // the shapes come from the tensors and the heads from `heads`, or hidden/64). Names are GPT-2's
 // (wte.weight, h.0.attn.c_attn.weight, ...), with or without the "transformer." prefix that
 // GPT2LMHeadModel's files carry; linear weights in GPT-2's Conv1D layout (in, out), transposed into
@@ -14,11 +14,13 @@
 // app's --load-hf takes Llama weights too.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "hpct/io/tokenizer.hpp"
 #include "hpct/model/gpt.hpp"
 
 namespace hpct::engine {
@@ -36,8 +38,13 @@ struct HfGpt2 {
   model::GptConfig cfg;       // vocab_size: GPT-2's own (the table is padded to vocab_multiple)
   std::vector<float> params;  // Gpt::layout_for(cfg) order; the padding rows zero
   std::string file;           // the safetensors file read
-  std::string vocab_file, merge_file;  // the directory's tokenizer files, "" where absent
+  std::optional<io::TokenizerSpec> tokenizer;  // the directory's own tokenizer, where it holds one
 };
+
+/// The tokenizer a Hugging Face directory holds: vocab.json + merges.txt (GPT2BPETokenizer), else
+/// tokenizer.model (Llama2Tokenizer: a SentencePiece model, <s> before each text, as Hugging Face's
+/// LlamaTokenizer), else tokenizer.json (HFTokenizer); none for a file or a folder without them.
+std::optional<io::TokenizerSpec> directory_tokenizer(const std::string& path);
 
 /// Reads `path` (a directory or a .safetensors file, see above). vocab_multiple pads the vocabulary
 /// as --make-vocab-size-divisible-by; heads > 0 overrides config.json's n_head. Throws hpct::Error

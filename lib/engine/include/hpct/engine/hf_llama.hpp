@@ -10,8 +10,8 @@
 // Hugging Face's rotate-half form, which ours is, so no row is permuted. Every config.json key that
 // changes the maths and is not implemented (rope_scaling, another activation or norm epsilon,
 // biases on some linears only, a partial rotary factor) is refused by name, as is any tensor that
-// is not part of the model. What it is not: a tokenizer (SentencePiece is not read yet: prompts are
-// token ids).
+// is not part of the model. The directory's tokenizer (tokenizer.model, else tokenizer.json) is
+// named by directory_tokenizer (hf_gpt2.hpp) and read by io::open_tokenizer.
 #pragma once
 #include <string>
 

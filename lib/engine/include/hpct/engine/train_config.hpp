@@ -13,6 +13,7 @@
 #include "hpct/engine/batch_schedule.hpp"
 #include "hpct/engine/curriculum.hpp"
 #include "hpct/engine/data_sampling.hpp"
+#include "hpct/io/tokenizer.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/parallel/zero.hpp"
 
@@ -118,7 +119,11 @@ struct TrainConfig {
   std::vector<double> data_weights;
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::vector<double> train_data_weights, valid_data_weights, test_data_weights;
+  // the tokenizer: Megatron's --tokenizer-type, --vocab-file/--merge-file (GPT2BPETokenizer) or
+  // --tokenizer-model (the SentencePiece and Hugging Face types)
+  std::string tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
   std::string vocab_file, merge_file, split = "969,30,1";
+  io::TokenizerSpec tokenizer_spec() const { return {tokenizer_type, vocab_file, merge_file, tokenizer_model}; }
   bool mock_data = false;
   unsigned long long seed = 1234;
   // logging / eval
