@@ -4,14 +4,14 @@
 // steps, so clusters keep forming), and prints microseconds per sample drawn.
 //
 //   inc=$(for d in lib/*/include; do printf -- "-I%s " "$d"; done)
-//   mpicxx -O2 -std=c++20 $inc bench/curriculum_replay.cpp lib/engine/src/data_sampling.cpp \
-//     lib/engine/src/curriculum.cpp lib/engine/src/random_ltd.cpp build/lib/core/libhpct_core.a -o /tmp/replay
+//   mpicxx -O2 -std=c++20 $inc bench/curriculum_replay.cpp lib/engine/src/data/data_sampling.cpp \
+//     lib/engine/src/data/curriculum.cpp lib/engine/src/data/random_ltd.cpp build/lib/core/libhpct_core.a -o /tmp/replay
 //   /tmp/replay [N ITERS BATCH]     defaults: 1000000 2000 512
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
-#include "hpct/engine/data_sampling.hpp"
+#include "hpct/engine/data/data_sampling.hpp"
 
 using namespace hpct::engine;
 

@@ -22,11 +22,11 @@
 #include "hpct/core/error.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/timer.hpp"
-#include "hpct/engine/checkpointer.hpp"
-#include "hpct/engine/data.hpp"
-#include "hpct/engine/preflight.hpp"
-#include "hpct/engine/data_sampling.hpp"
-#include "hpct/engine/train_config.hpp"
+#include "hpct/engine/checkpoint/checkpointer.hpp"
+#include "hpct/engine/data/data.hpp"
+#include "hpct/engine/config/preflight.hpp"
+#include "hpct/engine/data/data_sampling.hpp"
+#include "hpct/engine/config/train_config.hpp"
 
 using namespace hpct;
 

@@ -3,7 +3,7 @@
 // Face's layout (--load-hf), on prompt/response JSON lines (--data-path FILE.jsonl: the loss on the
 // responses only) or a Megatron corpus (continued pretraining). pretrain_gpt's flags and engine:
 // engine/pretrain_app.cpp; --eval-only evaluates and exits. docs/finetune.md.
-#include "hpct/engine/pretrain_app.hpp"
+#include "hpct/engine/loop/pretrain_app.hpp"
 
 int main(int argc, char** argv) {
   return hpct::engine::pretrain_main("finetune", argc, argv, /*require_moe=*/false, /*finetune_app=*/true);

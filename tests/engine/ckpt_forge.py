@@ -1,5 +1,5 @@
 """What a checkpoint's author can recompute: the run-state checksum (FNV-1a 64, public) over the
-stored attributes' text, as lib/engine/src/checkpoint_state.cpp's checksum_of writes it. The
+stored attributes' text, as lib/engine/src/checkpoint/checkpoint_state.cpp's checksum_of writes it. The
 hostile-checkpoint checks forge edits that pass it, so that the check behind it is what refuses.
 
     from ckpt_forge import run_state_checksum, rechecksum

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "hpct/core/error.hpp"
-#include "hpct/engine/batch_schedule.hpp"
-#include "hpct/engine/schedules.hpp"
-#include "hpct/engine/train_config.hpp"
+#include "hpct/engine/data/batch_schedule.hpp"
+#include "hpct/engine/loop/schedules.hpp"
+#include "hpct/engine/config/train_config.hpp"
 
 using namespace hpct;
 using namespace hpct::engine;

@@ -16,9 +16,9 @@
 #include <fstream>
 
 #include "hpct/comm/process_grid.hpp"
-#include "hpct/engine/checkpoint_state.hpp"
-#include "hpct/engine/checkpointer.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/checkpoint/checkpoint_state.hpp"
+#include "hpct/engine/checkpoint/checkpointer.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 #include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"
 #include "hpct/io/h5_file.hpp"

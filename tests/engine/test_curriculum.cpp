@@ -11,8 +11,8 @@
 #include <fstream>
 
 #include "hpct/core/error.hpp"
-#include "hpct/engine/curriculum.hpp"
-#include "hpct/engine/train_config.hpp"
+#include "hpct/engine/data/curriculum.hpp"
+#include "hpct/engine/config/train_config.hpp"
 
 using namespace hpct;
 using engine::CurriculumConfig;

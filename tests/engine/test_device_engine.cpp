@@ -23,7 +23,7 @@
 #include "../model/staged_cpu_ops.hpp"
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/core/error.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 #include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"
 

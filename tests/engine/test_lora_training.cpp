@@ -18,8 +18,8 @@
 #include <filesystem>
 
 #include "hpct/comm/process_grid.hpp"
-#include "hpct/engine/checkpointer.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/checkpoint/checkpointer.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 #include "hpct/io/h5_file.hpp"
 #include "hpct/parallel/memory_estimate.hpp"
 #include "mpi_gtest_main.hpp"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "hpct/comm/process_grid.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 #include "hpct/io/gpt_dataset.hpp"
 #include "hpct/model/gpt.hpp"
 #include "mpi_gtest_main.hpp"

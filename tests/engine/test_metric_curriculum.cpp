@@ -28,8 +28,8 @@
 
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/core/error.hpp"
-#include "hpct/engine/data_sampling.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/data/data_sampling.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 #include "hpct/io/indexed_dataset.hpp"
 #include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"

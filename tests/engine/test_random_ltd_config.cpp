@@ -12,9 +12,9 @@
 #include <fstream>
 
 #include "hpct/core/error.hpp"
-#include "hpct/engine/random_ltd.hpp"
-#include "hpct/engine/train_config.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/data/random_ltd.hpp"
+#include "hpct/engine/config/train_config.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 
 using namespace hpct;
 using engine::RandomLtdConfig;

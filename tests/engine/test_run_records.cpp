@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "hpct/core/error.hpp"
-#include "hpct/engine/run_records.hpp"
-#include "hpct/engine/train_config.hpp"
+#include "hpct/engine/records/run_records.hpp"
+#include "hpct/engine/config/train_config.hpp"
 #include "hpct/io/tfevents.hpp"
 
 using namespace hpct;

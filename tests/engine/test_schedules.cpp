@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "hpct/core/error.hpp"
-#include "hpct/engine/schedules.hpp"
+#include "hpct/engine/loop/schedules.hpp"
 
 using namespace hpct::engine;
 

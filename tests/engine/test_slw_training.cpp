@@ -15,7 +15,7 @@
 #include <filesystem>
 
 #include "hpct/comm/process_grid.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 #include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"
 

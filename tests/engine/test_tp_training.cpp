@@ -30,7 +30,7 @@
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
-#include "hpct/engine/trainer.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 #include "mpi_gtest_main.hpp"
 #include "tiny_gpt.hpp"
 

@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "hpct/core/error.hpp"
-#include "hpct/engine/train_config.hpp"
+#include "hpct/engine/config/train_config.hpp"
 
 using namespace hpct;
 using engine::TrainConfig;

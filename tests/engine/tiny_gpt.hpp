@@ -1,7 +1,7 @@
 // The tiny GPT the engine tests train (mock data, a few steps, seconds on 2 cores), one
 // definition for the data-parallel, ZeRO and checkpoint tests.
 #pragma once
-#include "hpct/engine/train_config.hpp"
+#include "hpct/engine/config/train_config.hpp"
 
 namespace hpct::test {
 

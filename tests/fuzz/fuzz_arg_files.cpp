@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fuzz_util.hpp"
-#include "hpct/engine/train_config.hpp"
+#include "hpct/engine/config/train_config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<std::string> args = {"@" + hpct::fuzz::write_file("flags.args", data, size)};

@@ -11,8 +11,8 @@
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "hpct/engine/checkpoint_state.hpp"
-#include "hpct/engine/checkpointer.hpp"
+#include "hpct/engine/checkpoint/checkpoint_state.hpp"
+#include "hpct/engine/checkpoint/checkpointer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -1,0 +1,129 @@
+// Phase timers, interval reports and the Megatron iteration line of the training loop. See
+// train_log.hpp and trainer.hpp.
+#include "train_log.hpp"
+
+#include "hpct/engine/loop/trainer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace hpct::engine::detail {
+
+const char* phase_name(int p) {
+  static const char* names[kPhases] = {"data",        "forward",     "backward", "grad_reduce", "optimizer",
+                                       "checkpoint",  "gather_wait", "reduce_wait", "nvme",     "iteration"};
+  return names[p];
+}
+
+int phase_level(int p) {
+  if (p == kIteration) return 0;
+  return p >= kGatherWait ? 2 : 1;
+}
+
+double IntervalTimers::max(int p) const {
+  double m = at(0, p);
+  for (int r = 1; r < ranks; ++r) m = std::max(m, at(r, p));
+  return m;
+}
+
+double IntervalTimers::min(int p) const {
+  double m = at(0, p);
+  for (int r = 1; r < ranks; ++r) m = std::min(m, at(r, p));
+  return m;
+}
+
+double IntervalTimers::peak_rss_max() const { return max(kPhases); }
+
+IntervalTimers gather_interval(const comm::Communicator& world, const PhaseClock& c, int iters, double peak_rss) {
+  std::vector<double> mine(kPhases + 1);
+  for (int p = 0; p < kPhases; ++p) mine[p] = c.seconds[p] * 1e3 / std::max(1, iters);
+  mine[kPhases] = peak_rss;
+  IntervalTimers t;
+  t.ranks = world.size();
+  t.values = world.allgather(mine);
+  return t;
+}
+
+std::string timer_line(const IntervalTimers& t, int level, const std::string& option) {
+  std::string line = " time (ms) |";
+  char buf[64];
+  for (int p = 0; p < kPhases; ++p) {
+    if (phase_level(p) > level || p == kIteration) continue;
+    line += std::string(" ") + phase_name(p) + ": ";
+    if (option == "max") {
+      std::snprintf(buf, sizeof buf, "%.2f", t.max(p));
+      line += buf;
+    } else if (option == "minmax") {
+      std::snprintf(buf, sizeof buf, "(%.2f, %.2f)", t.min(p), t.max(p));
+      line += buf;
+    } else {
+      line += "[";
+      for (int r = 0; r < t.ranks; ++r) {
+        std::snprintf(buf, sizeof buf, "%s%.2f", r ? ", " : "", t.at(r, p));
+        line += buf;
+      }
+      line += "]";
+    }
+    line += " |";
+  }
+  return line;
+}
+
+nlohmann::json timers_json(const IntervalTimers& t, const std::string& option) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int p = 0; p < kPhases; ++p) {
+    nlohmann::json e = {{"max", t.max(p)}, {"min", t.min(p)}};
+    if (option == "all") {
+      std::vector<double> v;
+      for (int r = 0; r < t.ranks; ++r) v.push_back(t.at(r, p));
+      e["ranks"] = v;
+    }
+    j[phase_name(p)] = e;
+  }
+  return j;
+}
+
+void timer_scalars(const IntervalTimers& t, long long it, std::vector<Scalar>& out) {
+  for (int p = 0; p < kPhases; ++p)
+    out.push_back({p == kIteration ? "iteration-time/iteration-time" : std::string("timers/") + phase_name(p), t.max(p), it});
+}
+
+}  // namespace hpct::engine::detail
+
+namespace hpct::engine {
+
+std::string format_log_line(long long iteration, long long train_iters, long long consumed_samples,
+                            long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
+                            double loss_scale, double grad_norm, long long skipped, long long nan_iters,
+                            double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
+                            double moe_loss, int curriculum_seqlen, int ltd_reserved, int actual_seqlen) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
+                "iteration (ms): %.1f | learning rate: %.3E | global batch size: %5d | lm loss: %.6E | loss scale: "
+                "%.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
+                "tokens per second: %.1f | tokens per gpu per second (tgs): %.1f | TFLOPs: %.2f |",
+                iteration, train_iters, consumed_samples, consumed_tokens, ms_per_iter, lr, global_batch, loss,
+                loss_scale, grad_norm, skipped, nan_iters, tokens_per_sec, tokens_per_sec_per_rank, tflops_per_rank);
+  std::string line = buf;
+  if (std::isfinite(moe_loss)) {  // Megatron-DeepSpeed puts it right after the lm loss
+    char m[64];
+    std::snprintf(m, sizeof m, " moe loss: %.6E |", moe_loss);
+    const size_t at = line.find(" loss scale:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  if (curriculum_seqlen > 0 || ltd_reserved > 0) {  // Megatron-DeepSpeed: after the grad norm, before the skipped count
+    char m[160];
+    int n = 0;
+    if (curriculum_seqlen > 0) n += std::snprintf(m + n, sizeof m - n, " curriculum seqlen: %5d |", curriculum_seqlen);
+    if (ltd_reserved > 0) n += std::snprintf(m + n, sizeof m - n, " random ltd reserved length: %5d |", ltd_reserved);
+    std::snprintf(m + n, sizeof m - n, " actual seqlen: %5d |", actual_seqlen > 0 ? actual_seqlen : curriculum_seqlen);
+    const size_t at = line.find(" number of skipped iterations:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  return line;
+}
+
+}  // namespace hpct::engine

@@ -1,0 +1,58 @@
+// Private to lib/engine: the training loop's phase timers and what one log interval reports
+// (the timer line under Megatron's log line, the metrics record's "timers_ms", TensorBoard tags).
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hpct/comm/mpi.hpp"
+#include "hpct/engine/records/run_records.hpp"
+#include "hpct/engine/config/train_config.hpp"
+
+namespace hpct::engine::detail {
+
+/// Where an iteration's time goes, on one rank. The first five add up to the iteration (what the
+/// log line's "elapsed time per iteration" measures); checkpoint time is kept out of it, as
+/// evaluation is; the level-2 ones are parts of the first five.
+enum Phase : int {
+  kData,         // reading and checking the micro-batches' tokens
+  kForward,      // embedding + layers' forward (with ZeRO-3 gathers waited for)
+  kBackward,     // LM head (fused loss and gradient) + layers' backward, recompute, overlapped reductions
+  kGradReduce,   // after backward: waiting for the gradient reductions still in flight
+  kOptimizer,    // loss and grad-norm all-reduces, clipping, Adam (with the NVMe sweep), 16-bit copies
+  kCheckpoint,   // saving (the whole save, or an async save's stall)
+  kGatherWait,   // level 2: ZeRO-3 parameter gathers waited for (in forward and backward)
+  kReduceWait,   // level 2: gradient reductions waited for (in backward and grad_reduce)
+  kNvme,         // level 2: NVMe swap time (parameter reads, optimizer sweeps)
+  kIteration,    // the rank's own wall time per iteration over the interval
+  kPhases
+};
+const char* phase_name(int p);
+int phase_level(int p);  // 1 or 2; kIteration 0
+
+struct PhaseClock {
+  double seconds[kPhases] = {};
+  void clear() { *this = PhaseClock{}; }
+};
+
+/// Collective over `world`: every rank's phase times (ms per iteration over `iters` iterations)
+/// and peak resident bytes, gathered on every rank.
+struct IntervalTimers {
+  int ranks = 1;
+  std::vector<double> values;  // ranks x (kPhases + 1): ms per iteration per phase, then peak RSS bytes
+  double at(int rank, int p) const { return values[static_cast<size_t>(rank) * (kPhases + 1) + p]; }
+  double max(int p) const;
+  double min(int p) const;
+  double peak_rss_max() const;
+};
+IntervalTimers gather_interval(const comm::Communicator& world, const PhaseClock& c, int iters, double peak_rss);
+
+/// " time (ms) | forward: 12.34 | ..." for the phases up to `level`, as max, (min, max) or every rank.
+std::string timer_line(const IntervalTimers& t, int level, const std::string& option);
+/// {"forward": {"max": ms, "min": ms[, "ranks": [...]]}, ...} for every phase.
+nlohmann::json timers_json(const IntervalTimers& t, const std::string& option);
+/// TensorBoard tags of the per-phase timers ("timers/forward", ...) and the iteration time.
+void timer_scalars(const IntervalTimers& t, long long it, std::vector<Scalar>& out);
+
+}  // namespace hpct::engine::detail
