@@ -209,12 +209,21 @@ TEST(RandomLtd, NothingDroppedIsThePlainModelBitwise) {
   EXPECT_EQ(m.forward_loss(b, d.tok.data(), d.tgt.data(), d.B, d.T), plain.forward_loss(a, d.tok.data(), d.tgt.data(), d.B, d.T));
 }
 
-class RandomLtdBackward : public ::testing::TestWithParam<bool> {};
+// dense, MoE, or rotary positions with documents (per-document attention and positions: token 17
+// ends sample 0's first document at position 2)
+enum class Kind { dense, moe, rotary_documents };
+class RandomLtdBackward : public ::testing::TestWithParam<Kind> {};
 
 TEST_P(RandomLtdBackward, MatchesFiniteDifferences) {
-  const bool moe = GetParam();
+  const bool moe = GetParam() == Kind::moe;
   const Batch d;
-  model::Gpt m(tiny(3, moe), kernels::Precision::fp32, false);
+  model::GptConfig c = tiny(3, moe);
+  if (GetParam() == Kind::rotary_documents) {
+    c.rotary = true;
+    c.eod_token = 17;
+    c.reset_attention_mask = c.reset_position_ids = true;
+  }
+  model::Gpt m(c, kernels::Precision::fp32, false);
   m.set_random_ltd_layers({1});
   m.set_routing_seed(99);
   m.set_kept_tokens(5, 21, 0);
@@ -259,8 +268,64 @@ TEST_P(RandomLtdBackward, MatchesFiniteDifferences) {
   EXPECT_EQ(bad, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layers, RandomLtdBackward, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? std::string("moe") : std::string("dense"); });
+INSTANTIATE_TEST_SUITE_P(Layers, RandomLtdBackward, ::testing::Values(Kind::dense, Kind::moe, Kind::rotary_documents),
+                         [](const auto& info) {
+                           return std::string(info.param == Kind::dense ? "dense" : info.param == Kind::moe ? "moe" : "rotary_documents");
+                         });
+
+// With rotary positions a kept row keeps its own position. Rotary attention depends on positions
+// only through their differences, so where every sample keeps one contiguous run of positions the
+// layer equals the plain model on the kept tokens as a shorter sequence (whose positions start at 0),
+// within the same 1e-5 as above (cos/sin of other angles round differently); where a sample's kept
+// positions have a gap, the plain model on the compacted tokens is another function (the check
+// bites: positions are not renumbered).
+TEST(RandomLtd, RotaryKeptRowsKeepTheirPositions) {
+  const Batch d;
+  model::GptConfig c = tiny(1);
+  c.rotary = true;
+  const int k = 7;
+  auto run = [&](uint64_t seed, bool* contiguous) {
+    model::Gpt ltd(c, kernels::Precision::fp32, false), plain(c, kernels::Precision::fp32, false);
+    ltd.set_random_ltd_layers({0});
+    std::vector<float> p(ltd.layout().numel());
+    ltd.init_params(p.data(), 5);
+    ltd.set_kept_tokens(k, seed, 0);
+    train_loss(ltd, p, d);
+    Batch masked = d, sub;
+    sub.T = k;
+    sub.tok.assign(d.B * k, 0), sub.tgt.assign(d.B * k, 0);
+    std::fill(masked.tgt.begin(), masked.tgt.end(), -1);
+    *contiguous = true;
+    for (int b = 0; b < d.B; ++b) {
+      const std::vector<int> pos = ltd.kept_positions(0, b);
+      *contiguous = *contiguous && pos.back() - pos.front() == k - 1;
+      for (int j = 0; j < k; ++j) {
+        masked.tgt[b * d.T + pos[j]] = d.tgt[b * d.T + pos[j]];
+        sub.tok[b * k + j] = d.tok[b * d.T + pos[j]];
+        sub.tgt[b * k + j] = d.tgt[b * d.T + pos[j]];
+      }
+    }
+    double l_ltd = 0, l_plain = 0;
+    std::vector<float> pl = p, pp = p;
+    grads_of(ltd, pl, masked, &l_ltd);
+    grads_of(plain, pp, sub, &l_plain);
+    return std::pair{l_ltd, l_plain};
+  };
+  int runs = 0, gaps = 0;
+  for (uint64_t seed = 1; seed < 400 && (runs < 2 || gaps < 2); ++seed) {
+    bool contiguous = false;
+    const auto [l_ltd, l_plain] = run(seed, &contiguous);
+    if (contiguous && runs < 2) {
+      ++runs;
+      EXPECT_NEAR(l_ltd, l_plain, 1e-5 * std::fabs(l_plain)) << "seed " << seed;
+    } else if (!contiguous && gaps < 2) {
+      ++gaps;
+      EXPECT_GT(std::fabs(l_ltd - l_plain), 1e-4 * std::fabs(l_plain)) << "seed " << seed;
+    }
+  }
+  EXPECT_EQ(runs, 2) << "no seed kept contiguous runs in both samples";
+  EXPECT_EQ(gaps, 2);
+}
 
 TEST(RandomLtd, RecomputeAndCacGiveTheSameGradients) {
   const Batch d;

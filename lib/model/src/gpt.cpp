@@ -170,6 +170,7 @@ void Gpt::ensure_workspace(int B, int T) {
       ws->ltd_rows.resize(L);
       for (int l : ltd_layers_) ws->ltd_rows[l] = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
       ws->ltd_start = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
+      if (cfg_.rotary) ws->ltd_pos = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
     }
   }
   ws_ = std::move(ws);
@@ -257,7 +258,7 @@ static_assert(int{LinearHooks::qkv} == int{LoraConfig::qkv} && int{LinearHooks::
 // from row r0): the norms run on them and write their rows of the full a.ln1 / a.ln2, which f
 // gathers; g sums the row-parallel partial outputs (all N rows, in w.dln) into this rank's rows.
 void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
-                        int T, const int32_t* key_start) {
+                        int T, const int32_t* key_start, const int32_t* pos) {
   const int N = B * T, C = cfg_.hidden_size;
   const Block& o = tensors_.layers[l];
   const bool sp = tp_.sequence_parallel();
@@ -269,7 +270,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   const AttentionWeights aw = attention(lp, o);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  attention_.mix(aw, a.ln1, a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, positions_, &lora);
+  attention_.mix(aw, a.ln1, a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, pos, &lora);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
   // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
   const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
@@ -315,7 +316,7 @@ const float* Gpt::gather_rows(const float* d, int N) {
 // their input gradients come back as this rank's rows, dsl; the norms' weight gradients are then
 // partial sums over those rows, summed over the group before they join lg).
 void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
-                         float* dres, int B, int T) {
+                         float* dres, int B, int T, const int32_t* pos) {
   const int N = B * T, C = cfg_.hidden_size;
   const Block& o = tensors_.layers[l];
   Workspace& w = *ws_;
@@ -346,7 +347,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
   ops_->zero(w.dln, NC * sizeof(float));
   attention_.backward(attention(lp, o), AttentionGrads::at(lg, o.attn), a.ln1, a.qkv, a.att, a.atty, dproj, w.dln, B,
-                      T, w.datty, w.dqkv, &attn_drop, positions_, &lora);
+                      T, w.datty, w.dqkv, &attn_drop, pos, &lora);
   tp_.reduce_scatter(w.dln, dsl, NC);
   norm_.backward(NormWeights::at(lp, o.ln1), dn1, in, {a.ln1_mean, a.ln1_rstd}, dsl, dres, (int)n);
   if (sp && lg) {  // (a frozen block's norms: scratch, not reduced)

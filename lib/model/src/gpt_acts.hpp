@@ -56,6 +56,7 @@ struct Gpt::Workspace {
   // and the kept rows' first attention keys (per-document attention)
   std::vector<kernels::BackendBuffer> ltd_rows;
   kernels::BackendBuffer ltd_start;
+  kernels::BackendBuffer ltd_pos;  // rotary positions of a random-LTD layer's kept rows
   // LoRA: each activation set's lora_h, and scratch for one adapter's update and gradients
   kernels::BackendBuffer lora_mem;
   float* lora_t = nullptr;   // (N, the widest adapter output)

@@ -3,7 +3,8 @@
 //
 // Forward: gather the kept rows of the layer's input (B samples x kept rows), run the layer on them
 // as B sequences of `kept` tokens (the causal mask among sorted positions is the leading causal
-// block, so the attention is exact; the position embeddings were added before layer 0), copy the
+// block, so the attention is exact; learned position embeddings were added before layer 0, rotary
+// positions are each kept row's own: kept_rotary_positions), copy the
 // input through to the output and scatter the layer's rows over it. Backward: the gradient of a
 // dropped row passes through unchanged; the kept rows' gradient is gathered, runs through the
 // layer's backward (from the kept input rows, gathered again), and is scattered back.
@@ -24,10 +25,6 @@ namespace hpct::model {
 void Gpt::set_random_ltd_layers(std::vector<int> layers) {
   std::sort(layers.begin(), layers.end());
   layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
-  if (!layers.empty() && cfg_.rotary)
-    throw config_error("random_ltd_layer_id", "random-LTD with rotary positions is not implemented (the kept tokens "
-                                              "would need their own positions in attention)",
-                       "train with learned positions, or without random-LTD");
   for (int l : layers)
     if (l < 0 || l >= cfg_.num_layers)
       throw config_error("random_ltd_layer_id", "random-LTD layer " + std::to_string(l) + " is not a layer of this " +
@@ -74,6 +71,22 @@ const int32_t* Gpt::kept_rows(int l) const {
   return ops_->host_memory() ? ltd_rows_[l].data() : ws_->ltd_rows[l].as<int32_t>();
 }
 
+// A kept row keeps its own position: rotary attention among the kept rows is the full model's
+// attention with the dropped keys removed (learned positions were added before layer 0 instead).
+const int32_t* Gpt::kept_rotary_positions(int l, int B, int T) {
+  if (!cfg_.rotary) return nullptr;
+  const size_t k = (size_t)ltd_kept_;
+  const int32_t* idx = ltd_idx_[l].data();  // (B, k) sorted positions per sample
+  ltd_pos_.resize((size_t)B * k);
+  for (size_t i = 0; i < ltd_pos_.size(); ++i) {
+    const size_t b = i / k;
+    ltd_pos_[i] = cfg_.reset_position_ids ? doc_pos_[b * (size_t)T + (size_t)idx[i]] : idx[i];
+  }
+  if (ops_->host_memory()) return ltd_pos_.data();
+  ops_->copy_from_host(ws_->ltd_pos.as<void>(), ltd_pos_.data(), ltd_pos_.size() * sizeof(int32_t));
+  return ws_->ltd_pos.as<int32_t>();
+}
+
 // The row moves run on the backend (gather_rows / scatter_rows), so random-LTD runs where the model does.
 void Gpt::gather_kept(int l, const float* full, float* sub, int B) const {
   ops_->gather_rows(sub, full, kept_rows(l), (size_t)B * ltd_kept_, cfg_.hidden_size);
@@ -107,7 +120,7 @@ size_t Gpt::kept_first_row(int B) const {
 
 void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B,
                             int T, bool fresh) {
-  if (!drops_tokens(l, T)) return layer_forward(store, l, lp, a, in, out, B, T, key_start_);
+  if (!drops_tokens(l, T)) return layer_forward(store, l, lp, a, in, out, B, T, key_start_, positions_);
   if (fresh) choose_kept(l, B, T);
   const size_t N = (size_t)B * T, C = cfg_.hidden_size, NC = N * C;
   float* sub_in = ws_->ltd;
@@ -115,7 +128,8 @@ void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs
   const float* full_in = whole_stream(in, ws_->ltd + 3 * NC, N);
   gather_kept(l, full_in, sub_in, B);
   const size_t r0 = kept_first_row(B) * C;  // this rank's rows of the kept sub-batch (all without SP)
-  layer_forward(store, l, lp, a, sub_in + r0, sub_out + r0, B, ltd_kept_, kept_key_start(l, B, T));
+  layer_forward(store, l, lp, a, sub_in + r0, sub_out + r0, B, ltd_kept_, kept_key_start(l, B, T),
+                kept_rotary_positions(l, B, T));
   if (replaying_) return;  // CAC's replay computes what backward reads only, not the output
   tp_.all_gather(sub_out, (size_t)B * ltd_kept_ * C);  // the other ranks' rows (SP only)
   float* full_out = tp_.sequence_parallel() ? ws_->ltd + 4 * NC : out;
@@ -126,7 +140,7 @@ void Gpt::run_layer_forward(ParamStore& store, int l, const float* lp, LayerActs
 
 void Gpt::run_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                              float* dres, int B, int T) {
-  if (!drops_tokens(l, T)) return layer_backward(store, l, lp, lg, a, in, dres, B, T);
+  if (!drops_tokens(l, T)) return layer_backward(store, l, lp, lg, a, in, dres, B, T, positions_);
   const size_t N = (size_t)B * T, C = cfg_.hidden_size, NC = N * C;
   float* sub_in = ws_->ltd;
   float* sub_d = ws_->ltd + 2 * NC;
@@ -135,7 +149,7 @@ void Gpt::run_layer_backward(ParamStore& store, int l, const float* lp, float* l
   gather_kept(l, full_in, sub_in, B);
   gather_kept(l, full_d, sub_d, B);
   const size_t r0 = kept_first_row(B) * C;
-  layer_backward(store, l, lp, lg, a, sub_in + r0, sub_d + r0, B, ltd_kept_);
+  layer_backward(store, l, lp, lg, a, sub_in + r0, sub_d + r0, B, ltd_kept_, kept_rotary_positions(l, B, T));
   tp_.all_gather(sub_d, (size_t)B * ltd_kept_ * C);
   scatter_kept(l, sub_d, full_d, B);  // dropped rows: d(input) = d(output), already in place
   if (full_d != dres) ops_->copy(dres, full_d + tp_.first_row(N) * C, tp_.local_rows(N) * C * sizeof(float));

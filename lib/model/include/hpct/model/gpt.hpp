@@ -349,9 +349,10 @@ class Gpt {
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
   std::pair<const int32_t*, const int32_t*> stage_inputs(const int32_t* tokens, const int32_t* targets, int B, int T);
   const float* forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts);
-  /// key_start: each row's first attention key (per-document attention, backend memory), or nullptr.
+  /// key_start: each row's first attention key (per-document attention, backend memory), or nullptr;
+  /// pos: each row's rotary position (backend memory), or nullptr for its place in the sample.
   void layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a, const float* in, float* out, int B, int T,
-                     const int32_t* key_start);
+                     const int32_t* key_start, const int32_t* pos);
   /// From the micro-batch's host tokens: each token's document start and position when
   /// reset_attention_mask / reset_position_ids are on (doc_start_, doc_pos_; on a device backend
   /// copied into the workspace), and the backend pointers key_start_ / positions_ (nullptr: off).
@@ -359,8 +360,11 @@ class Gpt {
   /// random-LTD: key_start_ for layer l's kept rows (each kept row's first kept row of its
   /// document), or nullptr without per-document attention.
   const int32_t* kept_key_start(int l, int B, int T);
+  /// random-LTD with rotary positions: layer l's kept rows' positions in their samples (their
+  /// documents' with reset_position_ids), backend memory; nullptr with learned positions.
+  const int32_t* kept_rotary_positions(int l, int B, int T);
   void layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres,
-                      int B, int T);
+                      int B, int T, const int32_t* pos);
   /// A dense layer's MLP parameters, fc2's bias on tensor-parallel rank 0 only (row_bias).
   MlpWeights dense_mlp(const float* lp, const Block& o) const {
     MlpWeights w = MlpWeights::at(lp, o.mlp);
@@ -479,7 +483,7 @@ class Gpt {
   int batch_rows_ = 0;     // B*T of the current micro-batch: the aux losses' weight (LTD layers see fewer rows)
   uint64_t drop_seed_ = 0;
   long long drop_first_ = 0;
-  std::vector<int32_t> doc_start_, doc_pos_, ltd_start_;  // host: stage_documents, kept_key_start
+  std::vector<int32_t> doc_start_, doc_pos_, ltd_start_, ltd_pos_;  // host: stage_documents, kept_key_start, kept_rotary_positions
   std::vector<std::vector<int32_t>> ltd_rows_;            // host: per layer, its kept rows (b*T + position)
   const int32_t* key_start_ = nullptr;  // backend memory: doc_start_ for this micro-batch, or nullptr
   const int32_t* positions_ = nullptr;  // backend memory: doc_pos_ for this micro-batch, or nullptr
