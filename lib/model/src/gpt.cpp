@@ -49,6 +49,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_,
                          {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)}, cfg_.kv_heads() / tp_.size());
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size, cfg_.mlp);
+  moe_ = std::make_unique<Moe>(cfg_, *ops_, tp_, mlp_, ep_, Fl_);
   for (size_t l = 0; l < tensors_.layers.size(); ++l) {
     const Block& o = tensors_.layers[l];
     if (o.experts == 0) continue;
@@ -289,18 +290,62 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
     if (o.experts == 0) mlp_.hidden(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, &lora);
-    else moe_forward(store, l, lp, a, ff, N);
+    else moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, nullptr, o, a), a.ln2, ff, N, act_set(a));
     return;
   }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
     mlp_.forward(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_, &lora);
     tp_.reduce_scatter(ff, out, NC);
   } else {
-    moe_forward(store, l, lp, a, ff, N);  // every tensor-parallel rank routes every row alike
+    // every tensor-parallel rank routes every row alike
+    moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, nullptr, o, a), a.ln2, ff, N, act_set(a));
     if (sp) ops_->copy(out, ff + r0 * C, nC * sizeof(float));
   }
   hidden_dropout(out, l, kernels::DropoutSite::mlp_out, B, T);
   ops_->residual_forward(out, a.res2, out, nC);
+}
+
+Moe::Pass Gpt::moe_pass() const {
+  Moe::Pass p;
+  p.training = training_;
+  p.replaying = replaying_;
+  p.keep_per_layer = keeps_communication() && training_;
+  p.dloss = dloss_;
+  p.batch_rows = batch_rows_;
+  return p;
+}
+
+Moe::Dense Gpt::moe_dense(const float* lp, float* lg, const Block& o, LayerActs& a) const {
+  Moe::Dense d;
+  d.w = dense_mlp(lp, o);
+  d.g = MlpGrads::at(lg, o.mlp);
+  d.fch = a.fch, d.fch_gelu = a.fch_gelu;
+  d.dfch = ws_->dfch, d.dfch_gelu = ws_->dfch_gelu;
+  d.width = Fl_;
+  return d;
+}
+
+int Gpt::act_set(const LayerActs& a) const { return static_cast<int>(&a - ws_->acts.data()); }
+
+void Gpt::set_communication_aware_checkpointing(bool on) {
+  // The replay copies the kept residuals with host memcpy: the CPU backend's memory only.
+  if (on && recompute_ && !ops_->host_memory())
+    throw config_error("--communication-aware-checkpointing", "--communication-aware-checkpointing runs on the CPU backend only",
+                       "drop it, or train with --device cpu");
+  // The replay skips the attention output's and fc2's forward, and with them LoRA's x A^T there.
+  if (on && recompute_ && cfg_.lora.enabled())
+    throw config_error("--communication-aware-checkpointing",
+                       "--communication-aware-checkpointing does not keep LoRA adapters' products for the replay",
+                       "drop it (--checkpoint-activations alone recomputes them)");
+  cac_ = on;
+  ws_.reset();  // the next step sizes the workspace with (or without) the kept residuals
+  moe_->clear_kept();
+}
+
+size_t Gpt::kept_for_replay_bytes() const {
+  if (!keeps_communication() || !ws_) return 0;
+  return (size_t)cfg_.num_layers * tp_.local_rows((size_t)ws_->B * ws_->T) * cfg_.hidden_size * sizeof(float) +
+         moe_->kept_bytes();
 }
 
 const float* Gpt::gather_rows(const float* d, int N) {
@@ -338,7 +383,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
                   w.dfch_gelu, Fl_, &lora);
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {
-    moe_backward(store, l, lp, lg, a, dout, w.dln, N);  // whole on every rank
+    moe_->backward(moe_pass(), store, o, lp, lg, moe_dense(lp, lg, o, a), a.ln2, dout, w.dln, N, act_set(a));  // whole on every rank
     if (sp) ops_->copy(dsl, w.dln + r0 * C, n * C * sizeof(float));
   }
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place

@@ -100,30 +100,5 @@ class BackendArray {
   size_t n_ = 0, cap_ = 0;
 };
 
-// One MoE layer's saved state for backward (one set per layer, or one shared with recompute). With
-// CAC the routing, exchanged rows and outputs are kept per MoE layer and the experts' hidden
-// activations (fch, fch_gelu, y) live in the shared set. Rows and weights are in the backend's
-// memory; the gate's inputs and decisions (host_logits, routing, pos, counts) on the host.
-struct Gpt::MoeActs {
-  explicit MoeActs(kernels::OpsBackend& be)
-      : xr(be), jitter(be), logits(be), dpos(be), weight(be), rows(be), fch(be), fch_gelu(be), y(be), yback(be),
-        moe_out(be), dense_out(be), coef(be) {}
-  BackendArray<float> xr;       // (N, C) router input (jittered x; empty without jitter)
-  BackendArray<float> jitter;   // (N, C) the jitter factors
-  BackendArray<float> logits;   // (N, E)
-  std::vector<float> host_logits;  // (N, E) the gate's copy
-  Routing routing;
-  std::vector<int32_t> pos;     // (N, K) row of each route in the send buffer, -1 = dropped
-  BackendArray<int32_t> dpos;   // pos, in the backend's memory
-  BackendArray<float> weight;   // (N, K) the routes' combine weights (routing.weight), in the backend's memory
-  std::vector<int> send_counts;  // (ep, El) = (E): rows to expert e = d*El + j (its kept load)
-  std::vector<int> recv_counts;  // (ep, El): rows from source s for local expert j
-  BackendArray<float> rows;     // (R, C) received rows, grouped by local expert
-  BackendArray<float> fch, fch_gelu;  // (R, 4C)
-  BackendArray<float> y;        // (R, C) expert outputs
-  BackendArray<float> yback;    // (S, C) outputs back in send order
-  BackendArray<float> moe_out, dense_out, coef;  // residual MoE: (N, C), (N, C), (N, 2) softmaxed
-  int N = 0;
-};
 
 }  // namespace hpct::model

@@ -1,5 +1,4 @@
-// The mixture-of-experts feed-forward of a transformer block (Gpt's MoE layers). See gpt.hpp and
-// docs/moe.md.
+// The mixture-of-experts feed-forward of a transformer block (moe.hpp). See docs/moe.md.
 //
 // Forward, for the N rows x = ln2(h) of one micro-batch:
 //   router   logits = x Wr^T (N, E), fp32 whatever the training precision (DeepSpeed's wg)
@@ -24,6 +23,7 @@
 #include "hpct/core/error.hpp"
 #include "hpct/core/rng.hpp"
 #include "hpct/model/gpt.hpp"
+#include "hpct/model/moe.hpp"
 #include "hpct/model/moe_gate.hpp"
 #include "gpt_acts.hpp"
 
@@ -131,14 +131,52 @@ std::vector<int> rows_per_rank(const std::vector<int>& counts, int ranks) {
 }
 }  // namespace
 
-bool Gpt::drops_duplicate_tokens() const { return cfg_.moe.drop_duplicate_tokens && tp_.enabled() && ep_size_ > 1; }
+// One MoE layer's saved state for backward (one set per layer, or one shared with recompute). With
+// CAC the routing, exchanged rows and outputs are kept per MoE layer and the experts' hidden
+// activations (fch, fch_gelu, y) live in the shared set. Rows and weights are in the backend's
+// memory; the gate's inputs and decisions (host_logits, routing, pos, counts) on the host.
+struct Moe::Acts {
+  explicit Acts(kernels::OpsBackend& be)
+      : xr(be), jitter(be), logits(be), dpos(be), weight(be), rows(be), fch(be), fch_gelu(be), y(be), yback(be),
+        moe_out(be), dense_out(be), coef(be) {}
+  BackendArray<float> xr;       // (N, C) router input (jittered x; empty without jitter)
+  BackendArray<float> jitter;   // (N, C) the jitter factors
+  BackendArray<float> logits;   // (N, E)
+  std::vector<float> host_logits;  // (N, E) the gate's copy
+  Routing routing;
+  std::vector<int32_t> pos;     // (N, K) row of each route in the send buffer, -1 = dropped
+  BackendArray<int32_t> dpos;   // pos, in the backend's memory
+  BackendArray<float> weight;   // (N, K) the routes' combine weights (routing.weight), in the backend's memory
+  std::vector<int> send_counts;  // (ep, El) = (E): rows to expert e = d*El + j (its kept load)
+  std::vector<int> recv_counts;  // (ep, El): rows from source s for local expert j
+  BackendArray<float> rows;     // (R, C) received rows, grouped by local expert
+  BackendArray<float> fch, fch_gelu;  // (R, 4C)
+  BackendArray<float> y;        // (R, C) expert outputs
+  BackendArray<float> yback;    // (S, C) outputs back in send order
+  BackendArray<float> moe_out, dense_out, coef;  // residual MoE: (N, C), (N, C), (N, 2) softmaxed
+  int N = 0;
+};
+
+Moe::Moe(const GptConfig& cfg, kernels::OpsBackend& ops, TensorParallel& tp, const Mlp& mlp, const comm::Communicator* ep,
+         int dense_width)
+    : cfg_(cfg), ops_(&ops), tp_(tp), mlp_(mlp), ep_(ep), dense_width_(dense_width) {
+  if (ep_) ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
+}
+
+Moe::~Moe() = default;
+
+void Moe::clear_kept() { kept_.clear(); }
+
+int Moe::expert_width() const { return cfg_.moe.expert_tensor_parallel ? dense_width_ : cfg_.ffn(); }
+
+bool Moe::drops_duplicate_tokens() const { return cfg_.moe.drop_duplicate_tokens && tp_.enabled() && ep_size_ > 1; }
 
 // One all-to-all of expert rows: to the experts (in: send layout, runs send_counts; out: receive
 // layout, runs recv_counts) or back (the reverse). With duplicate token dropping each
 // tensor-parallel rank exchanges its share only and the group gathers the rest. `partial` (back
 // only): `in` holds this rank's partial sums of tensor-parallel experts, summed over the group on
 // the way (a reduce-scatter into the shares with dropping, else an all-reduce). `in` is scratch.
-void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial) {
+void Moe::exchange(const Acts& m, float* in, float* out, int C, bool to_experts, bool partial) {
   const std::vector<int>& rin = to_experts ? m.send_counts : m.recv_counts;
   const std::vector<int>& rout = to_experts ? m.recv_counts : m.send_counts;
   const int P = ep_size_, T = tp_.size();
@@ -147,7 +185,7 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
     const std::vector<int> sr = rows_per_rank(rin, P), rr = rows_per_rank(rout, P);
     if (partial && T > 1) {
       tp_.moe_all_reduce(in, total(rin) * C);
-      moe_tp_bytes_ += 2.0 * (T - 1) / T * total(rin) * row;  // a ring all-reduce, per rank
+      tp_bytes_ += 2.0 * (T - 1) / T * total(rin) * row;  // a ring all-reduce, per rank
     }
     alltoall_bytes_ += sent_bytes(sr, ep_rank_, C);
     alltoall_calls_ += P > 1;
@@ -176,7 +214,7 @@ void Gpt::moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_e
 // Duplicate token dropping's exchange on host memory: this rank's share of every run of rin
 // (summed over the group when partial), the all-to-all, then the group's all-gather of the other
 // shares into the runs of rout.
-void Gpt::exchange_shares(const std::vector<int>& rin, const std::vector<int>& rout, float* in, float* out, int C,
+void Moe::exchange_shares(const std::vector<int>& rin, const std::vector<int>& rout, float* in, float* out, int C,
                           bool partial) {
   const int P = ep_size_, T = tp_.size(), t = tp_.rank();
   const double row = double(C) * sizeof(float);
@@ -187,7 +225,7 @@ void Gpt::exchange_shares(const std::vector<int>& rin, const std::vector<int>& r
     std::vector<float> by_rank(total(rin) * C);  // every rank's share of every run, rank-major
     for (int u = 0, at = 0; u < T; at += in_pieces[u], ++u) take_share(in, &by_rank[(size_t)at * C], rin, u, T, C);
     tp_.moe_reduce_scatter(by_rank.data(), part.data(), in_pieces, C);
-    moe_tp_bytes_ += double(total(rin) - in_pieces[t]) * row;
+    tp_bytes_ += double(total(rin) - in_pieces[t]) * row;
   } else {
     take_share(in, part.data(), rin, t, T, C);
   }
@@ -199,42 +237,26 @@ void Gpt::exchange_shares(const std::vector<int>& rin, const std::vector<int>& r
   ep_->alltoallv_rows(part.data(), sr, gathered.data() + before * C, rr, C);
   // The other ranks' shares, and every run whole again.
   tp_.moe_all_gather(gathered.data(), out_pieces, C);
-  moe_tp_bytes_ += double(total(rout) - out_pieces[t]) * row;
+  tp_bytes_ += double(total(rout) - out_pieces[t]) * row;
   join_shares(gathered.data(), out, rout, T, C);
 }
 
-Gpt::MoeActs& Gpt::moe_acts(int set) {
-  if (moe_acts_.size() <= static_cast<size_t>(set)) moe_acts_.resize(set + 1);
-  if (!moe_acts_[set]) moe_acts_[set] = std::make_unique<MoeActs>(*ops_);
-  return *moe_acts_[set];
+Moe::Acts& Moe::acts(int set) {
+  if (acts_.size() <= static_cast<size_t>(set)) acts_.resize(set + 1);
+  if (!acts_[set]) acts_[set] = std::make_unique<Acts>(*ops_);
+  return *acts_[set];
 }
 
-Gpt::MoeActs& Gpt::moe_state(const Block& o, int set) {
-  if (!keeps_communication() || !training_) return moe_acts(set);  // evaluation: the shared set
-  if (kept_moe_.size() <= static_cast<size_t>(o.moe_index)) kept_moe_.resize(o.moe_index + 1);
-  if (!kept_moe_[o.moe_index]) kept_moe_[o.moe_index] = std::make_unique<MoeActs>(*ops_);
-  return *kept_moe_[o.moe_index];
+Moe::Acts& Moe::state(const LayerTensors& o, int set, bool keep_per_layer) {
+  if (!keep_per_layer) return acts(set);  // evaluation, or no CAC: the shared set
+  if (kept_.size() <= static_cast<size_t>(o.moe_index)) kept_.resize(o.moe_index + 1);
+  if (!kept_[o.moe_index]) kept_[o.moe_index] = std::make_unique<Acts>(*ops_);
+  return *kept_[o.moe_index];
 }
 
-void Gpt::set_communication_aware_checkpointing(bool on) {
-  // The replay copies the kept residuals with host memcpy: the CPU backend's memory only.
-  if (on && recompute_ && !ops_->host_memory())
-    throw config_error("--communication-aware-checkpointing", "--communication-aware-checkpointing runs on the CPU backend only",
-                       "drop it, or train with --device cpu");
-  // The replay skips the attention output's and fc2's forward, and with them LoRA's x A^T there.
-  if (on && recompute_ && cfg_.lora.enabled())
-    throw config_error("--communication-aware-checkpointing",
-                       "--communication-aware-checkpointing does not keep LoRA adapters' products for the replay",
-                       "drop it (--checkpoint-activations alone recomputes them)");
-  cac_ = on;
-  ws_.reset();  // the next step sizes the workspace with (or without) the kept residuals
-  kept_moe_.clear();
-}
-
-size_t Gpt::kept_for_replay_bytes() const {
-  if (!keeps_communication() || !ws_) return 0;
-  size_t b = (size_t)cfg_.num_layers * tp_.local_rows((size_t)ws_->B * ws_->T) * cfg_.hidden_size * sizeof(float);
-  for (const auto& m : kept_moe_) {
+size_t Moe::kept_bytes() const {
+  size_t b = 0;
+  for (const auto& m : kept_) {
     if (!m) continue;
     const Routing& r = m->routing;
     b += (m->xr.capacity() + m->jitter.capacity() + m->logits.capacity() + m->host_logits.capacity() +
@@ -246,15 +268,14 @@ size_t Gpt::kept_for_replay_bytes() const {
   return b;
 }
 
-void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N) {
-  const Block& o = tensors_.layers[l];
+void Moe::forward(const Pass& p, ParamStore& store, const LayerTensors& o, int l, const float* lp, const Dense& dense,
+                  const float* x, float* out, int N, int set) {
   const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
-  const int set = static_cast<int>(&a - ws_->acts.data());
-  MoeActs& m = moe_state(o, set);  // routing and exchanged rows (kept per layer with CAC)
-  MoeActs& xa = moe_acts(set);      // the experts' hidden activations
+  Acts& m = state(o, set, p.keep_per_layer);  // routing and exchanged rows (kept per layer with CAC)
+  Acts& xa = acts(set);                       // the experts' hidden activations
   const int F = expert_width(), W = mlp_.fc_width(F);  // act rows F wide, fch rows W (SwiGLU: 2F)
   const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
-  if (replaying_) {
+  if (p.replaying) {
     // CAC's replay: the experts' hidden activations from the kept rows, the residual MoE's dense
     // MLP's likewise; the routing, the exchanges and the outputs are the forward's.
     const size_t R = m.rows.size() / C;
@@ -271,14 +292,13 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
       store.release(b);
       row += rows;
     }
-    if (cfg_.moe.residual) mlp_.hidden(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, nullptr);
+    if (cfg_.moe.residual) mlp_.hidden(dense.w, x, dense.fch, dense.fch_gelu, N, dense.width, nullptr);
     return;
   }
   m.N = N;
-  const bool training = training_;
+  const bool training = p.training;
   const GateConfig gc = gate_config(cfg_.moe, E, training);
   const uint64_t seed = mix_seed(routing_seed_, static_cast<uint64_t>(l), 0x6d6f65);
-  const float* x = a.ln2;  // (N, C)
 
   // Router, fp32. Jitter multiplies the router's input only (DeepSpeed's multiplicative_jitter).
   const float* xr = x;
@@ -336,7 +356,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   size_t R = 0;
   for (int v : rc) R += v;
   BackendArray<float> recv(*ops_);
-  moe_exchange(m, send.data(), recv.resize(R * C), C, /*to_experts=*/true);
+  exchange(m, send.data(), recv.resize(R * C), C, /*to_experts=*/true);
   regroup(*ops_, recv.data(), m.rows.resize(R * C), rc, P, El, C, true);
 
   // Experts: one MLP per local expert over its rows (every source's rows in one GEMM). Tensor-
@@ -351,7 +371,7 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
     const float* w = store.params(b);
     if (rows > 0) {
       MlpWeights ew = MlpWeights::at(w, o.expert_mlp);
-      if (split) ew.projb = row_bias(ew.projb);
+      if (split && tp_.rank() != 0) ew.projb = nullptr;  // the bias once over the group
       mlp_.forward(ew, m.rows.data() + row * C, xa.fch.data() + row * W, xa.fch_gelu.data() + row * F,
                    xa.y.data() + row * C, rows, F, nullptr);
     }
@@ -362,13 +382,13 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
   // Return and combine: a dropped route adds nothing (the residual stream carries the token).
   BackendArray<float> back(*ops_);
   regroup(*ops_, xa.y.data(), back.resize(R * C), rc, P, El, C, false);
-  moe_exchange(m, back.data(), m.yback.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
+  exchange(m, back.data(), m.yback.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
   float* moe_out = cfg_.moe.residual ? m.moe_out.resize((size_t)N * C) : out;
   ops_->moe_combine(moe_out, m.yback.data(), m.dpos.data(), m.weight.data(), N, K, C);
   if (cfg_.moe.residual) {
     // out = c0 * moe + c1 * mlp(x), (c0, c1) = softmax(x Wc^T + bc) per token.
     // The dense MLP beside the experts is tensor-parallel like a dense layer's (the experts are not).
-    mlp_.forward(dense_mlp(lp, o), x, a.fch, a.fch_gelu, m.dense_out.resize((size_t)N * C), N, Fl_, nullptr);
+    mlp_.forward(dense.w, x, dense.fch, dense.fch_gelu, m.dense_out.resize((size_t)N * C), N, dense.width, nullptr);
     tp_.all_reduce(m.dense_out.data(), (size_t)N * C);
     ops_->matmul_forward(m.coef.resize((size_t)N * 2), x, lp + o.coefw, lp + o.coefb, N, C, 2, Precision::fp32);
     ops_->residual_mix(out, m.coef.data(), m.moe_out.data(), m.dense_out.data(), N, C);
@@ -376,15 +396,12 @@ void Gpt::moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, f
 }
 
 // dout (N, C): d(loss)/d(feed-forward output); dx (N, C) ACCUMULATES d(loss)/d(ln2 output).
-void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* dout, float* dx,
-                       int N) {
-  const Block& o = tensors_.layers[l];
+void Moe::backward(const Pass& p, ParamStore& store, const LayerTensors& o, const float* lp, float* lg, const Dense& dense,
+                   const float* x, const float* dout, float* dx, int N, int set) {
   const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
-  const int set = static_cast<int>(&a - ws_->acts.data());
-  MoeActs& m = moe_state(o, set);
-  const MoeActs& xa = moe_acts(set);
+  Acts& m = state(o, set, p.keep_per_layer);
+  const Acts& xa = acts(set);
   const Routing& r = m.routing;
-  const float* x = a.ln2;
   const size_t S = m.yback.size() / C;
 
   // Residual MoE: split dout into the expert and dense paths and the coefficient's gradient.
@@ -396,9 +413,8 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
                                 m.coef.data(), m.moe_out.data(), m.dense_out.data(), N, C);
     // dx is zero here: the dense MLP's part first, summed over the tensor-parallel group (f's
     // backward), then the whole contributions of the coefficient and the experts.
-    Workspace& w = *ws_;
-    mlp_.backward(dense_mlp(lp, o), MlpGrads::at(lg, o.mlp), x, a.fch, a.fch_gelu, dd.data(), dx, N, w.dfch,
-                  w.dfch_gelu, Fl_, nullptr);
+    mlp_.backward(dense.w, dense.g, x, dense.fch, dense.fch_gelu, dd.data(), dx, N, dense.dfch, dense.dfch_gelu,
+                  dense.width, nullptr);
     tp_.all_reduce(dx, (size_t)N * C);
     ops_->matmul_backward(dx, lg + o.coefw, lg + o.coefb, dlog.data(), x, lp + o.coefw, N, C, 2, Precision::fp32);
     dm = dmoe.data();
@@ -412,7 +428,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   // To the experts, their backward, and the input gradients back.
   const size_t R = m.rows.size() / C;
   BackendArray<float> recv(*ops_), dy(*ops_);
-  moe_exchange(m, dyback.data(), recv.resize(R * C), C, /*to_experts=*/true);
+  exchange(m, dyback.data(), recv.resize(R * C), C, /*to_experts=*/true);
   regroup(*ops_, recv.data(), dy.resize(R * C), m.recv_counts, P, El, C, true);
   const int F = expert_width(), W = mlp_.fc_width(F);
   const bool split = cfg_.moe.expert_tensor_parallel && tp_.enabled();
@@ -436,7 +452,7 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   }
   BackendArray<float> back(*ops_), dsend(*ops_);
   regroup(*ops_, drows.data(), back.resize(R * C), m.recv_counts, P, El, C, false);
-  moe_exchange(m, back.data(), dsend.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
+  exchange(m, back.data(), dsend.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
   ops_->moe_dispatch_backward(dx, dsend.data(), m.dpos.data(), N, K, C);
 
   // Gate and router (the gate's backward on the host). The aux and z losses enter the total loss
@@ -444,8 +460,8 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   // token x the micro-batch's B*T tokens, which is N unless random-LTD runs this layer on fewer rows).
   std::vector<float> host_dweight((size_t)N * K), host_dlogits((size_t)N * E);
   ops_->copy_to_host(host_dweight.data(), dweight.data(), host_dweight.size() * sizeof(float));
-  const float aux_scale = static_cast<float>(dloss_ * batch_rows_ * cfg_.moe.loss_coeff);
-  const float z_scale = static_cast<float>(dloss_ * batch_rows_ * cfg_.moe.z_loss_coeff);
+  const float aux_scale = static_cast<float>(p.dloss * p.batch_rows * cfg_.moe.loss_coeff);
+  const float z_scale = static_cast<float>(p.dloss * p.batch_rows * cfg_.moe.z_loss_coeff);
   route_backward(r, m.host_logits.data(), host_dweight.data(), aux_scale, z_scale, host_dlogits.data());
   BackendArray<float> dlogits(*ops_);
   dlogits.upload(host_dlogits.data(), host_dlogits.size());
@@ -459,9 +475,9 @@ void Gpt::moe_backward(ParamStore& store, int l, const float* lp, float* lg, Lay
   }
 }
 
-void Gpt::note_routing(int moe_index, const Routing& r) {
-  if (moe_stats_.size() <= static_cast<size_t>(moe_index)) moe_stats_.resize(moe_index + 1);
-  MoeLayerStats& s = moe_stats_[moe_index];
+void Moe::note_routing(int moe_index, const Routing& r) {
+  if (stats_.size() <= static_cast<size_t>(moe_index)) stats_.resize(moe_index + 1);
+  MoeLayerStats& s = stats_[moe_index];
   if (s.load.size() != r.load.size()) s.load.assign(r.load.size(), 0);
   for (size_t e = 0; e < r.load.size(); ++e) s.load[e] += r.load[e];
   s.routes += (long long)r.N * r.k;

@@ -5,8 +5,10 @@
 // blocks, a final norm, and an output head tied to the token embedding or its own. A block is ln1
 // (model/norm.hpp: LayerNorm or RMSNorm), causal self-attention (model/attention.hpp: multi-head
 // or grouped-query), ln2 and a feed-forward that is either the MLP (model/mlp.hpp: GELU or SwiGLU)
-// or a mixture of experts (model/moe.cpp: a router, top-k gating with capacity, experts that are
-// the same MLP, and the expert-parallel all-to-all).
+// or a mixture of experts (model/moe.hpp: a router, top-k gating with capacity, experts that are
+// the same MLP, and the expert-parallel all-to-all). Gpt is the loop over the layers of the
+// tensor table (LayerTensors: which feed-forward each layer has) and the glue the components do not
+// own: the residual stream, dropout, random-LTD, recomputation, LoRA, the head and the loss.
 // No autograd: the backward is written out, op by op, against hpct::kernels. Activation
 // checkpointing per layer keeps only each layer's input and recomputes the layer in backward.
 // Not here: optimizer, data parallelism, sharding — the model reads parameters and writes
@@ -48,6 +50,7 @@
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/attention.hpp"
 #include "hpct/model/mlp.hpp"
+#include "hpct/model/moe.hpp"
 #include "hpct/model/norm.hpp"
 #include "hpct/model/param_store.hpp"
 #include "hpct/model/tensor_parallel.hpp"
@@ -269,25 +272,20 @@ class Gpt {
   /// Routing noise and random token selection of the next micro-batch derive from this seed (the
   /// trainer passes a function of the run seed and the micro-batch's first global sample, so the
   /// routing does not depend on the rank layout).
-  void set_routing_seed(uint64_t seed) { routing_seed_ = seed; }
+  void set_routing_seed(uint64_t seed) { moe_->set_routing_seed(seed); }
   /// Per MoE layer, summed over the micro-batches since reset_moe_stats(): this rank's tokens.
-  struct MoeLayerStats {
-    std::vector<long long> load;  // (E) routes kept per expert
-    long long routes = 0, dropped = 0, micro_batches = 0;
-    double aux_loss = 0, z_loss = 0;  // sums over micro-batches (unscaled)
-    uint64_t routing_hash = 0;        // of every route's (token, expert, slot): tests see a flip
-  };
-  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
-  void reset_moe_stats() { moe_stats_.clear(); }
+  using MoeLayerStats = model::MoeLayerStats;
+  const std::vector<MoeLayerStats>& moe_stats() const { return moe_->stats(); }
+  void reset_moe_stats() { moe_->reset_stats(); }
   /// Bytes this rank sent to other ranks in MoE all-to-alls since construction (rows and counts).
-  double alltoall_bytes() const { return alltoall_bytes_; }
+  double alltoall_bytes() const { return moe_->alltoall_bytes(); }
   /// Duplicate token dropping (TED; tensor and expert parallelism together, unless
   /// --disable-duplicate-token-dropping): each tensor-parallel rank sends 1/T of the routed rows
   /// through the all-to-all and the tensor-parallel group all-gathers them.
   /// moe_tp_bytes: what a ring moves per rank in the MoE layers' tensor-parallel collectives since
   /// construction (those gathers, and tensor-parallel experts' reduce-scatters or all-reduces).
-  bool drops_duplicate_tokens() const;
-  double moe_tp_bytes() const { return moe_tp_bytes_; }
+  bool drops_duplicate_tokens() const { return moe_->drops_duplicate_tokens(); }
+  double moe_tp_bytes() const { return moe_->tp_bytes(); }
   /// The tensor-parallel collectives since construction (bytes all-reduced; TensorParallel).
   const TensorParallel& tensor_parallel() const { return tp_; }
   /// The tensor-parallel collectives on a device backend's buffers (TensorParallel::set_device_comm).
@@ -304,7 +302,7 @@ class Gpt {
   size_t kept_for_replay_bytes() const;
   /// Row all-to-alls issued by the MoE layers since construction (2 per MoE layer forward, 2 backward,
   /// 2 more per layer when recomputation replays the forward without CAC).
-  long long alltoall_calls() const { return alltoall_calls_; }
+  long long alltoall_calls() const { return moe_->alltoall_calls(); }
 
   /// Dropout masks of the next training micro-batches derive from this seed and sample b's global
   /// index first_sample + b (kernels/dropout.hpp): the same on any rank layout, in a recompute pass
@@ -343,7 +341,6 @@ class Gpt {
  private:
   struct LayerActs;
   struct Workspace;
-  struct MoeActs;
   using Block = LayerTensors;
   void ensure_workspace(int B, int T);
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
@@ -410,18 +407,12 @@ class Gpt {
   const float* gather_rows(const float* d, int N);
   /// A row-parallel linear's bias: added on tensor-parallel rank 0 only, before the group's sum.
   const float* row_bias(const float* b) const { return tp_.rank() == 0 ? b : nullptr; }
-  void moe_forward(ParamStore& store, int l, const float* lp, LayerActs& a, float* out, int N);
-  void moe_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* dout, float* dx,
-                    int N);
-  MoeActs& moe_acts(int set);
-  /// The routing and exchanged state of MoE layer o for activation set `set` (CAC: kept per layer).
-  MoeActs& moe_state(const Block& o, int set);
-  void note_routing(int moe_index, const Routing& r);
-  void moe_exchange(const MoeActs& m, float* in, float* out, int C, bool to_experts, bool partial = false);
-  void exchange_shares(const std::vector<int>& rin, const std::vector<int>& rout, float* in, float* out, int C,
-                       bool partial);  // host memory
-  /// An expert's hidden width on this rank: F (cfg.ffn()), or F/T when experts are tensor-parallel.
-  int expert_width() const { return cfg_.moe.expert_tensor_parallel ? Fl_ : cfg_.ffn(); }
+  /// What the MoE layers need of the current pass, and a layer's residual-MoE dense MLP (its
+  /// weights, activations of set `a`, and the workspace's scratch).
+  Moe::Pass moe_pass() const;
+  Moe::Dense moe_dense(const float* lp, float* lg, const Block& o, LayerActs& a) const;
+  /// Which activation set `a` is (one per layer, or one shared under recomputation).
+  int act_set(const LayerActs& a) const;
   /// Dropout site `site` of layer l (-1: the embedding) for this micro-batch (T tokens per sample),
   /// p = 0 outside training; rows start at micro-batch row first_row.
   kernels::Dropout dropout_at(int l, kernels::DropoutSite site, int T, long long first_row = 0) const;
@@ -475,9 +466,6 @@ class Gpt {
   Attention attention_;  // every layer's attention
   Mlp mlp_;              // the feed-forward of every dense layer, residual MoE and expert
   bool cac_ = false, replaying_ = false;
-  long long alltoall_calls_ = 0;
-  std::vector<MoeLayerStats> moe_stats_;
-  uint64_t routing_seed_ = 0;
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
   float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
   int batch_rows_ = 0;     // B*T of the current micro-batch: the aux losses' weight (LTD layers see fewer rows)
@@ -492,7 +480,6 @@ class Gpt {
   int ltd_kept_ = 0, ltd_B_ = 0;
   uint64_t ltd_seed_ = 0;
   long long ltd_first_ = 0;
-  double alltoall_bytes_ = 0, moe_tp_bytes_ = 0;
   PhaseSeconds phase_;
   const float* lora_p_ = nullptr;  // the current layer's adapters (lora_use), in the backend's memory
   float* lora_g_ = nullptr;
@@ -503,8 +490,7 @@ class Gpt {
   std::unique_ptr<kernels::OpsBackend> own_ops_;  // the CPU backend when none was given
   kernels::OpsBackend* ops_ = nullptr;
   std::unique_ptr<Workspace> ws_;                 // declared after ops_: its buffers go back to ops_ first
-  std::vector<std::unique_ptr<MoeActs>> moe_acts_;  // likewise (rows in the backend's memory)
-  std::vector<std::unique_ptr<MoeActs>> kept_moe_;  // CAC: one per MoE layer
+  std::unique_ptr<Moe> moe_;  // the feed-forward of every MoE layer (its routing state and counters)
 };
 
 }  // namespace hpct::model
