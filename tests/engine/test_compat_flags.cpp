@@ -112,8 +112,69 @@ TEST(RecipeFlags, SectionsThatAreOffAreAccepted) {
       "data_efficiency": {"enabled": false}, "flops_profiler": {"enabled": false}, "wandb": {"enabled": false},
       "comms_logger": {"enabled": false}, "compression_training": {"enabled": false}})");
   EXPECT_EQ(error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", p})), "");
-  const std::string on = file("on.json", R"({"train_batch_size": 8, "flops_profiler": {"enabled": true}})");
-  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", on})), "flops_profiler"));
+  // A section this version has no counterpart for is refused when it is on.
+  const std::string on = file("on.json", R"({"train_batch_size": 8, "compression_training": {"enabled": true}})");
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", on})), "compression_training"));
+}
+
+// The runtime sections real DeepSpeed configs carry: mapped (activation_checkpointing turns on
+// recomputation), or accepted with one note each saying why they change nothing here; what cannot
+// be followed is refused by key.
+TEST(RecipeFlags, DeepSpeedRuntimeSectionsMapOrSayWhy) {
+  const std::string p = file("runtime.json", R"({"train_batch_size": 8,
+      "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": false, "contiguous_memory_optimization": false,
+                                   "number_checkpoints": null, "synchronize_checkpoint_boundary": false, "profile": false},
+      "checkpoint": {"tag_validation": "Warn", "load_universal": false, "use_node_local_storage": false},
+      "data_types": {"grad_accum_dtype": "fp32"}, "gradient_predivide_factor": 2.0, "memory_breakdown": true,
+      "flops_profiler": {"enabled": true, "profile_step": 1, "module_depth": -1, "top_modules": 1, "detailed": true},
+      "comms_logger": {"enabled": true, "verbose": false, "prof_all": true, "debug": false},
+      "wandb": {"enabled": true, "project": "p", "team": "t", "group": "g"},
+      "zero_optimization": {"stage": 1, "round_robin_gradients": true}})");
+  TrainConfig c;
+  ASSERT_EQ(error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", p}), &c), "");
+  EXPECT_TRUE(c.recompute_activations) << "activation_checkpointing recomputes every layer";
+  for (const char* k : {"activation_checkpointing.partition_activations", "checkpoint.tag_validation", "gradient_predivide_factor",
+                        "memory_breakdown", "flops_profiler", "comms_logger", "wandb", "round_robin_gradients"}) {
+    const auto n = std::count_if(c.notes.begin(), c.notes.end(), [&](const std::string& s) { return has(s, k) && has(s, "has no effect here: "); });
+    EXPECT_EQ(n, 1) << k;
+  }
+  const auto refused = [&](const char* name, const char* json, const char* want) {
+    const std::string e = error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", file(name, json)}));
+    EXPECT_TRUE(has(e, want)) << json << " -> " << e;
+  };
+  refused("cpu.json", R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpointing": true}})",
+          "activation_checkpointing.cpu_checkpointing");
+  refused("dt.json", R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "bf16"}})", "data_types.grad_accum_dtype 'bf16'");
+}
+
+// Every unknown key of a ds_config in one error, nested sections included, so three typos are
+// fixed in one go.
+TEST(RecipeFlags, EveryUnknownDeepSpeedKeyInOneError) {
+  const std::string p = file("typos.json", R"({"train_batch_size": 8, "gradient_acumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decy": 0.1}}, "zero_optimization": {"stage": 1, "overlap_com": true}})");
+  const std::string e = error_of(with(base(), {"--train-iters", "5", "--deepspeed_config", p}));
+  EXPECT_TRUE(has(e, "3 unknown keys")) << e;
+  for (const char* k : {"'gradient_acumulation_steps'", "'optimizer.params.weight_decy'", "'zero_optimization.overlap_com'"})
+    EXPECT_TRUE(has(e, k)) << k << " missing from: " << e;
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 0) << "one line";
+}
+
+// Megatron's flags for what this version always does or never needs: accepted with one note each;
+// --use-distributed-optimizer is ZeRO-1 (stage 0 raised to 1, a higher stage kept).
+TEST(RecipeFlags, MegatronRunFlagsAreAcceptedOrMapped) {
+  TrainConfig c;
+  ASSERT_EQ(error_of(with(base(), {"--train-iters", "5", "--no-load-rng", "--no-save-rng", "--exit-signal-handler", "--exit-signal",
+                                   "SIGTERM", "--data-cache-path", "/tmp/cache", "--wandb-project", "p", "--wandb-exp-name", "e",
+                                   "--use-distributed-optimizer"}), &c), "");
+  EXPECT_EQ(c.zero.stage, 1);
+  for (const char* f : {"--no-load-rng", "--no-save-rng", "--exit-signal-handler", "--exit-signal SIGTERM", "--data-cache-path",
+                        "--wandb-project", "--wandb-exp-name", "--use-distributed-optimizer"}) {
+    const auto n = std::count_if(c.notes.begin(), c.notes.end(), [&](const std::string& s) { return s.rfind(f, 0) == 0; });
+    EXPECT_EQ(n, 1) << f;
+  }
+  ASSERT_EQ(error_of(with(base(), {"--train-iters", "5", "--zero-stage", "2", "--use-distributed-optimizer"}), &c), "");
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--exit-signal", "SIGINT"})), "only SIGTERM and SIGUSR1"));
 }
 
 // Megatron's OptimizerParamScheduler in samples: after step t (0-based) (t+1) x 8 samples are

@@ -68,7 +68,9 @@ JsonSection JsonSection::section(const std::string& key) {
   static const nlohmann::json empty = nlohmann::json::object();
   if (!v) return JsonSection(empty, file_, key_path(key));
   if (!v->is_object()) type_error(key, "an object");
-  return JsonSection(*v, file_, key_path(key));
+  JsonSection s(*v, file_, key_path(key));
+  s.unknown_ = unknown_;
+  return s;
 }
 
 std::optional<double> JsonSection::get_number(const std::string& key) {
@@ -105,10 +107,23 @@ std::optional<std::string> JsonSection::get_string(const std::string& key) {
 
 void JsonSection::finish() const {
   for (auto it = j_.begin(); it != j_.end(); ++it) {
-    if (!seen_.count(it.key()))
+    if (!seen_.count(it.key()) && unknown_)
+      unknown_->push_back(key_path(it.key()));
+    else if (!seen_.count(it.key()))
       throw Error("unknown key '" + key_path(it.key()) + "'", Error::Context{file_, key_path(it.key()),
                   "remove it or check its spelling against docs/configuration.md"});
   }
+}
+
+void JsonSection::throw_unknown() const {
+  if (!unknown_ || unknown_->empty()) return;
+  const auto& u = *unknown_;
+  if (u.size() == 1)
+    throw Error("unknown key '" + u[0] + "'", Error::Context{file_, u[0], "remove it or check its spelling against docs/configuration.md"});
+  std::string list;
+  for (const auto& k : u) list += (list.empty() ? "'" : ", '") + k + "'";
+  throw Error(std::to_string(u.size()) + " unknown keys: " + list,
+              Error::Context{file_, u[0], "remove them or check their spelling against docs/configuration.md"});
 }
 
 }  // namespace hpct

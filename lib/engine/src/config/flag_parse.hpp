@@ -29,6 +29,9 @@ double to_double(const std::string& flag, const std::string& v);
 void add_run_record_flags(FlagTable& table);
 /// ds_config's wall_clock_breakdown, tensorboard and csv_monitor blocks (keys as DeepSpeed's).
 void apply_ds_monitors(JsonSection& root, TrainConfig& cfg);
+/// activation_checkpointing, checkpoint, data_types, gradient_predivide_factor, memory_breakdown,
+/// flops_profiler, comms_logger, wandb, comet (train_config_ds_runtime.cpp).
+void apply_ds_runtime_sections(JsonSection& root, const nlohmann::json& j, TrainConfig& cfg);
 /// --data-efficiency-curriculum-learning, --lr-warmup-tokens, --lr-decay-tokens, --train-tokens.
 void add_data_efficiency_flags(FlagTable& table);
 /// --finetune, --load-hf, --prompt-key, --response-key, --eval-only (train_config_finetune.cpp).

@@ -217,10 +217,10 @@ static const char* help_group(const std::string& f) {
   if (any({"pipeline"})) return "distributed";
   if (any({"data-efficiency", "random-ltd", "curriculum"})) return "data efficiency";
   if (any({"estimate"})) return "memory estimate";
-  if (any({"tensorboard", "--log-", "timing-log", "--metrics-file", "--json", "profile"})) return "logging";
+  if (any({"tensorboard", "--log-", "timing-log", "--metrics-file", "--json", "profile", "wandb"})) return "logging";
   if (any({"--lr", "--min-lr", "opt_param-scheduler"})) return "learning rate";
   if (any({"fp16", "--bf16", "loss-scale", "hysteresis", "in-fp32", "query-key-layer-scaling"})) return "mixed precision";
-  if (any({"--save", "--load", "--finetune", "--keep-last", "--async-save", "universal-checkpoint", "--exit-interval"}))
+  if (any({"--save", "--load", "--finetune", "--keep-last", "--async-save", "universal-checkpoint", "--exit-interval", "-rng"}))
     return "checkpointing";
   if (any({"--eval-", "--skip-train"})) return "validation";
   if (any({"dropout", "--weight-decay", "--clip-grad", "--adam-"})) return "regularization";
@@ -228,7 +228,7 @@ static const char* help_group(const std::string& f) {
   if (any({"--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--num-key-value-heads", "--group-query-attention", "--normalization", "--swiglu", "--disable-bias-linear", "--untie-embeddings", "--seq-length", "rotary", "--rope-theta", "--position-embedding-type", "--max-position-embeddings",
            "--vocab-size", "--make-vocab-size", "rotary"}))
     return "network size";
-  if (any({"parallel", "--distributed", "--deepspeed", "--deepscale", "--zero-stage", "DDP", "--device",
+  if (any({"parallel", "--distributed", "--deepspeed", "distributed-optimizer", "--deepscale", "--zero-stage", "DDP", "--device",
            "partition-activations", "--cpu-optimizer", "allreduce"}))
     return "distributed";
   if (any({"data", "--split", "--vocab-file", "--merge-file", "tokenizer", "--num-workers", "-idx-path", "-key", "--reset-",
@@ -292,6 +292,13 @@ bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg,
     throw config_error("--mock-data", "--mock-data needs --vocab-size V: the range of its random tokens",
                        "add --vocab-size (50257 for GPT-2's)");
   if (!cfg.ds_config_path.empty()) apply_ds_config(cfg.ds_config_path, cfg, given);
+  if (cfg.distributed_optimizer) {  // Megatron's distributed optimizer is ZeRO-1's sharding (after the ds_config's stage)
+    cfg.notes.push_back(cfg.zero.stage == 0
+                            ? "--use-distributed-optimizer: ZeRO stage 1 (optimizer states sharded over the data-parallel group)"
+                            : "--use-distributed-optimizer has no effect here: ZeRO stage " + std::to_string(cfg.zero.stage) +
+                                  " already shards the optimizer states over the data-parallel group");
+    cfg.zero.stage = std::max(cfg.zero.stage, 1);
+  }
   return true;
 }
 

@@ -38,6 +38,12 @@ FlagSpec no_op_values(const char* flag, std::vector<std::string> ok, const char*
           why};
 }
 
+// A valued flag whose value, whatever it is, changes nothing here.
+FlagSpec no_op_any(const char* flag, const char* why) {
+  return {true, [flag, why](TrainConfig& c, const std::string&) { c.notes.push_back(std::string(flag) + " has no effect here: " + why); },
+          why};
+}
+
 // A flag for something this version does not have: refused whatever its value, with the reason.
 FlagSpec refused(const char* flag, bool takes_value, const char* why, const char* hint, bool many = false) {
   return {takes_value, [flag, why, hint](TrainConfig&, const std::string&) { throw config_error(flag, std::string(flag) + ": " + why, hint); },
@@ -65,6 +71,9 @@ void add_compat_flags(FlagTable& t) {
   const char* speed = "a kernel-fusion or overlap choice of Megatron's CUDA path; the results are the same";
   const char* flash = "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed";
   const char* scaling = "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once";
+  const char* rng = "every random stream (data order, dropout, routing, random-LTD) is a function of --seed, the iteration and the sample; a checkpoint stores no RNG state";
+  const char* signals = "with --save, SIGTERM and SIGUSR1 always stop the run at the end of its step with a checkpoint (exit code 75: requeue)";
+  const char* wandb = "nothing is sent over the network; --tensorboard-dir writes the same scalars to local files";
   const std::vector<std::pair<std::string, FlagSpec>> compat = {
       // Accepted without effect: what they choose is how this version always works.
       {"--num-workers", {true, [](TrainConfig& c, const std::string& v) { to_int_min("--num-workers", v, 0); c.notes.push_back("--num-workers " + v + " has no effect here: the dataset is memory-mapped and read by the training thread"); }, "the dataset is memory-mapped and read by the training thread"}},
@@ -78,6 +87,15 @@ void add_compat_flags(FlagTable& t) {
       {"--recompute-method", no_op_values("--recompute-method", {"uniform", "block"}, "every layer is recomputed on its own (one layer per group)", "expects uniform or block")},
       {"--optimizer", no_op_values("--optimizer", {"adam", "adamw"}, "the optimizer is AdamW (Megatron's adam, decoupled weight decay)", "only Adam(W) is implemented")},
       {"--no-pipeline-parallel", no_op("--no-pipeline-parallel", "pipeline parallelism is never used")},
+      {"--no-load-rng", no_op("--no-load-rng", rng)},
+      {"--no-save-rng", no_op("--no-save-rng", rng)},
+      {"--exit-signal-handler", no_op("--exit-signal-handler", signals)},
+      {"--exit-signal", no_op_values("--exit-signal", {"SIGTERM", "SIGUSR1"}, signals, "only SIGTERM and SIGUSR1 are handled")},
+      {"--data-cache-path", no_op_any("--data-cache-path", "the datasets' sample indices are built in memory at the start; nothing is cached on disk")},
+      {"--wandb-project", no_op_any("--wandb-project", wandb)},
+      {"--wandb-exp-name", no_op_any("--wandb-exp-name", wandb)},
+      {"--wandb-save-dir", no_op_any("--wandb-save-dir", wandb)},
+      {"--use-distributed-optimizer", {false, [](TrainConfig& c, const std::string&) { c.distributed_optimizer = true; }, "Megatron's distributed optimizer: ZeRO stage 1 over the data-parallel group (raises stage 0 to 1)"}},
       {"--no-masked-softmax-fusion", no_op("--no-masked-softmax-fusion", speed)},
       {"--no-bias-gelu-fusion", no_op("--no-bias-gelu-fusion", speed)},
       {"--no-bias-dropout-fusion", no_op("--no-bias-dropout-fusion", speed)},

@@ -17,6 +17,7 @@ using namespace detail;
 void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vector<std::string>& flags_given) {
   nlohmann::json j = JsonSection::load_file(path);
   JsonSection root(j, path);
+  root.collect_unknown();  // every unknown key of the file in one error, at the end
   auto flag_given = [&](const char* f) { return std::find(flags_given.begin(), flags_given.end(), f) != flags_given.end(); };
   // A value given as a flag and in the file must agree; otherwise the file fills it in.
   // An int field from the file: in range, never wrapped (4294967300 is not 4).
@@ -65,6 +66,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
   }
   apply_ds_monitors(root, cfg);  // wall_clock_breakdown, tensorboard, csv_monitor
   apply_ds_data_efficiency(root, j, cfg.curriculum, cfg.random_ltd, cfg.metric_curricula);  // curriculum_learning, data_efficiency
+  apply_ds_runtime_sections(root, j, cfg);
   // A section this version does not read is accepted when it is switched off, as the recipes'
   // templates write them (flops_profiler, wandb, comms_logger, compression_training, ...).
   static const char* const read_here[] = {"fp16", "bf16", "bfloat16", "zero_optimization", "optimizer", "scheduler", "aio",
@@ -213,6 +215,9 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
     for (const char* k : {"allgather_bucket_size", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
                           "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save"})
       z.ignore(k);
+    if (auto v = z.get_bool("round_robin_gradients"); v && *v)
+      cfg.notes.push_back("ds_config zero_optimization.round_robin_gradients has no effect here: each rank's gradient "
+                          "shard is reduced block by block as the backward completes it");
     if (auto v = z.get_number("sub_group_size")) cfg.zero.sub_group_size = *v;
     for (const char* k : {"offload_optimizer", "offload_param"}) {
       if (!z.has(k)) continue;
@@ -233,6 +238,7 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
     z.finish();
   }
   root.finish();
+  root.throw_unknown();
 }
 
 }  // namespace hpct::engine

@@ -6,9 +6,11 @@
 // Not a schema language: the typed config structs stay the source of truth.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "hpct/core/error.hpp"
 
@@ -41,8 +43,13 @@ class JsonSection {
   std::optional<std::string> get_string(const std::string& key);
   /// Marks a key as known without reading it (accepted and ignored on purpose; documented by the caller).
   void ignore(const std::string& key) { seen_.insert(key); }
-  /// Throws for the first key present in the object that was never read.
+  /// Throws for the first key present in the object that was never read; after collect_unknown()
+  /// records them instead.
   void finish() const;
+  /// From now on finish() here and in every section taken from this one records the unknown keys,
+  /// and throw_unknown() names them all in one error (so a config with three typos is fixed once).
+  void collect_unknown() { unknown_ = std::make_shared<std::vector<std::string>>(); }
+  void throw_unknown() const;
 
   std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
   const std::string& file() const { return file_; }
@@ -54,6 +61,7 @@ class JsonSection {
   std::string file_;
   std::string path_;
   std::set<std::string> seen_;
+  std::shared_ptr<std::vector<std::string>> unknown_;  // collect_unknown(): shared with sections
 };
 
 }  // namespace hpct

@@ -86,6 +86,7 @@ struct TrainConfig {
   PrecisionMode precision = PrecisionMode::fp32;
   LossScaleConfig loss_scale;
   bool recompute_activations = false;
+  bool distributed_optimizer = false;  // --use-distributed-optimizer: ZeRO stage >= 1
   bool communication_aware_checkpointing = false;  // TED's CAC: the recompute replays without communicating
   parallel::ZeroConfig zero;  // ds_config zero_optimization; stage also --zero-stage
   int moe_ep = 1;             // --moe-expert-parallel-size (the MoE architecture is model.moe)
