@@ -45,7 +45,7 @@ using namespace hpct;
 namespace {
 
 const char* kHelp = R"(usage: hpct_ckpt list|verify PATH [--json FILE]
-       hpct_ckpt export PATH OUT.safetensors
+       hpct_ckpt export PATH OUT.safetensors [--force]
        hpct_ckpt import IN DIR [--num-attention-heads N] [--make-vocab-size-divisible-by M]
        hpct_ckpt merge-lora ADAPTERS DIR --base CKPT | --base-hf HFDIR
 
@@ -79,7 +79,7 @@ PATH is a checkpoint file (iter_0000050.h5) or a --save directory (its `latest` 
 Exit status: 0 fine, 1 a tensor fails its checksum or the file cannot be read, 2 usage.
 )";
 
-int export_safetensors(const std::string& path, const std::string& out) {
+int export_safetensors(const std::string& path, const std::string& out, bool force) {
   std::string file = engine::Checkpointer::resolve(path);
   if (file.empty()) throw file_error(path, "no checkpoint here (no such file, or a directory without `latest`)");
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, MPI_COMM_SELF);
@@ -93,6 +93,21 @@ int export_safetensors(const std::string& path, const std::string& out) {
   auto refuse = [&](const std::string& not_gpt2) {
     throw file_error(file, "cannot be exported: not as GPT-2 (" + not_gpt2 + ") and not as Llama (" + not_llama + ")");
   };
+  // Nothing already there is overwritten unless asked: a previous export (or a hub download) may be
+  // what the user means to keep. Every file this export would write is checked before any is.
+  if (!force) {
+    const std::filesystem::path dir = std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
+    std::vector<std::string> there;
+    std::error_code ec;
+    if (std::filesystem::exists(out, ec)) there.push_back(out);
+    for (const char* name : {"config.json", "vocab.json", "merges.txt", "tokenizer.model", "tokenizer.json"})
+      if (std::filesystem::exists(dir / name, ec)) there.push_back((dir / name).string());
+    if (!there.empty()) {
+      std::string list;
+      for (const auto& t : there) list += (list.empty() ? "" : ", ") + t;
+      throw config_error("--force", "export would overwrite " + list, "export into an empty directory, or add --force");
+    }
+  }
   if (!llama) {
     if (mc.normalization != model::NormKind::layernorm) refuse("its norms are " + std::string(model::norm_name(mc.normalization)));
     if (mc.mlp != model::MlpKind::gelu) refuse("its MLPs are SwiGLU");
@@ -297,6 +312,7 @@ int run(const std::vector<std::string>& args) {
   }
   std::string cmd, path, out, json_out, base, base_hf;
   int heads = 0, mult = 128;
+  bool force = false;
   cli::Parser p("hpct_ckpt");
   p.positional("COMMAND", [&](const std::string& v) { cmd = v; }, true);
   p.positional("PATH", [&](const std::string& v) { path = v; }, true);
@@ -304,6 +320,7 @@ int run(const std::vector<std::string>& args) {
   p.flag("--json", 1, [&](const std::string& v) { json_out = v; });
   p.flag("--base", 1, [&](const std::string& v) { base = v; });
   p.flag("--base-hf", 1, [&](const std::string& v) { base_hf = v; });
+  p.flag("--force", 0, [&](const std::string&) { force = true; });
   p.flag("--num-attention-heads", 1,
          [&](const std::string& v) { heads = (int)cli::to_int("--num-attention-heads", v, 1, 1 << 20); });
   p.flag("--make-vocab-size-divisible-by", 1,
@@ -325,9 +342,10 @@ int run(const std::vector<std::string>& args) {
   only_for("--json", {"list", "verify"});
   only_for("--num-attention-heads", {"import"});
   only_for("--make-vocab-size-divisible-by", {"import"});
+  only_for("--force", {"export"});
   if (cmd == "export") {
     if (out.empty()) throw config_error(cmd, "export needs PATH and OUT.safetensors", "see --help");
-    return export_safetensors(path, out);
+    return export_safetensors(path, out, force);
   }
   if (cmd == "merge-lora") {
     if (out.empty()) throw config_error(cmd, "merge-lora needs ADAPTERS and DIR", "see --help");

@@ -92,7 +92,13 @@ check(len(model) == len(want) - 1 and all(s1[n]["shape"] == s2[n]["shape"] for n
 check(all(s1[n]["stored_checksum"] == s2[n]["stored_checksum"] for n in model),
       "every model tensor's stored checksum is the same after export + import (values exact)")
 
-run([a.tool, "export", d2, st2])
+# A second export beside the first would replace its config.json: refused in one line naming the
+# file and --force, nothing written; with --force it goes ahead.
+p = subprocess.run([a.tool, "export", d2, st2], capture_output=True, text=True)
+errs = [ln for ln in (p.stdout + p.stderr).splitlines() if "error" in ln]
+check(p.returncode != 0 and len(errs) == 1 and "config.json" in errs[0] and "--force" in errs[0] and not os.path.exists(st2),
+      f"export over an existing config.json is refused naming it and --force ({errs})")
+run([a.tool, "export", d2, st2, "--force"])
 check(open(st1, "rb").read()[8 + hl:] == open(st2, "rb").read()[-(len(raw) - 8 - hl):],
       "exporting the imported checkpoint gives the same tensor bytes")
 
@@ -172,7 +178,7 @@ fwd = ["@" + a.args, "--mock-data", "--vocab-size", "512", "--seq-length", "32",
        "--attention-dropout", "0", "--hidden-dropout", "0"]
 run([a.gpt, *fwd, "--train-iters", "1", "--save", d3])
 run([a.gpt, *fwd, "--train-iters", "2", "--load", d3, "--metrics-file", m3])
-run([a.tool, "export", d3, st3])
+run([a.tool, "export", d3, st3, "--force"])
 ours = [r["lm_loss"] for r in map(json.loads, open(m3)) if r.get("type") == "train" and r.get("iteration") == 2]
 here = os.path.dirname(os.path.abspath(__file__))
 ref = None

@@ -97,7 +97,12 @@ HfGpt2 read_hf_gpt2(const std::string& path, int vocab_multiple, int heads) {
   if (std::filesystem::is_directory(path)) {
     out.file = path + "/model.safetensors";
     config_file = path + "/config.json";
-    if (!std::filesystem::is_regular_file(out.file)) throw file_error(path, "has no model.safetensors (a save_pretrained directory holds one)");
+    if (!std::filesystem::is_regular_file(out.file))
+      throw file_error(path, "has no model.safetensors (a save_pretrained directory holds one)",
+                       std::filesystem::exists(path + "/pytorch_model.bin")
+                           ? "its pytorch_model.bin is not read (unpickling it could run code): convert it to safetensors "
+                             "(transformers: model.save_pretrained(DIR, safe_serialization=True))"
+                           : "");
     if (!std::filesystem::is_regular_file(config_file)) throw file_error(path, "has no config.json (a save_pretrained directory holds one)");
     std::ifstream in(config_file);
     std::stringstream ss;
