@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "hpct/core/error.hpp"
@@ -143,4 +145,100 @@ TEST(PromptResponse, TargetTokensAreTheMasksSum) {
   PromptResponseDataset none(long_prompts, 0, 2, 4, kEod, 1);
   EXPECT_EQ(none.target_tokens(), 0u);
   EXPECT_EQ(none.examples_without_targets(), 2u);
+}
+
+// Reading examples: JSON lines with --prompt-key/--response-key, or Alpaca's records (a JSON array
+// as alpaca_data.json ships, or one record per line) in Stanford Alpaca's prompt template. A byte
+// tokenizer (id = byte, eod 256, an optional prefix id 300) makes the expected ids the texts' bytes.
+namespace {
+class ByteTokenizer final : public Tokenizer {
+ public:
+  explicit ByteTokenizer(std::vector<int32_t> prefix = {}) : prefix_(std::move(prefix)) {}
+  void encode_append(std::string_view text, std::vector<int32_t>& out) const override {
+    for (unsigned char ch : text) out.push_back(ch);
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override { return std::string(ids.begin(), ids.end()); }
+  int32_t eod() const override { return 256; }
+  const std::vector<int32_t>& document_prefix() const override { return prefix_; }
+  size_t vocab_size() const override { return 301; }
+  std::string describe() const override { return "bytes"; }
+
+ private:
+  std::vector<int32_t> prefix_;
+};
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string p = ::testing::TempDir() + name;
+  std::FILE* f = std::fopen(p.c_str(), "wb");
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  return p;
+}
+
+PromptResponseExample bytes_of(const std::string& prompt, const std::string& response, std::vector<int32_t> prefix = {}) {
+  PromptResponseExample e;
+  e.ids = prefix;
+  e.ids.insert(e.ids.end(), prompt.begin(), prompt.end());
+  e.prompt = (int)e.ids.size();
+  e.ids.insert(e.ids.end(), response.begin(), response.end());
+  e.ids.push_back(256);
+  return e;
+}
+
+const char* kWithInput =
+    "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
+    "response that appropriately completes the request.\n\n### Instruction:\nSort the words\n\n### Input:\nb a\n\n### Response:";
+const char* kNoInput =
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\nSay hi\n\n### Response:";
+
+void expect_examples(const std::vector<PromptResponseExample>& got, const std::vector<PromptResponseExample>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << "example " << i;
+    EXPECT_EQ(got[i].prompt, want[i].prompt) << "example " << i;
+  }
+}
+}  // namespace
+
+TEST(PromptResponseFile, AlpacaArrayInAlpacasTemplate) {
+  const std::string p = write_file("alpaca_data.json", R"([
+  {"instruction": "Sort the words", "input": "b a", "output": "a b"},
+  {"instruction": "Say hi", "input": "", "output": "hi"},
+  {"instruction": "Say hi", "output": "hi"}
+])");
+  const ByteTokenizer tok;
+  expect_examples(read_prompt_response(p, tok, "prompt", "response"),
+                  {bytes_of(kWithInput, "a b"), bytes_of(kNoInput, "hi"), bytes_of(kNoInput, "hi")});
+}
+
+TEST(PromptResponseFile, JsonLinesOfEitherKindAndThePrefix) {
+  const std::string p = write_file("mixed.jsonl",
+                                   "{\"prompt\": \"Q: 1+1?\", \"response\": \" 2\", \"id\": 7}\n\n"
+                                   "{\"instruction\": \"Sort the words\", \"input\": \"b a\", \"output\": \"a b\"}\n");
+  expect_examples(read_prompt_response(p, ByteTokenizer({300}), "prompt", "response"),
+                  {bytes_of("Q: 1+1?", " 2", {300}), bytes_of(kWithInput, "a b", {300})});
+  // Other keys named by --prompt-key / --response-key.
+  const std::string q = write_file("keys.jsonl", "{\"question\": \"x\", \"answer\": \"y\"}\n");
+  expect_examples(read_prompt_response(q, ByteTokenizer(), "question", "answer"), {bytes_of("x", "y")});
+}
+
+TEST(PromptResponseFile, BadExamplesNameTheFileAndThePlace) {
+  auto error_of = [](const std::string& path) {
+    try {
+      read_prompt_response(path, ByteTokenizer(), "prompt", "response");
+    } catch (const hpct::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string a = write_file("bad_array.json", R"([{"instruction": "x", "output": "y"}, 5])");
+  EXPECT_NE(error_of(a).find(a + "[1]"), std::string::npos) << error_of(a);
+  const std::string b = write_file("no_output.json", R"([{"instruction": "x", "input": "y"}])");
+  EXPECT_NE(error_of(b).find("'output'"), std::string::npos) << error_of(b);
+  const std::string c = write_file("no_response.jsonl", "{\"prompt\": \"x\"}\n");
+  EXPECT_NE(error_of(c).find(c + ":1"), std::string::npos) << error_of(c);
+  EXPECT_NE(error_of(c).find("'response'"), std::string::npos) << error_of(c);
+  const std::string d = write_file("empty.json", "[]");
+  EXPECT_NE(error_of(d).find("holds no example"), std::string::npos) << error_of(d);
 }

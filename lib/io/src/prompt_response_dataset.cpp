@@ -6,32 +6,89 @@
 #include <random>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/file.hpp"
 #include "hpct/core/json_config.hpp"
 
 namespace hpct::io {
 
+namespace {
+
+// Stanford Alpaca's prompt template (its train.py PROMPT_DICT), with and without an input.
+constexpr const char* kAlpacaWithInput =
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Input:\n{input}"
+    "\n\n### Response:";
+constexpr const char* kAlpacaNoInput =
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:";
+
+std::string with_field(std::string t, const std::string& key, const std::string& value) {
+  const std::string k = "{" + key + "}";
+  const auto at = t.find(k);
+  return at == std::string::npos ? t : t.replace(at, k.size(), value);
+}
+
+bool is_string_field(const nlohmann::json& j, const std::string& key) { return j.contains(key) && j[key].is_string(); }
+
+// An example's prompt and response: its prompt_key and response_key strings, or an Alpaca record
+// (instruction, optional input, output) in Alpaca's template. `where`: file:line or file[index].
+void example_texts(const nlohmann::json& j, const std::string& where, const std::string& pk, const std::string& rk,
+                   std::string& prompt, std::string& response) {
+  const std::string hint = "each example is an object with '" + pk + "' and '" + rk +
+                           "' (--prompt-key, --response-key), or Alpaca's 'instruction', 'input' and 'output'";
+  if (!j.is_object()) throw file_error(where, "is not a JSON object", hint);
+  if (!j.contains(pk) && j.contains("instruction")) {
+    for (const char* k : {"instruction", "output"})
+      if (!is_string_field(j, k)) throw file_error(where, "Alpaca record has no string field '" + std::string(k) + "'", hint);
+    if (j.contains("input") && !j["input"].is_string()) throw file_error(where, "Alpaca record's 'input' is not a string", hint);
+    const std::string input = j.value("input", std::string());
+    prompt = with_field(input.empty() ? kAlpacaNoInput : with_field(kAlpacaWithInput, "input", input), "instruction",
+                  j["instruction"].get<std::string>());
+    response = j["output"].get<std::string>();
+    return;
+  }
+  for (const auto& key : {pk, rk})
+    if (!is_string_field(j, key)) throw file_error(where, "has no string field '" + key + "'", hint);
+  prompt = j[pk].get<std::string>();
+  response = j[rk].get<std::string>();
+}
+
+}  // namespace
+
 std::vector<PromptResponseExample> read_prompt_response(const std::string& path, const Tokenizer& tok,
                                                         const std::string& prompt_key, const std::string& response_key) {
-  std::ifstream in(path);
-  if (!in) throw file_error(path, "cannot read (JSON lines with '" + prompt_key + "' and '" + response_key + "' fields)");
+  const std::string text = read_regular_file(path, "prompt/response examples", uint64_t(16) << 30,
+                                             "JSON lines with '" + prompt_key + "' and '" + response_key +
+                                                 "', or a JSON array of them (Alpaca's alpaca_data.json)");
   std::vector<PromptResponseExample> out;
-  std::string line;
-  for (size_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    const nlohmann::json j = parse_json(line, where);
-    for (const auto& key : {prompt_key, response_key})
-      if (!j.is_object() || !j.contains(key) || !j[key].is_string())
-        throw file_error(where, "has no string field '" + key + "'",
-                         "each line is a JSON object with '" + prompt_key + "' and '" + response_key +
-                             "' (--prompt-key, --response-key)");
+  auto add = [&](const nlohmann::json& j, const std::string& where) {
+    std::string prompt, response;
+    example_texts(j, where, prompt_key, response_key, prompt, response);
     PromptResponseExample e;
     e.ids = tok.document_prefix();
-    tok.encode_append(j[prompt_key].get<std::string>(), e.ids);
+    tok.encode_append(prompt, e.ids);
     e.prompt = static_cast<int>(e.ids.size());
-    tok.encode_append(j[response_key].get<std::string>(), e.ids);
+    tok.encode_append(response, e.ids);
     e.ids.push_back(tok.eod());
     out.push_back(std::move(e));
+  };
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {  // one JSON array (alpaca_data.json)
+    const nlohmann::json all = parse_json(text, path);
+    if (!all.is_array()) throw file_error(path, "is not a JSON array of examples");
+    for (size_t i = 0; i < all.size(); ++i) add(all[i], path + "[" + std::to_string(i) + "]");
+  } else {  // JSON lines
+    size_t n = 0;
+    for (size_t pos = 0; pos < text.size();) {
+      size_t end = text.find('\n', pos);
+      if (end == std::string::npos) end = text.size();
+      const std::string line = text.substr(pos, end - pos);
+      pos = end + 1;
+      ++n;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = path + ":" + std::to_string(n);
+      add(parse_json(line, where), where);
+    }
   }
   if (out.empty()) throw file_error(path, "holds no example");
   return out;

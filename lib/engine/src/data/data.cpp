@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "hpct/core/error.hpp"
 #include "hpct/engine/checkpoint/hf_gpt2.hpp"
@@ -49,7 +50,11 @@ double unigram_perplexity(const io::IndexedDataset& ds, std::pair<size_t, size_t
 
 namespace {
 
-bool is_jsonl(const std::string& p) { return p.size() > 6 && p.compare(p.size() - 6, 6, ".jsonl") == 0; }
+// Prompt/response examples: JSON lines (FILE.jsonl) or a JSON array (Alpaca's alpaca_data.json).
+bool is_jsonl(const std::string& p) {
+  auto ends = [&](const char* s) { const size_t n = std::strlen(s); return p.size() > n && p.compare(p.size() - n, n, s) == 0; };
+  return ends(".jsonl") || ends(".json");
+}
 
 // One split of Megatron's blend: each prefix's documents of `part` of --split (-1: all of them), a
 // GptDataset of Megatron's ceil(w x samples x 1.005) samples each, blended by weight; one prefix
