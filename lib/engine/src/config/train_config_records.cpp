@@ -19,6 +19,7 @@ void add_run_record_flags(FlagTable& t) {
       {"--log-validation-ppl-to-tensorboard", {false, on(&RunRecordsConfig::log_validation_ppl, true), "TensorBoard: validation perplexity beside the validation loss"}},
       {"--log-memory-to-tensorboard", {false, on(&RunRecordsConfig::log_memory, true), "TensorBoard: peak resident memory (max over ranks)"}},
       {"--log-world-size-to-tensorboard", {false, on(&RunRecordsConfig::log_world_size, true), "TensorBoard: the number of ranks"}},
+      {"--log-params-norm", {false, on(&RunRecordsConfig::log_params_norm, true), "the fp32 weights' L2 norm after the step on every log line (params norm), in the metrics file and TensorBoard (params-norm)"}},
       {"--log-optimizer-states-to-tensorboard", {false, on(&RunRecordsConfig::log_optimizer_states, true), "TensorBoard: L2 norms of the weights and Adam's moments"}},
       {"--no-log-learnig-rate-to-tensorboard", {false, on(&RunRecordsConfig::log_learning_rate, false), "TensorBoard: no learning rate (Megatron's spelling)"}},
       {"--no-log-learning-rate-to-tensorboard", {false, on(&RunRecordsConfig::log_learning_rate, false), "TensorBoard: no learning rate"}},

@@ -98,7 +98,8 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             long long consumed_tokens, double ms_per_iter, double lr, int global_batch, double loss,
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
-                            double moe_loss, int curriculum_seqlen, int ltd_reserved, int actual_seqlen) {
+                            double moe_loss, int curriculum_seqlen, int ltd_reserved, int actual_seqlen,
+                            double params_norm) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
@@ -112,6 +113,12 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
     char m[64];
     std::snprintf(m, sizeof m, " moe loss: %.6E |", moe_loss);
     const size_t at = line.find(" loss scale:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  if (std::isfinite(params_norm)) {  // Megatron: right after the grad norm (--log-params-norm)
+    char m[64];
+    std::snprintf(m, sizeof m, " params norm: %.3f |", params_norm);
+    const size_t at = line.find(" number of skipped iterations:");
     line.insert(at == std::string::npos ? line.size() : at, m);
   }
   if (curriculum_seqlen > 0 || ltd_reserved > 0) {  // Megatron-DeepSpeed: after the grad norm, before the skipped count

@@ -332,7 +332,8 @@ static std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRec
   if (rc.log_loss_scale) v.push_back({"loss-scale/loss-scale", rec.loss_scale, it});
   if (rc.log_batch_size) v.push_back({"batch-size/batch-size", double(global_batch), it});
   v.push_back({"grad-norm/grad-norm", rec.grad_norm, it});  // NaN (an overflow) is left out
-  if (std::isfinite(rec.weight_l2)) {  // Megatron-DeepSpeed's optimizer/* tags (L2 norms after the update)
+  if (std::isfinite(rec.weight_l2) && rc.log_params_norm) v.push_back({"params-norm/params-norm", rec.weight_l2, it});
+  if (std::isfinite(rec.weight_l2) && rc.log_optimizer_states) {  // Megatron-DeepSpeed's optimizer/* tags (L2 norms after the update)
     v.push_back({"optimizer/weight_l2", rec.weight_l2, it});
     v.push_back({"optimizer/momentum_l2", rec.momentum_l2, it});
     v.push_back({"optimizer/variance_l2", rec.variance_l2, it});
@@ -396,8 +397,9 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   clock_->clear();
   for (; it < cfg_.train_iters; ++it) {
     StepRecord rec;
-    want_state_norms_ = records && rc.log_optimizer_states && (rc.enabled() || !cfg_.metrics_file.empty()) &&
-                        (it + 1) % rc.tensorboard_log_interval == 0;
+    want_state_norms_ = (records && rc.log_optimizer_states && (rc.enabled() || !cfg_.metrics_file.empty()) &&
+                         (it + 1) % rc.tensorboard_log_interval == 0) ||
+                        (rc.log_params_norm && (it + 1) % cfg_.log_interval == 0);  // the log line's params norm
     step(train, it, rec);
     rec.iteration = it + 1;
     iteration_ = it + 1;
@@ -437,7 +439,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
                                      static_cast<int>(rec.global_batch), loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
                                      tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1,
-                                     ltd ? rec.ltd_kept : -1, ltd ? actual_seqlen : -1)
+                                     ltd ? rec.ltd_kept : -1, ltd ? actual_seqlen : -1,
+                                     rc.log_params_norm ? rec.weight_l2 : NAN)
                   << "\n";
         if (rc.timing_log_level > 0) std::cout << detail::timer_line(timers, rc.timing_log_level, rc.timing_log_option) << "\n";
         std::cout << std::flush;
@@ -461,7 +464,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"timers_ms", detail::timers_json(timers, rc.timing_log_option)},
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
         if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
-        if (std::isfinite(rec.weight_l2))  // the optimizer/* TensorBoard scalars, where both intervals meet
+        if (rc.log_params_norm && std::isfinite(rec.weight_l2)) j["params_norm"] = rec.weight_l2;
+        if (std::isfinite(rec.weight_l2) && rc.log_optimizer_states)  // the optimizer/* TensorBoard scalars, where both intervals meet
           j["optimizer"] = {{"weight_l2", rec.weight_l2}, {"momentum_l2", rec.momentum_l2}, {"variance_l2", rec.variance_l2}};
         if (sampler_) {
           j["curriculum_difficulty"] = rec.difficulty;  // the first metric's; every metric's by name:

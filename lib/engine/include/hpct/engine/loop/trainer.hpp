@@ -254,6 +254,6 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
                             double moe_loss = NAN, int curriculum_seqlen = -1, int ltd_reserved = -1,
-                            int actual_seqlen = -1);
+                            int actual_seqlen = -1, double params_norm = NAN);
 
 }  // namespace hpct::engine

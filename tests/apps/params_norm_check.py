@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""--log-params-norm (Megatron's): the log line's "params norm" and the metrics file's params_norm
+are the L2 norm of the fp32 weights after the step, the weights the checkpoint of that step holds
+(every model tensor, vocabulary padding rows included), within 1e-6 relative (the norm's partial
+sums are taken per shard and block in double; the file's in float64 here). Checked at ZeRO stage 2
+over 2 ranks (the sum over shards) and at TP 2 (tensor-parallel parts and replicas counted once);
+without the flag the line has no params norm.
+
+params_norm_check.py --gpt PRETRAIN_GPT --mpiexec MPIEXEC --args FILE --data DIR --workdir DIR
+"""
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checklib import Checks, system_python_for  # noqa: E402  (tests/checklib.py)
+
+system_python_for("h5py", "numpy")
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+c = Checks("--gpt", "--mpiexec", "--args", "--data", "--workdir")
+a, check = c.args, c.check
+data = ["--data-path", os.path.join(a.data, "brown_text_document"), "--vocab-file", os.path.join(a.data, "gpt2-vocab.json"),
+        "--merge-file", os.path.join(a.data, "gpt2-merges.txt")]
+
+
+def run(label, ranks, *extra):
+    out = os.path.join(a.workdir, label)
+    cmd = [a.gpt, "@" + a.args, *data, "--train-iters", "2", "--log-interval", "1", "--eval-iters", "0", "--seq-length", "64",
+           "--save", os.path.join(out, "ckpt"), "--metrics-file", out + ".jsonl", *extra]
+    if ranks > 1:
+        cmd = [a.mpiexec, "-n", str(ranks), "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), *cmd]
+    p = c.run(cmd)
+    recs = [json.loads(x) for x in open(out + ".jsonl")] if os.path.exists(out + ".jsonl") else []
+    return p, [r for r in recs if r.get("type") == "train"], os.path.join(out, "ckpt", "iter_0000002.h5")
+
+
+def file_norm(path):
+    total = 0.0
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            nonlocal total
+            if isinstance(obj, h5py.Dataset):
+                total += float(np.sum(np.square(obj[()].astype(np.float64))))
+        f["model"].visititems(visit)
+    return math.sqrt(total)
+
+
+for label, ranks, extra in (("zero2", 2, ["--zero-stage", "2"]), ("tp2", 2, ["--tensor-model-parallel-size", "2"])):
+    p, train, ck = run(label, ranks, "--log-params-norm", *extra)
+    logged = [float(ln.split("params norm:")[1].split("|")[0]) for ln in p.stdout.splitlines() if "params norm:" in ln]
+    want = file_norm(ck) if os.path.exists(ck) else float("nan")
+    got = train[-1].get("params_norm") if train else None
+    check(got is not None and abs(got - want) <= 1e-6 * want,
+          f"{label}: params_norm after step 2 {got} = the checkpoint's weights' L2 norm {want:.9f}")
+    check(len(logged) == 2 and abs(logged[-1] - want) < 1e-3, f"{label}: the log line's params norm {logged} (3 decimals)")
+p, train, _ = run("plain", 1)
+check("params norm" not in p.stdout and train and "params_norm" not in train[-1], "without the flag: no params norm")
+c.finish()
