@@ -99,9 +99,11 @@ int export_safetensors(const std::string& path, const std::string& out, bool for
     const std::filesystem::path dir = std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
     std::vector<std::string> there;
     std::error_code ec;
-    if (std::filesystem::exists(out, ec)) there.push_back(out);
+    // a link counts, dangling or not: it is what would be replaced
+    auto there_now = [&](const std::filesystem::path& p) { return std::filesystem::exists(std::filesystem::symlink_status(p, ec)); };
+    if (there_now(out)) there.push_back(out);
     for (const char* name : {"config.json", "vocab.json", "merges.txt", "tokenizer.model", "tokenizer.json"})
-      if (std::filesystem::exists(dir / name, ec)) there.push_back((dir / name).string());
+      if (there_now(dir / name)) there.push_back((dir / name).string());
     if (!there.empty()) {
       std::string list;
       for (const auto& t : there) list += (list.empty() ? "" : ", ") + t;

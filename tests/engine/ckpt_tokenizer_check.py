@@ -12,7 +12,7 @@ an author), with `vocab_file` naming
   - /dev/zero and a FIFO: `generate` and `export` must end within 30 s (generate hashed /dev/zero
     forever; a FIFO blocked in open) with a line that says what the path is.
 The good checkpoint exports both files byte for byte, and an export over a symbolic link planted at
-OUT/vocab.json replaces the link instead of writing through it.
+OUT/vocab.json is refused without --force and with it replaces the link instead of writing through it.
 """
 import os
 import shutil
@@ -84,6 +84,9 @@ with open(victim, "w") as v:
     v.write("untouched\n")
 os.symlink(victim, os.path.join(out_dir, "vocab.json"))
 rc, out = run([a.tool, "export", good, os.path.join(out_dir, "model.safetensors")])
+check(rc != 0 and "vocab.json" in out and "--force" in out and open(victim).read() == "untouched\n",
+      f"without --force the export refuses to replace the planted link (exit {rc})")
+rc, out = run([a.tool, "export", good, os.path.join(out_dir, "model.safetensors"), "--force"])
 files = exported_files(out_dir)
 check(rc == 0 and files.get("vocab.json") == open(vocab, "rb").read() and files.get("merges.txt") == open(merges, "rb").read(),
       f"the good checkpoint exports the run's vocab and merges byte for byte (exit {rc}): {out[-300:] if rc else ''}")
