@@ -112,6 +112,55 @@ for extra in ([], ["--finetune-resume-optimizer"]):
     check(len(got[1]) == 3 and all(abs(x - y) <= 1e-5 * abs(y) for x, y in zip(got[2], got[1])),
           f"--finetune {' '.join(extra)} at T=2 gives the T=1 losses ({got[2]} vs {got[1]})")
 
+# --no-load-optim: resume A (iteration 4) with fresh moments for one step, to C (iteration 5). One
+# step from zero moments gives m = (1 - b1) g and v = (1 - b2) g^2, so m^2 / v = (1 - b1)^2 / (1 - b2)
+# = 0.2 for every element with a gradient (carried moments would not); the bias correction restarts
+# at step 1 (the biases move by lr * g / (|g| + eps), lr the logged one), the schedule and iteration
+# continue; C stores the negative step base and passes verify; a plain resume carries the moments.
+import json  # noqa: E402
+for k in ("C", "D"):
+    shutil.rmtree(os.path.join(a.workdir, k), ignore_errors=True)
+d["C"], d["D"] = os.path.join(a.workdir, "C"), os.path.join(a.workdir, "D")
+shutil.copytree(d["A"], d["C"])
+shutil.copytree(d["A"], d["D"])
+mc = os.path.join(a.workdir, "C.jsonl")
+pc = c.run([a.gpt, *model, "--train-iters", "5", "--load", d["C"], "--save", d["C"], "--no-load-optim", "--metrics-file", mc])
+c.run([a.gpt, *model, "--train-iters", "5", "--load", d["D"], "--save", d["D"]])
+check("--no-load-optim: Adam's moments" in pc.stdout, "the resume says the moments start afresh")
+with ckpt("A", 4) as fa, ckpt("C", 5) as fc, ckpt("D", 5) as fd:
+    for name, f, fresh in (("C", fc, True), ("D", fd, False)):
+        m, v = tensors(f, "optimizer/exp_avg"), tensors(f, "optimizer/exp_avg_sq")
+        vmax = max(x.max() for x in v.values())
+        ratios = np.concatenate([(m[k] ** 2 / v[k])[v[k] > 1e-12 * vmax].ravel() for k in v])
+        worst = float(np.abs(ratios - (1 - B1) ** 2 / (1 - B2)).max())
+        check((worst <= 1e-4) == fresh, f"{name}: m^2/v {'=' if fresh else '!='} 0.2 everywhere (worst deviation {worst:.2e})")
+    attrs = {k: int(fc.attrs[k]) for k in ("iteration", "optimizer_step", "optimizer_step_base")}
+    check(attrs == {"iteration": 5, "optimizer_step": 5, "optimizer_step_base": -4}, f"C's run state {attrs}")
+    lr5 = [r["learning_rate"] for r in map(json.loads, open(mc)) if r.get("type") == "train"][-1]
+    wa, wc = tensors(fa, "model"), tensors(fc, "model")
+    m, v = tensors(fc, "optimizer/exp_avg"), tensors(fc, "optimizer/exp_avg_sq")
+    worst = size = 0.0
+    for k in (k for k in wa if k.endswith("bias")):
+        want = lr5 * (m[k] / (1 - B1)) / (np.sqrt(v[k] / (1 - B2)) + 1e-8)
+        worst, size = max(worst, abs((wa[k] - wc[k]) - want).max()), max(size, abs(want).max())
+    check(size > 0 and worst <= 1e-4 * size, f"C's biases moved by Adam at step 1 with lr {lr5} (worst {worst:.2e} of {size:.2e})")
+p = c.run([a.tool, "verify", os.path.join(d["C"], "iter_0000005.h5")], want=None)
+check(p.returncode == 0, f"hpct_ckpt verify passes on C (negative step base in the checksum; rc {p.returncode})")
+# Requeued after the fresh start: C continues from its own moments (bias correction at step 2),
+# as one straight run with --no-load-optim at the same point does.
+shutil.rmtree(os.path.join(a.workdir, "E"), ignore_errors=True)
+d["E"] = os.path.join(a.workdir, "E")
+shutil.copytree(d["A"], d["E"])
+c.run([a.gpt, *model, "--train-iters", "6", "--load", d["C"], "--save", d["C"]])
+c.run([a.gpt, *model, "--train-iters", "6", "--load", d["E"], "--save", d["E"], "--no-load-optim"])
+with ckpt("C", 6) as f1, ckpt("E", 6) as f2:
+    w1, w2 = tensors(f1, "model"), tensors(f2, "model")
+    check(all((w1[k] == w2[k]).all() for k in w1) and int(f1.attrs["optimizer_step_base"]) == -4,
+          "C resumed to 6 equals a straight --no-load-optim run from A to 6, bitwise (the step base kept)")
+c.one_line_error("--no-load-optim with --finetune-resume-optimizer",
+                 c.run(ft + ["--train-iters", "1", "--finetune-resume-optimizer", "--no-load-optim"], want=None),
+                 "pretrain_gpt", ["--no-load-optim", "--finetune-resume-optimizer"])
+
 c.one_line_error("--finetune-resume-optimizer without --finetune",
                  c.run([a.gpt, *model, "--train-iters", "1", "--load", d["A"], "--finetune-resume-optimizer"], want=None),
                  "pretrain_gpt", ["--finetune-resume-optimizer goes with --finetune"])

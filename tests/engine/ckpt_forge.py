@@ -31,7 +31,7 @@ def run_state_checksum(f):
     for k in ("consumed_tokens", "consumed_layer_tokens"):
         if k in f.attrs:
             t += f"\n{k}={int(f.attrs[k])}"
-    if int(f.attrs.get("optimizer_step_base", 0)) > 0:
+    if int(f.attrs.get("optimizer_step_base", 0)) != 0:
         t += f"\noptimizer_step_base={int(f.attrs['optimizer_step_base'])}"
     return fnv1a(t.encode())
 

@@ -36,7 +36,7 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
                   "\nparallel_layout=" + layout;
   if (tokens >= 0) t += "\nconsumed_tokens=" + std::to_string(tokens);
   if (layer_tokens >= 0) t += "\nconsumed_layer_tokens=" + std::to_string(layer_tokens);
-  if (step_base > 0) t += "\noptimizer_step_base=" + std::to_string(step_base);
+  if (step_base != 0) t += "\noptimizer_step_base=" + std::to_string(step_base);
   return fnv1a(t);
 }
 
@@ -85,7 +85,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   if (f.i64("consumed_tokens")) s.consumed_tokens = geti("consumed_tokens");
   if (f.i64("consumed_layer_tokens")) s.consumed_layer_tokens = geti("consumed_layer_tokens");
   s.adam_step = geti("optimizer_step");
-  if (f.i64("optimizer_step_base")) s.adam_step_base = geti("optimizer_step_base");
+  if (auto b = f.i64("optimizer_step_base")) s.adam_step_base = static_cast<long long>(*b);  // may be negative (checked below)
   s.skipped_iterations = geti("skipped_iterations");
   s.nan_iterations = geti("nan_iterations");
   const std::string scaler = gets("loss_scaler"), config = gets("config"), arch = gets("architecture"),
@@ -116,6 +116,10 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   rel(s.consumed_samples <= (1ll << 53), "consumed_samples " + std::to_string(s.consumed_samples) + " beyond 2^53");
   rel(s.adam_step <= s.iteration, "optimizer_step " + std::to_string(s.adam_step) + " > iteration " + std::to_string(s.iteration));
   rel(s.adam_step_base <= INT32_MAX, "optimizer_step_base " + std::to_string(s.adam_step_base) + " beyond 2^31-1");
+  rel(s.adam_step_base >= INT32_MIN, "optimizer_step_base " + std::to_string(s.adam_step_base) + " below -2^31");
+  // negative after --no-load-optim: the moments restarted that many optimizer steps into the run
+  rel(s.adam_step_base >= -s.adam_step, "optimizer_step_base " + std::to_string(s.adam_step_base) + " < -optimizer_step " +
+                                            std::to_string(s.adam_step));
   rel(s.skipped_iterations <= s.iteration, "skipped_iterations " + std::to_string(s.skipped_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.nan_iterations <= s.iteration, "nan_iterations " + std::to_string(s.nan_iterations) + " > iteration " + std::to_string(s.iteration));
   rel(s.consumed_samples >= s.iteration, "consumed_samples " + std::to_string(s.consumed_samples) + " < iteration " + std::to_string(s.iteration));

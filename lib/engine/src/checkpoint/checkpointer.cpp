@@ -295,7 +295,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       if (s.consumed_layer_tokens >= 0)
         f.set_attr("/", "consumed_layer_tokens", static_cast<int64_t>(s.consumed_layer_tokens));
       f.set_attr("/", "optimizer_step", static_cast<int64_t>(s.adam_step));
-      if (s.adam_step_base > 0) f.set_attr("/", "optimizer_step_base", static_cast<int64_t>(s.adam_step_base));
+      if (s.adam_step_base != 0) f.set_attr("/", "optimizer_step_base", static_cast<int64_t>(s.adam_step_base));
       f.set_attr("/", "skipped_iterations", static_cast<int64_t>(s.skipped_iterations));
       f.set_attr("/", "nan_iterations", static_cast<int64_t>(s.nan_iterations));
       f.set_attr("/", "loss_scaler", json_text(s.loss_scaler));

@@ -100,6 +100,9 @@ StartWeights plan_start(TrainConfig& cfg, const comm::Communicator& world) {
     throw config_error("--finetune-resume-optimizer", "--finetune-resume-optimizer takes a checkpoint's optimizer states, and "
                                                       "--load-hf's Hugging Face weights have none",
                        "drop it (the optimizer starts fresh), or --finetune --load an hpctrain checkpoint");
+  if (cfg.finetune_resume_optimizer && cfg.no_load_optim)
+    throw config_error("--no-load-optim", "--no-load-optim and --finetune-resume-optimizer ask for opposite things",
+                       "give one of them");
   if (cfg.finetune_resume_optimizer && !cfg.finetune)
     throw config_error("--finetune-resume-optimizer", "--finetune-resume-optimizer goes with --finetune (a plain --load resumes "
                                                       "everything already)",

@@ -291,10 +291,11 @@ std::string Trainer::load_checkpoint() {
   }
   if (root) std::cout << "loading checkpoint from " << file << std::endl;
   Timer timer;
-  const TrainingState st = read_checkpoint(file, checkpoint_meta());
+  const TrainingState st = read_checkpoint(file, checkpoint_meta(), cfg_.no_load_optim);
   iteration_ = st.iteration;
   adam_step_ = st.adam_step;
-  adam_base_ = st.adam_step_base;
+  // Fresh moments start their bias correction at step 1 (the schedule keeps the run's steps).
+  adam_base_ = cfg_.no_load_optim ? -st.adam_step : st.adam_step_base;
   skipped_ = st.skipped_iterations;
   nan_iters_ = st.nan_iterations;
   sample_base_ = st.consumed_samples - batches_.consumed_before(st.iteration);
@@ -309,7 +310,11 @@ std::string Trainer::load_checkpoint() {
   // Without random-LTD every layer saw every token.
   consumed_layer_tokens_ =
       st.consumed_layer_tokens >= 0 ? st.consumed_layer_tokens : consumed_tokens_ * (long long)cfg_.model.num_layers;
-  scaler_.restore(st.loss_scaler);
+  if (!cfg_.no_load_optim) scaler_.restore(st.loss_scaler);
+  if (root && cfg_.no_load_optim)
+    std::cout << "> --no-load-optim: Adam's moments, bias correction and the loss scale start afresh; weights, iteration, "
+                 "data position and learning-rate schedule continue"
+              << std::endl;
   if (root) {
     double bytes = 3.0 * stored_.full_numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully loaded checkpoint from %s at iteration %lld (%s in %.2f s, %.2f GB/s)\n", file.c_str(),
@@ -319,11 +324,18 @@ std::string Trainer::load_checkpoint() {
   return file;
 }
 
-TrainingState Trainer::read_checkpoint(const std::string& file, const CheckpointMeta& meta) {
+TrainingState Trainer::read_checkpoint(const std::string& file, const CheckpointMeta& meta, bool fresh_moments) {
   TrainingState st;
   TensorSet t;
   t.layout = &stored_;
-  t.visit = [this](bool load, const TensorSet::PieceFn& fn) { visit_stored(load, fn); };
+  t.visit = [this, fresh_moments](bool load, const TensorSet::PieceFn& fn) {
+    if (!fresh_moments) return visit_stored(load, fn);
+    visit_stored(load, [&](const parallel::StatePiece& p) {  // the file's values in, then the moments zeroed
+      fn(p);
+      std::memset(p.exp_avg, 0, p.count * sizeof(float));
+      std::memset(p.exp_avg_sq, 0, p.count * sizeof(float));
+    });
+  };
   Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta);
   zero_->after_load();  // re-replicate what every rank holds whole
   if (device_store_) device_store_->invalidate();

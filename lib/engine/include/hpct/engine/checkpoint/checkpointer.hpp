@@ -46,7 +46,8 @@ struct TrainingState {
   long long consumed_tokens = -1;  // -1: not stored (written before sequence-length warmup: samples x seq length)
   long long consumed_layer_tokens = -1;  // -1: not stored (a run without random-LTD: tokens x layers)
   long long adam_step = 0;
-  long long adam_step_base = 0;    // --finetune-resume-optimizer: Adam steps the moments took before this run
+  long long adam_step_base = 0;    // --finetune-resume-optimizer: Adam steps the moments took before this run;
+                                   // negative after --no-load-optim (the moments restarted -base steps in)
   long long skipped_iterations = 0;
   long long nan_iterations = 0;
   nlohmann::json loss_scaler;      // LossScaler::state()

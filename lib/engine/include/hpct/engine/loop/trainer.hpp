@@ -226,7 +226,8 @@ class Trainer {
   void snapshot_fence();
   TrainingState training_state() const;
   /// Collective: file's tensors (weights and optimizer states) into the store, checked against meta.
-  TrainingState read_checkpoint(const std::string& file, const CheckpointMeta& meta);
+  /// fresh_moments: the file's Adam moments are replaced by zeros as they are loaded (--no-load-optim).
+  TrainingState read_checkpoint(const std::string& file, const CheckpointMeta& meta, bool fresh_moments = false);
   double comm_bytes_ = 0, tp_bytes_ = 0, tp_wire_bytes_ = 0;
   long long comm_steps_ = 0;
   LossScaler scaler_;
