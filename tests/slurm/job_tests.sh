@@ -153,6 +153,28 @@ case "${case_name}" in
     [[ -s "${run}/metrics.jsonl" ]] || fail "no metrics in ${run}"
     ;;
 
+  pretrain_gpt_gpu)
+    # The GPU templates on this CPU cluster: their GPU lines removed (no GPUs here), --device cpu
+    # (HPCT_DEVICE) and no --gpu-bind (HPCT_SRUN_ARGS) substituted; the rest as shipped: one rank
+    # per "GPU" slot, pretrain_gpt.sbatch's run underneath. MoE's through the same wrapper.
+    for t in pretrain_gpt_gpu pretrain_moe_gpu; do
+      sed '/^#SBATCH --gpus-per-node/d; s/^#SBATCH --ntasks-per-node=4/#SBATCH --ntasks-per-node=2/; s/^#SBATCH --cpus-per-task=8/#SBATCH --cpus-per-task=1/' \
+        "${SLURM_DIR}/${t}.sbatch" >"${WORK}/${t}.sbatch"
+      extra=()
+      if [[ "${t}" == pretrain_moe_gpu ]]; then extra=(--moe-expert-parallel-size 2); fi
+      id=$(as_user env HPCT_DEVICE=cpu HPCT_SRUN_ARGS= sbatch --parsable "${WORK}/${t}.sbatch" "${extra[@]}")
+      st=$(wait_job "${id}" 240)
+      out=${WORK}/${t}-${id}.out
+      [[ "${st}" == COMPLETED ]] || { show_log "${out}"; fail "${t}: job ${id} ended ${st:-in no state}, exit $(job_field "${id}" ExitCode)"; }
+      expect_in "${out}" "^# job ${id} \\(${t}\\)"
+      expect_in "${out}" "srun --mpi=pmix --cpu-bind=cores"
+      expect_in "${out}" "> backend: cpu"
+      expect_in "${out}" "iteration +20/ +20"
+      json_check "${WORK}/${t}-${id}/summary.json" 'j["iterations"] == 20 and j["world_size"] == 2 and math.isfinite(j["final_lm_loss"])'
+    done
+    expect_in "${WORK}/pretrain_moe_gpu-${id}.out" "world 2 = tp 1 x ep 2 x dp 1"
+    ;;
+
   pretrain_gpt_tp)
     # Arguments after the script go to pretrain_gpt: the 2 ranks of the default job as one
     # tensor-parallel group.

@@ -7,7 +7,7 @@ dir=$(cd "${1:?usage: outside_job.sh SLURM_DIR}" && pwd)
 scratch=$(mktemp -d)
 trap 'rm -rf "${scratch}"' EXIT
 # The templates that must be there (a renamed or lost one fails here, not silently).
-expected=(pretrain_gpt pretrain_moe nvme_bench ib_healthcheck preprocess_data evaluate sweep)
+expected=(pretrain_gpt pretrain_moe pretrain_gpt_gpu pretrain_moe_gpu nvme_bench ib_healthcheck preprocess_data evaluate sweep)
 for name in "${expected[@]}"; do
   [[ -f "${dir}/${name}.sbatch" ]] || { echo "FAIL: ${dir}/${name}.sbatch is missing"; exit 1; }
 done
