@@ -85,7 +85,7 @@ check("resuming this run from it" in p2.stdout and tr2 and tr2[0]["iteration"] =
 # --eval-only on the finetuned weights: the run's final validation loss.
 pe, _, se = finetune("eval", "--load", os.path.join(ft, "iter_0000024.h5"), "--eval-only")
 vals = [line for line in pe.stdout.splitlines() if "validation loss" in line]
-check(bool(vals) and "iteration" not in "".join(line for line in pe.stdout.splitlines() if line.startswith(" iteration")),
+check(bool(vals) and "iteration" not in "".join(line for line in pe.stdout.splitlines() if "consumed samples:" in line),
       f"--eval-only evaluates and trains nothing: {vals[-1] if vals else '(no validation line)'}")
 if final_val is not None and se.get("final_val_loss") is not None:
     check(abs(se["final_val_loss"] - final_val) <= 1e-6 * abs(final_val),

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include <csignal>
+#include <ctime>
 #include <cmath>
 #include <iomanip>
 #include <cstdio>
@@ -323,6 +324,16 @@ int install_save_on_signal_handlers() {
   return kExitSavedOnSignal;
 }
 
+// Megatron-LM's prefix of each log line: the local wall-clock time, " [2026-11-28 17:00:00]".
+static std::string log_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[32];
+  std::strftime(buf, sizeof buf, " [%Y-%m-%d %H:%M:%S]", &local);
+  return buf;
+}
+
 // The scalars of one iteration for TensorBoard / CSV (Megatron's tags).
 static std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRecordsConfig& rc, int global_batch) {
   const long long it = rec.iteration;
@@ -436,7 +447,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       const int actual_seqlen =
           static_cast<int>(step_layer_tokens(it) / (rec.global_batch * cfg_.model.num_layers));
       if (root) {
-        std::cout << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
+        std::cout << log_timestamp() << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
                                      static_cast<int>(rec.global_batch), loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
                                      tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1,
                                      ltd ? rec.ltd_kept : -1, ltd ? actual_seqlen : -1,
