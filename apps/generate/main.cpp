@@ -49,7 +49,7 @@ const char* kHelp =
     "                          Llama directory (LlamaForCausalLM: one or several safetensors shards;\n"
     "                          its tokenizer.model, else tokenizer.json, for text prompts)\n"
     "  --prompt TEXT           a prompt (repeat for several)\n"
-    "  --prompts-file FILE     one prompt per line\n"
+    "  --prompts-file FILE     one prompt per line (- : standard input)\n"
     "  --prompt-ids IDS        a prompt as comma-separated token ids (models trained on --mock-data)\n"
     "  --max-new-tokens N      tokens to generate per prompt (default 32); generation also stops at the\n"
     "                          end-of-document token and at the model's last position\n"
@@ -63,6 +63,12 @@ const char* kHelp =
     "  --tokenizer-type T      as pretrain_gpt's (default: the checkpoint run's tokenizer), with\n"
     "  --tokenizer-model F     --tokenizer-model (SentencePiece, Hugging Face tokenizer.json) or\n"
     "  --vocab-file, --merge-file  the GPT-2 BPE files; files given must be the ones the run used\n"
+    "  --num-samples N         samples per prompt, each from its own stream (default 1); with no\n"
+    "                          prompt, N unconditional samples starting from the end-of-document token\n"
+    "  --sample-output-file F, --genfile F\n"
+    "                          every sample as a JSON line: prompt, text, ids, length, finished\n"
+    "  Megatron's generate_text.sh spellings: --out-seq-length (= --max-new-tokens), --top_k, --top_p,\n"
+    "  --sample-input-file (= --prompts-file), --recompute (= --no-kv-cache)\n"
     "  --json FILE             per prompt: its ids, the generated ids, each one's log-probability (the\n"
     "                          model's, temperature 1), the text and why it stopped; and the speeds\n"
     "  -h, --help              this text\n"
@@ -71,6 +77,9 @@ const char* kHelp =
 
 struct Options {
   std::string load, load_hf, prompts_file, prompt_ids, vocab, merges, tokenizer_type, tokenizer_model, json;
+  std::string sample_output;  // --sample-output-file / --genfile: JSON lines
+  int num_samples = 1;
+  bool num_samples_given = false;
   std::vector<std::string> prompts;
   int max_new = 32, batch = 8;
   uint64_t seed = 1234;
@@ -85,15 +94,17 @@ Options parse(int argc, char** argv) {
   p.flag("--load", 1, [&](const std::string& v) { o.load = v; });
   p.flag("--load-hf", 1, [&](const std::string& v) { o.load_hf = v; });
   p.flag("--prompt", 1, [&](const std::string& v) { o.prompts.push_back(v); });
-  p.flag("--prompts-file", 1, [&](const std::string& v) { o.prompts_file = v; });
+  p.flag("--prompts-file,--sample-input-file", 1, [&](const std::string& v) { o.prompts_file = v; });
+  p.flag("--num-samples", 1, [&](const std::string& v) { o.num_samples = (int)in("--num-samples", v, 1), o.num_samples_given = true; });
+  p.flag("--sample-output-file,--genfile", 1, [&](const std::string& v) { o.sample_output = v; });
   p.flag("--prompt-ids", 1, [&](const std::string& v) { o.prompt_ids = v; });
-  p.flag("--max-new-tokens", 1, [&](const std::string& v) { o.max_new = (int)in("--max-new-tokens", v, 1); });
+  p.flag("--max-new-tokens,--out-seq-length", 1, [&](const std::string& v) { o.max_new = (int)in("--max-new-tokens", v, 1); });
   p.flag("--temperature", 1, [&](const std::string& v) { o.sampling.temperature = cli::to_double("--temperature", v); });
-  p.flag("--top-k", 1, [&](const std::string& v) { o.sampling.top_k = (int)in("--top-k", v, 0); });
-  p.flag("--top-p", 1, [&](const std::string& v) { o.sampling.top_p = cli::to_double("--top-p", v); });
+  p.flag("--top-k,--top_k", 1, [&](const std::string& v) { o.sampling.top_k = (int)in("--top-k", v, 0); });
+  p.flag("--top-p,--top_p", 1, [&](const std::string& v) { o.sampling.top_p = cli::to_double("--top-p", v); });
   p.flag("--seed", 1, [&](const std::string& v) { o.seed = static_cast<uint64_t>(cli::to_int("--seed", v, 0)); });
   p.flag("--micro-batch-size", 1, [&](const std::string& v) { o.batch = (int)in("--micro-batch-size", v, 1); });
-  p.flag("--no-kv-cache", 0, [&](const std::string&) { o.cache = false; });
+  p.flag("--no-kv-cache,--recompute", 0, [&](const std::string&) { o.cache = false; });
   p.flag("--vocab-file", 1, [&](const std::string& v) { o.vocab = v; });
   p.flag("--merge-file", 1, [&](const std::string& v) { o.merges = v; });
   p.flag("--tokenizer-type", 1, [&](const std::string& v) { o.tokenizer_type = v; });
@@ -161,6 +172,7 @@ static int run(int argc, char** argv) {
   if (comm::Communicator::world().size() != 1)
     throw config_error("mpirun", "generate runs as one process: start it without mpirun -np N (N > 1)");
   engine::check_file_output(o.json, "--json");  // before the work, not found unwritable after it
+  engine::check_file_output(o.sample_output, "--sample-output-file");
   kernels::BackendScope backend;
   Loaded m = o.load.empty() ? load_hf(o.load_hf) : load(o.load);
 
@@ -169,11 +181,15 @@ static int run(int argc, char** argv) {
   std::shared_ptr<const io::Tokenizer> tok;
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
-    std::istringstream in(read_regular_file(o.prompts_file, "--prompts-file", uint64_t(1) << 30));
-    for (std::string line; std::getline(in, line);)
+    std::stringstream all;
+    if (o.prompts_file == "-") all << std::cin.rdbuf();  // prompts piped in
+    else all << read_regular_file(o.prompts_file, "--prompts-file", uint64_t(1) << 30);
+    for (std::string line; std::getline(all, line);)
       if (!line.empty()) texts.push_back(line);
   }
-  if (!texts.empty()) {
+  // Megatron's unconditional samples: no prompt, --num-samples N, each starting at end-of-document.
+  const bool unconditional = texts.empty() && o.prompt_ids.empty() && (o.num_samples_given || !o.sample_output.empty());
+  if (!texts.empty() || unconditional) {
     // The run's tokenizer, each file given on the command line instead of the stored one.
     io::TokenizerSpec s = m.spec.value_or(io::TokenizerSpec{});
     const bool given = !o.tokenizer_type.empty();
@@ -197,6 +213,7 @@ static int run(int argc, char** argv) {
     tok->encode_append(t, r.prompt);
     res.push_back(std::move(r));
   }
+  if (unconditional) res.push_back({{tok->eod()}, {}, {}, {}});
   if (!o.prompt_ids.empty()) {
     Result r;
     std::stringstream ss(o.prompt_ids);
@@ -204,6 +221,12 @@ static int run(int argc, char** argv) {
     res.push_back(r);
   }
   if (res.empty()) throw config_error("--prompt", "no prompt given", "use --prompt, --prompts-file or --prompt-ids");
+  if (o.num_samples > 1) {  // each prompt's samples side by side, each with its own stream (its index)
+    std::vector<Result> many;
+    for (const auto& r : res)
+      for (int k = 0; k < o.num_samples; ++k) many.push_back(r);
+    res = std::move(many);
+  }
   const int T = m.cfg.max_seq_length;
   for (size_t i = 0; i < res.size(); ++i) {
     if (res[i].prompt.empty()) throw config_error("--prompt", "prompt " + std::to_string(i) + " is empty");
@@ -272,6 +295,7 @@ static int run(int argc, char** argv) {
     decode_s += std::chrono::duration<double>(clock::now() - t1).count();
   }
   nlohmann::json out = nlohmann::json::array();
+  std::string sample_lines;  // --sample-output-file: one JSON object per sample
   for (size_t i = 0; i < res.size(); ++i) {
     const Result& r = res[i];
     std::string text;
@@ -291,6 +315,18 @@ static int run(int argc, char** argv) {
       std::cout << "\n";
     }
     out.push_back({{"prompt_ids", r.prompt}, {"ids", r.ids}, {"logprobs", r.logprobs}, {"text", text}, {"stop", r.stop}});
+    if (!o.sample_output.empty())  // Megatron's genfile fields (text, length, finished), with the prompt and ids
+      sample_lines += nlohmann::json({{"prompt", tok ? tok->decode(r.prompt) : std::string()},
+                                      {"text", text},
+                                      {"ids", r.ids},
+                                      {"length", r.ids.size()},
+                                      {"finished", r.stop == "eod"}})
+                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                      "\n";
+  }
+  if (!o.sample_output.empty()) {
+    write_file_atomic(o.sample_output, sample_lines);
+    std::printf("> %zu samples written to %s (JSON lines)\n", res.size(), o.sample_output.c_str());
   }
   const double tps = decode_s > 0 ? new_tokens / decode_s : 0, pps = prefill_s > 0 ? prefill_tokens / prefill_s : 0;
   std::printf("> generated %lld tokens for %zu prompts in %.2f s: %.1f tokens/s (%s), prompts read at %.1f tokens/s; "
