@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Draws one PNG from pretrain_gpt / pretrain_moe metrics files: loss against iterations, tokens
-and wall-clock; throughput; memory; learning rate. Several runs overlay. Not a dashboard (no
+and wall-clock; throughput; memory; learning rate; gradient norm (and the params norm where
+--log-params-norm recorded it); loss scale. Several runs overlay. Not a dashboard (no
 smoothing, no live refresh); reading and stitching live in hpct_metrics.py, so what is drawn is
 exactly the stitched run that `hpct_metrics.py --stitch` writes.
 
@@ -94,10 +95,13 @@ def plot(runs, labels, out, title=None, segments=False):
     import matplotlib.pyplot as plt
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axs = plt.subplots(2, 3, figsize=(18, 10), dpi=100)
+    fig, axs = plt.subplots(3, 3, figsize=(18, 15), dpi=100)
     ax_it, ax_tok, ax_wall = axs[0]
     ax_tps, ax_mem, ax_lr = axs[1]
-    for ax in (ax_tps, ax_mem, ax_lr):
+    ax_gn, ax_ls, ax_spare = axs[2]
+    ax_spare.axis("off")
+    ax_pn = None  # the params norm's own axis, made when a run has one
+    for ax in (ax_tps, ax_mem, ax_lr, ax_gn, ax_ls):
         ax.sharex(ax_it)  # the iteration panels share one range, even an empty one
     ax_tfl = ax_tps.twinx()
     tok_div, tok_name = _token_scale(runs)
@@ -148,9 +152,18 @@ def plot(runs, labels, out, title=None, segments=False):
         xs, ys = _xy(tr, "iteration", "learning_rate")
         ax_lr.plot(xs, ys, color=c, linewidth=1.4, label=label)
 
+        xs, ys = _xy(tr, "iteration", "grad_norm")  # null (an fp16 overflow) is left out
+        ax_gn.plot(xs, ys, color=c, linewidth=1.4, label=f"{label} grad norm")
+        xs, ys = _xy(tr, "iteration", "params_norm")
+        if xs:
+            ax_pn = ax_pn or ax_gn.twinx()
+            ax_pn.plot(xs, ys, color=c, linestyle="--", linewidth=1.2)
+        xs, ys = _xy(tr, "iteration", "loss_scale")
+        ax_ls.plot(xs, ys, color=c, linewidth=1.4, label=label)
+
         if segments:
             resumed = lambda s: s.resumed_from  # noqa: E731
-            for ax in (ax_it, ax_tps, ax_lr) + (() if label in missing_mem else (ax_mem,)):
+            for ax in (ax_it, ax_tps, ax_lr, ax_gn, ax_ls) + (() if label in missing_mem else (ax_mem,)):
                 _segment_lines(ax, run, c, resumed)
             _segment_lines(ax_tok, run, c, lambda s: None if s.resumed_from is None
                            else _scaled(_tokens_at(run, s.resumed_from), tok_div))
@@ -166,6 +179,11 @@ def plot(runs, labels, out, title=None, segments=False):
     ax_tfl.set_ylabel("TFLOP/s per rank (dashed)")
     ax_mem.set(title="memory", xlabel="iteration", ylabel="GiB per rank (max over ranks)")
     ax_lr.set(title="learning rate", xlabel="iteration", ylabel="learning rate")
+    ax_gn.set(title="gradient norm (before clipping)", xlabel="iteration", ylabel="grad norm (solid)")
+    if ax_pn is not None:
+        ax_pn.set_ylabel("params norm (dashed, --log-params-norm)")
+    ax_ls.set(title="loss scale (fp16; 1 otherwise)", xlabel="iteration", ylabel="loss scale")
+    ax_ls.set_yscale("log")
     # From zero, with headroom so the two curves and the legend do not sit on the frame.
     ax_tps.set_ylim(0, ax_tps.get_ylim()[1] * 1.3)
     if any_tflops:
@@ -180,7 +198,7 @@ def plot(runs, labels, out, title=None, segments=False):
                   "\n(written before the trainer recorded them)")
         elif missing:
             ax.plot([], [], " ", label=f"no {what}: " + ", ".join(missing))
-    for ax in (ax_it, ax_tok, ax_wall, ax_mem, ax_lr, ax_tps):
+    for ax in (ax_it, ax_tok, ax_wall, ax_mem, ax_lr, ax_tps, ax_gn, ax_ls):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="best")
     for ax in axs.flat:
