@@ -92,7 +92,10 @@ help_text=$(pretrain_gpt --help)
 grep -q -- --global-batch-size <<<"${help_text}" || fail "pretrain_gpt --help does not list --global-batch-size"
 module whatis hpctrain 2>&1 | grep -q "MPI-native training" || fail "module whatis lacks the description"
 module help hpctrain 2>&1 | grep -q "job templates" || fail "module help lacks the help text"
-module help hpctrain 2>&1 | grep -q "hpct_ckpt list|verify|export|import" || fail "module help does not name hpct_ckpt"
+module help hpctrain 2>&1 | grep -q "hpct_ckpt list|verify|export|import|merge-lora" || fail "module help does not name the hpct_ckpt commands"
+for app in pretrain_gpt pretrain_moe finetune generate preprocess_data analyze_data nvme_bench ib_healthcheck; do
+  module help hpctrain 2>&1 | grep -q "${app}" || fail "module help does not name ${app}"
+done
 
 if [[ "$what" == basic ]]; then
   [[ "$PATH" == "$prefix/bin:$path0" ]] || fail "PATH after load is $PATH"
