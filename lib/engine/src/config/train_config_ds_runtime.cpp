@@ -3,6 +3,7 @@
 // network monitors. Each maps onto what this version does, says in one note that it changes nothing
 // here (and why), or is refused by name; none is dropped silently.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flag_parse.hpp"
@@ -16,11 +17,6 @@ std::string joined(const std::vector<std::string>& keys) {
   std::string s;
   for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k;
   return s;
-}
-
-// Every key of an object section marked known (a monitor's fields: project names, API keys, ...).
-void accept_all(JsonSection& s, const nlohmann::json& j) {
-  for (auto it = j.begin(); it != j.end(); ++it) s.ignore(it.key());
 }
 
 bool enabled(const nlohmann::json& j, const char* key) {
@@ -75,30 +71,21 @@ void apply_ds_runtime_sections(JsonSection& root, const nlohmann::json& j, Train
   }
   if (auto m = root.get_bool("memory_breakdown"); m && *m)
     note("memory_breakdown", "the model states per rank are printed at the start and the peak resident memory at the end");
-  // The profilers and network monitors: off unless "enabled": true, as DeepSpeed's defaults.
-  for (const char* k : {"flops_profiler", "comms_logger", "wandb", "comet"})
-    if (root.has(k) && !enabled(j, k)) root.ignore(k);
-  if (enabled(j, "flops_profiler")) {
-    JsonSection f = root.section("flops_profiler");
-    accept_all(f, j["flops_profiler"]);
-    f.finish();
-    note("flops_profiler", "every log line has the step's TFLOPs from the model's FLOP count (Megatron's formula); no "
-                           "per-module profile is printed");
+  // The profilers and network monitors: off unless "enabled": true, as DeepSpeed's defaults. Their
+  // fields (output files, project names, keys) are all accepted: none of them is acted on here.
+  const char* local = "nothing is sent over the network; tensorboard and csv_monitor write the same scalars to local files";
+  const std::pair<const char*, const char*> monitors[] = {
+      {"flops_profiler", "every log line has the step's TFLOPs from the model's FLOP count (Megatron's formula); no "
+                         "per-module profile is printed"},
+      {"comms_logger", "the data-parallel, tensor-parallel and MoE traffic per step is printed at the end of the run; "
+                       "collectives are not timed one by one"},
+      {"wandb", local},
+      {"comet", local}};
+  for (const auto& [k, why] : monitors) {
+    if (!root.has(k)) continue;
+    root.ignore(k);
+    if (enabled(j, k)) note(k, why);
   }
-  if (enabled(j, "comms_logger")) {
-    JsonSection c = root.section("comms_logger");
-    accept_all(c, j["comms_logger"]);
-    c.finish();
-    note("comms_logger", "the data-parallel, tensor-parallel and MoE traffic per step is printed at the end of the run; "
-                         "collectives are not timed one by one");
-  }
-  for (const char* k : {"wandb", "comet"})
-    if (enabled(j, k)) {
-      JsonSection m = root.section(k);
-      accept_all(m, j[k]);
-      m.finish();
-      note(k, "nothing is sent over the network; tensorboard and csv_monitor write the same scalars to local files");
-    }
 }
 
 }  // namespace hpct::engine::detail
