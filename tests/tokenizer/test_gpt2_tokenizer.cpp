@@ -24,18 +24,15 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
+#include "tokenizer_test_dirs.hpp"
 
 namespace fs = std::filesystem;
 using hpct::io::Gpt2Tokenizer;
 
 namespace {
 
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-fs::path data_dir() { return env_or("HPCT_DATA_DIR", HPCT_TEST_DATA_DIR); }
-fs::path source_dir() { return env_or("HPCT_SOURCE_DIR", HPCT_TEST_SOURCE_DIR); }
+using hpct::test::data_dir;
+using hpct::test::source_dir;
 fs::path vocab_path() { return data_dir() / "gpt2-vocab.json"; }
 fs::path merges_path() { return data_dir() / "gpt2-merges.txt"; }
 

@@ -25,6 +25,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/io/gpt2_tokenizer.hpp"
+#include "tokenizer_test_dirs.hpp"
 #include "hpct/io/tokenizer.hpp"
 
 namespace fs = std::filesystem;
@@ -33,12 +34,8 @@ using nlohmann::json;
 
 namespace {
 
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-fs::path data_dir() { return env_or("HPCT_DATA_DIR", HPCT_TEST_DATA_DIR); }
-fs::path source_dir() { return env_or("HPCT_SOURCE_DIR", HPCT_TEST_SOURCE_DIR); }
+using hpct::test::data_dir;
+using hpct::test::source_dir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
