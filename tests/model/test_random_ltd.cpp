@@ -66,6 +66,24 @@ double train_loss(model::Gpt& m, const std::vector<float>& p, const Batch& d) {
   return l;
 }
 
+// Layer 0's kept positions of the last training step, as two batches: `masked` (d with targets
+// on the kept rows only) and `sub` (the kept tokens alone, a sequence of k per sample).
+void split_kept(const model::Gpt& ltd, const Batch& d, int k, Batch& masked, Batch& sub) {
+  masked = d;
+  sub.T = k;
+  sub.tok.assign(d.B * k, 0), sub.tgt.assign(d.B * k, 0);
+  std::fill(masked.tgt.begin(), masked.tgt.end(), -1);
+  for (int b = 0; b < d.B; ++b) {
+    const std::vector<int> pos = ltd.kept_positions(0, b);
+    ASSERT_EQ((int)pos.size(), k);
+    for (int j = 0; j < k; ++j) {
+      masked.tgt[b * d.T + pos[j]] = d.tgt[b * d.T + pos[j]];
+      sub.tok[b * k + j] = d.tok[b * d.T + pos[j]];
+      sub.tgt[b * k + j] = d.tgt[b * d.T + pos[j]];
+    }
+  }
+}
+
 std::vector<float> grads_of(model::Gpt& m, std::vector<float>& p, const Batch& d, double* loss = nullptr) {
   std::vector<float> g(p.size(), 0.0f);
   model::FlatParamStore st(m.layout(), p.data(), g.data());
@@ -121,19 +139,9 @@ TEST(RandomLtd, KeptRowsEqualThePlainLayerOnTheSubset) {
   const int k = 5;
   ltd.set_kept_tokens(k, 3, 0);
   train_loss(ltd, p, d);  // draws the positions
-  Batch masked = d, sub;
-  sub.T = k;
-  sub.tok.assign(d.B * k, 0), sub.tgt.assign(d.B * k, 0);
-  std::fill(masked.tgt.begin(), masked.tgt.end(), -1);
-  for (int b = 0; b < d.B; ++b) {
-    const std::vector<int> pos = ltd.kept_positions(0, b);
-    ASSERT_EQ((int)pos.size(), k);
-    for (int j = 0; j < k; ++j) {
-      masked.tgt[b * d.T + pos[j]] = d.tgt[b * d.T + pos[j]];
-      sub.tok[b * k + j] = d.tok[b * d.T + pos[j]];
-      sub.tgt[b * k + j] = d.tgt[b * d.T + pos[j]];
-    }
-  }
+  Batch masked, sub;
+  split_kept(ltd, d, k, masked, sub);
+  if (HasFatalFailure()) return;
   double l_ltd = 0, l_plain = 0;
   std::vector<float> pl = p, pp = p;
   const std::vector<float> g_ltd = grads_of(ltd, pl, masked, &l_ltd);
@@ -291,19 +299,12 @@ TEST(RandomLtd, RotaryKeptRowsKeepTheirPositions) {
     ltd.init_params(p.data(), 5);
     ltd.set_kept_tokens(k, seed, 0);
     train_loss(ltd, p, d);
-    Batch masked = d, sub;
-    sub.T = k;
-    sub.tok.assign(d.B * k, 0), sub.tgt.assign(d.B * k, 0);
-    std::fill(masked.tgt.begin(), masked.tgt.end(), -1);
+    Batch masked, sub;
+    split_kept(ltd, d, k, masked, sub);
     *contiguous = true;
     for (int b = 0; b < d.B; ++b) {
       const std::vector<int> pos = ltd.kept_positions(0, b);
-      *contiguous = *contiguous && pos.back() - pos.front() == k - 1;
-      for (int j = 0; j < k; ++j) {
-        masked.tgt[b * d.T + pos[j]] = d.tgt[b * d.T + pos[j]];
-        sub.tok[b * k + j] = d.tok[b * d.T + pos[j]];
-        sub.tgt[b * k + j] = d.tgt[b * d.T + pos[j]];
-      }
+      *contiguous = *contiguous && pos.size() == size_t(k) && pos.back() - pos.front() == k - 1;
     }
     double l_ltd = 0, l_plain = 0;
     std::vector<float> pl = p, pp = p;
