@@ -122,8 +122,68 @@ def check_ltd(recs):
           f"as DeepSpeed's scheduler gives")
 
 
+def check_learning_rates(recs):
+    """Every train record's learning_rates holds one learning rate per iteration since the record
+    before it (its last one is learning_rate), and together they are Megatron's iteration-based
+    schedule (recomputed here from the segment's config) step by step, where a skipped fp16 step
+    repeats the rate of the step taken after it (the scheduler only moves on a taken step): so
+    the rates cannot be rebuilt from the config alone, and the skips show. Needs a schedule that
+    moves at every step (warmup or decay, not a constant stretch) to tell a skip from a step."""
+    seg = [r for r in recs if r.get("type") == "segment"][-1]
+    cfg = seg["config"]
+    styles = {0: "constant", 1: "linear", 2: "cosine"}  # LrStyle's order (train_config.hpp)
+    assert cfg["lr_style"] in styles, f"lr_style {cfg['lr_style']}: only Megatron's constant/linear/cosine are recomputed"
+    assert not (cfg["lr_warmup_tokens"] or cfg["lr_decay_tokens"] or cfg["train_samples"] or cfg["rampup_batch_size"]), \
+        "token- and sample-based schedules are not recomputed here"
+    lr, min_lr, W, D = cfg["lr"], cfg["min_lr"], cfg["lr_warmup_iters"], cfg["lr_decay_iters"]
+
+    def sched(s):  # schedules.cpp, iteration-based: step s (0-based) counts s + 1
+        it = s + 1
+        if W > 0 and it <= W:
+            return lr * it / W
+        if styles[cfg["lr_style"]] == "constant":
+            return lr
+        if it > D:
+            return min_lr
+        ratio = min(max((it - W) / max(1.0, D - W), 0.0), 1.0)
+        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0) if styles[cfg["lr_style"]] == "cosine" else 1.0 - ratio
+        return min_lr + coeff * (lr - min_lr)
+
+    train = [r for r in recs if r.get("type") == "train"]
+    assert train, "no train records"
+    assert seg["resumed_from_iteration"] == 0, "a fresh run: the schedule is walked from step 0"
+    rates, prev = [], 0
+    for r in train:
+        got = r.get("learning_rates")
+        assert isinstance(got, list), f"iteration {r['iteration']}: no learning_rates list"
+        assert len(got) == r["iteration"] - prev, \
+            f"iteration {r['iteration']}: {len(got)} learning rates for iterations {prev + 1}..{r['iteration']}"
+        assert got[-1] == r["learning_rate"], f"iteration {r['iteration']}: last rate {got[-1]} != learning_rate {r['learning_rate']}"
+        rates += got
+        prev = r["iteration"]
+
+    def close(a, b):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0)
+
+    assert close(rates[0], sched(0)), f"iteration 1: learning rate {rates[0]}, schedule {sched(0)}"
+    step, repeats = 0, 0
+    for i, v in enumerate(rates[1:], 2):
+        if close(v, sched(step + 1)):
+            step += 1
+        elif close(v, sched(step)):
+            repeats += 1  # the iteration before was skipped: the scheduler did not move
+        else:
+            raise AssertionError(f"iteration {i}: learning rate {v}, schedule step {step + 1} {sched(step + 1)} "
+                                 f"(or {sched(step)} after a skipped step)")
+    skipped = train[-1]["skipped_iterations"]
+    # A skip is seen by the rate after it, so a skipped last iteration goes unseen.
+    assert repeats in (skipped, skipped - 1), f"{repeats} repeated rates for {skipped} skipped iterations"
+    print(f"learning rate at every iteration: {len(rates)} rates in {len(train)} records, {step + 1} schedule steps, "
+          f"{repeats} repeated by skipped steps; {rates[0]:.6g} -> {rates[-1]:.6g}")
+
+
 CHECKS = {"loss_falls": check_loss_falls, "schema": check_schema, "tp_bytes": check_tp_bytes, "slw": check_slw,
-          "ltd": check_ltd}
+          "ltd": check_ltd, "learning_rates": check_learning_rates}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rc", type=int)

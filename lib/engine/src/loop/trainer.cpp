@@ -365,6 +365,10 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   long long& nan_iters = nan_iters_;
   // Tokens and model FLOPs of the interval's steps at their real lengths (sequence-length warmup).
   double interval_tokens = 0, interval_flops = 0;
+  // The learning rate of each step of the interval: the log line shows only the last, and a plot
+  // of every iteration cannot rebuild the rest from the config (skipped fp16 steps, tokens under
+  // seqlen warmup or random-LTD, batch ramp-up and DeepSpeed's schedules all move it).
+  std::vector<double> interval_lrs;
   const long long tokens_at_start = consumed_tokens_;
   const bool saving = !cfg_.save_dir.empty();
   if (saving) install_save_on_signal_handlers();
@@ -421,6 +425,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       ++n_acc;
     }
     ++n_steps_in_interval;
+    interval_lrs.push_back(rec.learning_rate);
     interval_tokens += double(rec.global_batch) * rec.seqlen;
     interval_flops += model_->flops_per_iteration(rec.global_batch, rec.seqlen, rec.ltd_kept);
     // --train-tokens: this is the last step once that many tokens are consumed (Megatron-DeepSpeed).
@@ -463,6 +468,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"consumed_tokens", consumed_tokens_},
                             {"elapsed_ms_per_iteration", secs * 1e3},
                             {"learning_rate", rec.learning_rate},
+                            {"learning_rates", interval_lrs},  // one per iteration since the last record, ending with learning_rate
                             {"global_batch_size", rec.global_batch},
                             {"lm_loss", loss},
                             {"loss_scale", rec.loss_scale},
@@ -514,6 +520,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       loss_acc = 0;
       n_acc = 0;
       n_steps_in_interval = 0;
+      interval_lrs.clear();
       interval_tokens = interval_flops = 0;
       clock_->clear();
       interval.reset();
