@@ -11,6 +11,15 @@
 //   draws, within 0.015: about 4 standard deviations); top-k and top-p cut what they should; the
 //   padding columns are never drawn; the same seed gives the same draws; the log-probability is the
 //   model's; bad settings name their flag.
+// - generation (model/generation.hpp): a copied decoder slot continues exactly as its original
+//   (bitwise: the same rows in the same GEMM shapes); samples do not depend on the batching (the
+//   same batch shapes are not guaranteed, so within the greedy choice: equal ids); a stop check ends
+//   a sample at the token it names; the repetition penalty divides positive and multiplies negative
+//   logits once per distinct id; beam search of width 1 is greedy, and a beam wide enough to keep
+//   every prefix finds the exhaustive best sum of log-probabilities of a 6-id vocabulary at 3 new
+//   tokens (within 1e-6 relative: cached steps against full passes, whose GEMMs differ in
+//   shape), its hypotheses best first with
+//   score = sum / length^length_penalty.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +30,7 @@
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/backend.hpp"
 #include "hpct/model/decoder.hpp"
+#include "hpct/model/generation.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/model/sampling.hpp"
 
@@ -273,4 +283,132 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   kernels::BackendScope backend;
   return RUN_ALL_TESTS();
+}
+
+TEST(Generation, CopiedSlotContinuesAsItsOriginal) {
+  const GptConfig c = tiny();
+  std::vector<float> p = params_of(c, 21);
+  const int Vp = c.padded_vocab();
+  const auto ctx = tokens(9, 4, c.vocab_size);
+  Decoder d(c, p.data(), 3);
+  std::vector<float> a(Vp), b(Vp), l2(2 * (size_t)Vp);
+  d.extend(2, ctx.data(), 9, a.data());
+  d.extend(0, ctx.data(), 4, nullptr);  // something else there first: copy must replace it
+  d.copy(2, 0);
+  EXPECT_EQ(d.length(0), 9);
+  const int32_t next[2] = {5, 5};
+  const int both[2] = {0, 2};
+  d.step(both, next, 2, l2.data());
+  for (int v = 0; v < Vp; ++v) ASSERT_EQ(l2[v], l2[(size_t)Vp + v]) << "id " << v;
+}
+
+TEST(Generation, SamplesDoNotDependOnBatchingAndStopWhereAsked) {
+  const GptConfig c = tiny();
+  std::vector<float> p = params_of(c, 23);
+  model::GenerationConfig g;
+  g.max_new = 12;
+  g.sampling.temperature = 0.8;
+  g.eod = 7;
+  std::vector<model::Sample> one, three;
+  for (int i = 0; i < 5; ++i) {
+    model::Sample s;
+    s.prompt = tokens(3 + i, 30 + i, c.vocab_size);
+    s.stream = i;
+    one.push_back(s);
+  }
+  three = one;
+  model::Generator(c, p.data(), c.vocab_size, 1).sample(one, g);
+  model::Generator(c, p.data(), c.vocab_size, 3).sample(three, g);
+  int tokens_made = 0;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(one[i].ids, three[i].ids) << "sample " << i;
+    EXPECT_EQ(one[i].ids.size(), one[i].logprobs.size());
+    tokens_made += (int)one[i].ids.size();
+    if (!one[i].ids.empty() && one[i].ids.back() == 7) {
+      EXPECT_EQ(one[i].stop, "eod");
+    }
+  }
+  EXPECT_GT(tokens_made, 20);
+  // A stop check naming the second token of sample 0 ends it there.
+  const int32_t second = one[0].ids.size() > 1 ? one[0].ids[1] : -1;
+  ASSERT_GE(second, 0);
+  std::vector<model::Sample> again{one[0]};
+  model::Generator(c, p.data(), c.vocab_size, 1).sample(again, g, [&](const model::Sample& s) { return s.ids.back() == second; });
+  const size_t at = std::find(one[0].ids.begin(), one[0].ids.end(), second) - one[0].ids.begin();
+  EXPECT_EQ(again[0].ids, std::vector<int32_t>(one[0].ids.begin(), one[0].ids.begin() + at + 1));
+  EXPECT_EQ(again[0].stop, "stop_sequence");
+}
+
+TEST(Generation, RepetitionPenaltyOncePerDistinctId) {
+  std::vector<float> l = {2.0f, -2.0f, 1.0f, 4.0f, 9.0f};  // id 4: beyond V = 4
+  const int32_t seen[] = {0, 1, 0, 0, 4, 9};
+  model::apply_repetition_penalty(l.data(), 4, seen, 6, 2.0);
+  EXPECT_EQ(l, (std::vector<float>{1.0f, -4.0f, 1.0f, 4.0f, 9.0f}));
+}
+
+namespace {
+// Tiny with 6 real ids: every 3-token continuation can be scored.
+GptConfig six_ids() {
+  GptConfig c = tiny();
+  c.vocab_size = 6;
+  c.vocab_multiple = 8;
+  return c;
+}
+double log_softmax_at(const float* l, int V, int id) {
+  const float m = *std::max_element(l, l + V);
+  double z = 0;
+  for (int v = 0; v < V; ++v) z += std::exp(double(l[v]) - m);
+  return double(l[id]) - (std::log(z) + m);
+}
+}  // namespace
+
+TEST(Generation, BeamSearchIsGreedyAtWidthOneAndExhaustiveWhenWide) {
+  const GptConfig c = six_ids();
+  std::vector<float> p = params_of(c, 29);
+  const int V = c.vocab_size, Vp = c.padded_vocab();
+  const std::vector<int32_t> prompt = {1, 4, 2};
+  model::GenerationConfig g;
+  g.max_new = 3;
+  g.sampling.temperature = 0;
+  std::vector<model::Sample> greedy{{prompt, {}, {}, {}, 0, 0}};
+  model::Generator(c, p.data(), V, 2).sample(greedy, g);
+  g.beam_width = 1;
+  auto w1 = model::Generator(c, p.data(), V, 2).beam_search(prompt, g);
+  ASSERT_EQ(w1.size(), 1u);
+  EXPECT_EQ(w1[0].ids, greedy[0].ids);
+  // Every continuation of 3 ids, scored by full passes.
+  Decoder d(c, p.data(), 1);
+  std::vector<float> rows(6 * (size_t)Vp);
+  double best = -1e300;
+  std::vector<int32_t> best_ids;
+  for (int a = 0; a < V; ++a)
+    for (int b = 0; b < V; ++b)
+      for (int e = 0; e < V; ++e) {
+        std::vector<int32_t> t = prompt;
+        t.insert(t.end(), {a, b, e});
+        d.clear(0);
+        d.extend(0, t.data(), (int)t.size(), rows.data(), true);
+        double sum = 0;
+        for (int k = 0; k < 3; ++k) sum += log_softmax_at(rows.data() + (size_t)(prompt.size() - 1 + k) * Vp, V, t[prompt.size() + k]);
+        if (sum > best) best = sum, best_ids = {a, b, e};
+      }
+  g.beam_width = 36;  // >= V^2: every 2-token prefix kept
+  g.length_penalty = 0;
+  auto wide = model::Generator(c, p.data(), V, 72).beam_search(prompt, g);
+  ASSERT_EQ(wide.size(), 36u);
+  EXPECT_EQ(wide[0].ids, best_ids);
+  EXPECT_NEAR(wide[0].score, best, 1e-6 * std::fabs(best));
+  for (size_t i = 1; i < wide.size(); ++i) EXPECT_GE(wide[i - 1].score, wide[i].score);
+  g.beam_width = 3;
+  g.length_penalty = 1;
+  auto w3 = model::Generator(c, p.data(), V, 6).beam_search(prompt, g);
+  ASSERT_FALSE(w3.empty());
+  for (const auto& h : w3) {
+    double sum = 0;
+    for (double x : h.logprobs) sum += x;
+    EXPECT_NEAR(h.score, sum / h.ids.size(), 1e-12);
+  }
+  double greedy_sum = 0;
+  for (double x : greedy[0].logprobs) greedy_sum += x;
+  EXPECT_GE(w3[0].score * 3 + 1e-9, greedy_sum) << "a beam of 3 keeps the greedy path, so it cannot end below it";
 }

@@ -58,6 +58,18 @@ void Decoder::extend(int s, const int32_t* tokens, int n, float* logits, bool al
   len_[s] += n;
 }
 
+void Decoder::copy(int from, int to) {
+  if (from < 0 || from >= sequences() || to < 0 || to >= sequences())
+    throw Error("Decoder::copy: no sequence " + std::to_string(from < 0 || from >= sequences() ? from : to));
+  if (from == to) return;
+  const size_t n = (size_t)len_[from] * KVC_;
+  for (int l = 0; l < L_; ++l) {
+    std::copy_n(kcache(l, from, 0), n, kcache(l, to, 0));
+    std::copy_n(vcache(l, from, 0), n, vcache(l, to, 0));
+  }
+  len_[to] = len_[from];
+}
+
 void Decoder::step(const int* seqs, const int32_t* tokens, int k, float* logits) {
   std::vector<Row> rows(k);
   std::vector<int> out(k);

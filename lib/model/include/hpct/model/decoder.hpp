@@ -43,6 +43,9 @@ class Decoder {
   int length(int s) const { return len_.at(s); }
   /// Forgets sequence s (its next token is position 0).
   void clear(int s) { len_.at(s) = 0; }
+  /// Sequence to becomes a copy of sequence from (its cached keys and values and its length), as a
+  /// beam search continues one hypothesis in several slots.
+  void copy(int from, int to);
   int sequences() const { return static_cast<int>(len_.size()); }
   const GptConfig& config() const { return cfg_; }
   size_t cache_bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
