@@ -10,8 +10,8 @@ joined by the same code.
 
 Records (one JSON object a line, "type" says which): "segment" (first record of each segment:
 resumed_from_iteration R, checkpoint, wall_time, hosts, git_commit, ...), "train" (one per log
-interval), "eval", "summary" (end of a segment; a killed segment has none). Other types pass
-through.
+interval; "learning_rates": the rate of each of its iterations, see learning_rates()), "eval",
+"summary" (end of a segment; a killed segment has none). Other types pass through.
 
 Stitching rule, applied in reading order over all files:
   - a segment record with resumed_from_iteration R drops every earlier train/eval record with
@@ -31,8 +31,8 @@ import math
 import os
 import sys
 
-__all__ = ["MetricsError", "Record", "Segment", "Run", "load_run", "split_run_arg", "stitched_lines", "summary_table",
-           "main"]
+__all__ = ["MetricsError", "Record", "Segment", "Run", "load_run", "learning_rates", "split_run_arg", "stitched_lines",
+           "summary_table", "main"]
 
 
 class MetricsError(Exception):
@@ -274,6 +274,30 @@ def load_run(paths):
         if its:
             seg.first_iteration, seg.last_iteration = its[0], its[-1]
     return run
+
+
+def learning_rates(run):
+    """The learning rate of every iteration the stitched run recorded: [(iteration, rate,
+    per_iteration)], by increasing iteration.
+
+    A train record's "learning_rates" holds the rate of each iteration since the record before it
+    (written by the trainer, one per step; its last is "learning_rate"): those are spread over
+    the iterations they belong to, per_iteration True. A record without the list (files written
+    before the trainer recorded it) gives its logged "learning_rate" alone, per_iteration False.
+    Iterations that no kept record covers (a segment killed after its checkpoint and before its
+    next log line) are left out, not filled in. A later record wins an iteration two records
+    claim, as in the stitching rule.
+    """
+    by_it = {}
+    for r in run.train:
+        it, rates = r.data["iteration"], r.data.get("learning_rates")
+        if isinstance(rates, list) and 0 < len(rates) <= it and all(_is_num(v) for v in rates):
+            first = it - len(rates) + 1
+            for k, v in enumerate(rates):
+                by_it[first + k] = (v, True)
+        elif _is_num(r.data.get("learning_rate")):
+            by_it[it] = (r.data["learning_rate"], False)
+    return [(it, v, every) for it, (v, every) in sorted(by_it.items())]
 
 
 def split_run_arg(arg):

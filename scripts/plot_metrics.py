@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Draws one PNG from pretrain_gpt / pretrain_moe metrics files: loss against iterations, tokens
-and wall-clock; throughput; memory; learning rate; gradient norm (and the params norm where
---log-params-norm recorded it); loss scale. Several runs overlay. Not a dashboard (no
-smoothing, no live refresh); reading and stitching live in hpct_metrics.py, so what is drawn is
-exactly the stitched run that `hpct_metrics.py --stitch` writes.
+and wall-clock; throughput; memory; the learning rate of every iteration (each train record's
+"learning_rates"; files without them give the rate at log lines only, and say so in the legend);
+gradient norm (and the params norm where --log-params-norm recorded it); loss scale. Several runs
+overlay. Not a dashboard (no smoothing, no live refresh); reading and stitching live in
+hpct_metrics.py, so what is drawn is exactly the stitched run that `hpct_metrics.py --stitch`
+writes.
 
     plot_metrics.py RUN.jsonl [RUN2.jsonl ...] -o out.png [--label NAME ...] [--title T] [--segments]
 
@@ -78,6 +80,22 @@ def _segment_lines(ax, run, color, xfun):
             ax.axvline(x, color=color, linestyle=":", linewidth=1.2, alpha=0.8)
 
 
+def _lr_line(points):
+    """x, y of hpct_metrics.learning_rates(run) for one line, broken (a NaN) where two
+    per-iteration points are more than one iteration apart: nothing recorded those iterations, so
+    nothing is drawn there. Logged-only points (older files) are joined as before."""
+    xs, ys = [], []
+    prev = None
+    for it, lr, every in points:
+        if prev is not None and every and prev[1] and it > prev[0] + 1:
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs.append(it)
+        ys.append(lr)
+        prev = (it, every)
+    return xs, ys
+
+
 def _tokens_at(run, iteration):
     """consumed_tokens of the last kept train record at or before `iteration` (None if none)."""
     best = None
@@ -88,8 +106,8 @@ def _tokens_at(run, iteration):
 
 
 def plot(runs, labels, out, title=None, segments=False):
-    """Draws `runs` (hpct_metrics.Run) into the PNG `out`. Returns the number of train points
-    drawn on the loss-against-iterations panel for each run."""
+    """Draws `runs` (hpct_metrics.Run) into the PNG `out`. Returns, for each run, the number of
+    train points drawn on the loss-against-iterations panel and the learning-rate points."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -109,12 +127,13 @@ def plot(runs, labels, out, title=None, segments=False):
     counts = []
     missing_wall, missing_mem, missing_val = [], [], []
     any_tflops = False
+    any_every_lr = False  # a run recorded the learning rate of every iteration
     for i, (run, label) in enumerate(zip(runs, labels)):
         c = colors[i % len(colors)]
         tr, ev = run.train, run.evals
         xs, ys = _xy(tr, "iteration", "lm_loss")
         ax_it.plot(xs, ys, color=c, linewidth=1.4, label=f"{label} train")
-        counts.append(len(xs))
+        n_loss = len(xs)
         vx, vy = _xy(ev, "iteration", "val_loss")
         if vx:
             ax_it.plot(vx, vy, color=c, linestyle="--", marker="o", markersize=4, linewidth=1, label=f"{label} validation")
@@ -149,8 +168,18 @@ def plot(runs, labels, out, title=None, segments=False):
         if not xs and not dx:
             missing_mem.append(label)
 
-        xs, ys = _xy(tr, "iteration", "learning_rate")
-        ax_lr.plot(xs, ys, color=c, linewidth=1.4, label=label)
+        lrs = hpct_metrics.learning_rates(run)
+        xs, ys = _lr_line(lrs)
+        every = sum(1 for p in lrs if p[2])
+        any_every_lr = any_every_lr or every > 0
+        if every == len(lrs):
+            lr_label = label
+        elif every == 0:
+            lr_label = f"{label} (at log lines only: no learning_rates in the file)"
+        else:
+            lr_label = f"{label} (older records: at log lines only)"
+        ax_lr.plot(xs, ys, color=c, linewidth=1.4, label=lr_label)
+        counts.append((n_loss, len(lrs)))
 
         xs, ys = _xy(tr, "iteration", "grad_norm")  # null (an fp16 overflow) is left out
         ax_gn.plot(xs, ys, color=c, linewidth=1.4, label=f"{label} grad norm")
@@ -178,7 +207,8 @@ def plot(runs, labels, out, title=None, segments=False):
     ax_tps.set(title="throughput", xlabel="iteration", ylabel="tokens/s (whole job, solid)")
     ax_tfl.set_ylabel("TFLOP/s per rank (dashed)")
     ax_mem.set(title="memory", xlabel="iteration", ylabel="GiB per rank (max over ranks)")
-    ax_lr.set(title="learning rate", xlabel="iteration", ylabel="learning rate")
+    ax_lr.set(title="learning rate (every iteration)" if any_every_lr else "learning rate (at log lines)",
+              xlabel="iteration", ylabel="learning rate")
     ax_gn.set(title="gradient norm (before clipping)", xlabel="iteration", ylabel="grad norm (solid)")
     if ax_pn is not None:
         ax_pn.set_ylabel("params norm (dashed, --log-params-norm)")
@@ -247,9 +277,9 @@ def main(argv=None):
         print(f"plot_metrics.py: error: {a.output}: cannot write: {e.strerror or e}", file=sys.stderr)
         return 1
     print(a.output)
-    for run, label, n in zip(runs, labels, counts):
+    for run, label, (n, n_lr) in zip(runs, labels, counts):
         print(f"{label}: {n} train points, {len(run.evals)} eval points, {hpct_metrics.plural(len(run.segments), 'segment')} "
-              f"({len(run.train)} train records)")
+              f"({len(run.train)} train records), {n_lr} learning-rate points")
     return 0
 
 

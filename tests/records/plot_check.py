@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """End-to-end check of scripts/plot_metrics.py and scripts/hpct_metrics.py on a metrics file: the
 PNG is written and is a real PNG of a sensible size, the plot drew one point per stitched train
-record, and `hpct_metrics.py --stitch` writes each iteration once, in increasing order. Not a
-check of what the curves look like (look at the PNG for that).
+record and one learning rate per iteration the train records' "learning_rates" cover, and
+`hpct_metrics.py --stitch` writes each iteration once, in increasing order. Not a check of what
+the curves look like (look at the PNG for that).
 
     plot_check.py METRICS OUT.png     # METRICS: a file, or a run's segment files joined by commas
     plot_check.py --synthetic DIR     # writes synthetic runs into DIR and checks those, including
@@ -27,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.normpath(os.path.join(HERE, "..", "..", "scripts"))
 sys.path.insert(0, SCRIPTS)
 import hpct_metrics  # noqa: E402
+import plot_metrics  # noqa: E402  (matplotlib is imported only when plotting)
 
 FAILS = []
 PY = None  # the interpreter that runs the tools: set in main()
@@ -72,13 +74,26 @@ def check_file(metrics, out_png):
     check(size is not None, f"{name} exists and starts with the PNG signature and IHDR")
     if size:
         check(size[0] > 300 and size[1] > 300, f"{name} is {size[0]}x{size[1]} pixels (> 300 each way)")
-    m = re.search(r": (\d+) train points, (\d+) eval points, (\d+) segments? \((\d+) train records\)", out)
+    m = re.search(r": (\d+) train points, (\d+) eval points, (\d+) segments? \((\d+) train records\), "
+                  r"(\d+) learning-rate points", out)
     if check(m is not None, "plot_metrics.py prints the points drawn"):
         drawn = int(m.group(1))
         with_loss = sum(1 for r in run.train if hpct_metrics._is_num(r.data.get("lm_loss")))
         check(drawn == with_loss, f"train points drawn ({drawn}) = stitched train records with a loss ({with_loss})")
         check(int(m.group(4)) == len(run.train), f"train records reported ({m.group(4)}) = stitched ({len(run.train)})")
         check(int(m.group(3)) == len(run.segments), f"segments reported ({m.group(3)}) = stitched ({len(run.segments)})")
+        # One learning rate per iteration each train record covers: the whole list where it has
+        # one (iterations after the kept record before it), else its logged rate.
+        want, prev, bad = 0, 0, []
+        for r in run.train:
+            rates, it = r.data.get("learning_rates"), r.data["iteration"]
+            if isinstance(rates, list) and not (0 < len(rates) <= it - prev and rates[-1] == r.data.get("learning_rate")):
+                bad.append(f"{it}: {len(rates)} rates after the record at {prev}")
+            want += len(rates) if isinstance(rates, list) else 1
+            prev = it
+        check(not bad, f"each learning_rates list covers iterations after the record before it and ends with "
+                       f"learning_rate {bad[:3]}")
+        check(int(m.group(5)) == want, f"learning-rate points drawn ({m.group(5)}) = iterations the train records cover ({want})")
 
     stitched = os.path.splitext(out_png)[0] + ".stitched.jsonl"
     rc, out, err = run_tool("hpct_metrics.py", *hpct_metrics.split_run_arg(metrics), "--stitch", stitched, "--summary")
@@ -113,14 +128,24 @@ def _seg(k, r, wall, ckpt, hosts=("n1", "n2")):
             "config": {"train_iters": 40, "log_interval": 2}, "discarded_records": 0, "discarded_file": None}
 
 
-def _train(i, wall, seg, new_format=True):
+def _lr(i):
+    """The synthetic runs' learning rate at iteration i: warmup to 10, cosine decay to 1e-4 at 40
+    (a curve, so rates at log lines joined by straight lines are not it)."""
+    if i <= 10:
+        return 1e-3 * i / 10
+    return 1e-4 + 0.5 * (1 + math.cos(math.pi * min(1.0, (i - 10) / 30))) * 9e-4
+
+
+def _train(i, wall, seg, new_format=True, prev=None):
+    """A train record of iteration i; a new-format one carries the rates of prev + 1 .. i."""
     tps = 4096.0 / (1.0 + 0.05 * seg)
     r = {"type": "train", "iteration": i, "consumed_samples": 32 * i, "consumed_tokens": 32 * 128 * i,
-         "elapsed_ms_per_iteration": 1000.0, "learning_rate": 1e-3 * min(1.0, i / 10), "global_batch_size": 32,
+         "elapsed_ms_per_iteration": 1000.0, "learning_rate": _lr(i), "global_batch_size": 32,
          "lm_loss": 2.0 + 8.0 * math.exp(-i / 12) + 0.01 * seg, "loss_scale": 1.0, "grad_norm": 1.0 / (1 + i),
          "skipped_iterations": 0, "nan_iterations": 0, "tokens_per_second": tps, "tokens_per_second_per_rank": tps / 2,
          "tflops_per_rank": 0.5 + 0.01 * seg}
     if new_format:
+        r["learning_rates"] = [_lr(j) for j in range((i - 1 if prev is None else prev) + 1, i + 1)]  # one per iteration
         r["wall_time"] = wall
         r["memory"] = {"peak_rss_bytes": (1.5 + 0.02 * i) * (1 << 30)}
         r["timers_ms"] = {"forward": 300.0, "backward": 600.0, "grad_reduce": 50.0, "optimizer": 50.0}
@@ -135,15 +160,17 @@ def _eval(i, wall, new_format=True):
     return r
 
 
-def _segment_records(k, r, last, t_start, new_format, with_summary):
-    """Records of one segment resumed from r, logging every 2 iterations up to last, 1 s each,
-    5 s of start-up; evaluation every 10."""
+def _segment_records(k, r, last, t_start, new_format, with_summary, log_every=2):
+    """Records of one segment resumed from r, logging every log_every iterations up to last, 1 s
+    each, 5 s of start-up; evaluation every 10."""
     recs = [_seg(k, r, t_start, None if r == 0 else f"ckpt/iter_{r:07d}.h5")] if new_format else []
     t = t_start + 5.0
+    prev = r  # the iteration of the segment's last train record: its learning_rates start after it
     for i in range(r + 1, last + 1):
         t += 1.0
-        if i % 2 == 0:
-            recs.append(_train(i, t, k, new_format))
+        if i % log_every == 0:
+            recs.append(_train(i, t, k, new_format, prev))
+            prev = i
         if i % 10 == 0:
             t += 0.5
             recs.append(_eval(i, t, new_format))
@@ -185,6 +212,30 @@ def synthetic(d):
               f"3 segments: wall clock continues at 19.5 s ({run.segments[1].wall_start_s}), gaps removed")
         last = run.train[-1].elapsed_s
         check(abs(last - (19.5 + 5 + 12 + 0.5) - (5 + 14 + 0.5)) < 1e-9, f"3 segments: last train record at {last} s")
+        lrs = hpct_metrics.learning_rates(run)
+        check(lrs == [(i, _lr(i), True) for i in range(1, 41)],
+              "3 segments: the learning rate of every iteration 1..40, each the value recorded for it "
+              f"({[p[0] for p in lrs][:3]}...{[p[0] for p in lrs][-3:]})")
+        xs, _ = plot_metrics._lr_line(lrs)
+        check(xs == list(range(1, 41)), "3 segments: the learning-rate line is one piece (no iteration missing)")
+
+    # A resume between log lines (log every 4, checkpoint at 14): segment 1's record at 16 held
+    # iterations 13..16 and is dropped; segment 2's first record holds 15..16. Iterations 13 and 14
+    # were trained, but no kept record has their rate: the line breaks there, nothing is made up.
+    g1, t1 = _segment_records(1, 0, 18, T0, True, False, log_every=4)
+    g2, _ = _segment_records(2, 14, 24, t1 + 600.0, True, True, log_every=4)
+    path = os.path.join(d, "resume_between_log_lines.jsonl")
+    write_jsonl(path, g1 + g2)
+    run = check_file(path, os.path.join(d, "resume_between_log_lines.png"))
+    if run:
+        lrs = hpct_metrics.learning_rates(run)
+        want = list(range(1, 13)) + list(range(15, 25))
+        check(lrs == [(i, _lr(i), True) for i in want],
+              f"resume between log lines: learning rates of iterations 1..12 and 15..24 ({[p[0] for p in lrs]})")
+        xs, ys = plot_metrics._lr_line(lrs)
+        gaps = [k for k, x in enumerate(xs) if math.isnan(x)]
+        check(len(gaps) == 1 and xs[gaps[0] - 1] == 12 and xs[gaps[0] + 1] == 15 and math.isnan(ys[gaps[0]]),
+              "resume between log lines: the learning-rate line breaks between 12 and 15, nothing drawn across")
 
     # Today's format: no segment records, no wall_time or memory; one file per segment.
     o1, _ = _segment_records(1, 0, 20, T0, False, False)
@@ -199,6 +250,9 @@ def synthetic(d):
         check(not run.has_wall_time, "old format: no wall-clock axis")
         check([s.resumed_from for s in run.segments] == [None, 14] and all(s.inferred for s in run.segments),
               "old format: inferred segments, the second resumed from its summary's start_iteration 14")
+        lrs = hpct_metrics.learning_rates(run)
+        check(lrs == [(i, _lr(i), False) for i in want] and plot_metrics._lr_line(lrs)[0] == want,
+              "old format (no learning_rates): the logged learning rates, marked as log lines only, joined")
 
     # Bad input: one line naming file and line, exit status 1, no traceback.
     bad = os.path.join(d, "bad.jsonl")
