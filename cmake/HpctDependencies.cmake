@@ -14,6 +14,8 @@ find_package(BZip2 REQUIRED)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 # SentencePiece tokenizers (io/sentencepiece_tokenizer.hpp): libsentencepiece-dev.
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# generate's text-generation server (apps/generate/server.cpp): libcpp-httplib-dev.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 find_library(HPCT_AIO_LIBRARY aio REQUIRED)
 find_path(HPCT_AIO_INCLUDE_DIR libaio.h REQUIRED)
 add_library(hpct_libaio INTERFACE)

@@ -25,6 +25,7 @@ pkgs=(
   zlib1g-dev libzstd-dev libbz2-dev     # preprocess_data reads .gz, .zst and .bz2 corpora
   zstd gzip bzip2 xz-utils              # tests: make those corpora (and an .xz one it refuses)
   libsentencepiece-dev sentencepiece   # SentencePiece tokenizers; spm_train/spm_encode in tests
+  libcpp-httplib-dev                    # generate --server: the HTTP text-generation server
   libgtest-dev                          # unit tests under CTest
   clang libclang-rt-14-dev              # sanitizer build and libFuzzer targets (scripts/sanitize.sh)
   libomp-14-dev                         # OpenMP for that Clang build (GCC's libgomp comes with build-essential)

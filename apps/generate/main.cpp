@@ -1,5 +1,6 @@
-// generate — text from a trained GPT checkpoint: greedy, temperature, top-k, top-p, with a
-// key/value cache (model/decoder.hpp) and several prompts decoded together.
+// generate — text from a trained GPT checkpoint: greedy, temperature, top-k, top-p, a repetition
+// penalty, stop strings or beam search (model/generation.hpp), with a key/value cache and several
+// prompts decoded together; from the command line, interactively, or as an HTTP server (server.hpp).
 //
 //   generate --load checkpoints/gpt-tiny --prompt "The jury said" --max-new-tokens 40 --temperature 0
 //
@@ -23,17 +24,14 @@
 #include "hpct/core/file.hpp"
 #include "hpct/core/report.hpp"
 #include "hpct/core/units.hpp"
-#include "hpct/engine/checkpoint/checkpoint_state.hpp"
-#include "hpct/engine/checkpoint/checkpointer.hpp"
-#include "hpct/engine/checkpoint/tokenizer_identity.hpp"
-#include "hpct/engine/checkpoint/hf_gpt2.hpp"
 #include "hpct/engine/config/preflight.hpp"
-#include "hpct/io/tokenizer.hpp"
 #include "hpct/kernels/backend.hpp"
-#include "hpct/model/decoder.hpp"
-#include "hpct/model/sampling.hpp"
+#include "hpct/model/generation.hpp"
+#include "server.hpp"
+#include "session.hpp"
 
 using namespace hpct;
+using generate::Session;
 
 namespace {
 const char* kHelp =
@@ -56,6 +54,13 @@ const char* kHelp =
     "  --temperature T         0: greedy (the most likely token); default 1\n"
     "  --top-k K               keep the K most likely tokens (default 0: all)\n"
     "  --top-p P               keep the most likely tokens whose probability reaches P (default 1: all)\n"
+    "  --repetition-penalty R  divide the logits of ids already in the prompt or output by R (multiply\n"
+    "                          where negative) before choosing; 1 (default): off; 1.2 is common\n"
+    "  --stop TEXT             stop a sample once its text contains TEXT (repeat for several; the text\n"
+    "                          keeps TEXT, as Hugging Face's stop_strings)\n"
+    "  --beam-width W          beam search with W hypotheses (deterministic: no temperature, top-k or\n"
+    "                          top-p); prints every finished hypothesis, best first, with its score\n"
+    "  --length-penalty A      beam score = sum of log-probabilities / generated length^A (default 1)\n"
     "  --seed S                sampling seed (default 1234); each prompt draws from its own stream, so\n"
     "                          its text does not depend on the batching\n"
     "  --micro-batch-size N    prompts decoded together (default 8)\n"
@@ -69,6 +74,14 @@ const char* kHelp =
     "                          every sample as a JSON line: prompt, text, ids, length, finished\n"
     "  Megatron's generate_text.sh spellings: --out-seq-length (= --max-new-tokens), --top_k, --top_p,\n"
     "  --sample-input-file (= --prompts-file), --recompute (= --no-kv-cache)\n"
+    "  --interactive           read prompts from standard input one line at a time, answering each\n"
+    "                          before the next is read (\"stop\" or end of input ends)\n"
+    "  --server                serve text generation over HTTP: PUT or POST JSON to /api with\n"
+    "                          Megatron's fields (prompts, tokens_to_generate, temperature, top_k,\n"
+    "                          top_p, logprobs, random_seed, add_BOS, stop_on_eol, stop_on_double_eol,\n"
+    "                          beam_width, stop_token, length_penalty; also stop, repetition_penalty);\n"
+    "                          answers {text, segments, logprobs | scores, tokens}; one request at a time\n"
+    "  --host H, --port P      where the server listens (default 127.0.0.1:5000; port 0: any free one)\n"
     "  --json FILE             per prompt: its ids, the generated ids, each one's log-probability (the\n"
     "                          model's, temperature 1), the text and why it stopped; and the speeds\n"
     "  -h, --help              this text\n"
@@ -81,10 +94,12 @@ struct Options {
   int num_samples = 1;
   bool num_samples_given = false;
   std::vector<std::string> prompts;
-  int max_new = 32, batch = 8;
-  uint64_t seed = 1234;
-  bool cache = true, help = false;
-  model::SamplingConfig sampling;
+  std::vector<std::string> stops;
+  int batch = 8;
+  bool help = false, interactive = false, server = false;
+  std::string host = "127.0.0.1";
+  int port = 5000;
+  model::GenerationConfig gen;
 };
 
 Options parse(int argc, char** argv) {
@@ -98,13 +113,24 @@ Options parse(int argc, char** argv) {
   p.flag("--num-samples", 1, [&](const std::string& v) { o.num_samples = (int)in("--num-samples", v, 1), o.num_samples_given = true; });
   p.flag("--sample-output-file,--genfile", 1, [&](const std::string& v) { o.sample_output = v; });
   p.flag("--prompt-ids", 1, [&](const std::string& v) { o.prompt_ids = v; });
-  p.flag("--max-new-tokens,--out-seq-length", 1, [&](const std::string& v) { o.max_new = (int)in("--max-new-tokens", v, 1); });
-  p.flag("--temperature", 1, [&](const std::string& v) { o.sampling.temperature = cli::to_double("--temperature", v); });
-  p.flag("--top-k,--top_k", 1, [&](const std::string& v) { o.sampling.top_k = (int)in("--top-k", v, 0); });
-  p.flag("--top-p,--top_p", 1, [&](const std::string& v) { o.sampling.top_p = cli::to_double("--top-p", v); });
-  p.flag("--seed", 1, [&](const std::string& v) { o.seed = static_cast<uint64_t>(cli::to_int("--seed", v, 0)); });
+  p.flag("--max-new-tokens,--out-seq-length", 1, [&](const std::string& v) { o.gen.max_new = (int)in("--max-new-tokens", v, 1); });
+  p.flag("--temperature", 1, [&](const std::string& v) { o.gen.sampling.temperature = cli::to_double("--temperature", v); });
+  p.flag("--top-k,--top_k", 1, [&](const std::string& v) { o.gen.sampling.top_k = (int)in("--top-k", v, 0); });
+  p.flag("--top-p,--top_p", 1, [&](const std::string& v) { o.gen.sampling.top_p = cli::to_double("--top-p", v); });
+  p.flag("--repetition-penalty", 1, [&](const std::string& v) { o.gen.repetition_penalty = cli::to_double("--repetition-penalty", v); });
+  p.flag("--stop", 1, [&](const std::string& v) {
+    if (v.empty()) throw config_error("--stop", "--stop needs a non-empty text");
+    o.stops.push_back(v);
+  });
+  p.flag("--beam-width", 1, [&](const std::string& v) { o.gen.beam_width = (int)in("--beam-width", v, 1); });
+  p.flag("--length-penalty", 1, [&](const std::string& v) { o.gen.length_penalty = cli::to_double("--length-penalty", v); });
+  p.flag("--seed", 1, [&](const std::string& v) { o.gen.seed = static_cast<uint64_t>(cli::to_int("--seed", v, 0)); });
   p.flag("--micro-batch-size", 1, [&](const std::string& v) { o.batch = (int)in("--micro-batch-size", v, 1); });
-  p.flag("--no-kv-cache,--recompute", 0, [&](const std::string&) { o.cache = false; });
+  p.flag("--no-kv-cache,--recompute", 0, [&](const std::string&) { o.gen.cache = false; });
+  p.flag("--interactive", 0, [&](const std::string&) { o.interactive = true; });
+  p.flag("--server", 0, [&](const std::string&) { o.server = true; });
+  p.flag("--host", 1, [&](const std::string& v) { o.host = v; });
+  p.flag("--port", 1, [&](const std::string& v) { o.port = (int)cli::to_int("--port", v, 0, 65535); });
   p.flag("--vocab-file", 1, [&](const std::string& v) { o.vocab = v; });
   p.flag("--merge-file", 1, [&](const std::string& v) { o.merges = v; });
   p.flag("--tokenizer-type", 1, [&](const std::string& v) { o.tokenizer_type = v; });
@@ -114,52 +140,77 @@ Options parse(int argc, char** argv) {
   if (o.help) return o;
   if (o.load.empty() == o.load_hf.empty())
     throw config_error("--load", "give one of --load PATH (a checkpoint file or --save directory) and --load-hf PATH");
-  o.sampling.validate();
+  o.gen.validate();
+  if (o.server && o.interactive) throw config_error("--server", "--server and --interactive are two ways to run", "choose one");
+  const bool given = !o.prompts.empty() || !o.prompts_file.empty() || !o.prompt_ids.empty();
+  if ((o.server || o.interactive) && given)
+    throw config_error(o.server ? "--server" : "--interactive", "prompts come from " + std::string(o.server ? "requests" : "standard input") +
+                       " here", "drop --prompt, --prompts-file and --prompt-ids");
   return o;
 }
 
-// The checkpoint's GPT (dense or MoE): its config (vocabulary padded), real vocabulary, tokenizer identity
-// and the run's tokenizer files, and every parameter in layout order.
-struct Loaded {
-  model::GptConfig cfg;
-  int vocab = 0;
-  std::string file, tokenizer;
-  std::optional<io::TokenizerSpec> spec;  // the run's tokenizer, where known
-  std::vector<float> params;
-};
-
-Loaded load_hf(const std::string& path) {
-  engine::HfGpt2 hf = engine::read_hf_gpt2(path);
-  Loaded m;
-  m.cfg = hf.cfg;
-  m.vocab = hf.cfg.vocab_size;
-  m.file = hf.file;
-  m.tokenizer = hf.tokenizer ? "hf" : "unknown: Hugging Face weights without tokenizer files";
-  m.spec = hf.tokenizer;
-  m.params = std::move(hf.params);
-  return m;
+// The prompts given on the command line (or piped in) as samples, num_samples of each, each with
+// its own stream.
+std::vector<model::Sample> command_line_samples(const Options& o, const Session& s, bool unconditional,
+                                                const std::vector<std::string>& texts) {
+  std::vector<model::Sample> res;
+  for (const auto& t : texts) res.push_back({s.encode(t), {}, {}, {}, 0, 0});
+  if (unconditional) res.push_back({{s.eod()}, {}, {}, {}, 0, 0});
+  if (!o.prompt_ids.empty()) res.push_back({s.parse_ids(o.prompt_ids, "--prompt-ids"), {}, {}, {}, 0, 0});
+  if (res.empty()) throw config_error("--prompt", "no prompt given", "use --prompt, --prompts-file or --prompt-ids");
+  for (size_t i = 0; i < res.size(); ++i) s.check_prompt(res[i].prompt, i, o.prompt_ids.empty() ? "--prompt" : "--prompt-ids");
+  std::vector<model::Sample> many;  // each prompt's samples side by side, each with its own stream (its index)
+  for (const auto& r : res)
+    for (int k = 0; k < o.num_samples; ++k) many.push_back(r);
+  for (size_t i = 0; i < many.size(); ++i) many[i].stream = i;
+  return many;
 }
 
-Loaded load(const std::string& path) {
-  engine::CheckpointWeights w = engine::read_checkpoint_weights(path);
-  Loaded m;
-  m.cfg = w.cfg;
-  m.file = w.file;
-  const auto& c = w.stored.meta.config;
-  m.vocab = m.cfg.vocab_size;
-  if (c.contains("model") && c["model"].contains("vocab_size") && c["model"]["vocab_size"].is_number_integer())
-    m.vocab = std::min<int>(m.vocab, c["model"]["vocab_size"].get<int>());
-  m.tokenizer = w.stored.meta.tokenizer;
-  m.spec = engine::stored_tokenizer_spec(c);
-  m.params = std::move(w.params);
-  return m;
+// Samples, or with --beam-width every prompt's finished hypotheses (best first), one after another.
+std::vector<model::Sample> run_all(const Options& o, Session& s, std::vector<model::Sample> in, model::GenerationStats& st) {
+  model::GenerationConfig c = o.gen;
+  c.eod = s.eod();
+  if (c.beam_width == 1) {
+    st += s.generator().sample(in, c, s.stop_check(o.stops));
+    return in;
+  }
+  std::vector<model::Sample> out;
+  for (const auto& x : in)
+    for (auto& h : s.generator().beam_search(x.prompt, c, &st)) out.push_back(std::move(h));
+  return out;
 }
 
-struct Result {
-  std::vector<int32_t> prompt, ids;
-  std::vector<double> logprobs;
-  std::string stop = "max_new_tokens";
-};
+void print_sample(const Session& s, size_t i, const model::Sample& r, bool beam) {
+  std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop;
+  if (beam) std::cout << ", score " << r.score;
+  std::cout << ")\n";
+  if (s.has_tokenizer()) {
+    std::cout << s.prompt_text(r) << s.continuation(r) << "\n";
+  } else {
+    for (int32_t id : r.ids) std::cout << id << " ";
+    std::cout << "\n";
+  }
+  std::cout.flush();
+}
+
+// --interactive: one prompt per line of standard input, answered before the next line is read.
+int interactive(const Options& o, Session& s) {
+  model::GenerationStats st;
+  size_t n = 0;
+  std::string line;
+  for (;;) {
+    std::fprintf(stderr, "prompt (\"stop\" ends) >>> ");
+    if (!std::getline(std::cin, line) || line == "stop") break;
+    if (line.empty()) continue;
+    std::vector<model::Sample> in;
+    model::Sample x{s.encode(line), {}, {}, {}, 0, 0};
+    s.check_prompt(x.prompt, n, "--interactive");
+    for (int k = 0; k < o.num_samples; ++k) in.push_back(x), in.back().stream = n * o.num_samples + k;
+    for (const auto& r : run_all(o, s, std::move(in), st)) print_sample(s, n++, r, o.gen.beam_width > 1);
+  }
+  std::printf("> interactive: %zu samples, %lld tokens generated\n", n, st.new_tokens);
+  return 0;
+}
 
 }  // namespace
 
@@ -174,11 +225,8 @@ static int run(int argc, char** argv) {
   engine::check_file_output(o.json, "--json");  // before the work, not found unwritable after it
   engine::check_file_output(o.sample_output, "--sample-output-file");
   kernels::BackendScope backend;
-  Loaded m = o.load.empty() ? load_hf(o.load_hf) : load(o.load);
+  generate::Loaded m = o.load.empty() ? generate::load_hf(o.load_hf) : generate::load_checkpoint(o.load);
 
-  // Prompts as ids; text through the run's tokenizer (checked against the checkpoint's identity).
-  const bool mock = m.tokenizer.rfind("mock", 0) == 0;
-  std::shared_ptr<const io::Tokenizer> tok;
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
     std::stringstream all;
@@ -188,139 +236,46 @@ static int run(int argc, char** argv) {
       if (!line.empty()) texts.push_back(line);
   }
   // Megatron's unconditional samples: no prompt, --num-samples N, each starting at end-of-document.
-  const bool unconditional = texts.empty() && o.prompt_ids.empty() && (o.num_samples_given || !o.sample_output.empty());
-  if (!texts.empty() || unconditional) {
-    // The run's tokenizer, each file given on the command line instead of the stored one.
-    io::TokenizerSpec s = m.spec.value_or(io::TokenizerSpec{});
-    const bool given = !o.tokenizer_type.empty();
-    if (given) s.type = o.tokenizer_type;
-    if (!o.vocab.empty()) s.vocab_file = o.vocab;
-    if (!o.merges.empty()) s.merge_file = o.merges;
-    if (!o.tokenizer_model.empty()) s.model = o.tokenizer_model;
-    const bool known = s.type == "GPT2BPETokenizer" ? !s.vocab_file.empty() && !s.merge_file.empty() : !s.model.empty();
-    if (mock || (!m.spec && !given && o.vocab.empty()) || !known)
-      throw config_error("--prompt", m.file + " was trained on " + (mock ? m.tokenizer : "unknown tokens"),
-                         "give --prompt-ids, or the tokenizer (--vocab-file and --merge-file, or --tokenizer-type and "
-                         "--tokenizer-model)");
-    // The paths may come from the checkpoint's config: files the run was trained with, checked.
-    const bool checkable = m.tokenizer.rfind("mock", 0) != 0 && m.tokenizer.rfind("unknown", 0) != 0;
-    tok = checkable ? engine::open_checked_tokenizer(s, m.tokenizer, m.file) : io::open_tokenizer(s);
+  const bool unconditional = !o.server && !o.interactive && texts.empty() && o.prompt_ids.empty() &&
+                             (o.num_samples_given || !o.sample_output.empty());
+  const bool need_text = !texts.empty() || unconditional || o.server || o.interactive || !o.stops.empty();
+  // Decoder slots (each a cache of every position): the batch, no larger than the work given, and
+  // two per beam hypothesis.
+  const size_t given = (texts.size() + (unconditional ? 1 : 0) + (o.prompt_ids.empty() ? 0 : 1)) * o.num_samples;
+  const int batch = o.server || o.interactive ? o.batch : (int)std::min<size_t>(o.batch, std::max<size_t>(given, 1));
+  const int slots = std::max(batch, 2 * o.gen.beam_width);
+  Session s(std::move(m), {o.tokenizer_type, o.tokenizer_model, o.vocab, o.merges}, need_text, slots);
+
+  if (o.server) {
+    generate::ServerOptions so;
+    so.host = o.host;
+    so.port = o.port;
+    so.defaults = o.gen;
+    so.defaults.eod = s.eod();
+    generate::serve(s, so);
+    return 0;
   }
-  std::vector<Result> res;
-  for (const auto& t : texts) {
-    Result r;
-    r.prompt = tok->document_prefix();  // Llama2Tokenizer's <s>, as Megatron's tokenize() gives it
-    tok->encode_append(t, r.prompt);
-    res.push_back(std::move(r));
-  }
-  if (unconditional) res.push_back({{tok->eod()}, {}, {}, {}});
-  if (!o.prompt_ids.empty()) {
-    Result r;
-    std::stringstream ss(o.prompt_ids);
-    for (std::string x; std::getline(ss, x, ',');) r.prompt.push_back(static_cast<int32_t>(cli::to_int("--prompt-ids", x, 0, INT_MAX)));
-    res.push_back(r);
-  }
-  if (res.empty()) throw config_error("--prompt", "no prompt given", "use --prompt, --prompts-file or --prompt-ids");
-  if (o.num_samples > 1) {  // each prompt's samples side by side, each with its own stream (its index)
-    std::vector<Result> many;
-    for (const auto& r : res)
-      for (int k = 0; k < o.num_samples; ++k) many.push_back(r);
-    res = std::move(many);
-  }
-  const int T = m.cfg.max_seq_length;
-  for (size_t i = 0; i < res.size(); ++i) {
-    if (res[i].prompt.empty()) throw config_error("--prompt", "prompt " + std::to_string(i) + " is empty");
-    if ((int)res[i].prompt.size() >= T)
-      throw config_error("--prompt", "prompt " + std::to_string(i) + " has " + std::to_string(res[i].prompt.size()) +
-                                         " tokens; the model has " + std::to_string(T) + " positions (at most " +
-                                         std::to_string(T - 1) + " leave room to generate)");
-    for (int32_t id : res[i].prompt)
-      if (id >= m.vocab) throw config_error("--prompt-ids", "token " + std::to_string(id) + " is not below the vocabulary " + std::to_string(m.vocab));
-  }
-  const int32_t eod = tok ? tok->eod() : -1;
-  const int B = std::min<int>(o.batch, static_cast<int>(res.size())), Vp = m.cfg.padded_vocab();
-  model::Decoder dec(m.cfg, m.params.data(), B);
-  using clock = std::chrono::steady_clock;
-  double prefill_s = 0, decode_s = 0;
-  long long prefill_tokens = 0, new_tokens = 0;
-  std::vector<float> logits((size_t)B * Vp);
-  for (size_t g0 = 0; g0 < res.size(); g0 += B) {
-    const int n = std::min<int>(B, static_cast<int>(res.size() - g0));
-    std::vector<std::mt19937_64> rng;
-    std::vector<int> live;  // sequences still generating
-    std::vector<int32_t> next(n);
-    auto t0 = clock::now();
-    for (int s = 0; s < n; ++s) {
-      Result& r = res[g0 + s];
-      rng.emplace_back(o.seed * 0x9E3779B97F4A7C15ull + g0 + s);
-      dec.clear(s);
-      dec.extend(s, r.prompt.data(), (int)r.prompt.size(), logits.data() + (size_t)s * Vp);
-      prefill_tokens += (long long)r.prompt.size();
-      live.push_back(s);
-    }
-    auto t1 = clock::now();
-    prefill_s += std::chrono::duration<double>(t1 - t0).count();
-    while (!live.empty()) {
-      std::vector<int> going;
-      for (size_t i = 0; i < live.size(); ++i) {
-        const int s = live[i];
-        Result& r = res[g0 + s];
-        double lp = 0;
-        const int32_t id = model::sample_token(logits.data() + i * Vp, m.vocab, o.sampling, rng[s], &lp);
-        r.ids.push_back(id);
-        r.logprobs.push_back(lp);
-        ++new_tokens;
-        if (id == eod) r.stop = "eod";
-        else if ((int)r.ids.size() >= o.max_new) r.stop = "max_new_tokens";
-        else if (dec.length(s) >= T) r.stop = "length";
-        else {
-          going.push_back(s);
-          next[going.size() - 1] = id;
-        }
-      }
-      live = going;
-      if (live.empty()) break;
-      if (o.cache) {
-        dec.step(live.data(), next.data(), (int)live.size(), logits.data());
-      } else {  // every position again: the cost the cache saves
-        for (size_t i = 0; i < live.size(); ++i) {
-          const Result& r = res[g0 + live[i]];
-          std::vector<int32_t> ctx = r.prompt;
-          ctx.insert(ctx.end(), r.ids.begin(), r.ids.end());
-          dec.clear(live[i]);
-          dec.extend(live[i], ctx.data(), (int)ctx.size(), logits.data() + i * Vp);
-        }
-      }
-    }
-    decode_s += std::chrono::duration<double>(clock::now() - t1).count();
-  }
+  if (o.interactive) return interactive(o, s);
+
+  std::vector<model::Sample> in = command_line_samples(o, s, unconditional, texts);
+  model::GenerationStats st;
+  const size_t prompts = in.size();
+  const std::vector<model::Sample> res = run_all(o, s, std::move(in), st);
+  const bool beam = o.gen.beam_width > 1;
   nlohmann::json out = nlohmann::json::array();
   std::string sample_lines;  // --sample-output-file: one JSON object per sample
   for (size_t i = 0; i < res.size(); ++i) {
-    const Result& r = res[i];
-    std::string text;
-    if (tok) {
-      std::vector<int32_t> shown = r.ids;
-      if (!shown.empty() && shown.back() == eod) shown.pop_back();
-      // The continuation as the whole text shows it: SentencePiece drops a leading space from a
-      // text's first piece, so the generated ids are decoded after the prompt's, not alone.
-      std::vector<int32_t> all = r.prompt;
-      all.insert(all.end(), shown.begin(), shown.end());
-      const std::string prompt = tok->decode(r.prompt), whole = tok->decode(all);
-      text = whole.compare(0, prompt.size(), prompt) == 0 ? whole.substr(prompt.size()) : tok->decode(shown);
-      std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop << ")\n" << prompt << text << "\n";
-    } else {
-      std::cout << "----- " << i << " (" << r.ids.size() << " tokens, stop: " << r.stop << ")\n";
-      for (int32_t id : r.ids) std::cout << id << " ";
-      std::cout << "\n";
-    }
+    const model::Sample& r = res[i];
+    print_sample(s, i, r, beam);
+    const std::string text = s.continuation(r);
     out.push_back({{"prompt_ids", r.prompt}, {"ids", r.ids}, {"logprobs", r.logprobs}, {"text", text}, {"stop", r.stop}});
+    if (beam) out.back()["score"] = r.score;
     if (!o.sample_output.empty())  // Megatron's genfile fields (text, length, finished), with the prompt and ids
-      sample_lines += nlohmann::json({{"prompt", tok ? tok->decode(r.prompt) : std::string()},
+      sample_lines += nlohmann::json({{"prompt", s.prompt_text(r)},
                                       {"text", text},
                                       {"ids", r.ids},
                                       {"length", r.ids.size()},
-                                      {"finished", r.stop == "eod"}})
+                                      {"finished", r.stop == "eod" || r.stop == "stop_sequence"}})
                           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                       "\n";
   }
@@ -328,18 +283,22 @@ static int run(int argc, char** argv) {
     write_file_atomic(o.sample_output, sample_lines);
     std::printf("> %zu samples written to %s (JSON lines)\n", res.size(), o.sample_output.c_str());
   }
-  const double tps = decode_s > 0 ? new_tokens / decode_s : 0, pps = prefill_s > 0 ? prefill_tokens / prefill_s : 0;
-  std::printf("> generated %lld tokens for %zu prompts in %.2f s: %.1f tokens/s (%s), prompts read at %.1f tokens/s; "
+  const double tps = st.decode_s > 0 ? st.new_tokens / st.decode_s : 0, pps = st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0;
+  const size_t cache = s.generator().cache_bytes();
+  std::printf("> generated %lld tokens for %zu prompts in %.2f s: %.1f tokens/s (%s%s), prompts read at %.1f tokens/s; "
               "cache %s\n",
-              new_tokens, res.size(), prefill_s + decode_s, tps, o.cache ? "key/value cache" : "no cache, every position again",
-              pps, format_bytes(double(dec.cache_bytes())).c_str());
+              st.new_tokens, prompts, st.prefill_s + st.decode_s, tps, o.gen.cache ? "key/value cache" : "no cache, every position again",
+              beam ? (", beam of " + std::to_string(o.gen.beam_width)).c_str() : "", pps, format_bytes(double(cache)).c_str());
   if (!o.json.empty())
-    write_json_file(o.json, {{"app", "generate"}, {"checkpoint", m.file}, {"kv_cache", o.cache},
-                             {"sampling", {{"temperature", o.sampling.temperature}, {"top_k", o.sampling.top_k},
-                                           {"top_p", o.sampling.top_p}, {"seed", o.seed}}},
-                             {"results", out}, {"generated_tokens", new_tokens}, {"tokens_per_second", tps},
-                             {"prefill_tokens_per_second", pps}, {"seconds", prefill_s + decode_s},
-                             {"cache_bytes", dec.cache_bytes()}});
+    write_json_file(o.json, {{"app", "generate"}, {"checkpoint", s.model().file}, {"kv_cache", o.gen.cache},
+                             {"sampling", {{"temperature", o.gen.sampling.temperature}, {"top_k", o.gen.sampling.top_k},
+                                           {"top_p", o.gen.sampling.top_p}, {"seed", o.gen.seed},
+                                           {"repetition_penalty", o.gen.repetition_penalty}, {"stop", o.stops},
+                                           {"beam_width", o.gen.beam_width}, {"length_penalty", o.gen.length_penalty}}},
+                             {"micro_batch_size", o.batch},
+                             {"results", out}, {"generated_tokens", st.new_tokens}, {"tokens_per_second", tps},
+                             {"prefill_tokens_per_second", pps}, {"seconds", st.prefill_s + st.decode_s},
+                             {"cache_bytes", cache}});
   return 0;
 }
 
