@@ -47,6 +47,7 @@
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
+#include "hpct/kernels/optim.hpp"
 
 using namespace hpct::kernels;
 
@@ -678,4 +679,13 @@ TEST(Reductions, SumOfSquaresAllFiniteScale) {
   Vec y = {2, 4, -8};
   scale(y.data(), 0.5f, 3);
   EXPECT_EQ(y, (Vec{1, 2, -4}));
+}
+
+// --log-num-zeros-in-grad's count: +0 and -0 count, denormals and NaN do not; 16-bit alike.
+TEST(Optim, CountZeros) {
+  const std::vector<float> x = {0.0f, -0.0f, 1e-45f, 1.0f, NAN, 0.0f};
+  EXPECT_EQ(count_zeros(x.data(), x.size()), 3.0);
+  EXPECT_EQ(count_zeros(x.data(), 0), 0.0);
+  const std::vector<uint16_t> h = {0x0000, 0x8000, 0x0001, 0x3f80, 0x7fc0, 0x8001};
+  EXPECT_EQ(count_zeros_half(h.data(), h.size()), 2.0);
 }

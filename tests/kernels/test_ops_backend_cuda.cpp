@@ -649,6 +649,22 @@ TEST(CudaOps, SumOfSquaresIsDeterministic) {
   EXPECT_FALSE(std::isfinite(g.be->sum_squares(g.put(bad), bad.size()))) << "an overflow must show in the norm";
 }
 
+// Zero counts (--log-num-zeros-in-grad) equal the host's exactly, fp32 and 16-bit, +0 and -0, at
+// sizes that leave partial blocks.
+TEST(CudaOps, CountZerosIsTheHosts) {
+  NEED_GPU(g);
+  for (size_t n : {size_t(1), size_t(1000), size_t(3u << 20) + 5}) {
+    Vec x = randn(n, n + 1, 1.0f);
+    for (size_t i = 0; i < n; i += 3) x[i] = (i % 2) ? -0.0f : 0.0f;
+    const double want = count_zeros(x.data(), n);
+    EXPECT_EQ(g.be->count_zeros(g.put(x), n), want) << n;
+    std::vector<uint16_t> h(n);
+    to_half(x.data(), h.data(), n, Precision::bf16);
+    EXPECT_EQ(g.be->count_zeros_half(g.put(h), n), count_zeros_half(h.data(), n)) << n;
+  }
+  EXPECT_EQ(g.be->count_zeros(nullptr, 0), 0.0);
+}
+
 // The 16-bit conversions the engine uses: narrow_half bitwise kernels::to_half and add_half bitwise
 // kernels::add_half over every 16-bit pattern (NaNs need only stay NaN, as above).
 TEST(CudaOps, NarrowAndAddHalfEveryPattern) {

@@ -208,6 +208,20 @@ void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* 
   }
 }
 
+double count_zeros(const float* x, size_t n) {
+  size_t z = 0;
+#pragma omp simd reduction(+ : z)
+  for (size_t i = 0; i < n; ++i) z += x[i] == 0.0f;
+  return static_cast<double>(z);
+}
+
+double count_zeros_half(const uint16_t* x, size_t n) {
+  size_t z = 0;
+#pragma omp simd reduction(+ : z)
+  for (size_t i = 0; i < n; ++i) z += (x[i] & 0x7fffu) == 0;
+  return static_cast<double>(z);
+}
+
 // Tile by tile: each tile widened and summed as sum_of_squares sums (chunks of kChunk, each a SIMD
 // reduction, added in order), the tiles' sums added in order; the tiles themselves spread over the
 // host optimizer's threads, which changes no bit.

@@ -20,6 +20,8 @@ void OpsBackend::adamw(const AdamwRun* runs, size_t count, const AdamwArgs& a, d
 }
 double OpsBackend::sum_squares(const float* x, size_t n) { return sum_of_squares(x, n); }
 double OpsBackend::sum_squares_half(const uint16_t* x, size_t n, Precision p) { return sum_of_squares_half(x, n, p); }
+double OpsBackend::count_zeros(const float* x, size_t n) { return kernels::count_zeros(x, n); }
+double OpsBackend::count_zeros_half(const uint16_t* x, size_t n) { return kernels::count_zeros_half(x, n); }
 void OpsBackend::narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) { to_half(src, dst, n, p); }
 void OpsBackend::add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p) { kernels::add_half(x, acc, n, p); }
 

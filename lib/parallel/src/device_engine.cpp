@@ -329,6 +329,16 @@ double DeviceEngine::sumsq(const void* buf, size_t n) {
 }
 
 double DeviceEngine::grad_sumsq() {
+  return over_grads([&](const void* buf, size_t n) { return sumsq(buf, n); });
+}
+
+double DeviceEngine::grad_zeros() {
+  return over_grads([&](const void* buf, size_t n) {
+    return half_ ? be_.count_zeros_half(static_cast<const uint16_t*>(buf), n) : be_.count_zeros(static_cast<const float*>(buf), n);
+  });
+}
+
+double DeviceEngine::over_grads(const std::function<double(const void* buf, size_t n)>& sumsq) {
   // Tensor-parallel replicas count on their primary copy's rank only (the caller sums over the
   // tensor-parallel group); without them the whole buffer is summed at once.
   const size_t e = elem_bytes(half_);

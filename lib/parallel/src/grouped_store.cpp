@@ -114,8 +114,16 @@ void GroupedStore::end_micro_step() {
 }
 
 double GroupedStore::grad_sumsq() {
+  return over_parts([](ShardedOptimizer& e) { return e.grad_sumsq(); });
+}
+
+double GroupedStore::grad_zeros() {
+  return over_parts([](ShardedOptimizer& e) { return e.grad_zeros(); });
+}
+
+double GroupedStore::over_parts(const std::function<double(ShardedOptimizer&)>& f) {
   double whole = 0, split = 0;  // held alike by every rank of `across` / different there
-  for (auto& p : parts_) (p.spec.group == ReduceGroup::dense ? whole : split) += p.engine->grad_sumsq();
+  for (auto& p : parts_) (p.spec.group == ReduceGroup::dense ? whole : split) += f(*p.engine);
   if (parts_.size() > 1 && across_ && across_->size() > 1) across_->allreduce_sum(&split, 1);
   double total = whole + split;
   if (tp_) tp_->allreduce_sum(&total, 1);  // partitions and primary copies, each counted on one rank

@@ -486,10 +486,20 @@ void ZeroEngine::end_micro_step() {
 }
 
 double ZeroEngine::grad_sumsq() {
-  auto sumsq = [&](size_t at, size_t n, bool shard) {  // 16-bit gradients widened tile by tile
+  return over_grads([&](size_t at, size_t n, bool shard) {  // 16-bit gradients widened tile by tile
     if (!half_) return kernels::sum_of_squares((shard ? grad_shard_ : full_grads_).data() + at, n);
     return kernels::sum_of_squares_half((shard ? grad_shard16_ : grads16_).data() + at, n, prec_);
-  };
+  });
+}
+
+double ZeroEngine::grad_zeros() {
+  return over_grads([&](size_t at, size_t n, bool shard) {
+    if (!half_) return kernels::count_zeros((shard ? grad_shard_ : full_grads_).data() + at, n);
+    return kernels::count_zeros_half((shard ? grad_shard16_ : grads16_).data() + at, n);
+  });
+}
+
+double ZeroEngine::over_grads(const std::function<double(size_t at, size_t n, bool shard)>& sumsq) {
   // Tensor-parallel replicas count on their primary copy's rank only (the caller sums over the
   // tensor-parallel group); without them the whole buffer is summed at once.
   double s = 0;

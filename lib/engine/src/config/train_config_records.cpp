@@ -20,6 +20,7 @@ void add_run_record_flags(FlagTable& t) {
       {"--log-memory-to-tensorboard", {false, on(&RunRecordsConfig::log_memory, true), "TensorBoard: peak resident memory (max over ranks)"}},
       {"--log-world-size-to-tensorboard", {false, on(&RunRecordsConfig::log_world_size, true), "TensorBoard: the number of ranks"}},
       {"--log-params-norm", {false, on(&RunRecordsConfig::log_params_norm, true), "the fp32 weights' L2 norm after the step on every log line (params norm), in the metrics file and TensorBoard (params-norm)"}},
+      {"--log-num-zeros-in-grad", {false, on(&RunRecordsConfig::log_num_zeros, true), "how many elements of the reduced gradient are zero, every step: on the log line (num zeros), in the metrics file and TensorBoard (num-zeros)"}},
       {"--log-optimizer-states-to-tensorboard", {false, on(&RunRecordsConfig::log_optimizer_states, true), "TensorBoard: L2 norms of the weights and Adam's moments"}},
       {"--no-log-learnig-rate-to-tensorboard", {false, on(&RunRecordsConfig::log_learning_rate, false), "TensorBoard: no learning rate (Megatron's spelling)"}},
       {"--no-log-learning-rate-to-tensorboard", {false, on(&RunRecordsConfig::log_learning_rate, false), "TensorBoard: no learning rate"}},

@@ -99,7 +99,7 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
                             double moe_loss, int curriculum_seqlen, int ltd_reserved, int actual_seqlen,
-                            double params_norm) {
+                            double params_norm, double num_zeros) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | consumed tokens: %12lld | elapsed time per "
@@ -113,6 +113,12 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
     char m[64];
     std::snprintf(m, sizeof m, " moe loss: %.6E |", moe_loss);
     const size_t at = line.find(" loss scale:");
+    line.insert(at == std::string::npos ? line.size() : at, m);
+  }
+  if (std::isfinite(num_zeros)) {  // Megatron: right after the grad norm, before the params norm
+    char m[64];
+    std::snprintf(m, sizeof m, " num zeros: %.1f |", num_zeros);
+    const size_t at = line.find(" number of skipped iterations:");
     line.insert(at == std::string::npos ? line.size() : at, m);
   }
   if (std::isfinite(params_norm)) {  // Megatron: right after the grad norm (--log-params-norm)

@@ -283,6 +283,9 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
     rec.learning_rate = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_, lr_samples);
     return;
   }
+  // Collective, decided by the config alone: every rank counts. Before the update, which leaves the
+  // gradients as they are (the count is of the reduced gradient, unscaled or not: zeros stay zeros).
+  if (cfg_.records.log_num_zeros) rec.num_zeros = zero_->grad_zeros();
   double clip = 1.0;
   if (cfg_.clip_grad > 0 && rec.grad_norm > cfg_.clip_grad) clip = cfg_.clip_grad / (rec.grad_norm + 1e-6);
   const double lr = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_, lr_samples);
@@ -343,6 +346,7 @@ static std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRec
   if (rc.log_loss_scale) v.push_back({"loss-scale/loss-scale", rec.loss_scale, it});
   if (rc.log_batch_size) v.push_back({"batch-size/batch-size", double(global_batch), it});
   v.push_back({"grad-norm/grad-norm", rec.grad_norm, it});  // NaN (an overflow) is left out
+  if (std::isfinite(rec.num_zeros)) v.push_back({"num-zeros/num-zeros", rec.num_zeros, it});
   if (std::isfinite(rec.weight_l2) && rc.log_params_norm) v.push_back({"params-norm/params-norm", rec.weight_l2, it});
   if (std::isfinite(rec.weight_l2) && rc.log_optimizer_states) {  // Megatron-DeepSpeed's optimizer/* tags (L2 norms after the update)
     v.push_back({"optimizer/weight_l2", rec.weight_l2, it});
@@ -456,7 +460,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                                      static_cast<int>(rec.global_batch), loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
                                      tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1,
                                      ltd ? rec.ltd_kept : -1, ltd ? actual_seqlen : -1,
-                                     rc.log_params_norm ? rec.weight_l2 : NAN)
+                                     rc.log_params_norm ? rec.weight_l2 : NAN, rec.num_zeros)
                   << "\n";
         if (rc.timing_log_level > 0) std::cout << detail::timer_line(timers, rc.timing_log_level, rc.timing_log_option) << "\n";
         std::cout << std::flush;
@@ -482,6 +486,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
         if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
         if (rc.log_params_norm && std::isfinite(rec.weight_l2)) j["params_norm"] = rec.weight_l2;
+        if (std::isfinite(rec.num_zeros)) j["num_zeros"] = rec.num_zeros;
         if (std::isfinite(rec.weight_l2) && rc.log_optimizer_states)  // the optimizer/* TensorBoard scalars, where both intervals meet
           j["optimizer"] = {{"weight_l2", rec.weight_l2}, {"momentum_l2", rec.momentum_l2}, {"variance_l2", rec.variance_l2}};
         if (sampler_) {

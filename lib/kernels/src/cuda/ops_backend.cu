@@ -163,6 +163,8 @@ class CudaOps final : public OpsBackend {
     if (p == Precision::fp32) throw Error("CUDA backend: sum_squares_half needs bf16 or fp16");
     return reduce_squares(nullptr, x, n, p);
   }
+  double count_zeros(const float* x, size_t n) override { return reduce_zeros(x, nullptr, n); }
+  double count_zeros_half(const uint16_t* x, size_t n) override { return reduce_zeros(nullptr, x, n); }
   void narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) override {
     if (p == Precision::fp32) throw Error("CUDA backend: narrow_half needs bf16 or fp16");
     cuda::narrow_half(dst, src, n, p == Precision::bf16, stream_);
@@ -385,6 +387,15 @@ class CudaOps final : public OpsBackend {
     const unsigned blocks = cuda::sum_squares_blocks(n);
     double* partial = reinterpret_cast<double*>(grown(sums_, sums_bytes_, 2 * (blocks + 1)));
     cuda::sum_squares(partial, x, x16, n, p == Precision::bf16, stream_);
+    double s = 0;
+    copy_to_host(&s, partial + blocks, sizeof(double));
+    return s;
+  }
+  double reduce_zeros(const float* x, const uint16_t* x16, size_t n) {
+    if (n == 0) return 0.0;
+    const unsigned blocks = cuda::sum_squares_blocks(n);
+    double* partial = reinterpret_cast<double*>(grown(sums_, sums_bytes_, 2 * (blocks + 1)));
+    cuda::count_zeros(partial, x, x16, n, stream_);
     double s = 0;
     copy_to_host(&s, partial + blocks, sizeof(double));
     return s;

@@ -78,6 +78,13 @@ __global__ void sum_squares_kernel(double* partial, const float* x, const uint16
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+__global__ void count_zeros_kernel(double* partial, const float* x, const uint16_t* x16, size_t n) {
+  double s = 0;
+  HPCT_GRID_STRIDE(i, n) s += x ? (x[i] == 0.0f) : ((x16[i] & 0x7fffu) == 0);
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
 __global__ void sum_partials_kernel(double* partial, unsigned count) {
   double s = 0;
   for (unsigned i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
@@ -115,6 +122,14 @@ void sum_squares(double* partial, const float* x, const uint16_t* x16, size_t n,
   check_launch("sum_squares");
   sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial, blocks);
   check_launch("sum_squares (partials)");
+}
+
+void count_zeros(double* partial, const float* x, const uint16_t* x16, size_t n, cudaStream_t stream) {
+  const unsigned blocks = sum_squares_blocks(n);
+  count_zeros_kernel<<<blocks, kThreads, 0, stream>>>(partial, x, x16, n);
+  check_launch("count_zeros");
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(partial, blocks);
+  check_launch("count_zeros (partials)");
 }
 
 void narrow_half(uint16_t* dst, const float* src, size_t n, bool bf16, cudaStream_t stream) {

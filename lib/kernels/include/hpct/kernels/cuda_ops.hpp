@@ -162,6 +162,9 @@ unsigned sum_squares_blocks(size_t n);
 /// partial[blocks] = sum(x^2) in double over n fp32 (x) or 16-bit (x16, bf16 or fp16) values, in
 /// a fixed order (per-block sums, then one block adds them): deterministic run to run.
 void sum_squares(double* partial, const float* x, const uint16_t* x16, size_t n, bool bf16, cudaStream_t stream);
+/// partial[blocks] = how many of n fp32 (x) or 16-bit (x16) values are zero (+0 or -0); partial as
+/// sum_squares's (sum_squares_blocks(n) + 1 doubles).
+void count_zeros(double* partial, const float* x, const uint16_t* x16, size_t n, cudaStream_t stream);
 /// dst = src rounded to 16 bits (round to nearest even), as hpct::kernels::to_half.
 void narrow_half(uint16_t* dst /*(n)*/, const float* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
 /// acc = 16-bit(fp32(acc) + fp32(x)), as hpct::kernels::add_half.

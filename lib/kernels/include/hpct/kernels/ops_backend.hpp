@@ -65,6 +65,10 @@ class OpsBackend {
   virtual double sum_squares(const float* x, size_t n);
   /// The same of n 16-bit values (p: bf16 or fp16), as optim.hpp's sum_of_squares_half.
   virtual double sum_squares_half(const uint16_t* x, size_t n, Precision p);
+  /// How many of n fp32 / 16-bit values in backend memory are zero, as optim.hpp's count_zeros
+  /// (--log-num-zeros-in-grad); after every op queued before.
+  virtual double count_zeros(const float* x, size_t n);
+  virtual double count_zeros_half(const uint16_t* x, size_t n);
   /// dst = src rounded to 16 bits (p: bf16 or fp16), as half.hpp's to_half.
   virtual void narrow_half(uint16_t* dst, const float* src, size_t n, Precision p);
   /// acc = 16-bit(acc + x), two 16-bit arrays added in fp32, as half.hpp's add_half.

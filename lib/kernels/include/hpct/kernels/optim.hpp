@@ -57,5 +57,9 @@ int optimizer_threads();
 const char* optimizer_isa();
 /// sum(x^2) of 16-bit values widened to fp32, tile by tile (kOptimTile), accumulated in double.
 double sum_of_squares_half(const uint16_t* x, size_t n, Precision p);
+/// How many of n values are zero (+0 or -0), as Megatron's --log-num-zeros-in-grad counts: fp32, and
+/// 16-bit (bf16 and fp16 alike: every bit but the sign clear).
+double count_zeros(const float* x, size_t n);
+double count_zeros_half(const uint16_t* x, size_t n);
 
 }  // namespace hpct::kernels

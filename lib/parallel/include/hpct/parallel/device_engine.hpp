@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -61,6 +62,7 @@ class DeviceEngine final : public ShardedOptimizer {
   void begin_micro_step(bool last) override { last_micro_ = last; }
   void end_micro_step() override;
   double grad_sumsq() override;
+  double grad_zeros() override;
   void adam_step(const AdamParams& a) override;
   std::array<double, 3> state_sumsq() const override;
   void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) override;
@@ -92,6 +94,9 @@ class DeviceEngine final : public ShardedOptimizer {
   void reduce_scatter(const void* send, void* recv, int b, MPI_Datatype type, MPI_Op op);
   void allgather(void* block_buf, int b, MPI_Datatype type);  // in place: the block's rank slices
   double sumsq(const void* buf, size_t n);                   // a gradient run (fp32 or 16-bit)
+  // f over the reduced gradient's primary runs, summed over the data-parallel group (grad_sumsq's
+  // and grad_zeros's traversal).
+  double over_grads(const std::function<double(const void* buf, size_t n)>& f);
 
   const ParamLayout& layout_;
   ZeroConfig cfg_;

@@ -75,6 +75,7 @@ class GroupedStore final : public model::ParamStore {
   /// Collective: the global sum of squares (dense once, expert parts summed over `across`, then
   /// everything over `tp`, tensor-parallel replicas counted once).
   double grad_sumsq();
+  double grad_zeros();
   void adam_step(const AdamParams& a);
   /// Pieces in the schema's flat indices; all ranks' pieces cover every schema element once.
   void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
@@ -99,6 +100,8 @@ class GroupedStore final : public model::ParamStore {
   size_t local_numel() const;          // this rank's shard elements, summed over engines
 
  private:
+  // f over every engine, summed across groups and the tensor-parallel group as the norms are.
+  double over_parts(const std::function<double(ShardedOptimizer&)>& f);
   struct Part {
     StoreGroup spec;
     std::unique_ptr<ParamLayout> layout;  // schema.subset(spec.blocks): the engine keeps a reference

@@ -89,6 +89,9 @@ class ShardedOptimizer : public model::ParamStore {
   /// Collective: sum of squares of the reduced gradient over the primary tensors (a tensor-parallel
   /// replica counts on the rank holding copy 0); every rank gets the same value.
   virtual double grad_sumsq() = 0;
+  /// Collective: how many elements of that reduced gradient are zero, counted as grad_sumsq sums
+  /// (Megatron's --log-num-zeros-in-grad); every rank gets the same value.
+  virtual double grad_zeros() = 0;
   /// Collective: AdamW on this rank's shard, then re-replication of what must be whole.
   virtual void adam_step(const AdamParams& a) = 0;
   /// Collective, after an adam_step with state_norms: the sums of squares of the updated fp32

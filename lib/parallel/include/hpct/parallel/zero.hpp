@@ -145,6 +145,7 @@ class ZeroEngine final : public ShardedOptimizer {
   /// primary tensors only: a tensor-parallel replica counts on the rank holding copy 0, so the sum
   /// over the tensor-parallel group counts every element once.
   double grad_sumsq() override;
+  double grad_zeros() override;
   /// AdamW on this rank's shard (per-tensor weight decay from the layout), then re-replication of
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
   void adam_step(const AdamParams& a) override;
@@ -181,6 +182,9 @@ class ZeroEngine final : public ShardedOptimizer {
   double reduce_wait_seconds() const override { return reduce_wait_; }
 
  private:
+  // f(offset, count, in the shard?) over the reduced gradient's primary ranges, summed over the
+  // data-parallel group (grad_sumsq's and grad_zeros's traversal).
+  double over_grads(const std::function<double(size_t at, size_t n, bool shard)>& f);
   struct Gathered;
   struct Reduction;
   bool resident(int b) const { return resident_[b]; }

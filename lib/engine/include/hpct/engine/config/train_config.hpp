@@ -50,6 +50,7 @@ struct RunRecordsConfig {
   bool log_loss_scale = true;           // --no-log-loss-scale-to-tensorboard
   bool log_optimizer_states = false;    // --log-optimizer-states-to-tensorboard: Adam moment norms
   bool log_params_norm = false;         // --log-params-norm: the weights' L2 norm on every log line
+  bool log_num_zeros = false;           // --log-num-zeros-in-grad: zeros in the reduced gradient, every step
   std::string csv_dir;                  // ds_config csv_monitor: output_path/job_name
   int timing_log_level = 0;             // 0: no timer line; 1: phases; 2: + NVMe, gathers (--timing-log-level)
   std::string timing_log_option = "minmax";  // max | minmax | all (over ranks)

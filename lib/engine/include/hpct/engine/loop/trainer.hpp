@@ -50,6 +50,8 @@ struct StepRecord {
   nlohmann::json moe_layers;      // MoE models: per layer expert load, dropped fraction, aux loss
   // --log-optimizer-states-to-tensorboard: L2 norms after the update (NaN when not computed)
   double weight_l2 = NAN, momentum_l2 = NAN, variance_l2 = NAN;
+  // --log-num-zeros-in-grad: zero elements of the reduced gradient (NaN when not counted: a skipped step)
+  double num_zeros = NAN;
 };
 
 struct TrainSummary {
@@ -255,6 +257,6 @@ std::string format_log_line(long long iteration, long long train_iters, long lon
                             double loss_scale, double grad_norm, long long skipped, long long nan_iters,
                             double tokens_per_sec, double tokens_per_sec_per_rank, double tflops_per_rank,
                             double moe_loss = NAN, int curriculum_seqlen = -1, int ltd_reserved = -1,
-                            int actual_seqlen = -1, double params_norm = NAN);
+                            int actual_seqlen = -1, double params_norm = NAN, double num_zeros = NAN);
 
 }  // namespace hpct::engine
