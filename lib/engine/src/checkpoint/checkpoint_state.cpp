@@ -28,7 +28,7 @@ uint64_t fnv1a(const std::string& s) {
 uint64_t checksum_of(long long it, long long consumed, long long step, long long skipped, long long nan, uint64_t seed,
                      const std::string& scaler, const std::string& config, const std::string& arch,
                      const std::string& tokenizer, const std::string& layout, long long tokens, long long layer_tokens,
-                     long long step_base) {
+                     long long step_base, bool optimizer_saved) {
   std::string t = std::string(kCheckpointFormat) + "\niteration=" + std::to_string(it) + "\nconsumed_samples=" +
                   std::to_string(consumed) + "\noptimizer_step=" + std::to_string(step) + "\nskipped_iterations=" +
                   std::to_string(skipped) + "\nnan_iterations=" + std::to_string(nan) + "\nseed=" + std::to_string(seed) +
@@ -37,6 +37,7 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
   if (tokens >= 0) t += "\nconsumed_tokens=" + std::to_string(tokens);
   if (layer_tokens >= 0) t += "\nconsumed_layer_tokens=" + std::to_string(layer_tokens);
   if (step_base != 0) t += "\noptimizer_step_base=" + std::to_string(step_base);
+  if (!optimizer_saved) t += "\noptimizer_states=none";
   return fnv1a(t);
 }
 
@@ -45,7 +46,7 @@ uint64_t checksum_of(long long it, long long consumed, long long step, long long
 uint64_t run_state_checksum(const TrainingState& s, const CheckpointMeta& m) {
   return checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, m.seed,
                      json_text(s.loss_scaler), json_text(m.config), json_text(m.architecture), m.tokenizer, json_text(m.layout),
-                     s.consumed_tokens, s.consumed_layer_tokens, s.adam_step_base);
+                     s.consumed_tokens, s.consumed_layer_tokens, s.adam_step_base, s.optimizer_saved);
 }
 
 StoredRun read_stored_run(const io::H5File& f, const std::string& file) {
@@ -88,6 +89,11 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
   if (auto b = f.i64("optimizer_step_base")) s.adam_step_base = static_cast<long long>(*b);  // may be negative (checked below)
   s.skipped_iterations = geti("skipped_iterations");
   s.nan_iterations = geti("nan_iterations");
+  if (auto o = f.str("optimizer_states")) {  // absent: saved (every checkpoint before --no-save-optim)
+    if (*o != "none")
+      throw file_error(file, "has attribute 'optimizer_states' = '" + o->substr(0, 40) + "' (only \"none\" is written): the checkpoint is damaged");
+    s.optimizer_saved = false;
+  }
   const std::string scaler = gets("loss_scaler"), config = gets("config"), arch = gets("architecture"),
                     layout = gets("parallel_layout");
   r.meta.tokenizer = gets("tokenizer");
@@ -105,7 +111,7 @@ StoredRun parse_stored_run(const RunStateAttrs& f, const std::string& file) {
                      "load an earlier checkpoint (pass its file to --load)");
   if (*sum != checksum_of(s.iteration, s.consumed_samples, s.adam_step, s.skipped_iterations, s.nan_iterations, *seed,
                           scaler, config, arch, r.meta.tokenizer, layout, s.consumed_tokens, s.consumed_layer_tokens,
-                          s.adam_step_base))
+                          s.adam_step_base, s.optimizer_saved))
     throw file_error(file, "fails its run-state checksum (iteration, samples, optimizer step, config or architecture "
                            "attributes were altered or are corrupt)",
                      "load an earlier checkpoint (pass its file to --load)");
@@ -206,9 +212,9 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
                        "resume with --seed " + std::to_string(r.meta.seed));
 }
 
-void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file) {
+void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file, int groups) {
   const auto& tensors = layout.tensors();
-  for (int g = 0; g < 3; ++g)
+  for (int g = 0; g < groups; ++g)
     for (const auto& ts : tensors) {
       std::string name = Checkpointer::dataset_name(kGroupNames[g], ts.name);
       // Links and layouts first, on every rank in this order: a virtual dataset's open is collective
@@ -224,17 +230,17 @@ void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std:
                                    shape_string(ts.shape) + ": it was written for another architecture or is damaged");
     }
   auto all = f.list_datasets();
-  if (all.size() != 3 * tensors.size()) {
+  if (all.size() != groups * tensors.size()) {
     for (const auto& n : all) {
       bool known = false;
-      for (int g = 0; g < 3 && !known; ++g)
+      for (int g = 0; g < groups && !known; ++g)
         for (const auto& ts : tensors)
           if (Checkpointer::dataset_name(kGroupNames[g], ts.name) == n) known = true;
       if (!known) throw file_error(file, "has tensor " + n + ", which this model does not: it was written for another architecture");
     }
   }
   std::vector<TensorChecksum> sums;
-  for (int g = 0; g < 3; ++g)
+  for (int g = 0; g < groups; ++g)
     for (const auto& ts : tensors) {
       const std::string name = Checkpointer::dataset_name(kGroupNames[g], ts.name);
       const auto sum = f.attr_uint(name, "checksum");
@@ -267,19 +273,20 @@ StoredRun check_structure(const io::H5File& f, const std::string& file, model::G
   // MoE layer's experts add.
   const uint64_t have = f.list_datasets().size();
   const uint64_t norm_t = cfg->normalization == model::NormKind::layernorm ? 2 : 1, lin_t = cfg->linear_bias ? 2 : 1;
-  uint64_t want = 3ull * ((2 * norm_t + 4 * lin_t) * static_cast<uint64_t>(cfg->num_layers) + (cfg->rotary ? 1 : 2) +
+  const uint64_t groups = r.state.optimizer_saved ? 3 : 1;
+  uint64_t want = groups * ((2 * norm_t + 4 * lin_t) * static_cast<uint64_t>(cfg->num_layers) + (cfg->rotary ? 1 : 2) +
                           norm_t + (cfg->untie_embeddings ? 1 : 0));
   if (cfg->lora.enabled())  // adapters only: an A and a B per adapted linear of each layer
-    want = 6ull * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets)) +
-           6ull * static_cast<uint64_t>(__builtin_popcount(cfg->lora.modules_to_save));
+    want = 2 * groups * static_cast<uint64_t>(cfg->num_layers) * static_cast<uint64_t>(__builtin_popcount(cfg->lora.targets)) +
+           2 * groups * static_cast<uint64_t>(__builtin_popcount(cfg->lora.modules_to_save));
   else if (want <= have + 36)
     for (int l = 0; l < cfg->num_layers; ++l)
       if (const int e = cfg->moe.experts_of(l, cfg->num_layers); e > 0)  // E MLPs, a router (and a coefficient) for one MLP
-        want += 3ull * (2 * lin_t * e + 1 + (cfg->moe.residual ? 2 + 2 * lin_t : 0) - 2 * lin_t);
+        want += groups * (2 * lin_t * e + 1 + (cfg->moe.residual ? 2 + 2 * lin_t : 0) - 2 * lin_t);
   if (want > have + 36)
     throw file_error(file, "holds " + std::to_string(have) + " tensors, its architecture (" + std::to_string(cfg->num_layers) +
                                " layers) needs " + std::to_string(want) + ": the checkpoint is damaged");
-  check_tensor_set(f, model::Gpt::layout_for(*cfg).trained(), file);
+  check_tensor_set(f, model::Gpt::layout_for(*cfg).trained(), file, static_cast<int>(groups));
   return r;
 }
 

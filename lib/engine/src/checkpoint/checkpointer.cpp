@@ -35,15 +35,16 @@ const char* kGroups[3] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
 
 // For each run of a full tensor inside piece p: f(group, tensor index, begin, end, pointer to
 // element begin), with begin/end element indices of the full tensor (the dataset): a
-// tensor-parallel part covers its slice in several runs. g: 0 params, 1 exp_avg, 2 exp_avg_sq.
+// tensor-parallel part covers its slice in several runs. g: 0 params, 1 exp_avg, 2 exp_avg_sq;
+// the first `groups` of them (1: the weights alone, a checkpoint without optimizer states).
 template <class F>
-void for_parts(const std::vector<TensorSpec>& tensors, const parallel::StatePiece& p, F&& f) {
+void for_parts(const std::vector<TensorSpec>& tensors, const parallel::StatePiece& p, int groups, F&& f) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& ts = tensors[i];
     const size_t lo = std::max(p.begin, ts.offset), hi = std::min(p.begin + p.count, ts.offset + ts.numel);
     if (lo >= hi) continue;
     ts.for_full_runs(lo - ts.offset, hi - ts.offset, [&](uint64_t full, uint64_t local, uint64_t n) {
-      for (int g = 0; g < 3; ++g) {
+      for (int g = 0; g < groups; ++g) {
         float* base = g == 0 ? p.params : g == 1 ? p.exp_avg : p.exp_avg_sq;
         f(g, i, full, full + n, base + (ts.offset + local - p.begin));
       }
@@ -116,7 +117,8 @@ std::vector<std::string> list_dir(const std::string& dir) {
 // cleanly on every rank (finish_save), with the previous checkpoint untouched.
 void reserve_space(const std::string& tmp, const std::vector<TensorSpec>& tensors, const std::vector<uint64_t>& offsets) {
   uint64_t end = 0, data = 0;
-  for (int g = 0; g < 3; ++g)
+  const size_t groups = tensors.empty() ? 0 : offsets.size() / tensors.size();  // 3, or 1 without optimizer states
+  for (size_t g = 0; g < groups; ++g)
     for (size_t i = 0; i < tensors.size(); ++i) {
       end = std::max<uint64_t>(end, offsets[g * tensors.size() + i] + 4 * tensors[i].full_numel());
       data += 4 * tensors[i].full_numel();
@@ -259,8 +261,9 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
   ps.tmp = ps.final_path + ".tmp";
   const std::string& tmp = ps.tmp;
   const auto& tensors = layout.tensors();
-  ps.sums.assign(3 * tensors.size(), 0);
-  ps.offsets.assign(3 * tensors.size(), 0);
+  ps.groups = s.optimizer_saved ? 3 : 1;
+  ps.sums.assign(ps.groups * tensors.size(), 0);
+  ps.offsets.assign(ps.groups * tensors.size(), 0);
 
   // Rank 0 prepares the directory and clears leftovers of a save that died.
   std::string err;
@@ -286,7 +289,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
     err = comm::error_text_of([&] {
       ps.file = io::H5File::open(tmp, io::H5File::Mode::create, MPI_COMM_SELF);
       io::H5File& f = ps.file;
-      for (int g = 0; g < 3; ++g)
+      for (int g = 0; g < ps.groups; ++g)
         for (size_t i = 0; i < tensors.size(); ++i) f.create_dataset(dataset_name(kGroups[g], tensors[i].name), tensors[i].shape);
       f.set_attr("/", "format", std::string(kFormat));
       f.set_attr("/", "iteration", static_cast<int64_t>(s.iteration));
@@ -298,6 +301,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       if (s.adam_step_base != 0) f.set_attr("/", "optimizer_step_base", static_cast<int64_t>(s.adam_step_base));
       f.set_attr("/", "skipped_iterations", static_cast<int64_t>(s.skipped_iterations));
       f.set_attr("/", "nan_iterations", static_cast<int64_t>(s.nan_iterations));
+      if (!s.optimizer_saved) f.set_attr("/", "optimizer_states", std::string("none"));
       f.set_attr("/", "loss_scaler", json_text(s.loss_scaler));
       f.set_attr("/", "config", json_text(meta.config));
       f.set_attr("/", "architecture", json_text(meta.architecture));
@@ -308,7 +312,7 @@ std::unique_ptr<Checkpointer::PendingSave> Checkpointer::begin_save(const ParamL
       f.set_attr("/", "rng", std::string("no random state is consumed during training: data order, initialisation, "
                                          "dropout masks and routing noise are pure functions of 'seed' and the sample index"));
       f.set_attr("/", "run_state_checksum", run_state_checksum(s, meta));
-      for (int g = 0; g < 3; ++g)
+      for (int g = 0; g < ps.groups; ++g)
         for (size_t i = 0; i < tensors.size(); ++i)
           ps.offsets[g * tensors.size() + i] = f.dataset_file_offset(dataset_name(kGroups[g], tensors[i].name));
       reserve_space(tmp, tensors, ps.offsets);
@@ -329,7 +333,7 @@ void Checkpointer::write_pieces(PendingSave& ps, const TensorSet& t) {
   ps.error = comm::error_text_of([&] {
     io::RawFile w(ps.tmp, io::RawFile::Access::write);
     t.visit(false, [&](const parallel::StatePiece& p) {
-      for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, const float* x) {
+      for_parts(tensors, p, ps.groups, [&](int g, size_t i, uint64_t b, uint64_t e, const float* x) {
         if (!tensors[i].primary()) return;  // a tensor-parallel replica: its primary copy's rank writes it
         const size_t k = g * tensors.size() + i;
         w.write(ps.offsets[k] + b * sizeof(float), x, (e - b) * sizeof(float),
@@ -360,7 +364,7 @@ std::string Checkpointer::finish_save(PendingSave& ps) {
     if (data_ok) {
       err = comm::error_text_of([&] {
         std::vector<TensorChecksum> bound;
-        for (int g = 0; g < 3; ++g)
+        for (int g = 0; g < ps.groups; ++g)
           for (size_t i = 0; i < tensors.size(); ++i) {
             const std::string name = dataset_name(kGroups[g], tensors[i].name);
             f.set_attr(name, "checksum", ps.sums[g * tensors.size() + i]);
@@ -402,7 +406,8 @@ std::string Checkpointer::finish_save(PendingSave& ps) {
   return final_path;
 }
 
-void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta) const {
+void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta,
+                        bool need_moments) const {
   const auto& tensors = t.layout->tensors();
   io::H5File f = io::H5File::open(file, io::H5File::Mode::read, world_.raw());
 
@@ -411,16 +416,20 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   StoredRun stored;
   std::string err = comm::error_text_of([&] {
     stored = read_stored_run(f, file);
-    check_tensor_set(f, *t.layout, file);  // the first tensor that differs, with both shapes
+    if (!stored.state.optimizer_saved && need_moments)
+      throw file_error(file, "holds no optimizer states (it was saved with --no-save-optim)",
+                       "resume with --no-load-optim (fresh Adam moments), or start from its weights with --finetune");
+    check_tensor_set(f, *t.layout, file, stored.state.optimizer_saved ? 3 : 1);  // the first tensor that differs, with both shapes
     check_compatible(stored, meta, file);
   });
   comm::throw_if_any(world_, err);
+  const int groups = stored.state.optimizer_saved ? 3 : 1;
 
   // Data: each rank reads the ranges it owns and checksums them (the caller re-replicates).
-  std::vector<uint64_t> sums(3 * tensors.size(), 0);
+  std::vector<uint64_t> sums(groups * tensors.size(), 0);
   err = comm::error_text_of([&] {
     t.visit(true, [&](const parallel::StatePiece& p) {
-      for_parts(tensors, p, [&](int g, size_t i, uint64_t b, uint64_t e, float* x) {
+      for_parts(tensors, p, groups, [&](int g, size_t i, uint64_t b, uint64_t e, float* x) {
         f.read(dataset_name(kGroups[g], tensors[i].name), b, x, e - b);
         if (tensors[i].primary()) sums[g * tensors.size() + i] += checksum_at(x, b, e);  // each element once
       });
@@ -429,7 +438,7 @@ void Checkpointer::load(const std::string& file, const TensorSet& t, TrainingSta
   comm::throw_if_any(world_, err);
   HPCT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T, MPI_SUM, world_.raw()));
   err = comm::error_text_of([&] {
-    for (int g = 0; g < 3; ++g)
+    for (int g = 0; g < groups; ++g)
       for (size_t i = 0; i < tensors.size(); ++i) {
         check_checksum(f, dataset_name(kGroups[g], tensors[i].name), sums[g * tensors.size() + i], file);
       }

@@ -9,6 +9,7 @@ namespace hpct::engine::detail {
 void add_finetune_flags(FlagTable& t) {
   t.insert({
       {"--finetune", {false, [](TrainConfig& c, const std::string&) { c.finetune = true; }, "start from --load's weights only (Megatron's --finetune): iteration 0, fresh optimizer and schedule, any seed"}},
+      {"--no-save-optim", {false, [](TrainConfig& c, const std::string&) { c.no_save_optim = true; }, "checkpoints without Adam's moments (a third of the size); resuming one needs --no-load-optim (fresh moments) or --finetune"}},
       {"--no-load-optim", {false, [](TrainConfig& c, const std::string&) { c.no_load_optim = true; }, "resume --load's run (weights, iteration, data position, schedule) with fresh Adam moments, bias correction and loss scale"}},
       {"--finetune-resume-optimizer", {false, [](TrainConfig& c, const std::string&) { c.finetune_resume_optimizer = true; }, "with --finetune: also take the checkpoint's optimizer states (Adam moments, step count, loss scale); iteration and schedule still start afresh"}},
       {"--load-hf", {true, [](TrainConfig& c, const std::string& v) { c.load_hf = v; }, "start from GPT-2 or Llama weights in Hugging Face's layout (a save_pretrained directory, or a GPT-2 .safetensors file); without tokenizer flags, the directory's own tokenizer is used"}},

@@ -65,6 +65,7 @@ TrainingState Trainer::training_state() const {
   st.skipped_iterations = skipped_;
   st.nan_iterations = nan_iters_;
   st.loss_scaler = scaler_.state();
+  st.optimizer_saved = !cfg_.no_save_optim;
   return st;
 }
 
@@ -206,7 +207,7 @@ std::string Trainer::save_checkpoint() {
   Checkpointer ck(grid_.world(), cfg_.save_dir, cfg_.keep_last);
   std::string file = ck.save(t, st, checkpoint_meta());
   if (root) {
-    double bytes = 3.0 * stored_.full_numel() * sizeof(float), secs = timer.seconds();
+    double bytes = (st.optimizer_saved ? 3.0 : 1.0) * stored_.full_numel() * sizeof(float), secs = timer.seconds();
     std::printf("  successfully saved checkpoint at iteration %7lld to %s (%s in %.2f s, %.2f GB/s)\n", iteration_,
                 file.c_str(), format_bytes(bytes).c_str(), secs, bytes / secs / 1e9);
     std::fflush(stdout);
@@ -336,7 +337,7 @@ TrainingState Trainer::read_checkpoint(const std::string& file, const Checkpoint
       std::memset(p.exp_avg_sq, 0, p.count * sizeof(float));
     });
   };
-  Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta);
+  Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta, /*need_moments=*/!fresh_moments);
   zero_->after_load();  // re-replicate what every rank holds whole
   if (device_store_) device_store_->invalidate();
   return st;

@@ -53,7 +53,8 @@ void check_compatible(const StoredRun& r, const CheckpointMeta& here, const std:
 /// its shape, and no other tensor.
 /// Then the root attribute `tensor_checksums` (required) against tensor_set_digest of the stored
 /// per-tensor checksums: a stored checksum is bound to its tensor's name and shape.
-void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file);
+/// groups: 3 (weights and both Adam moments) or 1 (weights only: a --no-save-optim checkpoint).
+void check_tensor_set(const io::H5File& f, const ParamLayout& layout, const std::string& file, int groups = 3);
 
 /// FNV-1a 64 over one "dataset shape checksum" line per tensor, sorted by dataset name: two
 /// same-shape tensors swapped with their checksums, or one tensor hard-linked under another's

@@ -3,7 +3,8 @@
 //
 // Layout of <save>/iter_0000050.h5:
 //   /model/<tensor name with '.' -> '/'>        fp32 weights (the master copy)
-//   /optimizer/exp_avg/<...>, /optimizer/exp_avg_sq/<...>   AdamW moments
+//   /optimizer/exp_avg/<...>, /optimizer/exp_avg_sq/<...>   AdamW moments (absent after --no-save-optim,
+//                                               with attribute optimizer_states = "none")
 //   attributes on "/": format version, iteration, consumed samples, optimizer step, skipped
 //   iterations, loss-scaler state, the resolved config (JSON), model architecture (JSON), tokenizer
 //   identity, software version and git commit, the parallel layout it was written with, seed.
@@ -51,6 +52,8 @@ struct TrainingState {
   long long skipped_iterations = 0;
   long long nan_iterations = 0;
   nlohmann::json loss_scaler;      // LossScaler::state()
+  bool optimizer_saved = true;     // false: --no-save-optim, the file holds the model's weights only
+                                   // (attribute optimizer_states = "none"; no /optimizer group)
 };
 
 /// What a checkpoint is written with and checked against on load.
@@ -99,6 +102,7 @@ class Checkpointer {
     io::H5File file;
     std::vector<uint64_t> offsets;  // (group, tensor) -> byte offset of the dataset's data
     std::vector<uint64_t> sums;     // (group, tensor) -> this rank's part of the checksum
+    int groups = 3;                 // model, exp_avg, exp_avg_sq; 1 without optimizer states
     std::string error;              // the data phase's failure on this rank, if any
     std::atomic<bool> written{false};
   };
@@ -118,8 +122,11 @@ class Checkpointer {
   static std::string newest_checkpoint_in(const std::string& dir);
 
   /// Collective over world. Loads this rank's pieces and the state; checks architecture (first mismatching
-  /// tensor named with both shapes) and every dataset's checksum (the tensor named).
-  void load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta) const;
+  /// tensor named with both shapes) and every dataset's checksum (the tensor named). A file saved
+  /// without optimizer states (--no-save-optim) leaves the pieces' moments as they are, and is
+  /// refused in one line when need_moments (a resume that would continue Adam's moments).
+  void load(const std::string& file, const TensorSet& t, TrainingState& s, const CheckpointMeta& meta,
+            bool need_moments = true) const;
 
   /// Checksum of flat elements [begin, end) of a tensor whose first element has global index 0.
   static uint64_t checksum(const float* data, uint64_t begin, uint64_t end) { return checksum_at(data + begin, begin, end); }

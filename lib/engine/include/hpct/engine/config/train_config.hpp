@@ -112,6 +112,7 @@ struct TrainConfig {
   // finetuning (train_config_finetune.cpp): start from weights only, prompt/response JSON lines
   bool finetune = false;          // --finetune: --load's weights only; iteration, optimizer, schedule start afresh
   bool no_load_optim = false;  // --no-load-optim: a resume with fresh Adam moments and loss scale
+  bool no_save_optim = false;  // --no-save-optim: checkpoints hold the weights and run state, no Adam moments
   bool finetune_resume_optimizer = false;  // --finetune-resume-optimizer: --finetune, with the Adam moments and step count
   std::string load_hf;            // --load-hf: GPT-2 weights in Hugging Face's layout to start from
   std::string prompt_key = "prompt", response_key = "response";  // fields of a --data-path FILE.jsonl
