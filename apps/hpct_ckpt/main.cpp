@@ -86,6 +86,11 @@ int export_safetensors(const std::string& path, const std::string& out, bool for
   // The structure verify checks, before any tensor is read: run state, architecture, tensor set.
   model::GptConfig mc;
   const engine::StoredRun stored = engine::check_structure(f, file, &mc);
+  // A LoRA run's checkpoint holds its adapters only: Hugging Face gets the merged model.
+  if (mc.lora.enabled())
+    throw file_error(file, "holds LoRA adapters only (rank " + std::to_string(mc.lora.rank) + ", " + mc.lora.target_list() +
+                               "), not a whole model",
+                     "merge them into their base first: hpct_ckpt merge-lora " + path + " DIR --base BASE, then export DIR");
   // A Llama-shaped model is written as LlamaForCausalLM, any other as GPT2LMHeadModel; what neither
   // can hold is refused before anything is written.
   const std::string not_llama = engine::hf_llama_unfit(mc);

@@ -18,7 +18,7 @@ LoRA-finetuned on prompt/response lines the test writes.
 - hpct_ckpt merge-lora folds them into the base: --eval-only on the merged model gives the LoRA
   run's final validation loss (1e-5 relative: the same model, W + s B A summed in another order),
   and generate and export take it;
-- one-line errors naming the flag: a bad --lora-targets, LoRA without a base model, --finetune-resume-optimizer with LoRA, merge-lora without a base.
+- one-line errors naming the flag: export of the adapters alone (the merge named; nothing written), a bad --lora-targets, LoRA without a base model, --finetune-resume-optimizer with LoRA, merge-lora without a base.
 
 lora_check.py --gpt PRETRAIN_GPT --finetune FINETUNE --generate GENERATE --tool HPCT_CKPT --mpiexec MPIEXEC --args FILE
               --data DIR --workdir DIR
@@ -96,6 +96,9 @@ check("its LoRA adapters on the base" in p2.stdout and tr2 and tr2[0]["iteration
 # The adapters alone are not a model; merged into their base they are.
 pg = c.run([a.generate, "--load", ft, "--prompt", "Reverse: apple river =>"], want=None)
 c.one_line_error("generate on adapters", pg, "generate", ["LoRA adapters", "hpct_ckpt merge-lora"])
+px = c.run([a.tool, "export", ft, os.path.join(a.workdir, "hf_adapters", "model.safetensors")], want=None)
+c.one_line_error("export of adapters", px, "hpct_ckpt", ["LoRA adapters only", "hpct_ckpt merge-lora"])
+check(not os.path.exists(os.path.join(a.workdir, "hf_adapters")), "export of adapters writes nothing")
 merged = os.path.join(a.workdir, "merged")
 c.run([a.tool, "merge-lora", os.path.join(ft, "iter_0000012.h5"), merged, "--base", pre])
 _, _, se = finetune("eval_merged", "--load", merged, "--eval-only")
