@@ -220,7 +220,7 @@ static const char* help_group(const std::string& f) {
   if (any({"tensorboard", "--log-", "timing-log", "--metrics-file", "--json", "profile", "wandb"})) return "logging";
   if (any({"--lr", "--min-lr", "opt_param-scheduler"})) return "learning rate";
   if (any({"fp16", "--bf16", "loss-scale", "hysteresis", "in-fp32", "query-key-layer-scaling"})) return "mixed precision";
-  if (any({"--save", "--load", "--finetune", "--keep-last", "--async-save", "universal-checkpoint", "--exit-interval", "-rng", "load-optim"}))
+  if (any({"--save", "--load", "--finetune", "--keep-last", "--async-save", "universal-checkpoint", "--exit-interval", "-rng", "load-optim", "save-optim"}))
     return "checkpointing";
   if (any({"--eval-", "--skip-train"})) return "validation";
   if (any({"dropout", "--weight-decay", "--clip-grad", "--adam-"})) return "regularization";
