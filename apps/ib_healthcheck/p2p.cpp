@@ -103,7 +103,7 @@ class PairProbe {
   // batches.
   //
   // Over MPI the batches use blocking MPI_Send/MPI_Recv, as NetPIPE and OSU do: every pollable
-  // receive of Open MPI 4.1 costs 20-50 ns more per message on shared memory (docs/benchmarks.md),
+  // receive of Open MPI 4.1 costs 20-50 ns more per message on shared memory (docs/benchmarks/fabric.md),
   // and ib_healthcheck's MPI latency read 1.3-1.7x NetPIPE's. A blocking call cannot give up on a
   // dead peer, so each batch runs under an alarm (comm::AlarmGuard) set to the timeout: if the
   // peer stops inside a batch, this rank prints who and ends the job; rank 0 writes no report

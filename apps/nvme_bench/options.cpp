@@ -140,7 +140,7 @@ bool parse_args(const std::vector<std::string>& args, Options& o) {
   if (o.tune) {
     // One run per case lets a disk's swing pick the winner (on the development VM fio's own reads of
     // one configuration land near the disk's rate or at twice it, from the host's cache; see
-    // docs/benchmarks.md); the median of three passes damps that.
+    // docs/benchmarks/checkpoints-io.md); the median of three passes damps that.
     if (!o.given.count("--loops")) o.loops = 3;
     bool r = false, w = false;
     for (auto m : o.modes) r |= m == IoMode::read, w |= m == IoMode::write;

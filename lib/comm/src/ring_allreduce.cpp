@@ -26,7 +26,7 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 // d = a + t. With `stream`, d is written with non-temporal stores: a large result is not read
 // again by this core soon (the next step sends it, a peer copies it), and skipping the read for
 // ownership of d's lines saves one of the three memory streams per element. Measured on 2 ranks at
-// 64 MiB: busbw / p2p 0.70-0.85 with plain stores, 0.80-0.94 with these (docs/benchmarks.md).
+// 64 MiB: busbw / p2p 0.70-0.85 with plain stores, 0.80-0.94 with these (docs/benchmarks/fabric.md).
 void add_into(float* d, const float* a, const float* t, size_t len, bool stream) {
   size_t i = 0;
 #if defined(__SSE2__)

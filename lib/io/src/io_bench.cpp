@@ -130,7 +130,7 @@ IoResult run_stream(const std::string& path, const IoCase& c) {
   // thread in flight plus one queued per thread, so each worker has its next request while the
   // caller refills a finished buffer. The footprint matters on virtual disks: the host copies every
   // write out of guest memory, and a 32 MiB buffer set wrote 1M QD 1 at 0.82 of fio's rate where
-  // fio's own 1 MiB buffer stays in cache (docs/benchmarks.md).
+  // fio's own 1 MiB buffer stays in cache (docs/benchmarks/checkpoints-io.md).
   const uint64_t bs = c.aio.block_size;
   const StreamRing plan = stream_ring(c.aio, c.size);
   const size_t slots = plan.slots;

@@ -9,7 +9,7 @@
 // Why not MPI_Allreduce: Open MPI 4.1's algorithms on one host ran at 0.24-0.38 (blocking) and
 // 0.37-0.54 (MPI_Iallreduce) of a 64 MiB send between the same ranks (bench/allreduce_modes.c),
 // this ring at 0.64-0.90; in ib_healthcheck's bench 0.41 for MPI_Iallreduce against 0.67-0.83 for
-// the ring (docs/benchmarks.md). What it is not: a general MPI_Op (float sums only), or fault tolerant: on
+// the ring (docs/benchmarks/fabric.md). What it is not: a general MPI_Op (float sums only), or fault tolerant: on
 // a deadline, operations stay pending inside MPI like every deadline wait (deadline.hpp).
 #pragma once
 #include <mpi.h>
@@ -25,7 +25,7 @@ namespace hpct::comm {
 class RingAllreduce {
  public:
   /// chunk_bytes: the reduce-scatter's unit (whole floats, at least 64 B). 256 KiB, 512 KiB and
-  /// 1 MiB gave the same busbw here (docs/benchmarks.md). Uses tags tag and tag + 1
+  /// 1 MiB gave the same busbw here (docs/benchmarks/fabric.md). Uses tags tag and tag + 1
   /// on comm; nothing else may receive those tags with a wildcard source meanwhile.
   explicit RingAllreduce(MPI_Comm comm, size_t chunk_bytes = size_t(1) << 20, int tag = 31000);
   RingAllreduce(const RingAllreduce&) = delete;
