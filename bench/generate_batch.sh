@@ -2,7 +2,7 @@
 # generate: decode tokens/s at micro-batch 1, 8 and 32 (several prompts stepped together share each
 # read of the weights), alternated over ROUNDS rounds.
 #   bench/generate_batch.sh [ROUNDS]     (default 3)
-# Model: bench/generate_cache.sh's (6 layers, hidden 384, 6 heads, vocab 8192, 512 positions, random
+# Model: bench/generate_model.sh's (6 layers, hidden 384, 6 heads, vocab 8192, 512 positions, random
 # weights from one step of pretrain_gpt --mock-data). Each run: max(batch, 8) samples of a 1-token
 # prompt (--num-samples, each from its own stream, temperature 1: no early end on the mock
 # vocabulary), 127 new tokens each, the key/value cache; one process, the CPU ops.
@@ -13,9 +13,9 @@ source "$root/scripts/env.sh"
 rounds=${1:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$root/build/apps/pretrain_gpt/pretrain_gpt" --mock-data --vocab-size 8192 --num-layers 6 --hidden-size 384 \
-  --num-attention-heads 6 --seq-length 512 --micro-batch-size 1 --global-batch-size 1 --train-iters 1 --lr 1e-4 \
-  --eval-iters 0 --save "$tmp/ckpt" --save-interval 1 >"$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; exit 1; }
+# shellcheck source=bench/generate_model.sh
+source "$root/bench/generate_model.sh"
+generate_model "$tmp"
 run() {  # batch -> tokens/s
   local n=$(($1 > 8 ? $1 : 8))
   "$root/build/apps/generate/generate" --load "$tmp/ckpt" --prompt-ids 1 --num-samples "$n" --max-new-tokens 127 \

@@ -2,8 +2,8 @@
 # generate: tokens/s with the key/value cache against recomputing every position for every new token,
 # at 512 positions (a 1-token prompt, 511 new tokens, greedy), alternated over ROUNDS rounds.
 #   bench/generate_cache.sh [ROUNDS]     (default 3)
-# Model: 6 layers, hidden 384, 6 heads, vocab 8192, 512 positions (random weights from one step of
-# pretrain_gpt --mock-data: speed does not depend on what the weights say). One process, the CPU ops.
+# Model: bench/generate_model.sh's (6 layers, hidden 384, 6 heads, vocab 8192, 512 positions,
+# random weights). One process, the CPU ops.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/env.sh
@@ -11,9 +11,9 @@ source "$root/scripts/env.sh"
 rounds=${1:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$root/build/apps/pretrain_gpt/pretrain_gpt" --mock-data --vocab-size 8192 --num-layers 6 --hidden-size 384 \
-  --num-attention-heads 6 --seq-length 512 --micro-batch-size 1 --global-batch-size 1 --train-iters 1 --lr 1e-4 \
-  --eval-iters 0 --save "$tmp/ckpt" --save-interval 1 >"$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; exit 1; }
+# shellcheck source=bench/generate_model.sh
+source "$root/bench/generate_model.sh"
+generate_model "$tmp"
 run() {  # mode -> tokens/s
   local extra=()
   [[ $1 == uncached ]] && extra=(--no-kv-cache)

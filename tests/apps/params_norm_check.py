@@ -45,26 +45,24 @@ def run(label, ranks, *extra):
     return p, [r for r in recs if r.get("type") == "train"], os.path.join(out, "ckpt", "iter_0000002.h5")
 
 
-def file_norm(path):
-    total = 0.0
+def file_sum(path, group, per_tensor):
+    """The sum of per_tensor(array) over every tensor of a checkpoint group."""
+    total = 0
     with h5py.File(path, "r") as f:
         def visit(name, obj):
             nonlocal total
             if isinstance(obj, h5py.Dataset):
-                total += float(np.sum(np.square(obj[()].astype(np.float64))))
-        f["model"].visititems(visit)
-    return math.sqrt(total)
+                total += per_tensor(obj[()])
+        f[group].visititems(visit)
+    return total
+
+
+def file_norm(path):
+    return math.sqrt(file_sum(path, "model", lambda x: float(np.sum(np.square(x.astype(np.float64))))))
 
 
 def file_zeros(path):
-    zeros = 0
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            nonlocal zeros
-            if isinstance(obj, h5py.Dataset):
-                zeros += int(np.count_nonzero(obj[()] == 0))
-        f["optimizer/exp_avg"].visititems(visit)
-    return zeros
+    return file_sum(path, "optimizer/exp_avg", lambda x: int(np.count_nonzero(x == 0)))
 
 
 counts = {}
