@@ -92,6 +92,14 @@ class OpsBackend {
                               int OC, Precision p) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int N, int C, int OC, Precision p) = 0;
+  /// Floats of the state attention_forward saves for attention_backward (`att` below), in the
+  /// op's own layout: callers size it by this and never read it. Here (the CPU and CUDA kernels)
+  /// the probabilities, B x NH x T x T; a fused (flash-class) backend keeps per-row statistics.
+  virtual size_t attention_state_floats(int B, int T, int C, int NH, Precision p) const {
+    (void)C, (void)p;
+    return (size_t)B * NH * T * T;
+  }
+  /// att: attention_state_floats(B, T, C, NH, p) floats, written by forward, read by backward.
   /// drop: attention dropout (nullptr or p = 0: none); pass the same to forward and backward.
   /// key_start: each query's first key (per-document attention; nullptr: 0), in backend memory.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,

@@ -91,10 +91,11 @@ class Attention {
   /// mix does (the decoder's rows, each at its own position). Nothing without rotary positions.
   void rotate(float* qkv, int rows, const int32_t* pos) const;
 
-  /// The attention's state for backward, in the backend's memory: the op's probabilities (B x heads x
-  /// T x T), and grouped, the widened q, k, v rows (B T x 3 channels).
+  /// The attention's state for backward, in the backend's memory: the op's own state (its size is
+  /// the backend's: OpsBackend::attention_state_floats), and grouped, the widened q, k, v rows
+  /// (B T x 3 channels) after it.
   size_t state_floats(int B, int T) const {
-    return probs_floats(B, T) + (grouped() ? (size_t)B * T * 3 * Cl_ : 0);
+    return op_state_floats(B, T) + (grouped() ? (size_t)B * T * 3 * Cl_ : 0);
   }
 
   /// The query/key/value projection alone: qkv = x W^T + b on `rows` rows (3 x channels each, q|k|v).
@@ -114,7 +115,7 @@ class Attention {
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;
 
  private:
-  size_t probs_floats(int B, int T) const { return (size_t)B * NH_ * T * T; }
+  size_t op_state_floats(int B, int T) const { return ops_->attention_state_floats(B, T, Cl_, NH_, precision_); }
 
   kernels::OpsBackend* ops_ = nullptr;
   kernels::Precision precision_ = kernels::Precision::fp32;
