@@ -19,7 +19,6 @@ namespace hpct::generate {
 namespace {
 std::atomic<int> g_signal{0};
 extern "C" void on_signal(int s) { g_signal = s; }
-
 }  // namespace
 
 int answer(Session& s, const ServerOptions& o, const std::string& body, std::string& out) {
@@ -30,7 +29,8 @@ int answer(Session& s, const ServerOptions& o, const std::string& body, std::str
     for (size_t i = 0; i < r.prompts.size(); ++i) {
       model::Sample x;
       x.prompt = s.encode(r.prompts[i]);
-      if (r.add_bos && x.prompt.empty()) x.prompt.push_back(s.eod());  // Megatron's BOS: the end-of-document id
+      // Megatron's add_BOS: the end-of-document id before every prompt (an empty one needs it).
+      if (r.add_bos) x.prompt.insert(x.prompt.begin(), s.eod());
       try {
         s.check_prompt(x.prompt, i, "prompts");
       } catch (const Error& e) {

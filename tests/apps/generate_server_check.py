@@ -5,8 +5,9 @@
   (PUT and POST, Megatron's fields) each answer with the tokens and text the command line gives for
   the same prompts, seed and settings (greedy; sampled with random_seed, two prompts; stop_on_eol
   style stop strings; beam_width 2 with its scores); Megatron's text is the prompt and the
-  continuation; a bad request gets 400 and one line naming the field; SIGTERM stops the server
-  (exit 0, the requests counted);
+  continuation; add_BOS puts the end-of-document id before the prompt (the command line's
+  --prompt-ids with it); a bad request gets 400 and one line naming the field; SIGTERM stops the
+  server (exit 0, the requests counted);
 - --interactive answers each line of standard input as the command line answers that prompt;
 - --stop TEXT: the sample ends at the token that completes TEXT (stop: stop_sequence) and its text
   ends with TEXT; --repetition-penalty changes a greedy text that repeats itself; --beam-width 3:
@@ -82,6 +83,7 @@ for t in threads:
 for t in threads:
     t.join()
 bad = ask({"prompts": "The jury said"})
+bos = ask({"prompts": ["The jury said"], "tokens_to_generate": 6, "top_k": 1, "add_BOS": True})
 
 want = {
     "greedy": cli(["The jury said"], "--max-new-tokens", "8", "--top-k", "1", "--seed", "7"),
@@ -106,13 +108,18 @@ for k, (body, _) in requests.items():
             check(len(got["scores"]) == 2 and got["scores"] == sorted(got["scores"], reverse=True) and
                   all(abs(s - r["score"]) < 1e-9 for s, r in zip(got["scores"], want[k])), f"beam scores as the CLI's ({got['scores']})")
 check(bad[0] == 400 and "prompts is not a list of strings" in str(bad[1]), f"a bad request: 400 and its field ({bad})")
+ids_bos = ",".join(str(x) for x in [50256] + (want["greedy"][0]["prompt_ids"] if want["greedy"] else []))
+want_bos = cli([], "--prompt-ids", ids_bos, "--max-new-tokens", "6", "--top-k", "1", "--seed", "7")
+check(bos[0] == 200 and isinstance(bos[1], dict) and bos[1]["tokens"] == [r["ids"] for r in want_bos],
+      f"add_BOS: the end-of-document id before the prompt, as Megatron's ({bos[1] if bos[0] != 200 else bos[1]['tokens']} "
+      f"vs {[r['ids'] for r in want_bos]})")
 srv.send_signal(signal.SIGTERM)
 try:
     rest, _ = srv.communicate(timeout=30)
 except subprocess.TimeoutExpired:
     srv.kill()
     rest, _ = srv.communicate()
-check(srv.returncode == 0 and "server stopped after 5 requests" in rest, f"SIGTERM stops it (exit {srv.returncode}): {rest[-300:]}")
+check(srv.returncode == 0 and "server stopped after 6 requests" in rest, f"SIGTERM stops it (exit {srv.returncode}): {rest[-300:]}")
 
 # --- interactive
 p = subprocess.run([a.generate, "--load", ck, "--interactive", "--max-new-tokens", "5", "--temperature", "0"],
