@@ -64,6 +64,17 @@ class Checks:
         print(f"{len(self.fails)} failed")
         sys.exit(1 if self.fails else 0)
 
+    def train_tiny_brown(self, gpt, data, save, iters, batch, lr):
+        """A 2-layer, hidden-64 GPT trained `iters` steps on Brown with GPT-2's tokenizer (data: the
+        directory with brown_text_document, gpt2-vocab.json, gpt2-merges.txt), saved to `save`: the
+        model the generate tests decode with."""
+        return self.run([gpt, "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+                         "--micro-batch-size", str(batch), "--global-batch-size", str(batch), "--lr", lr,
+                         "--train-iters", str(iters), "--eval-iters", "0",
+                         "--data-path", os.path.join(data, "brown_text_document"),
+                         "--vocab-file", os.path.join(data, "gpt2-vocab.json"),
+                         "--merge-file", os.path.join(data, "gpt2-merges.txt"), "--save", save])
+
 
 REVERSE_WORDS = ("apple river stone house green music paper window garden yellow summer winter table doctor school "
                  "water light market silver forest").split()

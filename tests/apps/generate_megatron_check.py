@@ -23,10 +23,7 @@ c = Checks("--gpt", "--generate", "--data", "--workdir")
 a, check = c.args, c.check
 w = a.workdir
 ck = os.path.join(w, "ckpt")
-c.run([a.gpt, "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-       "--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "1e-3", "--train-iters", "2", "--eval-iters", "0",
-       "--data-path", os.path.join(a.data, "brown_text_document"), "--vocab-file", os.path.join(a.data, "gpt2-vocab.json"),
-       "--merge-file", os.path.join(a.data, "gpt2-merges.txt"), "--save", ck])
+c.train_tiny_brown(a.gpt, a.data, ck, iters=2, batch=2, lr="1e-3")
 
 
 def lines(path):

@@ -32,10 +32,7 @@ c = Checks("--gpt", "--generate", "--data", "--workdir")
 a, check = c.args, c.check
 w = a.workdir
 ck = os.path.join(w, "ckpt")
-c.run([a.gpt, "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-       "--micro-batch-size", "4", "--global-batch-size", "4", "--lr", "3e-3", "--train-iters", "6", "--eval-iters", "0",
-       "--data-path", os.path.join(a.data, "brown_text_document"), "--vocab-file", os.path.join(a.data, "gpt2-vocab.json"),
-       "--merge-file", os.path.join(a.data, "gpt2-merges.txt"), "--save", ck])
+c.train_tiny_brown(a.gpt, a.data, ck, iters=6, batch=4, lr="3e-3")
 
 
 def cli(prompts, *flags):
