@@ -7,9 +7,39 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <string>
 
 namespace hpct::engine::detail {
+
+// Megatron-LM's prefix of each log line: the local wall-clock time, " [2026-11-28 17:00:00]".
+std::string log_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[32];
+  std::strftime(buf, sizeof buf, " [%Y-%m-%d %H:%M:%S]", &local);
+  return buf;
+}
+
+// The scalars of one iteration for TensorBoard / CSV (Megatron's tags).
+std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRecordsConfig& rc, int global_batch) {
+  const long long it = rec.iteration;
+  std::vector<Scalar> v = {{"lm-loss-training/lm loss", rec.lm_loss, it}};
+  if (std::isfinite(rec.moe_loss)) v.push_back({"lm-loss-training/moe loss", rec.moe_loss, it});
+  if (rc.log_learning_rate) v.push_back({"learning-rate/learning-rate", rec.learning_rate, it});
+  if (rc.log_loss_scale) v.push_back({"loss-scale/loss-scale", rec.loss_scale, it});
+  if (rc.log_batch_size) v.push_back({"batch-size/batch-size", double(global_batch), it});
+  v.push_back({"grad-norm/grad-norm", rec.grad_norm, it});  // NaN (an overflow) is left out
+  if (std::isfinite(rec.num_zeros)) v.push_back({"num-zeros/num-zeros", rec.num_zeros, it});
+  if (std::isfinite(rec.weight_l2) && rc.log_params_norm) v.push_back({"params-norm/params-norm", rec.weight_l2, it});
+  if (std::isfinite(rec.weight_l2) && rc.log_optimizer_states) {  // Megatron-DeepSpeed's optimizer/* tags (L2 norms after the update)
+    v.push_back({"optimizer/weight_l2", rec.weight_l2, it});
+    v.push_back({"optimizer/momentum_l2", rec.momentum_l2, it});
+    v.push_back({"optimizer/variance_l2", rec.variance_l2, it});
+  }
+  return v;
+}
 
 const char* phase_name(int p) {
   static const char* names[kPhases] = {"data",        "forward",     "backward", "grad_reduce", "optimizer",

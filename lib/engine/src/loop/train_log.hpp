@@ -9,6 +9,7 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/engine/records/run_records.hpp"
 #include "hpct/engine/config/train_config.hpp"
+#include "hpct/engine/loop/trainer.hpp"
 
 namespace hpct::engine::detail {
 
@@ -52,6 +53,10 @@ IntervalTimers gather_interval(const comm::Communicator& world, const PhaseClock
 std::string timer_line(const IntervalTimers& t, int level, const std::string& option);
 /// {"forward": {"max": ms, "min": ms[, "ranks": [...]]}, ...} for every phase.
 nlohmann::json timers_json(const IntervalTimers& t, const std::string& option);
+/// Megatron-LM's prefix of each log line: the local wall-clock time, " [2026-11-28 17:00:00]".
+std::string log_timestamp();
+/// The scalars of one iteration for TensorBoard / CSV (Megatron's tags).
+std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRecordsConfig& rc, int global_batch);
 /// TensorBoard tags of the per-phase timers ("timers/forward", ...) and the iteration time.
 void timer_scalars(const IntervalTimers& t, long long it, std::vector<Scalar>& out);
 

@@ -16,7 +16,6 @@
 #include <thread>
 
 #include <csignal>
-#include <ctime>
 #include <cmath>
 #include <iomanip>
 #include <cstdio>
@@ -327,35 +326,6 @@ int install_save_on_signal_handlers() {
   return kExitSavedOnSignal;
 }
 
-// Megatron-LM's prefix of each log line: the local wall-clock time, " [2026-11-28 17:00:00]".
-static std::string log_timestamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  char buf[32];
-  std::strftime(buf, sizeof buf, " [%Y-%m-%d %H:%M:%S]", &local);
-  return buf;
-}
-
-// The scalars of one iteration for TensorBoard / CSV (Megatron's tags).
-static std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRecordsConfig& rc, int global_batch) {
-  const long long it = rec.iteration;
-  std::vector<Scalar> v = {{"lm-loss-training/lm loss", rec.lm_loss, it}};
-  if (std::isfinite(rec.moe_loss)) v.push_back({"lm-loss-training/moe loss", rec.moe_loss, it});
-  if (rc.log_learning_rate) v.push_back({"learning-rate/learning-rate", rec.learning_rate, it});
-  if (rc.log_loss_scale) v.push_back({"loss-scale/loss-scale", rec.loss_scale, it});
-  if (rc.log_batch_size) v.push_back({"batch-size/batch-size", double(global_batch), it});
-  v.push_back({"grad-norm/grad-norm", rec.grad_norm, it});  // NaN (an overflow) is left out
-  if (std::isfinite(rec.num_zeros)) v.push_back({"num-zeros/num-zeros", rec.num_zeros, it});
-  if (std::isfinite(rec.weight_l2) && rc.log_params_norm) v.push_back({"params-norm/params-norm", rec.weight_l2, it});
-  if (std::isfinite(rec.weight_l2) && rc.log_optimizer_states) {  // Megatron-DeepSpeed's optimizer/* tags (L2 norms after the update)
-    v.push_back({"optimizer/weight_l2", rec.weight_l2, it});
-    v.push_back({"optimizer/momentum_l2", rec.momentum_l2, it});
-    v.push_back({"optimizer/variance_l2", rec.variance_l2, it});
-  }
-  return v;
-}
-
 TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDataset* valid, RunRecorder* records) {
   const bool root = grid_.world_rank() == 0;
   const int world = grid_.world_size();
@@ -437,7 +407,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     const bool tokens_done = cfg_.train_tokens > 0 && consumed_layer_tokens_ >= cfg_.train_tokens * cfg_.model.num_layers;
     const bool final_step = it + 1 == cfg_.train_iters || tokens_done;
     sum.steps.push_back(rec);
-    if (records) records->iteration(it + 1, iteration_scalars(rec, rc, rec.global_batch));
+    if (records) records->iteration(it + 1, detail::iteration_scalars(rec, rc, rec.global_batch));
     if ((it + 1) % cfg_.log_interval == 0 || final_step) {
       const double trained = interval.seconds() - excluded;
       double secs = trained / n_steps_in_interval;
@@ -456,7 +426,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       const int actual_seqlen =
           static_cast<int>(step_layer_tokens(it) / (rec.global_batch * cfg_.model.num_layers));
       if (root) {
-        std::cout << log_timestamp() << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
+        std::cout << detail::log_timestamp() << format_log_line(it + 1, cfg_.train_iters, consumed, consumed_tokens_, secs * 1e3, rec.learning_rate,
                                      static_cast<int>(rec.global_batch), loss, rec.loss_scale, rec.grad_norm, skipped, nan_iters, tps,
                                      tps / world, tflops, rec.moe_loss, cfg_.curriculum.enabled ? rec.seqlen : -1,
                                      ltd ? rec.ltd_kept : -1, ltd ? actual_seqlen : -1,
