@@ -102,9 +102,7 @@ GenerationStats Generator::sample(std::vector<Sample>& samples, const Generation
           seen.insert(seen.end(), r.ids.begin(), r.ids.end());
           apply_repetition_penalty(row.data(), vocab_, seen.data(), seen.size(), c.repetition_penalty);
           id = sample_token(row.data(), vocab_, c.sampling, rng[s], nullptr);
-          std::vector<double> ls;
-          log_softmax(x, vocab_, ls);
-          lp = ls[id];
+          lp = token_logprob(x, vocab_, id);
         } else {
           id = sample_token(x, vocab_, c.sampling, rng[s], &lp);
         }

@@ -19,15 +19,19 @@ void SamplingConfig::validate() const {
     throw config_error("--top-p", "--top-p must be in (0, 1] (1: no cut), got " + std::to_string(top_p));
 }
 
+double token_logprob(const float* logits, int V, int32_t id) {
+  int32_t best = 0;
+  for (int i = 1; i < V; ++i)
+    if (logits[i] > logits[best]) best = i;
+  double z = 0;
+  for (int i = 0; i < V; ++i) z += std::exp(double(logits[i]) - double(logits[best]));
+  return double(logits[id]) - double(logits[best]) - std::log(z);
+}
+
 int32_t sample_token(const float* logits, int V, const SamplingConfig& c, std::mt19937_64& rng, double* logprob) {
   int32_t best = 0;
   for (int i = 1; i < V; ++i)
     if (logits[i] > logits[best]) best = i;
-  auto model_logprob = [&](int32_t id) {  // log softmax over the V ids, max-subtracted, sum in double
-    double z = 0;
-    for (int i = 0; i < V; ++i) z += std::exp(double(logits[i]) - double(logits[best]));
-    return double(logits[id]) - double(logits[best]) - std::log(z);
-  };
   int32_t id = best;
   if (c.temperature > 0) {
     std::vector<int32_t> ids(V);
@@ -64,7 +68,7 @@ int32_t sample_token(const float* logits, int V, const SamplingConfig& c, std::m
       }
     }
   }
-  if (logprob) *logprob = model_logprob(id);
+  if (logprob) *logprob = token_logprob(logits, V, id);
   return id;
 }
 

@@ -26,4 +26,8 @@ struct SamplingConfig {
 /// no cut), as inference servers report it.
 int32_t sample_token(const float* logits, int V, const SamplingConfig& c, std::mt19937_64& rng, double* logprob);
 
+/// The log-probability of id under the softmax of logits[0..V) (max-subtracted, summed in double):
+/// the model's own, as sample_token reports it.
+double token_logprob(const float* logits, int V, int32_t id);
+
 }  // namespace hpct::model
