@@ -4,29 +4,25 @@
 #include <algorithm>
 
 #include "hpct/core/error.hpp"
-#include "hpct/kernels/half.hpp"
 
 namespace hpct::parallel {
 
 GroupedStore::GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
                            kernels::Precision precision, const comm::Communicator* across,
-                           const comm::Communicator* tp, const EngineFactory& make)
-    : precision_(precision), schema_(schema), across_(across), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+                           const comm::Communicator* tp, const EngineFactory& make,
+                           kernels::OpsBackend* frozen_memory)
+    : schema_(schema), across_(across), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   route_.assign(schema.blocks().size(), Route{});
   for (auto& g : groups) {
     if (g.frozen) {
-      if (!frozen_.blocks.empty()) throw Error("GroupedStore: two frozen groups");
-      size_t total = 0;
-      for (int b : g.blocks) {
+      if (frozen_) throw Error("GroupedStore: two frozen groups");
+      for (size_t i = 0; i < g.blocks.size(); ++i) {
+        const int b = g.blocks[i];
         if (route_[b].engine != -1) throw Error("GroupedStore: block " + schema.blocks()[b].name + " is in two groups");
-        route_[b] = Route{kFrozen, static_cast<int>(frozen_.blocks.size())};
-        frozen_.blocks.push_back(b);
-        frozen_.at.push_back(total);
-        total += schema.blocks()[b].numel;
+        route_[b] = Route{kFrozen, static_cast<int>(i)};
       }
-      if (precision != kernels::Precision::fp32) frozen_.half.resize(total);
-      else frozen_.values.resize(total);
-      frozen_.widened.resize(frozen_.blocks.size());
+      if (!frozen_memory) frozen_memory = (host_ = kernels::cpu_ops()).get();
+      frozen_ = std::make_unique<FrozenBlocks>(schema, g.blocks, precision, *frozen_memory);
       continue;
     }
     if (!g.comm) throw Error("GroupedStore: a group without a communicator");
@@ -59,14 +55,7 @@ const GroupedStore::Route& GroupedStore::at(int block) const {
 const float* GroupedStore::params(int block) {
   const Route& r = at(block);
   if (r.engine != kFrozen) return parts_[r.engine].engine->params(r.local);
-  const size_t n = schema_.blocks()[block].numel, at = frozen_.at[r.local];
-  if (frozen_.half.empty()) return frozen_.values.data() + at;
-  std::vector<float>& w = frozen_.widened[r.local];  // a working copy until release()
-  if (w.empty()) {
-    w.resize(n);
-    kernels::from_half(frozen_.half.data() + at, w.data(), n, precision_);
-  }
-  return w.data();
+  return frozen_->params(r.local);
 }
 float* GroupedStore::grads(int block) {
   const Route& r = at(block);
@@ -74,12 +63,12 @@ float* GroupedStore::grads(int block) {
 }
 void GroupedStore::release(int block) {
   const Route& r = at(block);
-  if (r.engine == kFrozen) std::vector<float>().swap(frozen_.widened[r.local]);
+  if (r.engine == kFrozen) frozen_->release(r.local);
   else parts_[r.engine].engine->release(r.local);
 }
 const uint16_t* GroupedStore::params_half(int block) {
   const Route& r = at(block);
-  if (r.engine == kFrozen) return frozen_.half.empty() ? nullptr : frozen_.half.data() + frozen_.at[r.local];
+  if (r.engine == kFrozen) return frozen_->params_half(r.local);
   return parts_[r.engine].engine->params_half(r.local);
 }
 void GroupedStore::grads_ready(int block) {
@@ -89,19 +78,7 @@ void GroupedStore::grads_ready(int block) {
 
 void GroupedStore::init_params(const std::function<void(int block, float* dst)>& init) {
   for (auto& p : parts_) p.engine->init_params([&](int local, float* dst) { init(p.spec.blocks[local], dst); });
-  std::vector<float> buf;
-  for (size_t i = 0; i < frozen_.blocks.size(); ++i) {
-    const int b = frozen_.blocks[i];
-    const size_t n = schema_.blocks()[b].numel, at = frozen_.at[i];
-    if (frozen_.half.empty()) {
-      init(b, frozen_.values.data() + at);
-      continue;
-    }
-    buf.resize(n);
-    init(b, buf.data());
-    kernels::to_half(buf.data(), frozen_.half.data() + at, n, precision_);
-    std::vector<float>().swap(frozen_.widened[i]);
-  }
+  if (frozen_) frozen_->init(init);
 }
 void GroupedStore::begin_step() {
   for (auto& p : parts_) p.engine->begin_step();
@@ -184,11 +161,7 @@ std::vector<float> GroupedStore::gather_params() {
   if (parts_.size() > 1 && across_ && across_->size() > 1) across_->allreduce_sum(out.data(), out.size());
   for (auto& p : parts_)
     if (p.spec.group == ReduceGroup::dense) place(p, p.engine->gather_params());
-  for (size_t i = 0; i < frozen_.blocks.size(); ++i) {  // every rank holds them whole
-    const BlockSpec& b = schema_.blocks()[frozen_.blocks[i]];
-    if (frozen_.half.empty()) std::copy_n(frozen_.values.begin() + frozen_.at[i], b.numel, out.begin() + b.offset);
-    else kernels::from_half(frozen_.half.data() + frozen_.at[i], out.data() + b.offset, b.numel, precision_);
-  }
+  if (frozen_) frozen_->copy_into(out);  // every rank holds them whole
   return out;
 }
 
@@ -201,7 +174,7 @@ ZeroMemory GroupedStore::memory() const {
     m.working_peak += e.working_peak;
     m.nvme_params += e.nvme_params, m.nvme_optimizer += e.nvme_optimizer, m.nvme_file += e.nvme_file;
   }
-  m.frozen = frozen_.values.size() * sizeof(float) + frozen_.half.size() * sizeof(uint16_t);
+  m.frozen = frozen_ ? frozen_->bytes() : 0;
   return m;
 }
 

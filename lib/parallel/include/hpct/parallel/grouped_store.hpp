@@ -9,10 +9,9 @@
 // another, such as the device-resident DeviceEngine), and routes the model's block ids to the engine that owns them. Checkpoint pieces
 // come back in the schema's flat indices, so a checkpoint does not depend on which rank held what.
 // With one group (a dense model) it is one ZeroEngine over the whole layout, exactly as before.
-// A frozen group (LoRA's base weights: blocks that do not train) has no engine: every rank holds
-// its blocks whole, in the training precision's storage (16 bits in bf16/fp16 runs, widened to a
-// working copy while the model uses a block), with no gradient (grads() is nullptr), no optimizer
-// state and no checkpoint pieces (the checkpoint stores ParamLayout::trained()).
+// A frozen group (LoRA's base weights: blocks that do not train) has no engine: FrozenBlocks
+// (frozen_blocks.hpp) holds them whole on every rank, where the engines' states live, with no
+// gradient (grads() is nullptr), no optimizer state and no checkpoint pieces.
 // Tensor parallelism: the schema is this rank's (its tensors' parts, ParamLayout's Partition);
 // the engines never see the difference, and the norms sum over `tp` with replicas counted once.
 #pragma once
@@ -24,6 +23,8 @@
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
 #include "hpct/model/param_store.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+#include "hpct/parallel/frozen_blocks.hpp"
 #include "hpct/parallel/sharded_optimizer.hpp"
 #include "hpct/parallel/zero.hpp"
 
@@ -47,11 +48,13 @@ class GroupedStore final : public model::ParamStore {
   /// over which different ranks hold different blocks of a group (the expert-parallel group): the
   /// gradient norm and gather_params() sum expert parts over it. nullptr when every rank holds all.
   /// `tp`: the tensor-parallel group (the norms are summed over it); nullptr without.
-  /// `make`: the engines (empty: a host ZeroEngine per group with cfg and precision). Frozen
-  /// groups are held in host memory, so a device-resident factory needs none.
+  /// `make`: the engines (empty: a host ZeroEngine per group with cfg and precision).
+  /// `frozen_memory`: the backend whose memory holds a frozen group, the one the engines keep their
+  /// states in (must outlive this; nullptr: host memory).
   GroupedStore(const ParamLayout& schema, std::vector<StoreGroup> groups, const ZeroConfig& cfg,
                kernels::Precision precision, const comm::Communicator* across,
-               const comm::Communicator* tp = nullptr, const EngineFactory& make = {});
+               const comm::Communicator* tp = nullptr, const EngineFactory& make = {},
+               kernels::OpsBackend* frozen_memory = nullptr);
   ~GroupedStore() override;
 
   const ParamLayout& schema() const { return schema_; }
@@ -108,17 +111,11 @@ class GroupedStore final : public model::ParamStore {
     std::unique_ptr<ShardedOptimizer> engine;
   };
   struct Route {
-    int engine = -1, local = -1;  // engine kFrozen: local indexes frozen_.blocks
+    int engine = -1, local = -1;  // engine kFrozen: local indexes frozen_'s blocks
   };
   static constexpr int kFrozen = -2;
-  struct Frozen {
-    std::vector<int> blocks;           // schema ids
-    std::vector<size_t> at;            // each block's first element in values / half
-    std::vector<float> values;         // fp32 runs
-    std::vector<uint16_t> half;        // bf16/fp16 runs
-    std::vector<std::vector<float>> widened;  // per block: its fp32 working copy while in use
-  } frozen_;
-  kernels::Precision precision_;
+  std::unique_ptr<kernels::OpsBackend> host_;  // frozen blocks in host memory: the CPU backend's
+  std::unique_ptr<FrozenBlocks> frozen_;       // nullptr: no frozen group
   const Route& at(int block) const;
   template <class F>
   auto sum_engines(F f) const {  // f(engine) summed over the engines
