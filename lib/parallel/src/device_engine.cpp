@@ -1,4 +1,4 @@
-// GPU-resident ZeRO stages 0-2 (see device_engine.hpp). Each step mirrors ZeroEngine's (zero.cpp,
+// GPU-resident ZeRO stages 0-3 (see device_engine.hpp). Each step mirrors ZeroEngine's (zero.cpp,
 // zero_step.cpp) with the element work as backend ops, so a backend that computes as the CPU does
 // gives ZeroEngine's bits: the same rounding points (a micro-step's fp32 gradient folded into the
 // 16-bit sum once; 16-bit reductions with ZeroEngine's MPI operator), the same update runs in the
@@ -28,11 +28,6 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
       fp16_(precision == kernels::Precision::fp16), red16_(half_ && !cfg.fp32_communication), host_(be.host_memory()),
       n_(dp.size()), rank_(dp.rank()), shards_(layout, dp.size()) {
   cfg_.validate();
-  if (cfg_.stage == 3)
-    throw config_error("zero_optimization.stage",
-                       "ZeRO stage 3 with every state on the GPU is not implemented yet",
-                       "use stage 1 or 2 (states partitioned on the GPUs), or stage 3 with "
-                       "zero_optimization.offload_optimizer.device cpu (ZeRO-Offload)");
   if (cfg_.offload_optimizer.device != "none" || cfg_.offload_param.device != "none")
     throw config_error("zero_optimization.offload_optimizer.device",
                        "the device-resident engine keeps the states on the GPU; offloaded runs use the host engine");
@@ -40,16 +35,29 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
   const auto& blocks = layout.blocks();
   counts_.assign(blocks.size(), std::vector<int>(n_));
   displs_.assign(blocks.size(), std::vector<int>(n_));
+  resident_.assign(blocks.size(), 1);
+  res_off_.assign(blocks.size(), 0);
+  size_t full = 0, part = 0;  // elements of the resident blocks; of this rank's partitioned slices
   for (size_t b = 0; b < blocks.size(); ++b) {
     as_count(blocks[b].numel, "ZeRO");
     for (int r = 0; r < n_; ++r) {
       counts_[b][r] = static_cast<int>(shards_.count((int)b, r));
       displs_[b][r] = static_cast<int>(shards_.begin((int)b, r) - blocks[b].offset);
     }
+    // ZeroEngine's rule: at stage 3 a block of param_persistence_threshold elements or more is
+    // partitioned; the rest (and every block at stages 0-2) stays whole, in block order.
+    if (cfg_.stage == 3 && static_cast<double>(blocks[b].numel) >= cfg_.param_persistence_threshold) resident_[b] = 0;
+    if (resident_[b]) {
+      res_off_[b] = full;
+      full += blocks[b].numel;
+    } else {
+      part = shards_.local_offset((int)b) + shards_.slice((int)b);
+    }
   }
   const size_t P = layout.numel(), L = shards_.local_numel(), e = elem_bytes(half_), f = sizeof(float);
   const size_t opt = cfg_.stage == 0 ? P : L;  // elements this rank updates (stage 0: all)
-  const size_t need = P * e + (half_ ? 3 : 2) * opt * f + (cfg_.stage <= 1 ? P * e : 0) + (cfg_.stage >= 1 ? L * e : 0);
+  const size_t need = (full + part) * e + (half_ ? 3 : 2) * opt * f + (cfg_.stage <= 1 ? P * e : 0) +
+                      (cfg_.stage >= 1 ? L * e : 0);
   auto alloc = [&](kernels::BackendBuffer& buf, size_t bytes) {
     try {
       buf = kernels::BackendBuffer(be_, bytes);
@@ -63,7 +71,8 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
     }
     if (bytes) be_.zero(buf.as<void>(), bytes);
   };
-  alloc(params_, P * e);
+  alloc(params_, full * e);
+  alloc(shard_, part * e);
   if (half_) alloc(master_, opt * f);
   alloc(m_, opt * f);
   alloc(v_, opt * f);
@@ -80,11 +89,15 @@ DeviceEngine::~DeviceEngine() {
   if (sum16_ != MPI_OP_NULL && !finalized) MPI_Op_free(&sum16_);
 }
 
-float* DeviceEngine::param32(int b) { return at<float>(params_, layout_.blocks()[b].offset); }
-uint16_t* DeviceEngine::param16(int b) { return at<uint16_t>(params_, layout_.blocks()[b].offset); }
+char* DeviceEngine::whole(int b) { return params_.as<char>() + res_off_[b] * elem_bytes(half_); }
+
+char* DeviceEngine::home(int b) {
+  if (resident_[b]) return whole(b) + displs_[b][rank_] * elem_bytes(half_);
+  return shard_.as<char>() + shards_.local_offset(b) * elem_bytes(half_);
+}
 
 float* DeviceEngine::master(int b) {
-  if (!half_) return param32(b) + displs_[b][rank_];
+  if (!half_) return reinterpret_cast<float*>(home(b));
   if (cfg_.stage == 0) return at<float>(master_, layout_.blocks()[b].offset + displs_[b][rank_]);
   return at<float>(master_, shards_.local_offset(b));
 }
@@ -102,7 +115,7 @@ void DeviceEngine::build_runs() {
     const size_t idx = s0 ? lo : shards_.local_offset(b);  // in the gradient / moment arrays
     const kernels::BackendBuffer& g = s0 ? grads_ : grad_shard_;
     float* p = s0 ? (half_ ? at<float>(master_, lo) : at<float>(params_, lo)) : master(b);
-    uint16_t* pub = half_ ? at<uint16_t>(params_, lo) : nullptr;  // stage 1-2: the slice of the whole block
+    uint16_t* pub = !half_ ? nullptr : s0 ? at<uint16_t>(params_, lo) : home16(b);  // the 16-bit copy of the range
     for (const auto& t : layout_.tensors()) {
       if (t.block != b) continue;
       const size_t s = std::max(lo, t.offset), e = std::min(lo + cnt, t.offset + t.numel);
@@ -199,13 +212,35 @@ void DeviceEngine::allgather(void* block_buf, int b, MPI_Datatype type) {
 
 // ---- parameters and gradients -------------------------------------------------------------------
 const float* DeviceEngine::params(int b) {
-  if (!half_) return param32(b);
-  auto it = widened_.find(b);  // 16-bit runs: the block widened into a working buffer until release
+  if (!half_ && resident_[b]) return reinterpret_cast<const float*>(whole(b));
+  auto it = widened_.find(b);  // a working buffer until release
   if (it != widened_.end()) return it->second.as<float>();
-  const size_t n = layout_.blocks()[b].numel;
+  if (!resident_[b]) return gather(b);
+  const size_t n = layout_.blocks()[b].numel;  // 16-bit runs: the block widened
   kernels::BackendBuffer w = take(n * sizeof(float));
-  be_.widen_half(w.as<float>(), param16(b), n, prec_);
+  be_.widen_half(w.as<float>(), reinterpret_cast<const uint16_t*>(whole(b)), n, prec_);
   return widened_.emplace(b, std::move(w)).first->second.as<float>();
+}
+
+// Stage 3: every rank's slice of block b into one working buffer (ZeroEngine's all-gather: the same
+// slices, moved, not computed, so the same bits), widened in 16-bit runs.
+const float* DeviceEngine::gather(int b) {
+  Timer timer;
+  const size_t n = layout_.blocks()[b].numel, e = elem_bytes(half_);
+  const size_t mine = static_cast<size_t>(counts_[b][rank_]);
+  kernels::BackendBuffer g = take(n * e);
+  if (mine) be_.copy(g.as<char>() + displs_[b][rank_] * e, home(b), mine * e);
+  allgather(g.as<void>(), b, half_ ? MPI_UINT16_T : MPI_FLOAT);
+  bytes_sent_ += double(n_ - 1) / n_ * n * e;
+  ++gathers_;
+  if (half_) {
+    kernels::BackendBuffer w = take(n * sizeof(float));
+    be_.widen_half(w.as<float>(), g.as<uint16_t>(), n, prec_);
+    give(std::move(g));
+    g = std::move(w);
+  }
+  gather_wait_ += timer.seconds();
+  return widened_.emplace(b, std::move(g)).first->second.as<float>();
 }
 
 void DeviceEngine::release(int b) {
@@ -374,7 +409,8 @@ void DeviceEngine::adam_step(const AdamParams& a) {
   if (cfg_.stage == 0) return;  // every rank updated everything alike
   const MPI_Datatype type = half_ ? MPI_UINT16_T : MPI_FLOAT;
   for (size_t b = 0; b < layout_.blocks().size(); ++b) {
-    allgather(params_.as<char>() + layout_.blocks()[b].offset * elem_bytes(half_), (int)b, type);
+    if (!resident_[b]) continue;  // stage 3: gathered when next used
+    allgather(whole((int)b), (int)b, type);
     bytes_sent_ += double(n_ - 1) / n_ * layout_.blocks()[b].numel * elem_bytes(half_);
   }
 }
@@ -395,15 +431,18 @@ void DeviceEngine::init_params(const std::function<void(int, float*)>& init) {
     const size_t n = blocks[b].numel;
     t.resize(n);
     init(b, t.data());
+    const size_t mine = static_cast<size_t>(counts_[b][rank_]);
     if (!half_) {  // the parameters are the masters
-      be_.copy_from_host(param32(b), t.data(), n * sizeof(float));
+      if (resident_[b]) be_.copy_from_host(whole(b), t.data(), n * sizeof(float));
+      else if (mine) be_.copy_from_host(home(b), t.data() + displs_[b][rank_], mine * sizeof(float));
       continue;
     }
     h.resize(n);
     kernels::to_half(t.data(), h.data(), n, prec_);
-    be_.copy_from_host(param16(b), h.data(), n * sizeof(uint16_t));
+    if (resident_[b]) be_.copy_from_host(whole(b), h.data(), n * sizeof(uint16_t));
+    else if (mine) be_.copy_from_host(home(b), h.data() + displs_[b][rank_], mine * sizeof(uint16_t));
     if (cfg_.stage == 0) be_.copy_from_host(at<float>(master_, blocks[b].offset), t.data(), n * sizeof(float));
-    else be_.copy_from_host(master(b), t.data() + displs_[b][rank_], counts_[b][rank_] * sizeof(float));
+    else if (mine) be_.copy_from_host(master(b), t.data() + displs_[b][rank_], mine * sizeof(float));
   }
 }
 
@@ -443,12 +482,12 @@ void DeviceEngine::after_load() {
     const size_t off = blocks[b].offset, n = blocks[b].numel;
     if (half_ && cfg_.stage == 0) {  // every rank's masters whole, then the 16-bit copy of them all
       allgather(at<float>(master_, off), b, MPI_FLOAT);
-      be_.narrow_half(param16(b), at<float>(master_, off), n, prec_);
-    } else if (half_) {  // this rank's loaded masters, rounded into its 16-bit slice, gathered
-      be_.narrow_half(param16(b) + displs_[b][rank_], master(b), static_cast<size_t>(counts_[b][rank_]), prec_);
-      allgather(param16(b), b, MPI_UINT16_T);
-    } else {
-      allgather(param32(b), b, MPI_FLOAT);
+      be_.narrow_half(reinterpret_cast<uint16_t*>(whole(b)), at<float>(master_, off), n, prec_);
+    } else if (half_) {  // this rank's loaded masters, rounded into its 16-bit slice, gathered if whole
+      be_.narrow_half(home16(b), master(b), static_cast<size_t>(counts_[b][rank_]), prec_);
+      if (resident_[b]) allgather(whole(b), b, MPI_UINT16_T);
+    } else if (resident_[b]) {  // fp32: the masters are the parameters; a partitioned slice is loaded as it is
+      allgather(whole(b), b, MPI_FLOAT);
     }
     if (cfg_.stage == 0) {
       allgather(at<float>(m_, off), b, MPI_FLOAT);
@@ -468,9 +507,9 @@ std::vector<float> DeviceEngine::gather_params() {
     const size_t n = blocks[b].numel;
     if (half_ && cfg_.stage == 0) {  // the fp32 masters (16-bit runs gather masters, not their copies)
       be_.copy_to_host(dst, at<float>(master_, blocks[b].offset), n * sizeof(float));
-    } else if (!half_) {
-      be_.copy_to_host(dst, param32(b), n * sizeof(float));
-    } else {
+    } else if (!half_ && resident_[b]) {
+      be_.copy_to_host(dst, whole(b), n * sizeof(float));
+    } else {  // this rank's fp32 master slice, gathered
       mine.resize(static_cast<size_t>(counts_[b][rank_]));
       be_.copy_to_host(mine.data(), master(b), mine.size() * sizeof(float));
       HPCT_CHECK_MPI(MPI_Allgatherv(mine.data(), counts_[b][rank_], MPI_FLOAT, dst, counts_[b].data(),
@@ -483,7 +522,7 @@ std::vector<float> DeviceEngine::gather_params() {
 ZeroMemory DeviceEngine::memory() const {
   ZeroMemory m;
   m.on_device = !host_;
-  m.params = params_.bytes();
+  m.params = params_.bytes() + shard_.bytes();
   m.grads = grads_.bytes();
   if (cfg_.stage >= 2) m.grads += grad_shard_.bytes();
   else m.grad_shard = grad_shard_.bytes();

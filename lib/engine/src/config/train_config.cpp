@@ -402,11 +402,6 @@ void TrainConfig::finalize(int dp) {
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
   if (device != "cpu" && device != "cuda") throw config_error("--device", "'" + device + "' is not a device: use cpu or cuda");
-  if (states_on_device() && zero.stage == 3)
-    throw config_error("zero_optimization.stage",
-                       "--device cuda keeps every ZeRO state on the GPU at stages 0-2; stage 3 on the GPU runs only as "
-                       "ZeRO-Offload for now",
-                       "use stage 1 or 2, or set zero_optimization.offload_optimizer.device to cpu (or nvme)");
   if (states_on_device() && device == "cuda" && model.lora.enabled())
     throw config_error("--lora-rank",
                        "LoRA on --device cuda holds the frozen base in host memory, which the GPU-resident engine "

@@ -12,14 +12,17 @@
 //   1  the masters and moments partitioned; the full gradient reduce-scattered once per step;
 //   2  the gradients too: each micro-step's block reduce-scattered as backward finishes it and
 //      accumulated into the shard, the block's working buffer reused.
-// After the update (stages 1-2) the parameters are all-gathered.
+//   3  the parameters too: a block under stage3_param_persistence_threshold elements stays whole
+//      on every rank; every other block is kept as this rank's slice and all-gathered into a
+//      working buffer when the model asks for it (16-bit slices in 16-bit runs, then widened),
+//      until release(). Gradients as at stage 2.
+// After the update the parameters are all-gathered (stages 1-2; stage 3: the whole blocks only).
 // Collectives: MPI with ZeroEngine's calls and operators, on the buffers themselves where the
 // backend's memory is the host's, else staged through host copies (ranks sharing a GPU, or no
 // NCCL for the data-parallel group yet). Checkpoints: pieces staged through host buffers, so a
 // background save copies them at once (pieces_are_live() is false).
-// What it is not (yet): stage 3 (use the offload path, parallel/device_store.hpp, or stage 2),
-// NVMe offload (the host ZeroEngine's), NCCL for data-parallel gradients, overlap of reductions
-// with backward.
+// What it is not (yet): NVMe offload (the host ZeroEngine's), NCCL for data-parallel gradients,
+// overlap of reductions with backward, stage 3's prefetch (a block is gathered when asked for).
 #pragma once
 #include <mpi.h>
 
@@ -40,8 +43,8 @@ namespace hpct::parallel {
 
 class DeviceEngine final : public ShardedOptimizer {
  public:
-  /// Collective over dp. be: the model's backend (must outlive this). Throws config_error for a
-  /// stage or offload setting it does not run (stage 3, offload_optimizer / offload_param).
+  /// Collective over dp. be: the model's backend (must outlive this). Throws config_error for an
+  /// offload setting (offload_optimizer / offload_param), which the host engine runs.
   DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
                kernels::Precision precision, kernels::OpsBackend& be);
   ~DeviceEngine() override;
@@ -74,6 +77,8 @@ class DeviceEngine final : public ShardedOptimizer {
   size_t local_numel() const override { return shards_.local_numel(); }
   double bytes_sent() const override { return bytes_sent_; }
   double reduce_wait_seconds() const override { return reduce_wait_; }
+  double gather_wait_seconds() const override { return gather_wait_; }
+  long long gathers() const override { return gathers_; }
 
  private:
   struct Run {  // a run of this rank's state inside one tensor (per-tensor weight decay)
@@ -82,8 +87,12 @@ class DeviceEngine final : public ShardedOptimizer {
   };
   void build_runs();
   float* master(int b);        // this rank's slice of block b's fp32 master
-  uint16_t* param16(int b);    // 16-bit runs: block b's 16-bit copy, whole
-  float* param32(int b);       // fp32 runs: block b's parameters, whole
+  // Block b's stored parameters (fp32, or the 16-bit copy): whole(b) the whole block (a resident
+  // block: stages 0-2 all, stage 3 those under the persistence threshold), home(b) this rank's slice.
+  char* whole(int b);
+  char* home(int b);
+  uint16_t* home16(int b) { return reinterpret_cast<uint16_t*>(home(b)); }
+  const float* gather(int b);  // stage 3: a partitioned block all-gathered into a working buffer
   void reduce(int b);          // block b's gradient over the group, into the full gradient or the shard
   // Working buffers in the backend's memory, reused by size.
   kernels::BackendBuffer take(size_t bytes);
@@ -110,8 +119,12 @@ class DeviceEngine final : public ShardedOptimizer {
   std::vector<std::vector<int>> counts_, displs_;
   MPI_Op sum16_ = MPI_OP_NULL;
 
+  std::vector<char> resident_;   // block kept whole on every rank (all of them at stages 0-2)
+  std::vector<size_t> res_off_;  // a resident block's offset in params_ (its layout offset at stages 0-2)
+
   // persistent state, in the backend's memory (layouts as ZeroEngine's)
-  kernels::BackendBuffer params_;      // every block whole: fp32, or the 16-bit copy
+  kernels::BackendBuffer params_;      // the resident blocks whole: fp32, or the 16-bit copy
+  kernels::BackendBuffer shard_;       // stage 3: this rank's slices of the other blocks (local offsets)
   kernels::BackendBuffer master_;      // 16-bit runs: fp32 masters (stage 0 all, else this rank's slices)
   kernels::BackendBuffer m_, v_;       // stage 0 all, else this rank's slices
   kernels::BackendBuffer grads_;       // stages 0-1: the full gradient, fp32 or 16-bit
@@ -120,14 +133,15 @@ class DeviceEngine final : public ShardedOptimizer {
   std::vector<kernels::AdamwRun> step_runs_;
 
   // working buffers
-  std::map<int, kernels::BackendBuffer> widened_;  // 16-bit runs: blocks widened for the model
+  std::map<int, kernels::BackendBuffer> widened_;  // blocks widened (16-bit runs) or gathered (stage 3) for the model
   std::map<int, kernels::BackendBuffer> work_;     // fp32 gradient blocks being written
   std::multimap<size_t, kernels::BackendBuffer> free_;
   size_t working_ = 0, working_peak_ = 0;
   std::vector<char> stage_a_, stage_b_;  // host copies for staged collectives
   bool last_micro_ = true;
 
-  double bytes_sent_ = 0, reduce_wait_ = 0;
+  double bytes_sent_ = 0, reduce_wait_ = 0, gather_wait_ = 0;
+  long long gathers_ = 0;
   std::array<double, 3> state_sumsq_{};
 };
 
