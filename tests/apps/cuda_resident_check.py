@@ -7,7 +7,8 @@ other orders than the CPU's (GEMMs, reductions, the embedding's atomic scatter),
 of ~6.3 by a few 1e-9 relative over 4 steps at this size (measured on an H200 with ZeRO-Offload:
 3e-9 to 5e-9); a wrong update (a missing bias correction, weight decay on the wrong tensors, a stale
 16-bit copy) moves the second step's loss by 1e-4 or more. Then bf16 at stages 1 and 3 within 1e-2 (bf16
-rounds differently where cuBLAS keeps fp32 inputs). The JSON summary must say the states are the
+rounds differently where cuBLAS keeps fp32 inputs), and LoRA (rank 4, the frozen base on the GPU) at
+stage 2 fp32 within 1e-6. The JSON summary must say the states are the
 device's (memory_per_rank.device.mode "resident", 16 bytes per parameter at stage 0 fp32, nothing
 copied per step) and the start line must name the mode. Then checkpoints on the GPU: 2 iterations,
 --save (synchronous, then --async-save), resume for 2 more: iterations 3-4 equal the straight run's
@@ -59,11 +60,17 @@ def run(name, device, stage, extra=(), iters=4):
 
 
 fails = []
+# LoRA adapts a base: 2 iterations on the CPU, saved, are the base both LoRA runs start from.
+base = os.path.join(a.workdir, "lora_base")
+subprocess.run(["rm", "-rf", base])
+run("lora_base", "cpu", 0, ["--save", base, "--save-interval", "2"], iters=2)
+LORA = ["--lora-rank", "4", "--lr", "1e-2", "--finetune", "--load", base]
 for stage, prec, tol in ((0, [], 1e-6), (1, [], 1e-6), (2, [], 1e-6), (3, [], 1e-6), (1, ["--bf16"], 1e-2),
-                         (3, ["--bf16"], 1e-2)):
-    tag = f"stage {stage} {'bf16' if prec else 'fp32'}"
-    _, c = run(f"cpu_s{stage}{''.join(prec)}", "cpu", stage, prec)
-    _, g = run(f"cuda_s{stage}{''.join(prec)}", "cuda", stage, prec)
+                         (3, ["--bf16"], 1e-2), (2, LORA, 1e-6)):
+    tag = f"stage {stage} {'bf16' if '--bf16' in prec else 'fp32'}{' LoRA' if prec == LORA else ''}"
+    name = f"s{stage}{'bf16' if '--bf16' in prec else ''}{'lora' if prec == LORA else ''}"
+    _, c = run("cpu_" + name, "cpu", stage, prec)
+    _, g = run("cuda_" + name, "cuda", stage, prec)
     if c is None or g is None:
         fails.append(f"{tag}: a run did not finish")
         continue

@@ -5,6 +5,7 @@
 // which come back), bitwise against the CPU backend's run of the same ops. Counts the bytes copied
 // out to the host.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 
@@ -21,8 +22,23 @@ class StagedCpuOps final : public kernels::OpsBackend {
   int synchronizations() const { return syncs_; }
   void synchronize() override { ++syncs_; }
 
-  void* allocate(size_t bytes) override { return in_->allocate(bytes); }
-  void release(void* p) noexcept override { in_->release(p); }
+  void* allocate(size_t bytes) override {
+    void* p = in_->allocate(bytes);
+    if (p) live_[static_cast<const char*>(p)] = bytes;
+    return p;
+  }
+  void release(void* p) noexcept override {
+    live_.erase(static_cast<const char*>(p));
+    in_->release(p);
+  }
+  /// p lies inside memory this backend allocated and has not released ("device memory").
+  bool owns(const void* p) const {
+    const char* c = static_cast<const char*>(p);
+    auto it = live_.upper_bound(c);
+    if (it == live_.begin()) return false;
+    --it;
+    return c < it->first + it->second;
+  }
   void zero(void* p, size_t bytes) override { in_->zero(p, bytes); }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { in_->copy_from_host(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
@@ -154,6 +170,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
 
  private:
   std::unique_ptr<kernels::OpsBackend> in_;
+  std::map<const char*, size_t> live_;  // allocations: start -> bytes
   double to_host_ = 0;
   int syncs_ = 0;
 };

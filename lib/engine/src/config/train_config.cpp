@@ -402,11 +402,6 @@ void TrainConfig::finalize(int dp) {
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
   if (device != "cpu" && device != "cuda") throw config_error("--device", "'" + device + "' is not a device: use cpu or cuda");
-  if (states_on_device() && device == "cuda" && model.lora.enabled())
-    throw config_error("--lora-rank",
-                       "LoRA on --device cuda holds the frozen base in host memory, which the GPU-resident engine "
-                       "cannot hand to the model yet",
-                       "set zero_optimization.offload_optimizer.device to cpu (ZeRO-Offload) with stage 1 or 2");
 
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))

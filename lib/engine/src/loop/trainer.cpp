@@ -92,8 +92,10 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
   // A rank whose GPU cannot hold its states fails at its allocations, which are not collective:
   // every rank learns of it and stops, rather than wait in the first collective for that rank.
   comm::throw_if_any(grid_.world(), comm::error_text_of([&] {
+    // LoRA's frozen base sits where the states do: on the GPU beside the resident engine.
     zero_ = std::make_unique<parallel::GroupedStore>(schema, std::move(groups), cfg_.zero, compute_precision(),
-                                                     &grid_.ep(), &grid_.tp(), resident);
+                                                     &grid_.ep(), &grid_.tp(), resident,
+                                                     cfg_.states_on_device() ? &model_->ops() : nullptr);
   }));
   if ((ops_ && !cfg_.states_on_device()) || cfg_.via_device_store)
     device_store_ = std::make_unique<parallel::DeviceStore>(
