@@ -34,8 +34,15 @@ namespace {
 // step (adamw_runs) run, so both give the same bits. Compiled for three instruction sets and picked
 // once at run time (the build may target an older CPU than the one it runs on); each has FMA where
 // the CPU has it, so the choice can move a result by an ulp between CPUs, never between runs.
+// The bias corrections are folded into two constants as PyTorch's AdamW and DeepSpeed's CPU-Adam
+// fold them: p * (1 - lr wd) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), with 1 / sqrt(bc2) a
+// factor. One square root and one division per element (instead of three divisions and a root):
+// those are what bound the loop on a core that streams memory faster than it divides.
 struct AdamCoef {
-  float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
+  float beta1, beta2, eps, grad_scale;
+  float step_size;     // lr / bc1
+  float inv_sqrt_bc2;  // 1 / sqrt(bc2)
+  float decay;         // 1 - lr * weight_decay
 };
 #define HPCT_ADAMW_SPAN(NAME, ATTR)                                                                         \
   ATTR void NAME(float* __restrict param, const float* __restrict grad, float* __restrict m,               \
@@ -46,8 +53,8 @@ struct AdamCoef {
       const float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;                                          \
       m[i] = mi;                                                                                           \
       v[i] = vi;                                                                                           \
-      const float mhat = mi / c.bc1, vhat = vi / c.bc2;                                                    \
-      param[i] -= c.lr * (mhat / (__builtin_sqrtf(vhat) + c.eps) + c.weight_decay * param[i]);              \
+      const float denom = __builtin_sqrtf(vi) * c.inv_sqrt_bc2 + c.eps;                                    \
+      param[i] = param[i] * c.decay - c.step_size * (mi / denom);                                          \
     }                                                                                                      \
   }
 #if defined(__x86_64__)
@@ -75,9 +82,11 @@ const SpanChoice& span() {
   return s;
 }
 
+// The constants from the step's scalars, in float as the CUDA kernels compute them from the same
+// bias corrections (cuda/optim.cu), so both sides fold alike.
 AdamCoef coef(float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale) {
-  return {lr, beta1, beta2, eps, weight_decay, (float)(1.0 - std::pow((double)beta1, step)),
-          (float)(1.0 - std::pow((double)beta2, step)), grad_scale};
+  const float bc1 = (float)(1.0 - std::pow((double)beta1, step)), bc2 = (float)(1.0 - std::pow((double)beta2, step));
+  return {beta1, beta2, eps, grad_scale, lr / bc1, 1.0f / std::sqrt(bc2), 1.0f - lr * weight_decay};
 }
 
 std::atomic<int> g_optimizer_threads{0};  // 0: not set, use default_optimizer_threads()
@@ -172,6 +181,10 @@ void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* 
     for (size_t lo = 0; lo < r.n; lo += kOptimChunk) chunks.push_back({k, lo, std::min(r.n, lo + kOptimChunk)});
   }
   const SpanFn fn = span().fn;
+  std::vector<AdamCoef> coefs;  // per run (weight decay is per tensor); two pow()s each, once a step
+  coefs.reserve(count);
+  for (size_t k = 0; k < count; ++k)
+    coefs.push_back(coef(a.lr, a.beta1, a.beta2, a.eps, runs[k].weight_decay, a.step, a.grad_scale));
   const int threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(optimizer_threads()), chunks.size()));
   std::string failure;  // an exception may not leave an OpenMP region
 #pragma omp parallel num_threads(std::max(threads, 1))
@@ -181,7 +194,7 @@ void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* 
     for (size_t i = 0; i < chunks.size(); ++i) {
       const Chunk& ch = chunks[i];
       const AdamwRun& r = runs[ch.run];
-      const AdamCoef c = coef(a.lr, a.beta1, a.beta2, a.eps, r.weight_decay, a.step, a.grad_scale);
+      const AdamCoef& c = coefs[ch.run];
       const size_t n = ch.hi - ch.lo;
       try {
         if (r.grad) {

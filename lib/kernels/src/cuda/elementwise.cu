@@ -130,7 +130,8 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    param[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + weight_decay * param[i]);
+    // cpu_optim.cpp's folded form (the constants in float from the same bias corrections).
+    param[i] = param[i] * (1.0f - lr * weight_decay) - (lr / bc1) * (mi / (sqrtf(vi) * (1.0f / sqrtf(bc2)) + eps));
   }
 }
 

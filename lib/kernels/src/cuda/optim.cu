@@ -44,14 +44,15 @@ __global__ void adamw_multi_kernel(const DeviceAdamwRun* runs, const unsigned* f
   const DeviceAdamwRun r = runs[lo];
   const size_t begin = size_t(tile - first_tile[lo]) * kAdamwTile;
   const size_t end = begin + kAdamwTile < r.n ? begin + kAdamwTile : r.n;
+  // cpu_optim.cpp's folded form and constants (computed in float from the same bias corrections).
+  const float step_size = lr / bc1, inv_sqrt_bc2 = 1.0f / sqrtf(bc2), decay = 1.0f - lr * r.weight_decay;
   for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = (r.grad ? r.grad[i] : widen(r.grad16[i], bf16)) * grad_scale;
     const float mi = beta1 * r.m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * r.v[i] + (1.0f - beta2) * g * g;
     r.m[i] = mi;
     r.v[i] = vi;
-    const float mhat = mi / bc1, vhat = vi / bc2;
-    const float p = r.param[i] - lr * (mhat / (sqrtf(vhat) + eps) + r.weight_decay * r.param[i]);
+    const float p = r.param[i] * decay - step_size * (mi / (sqrtf(vi) * inv_sqrt_bc2 + eps));
     r.param[i] = p;
     if (r.param16) r.param16[i] = narrow(p, bf16);
   }
