@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/host_device_collectives.hpp"
 #include "../model/staged_cpu_ops.hpp"
 #include "hpct/comm/process_grid.hpp"
 #include "hpct/core/error.hpp"
@@ -33,9 +34,16 @@ using test::world;
 
 namespace {
 
-enum class Route { host, device_on_cpu, device_staged };
+// device_collectives: the staged backend with the data-parallel collectives on its memory through
+// a transport (test::HostDeviceCollectives), the path NCCL takes on GPUs of their own.
+enum class Route { host, device_on_cpu, device_staged, device_collectives };
 const char* route_name(Route r) {
-  return r == Route::host ? "host ZeroEngine" : r == Route::device_on_cpu ? "DeviceEngine (CPU backend)" : "DeviceEngine (staged)";
+  switch (r) {
+    case Route::host: return "host ZeroEngine";
+    case Route::device_on_cpu: return "DeviceEngine (CPU backend)";
+    case Route::device_staged: return "DeviceEngine (staged)";
+    default: return "DeviceEngine (staged, device collectives)";
+  }
 }
 const char* prec_name(engine::PrecisionMode p) {
   return p == engine::PrecisionMode::fp32 ? "fp32" : p == engine::PrecisionMode::bf16 ? "bf16" : "fp16";
@@ -48,10 +56,11 @@ struct TrainRun {
   size_t numel = 0;
   bool device_store = false;
   double staged_to_host = 0;  // StagedCpuOps: bytes copied to the host
+  int collective_calls = 0;   // device_collectives: calls the transports took
   bool params_in_backend = true;  // StagedCpuOps: every block's parameters, as the model gets them, in its memory
 };
 
-TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1) {
+TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int fail_at = 0) {
   c.model.tensor_parallel = tp;
   c.moe_ep = ep;
   comm::ProcessGrid grid(world(), tp, ep);
@@ -59,13 +68,21 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1) {
   c.finalize(grid.dp().size());
   std::unique_ptr<kernels::OpsBackend> be;
   test::StagedCpuOps* staged = nullptr;
-  if (route == Route::device_staged) {
+  if (route == Route::device_staged || route == Route::device_collectives) {
     auto s = std::make_unique<test::StagedCpuOps>();
     staged = s.get();
     be = std::move(s);
   }
+  std::vector<test::HostDeviceCollectives*> transports;
+  engine::Trainer::DeviceCollectivesFactory dcs;
+  if (route == Route::device_collectives)
+    dcs = [&](const comm::Communicator& g) {
+      auto dc = std::make_unique<test::HostDeviceCollectives>(g, fail_at);
+      transports.push_back(dc.get());
+      return dc;
+    };
   io::MockGptDataset data(c.model.vocab_size, c.model.max_seq_length, 7);
-  engine::Trainer t(c, grid, std::move(be));
+  engine::Trainer t(c, grid, std::move(be), dcs);
   t.load_checkpoint();
   auto s = t.train(data, nullptr);
   TrainRun r;
@@ -74,6 +91,7 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1) {
   r.mem = t.memory_report();
   r.numel = t.model().layout().numel();
   r.device_store = t.device_store() != nullptr;
+  for (const auto* dc : transports) r.collective_calls += dc->calls();
   if (staged) {
     r.staged_to_host = staged->bytes_to_host();
     auto& store = t.zero();
@@ -230,6 +248,56 @@ TEST(DeviceEngine, ResumesBitwise) {
     }
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// With device collectives (NCCL on GPUs of their own; here a transport on the test backend's
+// memory) the gradients and parameters never leave the device: stages 0-3, the three precisions,
+// one and several micro-steps, blocks padded to equal slices for the collectives. On 2 ranks every
+// sum has two terms, so the bits are the host engine's whatever the reduction's order; on 4 the
+// transport's MPI_Reduce_scatter_block may add in another order than the host engine's
+// MPI_Ireduce_scatter, so the losses are held to 1e-6 relative (fp32: a few ulps of each gradient
+// after 3 steps) and 2e-3 (16-bit: a reordered bf16 sum moves a gradient by its 8-bit mantissa's ulp).
+TEST(DeviceEngine, DeviceCollectivesKeepTheStepOnTheDevice) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "collectives need 2 ranks";
+  for (int stage : {0, 1, 2, 3})
+    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
+      for (int micro : {12 / n, 1}) {
+        const auto c = tiny(stage, p, micro);
+        const std::string what = std::string(prec_name(p)) + " stage " + std::to_string(stage) + ", " +
+                                 std::to_string(n) + " ranks, " + std::to_string(12 / (micro * n)) + " micro-steps";
+        const TrainRun ref = train(c, Route::host);
+        const TrainRun staged = train(c, Route::device_staged);
+        const TrainRun got = train(c, Route::device_collectives);
+        EXPECT_GT(got.collective_calls, 0) << what << ": the transport was never called";
+        // Staged through the host, every step copies its gradients out; on the device only the
+        // scalars and the final gather_full_params come back.
+        EXPECT_LT(got.staged_to_host, staged.staged_to_host / 2) << what;
+        EXPECT_LT(got.staged_to_host, 4.0 * got.numel * 2) << what << ": bytes read back";
+        if (n == 2) {
+          expect_same(got, ref, what);
+          continue;
+        }
+        const double tol = p == engine::PrecisionMode::fp32 ? 1e-6 : 2e-3;
+        ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+        for (size_t i = 0; i < ref.losses.size(); ++i)
+          EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::fabs(ref.losses[i])) << what << ", step " << i;
+      }
+}
+
+// A collective that fails (a dead peer, a timeout) stops the step on every rank with one line
+// naming the collective and the rank, instead of waiting.
+TEST(DeviceEngine, AFailedDeviceCollectiveNamesItselfAndTheRank) {
+  if (world().size() < 2) GTEST_SKIP() << "collectives need 2 ranks";
+  try {
+    train(tiny(2, engine::PrecisionMode::bf16, 1), Route::device_collectives, 1, 1, /*fail_at=*/3);
+    FAIL() << "the failed collective went unnoticed";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("data-parallel"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank " + std::to_string(world().rank())), std::string::npos) << msg;
+    EXPECT_NE(msg.find("a peer did not answer"), std::string::npos) << msg;
+  }
 }
 
 // LoRA: the frozen base is held whole where the states live (the device's memory beside this

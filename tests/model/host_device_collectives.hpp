@@ -1,13 +1,18 @@
 // A test transport behind comm::DeviceCollectives: MPI on the buffers themselves (host memory, as
 // staged_cpu_ops.hpp's "device" memory is), where a run has NCCL on GPU memory. With it the model
 // takes its device-collective path on this machine: which buffers, offsets, counts, element types
-// and reductions each collective gets, bitwise against the CPU backend's run. It cannot check NCCL
+// and reductions each collective gets, bitwise against the CPU backend's run (16-bit sums with
+// NCCL's rule: each pair added in fp32 and rounded). It cannot check NCCL
 // itself or the stream order on a GPU. fail_at: the call (1-based) that fails, as a dead peer would.
 #pragma once
+#include <mpi.h>
+
+#include <cstdint>
 #include <string>
 
 #include "hpct/comm/gpu.hpp"
 #include "hpct/comm/mpi.hpp"
+#include "hpct/kernels/half.hpp"
 
 namespace hpct::test {
 
@@ -20,7 +25,10 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
 
   bool allreduce(void* buf, size_t n, Elem e, bool max, double, std::string* why) override {
     if (failed(why)) return false;
-    if (e == Elem::f64) {
+    if (e == Elem::bf16 || e == Elem::f16) {
+      if (max) return *why = "no 16-bit maximum here", false;
+      MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_UINT16_T, sum(e), c_.raw());
+    } else if (e == Elem::f64) {
       if (max) return *why = "no double maximum here", false;
       c_.allreduce_sum(static_cast<double*>(buf), n);
     } else if (max) {
@@ -30,18 +38,38 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
     }
     return true;
   }
-  bool allgather_blocks(float* buf, size_t block, double, std::string* why) override {
+  bool allgather_blocks(void* buf, size_t block, Elem e, double, std::string* why) override {
     if (failed(why)) return false;
-    c_.allgather_blocks(buf, block);
+    const MPI_Datatype t = type(e);
+    MPI_Allgather(MPI_IN_PLACE, 0, t, buf, static_cast<int>(block), t, c_.raw());
     return true;
   }
-  bool reduce_scatter_blocks(const float* full, float* slice, size_t block, double, std::string* why) override {
+  bool reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, double, std::string* why) override {
     if (failed(why)) return false;
-    c_.reduce_scatter_blocks(full, slice, block);
+    MPI_Reduce_scatter_block(full, slice, static_cast<int>(block), type(e), sum(e), c_.raw());
     return true;
+  }
+  ~HostDeviceCollectives() override {
+    for (MPI_Op* op : {&sum_bf16_, &sum_f16_})
+      if (*op != MPI_OP_NULL) MPI_Op_free(op);
   }
 
  private:
+  static MPI_Datatype type(Elem e) {
+    return e == Elem::f64 ? MPI_DOUBLE : e == Elem::f32 ? MPI_FLOAT : MPI_UINT16_T;
+  }
+  // 16-bit sums as NCCL's and the host engine's: each pair added in fp32 and rounded.
+  template <kernels::Precision P>
+  static void add16(void* in, void* inout, int* len, MPI_Datatype*) {
+    kernels::add_half(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), static_cast<size_t>(*len), P);
+  }
+  MPI_Op sum(Elem e) {
+    if (e == Elem::f32 || e == Elem::f64) return MPI_SUM;
+    MPI_Op& op = e == Elem::bf16 ? sum_bf16_ : sum_f16_;
+    if (op == MPI_OP_NULL)
+      MPI_Op_create(e == Elem::bf16 ? &add16<kernels::Precision::bf16> : &add16<kernels::Precision::fp16>, 1, &op);
+    return op;
+  }
   bool failed(std::string* why) {
     if (++calls_ != fail_at_) return false;
     *why = "timeout: a peer did not answer";
@@ -49,6 +77,7 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
   }
   const comm::Communicator& c_;
   int fail_at_ = 0, calls_ = 0;
+  MPI_Op sum_bf16_ = MPI_OP_NULL, sum_f16_ = MPI_OP_NULL;
 };
 
 }  // namespace hpct::test

@@ -47,8 +47,8 @@ bool NcclComm::start_allreduce(size_t, std::string* why) { return not_built(why)
 bool NcclComm::start_alltoall(size_t, std::string* why) { return not_built(why); }
 bool NcclComm::wait(double, std::string* why) { return not_built(why); }
 bool NcclComm::allreduce(void*, size_t, Elem, bool, double, std::string* why) { return not_built(why); }
-bool NcclComm::allgather_blocks(float*, size_t, double, std::string* why) { return not_built(why); }
-bool NcclComm::reduce_scatter_blocks(const float*, float*, size_t, double, std::string* why) { return not_built(why); }
+bool NcclComm::allgather_blocks(void*, size_t, Elem, double, std::string* why) { return not_built(why); }
+bool NcclComm::reduce_scatter_blocks(const void*, void*, size_t, Elem, double, std::string* why) { return not_built(why); }
 
 #else
 
@@ -321,29 +321,40 @@ bool NcclComm::wait(double deadline, std::string* why) {
   }
 }
 
+namespace {
+ncclDataType_t nccl_type(DeviceCollectives::Elem e) {
+  switch (e) {
+    case DeviceCollectives::Elem::f64: return ncclDouble;
+    case DeviceCollectives::Elem::bf16: return ncclBfloat16;
+    case DeviceCollectives::Elem::f16: return ncclFloat16;
+    default: return ncclFloat;
+  }
+}
+}  // namespace
+
 bool NcclComm::allreduce(void* buf, size_t count, Elem e, bool max, double deadline, std::string* why) {
   Impl& m = *impl_;
   if (!m.usable(why)) return false;
-  const ncclDataType_t type = e == Elem::f64 ? ncclDouble : ncclFloat;
-  return m.enqueued(ncclAllReduce(buf, buf, count, type, max ? ncclMax : ncclSum, m.comm, m.stream), "ncclAllReduce",
-                    why) &&
+  return m.enqueued(ncclAllReduce(buf, buf, count, nccl_type(e), max ? ncclMax : ncclSum, m.comm, m.stream),
+                    "ncclAllReduce", why) &&
          wait(deadline, why);
 }
 
-bool NcclComm::allgather_blocks(float* buf, size_t block, double deadline, std::string* why) {
+bool NcclComm::allgather_blocks(void* buf, size_t block, Elem e, double deadline, std::string* why) {
   Impl& m = *impl_;
   if (!m.usable(why)) return false;
   // In place: this rank's block is already where the gathered buffer wants it.
-  return m.enqueued(ncclAllGather(buf + m.rank * block, buf, block, ncclFloat, m.comm, m.stream), "ncclAllGather",
-                    why) &&
+  const void* mine = static_cast<const char*>(buf) + m.rank * block * bytes(e);
+  return m.enqueued(ncclAllGather(mine, buf, block, nccl_type(e), m.comm, m.stream), "ncclAllGather", why) &&
          wait(deadline, why);
 }
 
-bool NcclComm::reduce_scatter_blocks(const float* full, float* slice, size_t block, double deadline, std::string* why) {
+bool NcclComm::reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, double deadline,
+                                     std::string* why) {
   Impl& m = *impl_;
   if (!m.usable(why)) return false;
-  return m.enqueued(ncclReduceScatter(full, slice, block, ncclFloat, ncclSum, m.comm, m.stream), "ncclReduceScatter",
-                    why) &&
+  return m.enqueued(ncclReduceScatter(full, slice, block, nccl_type(e), ncclSum, m.comm, m.stream),
+                    "ncclReduceScatter", why) &&
          wait(deadline, why);
 }
 

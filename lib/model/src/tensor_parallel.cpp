@@ -61,7 +61,7 @@ void TensorParallel::all_gather(float* full, size_t n) {
     comm_->allgather_blocks(full, block);
   } else if (device_collectives()) {
     on_device("all-gather",
-              [&](double deadline, std::string* why) { return dc_->allgather_blocks(full, block, deadline, why); });
+              [&](double deadline, std::string* why) { return dc_->allgather_blocks(full, block, comm::DeviceCollectives::Elem::f32, deadline, why); });
   } else {  // only this rank's block goes out; every block comes back
     host_.resize(n * sizeof(float));
     float* h = reinterpret_cast<float*>(host_.data());
@@ -79,7 +79,7 @@ void TensorParallel::reduce_scatter(float* full, float* slice, size_t n) {
     comm_->reduce_scatter_blocks(full, slice, block);
   } else if (device_collectives()) {
     on_device("reduce-scatter", [&](double deadline, std::string* why) {
-      return dc_->reduce_scatter_blocks(full, slice, block, deadline, why);
+      return dc_->reduce_scatter_blocks(full, slice, block, comm::DeviceCollectives::Elem::f32, deadline, why);
     });
   } else {
     host2_.resize(block * sizeof(float));

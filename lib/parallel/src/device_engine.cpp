@@ -23,11 +23,16 @@ T* at(const kernels::BackendBuffer& b, size_t i) { return b.as<T>() + i; }
 }  // namespace
 
 DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
-                           kernels::Precision precision, kernels::OpsBackend& be)
-    : layout_(layout), cfg_(cfg), dp_(dp), prec_(precision), be_(be), half_(precision != kernels::Precision::fp32),
+                           kernels::Precision precision, kernels::OpsBackend& be, comm::DeviceCollectives* dc,
+                           double dc_timeout)
+    : layout_(layout), cfg_(cfg), dp_(dp), prec_(precision), be_(be), dc_(dc), dc_timeout_(dc_timeout),
+      half_(precision != kernels::Precision::fp32),
       fp16_(precision == kernels::Precision::fp16), red16_(half_ && !cfg.fp32_communication), host_(be.host_memory()),
       n_(dp.size()), rank_(dp.rank()), shards_(layout, dp.size()) {
   cfg_.validate();
+  if (dc_ && dc_->size() != n_)
+    throw Error("GPU-resident ZeRO: the device collectives span " + std::to_string(dc_->size()) +
+                " ranks, the data-parallel group " + std::to_string(n_));
   if (cfg_.offload_optimizer.device != "none" || cfg_.offload_param.device != "none")
     throw config_error("zero_optimization.offload_optimizer.device",
                        "the device-resident engine keeps the states on the GPU; offloaded runs use the host engine");
@@ -155,9 +160,28 @@ void DeviceEngine::give(kernels::BackendBuffer&& buf) {
 }
 
 // ---- collectives on backend memory -------------------------------------------------------------
-// The nonblocking calls ZeroEngine makes (the same algorithms, so the same sums), waited for at once.
+comm::DeviceCollectives::Elem DeviceEngine::elem(MPI_Datatype type) const {
+  using E = comm::DeviceCollectives::Elem;
+  if (type == MPI_FLOAT) return E::f32;
+  return fp16_ ? E::f16 : E::bf16;  // 16-bit gradients or parameters
+}
+
+void DeviceEngine::on_device(const char* what, const std::function<bool(double, std::string*)>& f) {
+  be_.synchronize();  // what the backend's stream wrote is in the buffer before the collective reads it
+  std::string why;
+  if (!f(comm::steady_seconds() + dc_timeout_, &why))
+    throw Error(std::string("GPU-resident ZeRO: the data-parallel ") + what + " on device buffers failed on rank " +
+                std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
+}
+
+// Without device collectives: the nonblocking calls ZeroEngine makes (the same algorithms, so the
+// same sums), waited for at once. With them: the same reductions on device buffers.
 void DeviceEngine::allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op) {
   if (n_ == 1) return;
+  if (dc_) {
+    on_device("all-reduce", [&](double d, std::string* why) { return dc_->allreduce(buf, count, elem(type), false, d, why); });
+    return;
+  }
   int esz = 0;
   MPI_Type_size(type, &esz);
   void* h = buf;
@@ -180,6 +204,19 @@ void DeviceEngine::reduce_scatter(const void* send, void* recv, int b, MPI_Datat
     be_.copy(recv, send, mine * esz);
     return;
   }
+  if (dc_) {  // N equal slices: the block padded with zeros, this rank's slice copied out
+    const size_t slice = shards_.slice(b), padded = slice * static_cast<size_t>(n_);
+    kernels::BackendBuffer full = take(padded * esz), part = take(slice * esz);
+    be_.copy(full.as<void>(), send, numel * esz);
+    if (padded > numel) be_.zero(full.as<char>() + numel * esz, (padded - numel) * esz);
+    on_device("reduce-scatter", [&](double d, std::string* why) {
+      return dc_->reduce_scatter_blocks(full.as<void>(), part.as<void>(), slice, elem(type), d, why);
+    });
+    if (mine) be_.copy(recv, part.as<void>(), mine * esz);
+    give(std::move(full));
+    give(std::move(part));
+    return;
+  }
   const void* hs = send;
   void* hr = recv;
   if (!host_) {
@@ -200,6 +237,19 @@ void DeviceEngine::allgather(void* block_buf, int b, MPI_Datatype type) {
   int esz = 0;
   MPI_Type_size(type, &esz);
   const size_t numel = layout_.blocks()[b].numel;
+  if (dc_) {  // N equal slices (rank r's at r x slice, the block's own layout), the padding zeros
+    const size_t slice = shards_.slice(b), mine = static_cast<size_t>(counts_[b][rank_]);
+    kernels::BackendBuffer full = take(slice * static_cast<size_t>(n_) * esz);
+    char* at_mine = full.as<char>() + static_cast<size_t>(rank_) * slice * esz;
+    if (mine) be_.copy(at_mine, static_cast<char*>(block_buf) + displs_[b][rank_] * esz, mine * esz);
+    if (slice > mine) be_.zero(at_mine + mine * esz, (slice - mine) * esz);
+    on_device("all-gather", [&](double d, std::string* why) {
+      return dc_->allgather_blocks(full.as<void>(), slice, elem(type), d, why);
+    });
+    be_.copy(block_buf, full.as<void>(), numel * esz);
+    give(std::move(full));
+    return;
+  }
   void* h = block_buf;
   if (!host_) {
     stage_a_.resize(numel * esz);

@@ -161,7 +161,9 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                    "launch) on "
                 << trainer.model().ops().name()
                 << "; only the loss and the gradient norm come back to the host each step (no "
-                   "zero_optimization.offload_optimizer in the config; set its device to cpu for ZeRO-Offload)\n";
+                   "zero_optimization.offload_optimizer in the config; set its device to cpu for ZeRO-Offload)"
+                << (trainer.dp_collectives().empty() ? "" : "; data-parallel collectives: " + trainer.dp_collectives())
+                << "\n";
     if (!mem.states_on_device)  // the AdamW step runs on the host: CPU training or ZeRO-Offload
       std::cout << "> host AdamW: " << kernels::optimizer_threads() << " thread(s) per rank, "
                 << kernels::optimizer_isa() << " (--optimizer-threads, OMP_NUM_THREADS or SLURM_CPUS_PER_TASK)\n";

@@ -39,8 +39,9 @@ namespace hpct::engine {
 
 using detail::PhaseClock;
 
-Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::unique_ptr<kernels::OpsBackend> backend)
-    : cfg_(cfg), grid_(grid), ops_(std::move(backend)),
+Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::unique_ptr<kernels::OpsBackend> backend,
+                 DeviceCollectivesFactory dp_collectives)
+    : cfg_(cfg), grid_(grid), ops_(std::move(backend)), dp_factory_(std::move(dp_collectives)),
       batches_(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup),
       clock_(std::make_unique<PhaseClock>()) {
   setup_host_threads();
@@ -84,10 +85,17 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
                       "zero.expert" + tp_tag + ".ep" + std::to_string(grid_.ep().rank()) + ".dp" +
                           std::to_string(grid_.expert_dp().rank())});
   // GPU-resident (DeepSpeed's default on GPUs): each group's states in the model backend's memory.
+  // Its collectives on device buffers (NCCL) where every rank has a GPU of its own.
   parallel::EngineFactory resident;
+  std::string own_why;
+  const bool own = cfg_.states_on_device() && own_gpus(&own_why);
   if (cfg_.states_on_device())
-    resident = [this](const ParamLayout& layout, const parallel::StoreGroup& g) {
-      return std::make_unique<parallel::DeviceEngine>(layout, cfg_.zero, *g.comm, compute_precision(), model_->ops());
+    resident = [this, own, own_why](const ParamLayout& layout, const parallel::StoreGroup& g) {
+      std::string why = own_why;
+      comm::DeviceCollectives* dc = open_dp_collectives(*g.comm, own, &why);
+      if (g.comm->size() > 1 && dp_collectives_.empty())
+        dp_collectives_ = dc ? "NCCL on device buffers" : "MPI through host buffers (" + why + ")";
+      return std::make_unique<parallel::DeviceEngine>(layout, cfg_.zero, *g.comm, compute_precision(), model_->ops(), dc);
     };
   // A rank whose GPU cannot hold its states fails at its allocations, which are not collective:
   // every rank learns of it and stops, rather than wait in the first collective for that rank.

@@ -29,25 +29,50 @@ void Trainer::setup_host_threads() {
 // its own (NCCL refuses two ranks of one communicator on one GPU), as Megatron runs; otherwise, or
 // when NCCL cannot start, through host buffers (tensor_parallel.hpp). The ranks of a tensor-parallel
 // group agree before any uses NCCL, so no group is half on NCCL and half on MPI.
-void Trainer::setup_tp_collectives() {
-  const auto& world = comm::Communicator::world();
-  const auto& tp = grid_.tp();
-  std::string why;
-  const int gpus = comm::gpu_count(&why);
-  const bool own = gpus >= world.node_local_size();
-  if (world.allreduce_min(own ? 1.0 : 0.0) > 0) {
-    const double window = 120;  // NCCL's start: the unique id's broadcast and the rings' set-up
-    tp_nccl_ = comm::NcclComm::create(tp.raw(), world.node_local_rank(), comm::steady_seconds() + window, {}, &why);
-    if (tp.allreduce_min(tp_nccl_ ? 1.0 : 0.0) == 0) {
-      if (tp_nccl_) why = "NCCL did not start on another rank of the tensor-parallel group";
-      tp_nccl_.reset();
-    }
-  } else {
-    why = own ? "ranks on another node share its GPUs"
-              : std::to_string(world.node_local_size()) + " ranks share " + std::to_string(gpus) + " GPU(s) on this node";
+namespace {
+constexpr double kNcclStartSeconds = 120;  // NCCL's start: the unique id's broadcast and the rings' set-up
+
+// Collective over group: NCCL over its ranks, or nullptr (and why) when it did not start on all.
+std::unique_ptr<comm::NcclComm> open_nccl(const comm::Communicator& group, const char* name, std::string* why) {
+  auto nccl = comm::NcclComm::create(group.raw(), comm::Communicator::world().node_local_rank(),
+                                     comm::steady_seconds() + kNcclStartSeconds, {}, why);
+  if (group.allreduce_min(nccl ? 1.0 : 0.0) == 0) {
+    if (nccl) *why = std::string("NCCL did not start on another rank of the ") + name + " group";
+    nccl.reset();
   }
+  return nccl;
+}
+}  // namespace
+
+bool Trainer::own_gpus(std::string* why) const {
+  const auto& world = comm::Communicator::world();
+  const int gpus = cfg_.device == "cuda" ? comm::gpu_count(why) : 0;
+  const bool own = gpus >= world.node_local_size();
+  if (world.allreduce_min(own ? 1.0 : 0.0) > 0) return true;
+  if (cfg_.device != "cuda") *why = "not a --device cuda run";
+  else if (own) *why = "ranks on another node share its GPUs";
+  else *why = std::to_string(world.node_local_size()) + " ranks share " + std::to_string(gpus) + " GPU(s) on this node";
+  return false;
+}
+
+void Trainer::setup_tp_collectives() {
+  std::string why;
+  if (own_gpus(&why)) tp_nccl_ = open_nccl(grid_.tp(), "tensor-parallel", &why);
   model_->set_tensor_parallel_device_comm(tp_nccl_.get(), 600);
   tp_collectives_ = tp_nccl_ ? "NCCL on device buffers" : "host buffers through MPI (" + why + ")";
+}
+
+// The GPU-resident engine's data-parallel gradients and parameters: NCCL on device buffers where
+// every rank has a GPU of its own (DeepSpeed's layout), as tensor parallelism decides; a group of
+// one rank needs none. A test's transport stands in for NCCL when the Trainer was given one.
+comm::DeviceCollectives* Trainer::open_dp_collectives(const comm::Communicator& group, bool own, std::string* why) {
+  if (group.size() == 1) return nullptr;
+  std::unique_ptr<comm::DeviceCollectives> dc;
+  if (dp_factory_) dc = dp_factory_(group);
+  else if (own) dc = open_nccl(group, "data-parallel", why);
+  if (!dc) return nullptr;
+  dp_dc_.push_back(std::move(dc));
+  return dp_dc_.back().get();
 }
 
 }  // namespace hpct::engine

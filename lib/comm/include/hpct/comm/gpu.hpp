@@ -35,22 +35,26 @@ int gpu_count(std::string* why);
 std::vector<GpuInfo> list_gpus(std::string* why);
 
 /// Collectives in place on one device's memory, for layers whose tensors live there (tensor
-/// parallelism). The caller has finished writing the input (its own stream synchronized); each call
-/// returns when the collective is done, or false with *why set when it failed or missed `deadline`
-/// (steady_seconds()). Counts are in elements. NcclComm below is the one a run uses; a test may put
-/// another transport behind the same calls.
+/// parallelism) and for the GPU-resident ZeRO engine's data-parallel gradients and parameters. The
+/// caller has finished writing the input (its own stream synchronized); each call returns when the
+/// collective is done, or false with *why set when it failed or missed `deadline` (steady_seconds()).
+/// Counts are in elements of `e`. NcclComm below is the one a run uses; a test may put another
+/// transport behind the same calls.
 class DeviceCollectives {
  public:
-  enum class Elem { f32, f64 };
+  /// Element types. bf16 and f16 sums add in fp32 and round each partial sum (NCCL's, and the host
+  /// engine's 16-bit MPI operator's, rule); f64 has no maximum.
+  enum class Elem { f32, f64, bf16, f16 };
+  static size_t bytes(Elem e) { return e == Elem::f64 ? 8 : e == Elem::f32 ? 4 : 2; }
   virtual ~DeviceCollectives() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   /// buf = the element-wise sum (or maximum) of every rank's buf.
   virtual bool allreduce(void* buf, size_t count, Elem e, bool max, double deadline, std::string* why) = 0;
-  /// buf: size() blocks of `block` floats, this rank's at rank() * block; the others' are gathered in.
-  virtual bool allgather_blocks(float* buf, size_t block, double deadline, std::string* why) = 0;
-  /// slice (block floats) = the sum over ranks of block rank() of their full (size() blocks).
-  virtual bool reduce_scatter_blocks(const float* full, float* slice, size_t block, double deadline,
+  /// buf: size() blocks of `block` elements, this rank's at rank() * block; the others' are gathered in.
+  virtual bool allgather_blocks(void* buf, size_t block, Elem e, double deadline, std::string* why) = 0;
+  /// slice (block elements) = the sum over ranks of block rank() of their full (size() blocks).
+  virtual bool reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, double deadline,
                                      std::string* why) = 0;
 };
 
@@ -86,8 +90,8 @@ class NcclComm final : public DeviceCollectives {
 
   // DeviceCollectives: enqueued on this communicator's stream, then waited for as wait() does.
   bool allreduce(void* buf, size_t count, Elem e, bool max, double deadline, std::string* why) override;
-  bool allgather_blocks(float* buf, size_t block, double deadline, std::string* why) override;
-  bool reduce_scatter_blocks(const float* full, float* slice, size_t block, double deadline,
+  bool allgather_blocks(void* buf, size_t block, Elem e, double deadline, std::string* why) override;
+  bool reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, double deadline,
                              std::string* why) override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }

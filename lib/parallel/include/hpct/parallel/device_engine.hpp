@@ -17,12 +17,16 @@
 //      working buffer when the model asks for it (16-bit slices in 16-bit runs, then widened),
 //      until release(). Gradients as at stage 2.
 // After the update the parameters are all-gathered (stages 1-2; stage 3: the whole blocks only).
-// Collectives: MPI with ZeroEngine's calls and operators, on the buffers themselves where the
-// backend's memory is the host's, else staged through host copies (ranks sharing a GPU, or no
-// NCCL for the data-parallel group yet). Checkpoints: pieces staged through host buffers, so a
+// Collectives: on the device through a comm::DeviceCollectives when the caller gives one (NCCL,
+// where every rank of the group has a GPU of its own): the gradient reduce-scatters and all-reduces
+// and the parameter all-gathers on device buffers, blocks padded to N equal slices (NCCL's layout;
+// the padding is zeros and never leaves the engine), 16-bit sums added in fp32 and rounded per
+// partial sum as the host engine's operator adds. Otherwise MPI with ZeroEngine's calls and
+// operators, on the buffers themselves where the backend's memory is the host's, else staged
+// through host copies (ranks sharing a GPU). Scalars (norms) go through MPI either way. Checkpoints: pieces staged through host buffers, so a
 // background save copies them at once (pieces_are_live() is false).
-// What it is not (yet): NVMe offload (the host ZeroEngine's), NCCL for data-parallel gradients,
-// overlap of reductions with backward, stage 3's prefetch (a block is gathered when asked for).
+// What it is not (yet): NVMe offload (the host ZeroEngine's), overlap of reductions with backward,
+// stage 3's prefetch (a block is gathered when asked for).
 #pragma once
 #include <mpi.h>
 
@@ -33,6 +37,7 @@
 #include <memory>
 #include <vector>
 
+#include "hpct/comm/gpu.hpp"
 #include "hpct/comm/mpi.hpp"
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
@@ -43,10 +48,13 @@ namespace hpct::parallel {
 
 class DeviceEngine final : public ShardedOptimizer {
  public:
-  /// Collective over dp. be: the model's backend (must outlive this). Throws config_error for an
-  /// offload setting (offload_optimizer / offload_param), which the host engine runs.
+  /// Collective over dp. be: the model's backend (must outlive this). dc: collectives over the
+  /// same ranks on be's memory (nullptr: MPI), each bounded by dc_timeout seconds; a failed or late
+  /// one stops the step with one line naming it and the rank. Throws config_error for an offload
+  /// setting (offload_optimizer / offload_param), which the host engine runs.
   DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, const comm::Communicator& dp,
-               kernels::Precision precision, kernels::OpsBackend& be);
+               kernels::Precision precision, kernels::OpsBackend& be, comm::DeviceCollectives* dc = nullptr,
+               double dc_timeout = 600);
   ~DeviceEngine() override;
   DeviceEngine(const DeviceEngine&) = delete;
   DeviceEngine& operator=(const DeviceEngine&) = delete;
@@ -102,6 +110,9 @@ class DeviceEngine final : public ShardedOptimizer {
   void allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op);
   void reduce_scatter(const void* send, void* recv, int b, MPI_Datatype type, MPI_Op op);
   void allgather(void* block_buf, int b, MPI_Datatype type);  // in place: the block's rank slices
+  // The device-collective path: the backend's stream drained, f(deadline, why) run, a failure thrown.
+  void on_device(const char* what, const std::function<bool(double deadline, std::string* why)>& f);
+  comm::DeviceCollectives::Elem elem(MPI_Datatype type) const;
   double sumsq(const void* buf, size_t n);                   // a gradient run (fp32 or 16-bit)
   // f over the reduced gradient's primary runs, summed over the data-parallel group (grad_sumsq's
   // and grad_zeros's traversal).
@@ -112,6 +123,8 @@ class DeviceEngine final : public ShardedOptimizer {
   const comm::Communicator& dp_;
   kernels::Precision prec_;
   kernels::OpsBackend& be_;
+  comm::DeviceCollectives* dc_;
+  double dc_timeout_;
   bool half_, fp16_, red16_, host_;
   bool all_primary_ = true;
   int n_, rank_;

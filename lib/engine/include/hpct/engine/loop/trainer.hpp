@@ -86,10 +86,16 @@ inline constexpr int kExitSavedOnSignal = 75;  // EX_TEMPFAIL: saved; requeue an
 
 class Trainer {
  public:
+  /// Collectives over one data-parallel group on the model backend's memory (called collectively
+  /// over that group).
+  using DeviceCollectivesFactory = std::function<std::unique_ptr<comm::DeviceCollectives>(const comm::Communicator& group)>;
   /// Collective over grid's world: builds the model and initialises parameters identically everywhere.
   /// backend: the model's backend in place of the one --device names (tests: a CPU backend whose
   /// memory counts as a device's, so the device paths run where there is no GPU); nullptr: --device's.
-  Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::unique_ptr<kernels::OpsBackend> backend = nullptr);
+  /// dp_collectives: the GPU-resident engine's data-parallel collectives (tests: a transport on that
+  /// backend's memory); empty: NCCL where every rank of a --device cuda job has a GPU of its own.
+  Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::unique_ptr<kernels::OpsBackend> backend = nullptr,
+          DeviceCollectivesFactory dp_collectives = {});
   ~Trainer();
 
   /// Collective over the world. If cfg.load_path names a checkpoint (a file, or a directory with a
@@ -140,6 +146,9 @@ class Trainer {
   /// How the tensor-parallel collectives of a --device cuda run go ("" on the CPU or without tensor
   /// parallelism): NCCL on device buffers, or host buffers and why.
   const std::string& tp_collectives() const { return tp_collectives_; }
+  /// GPU-resident runs over more than one rank: how the data-parallel gradients and parameters
+  /// travel ("NCCL on device buffers", or MPI and why); "" otherwise.
+  const std::string& dp_collectives() const { return dp_collectives_; }
   /// What checkpoints store: the model's trained tensors (ParamLayout::trained(): without LoRA's
   /// frozen base, every tensor).
   const ParamLayout& stored_layout() const { return stored_; }
@@ -209,6 +218,9 @@ class Trainer {
   std::unique_ptr<kernels::OpsBackend> ops_;  // --device cuda: the GPU backend (declared before the model)
   std::unique_ptr<comm::NcclComm> tp_nccl_;   // tensor parallelism on GPUs of their own (before the model too)
   std::string tp_collectives_;
+  DeviceCollectivesFactory dp_factory_;                       // tests' data-parallel transport
+  std::vector<std::unique_ptr<comm::DeviceCollectives>> dp_dc_;  // per engine group (before zero_: outlives it)
+  std::string dp_collectives_;
   std::unique_ptr<model::Gpt> model_;
   std::unique_ptr<parallel::GroupedStore> zero_;  // one ZeRO engine per reducing group
   std::unique_ptr<parallel::DeviceStore> device_store_;  // ZeRO-Offload: in front of zero_
@@ -223,6 +235,10 @@ class Trainer {
   size_t staging_bytes_ = 0;
   void map_staging();
   void setup_tp_collectives();  // tp_nccl_ and tp_collectives_ (a --device cuda run with T > 1)
+  /// Collective over the world: every rank of a --device cuda job has a GPU of its own (else why).
+  bool own_gpus(std::string* why) const;
+  /// Collective over group: its device collectives for the resident engine (nullptr: MPI, and why).
+  comm::DeviceCollectives* open_dp_collectives(const comm::Communicator& group, bool own, std::string* why);
   void setup_host_threads();    // the host AdamW's threads (--optimizer-threads, the environment)
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
