@@ -68,6 +68,11 @@ class CudaOps final : public OpsBackend {
     }
   }
   ~CudaOps() override {
+    cudaStreamSynchronize(stream_);  // every upload out of the pinned slots has finished
+    for (Upload& u : uploads_) {
+      if (u.done) cudaEventDestroy(u.done);
+      if (u.pinned) cudaFreeHost(u.pinned);
+    }
     if (scratch_) cudaFreeAsync(scratch_, stream_);
     if (work_) cudaFreeAsync(work_, stream_);
     if (sums_) cudaFreeAsync(sums_, stream_);
@@ -94,7 +99,19 @@ class CudaOps final : public OpsBackend {
   }
   void release(void* p) noexcept override { cudaFreeAsync(p, stream_); }
   void zero(void* p, size_t bytes) override { check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync"); }
+  // The caller may reuse src as soon as this returns. A small copy (tokens, targets, a routing
+  // table) goes through a pinned slot: copied there on the host, then uploaded asynchronously in
+  // stream order, so the device is not drained once per micro-step; a slot is reused only once its
+  // previous upload is done (its event). A large one (or where pinned memory cannot be had) is
+  // copied from src and waited for.
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    if (Upload* u = bytes <= kUploadSlot ? upload_slot() : nullptr) {
+      std::memcpy(u->pinned, src, bytes);
+      check(cudaMemcpyAsync(dst, u->pinned, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
+      check(cudaEventRecord(u->done, stream_), "cudaEventRecord (an upload)");
+      return;
+    }
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
     check(cudaStreamSynchronize(stream_), "copy to the device");
   }
@@ -401,6 +418,32 @@ class CudaOps final : public OpsBackend {
     return s;
   }
 
+  // The next pinned upload slot, its previous upload waited for (normally long done); nullptr when
+  // pinned memory could not be had (then every copy waits, as before).
+  static constexpr size_t kUploadSlot = size_t(1) << 20, kUploadSlots = 8;
+  struct Upload {
+    void* pinned = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  Upload* upload_slot() {
+    if (uploads_.empty()) {
+      uploads_.resize(kUploadSlots);
+      for (Upload& u : uploads_) {
+        if (cudaHostAlloc(&u.pinned, kUploadSlot, cudaHostAllocDefault) != cudaSuccess ||
+            cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming) != cudaSuccess) {
+          cudaGetLastError();  // clear the sticky-free error of a failed allocation
+          pinned_uploads_ = false;
+          break;
+        }
+      }
+    }
+    if (!pinned_uploads_) return nullptr;
+    Upload& u = uploads_[next_upload_];
+    next_upload_ = (next_upload_ + 1) % kUploadSlots;
+    check(cudaEventSynchronize(u.done), "an earlier upload");
+    return &u;
+  }
+
   // A buffer kept between calls, grown (never shrunk) to `floats`.
   float* grown(void*& p, size_t& bytes, size_t floats) {
     if (floats * sizeof(float) > bytes) {
@@ -428,6 +471,9 @@ class CudaOps final : public OpsBackend {
   size_t runs_dev_bytes_ = 0;
   std::vector<char> runs_table_;  // what runs_dev_ holds
   size_t runs_first_bytes_ = 0;
+  std::vector<Upload> uploads_;  // pinned slots for small uploads, made on first use
+  size_t next_upload_ = 0;
+  bool pinned_uploads_ = true;
 };
 
 }  // namespace
