@@ -57,6 +57,8 @@ struct TrainRun {
   bool device_store = false;
   double staged_to_host = 0;  // StagedCpuOps: bytes copied to the host
   int collective_calls = 0;   // device_collectives: calls the transports took
+  std::vector<double> device_ms;  // the summary's device time per iteration (backends with markers)
+  size_t marks_left = 0;          // StagedCpuOps: markers not yet read when training ended
   bool params_in_backend = true;  // StagedCpuOps: every block's parameters, as the model gets them, in its memory
 };
 
@@ -87,6 +89,7 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   auto s = t.train(data, nullptr);
   TrainRun r;
   for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.grad_norms.push_back(st.grad_norm);
+  r.device_ms = s.device_ms;
   r.params = t.gather_full_params();
   r.mem = t.memory_report();
   r.numel = t.model().layout().numel();
@@ -94,6 +97,7 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   for (const auto* dc : transports) r.collective_calls += dc->calls();
   if (staged) {
     r.staged_to_host = staged->bytes_to_host();
+    r.marks_left = staged->marks_held();
     auto& store = t.zero();
     for (int blk = 0; blk < static_cast<int>(t.model().layout().blocks().size()); ++blk) {
       if (!store.holds(blk)) continue;
@@ -321,6 +325,28 @@ TEST(DeviceEngine, LoraEqualsTheHostEngine) {
       EXPECT_GT(got.mem.frozen, 0u) << what;
       EXPECT_EQ(got.mem.frozen, ref.mem.frozen) << what;
     }
+}
+
+// The device timers: a backend with markers (CUDA events on a GPU; here the staged backend's host
+// clock) gives the summary its device time per iteration by phase, the phases adding up to the
+// step (idle: the device waiting for the host), every marker read by the end; the CPU backend,
+// which has none, gives none.
+TEST(DeviceEngine, DeviceTimersComeFromTheBackendsMarkers) {
+  auto c = tiny(2, engine::PrecisionMode::bf16, 1);
+  c.train_iters = 5;
+  c.log_interval = 2;  // markers read at iterations 2, 4 and the last
+  const TrainRun host = train(c, Route::host);
+  EXPECT_TRUE(host.device_ms.empty());
+  const TrainRun dev = train(c, Route::device_staged);
+  ASSERT_EQ(dev.device_ms.size(), 5u) << "forward, backward, optimizer, idle, step";
+  const double fwd = dev.device_ms[0], bwd = dev.device_ms[1], opt = dev.device_ms[2], idle = dev.device_ms[3],
+               step = dev.device_ms[4];
+  EXPECT_GT(fwd, 0);
+  EXPECT_GT(bwd, 0);
+  EXPECT_GT(opt, 0);
+  EXPECT_GE(idle, 0);
+  EXPECT_NEAR(fwd + bwd + opt + idle, step, 1e-9 + 1e-9 * step);
+  EXPECT_EQ(dev.marks_left, 0u) << "markers left unread after the run";
 }
 
 // Offloading is the host engine's: the resident engine refuses it by the ds_config key.

@@ -5,9 +5,11 @@
 // which come back), bitwise against the CPU backend's run of the same ops. Counts the bytes copied
 // out to the host.
 #pragma once
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hpct/kernels/ops_backend.hpp"
 
@@ -21,6 +23,17 @@ class StagedCpuOps final : public kernels::OpsBackend {
   double bytes_to_host() const { return to_host_; }
   int synchronizations() const { return syncs_; }
   void synchronize() override { ++syncs_; }
+  // Markers on the host clock: this backend runs each op as it is called, so the time between two
+  // calls is the time its ops took (the plumbing of the device timers, checked where no GPU is).
+  int mark() override {
+    marks_.push_back(std::chrono::steady_clock::now());
+    return static_cast<int>(marks_.size()) - 1;
+  }
+  double marked_seconds(int from, int to) override {
+    return std::chrono::duration<double>(marks_.at(static_cast<size_t>(to)) - marks_.at(static_cast<size_t>(from))).count();
+  }
+  void clear_marks() override { marks_.clear(); }
+  size_t marks_held() const { return marks_.size(); }
 
   void* allocate(size_t bytes) override {
     void* p = in_->allocate(bytes);
@@ -171,6 +184,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
  private:
   std::unique_ptr<kernels::OpsBackend> in_;
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
+  std::vector<std::chrono::steady_clock::time_point> marks_;
   double to_host_ = 0;
   int syncs_ = 0;
 };

@@ -509,6 +509,8 @@ void Gpt::done_head(ParamStore& store, bool grads) {
 
 double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T,
                              float dloss) {
+  Marks mk;
+  mk.start = ops_->mark();  // before the inputs' upload: it is the forward's
   const auto [tokens, targets] = stage_inputs(host_tokens, host_targets, B, T);
   training_ = true;
   dloss_ = dloss;
@@ -516,6 +518,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   Timer phase;
   const float* ep = forward_layers(store, tokens, B, T, /*keep_acts=*/!recompute_);
   phase_.forward += phase.seconds();
+  mk.forward_end = ops_->mark();
   phase.reset();
   Workspace& w = *ws_;
   const int L = cfg_.num_layers, C = cfg_.hidden_size;
@@ -570,6 +573,8 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   if (tensors_.learned_positions && tensors_.position_block) store.grads_ready(tensors_.position_block);
   store.grads_ready(0);
   phase_.backward += phase.seconds();
+  mk.backward_end = ops_->mark();
+  marks_.push_back(mk);
   return loss;
 }
 

@@ -411,6 +411,10 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
       summary["final_val_ppl"] = std::exp(final_val);
     }
     if (data.unigram_ppl > 0) summary["unigram_val_ppl"] = data.unigram_ppl;
+    if (!s.device_ms.empty())  // rank 0's device time per iteration (CUDA events), by phase
+      summary["device_ms_per_iteration"] = {{"forward", s.device_ms[0]}, {"backward", s.device_ms[1]},
+                                            {"optimizer", s.device_ms[2]}, {"idle", s.device_ms[3]},
+                                            {"step", s.device_ms[4]}};
     records.record(summary);
     if (!records.stopped().empty()) summary["records_stopped"] = records.stopped();  // writers a full disk stopped
     if (!cfg.json_summary.empty()) {

@@ -47,6 +47,32 @@ const char* phase_name(int p) {
   return names[p];
 }
 
+const char* device_phase_name(int p) {
+  static const char* names[kDevicePhases] = {"forward", "backward", "optimizer", "idle", "step"};
+  return names[p];
+}
+
+void settle_device_marks(PhaseClock& c, kernels::OpsBackend& be, double* run_seconds) {
+  if (c.pending.empty()) return;
+  for (const StepMarks& s : c.pending) {
+    if (s.start < 0 || s.end < 0) continue;
+    double d[kDevicePhases] = {};
+    int last = s.start;
+    for (const model::Gpt::Marks& m : s.passes) {
+      d[kDevForward] += be.marked_seconds(m.start, m.forward_end);
+      d[kDevBackward] += be.marked_seconds(m.forward_end, m.backward_end);
+      last = m.backward_end;
+    }
+    d[kDevOptimizer] = be.marked_seconds(last, s.end);
+    d[kDevStep] = be.marked_seconds(s.start, s.end);
+    d[kDevIdle] = std::max(0.0, d[kDevStep] - d[kDevForward] - d[kDevBackward] - d[kDevOptimizer]);
+    for (int p = 0; p < kDevicePhases; ++p) c.device[p] += d[p], run_seconds[p] += d[p];
+    c.device_timed = true;
+  }
+  c.pending.clear();
+  be.clear_marks();
+}
+
 int phase_level(int p) {
   if (p == kIteration) return 0;
   return p >= kGatherWait ? 2 : 1;
@@ -73,30 +99,50 @@ IntervalTimers gather_interval(const comm::Communicator& world, const PhaseClock
   IntervalTimers t;
   t.ranks = world.size();
   t.values = world.allgather(mine);
+  if (c.device_timed) {  // every rank alike: the same backend everywhere
+    std::vector<double> dev(kDevicePhases);
+    for (int p = 0; p < kDevicePhases; ++p) dev[p] = c.device[p] * 1e3 / std::max(1, iters);
+    t.device = world.allgather(dev);
+  }
   return t;
 }
 
+namespace {
+// " name: value |" as --timing-log-option asks: the maximum, (min, max), or every rank's.
+void add_timer(std::string& line, const char* name, const std::vector<double>& v, int ranks, int stride, int p,
+               const std::string& option) {
+  char buf[64];
+  double lo = v[p], hi = v[p];
+  for (int r = 1; r < ranks; ++r) lo = std::min(lo, v[(size_t)r * stride + p]), hi = std::max(hi, v[(size_t)r * stride + p]);
+  line += std::string(" ") + name + ": ";
+  if (option == "max") {
+    std::snprintf(buf, sizeof buf, "%.2f", hi);
+    line += buf;
+  } else if (option == "minmax") {
+    std::snprintf(buf, sizeof buf, "(%.2f, %.2f)", lo, hi);
+    line += buf;
+  } else {
+    line += "[";
+    for (int r = 0; r < ranks; ++r) {
+      std::snprintf(buf, sizeof buf, "%s%.2f", r ? ", " : "", v[(size_t)r * stride + p]);
+      line += buf;
+    }
+    line += "]";
+  }
+  line += " |";
+}
+}  // namespace
+
 std::string timer_line(const IntervalTimers& t, int level, const std::string& option) {
   std::string line = " time (ms) |";
-  char buf[64];
   for (int p = 0; p < kPhases; ++p) {
     if (phase_level(p) > level || p == kIteration) continue;
-    line += std::string(" ") + phase_name(p) + ": ";
-    if (option == "max") {
-      std::snprintf(buf, sizeof buf, "%.2f", t.max(p));
-      line += buf;
-    } else if (option == "minmax") {
-      std::snprintf(buf, sizeof buf, "(%.2f, %.2f)", t.min(p), t.max(p));
-      line += buf;
-    } else {
-      line += "[";
-      for (int r = 0; r < t.ranks; ++r) {
-        std::snprintf(buf, sizeof buf, "%s%.2f", r ? ", " : "", t.at(r, p));
-        line += buf;
-      }
-      line += "]";
-    }
-    line += " |";
+    add_timer(line, phase_name(p), t.values, t.ranks, kPhases + 1, p, option);
+  }
+  if (!t.device.empty()) {  // the device's own time (CUDA events), beside the host's above
+    line += " device time (ms) |";
+    for (int p = 0; p < kDevicePhases; ++p)
+      if (p != kDevStep) add_timer(line, device_phase_name(p), t.device, t.ranks, kDevicePhases, p, option);
   }
   return line;
 }
@@ -111,6 +157,19 @@ nlohmann::json timers_json(const IntervalTimers& t, const std::string& option) {
       e["ranks"] = v;
     }
     j[phase_name(p)] = e;
+  }
+  return j;
+}
+
+nlohmann::json device_timers_json(const IntervalTimers& t, const std::string& option) {
+  if (t.device.empty()) return nullptr;
+  nlohmann::json j = nlohmann::json::object();
+  for (int p = 0; p < kDevicePhases; ++p) {
+    std::vector<double> v;
+    for (int r = 0; r < t.ranks; ++r) v.push_back(t.device[(size_t)r * kDevicePhases + p]);
+    nlohmann::json e = {{"max", *std::max_element(v.begin(), v.end())}, {"min", *std::min_element(v.begin(), v.end())}};
+    if (option == "all") e["ranks"] = v;
+    j[device_phase_name(p)] = e;
   }
   return j;
 }

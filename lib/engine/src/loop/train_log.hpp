@@ -32,16 +32,37 @@ enum Phase : int {
 const char* phase_name(int p);
 int phase_level(int p);  // 1 or 2; kIteration 0
 
+/// Where a step's time goes on a device with a stream of its own (OpsBackend::mark: CUDA events),
+/// as the device ran it rather than as the host queued it: the forwards, the backwards (LM head,
+/// layers, the reductions they wait for), from the last backward to the step's end (grad norm,
+/// AdamW, re-gathering), the time the device waited for the host between those (idle), the step.
+enum DevicePhase : int { kDevForward, kDevBackward, kDevOptimizer, kDevIdle, kDevStep, kDevicePhases };
+const char* device_phase_name(int p);
+
+/// One step's markers: its start and end, and each forward_backward's.
+struct StepMarks {
+  int start = -1, end = -1;
+  std::vector<model::Gpt::Marks> passes;
+};
+
 struct PhaseClock {
   double seconds[kPhases] = {};
+  double device[kDevicePhases] = {};  // seconds, from the markers settled in this interval
+  bool device_timed = false;          // the backend has markers (every rank alike)
+  std::vector<StepMarks> pending;     // steps not yet read (read once a log interval)
   void clear() { *this = PhaseClock{}; }
 };
+/// Reads the pending steps' markers (waiting for the last one: once a log interval, so no step
+/// waits for its own device work), adds their times to c.device and to run_seconds (kDevicePhases,
+/// the run's totals), and forgets every marker. Nothing on a backend without markers.
+void settle_device_marks(PhaseClock& c, kernels::OpsBackend& be, double* run_seconds);
 
 /// Collective over `world`: every rank's phase times (ms per iteration over `iters` iterations)
 /// and peak resident bytes, gathered on every rank.
 struct IntervalTimers {
   int ranks = 1;
   std::vector<double> values;  // ranks x (kPhases + 1): ms per iteration per phase, then peak RSS bytes
+  std::vector<double> device;  // ranks x kDevicePhases: device ms per iteration; empty without markers
   double at(int rank, int p) const { return values[static_cast<size_t>(rank) * (kPhases + 1) + p]; }
   double max(int p) const;
   double min(int p) const;
@@ -53,6 +74,8 @@ IntervalTimers gather_interval(const comm::Communicator& world, const PhaseClock
 std::string timer_line(const IntervalTimers& t, int level, const std::string& option);
 /// {"forward": {"max": ms, "min": ms[, "ranks": [...]]}, ...} for every phase.
 nlohmann::json timers_json(const IntervalTimers& t, const std::string& option);
+/// The same for the device phases (null without markers).
+nlohmann::json device_timers_json(const IntervalTimers& t, const std::string& option);
 /// Megatron-LM's prefix of each log line: the local wall-clock time, " [2026-11-28 17:00:00]".
 std::string log_timestamp();
 /// The scalars of one iteration for TensorBoard / CSV (Megatron's tags).

@@ -219,6 +219,9 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   };
   const double nvme0 = nvme_seconds();
   zero_->begin_step();
+  model_->clear_marks();
+  detail::StepMarks marks;
+  marks.start = model_->ops().mark();  // device time, read once a log interval (train_log.hpp)
   double loss_sum = 0;
   Timer t;
   for (int m = 0; m < micro_steps; ++m) {
@@ -241,6 +244,9 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   t.reset();
   update(rec, loss_sum, scale, iteration);  // everything after the last micro-step is the optimizer's
   clk.seconds[detail::kOptimizer] += t.seconds();
+  marks.end = model_->ops().mark();
+  marks.passes = model_->marks();
+  if (marks.start >= 0) clk.pending.push_back(std::move(marks));
   const model::Gpt::PhaseSeconds ph1 = model_->phase_seconds();
   clk.seconds[detail::kForward] += ph1.forward - ph0.forward;
   clk.seconds[detail::kBackward] += ph1.backward - ph0.backward;
@@ -426,6 +432,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       double loss = n_acc ? loss_acc / n_acc : NAN;
       // Every rank's phase times and peak memory (one small all-gather per log line).
       clock_->seconds[detail::kIteration] = trained;
+      detail::settle_device_marks(*clock_, model_->ops(), device_run_seconds_.data());
       const detail::IntervalTimers timers =
           detail::gather_interval(grid_.world(), *clock_, n_steps_in_interval, (double)peak_rss_bytes());
       // Samples drawn so far: the checkpoint's count plus this run's (the global batch may have
@@ -464,6 +471,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                             {"tflops_per_rank", tflops},
                             {"timers_ms", detail::timers_json(timers, rc.timing_log_option)},
                             {"memory", {{"peak_rss_bytes", timers.peak_rss_max()}}}};
+        if (!timers.device.empty()) j["device_timers_ms"] = detail::device_timers_json(timers, rc.timing_log_option);
         if (cfg_.curriculum.enabled) j["curriculum_seqlen"] = rec.seqlen;
         if (rc.log_params_norm && std::isfinite(rec.weight_l2)) j["params_norm"] = rec.weight_l2;
         if (std::isfinite(rec.num_zeros)) j["num_zeros"] = rec.num_zeros;
@@ -578,6 +586,9 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   sum.seconds = total.seconds();
   sum.skipped_iterations = skipped;
   sum.tokens_per_second = double(consumed_tokens_ - tokens_at_start) / sum.seconds;
+  static_assert(detail::kDevicePhases == std::tuple_size_v<decltype(device_run_seconds_)>);
+  if (device_run_seconds_[detail::kDevStep] > 0)
+    for (double s : device_run_seconds_) sum.device_ms.push_back(s * 1e3 / double(std::max(1LL, it - sum.start_iteration)));
   // Peak resident memory of every rank (measured, VmHWM), gathered everywhere for the summary.
   sum.peak_rss_per_rank = grid_.world().allgather((double)peak_rss_bytes());
   for (double v : sum.peak_rss_per_rank) sum.peak_rss_bytes = std::max<uint64_t>(sum.peak_rss_bytes, (uint64_t)v);

@@ -69,6 +69,7 @@ class CudaOps final : public OpsBackend {
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);  // every upload out of the pinned slots has finished
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     for (Upload& u : uploads_) {
       if (u.done) cudaEventDestroy(u.done);
       if (u.pinned) cudaFreeHost(u.pinned);
@@ -120,6 +121,25 @@ class CudaOps final : public OpsBackend {
     check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize (an earlier kernel)"); }
+  // CUDA events on the stream: what the GPU spent between two points of the step, not the time the
+  // host took to queue it.
+  int mark() override {
+    if (used_marks_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreate(&e), "cudaEventCreate (a timer)");
+      marks_.push_back(e);
+    }
+    check(cudaEventRecord(marks_[used_marks_], stream_), "cudaEventRecord (a timer)");
+    return static_cast<int>(used_marks_++);
+  }
+  double marked_seconds(int from, int to) override {
+    if (from < 0 || to < 0 || size_t(from) >= used_marks_ || size_t(to) >= used_marks_) return 0;
+    check(cudaEventSynchronize(marks_[to]), "cudaEventSynchronize (a timer, or an earlier kernel)");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, marks_[from], marks_[to]), "cudaEventElapsedTime");
+    return ms * 1e-3;
+  }
+  void clear_marks() override { used_marks_ = 0; }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (dst == src || bytes == 0) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy on the device");
@@ -471,6 +491,8 @@ class CudaOps final : public OpsBackend {
   size_t runs_dev_bytes_ = 0;
   std::vector<char> runs_table_;  // what runs_dev_ holds
   size_t runs_first_bytes_ = 0;
+  std::vector<cudaEvent_t> marks_;  // the phase timers' events, reused every step
+  size_t used_marks_ = 0;
   std::vector<Upload> uploads_;  // pinned slots for small uploads, made on first use
   size_t next_upload_ = 0;
   bool pinned_uploads_ = true;

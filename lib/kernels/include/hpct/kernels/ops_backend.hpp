@@ -45,6 +45,13 @@ class OpsBackend {
   /// Returns when every op queued before has finished (a device backend's stream drained), so
   /// another stream (NCCL's) may read what they wrote. Nothing to wait for on the host.
   virtual void synchronize() {}
+  /// Device time, for the phase timers: a marker queued on the backend's stream (an index), and the
+  /// seconds between two markers once the later one is reached (waiting for it). -1: this backend
+  /// runs each op as it is called (the CPU), so the host's clock already is its time.
+  /// clear_marks() forgets them all (once a step; indices start again at 0).
+  virtual int mark() { return -1; }
+  virtual double marked_seconds(int /*from*/, int /*to*/) { return 0; }
+  virtual void clear_marks() {}
 
   /// dst = the fp32 values of n 16-bit src values (p: bf16 or fp16), both in backend memory, as
   /// half.hpp's from_half does on the host (exact: every 16-bit value is an fp32 value).

@@ -267,6 +267,13 @@ class Gpt {
     double forward = 0, backward = 0;
   };
   PhaseSeconds phase_seconds() const { return phase_; }
+  /// The backend's markers (OpsBackend::mark) of each forward_backward since clear_marks(): its
+  /// start, the end of its forward, the end of its backward; -1 each on a backend without them.
+  struct Marks {
+    int start = -1, forward_end = -1, backward_end = -1;
+  };
+  const std::vector<Marks>& marks() const { return marks_; }
+  void clear_marks() { marks_.clear(); }
 
   // ---- mixture of experts ----
   /// Routing noise and random token selection of the next micro-batch derive from this seed (the
@@ -481,6 +488,7 @@ class Gpt {
   uint64_t ltd_seed_ = 0;
   long long ltd_first_ = 0;
   PhaseSeconds phase_;
+  std::vector<Marks> marks_;
   const float* lora_p_ = nullptr;  // the current layer's adapters (lora_use), in the backend's memory
   float* lora_g_ = nullptr;
   int emb_lora_block_ = -1;        // the embedding's adapter block, or -1

@@ -10,7 +10,9 @@
 // (parallel::DeviceEngine, stages 0-2), or, with offload_optimizer, a parallel::DeviceStore copies
 // each block's parameters to the GPU and its gradients back to the host engine (ZeRO-Offload).
 #pragma once
+#include <array>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +61,9 @@ struct TrainSummary {
   std::vector<std::pair<long long, double>> val_losses;  // (iteration, loss)
   double seconds = 0;
   double tokens_per_second = 0;
+  // A backend with a stream of its own (--device cuda): this rank's device milliseconds per trained
+  // iteration (CUDA events): forward, backward, optimizer, idle, step (train_log.hpp). Empty elsewhere.
+  std::vector<double> device_ms;
   uint64_t peak_rss_bytes = 0;            // max over ranks
   std::vector<double> peak_rss_per_rank;  // bytes, index = world rank
   long long skipped_iterations = 0;
@@ -262,6 +267,7 @@ class Trainer {
   double warmup_end_tokens_ = 0;     // tokens of the --lr-warmup-iters steps (token-based decay starts there)
   long long skipped_ = 0, nan_iters_ = 0;
   std::unique_ptr<detail::PhaseClock> clock_;
+  std::array<double, 5> device_run_seconds_{};  // the device phases (train_log.hpp), summed over the run
   bool want_state_norms_ = false;  // this step also reports the optimizer states' norms  // this rank's phase times since the last log line
   std::vector<int32_t> sample_buf_, tokens_, targets_;
   std::vector<uint8_t> mask_buf_;
