@@ -34,6 +34,9 @@ class StagedCpuOps final : public kernels::OpsBackend {
   }
   void clear_marks() override { marks_.clear(); }
   size_t marks_held() const { return marks_.size(); }
+  /// The LM head's row block (0: the CPU's).
+  void set_head_rows(int rows) { head_rows_ = rows; }
+  int head_rows(int columns) const override { return head_rows_ > 0 ? head_rows_ : in_->head_rows(columns); }
 
   void* allocate(size_t bytes) override {
     void* p = in_->allocate(bytes);
@@ -185,6 +188,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
   std::unique_ptr<kernels::OpsBackend> in_;
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
   std::vector<std::chrono::steady_clock::time_point> marks_;
+  int head_rows_ = 0;
   double to_host_ = 0;
   int syncs_ = 0;
 };

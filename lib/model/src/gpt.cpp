@@ -17,9 +17,6 @@ namespace hpct::model {
 
 using kernels::Precision;
 
-// Rows of the LM head processed at once: bounds the (rows, Vp) logits buffer (51 MB at
-// Vp = 50304) instead of materialising (N, Vp), which is the largest tensor of a small GPT.
-static constexpr int kHeadRows = 256;
 
 Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::OpsBackend* ops,
          const comm::Communicator* ep, const comm::Communicator* tp)
@@ -38,6 +35,9 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   Fl_ = cfg_.ffn() / tp_.size();
   Vl_ = cfg_.padded_vocab() / tp_.size();
   vstart_ = tp_.rank() * Vl_;
+  // Rows of the LM head processed at once, as the backend sizes them: bounds the (rows, Vl) logits
+  // buffer (51 MB at 256 x 50304) instead of materialising (N, Vl), a small GPT's largest tensor.
+  head_rows_ = std::max(1, ops_->head_rows(Vl_));
   layout_ = layout_for(cfg_, tp_.rank(), &tensors_);
   if (cfg_.lora.adapts(LoraConfig::embedding)) {
     const TensorSpec& a = layout_.find("embedding.word_embeddings.lora_a.weight");
@@ -101,7 +101,7 @@ void Gpt::ensure_workspace(int B, int T) {
   const size_t Q = attention_.qkv_width(), dQ = attention_.dqkv_floats(N) / std::max<size_t>(N, 1);  // per row
   size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * Q + attention_.state_floats(B, T) + N * (W + F);
   size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * dQ +
-                 N * (W + F) + (size_t)kHeadRows * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
+                 N * (W + F) + (size_t)head_rows_ * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
@@ -133,7 +133,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->dqkv = take(N * dQ);
   ws->dfch = take(N * W);
   ws->dfch_gelu = take(N * F);
-  ws->logits = take((size_t)kHeadRows * Vl);
+  ws->logits = take((size_t)head_rows_ * Vl);
   ws->losses = take(N);
   if (kept) ws->kept_res2 = take(kept);
   if (!ltd_layers_.empty()) ws->ltd = take((3 + 2 * sp) * N * C);  // + the whole stream and output under SP
@@ -146,7 +146,7 @@ void Gpt::ensure_workspace(int B, int T) {
   if (cfg_.lora.enabled()) {  // x A^T per adapted linear and set; update scratch; the frozen norms' discarded gradients
     const size_t widest = std::max({C, Q, W});  // the widest adapter output: qkv's, fc's, or C
     const size_t r = cfg_.lora.rank, sets = nsets * 4 * N * r, extra = N * widest + N * r + (sp ? 0 : 4 * C);
-    const size_t emb = emb_lora_block_ >= 0 ? N * r + 2 * (size_t)kHeadRows * r + (size_t)kHeadRows * Vl + (size_t)T * r : 0;
+    const size_t emb = emb_lora_block_ >= 0 ? N * r + 2 * (size_t)head_rows_ * r + (size_t)head_rows_ * Vl + (size_t)T * r : 0;
     ws->lora_mem = kernels::BackendBuffer(*ops_, (sets + extra + emb) * sizeof(float));
     float* q = ws->lora_mem.as<float>();
     for (auto& a : ws->acts)
@@ -156,8 +156,8 @@ void Gpt::ensure_workspace(int B, int T) {
     if (!sp) ws->dnorm = q, q += 4 * C;
     if (emb) {
       ws->lora_u = q, q += N * r;
-      ws->lora_z = q, q += 2 * (size_t)kHeadRows * r;
-      ws->lora_logits = q, q += (size_t)kHeadRows * Vl;
+      ws->lora_z = q, q += 2 * (size_t)head_rows_ * r;
+      ws->lora_logits = q, q += (size_t)head_rows_ * Vl;
       ws->lora_dpos = q;
     }
   }
@@ -420,8 +420,8 @@ double Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const f
   tp_.all_gather(w.lnf, NC);
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
   double loss_sum = 0;
-  for (int r0 = 0; r0 < N; r0 += kHeadRows) {
-    int rows = std::min(kHeadRows, N - r0);
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    int rows = std::min(head_rows_, N - r0);
     const float* xin = w.lnf + (size_t)r0 * C;
     ops_->matmul_forward(w.logits, xin, hw, nullptr, rows, C, Vl_, precision_);
     lora_head(xin, w.logits, rows, false, nullptr);

@@ -45,7 +45,7 @@ struct Gpt::Workspace {
   float* dqkv = nullptr;      // (N, 3C)
   float* dfch = nullptr;      // (N, 4C)
   float* dfch_gelu = nullptr; // (N, 4C)
-  float* logits = nullptr;    // (kHeadRows, Vp)
+  float* logits = nullptr;    // (head rows, Vl): OpsBackend::head_rows
   float* ltd = nullptr;       // (3, N, C) random-LTD: a layer's kept input rows, output rows, gradient rows
   float* ddrop = nullptr;     // (n, C) hidden dropout: the gradient reaching a dropped output
   float* losses = nullptr;    // (N), in the backend's memory

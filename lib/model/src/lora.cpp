@@ -18,7 +18,6 @@
 #include "gpt_acts.hpp"
 
 namespace {
-constexpr int kLoraHeadRows = 256;  // = gpt.cpp's kHeadRows: the head's row chunk
 }
 #include "hpct/model/gpt.hpp"
 
@@ -113,7 +112,7 @@ void Gpt::lora_head(const float* x, float* logits, int rows, bool backward, floa
   const float* A = emb_lora_p_ + emb_lora_a_;
   const float* Bm = emb_lora_p_ + emb_lora_b_;
   Workspace& w = *ws_;
-  float *z = w.lora_z, *zs = w.lora_z + (size_t)kLoraHeadRows * r;  // x B and s x B, (rows, r) each
+  float *z = w.lora_z, *zs = w.lora_z + (size_t)head_rows_ * r;  // x B and s x B, (rows, r) each
   if (!backward) {
     ops_->zero(z, (size_t)rows * r * sizeof(float));
     ops_->matmul_backward(z, nullptr, nullptr, x, nullptr, Bm, rows, r, C, precision_);  // z = x B

@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -121,6 +122,13 @@ class CudaOps final : public OpsBackend {
     check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize (an earlier kernel)"); }
+  // Up to 256 MiB of fp32 logits per block, in multiples of 256 rows (1280 at GPT-2's 50304
+  // columns: 7 blocks of a 8192-row micro-batch instead of 32, each re-reading the embedding's
+  // gradient), never fewer rows than the CPU's 256 nor more than 8192.
+  int head_rows(int columns) const override {
+    const size_t fit = (size_t(256) << 20) / (sizeof(float) * size_t(columns > 0 ? columns : 1));
+    return static_cast<int>(std::clamp<size_t>(fit / 256 * 256, 256, 8192));
+  }
   // CUDA events on the stream: what the GPU spent between two points of the step, not the time the
   // host took to queue it.
   int mark() override {

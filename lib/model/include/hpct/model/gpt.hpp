@@ -469,6 +469,7 @@ class Gpt {
   TensorParallel tp_;
   int Cl_ = 0, NHl_ = 0, Fl_ = 0;  // this tensor-parallel rank's attention channels, heads, MLP width
   int Vl_ = 0, vstart_ = 0;        // its rows of the padded vocabulary: [vstart_, vstart_ + Vl_)
+  int head_rows_ = 256;            // rows of the LM head at once (OpsBackend::head_rows)
   Norm norm_;            // every norm
   Attention attention_;  // every layer's attention
   Mlp mlp_;              // the feed-forward of every dense layer, residual MoE and expert
