@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -84,15 +85,24 @@ model::GptConfig with_dropout(double attention, double hidden) {
   return c;
 }
 
-// Loss and gradients of one training step of cfg on fixed tokens (dropout seed 9, first sample first).
-std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bool recompute, long long first) {
-  const int B = 2, T = 6;
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  for (int i = 0; i < B * T; ++i) {
+// The fixed micro-batch of the step tests: B = 2 samples of T = 6 tokens and their targets.
+constexpr int kB = 2, kT = 6;
+std::pair<std::vector<int32_t>, std::vector<int32_t>> fixed_batch() {
+  std::vector<int32_t> tok(kB * kT), tgt(kB * kT);
+  for (int i = 0; i < kB * kT; ++i) {
     tok[i] = (i * 3 + 1) % 23;
     tgt[i] = (i * 11 + 2) % 23;
   }
-  model::Gpt m(cfg, kernels::Precision::fp32, recompute);
+  return {tok, tgt};
+}
+
+// Loss and gradients of one training step of cfg on the fixed batch (dropout seed 9, first sample
+// first), on `be` (nullptr: the CPU backend).
+std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bool recompute, long long first,
+                                                 kernels::OpsBackend* be = nullptr) {
+  const int B = kB, T = kT;
+  const auto [tok, tgt] = fixed_batch();
+  model::Gpt m(cfg, kernels::Precision::fp32, recompute, be);
   m.set_dropout_seed(9, first);
   std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
   m.init_params(p.data(), 7);
@@ -162,12 +172,8 @@ TEST(Gpt, DropoutOutsideZeroToOneIsRefused) {
 }
 
 TEST(Gpt, RecomputeGivesIdenticalGradients) {
-  const int B = 2, T = 6;
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = (i * 3 + 1) % 23;
-    tgt[i] = (i * 11 + 2) % 23;
-  }
+  const int B = kB, T = kT;
+  const auto [tok, tgt] = fixed_batch();
   std::vector<float> grads[2];
   for (int r = 0; r < 2; ++r) {
     model::Gpt m(tiny(), kernels::Precision::fp32, r == 1);
@@ -190,12 +196,6 @@ TEST(Gpt, RecomputeGivesIdenticalGradients) {
 // backward carries them (5e-7 absolute at most), while a block that dropped or doubled rows moves
 // the loss by a whole row's share (several percent).
 TEST(Gpt, TheHeadsRowBlockChangesOnlyTheGradientsRounding) {
-  const int B = 2, T = 6;
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  for (int i = 0; i < B * T; ++i) {
-    tok[i] = (i * 3 + 1) % 23;
-    tgt[i] = (i * 11 + 2) % 23;
-  }
   model::GptConfig lora = tiny();
   lora.lora.rank = 4;
   lora.lora.targets = 0x1F;
@@ -205,12 +205,7 @@ TEST(Gpt, TheHeadsRowBlockChangesOnlyTheGradientsRounding) {
     for (int k = 0; k < 2; ++k) {
       test::StagedCpuOps be;
       if (k == 1) be.set_head_rows(5);
-      model::Gpt m(cfg, kernels::Precision::fp32, false, &be);
-      std::vector<float> p(m.layout().numel());
-      grads[k].assign(p.size(), 0.0f);
-      m.init_params(p.data(), 7);
-      model::FlatParamStore st(m.layout(), p.data(), grads[k].data());
-      loss[k] = m.forward_backward(st, tok.data(), tgt.data(), B, T, 1.0f);
+      std::tie(loss[k], grads[k]) = train_step(cfg, false, 0, &be);
     }
     EXPECT_NEAR(loss[0], loss[1], 1e-6 * std::fabs(loss[0]));
     size_t off = 0, differ = 0;

@@ -35,8 +35,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   Fl_ = cfg_.ffn() / tp_.size();
   Vl_ = cfg_.padded_vocab() / tp_.size();
   vstart_ = tp_.rank() * Vl_;
-  // Rows of the LM head processed at once, as the backend sizes them: bounds the (rows, Vl) logits
-  // buffer (51 MB at 256 x 50304) instead of materialising (N, Vl), a small GPT's largest tensor.
+  // The LM head's rows at once, as the backend sizes them: a (rows, Vl) logits buffer, not (N, Vl).
   head_rows_ = std::max(1, ops_->head_rows(Vl_));
   layout_ = layout_for(cfg_, tp_.rank(), &tensors_);
   if (cfg_.lora.adapts(LoraConfig::embedding)) {
