@@ -277,10 +277,12 @@ void attention_case(const Dropout* drop, const std::vector<int32_t>* key_start =
   float* d_dqkv = g.put(dqkv);
   const int32_t* hk = key_start ? key_start->data() : nullptr;
   const int32_t* d_ks = key_start ? g.put(*key_start) : nullptr;
-  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, drop, hk);
-  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, drop);
-  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32, drop, d_ks);
-  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, B, T, C, NH, Precision::fp32, drop);
+  const AttentionUse use{drop != nullptr, key_start != nullptr};
+  ASSERT_EQ(g.be->attention_state_floats(B, T, C, NH, Precision::fp32, use), att.size());  // fp32: materialised
+  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, drop, hk, use);
+  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, drop, use);
+  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32, drop, d_ks, use);
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, B, T, C, NH, Precision::fp32, drop, use);
   expect_close("attention out", g.get(d_out, out.size()), out);
   expect_close("attention probabilities (zero outside each row's keys)", g.get(d_att, att.size()), att);
   expect_close("attention dqkv", g.get(d_dqkv, dqkv.size()), dqkv);
@@ -298,6 +300,66 @@ TEST(CudaOps, PerDocumentAttention) {
   Dropout d;
   d.p = 0.3f, d.key = 77, d.first_sample = 5, d.T = 9, d.head0 = 2;
   attention_case(&d, &ks);
+}
+
+// cuDNN's fused attention (bf16 / fp16) against the CPU's materialised kernel in fp32 on the same
+// 16-bit-rounded q, k, v and dout. Tolerances, norm-wise: the fused kernel rounds P to 16 bits
+// before P V and its output to 16 bits (each ~2^-9 relative in bf16, 2^-12 in fp16), so 1e-2 of
+// the output's norm; the backward also multiplies 16-bit dS and P, then rounds dq, dk, dv, so 2e-2.
+// dqkv starts nonzero: the op accumulates into it (the contract), checked with the sum.
+void fused_case(Precision p, int B, int T, int NH, int HS) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int C = NH * HS;
+  const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, {});
+  ASSERT_TRUE(k.fused) << k.what;
+  const size_t N = (size_t)B * T, state = g.be->attention_state_floats(B, T, C, NH, p, {});
+  EXPECT_LT(state, N * NH * T) << "the fused state should be below the T x T probabilities here";
+  auto rounded = [&](Vec v) {
+    std::vector<uint16_t> h(v.size());
+    to_half(v.data(), h.data(), v.size(), p);
+    from_half(h.data(), v.data(), v.size(), p);
+    return v;
+  };
+  const Vec qkv = rounded(randn(N * 3 * C, 11)), dout = rounded(randn(N * C, 12)), dqkv0 = randn(N * 3 * C, 13);
+  Vec out(N * C), att(N * NH * T), dqkv = dqkv0;
+  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, nullptr, nullptr, {});
+  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, nullptr, {});
+  BackendBuffer d_state(*g.be, state * sizeof(float));
+  float* d_out = g.put(Vec(N * C));
+  float* d_dqkv = g.put(dqkv0);
+  const float* d_qkv = g.put(qkv);
+  g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, {});
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, {});
+  expect_close_norm("fused attention out", g.get(d_out, out.size()), out, 1e-2);
+  Vec grad = g.get(d_dqkv, dqkv.size()), want = dqkv;
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] -= dqkv0[i], want[i] -= dqkv0[i];
+  expect_close_norm("fused attention dqkv (accumulated)", grad, want, 2e-2);
+}
+TEST(CudaOps, FusedAttentionBf16) { fused_case(Precision::bf16, 2, 64, 2, 64); }
+TEST(CudaOps, FusedAttentionFp16OddLength) { fused_case(Precision::fp16, 1, 100, 3, 32); }
+TEST(CudaOps, FusedAttentionBf16Head128) { fused_case(Precision::bf16, 2, 256, 4, 128); }
+// What the fused kernel leaves to the materialised one: fp32, dropout, per-document masks, head
+// sizes it does not take; each says why, and its state is the T x T probabilities.
+TEST(CudaOps, FusedAttentionRefusals) {
+  NEED_GPU(g);
+  const int B = 2, T = 16, NH = 2;
+  struct Case {
+    int C;
+    Precision p;
+    AttentionUse use;
+    const char* why;
+  };
+  for (const Case& c : {Case{64, Precision::fp32, {}, "fp32"}, Case{64, Precision::bf16, {true, false}, "dropout"},
+                        Case{64, Precision::bf16, {false, true}, "per-document"},
+                        Case{2 * 12, Precision::bf16, {}, "head size 12"}}) {
+    const AttentionKernel k = g.be->attention_kernel(B, T, c.C, NH, c.p, c.use);
+    EXPECT_FALSE(k.fused) << c.why;
+    EXPECT_NE(k.what.find(c.why), std::string::npos) << k.what;
+    EXPECT_EQ(g.be->attention_state_floats(B, T, c.C, NH, c.p, c.use), (size_t)B * NH * T * T) << c.why;
+  }
+  g.be->allow_fused_attention(false);
+  EXPECT_FALSE(g.be->attention_kernel(B, T, 64, NH, Precision::bf16, {}).fused);
 }
 
 // Token-row dropout: the same elements dropped and the same products on both backends (bitwise).

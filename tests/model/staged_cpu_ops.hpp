@@ -99,13 +99,22 @@ class StagedCpuOps final : public kernels::OpsBackend {
                        const float* weight, int N, int C, int OC, kernels::Precision p) override {
     in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
   }
+  kernels::AttentionKernel attention_kernel(int B, int T, int C, int NH, kernels::Precision p,
+                                           kernels::AttentionUse use) const override {
+    return in_->attention_kernel(B, T, C, NH, p, use);
+  }
+  void allow_fused_attention(bool allow) override { in_->allow_fused_attention(allow); }
+  size_t attention_state_floats(int B, int T, int C, int NH, kernels::Precision p,
+                                kernels::AttentionUse use) const override {
+    return in_->attention_state_floats(B, T, C, NH, p, use);
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, kernels::Precision p,
-                         const kernels::Dropout* drop, const int32_t* key_start) override {
-    in_->attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start);
+                         const kernels::Dropout* drop, const int32_t* key_start, kernels::AttentionUse use) override {
+    in_->attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start, use);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, kernels::Precision p, const kernels::Dropout* drop) override {
-    in_->attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop);
+                          int NH, kernels::Precision p, const kernels::Dropout* drop, kernels::AttentionUse use) override {
+    in_->attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
   }
   void dropout(float* x, size_t rows, int C, const kernels::Dropout& d) override { in_->dropout(x, rows, C, d); }
   void gelu_forward(float* out, const float* inp, size_t n) override { in_->gelu_forward(out, inp, n); }

@@ -71,12 +71,19 @@ model::GptConfig tiny_moe(int topk, bool residual) {
 }
 
 // ltd_kept > 0: random-LTD in layer 1, keeping that many of each sample's tokens.
-void compare_one_step(Precision p, bool recompute, double tol, const model::GptConfig& c = tiny(), int ltd_kept = 0) {
+// fused: the GPU model's attention through cuDNN's fused kernel (bf16/fp16 only); otherwise the
+// materialised kernel on both, so the other kernels are held to the tighter tolerance.
+void compare_one_step(Precision p, bool recompute, double tol, const model::GptConfig& c = tiny(), int ltd_kept = 0,
+                      bool fused = false) {
   std::string why;
   if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
   auto gpu_be = kernels::cuda_ops(0);
+  gpu_be->allow_fused_attention(fused);
   model::Gpt cpu(c, p, recompute);
   model::Gpt gpu(c, p, recompute, gpu_be.get());
+  const Batch shape(0);
+  const kernels::AttentionKernel kernel = gpu.attention_kernel(shape.B, shape.T);
+  ASSERT_EQ(kernel.fused, fused) << kernel.what;
   cpu.set_routing_seed(5), gpu.set_routing_seed(5);
   cpu.set_dropout_seed(11, 300), gpu.set_dropout_seed(11, 300);
   if (ltd_kept > 0)
@@ -120,6 +127,13 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
 TEST(GptCuda, Fp32MatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4); }
 TEST(GptCuda, Fp32WithRecomputeMatchesTheCpu) { compare_one_step(Precision::fp32, true, 1e-4); }
 TEST(GptCuda, Bf16MatchesTheCpu) { compare_one_step(Precision::bf16, false, 1e-2); }
+// cuDNN's fused attention in the GPU model: besides the GEMMs' rounding, q, k, v, the probabilities
+// before P V, the output, dout and dS are rounded to bf16 (each up to 2^-9 relative), so 3e-2;
+// with recompute its replayed forward must give the state backward reads.
+TEST(GptCuda, Bf16FusedAttentionMatchesTheCpu) {
+  compare_one_step(Precision::bf16, false, 3e-2, tiny(), 0, true);
+  compare_one_step(Precision::bf16, true, 3e-2, tiny(), 0, true);
+}
 TEST(GptCuda, MoeTop1JitterMatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4, tiny_moe(1, false)); }
 // Dropout on every site: the device kernels draw the CPU's mask bits (kernels/dropout.hpp), so the
 // same tolerances hold; with recompute the replayed forward must draw them again.

@@ -24,6 +24,9 @@ double OpsBackend::count_zeros(const float* x, size_t n) { return kernels::count
 double OpsBackend::count_zeros_half(const uint16_t* x, size_t n) { return kernels::count_zeros_half(x, n); }
 void OpsBackend::narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) { to_half(src, dst, n, p); }
 void OpsBackend::add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p) { kernels::add_half(x, acc, n, p); }
+AttentionKernel OpsBackend::attention_kernel(int, int, int, int, Precision, AttentionUse) const {
+  return {false, "materialised softmax (B x NH x T x T probabilities kept per layer)"};
+}
 
 namespace {
 
@@ -86,11 +89,11 @@ class CpuOps final : public OpsBackend {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                         const Dropout* drop, const int32_t* key_start) override {
+                         const Dropout* drop, const int32_t* key_start, AttentionUse) override {
     kernels::attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, Precision p, const Dropout* drop) override {
+                          int NH, Precision p, const Dropout* drop, AttentionUse) override {
     kernels::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop);
   }
   void dropout(float* x, size_t rows, int C, const Dropout& d) override { kernels::dropout(x, rows, C, d); }

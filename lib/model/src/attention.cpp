@@ -40,7 +40,7 @@ void Attention::mix(const AttentionWeights& w, const float* x, float* qkv, float
     ops_->expand_kv(wide, qkv, N, Cl_, NH_, KV_);
     heads = wide;
   }
-  ops_->attention_forward(y, att, heads, B, T, Cl_, NH_, precision_, drop, key_start);
+  ops_->attention_forward(y, att, heads, B, T, Cl_, NH_, precision_, drop, key_start, use_);
 }
 
 void Attention::project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const {
@@ -60,7 +60,8 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
   // then summed into the shared heads.
   float* dheads = grouped() ? dqkv + (size_t)N * qkv_width() : dqkv;
   ops_->zero(dheads, 3 * NCl * sizeof(float));
-  ops_->attention_backward(dheads, dy, grouped() ? att + op_state_floats(B, T) : qkv, att, B, T, Cl_, NH_, precision_, drop);
+  ops_->attention_backward(dheads, dy, grouped() ? att + op_state_floats(B, T) : qkv, att, B, T, Cl_, NH_, precision_, drop,
+                           use_);
   if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
   if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
   ops_->matmul_backward(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, qkv_width(), precision_);

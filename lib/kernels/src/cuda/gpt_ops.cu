@@ -32,6 +32,13 @@ __global__ void widen_half_kernel(float* dst, const uint16_t* src, size_t n, boo
   }
 }
 
+__global__ void add_widened_kernel(float* acc, const uint16_t* src, size_t n, bool bf16) {
+  HPCT_GRID_STRIDE(i, n) {
+    const uint16_t h = src[i];
+    acc[i] += bf16 ? __uint_as_float(static_cast<unsigned>(h) << 16) : __half2float(__ushort_as_half(h));
+  }
+}
+
 // fp32 -> bf16 bits as lib/kernels/src/bits.hpp's bf16_bits (not __float2bfloat16_rn, whose NaN
 // payload may differ): round to nearest even, a NaN stays a quiet NaN.
 __device__ inline uint16_t bf16_bits(float f) {
@@ -320,6 +327,12 @@ void widen_half(float* dst, const uint16_t* src, size_t n, bool bf16, cudaStream
   if (n == 0) return;
   widen_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, n, bf16);
   check_launch("widen_half");
+}
+
+void add_widened(float* acc, const uint16_t* src, size_t n, bool bf16, cudaStream_t stream) {
+  if (n == 0) return;
+  add_widened_kernel<<<blocks_for(n), kThreads, 0, stream>>>(acc, src, n, bf16);
+  check_launch("add_widened");
 }
 
 void accumulate_half(uint16_t* acc, const float* src, size_t n, bool bf16, cudaStream_t stream) {

@@ -6,9 +6,12 @@
 // allow cuBLAS to round the fp32 inputs to 16 bits and accumulate in fp32
 // (CUBLAS_COMPUTE_32F_FAST_16BF / _16F). That is the CPU's contract where cuBLAS takes the 16-bit
 // path; it may keep fp32 for some shapes (allowed, not forced), which is more precise, not less.
-// fp16 overflow is still seen: the ZeRO engine rounds gradients to fp16 on the host. Attention: per
-// batch row, one strided-batched GEMM over the heads for q k^T (scaled), the causal softmax kernel,
-// one for att v (the full T x T product, twice the causal FLOPs); backward likewise, with a
+// fp16 overflow is still seen: the ZeRO engine rounds gradients to fp16 on the host. Attention, two
+// kernels (attention_kernel() says which serves a model): cuDNN's fused flash-class kernel
+// (cudnn_attention.hpp) for bf16/fp16 without dropout or per-document masks, on q, k, v rounded to
+// 16 bits (kept as its state with its output and row statistics); otherwise the materialised one:
+// per batch row, one strided-batched GEMM over the heads for q k^T (scaled), the causal softmax
+// kernel, one for att v (the full T x T product, twice the causal FLOPs); backward likewise, with a
 // (B, NH, T, T) scratch for d(att) kept between calls.
 // Status: compiled in every CUDA build; runs only where a GPU is (tests/model/test_gpt_cuda.cpp
 // compares a whole GPT on it with the CPU backend; tests/kernels/test_kernels_cuda.cpp covers the
@@ -18,10 +21,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "cudnn_attention.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
 #include "hpct/kernels/ops_backend.hpp"
@@ -53,6 +60,7 @@ class CudaOps final : public OpsBackend {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
+    sm_major_ = prop.major;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaMemPool_t pool = nullptr;
     uint64_t keep = UINT64_MAX;
@@ -70,6 +78,7 @@ class CudaOps final : public OpsBackend {
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);  // every upload out of the pinned slots has finished
+    cudnn_.reset();
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     for (Upload& u : uploads_) {
       if (u.done) cudaEventDestroy(u.done);
@@ -259,9 +268,36 @@ class CudaOps final : public OpsBackend {
     if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
   }
 
+  AttentionKernel attention_kernel(int B, int T, int C, int NH, Precision p, AttentionUse use) const override {
+    const std::string why = fused_refusal(B, T, C, NH, p, use);
+    if (why.empty())
+      return {true, "cuDNN " + cudnn_->version() + " fused attention (flash-class: no T x T scores kept), " +
+                        (p == Precision::fp16 ? "fp16" : "bf16") + " q, k, v"};
+    return {false, "materialised softmax (B x NH x T x T probabilities kept per layer; not the fused kernel: " + why + ")"};
+  }
+  void allow_fused_attention(bool allow) override {
+    allow_fused_ = allow;
+    fused_choice_.clear();
+  }
+  size_t attention_state_floats(int B, int T, int C, int NH, Precision p, AttentionUse use) const override {
+    if (!fused_refusal(B, T, C, NH, p, use).empty()) return (size_t)B * NH * T * T;
+    const size_t N = (size_t)B * T;
+    return 4 + up4((N * 3 * C + 1) / 2) + up4((N * C + 1) / 2) + N * NH;  // 16-bit qkv and out, row statistics
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                         const Dropout* drop, const int32_t* key_start) override {
+                         const Dropout* drop, const int32_t* key_start, AttentionUse use) override {
     require_heads("attention_forward", B, T, C, NH);
+    if (fused_refusal(B, T, C, NH, p, use).empty()) {
+      if ((drop && drop->on()) || key_start)
+        throw Error("CUDA backend: attention_forward: dropout or per-document keys in a call declared without them");
+      const cuda::FusedShape s = fused_shape(B, T, C, NH, p);
+      const FusedState st = fused_state(att, B, T, C);
+      const bool bf16 = p == Precision::bf16;
+      cuda::narrow_half(st.qkv, qkv, (size_t)B * T * 3 * C, bf16, stream_);
+      cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s) / sizeof(float)));
+      cuda::widen_half(out, st.out, (size_t)B * T * C, bf16, stream_);
+      return;
+    }
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
     const long long TT = (long long)T * T;
@@ -286,8 +322,23 @@ class CudaOps final : public OpsBackend {
     }
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, Precision p, const Dropout* drop) override {
+                          int NH, Precision p, const Dropout* drop, AttentionUse use) override {
     require_heads("attention_backward", B, T, C, NH);
+    if (fused_refusal(B, T, C, NH, p, use).empty()) {
+      // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient
+      // added to dqkv in fp32.
+      const cuda::FusedShape s = fused_shape(B, T, C, NH, p);
+      const FusedState st = fused_state(const_cast<float*>(att), B, T, C);
+      const bool bf16 = p == Precision::bf16;
+      const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = up256(n3 * 2);
+      char* w = reinterpret_cast<char*>(scratch((a1 + a3 + cudnn_->backward_workspace(s)) / sizeof(float)));
+      auto* dout16 = reinterpret_cast<uint16_t*>(w);
+      auto* dqkv16 = reinterpret_cast<uint16_t*>(w + a1);
+      cuda::narrow_half(dout16, dout, n1, bf16, stream_);
+      cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3);
+      cuda::add_widened(dqkv, dqkv16, n3, bf16, stream_);
+      return;
+    }
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
     const long long TT = (long long)T * T;
@@ -416,6 +467,59 @@ class CudaOps final : public OpsBackend {
           "cublasGemmStridedBatchedEx (" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ")");
   }
 
+  static size_t up4(size_t n) { return (n + 3) / 4 * 4; }
+  static size_t up256(size_t n) { return (n + 255) / 256 * 256; }
+  static cuda::FusedShape fused_shape(int B, int T, int C, int NH, Precision p) {
+    return {B, T, NH, C / NH, p == Precision::fp16};
+  }
+  // The fused kernel's state in att (attention_state_floats): 16-bit q, k, v rows as the forward
+  // read them, its 16-bit output and the per-row statistics, each 16-byte aligned.
+  struct FusedState {
+    uint16_t *qkv, *out;
+    float* stats;
+  };
+  static FusedState fused_state(float* att, int B, int T, int C) {
+    const size_t N = (size_t)B * T;
+    auto* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(att) + 15) & ~uintptr_t(15));
+    float* out = base + up4((N * 3 * C + 1) / 2);
+    return {reinterpret_cast<uint16_t*>(base), reinterpret_cast<uint16_t*>(out), out + up4((N * C + 1) / 2)};
+  }
+  // Why the fused kernel does not serve attention of C channels in NH heads at precision p with
+  // `use`, or "" where it does. Decided once per (C, NH, p, use), at the first shape asked (the
+  // model's micro-batch): later shapes keep the choice, so a state sized for it stays right, and a
+  // shape cuDNN then refuses is an error, not a silent switch.
+  std::string fused_refusal(int B, int T, int C, int NH, Precision p, AttentionUse use) const {
+    const auto key = std::make_tuple(C, NH, (int)p, use.dropout, use.per_document);
+    if (auto it = fused_choice_.find(key); it != fused_choice_.end()) {
+      if (it->second.empty() && B > 0 && T > 0) {
+        std::string why;
+        if (!cudnn_->prepare(fused_shape(B, T, C, NH, p), &why))
+          throw Error("CUDA backend: cuDNN fused attention has no plan for B=" + std::to_string(B) + ", T=" +
+                      std::to_string(T) + " (" + why + "); --attention-kernel plain runs the materialised kernel");
+      }
+      return it->second;
+    }
+    std::string why;
+    const int HS = C / NH;
+    if (!allow_fused_) why = "--attention-kernel plain";
+    else if (p == Precision::fp32) why = "fp32 (it takes bf16 or fp16 inputs)";
+    else if (use.dropout) why = "attention dropout (cuDNN's mask would not be this version's)";
+    else if (use.per_document) why = "per-document masks (--reset-attention-mask)";
+    else if (C % NH != 0 || HS % 8 != 0 || HS > 128) why = "head size " + std::to_string(HS) + " (a multiple of 8 up to 128)";
+    else if (sm_major_ < 8) why = "compute capability " + std::to_string(sm_major_) + ".x (needs 8.0 or newer)";
+    else if (B <= 0 || T <= 0) return "an empty batch";  // not decided yet
+    else {
+      if (!cudnn_tried_) {
+        cudnn_tried_ = true;
+        cudnn_ = cuda::CudnnAttention::open(stream_, &cudnn_why_);
+      }
+      if (!cudnn_) why = cudnn_why_;
+      else if (std::string refused; !cudnn_->prepare(fused_shape(B, T, C, NH, p), &refused)) why = refused;
+    }
+    fused_choice_[key] = why;
+    return why;
+  }
+
   static void require_sizes(const char* op, int N, int C, int OC) {
     if (N < 0 || C <= 0 || OC <= 0)
       throw Error(std::string("CUDA backend: ") + op + ": need N >= 0, C > 0, OC > 0 (N=" + std::to_string(N) +
@@ -487,7 +591,14 @@ class CudaOps final : public OpsBackend {
   float* scratch(size_t floats) { return grown(scratch_, scratch_bytes_, floats); }  // attention: d(att), dropped probabilities
 
   std::string name_;
+  int sm_major_ = 0;
   cudaStream_t stream_ = nullptr;
+  // The fused attention: cuDNN opened on first use, and each (C, NH, precision, use)'s choice.
+  bool allow_fused_ = true;
+  mutable bool cudnn_tried_ = false;
+  mutable std::string cudnn_why_;
+  mutable std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  mutable std::map<std::tuple<int, int, int, bool, bool>, std::string> fused_choice_;
   cublasHandle_t blas_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

@@ -13,6 +13,7 @@
 #if defined(HPCT_HAVE_CUDA)
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "hpct/kernels/dropout.hpp"
 
@@ -59,6 +60,8 @@ void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* inp
 
 /// dst = fp32 values of 16-bit src: bfloat16 (the top half of an fp32) when bf16, else IEEE half.
 void widen_half(float* dst /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
+/// acc += the fp32 values of 16-bit src (a gradient computed in 16 bits, accumulated in fp32).
+void add_widened(float* acc /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
 /// acc = 16-bit(acc + src), round to nearest even (bf16: NaN stays a quiet NaN), as
 /// hpct::kernels::accumulate_half.
 void accumulate_half(uint16_t* acc /*(n)*/, const float* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
@@ -169,6 +172,13 @@ void count_zeros(double* partial, const float* x, const uint16_t* x16, size_t n,
 void narrow_half(uint16_t* dst /*(n)*/, const float* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
 /// acc = 16-bit(fp32(acc) + fp32(x)), as hpct::kernels::add_half.
 void add_half(uint16_t* acc /*(n)*/, const uint16_t* x /*(n)*/, size_t n, bool bf16, cudaStream_t stream);
+
+/// Without a GPU: whether cuDNN's fused attention (the CUDA backend's, cudnn_attention.hpp) builds
+/// its forward and backward plans for B samples of T tokens, NH heads of HS channels, bf16 (fp16
+/// when `fp16`), on the device `device_json` describes (cuDNN's device-properties JSON): cuDNN
+/// compiles for it ahead of time, so its acceptance of the graphs is checked where no GPU is (CI).
+/// "" when both build, else cuDNN's reason (or that libcudnn.so.9 cannot be loaded).
+std::string fused_attention_offline(int B, int T, int NH, int HS, bool fp16, const std::string& device_json);
 
 }  // namespace hpct::kernels::cuda
 #endif  // HPCT_HAVE_CUDA

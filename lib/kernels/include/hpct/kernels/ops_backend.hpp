@@ -22,6 +22,19 @@
 
 namespace hpct::kernels {
 
+/// What one model's attention calls may ask of the op beyond the causal mask: the backend picks its
+/// kernel (and so the layout of the state it keeps) from this, the shape and the precision.
+struct AttentionUse {
+  bool dropout = false;       // attention dropout may be on (--attention-dropout > 0)
+  bool per_document = false;  // key_start may be passed (--reset-attention-mask)
+};
+/// The attention kernel a backend runs for a shape: fused (flash-class: no T x T matrix kept) or
+/// the materialised one, and what it is in words (with the reason where the fused one does not serve).
+struct AttentionKernel {
+  bool fused = false;
+  std::string what;
+};
+
 class OpsBackend {
  public:
   virtual ~OpsBackend() = default;
@@ -103,20 +116,29 @@ class OpsBackend {
                               int OC, Precision p) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int N, int C, int OC, Precision p) = 0;
+  /// Which attention kernel serves a model's calls of this shape (`use`: what they may ask beyond
+  /// the causal mask), and in words for the start line. The same choice for the state's size,
+  /// forward and backward.
+  virtual AttentionKernel attention_kernel(int B, int T, int C, int NH, Precision p, AttentionUse use) const;
+  /// Lets the backend pick a fused attention kernel where one serves (on by default; off: the
+  /// materialised kernel always, as --attention-kernel plain). Nothing on a backend without one.
+  virtual void allow_fused_attention(bool /*allow*/) {}
   /// Floats of the state attention_forward saves for attention_backward (`att` below), in the
-  /// op's own layout: callers size it by this and never read it. Here (the CPU and CUDA kernels)
-  /// the probabilities, B x NH x T x T; a fused (flash-class) backend keeps per-row statistics.
-  virtual size_t attention_state_floats(int B, int T, int C, int NH, Precision p) const {
-    (void)C, (void)p;
+  /// op's own layout: callers size it by this and never read it. The materialised kernel (the CPU's,
+  /// the CUDA one) keeps the probabilities, B x NH x T x T; a fused (flash-class) kernel keeps the
+  /// inputs it saw, its output and per-row statistics (attention_kernel says which).
+  virtual size_t attention_state_floats(int B, int T, int C, int NH, Precision p, AttentionUse use) const {
+    (void)C, (void)p, (void)use;
     return (size_t)B * NH * T * T;
   }
-  /// att: attention_state_floats(B, T, C, NH, p) floats, written by forward, read by backward.
-  /// drop: attention dropout (nullptr or p = 0: none); pass the same to forward and backward.
-  /// key_start: each query's first key (per-document attention; nullptr: 0), in backend memory.
+  /// att: attention_state_floats(B, T, C, NH, p, use) floats, written by forward, read by backward.
+  /// drop: attention dropout (nullptr or p = 0: none; on only where use.dropout); pass the same to
+  /// forward and backward. key_start: each query's first key (per-document attention, only where
+  /// use.per_document; nullptr: 0), in backend memory.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                                 const Dropout* drop, const int32_t* key_start) = 0;
+                                 const Dropout* drop, const int32_t* key_start, AttentionUse use) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int C, int NH, Precision p, const Dropout* drop) = 0;
+                                  int C, int NH, Precision p, const Dropout* drop, AttentionUse use) = 0;
   /// In place on (rows, C) token rows; the mask is dropout.hpp's, bitwise the same on every backend.
   virtual void dropout(float* x, size_t rows, int C, const Dropout& d) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;

@@ -78,10 +78,12 @@ class Attention {
   /// hidden: the model's width C; heads, channels: this rank's query heads and their channels (C / T);
   /// kv_heads: this rank's key/value heads (0: as many as query heads).
   Attention(kernels::OpsBackend& ops, kernels::Precision precision, int hidden, int heads, int channels,
-            Rotary rotary = {}, int kv_heads = 0)
+            Rotary rotary = {}, int kv_heads = 0, kernels::AttentionUse use = {})
       : ops_(&ops), precision_(precision), C_(hidden), NH_(heads), Cl_(channels), KV_(kv_heads > 0 ? kv_heads : heads),
-        rotary_(rotary) {}
+        rotary_(rotary), use_(use) {}
   const Rotary& rotary() const { return rotary_; }
+  /// The backend's attention kernel for B x T calls of this attention (the start line says which).
+  kernels::AttentionKernel kernel(int B, int T) const { return ops_->attention_kernel(B, T, Cl_, NH_, precision_, use_); }
   bool grouped() const { return KV_ != NH_; }
   /// A qkv row: this rank's q, k and v channels (3 x channels without grouping).
   int qkv_width() const { return Cl_ + 2 * KV_ * (Cl_ / NH_); }
@@ -115,12 +117,13 @@ class Attention {
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;
 
  private:
-  size_t op_state_floats(int B, int T) const { return ops_->attention_state_floats(B, T, Cl_, NH_, precision_); }
+  size_t op_state_floats(int B, int T) const { return ops_->attention_state_floats(B, T, Cl_, NH_, precision_, use_); }
 
   kernels::OpsBackend* ops_ = nullptr;
   kernels::Precision precision_ = kernels::Precision::fp32;
   int C_ = 0, NH_ = 0, Cl_ = 0, KV_ = 0;
   Rotary rotary_;
+  kernels::AttentionUse use_;  // what the calls may ask beyond the causal mask: picks the backend's kernel
 };
 
 }  // namespace hpct::model

@@ -243,6 +243,8 @@ class Gpt {
   /// Schema blocks this rank computes with: every dense block and its own experts, in order.
   std::vector<int> held_blocks() const;
   kernels::Precision precision() const { return precision_; }
+  /// The backend's attention kernel for this model's micro-batches of B x T (the start line's).
+  kernels::AttentionKernel attention_kernel(int B, int T) const { return attention_.kernel(B, T); }
 
   /// GPT-2 / Megatron init: N(0, std) weights, output projections N(0, std/sqrt(2L)), zero biases,
   /// unit norm weights. Deterministic in the seed, independent of the rank layout.
