@@ -9,7 +9,8 @@
 #             that runs the real one (DIR/libexec) through DIR/run: scripts call them as they are, and
 #             their Python (PyTorch) keeps the node's own libraries
 # DIR/lib     every shared library they link (ldd) except glibc's own and the large CUDA libraries
-#             the node brings (libcuda, libcublas, libcublasLt, libnccl): Open MPI, HDF5, OpenBLAS,
+#             the node brings (libcuda, libcublas, libcublasLt, libnccl; and libcudnn, which the fused
+#             attention opens at run time): Open MPI, HDF5, OpenBLAS,
 #             oneDNN, Kokkos, libstdc++, the CUDA runtime the build used, ...
 # DIR/lib/openmpi3, DIR/lib/pmix   Open MPI's and PMIx's plugins (opened at run time, not in ldd)
 # DIR/run     `DIR/run CMD ARGS...` runs CMD with the library path set (the bundle's, then the
@@ -65,7 +66,7 @@ cat >"$dir/run" <<'RUN'
 here=$(cd "$(dirname "$0")" && pwd)
 cuda=""
 sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
-for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do  # cuDNN: opened at run time
   found=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu $(for s in $sp; do echo "$s/nvidia"; done) \
     -name "$lib" 2>/dev/null | head -1 || true)
   [[ -n "$found" ]] && cuda="$cuda:$(dirname "$found")"

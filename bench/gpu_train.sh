@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # On a GPU node: the gpu-labelled checks, then a bf16 training benchmark of `pretrain_gpt --device
-# cuda` against PyTorch's bf16 on the same GPU, in two modes: GPU-resident ZeRO (every state and
-# AdamW on the GPU) and ZeRO-Offload (AdamW on the host).
+# cuda` against PyTorch's bf16 on the same GPU, in three modes: GPU-resident ZeRO (every state and
+# AdamW on the GPU; attention through cuDNN's fused kernel where it serves, the start line's
+# "> attention:" says which), the same with --attention-kernel plain (the materialised softmax: what
+# the fused kernel bought) and ZeRO-Offload (AdamW on the host).
 #
 #   bench/gpu_train.sh [BIN]      BIN: a folder holding pretrain_gpt and the test_*_cuda binaries
 #                                 (default: the build tree ./build; bench/gpu_bundle.sh makes one
 #                                 that runs on a node without our Debian packages)
-# Environment: CHECKS=0 skips the checks, TORCH=0 the PyTorch runs, SHAPES (default "124m 350m"), MODES (default "resident offload"), ITERS timed steps
+# Environment: CHECKS=0 skips the checks, TORCH=0 the PyTorch runs, SHAPES (default "124m 350m"), MODES (default "resident plain offload"), ITERS timed steps
 # (default 4) after WARM (default 2), ACCUM micro-batches per step (default 8), OUTDIR (default
 # bench/out/gpu). Runs needing mpirun (2 ranks) are left out where there is none (a bundle).
 #
@@ -120,7 +122,7 @@ echo "# bf16 training: pretrain_gpt --device cuda vs PyTorch (same GPU)"
 printf '%-6s %-28s %12s %10s %8s %8s %s\n' shape program tokens/s TFLOP/s MFU MFU/989 "peak device memory"
 for s in ${SHAPES:-124m 350m}; do
   read -r V L H NH T MB <<<"$(shape "$s")"
-  for mode in ${MODES:-resident offload}; do
+  for mode in ${MODES:-resident plain offload}; do
   cfg="$out/${mode}_$s.json"
   if [[ $mode == offload ]]; then
     echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' >"$cfg"
@@ -128,11 +130,13 @@ for s in ${SHAPES:-124m 350m}; do
     echo '{"zero_optimization": {"stage": 1}}' >"$cfg"
   fi
   tag=${mode}_$s
+  kernel=(); [[ $mode == plain ]] && kernel=(--attention-kernel plain)
   rm -f "$out/hpct_$tag.jsonl" "$out/hpct_$tag.json"
   timeout 300 "$(b pretrain_gpt)" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$H" \
     --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$MB" --global-batch-size $((MB * accum)) \
     --train-iters $((iters + warm)) --lr 1e-4 --log-interval 1 --eval-iters 0 --attention-dropout 0 --hidden-dropout 0 --bf16 --device cuda \
-    --deepspeed_config "$cfg" --metrics-file "$out/hpct_$tag.jsonl" --json "$out/hpct_$tag.json" >"$out/hpct_$tag.log" 2>&1
+    "${kernel[@]}" --deepspeed_config "$cfg" --metrics-file "$out/hpct_$tag.jsonl" --json "$out/hpct_$tag.json" \
+    >"$out/hpct_$tag.log" 2>&1
   rc=$?
   if ((rc != 0)); then
     echo "$s pretrain_gpt ($mode): exit $rc"; tail -20 "$out/hpct_$tag.log"; fails=$((fails + 1))
@@ -146,10 +150,11 @@ tf = statistics.median(r["tflops_per_rank"] for r in tr)
 dev = json.load(open(sys.argv[2]))["memory_per_rank"]["device"]
 mem = (dev["parameters_and_gradients"][0] + dev.get("optimizer_states", [0])[0] + dev["activations"][0]) / 2**30
 peak = float(sys.argv[4])
-what = "states+" if sys.argv[6] == "resident" else "params+grads+"
+what = "params+grads+" if sys.argv[6] == "offload" else "states+"
 print(f"{sys.argv[5]:<6} {'hpctrain (' + sys.argv[6] + ')':<28} {tps:12.0f} {tf:10.1f} {100*tf/peak if peak else 0:7.1f}% "
       f"{100*tf/989:7.1f}%  {mem:.1f} GiB ({what}activations)")
 PY
+    echo "       $(grep -m1 '^> attention:' "$out/hpct_$tag.log")"
   fi
   done
   [[ ${TORCH:-1} == 1 ]] || continue

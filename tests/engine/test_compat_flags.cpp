@@ -203,3 +203,26 @@ TEST(RecipeFlags, SampleBasedScheduleIsMegatrons) {
   EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "10", "--lr-decay-samples", "10"})), "--lr-decay-samples belongs to sample-based"));
   EXPECT_TRUE(has(error_of(with(base(), {"--train-samples", "4"})), "less than one global batch"));
 }
+
+// Megatron's --use-flash-attn flags ask for the fused attention kernel: on the GPU the trainer then
+// requires it (an error where it cannot serve: test_gpt_cuda's territory); on the CPU, which has
+// the materialised kernel only, a note says so. --attention-kernel takes auto, fused or plain.
+TEST(RecipeFlags, FlashAttentionFlagsAskForTheFusedKernel) {
+  TrainConfig c;
+  ASSERT_EQ(error_of(with(base(), {"--train-iters", "5"}), &c), "");
+  EXPECT_EQ(c.attention_kernel, "auto");
+  for (const char* f : {"--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-v2", "--use-flash-attn-triton"}) {
+    ASSERT_EQ(error_of(with(base(), {"--train-iters", "5", f, "--device", "cuda"}), &c), "") << f;
+    EXPECT_EQ(c.attention_kernel, "fused") << f;
+    EXPECT_TRUE(c.notes.empty()) << f << ": " << (c.notes.empty() ? "" : c.notes[0]);
+    ASSERT_EQ(error_of(with(base(), {"--train-iters", "5", f}), &c), "") << f;
+    ASSERT_EQ(c.notes.size(), 1u) << f;
+    EXPECT_TRUE(has(c.notes[0], std::string(f) + " has no effect here: the CPU backend")) << c.notes[0];
+  }
+  for (const char* k : {"auto", "fused", "plain"}) {
+    ASSERT_EQ(error_of(with(base(), {"--train-iters", "5", "--device", "cuda", "--attention-kernel", k}), &c), "") << k;
+    EXPECT_EQ(c.attention_kernel, k);
+  }
+  EXPECT_TRUE(has(error_of(with(base(), {"--train-iters", "5", "--attention-kernel", "flash"})),
+                  "'flash' is not an attention kernel: use auto, fused or plain (key: --attention-kernel)"));
+}

@@ -362,6 +362,26 @@ TEST(DeviceEngine, OffloadIsRefusedWithItsKey) {
   }
 }
 
+// A run that asks for the fused attention kernel (--attention-kernel fused, --use-flash-attn) on a
+// device backend that cannot serve it stops at the start, naming the flag and the backend's
+// reason (here the CPU ops' materialised kernel); auto trains on the materialised kernel.
+TEST(DeviceEngine, FusedAttentionAskedWhereItCannotServeStops) {
+  auto c = tiny(1, engine::PrecisionMode::bf16, 1);
+  c.train_iters = 1;
+  c.attention_kernel = "fused", c.attention_kernel_flag = "--use-flash-attn";
+  try {
+    train(c, Route::device_staged);
+    FAIL() << "--use-flash-attn without a fused kernel should stop the run";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the fused attention kernel (--use-flash-attn) cannot serve this run: materialised softmax"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("(key: --use-flash-attn)"), std::string::npos) << msg;
+  }
+  c.attention_kernel = "auto";
+  EXPECT_EQ(train(c, Route::device_staged).losses.size(), 1u);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -134,7 +134,8 @@ const FlagTable& flag_table() {
       {"--hysteresis", {true, [](TrainConfig& c, const std::string& v) { c.loss_scale.hysteresis = to_i32("--hysteresis", v); }, "overflows before lowering the scale"}},
       {"--checkpoint-activations", {false, [](TrainConfig& c, const std::string&) { c.recompute_activations = true; }, "recompute each layer in backward"}},
       {"--communication-aware-checkpointing", {false, [](TrainConfig& c, const std::string&) { c.communication_aware_checkpointing = true; }, "with --checkpoint-activations: keep what each layer's collectives produced (MoE all-to-alls, tensor-parallel sums) and replay the layer in backward without them (sequence parallelism's norm all-gathers still run; TED's CAC; CPU backend; the memory it holds is in the summary)"}},
-      {"--device", {true, [](TrainConfig& c, const std::string& v) { c.device = v; }, "cpu (default) or cuda: the model on the node-local GPU, ZeRO states and the optimizer step on the host (ZeRO-Offload; needs offload_optimizer.device cpu or nvme)"}},
+      {"--device", {true, [](TrainConfig& c, const std::string& v) { c.device = v; }, "cpu (default) or cuda: the model on the node-local GPU with the ZeRO states and the optimizer step (GPU-resident), or those on the host with zero_optimization.offload_optimizer (ZeRO-Offload)"}},
+      {"--attention-kernel", {true, [](TrainConfig& c, const std::string& v) { c.attention_kernel = v, c.attention_kernel_flag = "--attention-kernel " + v; }, "auto (default: cuDNN's fused attention on the GPU where it serves: bf16/fp16, no attention dropout, no --reset-attention-mask; else the materialised softmax), fused (an error where it cannot serve) or plain"}},
       {"--zero-stage", {true, [](TrainConfig& c, const std::string& v) { c.zero.stage = to_i32("--zero-stage", v); }, "ZeRO stage: 0 replicated, 1 optimizer states, 2 + gradients, 3 + parameters partitioned"}},
       // Mixture of experts (Megatron-DeepSpeed's flags; docs/moe.md)
       {"--num-experts", {true, [](TrainConfig& c, const std::string& v) { c.model.moe.num_experts = to_i32_list("--num-experts", v); }, "experts per MoE layer: one count, or one per MoE layer (PR-MoE pyramid); 1 = dense", true}},
@@ -235,7 +236,7 @@ static const char* help_group(const std::string& f) {
            "eod-mask", "pack-examples"}))
     return "data and dataloader";
   if (any({"batch-size", "--train-", "--exit-", "checkpoint", "recompute", "--optimizer", "onebitadam", "fusion",
-           "flash-attn", "softmax", "persist-layer-norm", "synchronize", "contigious"}))
+           "flash-attn", "attention-kernel", "softmax", "persist-layer-norm", "synchronize", "contigious"}))
     return "training";
   return "other";
 }
@@ -299,6 +300,9 @@ bool parse_args(const std::vector<std::string>& raw_args, TrainConfig& cfg,
                                   " already shards the optimizer states over the data-parallel group");
     cfg.zero.stage = std::max(cfg.zero.stage, 1);
   }
+  if (cfg.attention_kernel == "fused" && cfg.device == "cpu")
+    cfg.notes.push_back(cfg.attention_kernel_flag + " has no effect here: the CPU backend computes attention with its "
+                        "materialised kernel (the fused one, cuDNN's, is the GPU's: --device cuda)");
   return true;
 }
 
@@ -402,6 +406,8 @@ void TrainConfig::finalize(int dp) {
   if (zero.stage < 0 || zero.stage > 3) throw config_error("--zero-stage", "ZeRO stage must be 0, 1, 2 or 3");
   zero.validate();
   if (device != "cpu" && device != "cuda") throw config_error("--device", "'" + device + "' is not a device: use cpu or cuda");
+  if (attention_kernel != "auto" && attention_kernel != "fused" && attention_kernel != "plain")
+    throw config_error("--attention-kernel", "'" + attention_kernel + "' is not an attention kernel: use auto, fused or plain");
 
   if (precision == PrecisionMode::fp16 && loss_scale.static_scale == 0 &&
       (loss_scale.window <= 0 || loss_scale.hysteresis <= 0 || !(loss_scale.min_scale > 0)))
@@ -470,6 +476,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"recompute_activations", c.recompute_activations},
           {"communication_aware_checkpointing", c.communication_aware_checkpointing},
           {"device", c.device},
+          {"attention_kernel", c.attention_kernel},
           {"zero_stage", c.zero.stage},
           {"zero_optimization", {{"stage", c.zero.stage},
                                  {"reduce_bucket_size", c.zero.reduce_bucket_size},

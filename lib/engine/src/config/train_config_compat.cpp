@@ -69,7 +69,7 @@ FlagSpec samples(long long TrainConfig::*field, const char* flag, const char* he
 
 void add_compat_flags(FlagTable& t) {
   const char* speed = "a kernel-fusion or overlap choice of Megatron's CUDA path; the results are the same";
-  const char* flash = "attention is computed by this version's own kernels (no flash attention yet): the same result, another speed";
+  const char* flash = "flash attention: cuDNN's fused kernel on the GPU (--attention-kernel fused; an error where it cannot serve)";
   const char* scaling = "attention scores are computed in fp32 and scaled by 1/sqrt(head size) once";
   const char* rng = "every random stream (data order, dropout, routing, random-LTD) is a function of --seed, the iteration and the sample; a checkpoint stores no RNG state";
   const char* signals = "with --save, SIGTERM and SIGUSR1 always stop the run at the end of its step with a checkpoint (exit code 75: requeue)";
@@ -102,10 +102,10 @@ void add_compat_flags(FlagTable& t) {
       {"--no-gradient-accumulation-fusion", no_op("--no-gradient-accumulation-fusion", speed)},
       {"--no-persist-layer-norm", no_op("--no-persist-layer-norm", speed)},
       {"--no-async-tensor-model-parallel-allreduce", no_op("--no-async-tensor-model-parallel-allreduce", speed)},
-      {"--use-flash-attn", no_op("--use-flash-attn", flash)},
-      {"--use-flash-attn-v1", no_op("--use-flash-attn-v1", flash)},
-      {"--use-flash-attn-v2", no_op("--use-flash-attn-v2", flash)},
-      {"--use-flash-attn-triton", no_op("--use-flash-attn-triton", flash)},
+      {"--use-flash-attn", {false, [](TrainConfig& c, const std::string&) { c.attention_kernel = "fused", c.attention_kernel_flag = "--use-flash-attn"; }, flash}},
+      {"--use-flash-attn-v1", {false, [](TrainConfig& c, const std::string&) { c.attention_kernel = "fused", c.attention_kernel_flag = "--use-flash-attn-v1"; }, flash}},
+      {"--use-flash-attn-v2", {false, [](TrainConfig& c, const std::string&) { c.attention_kernel = "fused", c.attention_kernel_flag = "--use-flash-attn-v2"; }, flash}},
+      {"--use-flash-attn-triton", {false, [](TrainConfig& c, const std::string&) { c.attention_kernel = "fused", c.attention_kernel_flag = "--use-flash-attn-triton"; }, flash}},
       {"--no-query-key-layer-scaling", no_op("--no-query-key-layer-scaling", scaling)},
       {"--apply-query-key-layer-scaling", no_op("--apply-query-key-layer-scaling", scaling)},
       {"--attention-softmax-in-fp32", no_op("--attention-softmax-in-fp32", "the softmax is always computed in fp32")},

@@ -143,6 +143,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
               << "> backend: "
               << (cfg.device == "cuda" ? trainer.model().ops().name() + " (CUDA kernels, cuBLAS); host: " : std::string())
               << kernels::backend_description() << "\n"
+              << "> attention: " << trainer.attention_kernel() << "\n"
               << "> precision: " << (cfg.precision == engine::PrecisionMode::fp32 ? "fp32" : cfg.precision == engine::PrecisionMode::bf16 ? "bf16 mixed (fp32 master)" : "fp16 mixed (fp32 master, dynamic loss scale)")
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
               << cfg.grad_accum
@@ -373,6 +374,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                               {"parameters_per_rank", trainer.model().layout().numel()},
                               {"zero_stage", cfg.zero.stage},
                               {"device", cfg.device},
+                              {"attention_kernel", trainer.attention_kernel()},
                               // bytes each rank holds, per tier (index = rank); the CPU backend's
                               // device memory is host memory (device: null). With --device cuda the
                               // activations are device memory, and are reported there.

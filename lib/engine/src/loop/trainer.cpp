@@ -52,6 +52,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
     const int local = world.node_local_rank();
     comm::throw_if_any(world, comm::error_text_of([&] { ops_ = kernels::cuda_ops(local); }));
   }
+  if (ops_) ops_->allow_fused_attention(cfg_.attention_kernel != "plain");
   const int ep = grid_.ep().size();
   if (grid_.tp().size() != cfg_.model.tensor_parallel)
     throw config_error("--tensor-model-parallel-size", "the process grid's tensor-parallel size " + std::to_string(grid_.tp().size()) +
@@ -65,6 +66,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
   // Sequence-length warmup (and random-LTD): the full length's activations now, reused by every
   // shorter step.
   if (cfg_.curriculum.enabled || cfg_.random_ltd.enabled) model_->reserve(cfg_.micro_batch, cfg_.model.max_seq_length);
+  comm::throw_if_any(grid_.world(), comm::error_text_of([&] { choose_attention_kernel(); }));
   // Dense blocks are reduced over the dense data-parallel group; this rank's experts over the ranks
   // that hold the same experts. A dense model has one group: one engine over the whole layout.
   // With tensor parallelism the layout is this rank's parts and both groups keep its tp index.

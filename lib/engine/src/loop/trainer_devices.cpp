@@ -25,6 +25,18 @@ void Trainer::setup_host_threads() {
   }
 }
 
+// The model's attention kernel at its micro-batch (decided there by the backend, said on the start
+// line). A run that asked for the fused kernel (--attention-kernel fused, Megatron's
+// --use-flash-attn) on the GPU stops where it cannot serve, rather than running slower unasked.
+void Trainer::choose_attention_kernel() {
+  const kernels::AttentionKernel k = model_->attention_kernel(cfg_.micro_batch, cfg_.model.max_seq_length);
+  attention_kernel_ = k.what;
+  if (cfg_.attention_kernel == "fused" && ops_ && !ops_->host_memory() && !k.fused)
+    throw config_error(cfg_.attention_kernel_flag.substr(0, cfg_.attention_kernel_flag.find(' ')),
+                       "the fused attention kernel (" + cfg_.attention_kernel_flag + ") cannot serve this run: " + k.what,
+                       "use --attention-kernel auto (the materialised kernel where the fused one cannot serve)");
+}
+
 // Tensor parallelism on GPUs: NCCL on the device buffers when every rank of the job has a GPU of
 // its own (NCCL refuses two ranks of one communicator on one GPU), as Megatron runs; otherwise, or
 // when NCCL cannot start, through host buffers (tensor_parallel.hpp). The ranks of a tensor-parallel

@@ -97,6 +97,12 @@ struct TrainConfig {
   // unless zero_optimization.offload_optimizer puts them on the host (ZeRO-Offload: DeviceStore in
   // front of the host ZeroEngine); states_on_device() says which.
   std::string device = "cpu";
+  // --attention-kernel: auto (cuDNN's fused kernel where it serves on the GPU, else the materialised
+  // one), fused (required on the GPU: an error where it cannot serve) or plain (the materialised
+  // kernel always). Megatron's --use-flash-attn (-v1, -v2, -triton) ask for fused; the CPU backend
+  // has the materialised kernel only (a note says so). attention_kernel_flag: the flag that asked.
+  std::string attention_kernel = "auto";
+  std::string attention_kernel_flag;
   // Tests only: a CPU run routed through ZeRO-Offload's DeviceStore (the data flow of a cuda run,
   // with memcpys for the copies), so that path is checked where there is no GPU. Not a flag.
   bool via_device_store = false;

@@ -154,6 +154,8 @@ class Trainer {
   /// GPU-resident runs over more than one rank: how the data-parallel gradients and parameters
   /// travel ("NCCL on device buffers", or MPI and why); "" otherwise.
   const std::string& dp_collectives() const { return dp_collectives_; }
+  /// The model's attention kernel for its micro-batch, in words (the backend's choice).
+  const std::string& attention_kernel() const { return attention_kernel_; }
   /// What checkpoints store: the model's trained tensors (ParamLayout::trained(): without LoRA's
   /// frozen base, every tensor).
   const ParamLayout& stored_layout() const { return stored_; }
@@ -226,6 +228,7 @@ class Trainer {
   DeviceCollectivesFactory dp_factory_;                       // tests' data-parallel transport
   std::vector<std::unique_ptr<comm::DeviceCollectives>> dp_dc_;  // per engine group (before zero_: outlives it)
   std::string dp_collectives_;
+  std::string attention_kernel_;
   std::unique_ptr<model::Gpt> model_;
   std::unique_ptr<parallel::GroupedStore> zero_;  // one ZeRO engine per reducing group
   std::unique_ptr<parallel::DeviceStore> device_store_;  // ZeRO-Offload: in front of zero_
@@ -244,6 +247,7 @@ class Trainer {
   bool own_gpus(std::string* why) const;
   /// Collective over group: its device collectives for the resident engine (nullptr: MPI, and why).
   comm::DeviceCollectives* open_dp_collectives(const comm::Communicator& group, bool own, std::string* why);
+  void choose_attention_kernel();  // attention_kernel_, and --attention-kernel fused's check
   void setup_host_threads();    // the host AdamW's threads (--optimizer-threads, the environment)
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
