@@ -277,7 +277,7 @@ void attention_case(const Dropout* drop, const std::vector<int32_t>* key_start =
   float* d_dqkv = g.put(dqkv);
   const int32_t* hk = key_start ? key_start->data() : nullptr;
   const int32_t* d_ks = key_start ? g.put(*key_start) : nullptr;
-  const AttentionUse use{drop != nullptr, key_start != nullptr};
+  const AttentionUse use{drop ? drop->p : 0.0f, key_start != nullptr};
   ASSERT_EQ(g.be->attention_state_floats(B, T, C, NH, Precision::fp32, use), att.size());  // fp32: materialised
   cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, drop, hk, use);
   cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, drop, use);
@@ -339,8 +339,8 @@ void fused_case(Precision p, int B, int T, int NH, int HS) {
 TEST(CudaOps, FusedAttentionBf16) { fused_case(Precision::bf16, 2, 64, 2, 64); }
 TEST(CudaOps, FusedAttentionFp16OddLength) { fused_case(Precision::fp16, 1, 100, 3, 32); }
 TEST(CudaOps, FusedAttentionBf16Head128) { fused_case(Precision::bf16, 2, 256, 4, 128); }
-// What the fused kernel leaves to the materialised one: fp32, dropout, per-document masks, head
-// sizes it does not take; each says why, and its state is the T x T probabilities.
+// What the fused kernel leaves to the materialised one: fp32, per-document masks, head sizes it
+// does not take; each says why, and its state is the T x T probabilities.
 TEST(CudaOps, FusedAttentionRefusals) {
   NEED_GPU(g);
   const int B = 2, T = 16, NH = 2;
@@ -350,8 +350,7 @@ TEST(CudaOps, FusedAttentionRefusals) {
     AttentionUse use;
     const char* why;
   };
-  for (const Case& c : {Case{64, Precision::fp32, {}, "fp32"}, Case{64, Precision::bf16, {true, false}, "dropout"},
-                        Case{64, Precision::bf16, {false, true}, "per-document"},
+  for (const Case& c : {Case{64, Precision::fp32, {}, "fp32"}, Case{64, Precision::bf16, {0.0f, true}, "per-document"},
                         Case{2 * 12, Precision::bf16, {}, "head size 12"}}) {
     const AttentionKernel k = g.be->attention_kernel(B, T, c.C, NH, c.p, c.use);
     EXPECT_FALSE(k.fused) << c.why;
@@ -360,6 +359,131 @@ TEST(CudaOps, FusedAttentionRefusals) {
   }
   g.be->allow_fused_attention(false);
   EXPECT_FALSE(g.be->attention_kernel(B, T, 64, NH, Precision::bf16, {}).fused);
+}
+
+// The fused kernel's attention dropout (cuDNN's generator, so not the CPU's mask): with v the
+// identity (head size = T), each output row is that query's row of dropped probabilities, so the
+// mask is read off the forward: above the diagonal 0; on and below it either 0 (dropped) or the
+// CPU's probability / (1 - p) (kept, within fp16's rounding: 1e-2 relative + 1e-4). Dropped: a
+// fraction p of the 8320 causal entries, within 5 binomial standard deviations (+-0.024 at p 0.25).
+// The same Dropout twice gives the same output bitwise; another key another mask. Backward: the
+// CPU's gradients with that mask (dV = Pd^T dO, dP = dO v^T * mask / (1 - p), the softmax backward,
+// dq and dk), within the fused case's 2e-2 of the norm: so the backward regenerates the forward's
+// mask. Evaluation (no Dropout, same declared use) is the undropped attention.
+TEST(CudaOps, FusedAttentionDropout) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int B = 2, T = 64, NH = 2, HS = 64, C = NH * HS;
+  const size_t N = (size_t)B * T;
+  const float drop_p = 0.25f;
+  const AttentionUse use{drop_p, false};
+  const Precision p = Precision::fp16;
+  const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, use);
+  ASSERT_TRUE(k.fused) << k.what;
+  Vec qkv = randn(N * 3 * C, 21, 0.5f);
+  for (size_t t = 0; t < N; ++t)  // v: the identity, per head (token j's row is e_j)
+    for (int h = 0; h < NH; ++h)
+      for (int d = 0; d < HS; ++d) qkv[t * 3 * C + 2 * C + h * HS + d] = (d == (int)(t % T)) ? 1.0f : 0.0f;
+  {
+    std::vector<uint16_t> hq(qkv.size());
+    to_half(qkv.data(), hq.data(), qkv.size(), p);
+    from_half(hq.data(), qkv.data(), qkv.size(), p);
+  }
+  Vec dout = randn(N * C, 22), probs(N * NH * T), plain(N * C);
+  {
+    std::vector<uint16_t> hd(dout.size());
+    to_half(dout.data(), hd.data(), dout.size(), p);
+    from_half(hd.data(), dout.data(), dout.size(), p);
+  }
+  cpu->attention_forward(plain.data(), probs.data(), qkv.data(), B, T, C, NH, Precision::fp32, nullptr, nullptr, {});
+  Dropout d;
+  d.p = drop_p, d.key = 99, d.first_sample = 40, d.T = T;
+  const size_t state = g.be->attention_state_floats(B, T, C, NH, p, use);
+  BackendBuffer s1(*g.be, state * sizeof(float)), s2(*g.be, state * sizeof(float));
+  const float* d_qkv = g.put(qkv);
+  float* o1 = g.put(Vec(N * C));
+  float* o2 = g.put(Vec(N * C));
+  g.be->attention_forward(o1, s1.as<float>(), d_qkv, B, T, C, NH, p, &d, nullptr, use);
+  g.be->attention_forward(o2, s2.as<float>(), d_qkv, B, T, C, NH, p, &d, nullptr, use);
+  const Vec out = g.get(o1, N * C), again = g.get(o2, N * C);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], again[i]) << "the same Dropout, element " << i;
+  // The mask, read off the output: out[b, i, h, j] = P[b, h, i, j] * mask / (1 - p).
+  std::vector<char> keep(N * NH * T, 0);
+  size_t causal = 0, dropped = 0, bad = 0;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i)
+        for (int j = 0; j < T; ++j) {
+          const float got = out[((size_t)b * T + i) * C + h * HS + j];
+          const size_t e = (((size_t)b * NH + h) * T + i) * T + j;
+          const float want = probs[e] / (1.0f - drop_p);
+          if (j > i) {
+            bad += got != 0.0f;
+            continue;
+          }
+          ++causal;
+          if (std::fabs(got) < 0.5f * want) {
+            ++dropped;
+            bad += got != 0.0f;
+          } else {
+            keep[e] = 1;
+            bad += !(std::fabs(got - want) <= 1e-2f * want + 1e-4f);
+          }
+        }
+  EXPECT_EQ(bad, 0u) << "entries neither 0 nor the kept probability";
+  const double frac = double(dropped) / double(causal), sd = std::sqrt(drop_p * (1 - drop_p) / double(causal));
+  EXPECT_NEAR(frac, drop_p, 5 * sd) << dropped << " of " << causal << " dropped";
+  Dropout other = d;
+  other.key = 100;
+  g.be->attention_forward(o2, s2.as<float>(), d_qkv, B, T, C, NH, p, &other, nullptr, use);
+  const Vec third = g.get(o2, N * C);
+  size_t differ = 0;
+  for (size_t i = 0; i < out.size(); ++i) differ += out[i] != third[i];
+  EXPECT_GT(differ, out.size() / 10) << "another key should draw another mask";
+  // Backward with the forward's Dropout against the CPU's with the mask read above.
+  float* d_dqkv = g.put(Vec(N * 3 * C));
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, s1.as<float>(), B, T, C, NH, p, &d, use);
+  const Vec grad = g.get(d_dqkv, N * 3 * C);
+  Vec want(N * 3 * C, 0.0f);
+  const float scale = 1.0f / std::sqrt((float)HS), inv = 1.0f / (1.0f - drop_p);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      auto P = [&](int i, int j) { return probs[(((size_t)b * NH + h) * T + i) * T + j]; };
+      auto M = [&](int i, int j) { return (float)keep[(((size_t)b * NH + h) * T + i) * T + j]; };
+      auto row = [&](int t, int part) { return ((size_t)b * T + t) * 3 * C + part * C + h * HS; };
+      auto dO = [&](int i, int c) { return dout[((size_t)b * T + i) * C + h * HS + c]; };
+      std::vector<float> dS((size_t)T * T, 0.0f);
+      for (int i = 0; i < T; ++i) {
+        double D = 0;
+        for (int j = 0; j <= i; ++j) D += dO(i, j) * M(i, j) * inv * P(i, j);  // dP = dO v^T * mask / (1-p), v = I
+        for (int j = 0; j <= i; ++j) dS[(size_t)i * T + j] = P(i, j) * (dO(i, j) * M(i, j) * inv - (float)D);
+      }
+      for (int j = 0; j < T; ++j)
+        for (int c = 0; c < HS; ++c) {
+          double dv = 0;
+          for (int i = j; i < T; ++i) dv += P(i, j) * M(i, j) * inv * dO(i, c);
+          want[row(j, 2) + c] = (float)dv;
+        }
+      for (int i = 0; i < T; ++i)
+        for (int c = 0; c < HS; ++c) {
+          double dq = 0, dk = 0;
+          for (int j = 0; j < T; ++j) {
+            dq += dS[(size_t)i * T + j] * qkv[row(j, 1) + c];
+            dk += dS[(size_t)j * T + i] * qkv[row(j, 0) + c];
+          }
+          want[row(i, 0) + c] = scale * (float)dq;
+          want[row(i, 1) + c] = scale * (float)dk;
+        }
+    }
+  for (int part = 0; part < 3; ++part) {
+    Vec gp, wp;
+    for (size_t t = 0; t < N; ++t)
+      for (int c = 0; c < C; ++c) gp.push_back(grad[t * 3 * C + part * C + c]), wp.push_back(want[t * 3 * C + part * C + c]);
+    expect_close_norm(part == 0 ? "dq with dropout" : part == 1 ? "dk with dropout" : "dv with dropout", gp, wp, 2e-2);
+  }
+  // Evaluation: no Dropout, the same declared use.
+  g.be->attention_forward(o2, s2.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, use);
+  expect_close_norm("evaluation (no dropout)", g.get(o2, N * C), plain, 1e-2);
 }
 
 // Token-row dropout: the same elements dropped and the same products on both backends (bitwise).

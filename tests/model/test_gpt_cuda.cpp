@@ -134,6 +134,37 @@ TEST(GptCuda, Bf16FusedAttentionMatchesTheCpu) {
   compare_one_step(Precision::bf16, false, 3e-2, tiny(), 0, true);
   compare_one_step(Precision::bf16, true, 3e-2, tiny(), 0, true);
 }
+// cuDNN's attention dropout in the model: its mask is cuDNN's, so the CPU is no reference here
+// (test_ops_backend_cuda's FusedAttentionDropout checks the op against the CPU with the mask read
+// off). The recomputed forward (activation recompute) must draw the kept forward's mask: the loss
+// and every gradient of one step with and without recompute agree within 1e-5 of the largest (the
+// same kernels; the embedding's atomic scatter sums in a varying order), and dropping changes the
+// loss against the evaluation's.
+TEST(GptCuda, Bf16FusedAttentionDropoutRecomputesTheSameMask) {
+  std::string why;
+  if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
+  auto be = kernels::cuda_ops(0);
+  model::GptConfig c = tiny();
+  c.attention_dropout = 0.2;
+  model::Gpt cpu(c, Precision::bf16, false), kept(c, Precision::bf16, false, be.get()),
+      replayed(c, Precision::bf16, true, be.get());
+  const Batch b(7);
+  ASSERT_TRUE(kept.attention_kernel(b.B, b.T).fused) << kept.attention_kernel(b.B, b.T).what;
+  kept.set_dropout_seed(11, 300), replayed.set_dropout_seed(11, 300);
+  test::WeightsOnBoth wb(cpu, kept, *be, 1234);
+  const size_t n = wb.grads.size();
+  const float dloss = 1.0f / static_cast<float>(b.B * b.T);
+  std::vector<float> g1(n), g2(n);
+  const double l1 = kept.forward_backward(wb.device, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
+  be->copy_to_host(g1.data(), wb.dgrads.as<void>(), n * sizeof(float));
+  be->zero(wb.dgrads.as<void>(), n * sizeof(float));
+  const double l2 = replayed.forward_backward(wb.device, b.tokens.data(), b.targets.data(), b.B, b.T, dloss);
+  be->copy_to_host(g2.data(), wb.dgrads.as<void>(), n * sizeof(float));
+  EXPECT_NEAR(l2, l1, 1e-6 * std::fabs(l1));
+  test::expect_gradients_close(kept.layout(), g2, g1, 1e-5, be->name() + " (recompute against kept)");
+  const double eval = kept.forward_loss(wb.device, b.tokens.data(), b.targets.data(), b.B, b.T);
+  EXPECT_GT(std::fabs(l1 - eval), 1e-4 * std::fabs(eval)) << "attention dropout 0.2 should change the loss";
+}
 TEST(GptCuda, MoeTop1JitterMatchesTheCpu) { compare_one_step(Precision::fp32, false, 1e-4, tiny_moe(1, false)); }
 // Dropout on every site: the device kernels draw the CPU's mask bits (kernels/dropout.hpp), so the
 // same tolerances hold; with recompute the replayed forward must draw them again.

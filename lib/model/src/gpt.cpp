@@ -47,7 +47,7 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   norm_ = Norm(*ops_, cfg_.hidden_size, cfg_.normalization);
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_,
                          {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)}, cfg_.kv_heads() / tp_.size(),
-                         {cfg_.attention_dropout > 0, cfg_.reset_attention_mask});
+                         {static_cast<float>(cfg_.attention_dropout), cfg_.reset_attention_mask});
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size, cfg_.mlp);
   moe_ = std::make_unique<Moe>(cfg_, *ops_, tp_, mlp_, ep_, Fl_);
   for (size_t l = 0; l < tensors_.layers.size(); ++l) {

@@ -105,14 +105,32 @@ class Graph {
         .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
     if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv);
     t.finalize();
-    return keep(std::move(t));
+    return keep_desc(std::move(t));
   }
   // An intermediate tensor (never in memory).
   cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Dims& dims, const Dims& strides) {
     return tensor(next_virtual_++, type, dims, strides, true);
   }
-  // A scalar passed by value (a host float in the variant pack).
-  cudnnBackendDescriptor_t scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+  // A scalar passed by value (a host float, or int64, in the variant pack).
+  cudnnBackendDescriptor_t scalar(int64_t uid, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+    return tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+  // y: a Bernoulli mask keeping each element with probability `keep`, from Philox(seed, offset).
+  void rng(double keep, cudnnBackendDescriptor_t seed, cudnnBackendDescriptor_t offset, cudnnBackendDescriptor_t y) {
+    Desc r(*L_, CUDNN_BACKEND_RNG_DESCRIPTOR, "a random generator");
+    const cudnnRngDistribution_t bernoulli = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+    r.set(CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &bernoulli)
+        .set(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &keep)
+        .finalize();
+    Desc op(*L_, CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR, "a random generator operation");
+    op.set(CUDNN_ATTR_OPERATION_RNG_YDESC, y)
+        .set(CUDNN_ATTR_OPERATION_RNG_DESC, r.get())
+        .set(CUDNN_ATTR_OPERATION_RNG_SEED, seed)
+        .set(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, offset)
+        .finalize();
+    keep_desc(std::move(r));
+    ops_.push_back(keep_desc(std::move(op)));
+  }
 
   void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
     Desc m(*L_, CUDNN_BACKEND_MATMUL_DESCRIPTOR, "a matmul");
@@ -123,8 +141,8 @@ class Graph {
         .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)
         .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, m.get())
         .finalize();
-    keep(std::move(m));
-    ops_.push_back(keep(std::move(op)));
+    keep_desc(std::move(m));
+    ops_.push_back(keep_desc(std::move(op)));
   }
   // y = mode(x[, b[, t]]); math precision `prec`; GEN_INDEX along `axis`.
   void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
@@ -139,8 +157,8 @@ class Graph {
     if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
     if (t) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
     op.set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y).finalize();
-    keep(std::move(pw));
-    ops_.push_back(keep(std::move(op)));
+    keep_desc(std::move(pw));
+    ops_.push_back(keep_desc(std::move(op)));
   }
   // y = x reduced over the dimensions where y is 1.
   void reduce(cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
@@ -153,21 +171,21 @@ class Graph {
         .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
         .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r.get())
         .finalize();
-    keep(std::move(r));
-    ops_.push_back(keep(std::move(op)));
+    keep_desc(std::move(r));
+    ops_.push_back(keep_desc(std::move(op)));
   }
   // y: x's elements under other dimensions and strides (a transposed view).
   void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     Desc op(*L_, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "a reshape operation");
     op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y).finalize();
-    ops_.push_back(keep(std::move(op)));
+    ops_.push_back(keep_desc(std::move(op)));
   }
 
   const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
   std::vector<Desc> release() { return std::move(keep_); }
 
  private:
-  cudnnBackendDescriptor_t keep(Desc&& d) {
+  cudnnBackendDescriptor_t keep_desc(Desc&& d) {
     keep_.push_back(std::move(d));
     return keep_.back().get();
   }
@@ -178,7 +196,9 @@ class Graph {
 };
 
 // The tensors' unique ids (the variant pack's keys).
-enum Uid : int64_t { Q = 1, K, V, O, STATS, SCALE, NEG_INF, DO, DQ, DK, DV, ONE, ROW_SUM, DQ_ACC };
+enum Uid : int64_t {
+  Q = 1, K, V, O, STATS, SCALE, NEG_INF, DO, DQ, DK, DV, KEEP, ROW_SUM, DQ_ACC, SEED, OFFSET, DROP_SCALE
+};
 
 struct Layout {  // the packed qkv rows read in place: element strides of (B, NH, T, HS) views
   int64_t B, NH, T, HS, C;
@@ -209,6 +229,14 @@ cudnnBackendDescriptor_t causal(Graph& g, const Layout& l, cudnnBackendDescripto
   return y;
 }
 
+// Attention dropout's keep mask (1 with probability 1 - p), regenerated alike in the backward: the
+// same generator, seed and offset over the same (B, NH, T, T) elements.
+cudnnBackendDescriptor_t dropout_mask(Graph& g, const Layout& l, const FusedShape& s) {
+  auto mask = g.virt(CUDNN_DATA_FLOAT, l.tt(), l.bhtt());
+  g.rng(1.0 - (double)s.dropout, g.scalar(SEED, CUDNN_DATA_INT64), g.scalar(OFFSET, CUDNN_DATA_INT64), mask);
+  return mask;
+}
+
 void forward_graph(Graph& g, const FusedShape& s) {
   const Layout l = layout_of(s);
   const cudnnDataType_t io = s.fp16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
@@ -230,7 +258,14 @@ void forward_graph(Graph& g, const FusedShape& s) {
   g.pointwise(CUDNN_POINTWISE_LOG, sum, logsum);
   g.pointwise(CUDNN_POINTWISE_ADD, mx, stats, logsum);
   auto p = g.virt(io, l.tt(), l.bhtt());  // the backend takes the second matmul's A in the i/o type
-  g.pointwise(CUDNN_POINTWISE_DIV, e, p, sum);
+  if (s.dropout > 0) {  // P * mask / (1 - p)
+    auto p0 = g.virt(f, l.tt(), l.bhtt()), pm = g.virt(f, l.tt(), l.bhtt()), mask = dropout_mask(g, l, s);
+    g.pointwise(CUDNN_POINTWISE_DIV, e, p0, sum);
+    g.pointwise(CUDNN_POINTWISE_MUL, p0, pm, mask);
+    g.pointwise(CUDNN_POINTWISE_MUL, pm, p, g.scalar(DROP_SCALE));
+  } else {
+    g.pointwise(CUDNN_POINTWISE_DIV, e, p, sum);
+  }
   g.matmul(p, v, o);
 }
 
@@ -243,13 +278,15 @@ void backward_graph(Graph& g, const FusedShape& s) {
   auto dout = g.tensor(DO, io, l.td(), l.out(), false), stats = g.tensor(STATS, f, l.t1(), l.bht1(), false);
   auto dq = g.tensor(DQ, io, l.td(), l.qkv(), false), dk = g.tensor(DK, io, l.td(), l.qkv(), false);
   auto dv = g.tensor(DV, io, l.td(), l.qkv(), false);
-  auto scale = g.scalar(SCALE), neg = g.scalar(NEG_INF), one = g.scalar(ONE);
-  // Row sums of dO * O (the softmax backward's), written to the workspace.
+  auto scale = g.scalar(SCALE), neg = g.scalar(NEG_INF), keep = g.scalar(KEEP);
+  const bool dropout = s.dropout > 0;
+  // Row sums of dO * O (the softmax backward's), times 1 - p with dropout (see dS below), written
+  // to the workspace.
   auto prod = g.virt(f, l.td(), {l.NH * l.T * l.HS, l.T * l.HS, l.NH * l.HS, 1}), dsum = g.virt(f, l.t1(), l.bht1());
   auto rowsum = g.tensor(ROW_SUM, f, l.t1(), l.bht1(), false);
   g.pointwise(CUDNN_POINTWISE_MUL, dout, prod, o);
   g.reduce(CUDNN_REDUCE_TENSOR_ADD, prod, dsum);
-  g.pointwise(CUDNN_POINTWISE_MUL, dsum, rowsum, one);
+  g.pointwise(CUDNN_POINTWISE_MUL, dsum, rowsum, keep);
   // P again from the scores and the forward's row statistic.
   auto s0 = g.virt(f, l.tt(), l.bhtt()), s1 = g.virt(f, l.tt(), l.bhtt()), s2 = g.virt(f, l.tt(), l.bhtt());
   g.matmul(q, kt, s0);
@@ -258,14 +295,35 @@ void backward_graph(Graph& g, const FusedShape& s) {
   auto s3 = causal(g, l, s2, neg);
   auto p = g.virt(f, l.tt(), l.bhtt());
   g.pointwise(CUDNN_POINTWISE_EXP, s3, p);
+  // With dropout the values saw Pd = P * mask / (1 - p): dV = Pd^T dO, and dP (of P) = dPd * mask /
+  // (1 - p), so dS = P (dPd * mask - rowsum (1 - p)) / (1 - p) with rowsum = rowsum(dO * O).
+  cudnnBackendDescriptor_t mask = nullptr, dscale = nullptr, pd = p;
+  if (dropout) {
+    mask = dropout_mask(g, l, s);
+    dscale = g.scalar(DROP_SCALE);
+    auto pm = g.virt(f, l.tt(), l.bhtt());
+    pd = g.virt(f, l.tt(), l.bhtt());
+    g.pointwise(CUDNN_POINTWISE_MUL, p, pm, mask);
+    g.pointwise(CUDNN_POINTWISE_MUL, pm, pd, dscale);
+  }
   auto pt = g.virt(io, l.tt(), l.bhtt_t());
-  g.reshape(p, pt);
-  g.matmul(pt, dout, dv);  // dV = P^T dO
+  g.reshape(pd, pt);
+  g.matmul(pt, dout, dv);  // dV = Pd^T dO
   auto dp = g.virt(f, l.tt(), l.bhtt()), dp1 = g.virt(f, l.tt(), l.bhtt());
   auto ds = g.virt(f, l.tt(), l.bhtt()), ds1 = g.virt(f, l.tt(), l.bhtt());
-  g.matmul(dout, vt, dp);  // dP = dO V^T
+  g.matmul(dout, vt, dp);  // dPd = dO V^T
+  if (dropout) {
+    auto dpm = g.virt(f, l.tt(), l.bhtt());
+    g.pointwise(CUDNN_POINTWISE_MUL, dp, dpm, mask);
+    dp = dpm;
+  }
   g.pointwise(CUDNN_POINTWISE_SUB, dp, dp1, rowsum);
   g.pointwise(CUDNN_POINTWISE_MUL, dp1, ds, p);
+  if (dropout) {
+    auto dsd = g.virt(f, l.tt(), l.bhtt());
+    g.pointwise(CUDNN_POINTWISE_MUL, ds, dsd, dscale);
+    ds = dsd;
+  }
   g.pointwise(CUDNN_POINTWISE_MUL, ds, ds1, scale);
   auto dst = g.virt(io, l.tt(), l.bhtt_t());
   g.reshape(ds1, dst);
@@ -495,18 +553,28 @@ size_t CudnnAttention::backward_workspace(const FusedShape& s) const {
   return dq_acc_bytes(s) + row_sum_bytes(s) + round_up((size_t)plans(s).backward.workspace);
 }
 
-void CudnnAttention::forward(const FusedShape& s, const void* qkv, void* o, float* stats, void* workspace) {
+void CudnnAttention::forward(const FusedShape& s, const void* qkv, void* o, float* stats, void* workspace,
+                             int64_t seed) {
   const size_t C = (size_t)s.NH * s.HS;
   float scale = 1.0f / std::sqrt((float)s.HS), neg = -std::numeric_limits<float>::infinity();
+  float drop_scale = 1.0f / (1.0f - s.dropout);
+  int64_t offset = 0;
   if (lib_->get_version() < 91000) neg = std::numeric_limits<float>::lowest();  // as cudnn-frontend does
-  execute(*lib_, static_cast<cudnnHandle_t>(handle_), plans(s).forward, {Q, K, V, O, STATS, SCALE, NEG_INF},
-          {at(qkv, 0, 2), at(qkv, C, 2), at(qkv, 2 * C, 2), o, stats, &scale, &neg}, workspace, "forward");
+  std::vector<int64_t> uids = {Q, K, V, O, STATS, SCALE, NEG_INF};
+  std::vector<void*> ptrs = {at(qkv, 0, 2), at(qkv, C, 2), at(qkv, 2 * C, 2), o, stats, &scale, &neg};
+  if (s.dropout > 0) {
+    uids.insert(uids.end(), {SEED, OFFSET, DROP_SCALE});
+    ptrs.insert(ptrs.end(), {&seed, &offset, &drop_scale});
+  }
+  execute(*lib_, static_cast<cudnnHandle_t>(handle_), plans(s).forward, uids, ptrs, workspace, "forward");
 }
 
 void CudnnAttention::backward(const FusedShape& s, const void* qkv, const void* o, const void* dout, const float* stats,
-                              void* dqkv, void* workspace) {
+                              void* dqkv, void* workspace, int64_t seed) {
   const size_t C = (size_t)s.NH * s.HS;
-  float scale = 1.0f / std::sqrt((float)s.HS), neg = -std::numeric_limits<float>::infinity(), one = 1.0f;
+  float scale = 1.0f / std::sqrt((float)s.HS), neg = -std::numeric_limits<float>::infinity();
+  float keep = 1.0f - s.dropout, drop_scale = 1.0f / (1.0f - s.dropout);
+  int64_t offset = 0;
   if (lib_->get_version() < 91000) neg = std::numeric_limits<float>::lowest();
   void* acc = workspace;
   void* rowsum = at(workspace, dq_acc_bytes(s), 1);
@@ -516,16 +584,22 @@ void CudnnAttention::backward(const FusedShape& s, const void* qkv, const void* 
     const cudaError_t err = cudaMemsetAsync(acc, 0, dq_acc_bytes(s), stream_);
     if (err != cudaSuccess) throw Error(std::string("cuDNN attention: clearing the dq accumulator: ") + cudaGetErrorString(err));
   }
-  execute(*lib_, static_cast<cudnnHandle_t>(handle_), plans(s).backward,
-          {Q, K, V, O, DO, STATS, DQ, DK, DV, SCALE, NEG_INF, ONE, ROW_SUM, DQ_ACC},
-          {at(qkv, 0, 2), at(qkv, C, 2), at(qkv, 2 * C, 2), const_cast<void*>(o), const_cast<void*>(dout),
-           const_cast<float*>(stats), at(dqkv, 0, 2), at(dqkv, C, 2), at(dqkv, 2 * C, 2), &scale, &neg, &one, rowsum,
-           acc},
-          rest, "backward");
+  std::vector<int64_t> uids = {Q, K, V, O, DO, STATS, DQ, DK, DV, SCALE, NEG_INF, KEEP, ROW_SUM, DQ_ACC};
+  std::vector<void*> ptrs = {at(qkv, 0, 2),         at(qkv, C, 2),    at(qkv, 2 * C, 2),
+                             const_cast<void*>(o),   const_cast<void*>(dout), const_cast<float*>(stats),
+                             at(dqkv, 0, 2),         at(dqkv, C, 2),   at(dqkv, 2 * C, 2),
+                             &scale,                 &neg,             &keep,
+                             rowsum,                 acc};
+  if (s.dropout > 0) {
+    uids.insert(uids.end(), {SEED, OFFSET, DROP_SCALE});
+    ptrs.insert(ptrs.end(), {&seed, &offset, &drop_scale});
+  }
+  execute(*lib_, static_cast<cudnnHandle_t>(handle_), plans(s).backward, uids, ptrs, rest, "backward");
 }
 
-std::string fused_attention_offline(int B, int T, int NH, int HS, bool fp16, const std::string& device_json) {
-  return CudnnAttention::check_offline({B, T, NH, HS, fp16}, device_json);
+std::string fused_attention_offline(int B, int T, int NH, int HS, bool fp16, float dropout,
+                                    const std::string& device_json) {
+  return CudnnAttention::check_offline({B, T, NH, HS, fp16, dropout}, device_json);
 }
 
 }  // namespace hpct::kernels::cuda

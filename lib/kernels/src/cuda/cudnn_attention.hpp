@@ -8,7 +8,11 @@
 // backward. Plans are built once per shape (a runtime compilation: about a second each).
 // libcudnn.so.9 is opened at run time (dlopen): a build or node without it runs the materialised
 // kernel, and says why.
-// What it is not: dropout, per-document masks or fp32 (the materialised kernel serves those).
+// Attention dropout: cuDNN's Philox generator (a Bernoulli mask of the probabilities, regenerated
+// in the backward from the same seed), not dropout.hpp's hash: its mask differs from the CPU's and
+// depends on the micro-batch (the seed is the site key mixed with the micro-batch's first sample and
+// the tensor-parallel head offset; the generator's stream is indexed by the sample's row in it).
+// What it is not: per-document masks or fp32 (the materialised kernel serves those).
 // Status: compiled in every CUDA build; never run here (no GPU on the development machine). The
 // gpu-labelled tests (test_ops_backend_cuda: FusedAttention*) compare it with the materialised
 // kernel; where cuDNN finds no engine for the graph, prepare() says so and the backend keeps the
@@ -17,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,12 +29,14 @@
 
 namespace hpct::kernels::cuda {
 
-/// One attention call's shape: B samples of T tokens, NH heads of HS channels; fp16 or bf16 inputs.
+/// One attention call's shape: B samples of T tokens, NH heads of HS channels; fp16 or bf16 inputs;
+/// the probability of attention dropout (0: none), which is part of the plan.
 struct FusedShape {
   int B = 0, T = 0, NH = 0, HS = 0;
   bool fp16 = false;
+  float dropout = 0.0f;
   bool operator<(const FusedShape& o) const {
-    return std::tie(B, T, NH, HS, fp16) < std::tie(o.B, o.T, o.NH, o.HS, o.fp16);
+    return std::tie(B, T, NH, HS, fp16, dropout) < std::tie(o.B, o.T, o.NH, o.HS, o.fp16, o.dropout);
   }
 };
 
@@ -55,11 +62,13 @@ class CudnnAttention {
   /// the backward's fp32 dq accumulator and row sums.
   size_t forward_workspace(const FusedShape& s) const;
   size_t backward_workspace(const FusedShape& s) const;
-  /// o (B, T, NH, HS) and stats (B, NH, T) from the packed 16-bit qkv (B, T, 3 x NH x HS).
-  void forward(const FusedShape& s, const void* qkv, void* o, float* stats, void* workspace);
-  /// dqkv (16-bit, packed as qkv; overwritten) from dout (as o) and what forward saw and kept.
+  /// o (B, T, NH, HS) and stats (B, NH, T) from the packed 16-bit qkv (B, T, 3 x NH x HS); with
+  /// s.dropout, the probabilities dropped by the mask of `seed`.
+  void forward(const FusedShape& s, const void* qkv, void* o, float* stats, void* workspace, int64_t seed = 0);
+  /// dqkv (16-bit, packed as qkv; overwritten) from dout (as o) and what forward saw and kept (the
+  /// same seed).
   void backward(const FusedShape& s, const void* qkv, const void* o, const void* dout, const float* stats, void* dqkv,
-                void* workspace);
+                void* workspace, int64_t seed = 0);
 
   struct Library;
   struct Plan;

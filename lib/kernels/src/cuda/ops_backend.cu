@@ -8,7 +8,8 @@
 // path; it may keep fp32 for some shapes (allowed, not forced), which is more precise, not less.
 // fp16 overflow is still seen: the ZeRO engine rounds gradients to fp16 on the host. Attention, two
 // kernels (attention_kernel() says which serves a model): cuDNN's fused flash-class kernel
-// (cudnn_attention.hpp) for bf16/fp16 without dropout or per-document masks, on q, k, v rounded to
+// (cudnn_attention.hpp) for bf16/fp16 without per-document masks (its dropout mask is cuDNN's
+// Philox stream, not dropout.hpp's), on q, k, v rounded to
 // 16 bits (kept as its state with its output and row statistics); otherwise the materialised one:
 // per batch row, one strided-batched GEMM over the heads for q k^T (scaled), the causal softmax
 // kernel, one for att v (the full T x T product, twice the causal FLOPs); backward likewise, with a
@@ -272,7 +273,8 @@ class CudaOps final : public OpsBackend {
     const std::string why = fused_refusal(B, T, C, NH, p, use);
     if (why.empty())
       return {true, "cuDNN " + cudnn_->version() + " fused attention (flash-class: no T x T scores kept), " +
-                        (p == Precision::fp16 ? "fp16" : "bf16") + " q, k, v"};
+                        (p == Precision::fp16 ? "fp16" : "bf16") + " q, k, v" +
+                        (use.dropout > 0 ? "; attention dropout from cuDNN's generator (not the CPU's mask)" : "")};
     return {false, "materialised softmax (B x NH x T x T probabilities kept per layer; not the fused kernel: " + why + ")"};
   }
   void allow_fused_attention(bool allow) override {
@@ -288,13 +290,13 @@ class CudaOps final : public OpsBackend {
                          const Dropout* drop, const int32_t* key_start, AttentionUse use) override {
     require_heads("attention_forward", B, T, C, NH);
     if (fused_refusal(B, T, C, NH, p, use).empty()) {
-      if ((drop && drop->on()) || key_start)
-        throw Error("CUDA backend: attention_forward: dropout or per-document keys in a call declared without them");
-      const cuda::FusedShape s = fused_shape(B, T, C, NH, p);
+      if (key_start) throw Error("CUDA backend: attention_forward: per-document keys in a call declared without them");
+      const cuda::FusedShape s = fused_plan(B, T, C, NH, p, drop, use);
       const FusedState st = fused_state(att, B, T, C);
       const bool bf16 = p == Precision::bf16;
       cuda::narrow_half(st.qkv, qkv, (size_t)B * T * 3 * C, bf16, stream_);
-      cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s) / sizeof(float)));
+      cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s) / sizeof(float)),
+                      fused_seed(drop));
       cuda::widen_half(out, st.out, (size_t)B * T * C, bf16, stream_);
       return;
     }
@@ -327,7 +329,7 @@ class CudaOps final : public OpsBackend {
     if (fused_refusal(B, T, C, NH, p, use).empty()) {
       // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient
       // added to dqkv in fp32.
-      const cuda::FusedShape s = fused_shape(B, T, C, NH, p);
+      const cuda::FusedShape s = fused_plan(B, T, C, NH, p, drop, use);
       const FusedState st = fused_state(const_cast<float*>(att), B, T, C);
       const bool bf16 = p == Precision::bf16;
       const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = up256(n3 * 2);
@@ -335,7 +337,7 @@ class CudaOps final : public OpsBackend {
       auto* dout16 = reinterpret_cast<uint16_t*>(w);
       auto* dqkv16 = reinterpret_cast<uint16_t*>(w + a1);
       cuda::narrow_half(dout16, dout, n1, bf16, stream_);
-      cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3);
+      cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3, fused_seed(drop));
       cuda::add_widened(dqkv, dqkv16, n3, bf16, stream_);
       return;
     }
@@ -469,8 +471,30 @@ class CudaOps final : public OpsBackend {
 
   static size_t up4(size_t n) { return (n + 3) / 4 * 4; }
   static size_t up256(size_t n) { return (n + 255) / 256 * 256; }
-  static cuda::FusedShape fused_shape(int B, int T, int C, int NH, Precision p) {
-    return {B, T, NH, C / NH, p == Precision::fp16};
+  static cuda::FusedShape fused_shape(int B, int T, int C, int NH, Precision p, float dropout = 0) {
+    return {B, T, NH, C / NH, p == Precision::fp16, dropout};
+  }
+  // The fused call's shape with its dropout (on only where `use` declared that probability), its
+  // plans built (a shape after the first: an error where cuDNN refuses it, not a switch of kernel).
+  cuda::FusedShape fused_plan(int B, int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) const {
+    const float dropout = drop && drop->on() ? drop->p : 0.0f;
+    if (dropout > 0 && dropout != use.dropout)
+      throw Error("CUDA backend: attention dropout " + std::to_string(dropout) + " in a call declared with " +
+                  std::to_string(use.dropout));
+    const cuda::FusedShape s = fused_shape(B, T, C, NH, p, dropout);
+    std::string why;
+    if (!cudnn_->prepare(s, &why))
+      throw Error("CUDA backend: cuDNN fused attention has no plan for B=" + std::to_string(B) + ", T=" +
+                  std::to_string(T) + (dropout > 0 ? " with dropout" : "") + " (" + why +
+                  "); --attention-kernel plain runs the materialised kernel");
+    return s;
+  }
+  // cuDNN's generator seed for one call's attention dropout: the site key mixed with the
+  // micro-batch's first sample and this rank's first head (dropout.hpp's row key at query 0), so
+  // each micro-batch, layer and step draws its own mask, and a recompute or a resume the same one.
+  static int64_t fused_seed(const Dropout* drop) {
+    if (!drop || !drop->on()) return 0;
+    return static_cast<int64_t>(dropout_row_key(drop->key, drop->first_sample, dropout_attention_code(drop->head0, 0)) >> 1);
   }
   // The fused kernel's state in att (attention_state_floats): 16-bit q, k, v rows as the forward
   // read them, its 16-bit output and the per-row statistics, each 16-byte aligned.
@@ -490,20 +514,11 @@ class CudaOps final : public OpsBackend {
   // shape cuDNN then refuses is an error, not a silent switch.
   std::string fused_refusal(int B, int T, int C, int NH, Precision p, AttentionUse use) const {
     const auto key = std::make_tuple(C, NH, (int)p, use.dropout, use.per_document);
-    if (auto it = fused_choice_.find(key); it != fused_choice_.end()) {
-      if (it->second.empty() && B > 0 && T > 0) {
-        std::string why;
-        if (!cudnn_->prepare(fused_shape(B, T, C, NH, p), &why))
-          throw Error("CUDA backend: cuDNN fused attention has no plan for B=" + std::to_string(B) + ", T=" +
-                      std::to_string(T) + " (" + why + "); --attention-kernel plain runs the materialised kernel");
-      }
-      return it->second;
-    }
+    if (auto it = fused_choice_.find(key); it != fused_choice_.end()) return it->second;
     std::string why;
     const int HS = C / NH;
     if (!allow_fused_) why = "--attention-kernel plain";
     else if (p == Precision::fp32) why = "fp32 (it takes bf16 or fp16 inputs)";
-    else if (use.dropout) why = "attention dropout (cuDNN's mask would not be this version's)";
     else if (use.per_document) why = "per-document masks (--reset-attention-mask)";
     else if (C % NH != 0 || HS % 8 != 0 || HS > 128) why = "head size " + std::to_string(HS) + " (a multiple of 8 up to 128)";
     else if (sm_major_ < 8) why = "compute capability " + std::to_string(sm_major_) + ".x (needs 8.0 or newer)";
@@ -513,8 +528,10 @@ class CudaOps final : public OpsBackend {
         cudnn_tried_ = true;
         cudnn_ = cuda::CudnnAttention::open(stream_, &cudnn_why_);
       }
+      // The plans without dropout (evaluation) and, where the calls may drop, with it.
       if (!cudnn_) why = cudnn_why_;
       else if (std::string refused; !cudnn_->prepare(fused_shape(B, T, C, NH, p), &refused)) why = refused;
+      else if (use.dropout > 0 && !cudnn_->prepare(fused_shape(B, T, C, NH, p, use.dropout), &refused)) why = refused;
     }
     fused_choice_[key] = why;
     return why;

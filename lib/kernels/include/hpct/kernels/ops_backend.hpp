@@ -25,7 +25,7 @@ namespace hpct::kernels {
 /// What one model's attention calls may ask of the op beyond the causal mask: the backend picks its
 /// kernel (and so the layout of the state it keeps) from this, the shape and the precision.
 struct AttentionUse {
-  bool dropout = false;       // attention dropout may be on (--attention-dropout > 0)
+  float dropout = 0.0f;       // the attention dropout calls may use (--attention-dropout; 0: none)
   bool per_document = false;  // key_start may be passed (--reset-attention-mask)
 };
 /// The attention kernel a backend runs for a shape: fused (flash-class: no T x T matrix kept) or
@@ -132,8 +132,9 @@ class OpsBackend {
     return (size_t)B * NH * T * T;
   }
   /// att: attention_state_floats(B, T, C, NH, p, use) floats, written by forward, read by backward.
-  /// drop: attention dropout (nullptr or p = 0: none; on only where use.dropout); pass the same to
-  /// forward and backward. key_start: each query's first key (per-document attention, only where
+  /// drop: attention dropout (nullptr or p = 0: none; on only at use.dropout); pass the same to
+  /// forward and backward. A fused kernel may draw its own mask (the CUDA one: cuDNN's), the same
+  /// in forward and backward of one call's Dropout. key_start: each query's first key (per-document attention, only where
   /// use.per_document; nullptr: 0), in backend memory.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                                  const Dropout* drop, const int32_t* key_start, AttentionUse use) = 0;
