@@ -5,7 +5,8 @@
 // a GPU allows: cuDNN stops where it loads the compiled kernel through the driver, here the CUDA
 // toolkit's stub libcuda (loaded first, so that cuDNN finds a libcuda.so.1 and reaches that step).
 // What this catches: a graph cuDNN does not fuse (measured: keeping the probabilities in fp32 before
-// P V gets no engine), a device it does not serve (sm70: none). What it cannot: whether the kernel
+// P V, or the per-document mask as a LOGICAL_AND of two masks, gets no engine), a device it does not
+// serve (sm70: none). What it cannot: whether the kernel
 // computes the right values; test_ops_backend_cuda's FusedAttention* cases check that on a GPU.
 // Skipped (and reported so) where libcudnn.so.9 or the stub is missing.
 #include <dlfcn.h>
@@ -55,24 +56,27 @@ TEST_F(Offline, GraphsBuildForTheShapesWeRun) {
   for (const Shape& s : {Shape{2, 64, 2, 64}, Shape{1, 100, 3, 32}, Shape{2, 256, 4, 128}, Shape{3, 16, 4, 8},
                          Shape{8, 1024, 12, 64}, Shape{8, 1024, 16, 64}, Shape{4, 1024, 16, 128}})
     for (bool fp16 : {false, true})
-      EXPECT_EQ(fused_attention_offline(s.B, s.T, s.NH, s.HS, fp16, 0, kH100), "")
+      EXPECT_EQ(fused_attention_offline(s.B, s.T, s.NH, s.HS, fp16, 0, false, kH100), "")
           << "B=" << s.B << " T=" << s.T << " heads " << s.NH << " x " << s.HS << (fp16 ? " fp16" : " bf16");
   // Attention dropout (cuDNN's generator in both graphs): GPT-2 124M's shape and a small fp16 one.
-  EXPECT_EQ(fused_attention_offline(8, 1024, 12, 64, false, 0.1f, kH100), "");
-  EXPECT_EQ(fused_attention_offline(1, 100, 3, 32, true, 0.25f, kH100), "");
+  EXPECT_EQ(fused_attention_offline(8, 1024, 12, 64, false, 0.1f, false, kH100), "");
+  EXPECT_EQ(fused_attention_offline(1, 100, 3, 32, true, 0.25f, false, kH100), "");
+  // Per-document masks (each query's first key, int32), alone and with dropout.
+  EXPECT_EQ(fused_attention_offline(2, 64, 2, 64, false, 0, true, kH100), "");
+  EXPECT_EQ(fused_attention_offline(8, 1024, 12, 64, false, 0.1f, true, kH100), "");
   // An A100 (Ampere: head sizes up to 128 in the backward) at GPT-2's and 1.3B's shapes.
-  EXPECT_EQ(fused_attention_offline(8, 1024, 12, 64, false, 0, kA100), "");
-  EXPECT_EQ(fused_attention_offline(4, 1024, 16, 128, false, 0, kA100), "");
+  EXPECT_EQ(fused_attention_offline(8, 1024, 12, 64, false, 0, false, kA100), "");
+  EXPECT_EQ(fused_attention_offline(4, 1024, 16, 128, false, 0, false, kA100), "");
 }
 
 // Flash attention needs compute capability 8.0: cuDNN offers no engine for a V100.
 TEST_F(Offline, NoEngineBeforeAmpere) {
-  const std::string why = fused_attention_offline(2, 64, 2, 64, false, 0, kV100);
+  const std::string why = fused_attention_offline(2, 64, 2, 64, false, 0, false, kV100);
   EXPECT_NE(why.find("no engine for the forward graph"), std::string::npos) << why;
 }
 
 // A malformed description is cuDNN's error, named, not a crash.
 TEST_F(Offline, ABadDeviceDescriptionIsNamed) {
-  const std::string why = fused_attention_offline(2, 64, 2, 64, false, 0, "{}");
+  const std::string why = fused_attention_offline(2, 64, 2, 64, false, 0, false, "{}");
   EXPECT_NE(why.find("the device's properties"), std::string::npos) << why;
 }

@@ -307,13 +307,15 @@ TEST(CudaOps, PerDocumentAttention) {
 // before P V and its output to 16 bits (each ~2^-9 relative in bf16, 2^-12 in fp16), so 1e-2 of
 // the output's norm; the backward also multiplies 16-bit dS and P, then rounds dq, dk, dv, so 2e-2.
 // dqkv starts nonzero: the op accumulates into it (the contract), checked with the sum.
-void fused_case(Precision p, int B, int T, int NH, int HS) {
+// key_start: per-document attention (each query's first key), or nullptr.
+void fused_case(Precision p, int B, int T, int NH, int HS, const std::vector<int32_t>* key_start = nullptr) {
   NEED_GPU(g);
   auto cpu = cpu_ops();
   const int C = NH * HS;
-  const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, {});
+  const AttentionUse use{0.0f, key_start != nullptr};
+  const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, use);
   ASSERT_TRUE(k.fused) << k.what;
-  const size_t N = (size_t)B * T, state = g.be->attention_state_floats(B, T, C, NH, p, {});
+  const size_t N = (size_t)B * T, state = g.be->attention_state_floats(B, T, C, NH, p, use);
   EXPECT_LT(state, N * NH * T) << "the fused state should be below the T x T probabilities here";
   auto rounded = [&](Vec v) {
     std::vector<uint16_t> h(v.size());
@@ -323,14 +325,16 @@ void fused_case(Precision p, int B, int T, int NH, int HS) {
   };
   const Vec qkv = rounded(randn(N * 3 * C, 11)), dout = rounded(randn(N * C, 12)), dqkv0 = randn(N * 3 * C, 13);
   Vec out(N * C), att(N * NH * T), dqkv = dqkv0;
-  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, nullptr, nullptr, {});
+  const int32_t* hk = key_start ? key_start->data() : nullptr;
+  cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, nullptr, hk, {});
   cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, nullptr, {});
   BackendBuffer d_state(*g.be, state * sizeof(float));
   float* d_out = g.put(Vec(N * C));
   float* d_dqkv = g.put(dqkv0);
   const float* d_qkv = g.put(qkv);
-  g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, {});
-  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, {});
+  const int32_t* d_ks = key_start ? g.put(*key_start) : nullptr;
+  g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, d_ks, use);
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
   expect_close_norm("fused attention out", g.get(d_out, out.size()), out, 1e-2);
   Vec grad = g.get(d_dqkv, dqkv.size()), want = dqkv;
   for (size_t i = 0; i < grad.size(); ++i) grad[i] -= dqkv0[i], want[i] -= dqkv0[i];
@@ -339,8 +343,16 @@ void fused_case(Precision p, int B, int T, int NH, int HS) {
 TEST(CudaOps, FusedAttentionBf16) { fused_case(Precision::bf16, 2, 64, 2, 64); }
 TEST(CudaOps, FusedAttentionFp16OddLength) { fused_case(Precision::fp16, 1, 100, 3, 32); }
 TEST(CudaOps, FusedAttentionBf16Head128) { fused_case(Precision::bf16, 2, 256, 4, 128); }
-// What the fused kernel leaves to the materialised one: fp32, per-document masks, head sizes it
-// does not take; each says why, and its state is the T x T probabilities.
+// Documents of 20, 30 and 14 tokens in sample 0, one of 64 in sample 1 (the backward reads the
+// keys the forward kept in its state).
+TEST(CudaOps, FusedAttentionPerDocument) {
+  std::vector<int32_t> ks;
+  for (int t = 0; t < 64; ++t) ks.push_back(t < 20 ? 0 : t < 50 ? 20 : 50);
+  for (int t = 0; t < 64; ++t) ks.push_back(0);
+  fused_case(Precision::bf16, 2, 64, 2, 64, &ks);
+}
+// What the fused kernel leaves to the materialised one: fp32 and head sizes it does not take; each
+// says why, and its state is the T x T probabilities.
 TEST(CudaOps, FusedAttentionRefusals) {
   NEED_GPU(g);
   const int B = 2, T = 16, NH = 2;
@@ -350,8 +362,8 @@ TEST(CudaOps, FusedAttentionRefusals) {
     AttentionUse use;
     const char* why;
   };
-  for (const Case& c : {Case{64, Precision::fp32, {}, "fp32"}, Case{64, Precision::bf16, {0.0f, true}, "per-document"},
-                        Case{2 * 12, Precision::bf16, {}, "head size 12"}}) {
+  for (const Case& c : {Case{64, Precision::fp32, {}, "fp32"}, Case{2 * 12, Precision::bf16, {}, "head size 12"},
+                        Case{2 * 12, Precision::bf16, {0.1f, true}, "head size 12"}}) {
     const AttentionKernel k = g.be->attention_kernel(B, T, c.C, NH, c.p, c.use);
     EXPECT_FALSE(k.fused) << c.why;
     EXPECT_NE(k.what.find(c.why), std::string::npos) << k.what;

@@ -134,6 +134,13 @@ TEST(GptCuda, Bf16FusedAttentionMatchesTheCpu) {
   compare_one_step(Precision::bf16, false, 3e-2, tiny(), 0, true);
   compare_one_step(Precision::bf16, true, 3e-2, tiny(), 0, true);
 }
+// Per-document attention on the fused kernel (the keys the model copies in), same tolerance.
+TEST(GptCuda, Bf16FusedAttentionWithDocumentsMatchesTheCpu) {
+  model::GptConfig c = tiny();
+  c.reset_attention_mask = c.reset_position_ids = true;
+  c.eod_token = 42;
+  compare_one_step(Precision::bf16, true, 3e-2, c, 0, true);
+}
 // cuDNN's attention dropout in the model: its mask is cuDNN's, so the CPU is no reference here
 // (test_ops_backend_cuda's FusedAttentionDropout checks the op against the CPU with the mask read
 // off). The recomputed forward (activation recompute) must draw the kept forward's mask: the loss

@@ -197,7 +197,7 @@ class Graph {
 
 // The tensors' unique ids (the variant pack's keys).
 enum Uid : int64_t {
-  Q = 1, K, V, O, STATS, SCALE, NEG_INF, DO, DQ, DK, DV, KEEP, ROW_SUM, DQ_ACC, SEED, OFFSET, DROP_SCALE
+  Q = 1, K, V, O, STATS, SCALE, NEG_INF, DO, DQ, DK, DV, KEEP, ROW_SUM, DQ_ACC, SEED, OFFSET, DROP_SCALE, KEY_START
 };
 
 struct Layout {  // the packed qkv rows read in place: element strides of (B, NH, T, HS) views
@@ -217,8 +217,10 @@ struct Layout {  // the packed qkv rows read in place: element strides of (B, NH
 
 Layout layout_of(const FusedShape& s) { return {s.B, s.NH, s.T, s.HS, (int64_t)s.NH * s.HS}; }
 
-// The causal mask on scores x (T x T per head): y = row >= col ? x : -inf.
-cudnnBackendDescriptor_t causal(Graph& g, const Layout& l, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t neg) {
+// The causal mask on scores x (T x T per head): y = row >= col ? x : -inf; per document then also
+// -inf where col < key_start[row] (an int32 (B, 1, T, 1) tensor broadcast over heads and keys).
+cudnnBackendDescriptor_t causal(Graph& g, const Layout& l, const FusedShape& s, cudnnBackendDescriptor_t x,
+                                cudnnBackendDescriptor_t neg) {
   auto row = g.virt(CUDNN_DATA_INT32, l.tt(), l.bhtt()), col = g.virt(CUDNN_DATA_INT32, l.tt(), l.bhtt());
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, row, nullptr, nullptr, CUDNN_DATA_FLOAT, 2);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, col, nullptr, nullptr, CUDNN_DATA_FLOAT, 3);
@@ -226,6 +228,16 @@ cudnnBackendDescriptor_t causal(Graph& g, const Layout& l, cudnnBackendDescripto
   g.pointwise(CUDNN_POINTWISE_CMP_GE, row, keep, col, nullptr, CUDNN_DATA_BOOLEAN);
   auto y = g.virt(CUDNN_DATA_FLOAT, l.tt(), l.bhtt());
   g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, y, neg, keep);
+  if (s.documents) {
+    // A second select, not a LOGICAL_AND of the two masks: cuDNN 9.19's flash kernel generator
+    // takes no AND of a loaded mask (measured offline), nor fp32 keys.
+    auto first = g.tensor(KEY_START, CUDNN_DATA_INT32, {l.B, 1, l.T, 1}, {l.T, l.T, 1, 1}, false);
+    auto in_doc = g.virt(CUDNN_DATA_BOOLEAN, l.tt(), l.bhtt());
+    g.pointwise(CUDNN_POINTWISE_CMP_GE, col, in_doc, first, nullptr, CUDNN_DATA_BOOLEAN);
+    auto y2 = g.virt(CUDNN_DATA_FLOAT, l.tt(), l.bhtt());
+    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, y, y2, neg, in_doc);
+    y = y2;
+  }
   return y;
 }
 
@@ -248,7 +260,7 @@ void forward_graph(Graph& g, const FusedShape& s) {
   auto s0 = g.virt(f, l.tt(), l.bhtt()), s1 = g.virt(f, l.tt(), l.bhtt());
   g.matmul(q, kt, s0);
   g.pointwise(CUDNN_POINTWISE_MUL, s0, s1, scale);
-  auto s2 = causal(g, l, s1, neg);
+  auto s2 = causal(g, l, s, s1, neg);
   auto mx = g.virt(f, l.t1(), l.bht1()), z = g.virt(f, l.tt(), l.bhtt()), e = g.virt(f, l.tt(), l.bhtt());
   g.reduce(CUDNN_REDUCE_TENSOR_MAX, s2, mx);
   g.pointwise(CUDNN_POINTWISE_SUB, s2, z, mx);
@@ -292,7 +304,7 @@ void backward_graph(Graph& g, const FusedShape& s) {
   g.matmul(q, kt, s0);
   g.pointwise(CUDNN_POINTWISE_MUL, s0, s1, scale);
   g.pointwise(CUDNN_POINTWISE_SUB, s1, s2, stats);
-  auto s3 = causal(g, l, s2, neg);
+  auto s3 = causal(g, l, s, s2, neg);
   auto p = g.virt(f, l.tt(), l.bhtt());
   g.pointwise(CUDNN_POINTWISE_EXP, s3, p);
   // With dropout the values saw Pd = P * mask / (1 - p): dV = Pd^T dO, and dP (of P) = dPd * mask /
@@ -554,7 +566,7 @@ size_t CudnnAttention::backward_workspace(const FusedShape& s) const {
 }
 
 void CudnnAttention::forward(const FusedShape& s, const void* qkv, void* o, float* stats, void* workspace,
-                             int64_t seed) {
+                             int64_t seed, const int32_t* key_start) {
   const size_t C = (size_t)s.NH * s.HS;
   float scale = 1.0f / std::sqrt((float)s.HS), neg = -std::numeric_limits<float>::infinity();
   float drop_scale = 1.0f / (1.0f - s.dropout);
@@ -566,11 +578,12 @@ void CudnnAttention::forward(const FusedShape& s, const void* qkv, void* o, floa
     uids.insert(uids.end(), {SEED, OFFSET, DROP_SCALE});
     ptrs.insert(ptrs.end(), {&seed, &offset, &drop_scale});
   }
+  if (s.documents) uids.push_back(KEY_START), ptrs.push_back(const_cast<int32_t*>(key_start));
   execute(*lib_, static_cast<cudnnHandle_t>(handle_), plans(s).forward, uids, ptrs, workspace, "forward");
 }
 
 void CudnnAttention::backward(const FusedShape& s, const void* qkv, const void* o, const void* dout, const float* stats,
-                              void* dqkv, void* workspace, int64_t seed) {
+                              void* dqkv, void* workspace, int64_t seed, const int32_t* key_start) {
   const size_t C = (size_t)s.NH * s.HS;
   float scale = 1.0f / std::sqrt((float)s.HS), neg = -std::numeric_limits<float>::infinity();
   float keep = 1.0f - s.dropout, drop_scale = 1.0f / (1.0f - s.dropout);
@@ -594,12 +607,13 @@ void CudnnAttention::backward(const FusedShape& s, const void* qkv, const void* 
     uids.insert(uids.end(), {SEED, OFFSET, DROP_SCALE});
     ptrs.insert(ptrs.end(), {&seed, &offset, &drop_scale});
   }
+  if (s.documents) uids.push_back(KEY_START), ptrs.push_back(const_cast<int32_t*>(key_start));
   execute(*lib_, static_cast<cudnnHandle_t>(handle_), plans(s).backward, uids, ptrs, rest, "backward");
 }
 
-std::string fused_attention_offline(int B, int T, int NH, int HS, bool fp16, float dropout,
+std::string fused_attention_offline(int B, int T, int NH, int HS, bool fp16, float dropout, bool documents,
                                     const std::string& device_json) {
-  return CudnnAttention::check_offline({B, T, NH, HS, fp16, dropout}, device_json);
+  return CudnnAttention::check_offline({B, T, NH, HS, fp16, dropout, documents}, device_json);
 }
 
 }  // namespace hpct::kernels::cuda

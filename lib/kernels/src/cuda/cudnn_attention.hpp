@@ -12,7 +12,9 @@
 // in the backward from the same seed), not dropout.hpp's hash: its mask differs from the CPU's and
 // depends on the micro-batch (the seed is the site key mixed with the micro-batch's first sample and
 // the tensor-parallel head offset; the generator's stream is indexed by the sample's row in it).
-// What it is not: per-document masks or fp32 (the materialised kernel serves those).
+// Per-document attention (--reset-attention-mask): each query's first key, an int32 per row, masks
+// the keys before it (the same mask as the materialised kernel's).
+// What it is not: fp32 (the materialised kernel serves it).
 // Status: compiled in every CUDA build; never run here (no GPU on the development machine). The
 // gpu-labelled tests (test_ops_backend_cuda: FusedAttention*) compare it with the materialised
 // kernel; where cuDNN finds no engine for the graph, prepare() says so and the backend keeps the
@@ -35,8 +37,10 @@ struct FusedShape {
   int B = 0, T = 0, NH = 0, HS = 0;
   bool fp16 = false;
   float dropout = 0.0f;
+  bool documents = false;  // per-document attention: each query's first key given (key_start)
   bool operator<(const FusedShape& o) const {
-    return std::tie(B, T, NH, HS, fp16, dropout) < std::tie(o.B, o.T, o.NH, o.HS, o.fp16, o.dropout);
+    return std::tie(B, T, NH, HS, fp16, dropout, documents) <
+           std::tie(o.B, o.T, o.NH, o.HS, o.fp16, o.dropout, o.documents);
   }
 };
 
@@ -64,11 +68,13 @@ class CudnnAttention {
   size_t backward_workspace(const FusedShape& s) const;
   /// o (B, T, NH, HS) and stats (B, NH, T) from the packed 16-bit qkv (B, T, 3 x NH x HS); with
   /// s.dropout, the probabilities dropped by the mask of `seed`.
-  void forward(const FusedShape& s, const void* qkv, void* o, float* stats, void* workspace, int64_t seed = 0);
+  /// With s.documents, key_start (B, T; device memory) is each query's first key.
+  void forward(const FusedShape& s, const void* qkv, void* o, float* stats, void* workspace, int64_t seed = 0,
+               const int32_t* key_start = nullptr);
   /// dqkv (16-bit, packed as qkv; overwritten) from dout (as o) and what forward saw and kept (the
   /// same seed).
   void backward(const FusedShape& s, const void* qkv, const void* o, const void* dout, const float* stats, void* dqkv,
-                void* workspace, int64_t seed = 0);
+                void* workspace, int64_t seed = 0, const int32_t* key_start = nullptr);
 
   struct Library;
   struct Plan;

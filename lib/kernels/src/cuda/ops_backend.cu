@@ -8,8 +8,8 @@
 // path; it may keep fp32 for some shapes (allowed, not forced), which is more precise, not less.
 // fp16 overflow is still seen: the ZeRO engine rounds gradients to fp16 on the host. Attention, two
 // kernels (attention_kernel() says which serves a model): cuDNN's fused flash-class kernel
-// (cudnn_attention.hpp) for bf16/fp16 without per-document masks (its dropout mask is cuDNN's
-// Philox stream, not dropout.hpp's), on q, k, v rounded to
+// (cudnn_attention.hpp) for bf16/fp16 (its dropout mask is cuDNN's Philox stream, not
+// dropout.hpp's), on q, k, v rounded to
 // 16 bits (kept as its state with its output and row statistics); otherwise the materialised one:
 // per batch row, one strided-batched GEMM over the heads for q k^T (scaled), the causal softmax
 // kernel, one for att v (the full T x T product, twice the causal FLOPs); backward likewise, with a
@@ -284,19 +284,26 @@ class CudaOps final : public OpsBackend {
   size_t attention_state_floats(int B, int T, int C, int NH, Precision p, AttentionUse use) const override {
     if (!fused_refusal(B, T, C, NH, p, use).empty()) return (size_t)B * NH * T * T;
     const size_t N = (size_t)B * T;
-    return 4 + up4((N * 3 * C + 1) / 2) + up4((N * C + 1) / 2) + N * NH;  // 16-bit qkv and out, row statistics
+    // 16-bit qkv and out, row statistics, per document each query's first key (an int32)
+    return 4 + up4((N * 3 * C + 1) / 2) + up4((N * C + 1) / 2) + up4(N * NH) + (use.per_document ? N : 0);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                          const Dropout* drop, const int32_t* key_start, AttentionUse use) override {
     require_heads("attention_forward", B, T, C, NH);
     if (fused_refusal(B, T, C, NH, p, use).empty()) {
-      if (key_start) throw Error("CUDA backend: attention_forward: per-document keys in a call declared without them");
+      if (key_start && !use.per_document)
+        throw Error("CUDA backend: attention_forward: per-document keys in a call declared without them");
       const cuda::FusedShape s = fused_plan(B, T, C, NH, p, drop, use);
-      const FusedState st = fused_state(att, B, T, C);
+      const FusedState st = fused_state(att, B, T, C, NH, use);
       const bool bf16 = p == Precision::bf16;
       cuda::narrow_half(st.qkv, qkv, (size_t)B * T * 3 * C, bf16, stream_);
+      if (use.per_document) {  // kept for the backward; no keys given: every query's first key is 0
+        const size_t bytes = (size_t)B * T * sizeof(int32_t);
+        if (key_start) copy(st.keys, key_start, bytes);
+        else zero(st.keys, bytes);
+      }
       cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s) / sizeof(float)),
-                      fused_seed(drop));
+                      fused_seed(drop), st.keys);
       cuda::widen_half(out, st.out, (size_t)B * T * C, bf16, stream_);
       return;
     }
@@ -330,14 +337,14 @@ class CudaOps final : public OpsBackend {
       // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient
       // added to dqkv in fp32.
       const cuda::FusedShape s = fused_plan(B, T, C, NH, p, drop, use);
-      const FusedState st = fused_state(const_cast<float*>(att), B, T, C);
+      const FusedState st = fused_state(const_cast<float*>(att), B, T, C, NH, use);
       const bool bf16 = p == Precision::bf16;
       const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = up256(n3 * 2);
       char* w = reinterpret_cast<char*>(scratch((a1 + a3 + cudnn_->backward_workspace(s)) / sizeof(float)));
       auto* dout16 = reinterpret_cast<uint16_t*>(w);
       auto* dqkv16 = reinterpret_cast<uint16_t*>(w + a1);
       cuda::narrow_half(dout16, dout, n1, bf16, stream_);
-      cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3, fused_seed(drop));
+      cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3, fused_seed(drop), st.keys);
       cuda::add_widened(dqkv, dqkv16, n3, bf16, stream_);
       return;
     }
@@ -471,8 +478,9 @@ class CudaOps final : public OpsBackend {
 
   static size_t up4(size_t n) { return (n + 3) / 4 * 4; }
   static size_t up256(size_t n) { return (n + 255) / 256 * 256; }
-  static cuda::FusedShape fused_shape(int B, int T, int C, int NH, Precision p, float dropout = 0) {
-    return {B, T, NH, C / NH, p == Precision::fp16, dropout};
+  static cuda::FusedShape fused_shape(int B, int T, int C, int NH, Precision p, float dropout = 0,
+                                      bool documents = false) {
+    return {B, T, NH, C / NH, p == Precision::fp16, dropout, documents};
   }
   // The fused call's shape with its dropout (on only where `use` declared that probability), its
   // plans built (a shape after the first: an error where cuDNN refuses it, not a switch of kernel).
@@ -481,7 +489,7 @@ class CudaOps final : public OpsBackend {
     if (dropout > 0 && dropout != use.dropout)
       throw Error("CUDA backend: attention dropout " + std::to_string(dropout) + " in a call declared with " +
                   std::to_string(use.dropout));
-    const cuda::FusedShape s = fused_shape(B, T, C, NH, p, dropout);
+    const cuda::FusedShape s = fused_shape(B, T, C, NH, p, dropout, use.per_document);
     std::string why;
     if (!cudnn_->prepare(s, &why))
       throw Error("CUDA backend: cuDNN fused attention has no plan for B=" + std::to_string(B) + ", T=" +
@@ -497,16 +505,20 @@ class CudaOps final : public OpsBackend {
     return static_cast<int64_t>(dropout_row_key(drop->key, drop->first_sample, dropout_attention_code(drop->head0, 0)) >> 1);
   }
   // The fused kernel's state in att (attention_state_floats): 16-bit q, k, v rows as the forward
-  // read them, its 16-bit output and the per-row statistics, each 16-byte aligned.
+  // read them, its 16-bit output, the per-row statistics and, per document, each query's first
+  // key, each 16-byte aligned.
   struct FusedState {
     uint16_t *qkv, *out;
     float* stats;
+    int32_t* keys;  // nullptr without per-document masks
   };
-  static FusedState fused_state(float* att, int B, int T, int C) {
+  static FusedState fused_state(float* att, int B, int T, int C, int NH, AttentionUse use) {
     const size_t N = (size_t)B * T;
     auto* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(att) + 15) & ~uintptr_t(15));
     float* out = base + up4((N * 3 * C + 1) / 2);
-    return {reinterpret_cast<uint16_t*>(base), reinterpret_cast<uint16_t*>(out), out + up4((N * C + 1) / 2)};
+    float* stats = out + up4((N * C + 1) / 2);
+    return {reinterpret_cast<uint16_t*>(base), reinterpret_cast<uint16_t*>(out), stats,
+            use.per_document ? reinterpret_cast<int32_t*>(stats + up4(N * NH)) : nullptr};
   }
   // Why the fused kernel does not serve attention of C channels in NH heads at precision p with
   // `use`, or "" where it does. Decided once per (C, NH, p, use), at the first shape asked (the
@@ -519,7 +531,6 @@ class CudaOps final : public OpsBackend {
     const int HS = C / NH;
     if (!allow_fused_) why = "--attention-kernel plain";
     else if (p == Precision::fp32) why = "fp32 (it takes bf16 or fp16 inputs)";
-    else if (use.per_document) why = "per-document masks (--reset-attention-mask)";
     else if (C % NH != 0 || HS % 8 != 0 || HS > 128) why = "head size " + std::to_string(HS) + " (a multiple of 8 up to 128)";
     else if (sm_major_ < 8) why = "compute capability " + std::to_string(sm_major_) + ".x (needs 8.0 or newer)";
     else if (B <= 0 || T <= 0) return "an empty batch";  // not decided yet
@@ -530,8 +541,10 @@ class CudaOps final : public OpsBackend {
       }
       // The plans without dropout (evaluation) and, where the calls may drop, with it.
       if (!cudnn_) why = cudnn_why_;
-      else if (std::string refused; !cudnn_->prepare(fused_shape(B, T, C, NH, p), &refused)) why = refused;
-      else if (use.dropout > 0 && !cudnn_->prepare(fused_shape(B, T, C, NH, p, use.dropout), &refused)) why = refused;
+      else if (std::string refused; !cudnn_->prepare(fused_shape(B, T, C, NH, p, 0, use.per_document), &refused))
+        why = refused;
+      else if (use.dropout > 0 && !cudnn_->prepare(fused_shape(B, T, C, NH, p, use.dropout, use.per_document), &refused))
+        why = refused;
     }
     fused_choice_[key] = why;
     return why;

@@ -175,11 +175,12 @@ void add_half(uint16_t* acc /*(n)*/, const uint16_t* x /*(n)*/, size_t n, bool b
 
 /// Without a GPU: whether cuDNN's fused attention (the CUDA backend's, cudnn_attention.hpp) builds
 /// its forward and backward plans for B samples of T tokens, NH heads of HS channels, bf16 (fp16
-/// when `fp16`), attention dropout `dropout` (0: none), on the device `device_json` describes
+/// when `fp16`), attention dropout `dropout` (0: none), per-document masks (`documents`: each
+/// query's first key given), on the device `device_json` describes
 /// (cuDNN's device-properties JSON): cuDNN compiles for it ahead of time, so its acceptance of the
 /// graphs is checked where no GPU is (CI). "" when both build, else cuDNN's reason (or that
 /// libcudnn.so.9 cannot be loaded).
-std::string fused_attention_offline(int B, int T, int NH, int HS, bool fp16, float dropout,
+std::string fused_attention_offline(int B, int T, int NH, int HS, bool fp16, float dropout, bool documents,
                                     const std::string& device_json);
 
 }  // namespace hpct::kernels::cuda
