@@ -7,7 +7,8 @@ other orders than the CPU's (GEMMs, reductions, the embedding's atomic scatter),
 of ~6.3 by a few 1e-9 relative over 4 steps at this size (measured on an H200 with ZeRO-Offload:
 3e-9 to 5e-9); a wrong update (a missing bias correction, weight decay on the wrong tensors, a stale
 16-bit copy) moves the second step's loss by 1e-4 or more. Then bf16 at stages 1 and 3 within 1e-2 (bf16
-rounds differently where cuBLAS keeps fp32 inputs), and LoRA (rank 4, the frozen base on the GPU) at
+rounds differently where cuBLAS keeps fp32 inputs; --attention-kernel plain, so attention dropout
+draws the CPU's mask), cuDNN's fused attention at stage 1 bf16 without dropout within 1e-2, and LoRA (rank 4, the frozen base on the GPU) at
 stage 2 fp32 within 1e-6. The JSON summary must say the states are the
 device's (memory_per_rank.device.mode "resident", 16 bytes per parameter at stage 0 fp32, nothing
 copied per step) and the start line must name the mode. Then checkpoints on the GPU: 2 iterations,
@@ -65,10 +66,16 @@ base = os.path.join(a.workdir, "lora_base")
 subprocess.run(["rm", "-rf", base])
 run("lora_base", "cpu", 0, ["--save", base, "--save-interval", "2"], iters=2)
 LORA = ["--lora-rank", "4", "--lr", "1e-2", "--finetune", "--load", base]
-for stage, prec, tol in ((0, [], 1e-6), (1, [], 1e-6), (2, [], 1e-6), (3, [], 1e-6), (1, ["--bf16"], 1e-2),
-                         (3, ["--bf16"], 1e-2), (2, LORA, 1e-6)):
-    tag = f"stage {stage} {'bf16' if '--bf16' in prec else 'fp32'}{' LoRA' if prec == LORA else ''}"
-    name = f"s{stage}{'bf16' if '--bf16' in prec else ''}{'lora' if prec == LORA else ''}"
+# The bf16 engine checks keep the materialised attention (its dropout mask is the CPU's); one more
+# case runs cuDNN's fused attention without dropout (the start line must name it), within the same
+# bf16 bound.
+PLAIN = ["--attention-kernel", "plain"]
+FUSED = ["--bf16", "--attention-dropout", "0"]
+for stage, prec, tol in ((0, [], 1e-6), (1, [], 1e-6), (2, [], 1e-6), (3, [], 1e-6), (1, ["--bf16", *PLAIN], 1e-2),
+                         (3, ["--bf16", *PLAIN], 1e-2), (2, LORA, 1e-6), (1, FUSED, 1e-2)):
+    tag = f"stage {stage} {'bf16' if '--bf16' in prec else 'fp32'}{' LoRA' if prec == LORA else ''}" + \
+        (" fused attention" if prec == FUSED else "")
+    name = f"s{stage}{'bf16' if '--bf16' in prec else ''}{'lora' if prec == LORA else ''}{'fused' if prec == FUSED else ''}"
     _, c = run("cpu_" + name, "cpu", stage, prec)
     _, g = run("cuda_" + name, "cuda", stage, prec)
     if c is None or g is None:
@@ -90,6 +97,8 @@ for stage, prec, tol in ((0, [], 1e-6), (1, [], 1e-6), (2, [], 1e-6), (3, [], 1e
             fails.append(f"{tag}: device states {dev}, expected 8 x {P} bytes of parameters and gradients, 8 x {P} of moments")
     if "GPU-resident ZeRO" not in g["stdout"]:
         fails.append(f"{tag}: the start line does not name the mode")
+    if prec == FUSED and "> attention: cuDNN" not in g["stdout"]:
+        fails.append(f"{tag}: the start line does not name cuDNN's fused attention")
     print(f"{tag}: worst relative loss difference {worst:.3g}; cpu {c['losses']} cuda {g['losses']}")
 for prec in ([], ["--bf16"]):
     for asave in ([], ["--async-save"]):
