@@ -82,6 +82,11 @@ void expect_close(const char* what, const Vec& gpu, const Vec& cpu, double rel =
   EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": gpu " << gpu[first] << " cpu " << cpu[first];
 }
 
+// cuDNN up to 9.15.0 takes only sequence lengths that are multiples of 128 (the backend says so):
+// those cases are skipped there, naming the version.
+#define SKIP_IF_OLD_CUDNN(k) \
+  if (!(k).fused && (k).what.find("multiple of 128") != std::string::npos) GTEST_SKIP() << (k).what
+
 #define NEED_GPU(g)                                   \
   Gpu g;                                              \
   if (!g.be) {                                        \
@@ -314,9 +319,12 @@ void fused_case(Precision p, int B, int T, int NH, int HS, const std::vector<int
   const int C = NH * HS;
   const AttentionUse use{0.0f, key_start != nullptr};
   const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, use);
+  SKIP_IF_OLD_CUDNN(k);
   ASSERT_TRUE(k.fused) << k.what;
   const size_t N = (size_t)B * T, state = g.be->attention_state_floats(B, T, C, NH, p, use);
-  EXPECT_LT(state, N * NH * T) << "the fused state should be below the T x T probabilities here";
+  // The state grows with T, the probabilities with T^2: at T = 1024 the fused one is a third or less
+  // (about 2 x head size / T of them; the decision above stands for every T).
+  EXPECT_LT(g.be->attention_state_floats(B, 1024, C, NH, p, use), (size_t)B * NH * 1024 * 1024 / 3);
   auto rounded = [&](Vec v) {
     std::vector<uint16_t> h(v.size());
     to_half(v.data(), h.data(), v.size(), p);
@@ -340,16 +348,16 @@ void fused_case(Precision p, int B, int T, int NH, int HS, const std::vector<int
   for (size_t i = 0; i < grad.size(); ++i) grad[i] -= dqkv0[i], want[i] -= dqkv0[i];
   expect_close_norm("fused attention dqkv (accumulated)", grad, want, 2e-2);
 }
-TEST(CudaOps, FusedAttentionBf16) { fused_case(Precision::bf16, 2, 64, 2, 64); }
+TEST(CudaOps, FusedAttentionBf16) { fused_case(Precision::bf16, 2, 128, 2, 64); }
 TEST(CudaOps, FusedAttentionFp16OddLength) { fused_case(Precision::fp16, 1, 100, 3, 32); }
 TEST(CudaOps, FusedAttentionBf16Head128) { fused_case(Precision::bf16, 2, 256, 4, 128); }
-// Documents of 20, 30 and 14 tokens in sample 0, one of 64 in sample 1 (the backward reads the
+// Documents of 40, 60 and 28 tokens in sample 0, one of 128 in sample 1 (the backward reads the
 // keys the forward kept in its state).
 TEST(CudaOps, FusedAttentionPerDocument) {
   std::vector<int32_t> ks;
-  for (int t = 0; t < 64; ++t) ks.push_back(t < 20 ? 0 : t < 50 ? 20 : 50);
-  for (int t = 0; t < 64; ++t) ks.push_back(0);
-  fused_case(Precision::bf16, 2, 64, 2, 64, &ks);
+  for (int t = 0; t < 128; ++t) ks.push_back(t < 40 ? 0 : t < 100 ? 40 : 100);
+  for (int t = 0; t < 128; ++t) ks.push_back(0);
+  fused_case(Precision::bf16, 2, 128, 2, 64, &ks);
 }
 // What the fused kernel leaves to the materialised one: fp32 and head sizes it does not take; each
 // says why, and its state is the T x T probabilities.
@@ -377,7 +385,7 @@ TEST(CudaOps, FusedAttentionRefusals) {
 // identity (head size = T), each output row is that query's row of dropped probabilities, so the
 // mask is read off the forward: above the diagonal 0; on and below it either 0 (dropped) or the
 // CPU's probability / (1 - p) (kept, within fp16's rounding: 1e-2 relative + 1e-4). Dropped: a
-// fraction p of the 8320 causal entries, within 5 binomial standard deviations (+-0.024 at p 0.25).
+// fraction p of the 33024 causal entries, within 5 binomial standard deviations (+-0.012 at p 0.25).
 // The same Dropout twice gives the same output bitwise; another key another mask. Backward: the
 // CPU's gradients with that mask (dV = Pd^T dO, dP = dO v^T * mask / (1 - p), the softmax backward,
 // dq and dk), within the fused case's 2e-2 of the norm: so the backward regenerates the forward's
@@ -385,12 +393,13 @@ TEST(CudaOps, FusedAttentionRefusals) {
 TEST(CudaOps, FusedAttentionDropout) {
   NEED_GPU(g);
   auto cpu = cpu_ops();
-  const int B = 2, T = 64, NH = 2, HS = 64, C = NH * HS;
+  const int B = 2, T = 128, NH = 2, HS = 128, C = NH * HS;
   const size_t N = (size_t)B * T;
   const float drop_p = 0.25f;
   const AttentionUse use{drop_p, false};
   const Precision p = Precision::fp16;
   const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, use);
+  SKIP_IF_OLD_CUDNN(k);
   ASSERT_TRUE(k.fused) << k.what;
   Vec qkv = randn(N * 3 * C, 21, 0.5f);
   for (size_t t = 0; t < N; ++t)  // v: the identity, per head (token j's row is e_j)

@@ -83,6 +83,8 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   model::Gpt gpu(c, p, recompute, gpu_be.get());
   const Batch shape(0);
   const kernels::AttentionKernel kernel = gpu.attention_kernel(shape.B, shape.T);
+  if (fused && !kernel.fused && kernel.what.find("multiple of 128") != std::string::npos)
+    GTEST_SKIP() << kernel.what;  // cuDNN up to 9.15.0: T = 16 is not a multiple of 128
   ASSERT_EQ(kernel.fused, fused) << kernel.what;
   cpu.set_routing_seed(5), gpu.set_routing_seed(5);
   cpu.set_dropout_seed(11, 300), gpu.set_dropout_seed(11, 300);
@@ -156,7 +158,9 @@ TEST(GptCuda, Bf16FusedAttentionDropoutRecomputesTheSameMask) {
   model::Gpt cpu(c, Precision::bf16, false), kept(c, Precision::bf16, false, be.get()),
       replayed(c, Precision::bf16, true, be.get());
   const Batch b(7);
-  ASSERT_TRUE(kept.attention_kernel(b.B, b.T).fused) << kept.attention_kernel(b.B, b.T).what;
+  const kernels::AttentionKernel kernel = kept.attention_kernel(b.B, b.T);
+  if (!kernel.fused && kernel.what.find("multiple of 128") != std::string::npos) GTEST_SKIP() << kernel.what;
+  ASSERT_TRUE(kernel.fused) << kernel.what;
   kept.set_dropout_seed(11, 300), replayed.set_dropout_seed(11, 300);
   test::WeightsOnBoth wb(cpu, kept, *be, 1234);
   const size_t n = wb.grads.size();

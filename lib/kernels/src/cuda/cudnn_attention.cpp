@@ -533,6 +533,19 @@ bool CudnnAttention::prepare(const FusedShape& s, std::string* why) {
     if (why) *why = r->second;
     return false;
   }
+  // cudnn-frontend's support surface: 9.10.0 and 9.10.1 have known SDPA bugs; up to 9.15.0 the
+  // backward needs a padding mask where T is not a multiple of 128 (an invalid access otherwise).
+  const size_t v = lib_->get_version();
+  std::string old;
+  if (v == 91000 || v == 91001) old = "cuDNN " + version() + " has known attention bugs (9.10.2 or newer)";
+  else if (v <= 91500 && s.T % 128 != 0)
+    old = "cuDNN " + version() + " needs a sequence length that is a multiple of 128 (T=" + std::to_string(s.T) +
+          "; 9.15.1 or newer takes any)";
+  if (!old.empty()) {
+    refused_[s] = old;
+    if (why) *why = old;
+    return false;
+  }
   auto p = std::make_unique<Plans>();
   try {
     cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);

@@ -47,7 +47,7 @@ struct FusedShape {
 class CudnnAttention {
  public:
   /// Loads libcudnn.so.9 and makes a handle on `stream`; nullptr with the reason in *why where it
-  /// cannot (no library, no device, an old version).
+  /// cannot (no library, no device). prepare() refuses shapes an older 9.x mishandles.
   static std::unique_ptr<CudnnAttention> open(cudaStream_t stream, std::string* why);
   /// Without a GPU: builds both plans for s as prepare() does, for the device `device_json`
   /// describes (cuDNN's device-properties JSON, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION), so that

@@ -628,7 +628,7 @@ class CudaOps final : public OpsBackend {
   mutable bool cudnn_tried_ = false;
   mutable std::string cudnn_why_;
   mutable std::unique_ptr<cuda::CudnnAttention> cudnn_;
-  mutable std::map<std::tuple<int, int, int, bool, bool>, std::string> fused_choice_;
+  mutable std::map<std::tuple<int, int, int, float, bool>, std::string> fused_choice_;
   cublasHandle_t blas_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
