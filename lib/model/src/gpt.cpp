@@ -368,9 +368,8 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
   float* dsl = sp ? w.dslice : w.dln;
-  // A frozen block (LoRA's base: lg null) gets no weight gradients. The norms' gradients go into
-  // lg, or into w.dnorm (ln1's weight and bias, then ln2's, C each): partial sums under sequence
-  // parallelism, scratch for a frozen block.
+  // A frozen block (LoRA's base: lg null) gets no weight gradients. The norms' gradients: lg, or
+  // w.dnorm (ln1's weight, bias, then ln2's; sequence parallelism's partial sums, a frozen block's scratch).
   const bool scratch = sp || !lg;
   const NormGrads dn1 = scratch ? scratch_norm_grads(0) : norm_grads(lg, o.ln1);
   const NormGrads dn2 = scratch ? scratch_norm_grads(2 * C) : norm_grads(lg, o.ln2);

@@ -8,192 +8,24 @@
 // accumulator. K and V enter transposed (their strides swapped), as the backend expects.
 #include "cudnn_attention.hpp"
 
-#include <cudnn_graph.h>  // types and enums; the functions are looked up in the library (dlopen)
-#include <dlfcn.h>
-
-#include <array>
 #include <cmath>
-#include <type_traits>
 #include <limits>
 #include <vector>
+
+#include "cudnn_graph.hpp"
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
 
 namespace hpct::kernels::cuda {
 
-struct CudnnAttention::Library {
-  void* so = nullptr;
-  decltype(&cudnnGetVersion) get_version = nullptr;
-  decltype(&cudnnGetErrorString) error_string = nullptr;
-  decltype(&cudnnGetLastErrorString) last_error = nullptr;
-  decltype(&cudnnCreate) create = nullptr;
-  decltype(&cudnnDestroy) destroy = nullptr;
-  decltype(&cudnnSetStream) set_stream = nullptr;
-  decltype(&cudnnBackendCreateDescriptor) create_desc = nullptr;
-  decltype(&cudnnBackendDestroyDescriptor) destroy_desc = nullptr;
-  decltype(&cudnnBackendSetAttribute) set_attr = nullptr;
-  decltype(&cudnnBackendGetAttribute) get_attr = nullptr;
-  decltype(&cudnnBackendFinalize) finalize = nullptr;
-  decltype(&cudnnBackendExecute) execute = nullptr;
-  ~Library() {
-    if (so) dlclose(so);
-  }
-
-  void check(cudnnStatus_t st, const std::string& what) const {
-    if (st == CUDNN_STATUS_SUCCESS) return;
-    char detail[512] = {0};
-    if (last_error) last_error(detail, sizeof detail);
-    throw Error("cuDNN: " + what + ": " + error_string(st) + (detail[0] ? std::string(": ") + detail : std::string()));
-  }
-};
+using cudnn::Desc;
+using cudnn::Dims;
+using cudnn::Graph;
+using cudnn::build;
+using cudnn::execute;
 
 namespace {
-
-using Dims = std::array<int64_t, 4>;
-
-// One backend descriptor, destroyed with it.
-class Desc {
- public:
-  Desc(const CudnnAttention::Library& L, cudnnBackendDescriptorType_t type, const char* what) : L_(&L), what_(what) {
-    L.check(L.create_desc(type, &d_), std::string("creating ") + what);
-  }
-  ~Desc() {
-    if (d_) L_->destroy_desc(d_);
-  }
-  Desc(Desc&& o) noexcept : L_(o.L_), d_(o.d_), what_(o.what_) { o.d_ = nullptr; }
-  Desc(const Desc&) = delete;
-  Desc& operator=(const Desc&) = delete;
-  Desc& operator=(Desc&&) = delete;
-
-  cudnnBackendDescriptor_t get() const { return d_; }
-  Desc& set(cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n, const void* v) {
-    L_->check(L_->set_attr(d_, a, t, n, v), std::string("setting attribute ") + std::to_string((int)a) + " of " + what_);
-    return *this;
-  }
-  Desc& set(cudnnBackendAttributeName_t a, cudnnBackendDescriptor_t v) {
-    return set(a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
-  }
-  Desc& set(cudnnBackendAttributeName_t a, cudnnDataType_t v) { return set(a, CUDNN_TYPE_DATA_TYPE, 1, &v); }
-  Desc& set_i64(cudnnBackendAttributeName_t a, int64_t v) { return set(a, CUDNN_TYPE_INT64, 1, &v); }
-  Desc& finalize() {
-    L_->check(L_->finalize(d_), std::string("finalizing ") + what_);
-    return *this;
-  }
-
- private:
-  const CudnnAttention::Library* L_;
-  cudnnBackendDescriptor_t d_ = nullptr;
-  const char* what_;
-};
-
-// Builds one operation graph: its tensors and operations, kept alive with the plan.
-class Graph {
- public:
-  explicit Graph(const CudnnAttention::Library& L) : L_(&L) {}
-
-  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides,
-                                  bool is_virtual, bool by_value = false) {
-    Desc t(*L_, CUDNN_BACKEND_TENSOR_DESCRIPTOR, "a tensor");
-    const int64_t align = 16;
-    const bool v = is_virtual, bv = by_value;
-    t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
-        .set(CUDNN_ATTR_TENSOR_DATA_TYPE, type)
-        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
-        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data())
-        .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, align)
-        .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
-    if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv);
-    t.finalize();
-    return keep_desc(std::move(t));
-  }
-  // An intermediate tensor (never in memory).
-  cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Dims& dims, const Dims& strides) {
-    return tensor(next_virtual_++, type, dims, strides, true);
-  }
-  // A scalar passed by value (a host float, or int64, in the variant pack).
-  cudnnBackendDescriptor_t scalar(int64_t uid, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
-    return tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
-  }
-  // y: a Bernoulli mask keeping each element with probability `keep`, from Philox(seed, offset).
-  void rng(double keep, cudnnBackendDescriptor_t seed, cudnnBackendDescriptor_t offset, cudnnBackendDescriptor_t y) {
-    Desc r(*L_, CUDNN_BACKEND_RNG_DESCRIPTOR, "a random generator");
-    const cudnnRngDistribution_t bernoulli = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
-    r.set(CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &bernoulli)
-        .set(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &keep)
-        .finalize();
-    Desc op(*L_, CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR, "a random generator operation");
-    op.set(CUDNN_ATTR_OPERATION_RNG_YDESC, y)
-        .set(CUDNN_ATTR_OPERATION_RNG_DESC, r.get())
-        .set(CUDNN_ATTR_OPERATION_RNG_SEED, seed)
-        .set(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, offset)
-        .finalize();
-    keep_desc(std::move(r));
-    ops_.push_back(keep_desc(std::move(op)));
-  }
-
-  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
-    Desc m(*L_, CUDNN_BACKEND_MATMUL_DESCRIPTOR, "a matmul");
-    m.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT).finalize();
-    Desc op(*L_, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "a matmul operation");
-    op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, m.get())
-        .finalize();
-    keep_desc(std::move(m));
-    ops_.push_back(keep_desc(std::move(op)));
-  }
-  // y = mode(x[, b[, t]]); math precision `prec`; GEN_INDEX along `axis`.
-  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
-                 cudnnBackendDescriptor_t b = nullptr, cudnnBackendDescriptor_t t = nullptr,
-                 cudnnDataType_t prec = CUDNN_DATA_FLOAT, int64_t axis = -1) {
-    Desc pw(*L_, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "a pointwise");
-    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode).set(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
-    if (axis >= 0) pw.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
-    pw.finalize();
-    Desc op(*L_, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "a pointwise operation");
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw.get()).set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
-    if (t) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y).finalize();
-    keep_desc(std::move(pw));
-    ops_.push_back(keep_desc(std::move(op)));
-  }
-  // y = x reduced over the dimensions where y is 1.
-  void reduce(cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    Desc r(*L_, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "a reduction");
-    r.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how)
-        .set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT)
-        .finalize();
-    Desc op(*L_, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "a reduction operation");
-    op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)
-        .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
-        .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r.get())
-        .finalize();
-    keep_desc(std::move(r));
-    ops_.push_back(keep_desc(std::move(op)));
-  }
-  // y: x's elements under other dimensions and strides (a transposed view).
-  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    Desc op(*L_, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "a reshape operation");
-    op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y).finalize();
-    ops_.push_back(keep_desc(std::move(op)));
-  }
-
-  const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
-  std::vector<Desc> release() { return std::move(keep_); }
-
- private:
-  cudnnBackendDescriptor_t keep_desc(Desc&& d) {
-    keep_.push_back(std::move(d));
-    return keep_.back().get();
-  }
-  const CudnnAttention::Library* L_;
-  std::vector<Desc> keep_;
-  std::vector<cudnnBackendDescriptor_t> ops_;
-  int64_t next_virtual_ = 1000;
-};
 
 // The tensors' unique ids (the variant pack's keys).
 enum Uid : int64_t {
@@ -351,135 +183,20 @@ size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
 size_t row_sum_bytes(const FusedShape& s) { return round_up((size_t)s.B * s.NH * s.T * sizeof(float)); }
 size_t dq_acc_bytes(const FusedShape& s) { return round_up((size_t)s.B * s.NH * s.T * s.HS * sizeof(float)); }
 
-}  // namespace
-
-struct CudnnAttention::Plan {
-  std::vector<Desc> graph_parts;
-  std::unique_ptr<Desc> graph, plan;
-  int64_t workspace = 0;
-  bool linked = true;  // false: built ahead of time up to the driver's link (check_offline)
-};
-
-struct CudnnAttention::Plans {
-  Plan forward, backward;
-};
-
-namespace {
-
-// The operation graph and the first engine configuration of cuDNN's heuristics (mode A) that
-// finalizes into an execution plan: for the handle's GPU, or without one (h null) for the device
-// `device` describes (a DEVICEPROP descriptor: cuDNN compiles for it ahead of time).
-void build(const CudnnAttention::Library& L, cudnnHandle_t h, cudnnBackendDescriptor_t device, Graph& g,
-           CudnnAttention::Plan& out, const char* which) {
-  out.graph = std::make_unique<Desc>(L, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "the operation graph");
-  if (h) out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-  out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)g.ops().size(), g.ops().data())
-      .finalize();
-  Desc heur(L, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "the heuristics");
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, out.graph->get()).set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-  if (!h) heur.set(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, device);
-  heur.finalize();
-  int64_t count = 0;
-  L.check(L.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
-          std::string("counting the heuristics' engines for the ") + which);
-  if (count <= 0) throw Error(std::string("cuDNN: no engine for the ") + which + " graph on this device");
-  std::vector<Desc> cfgs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; i < count; ++i) {
-    cfgs.emplace_back(L, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "an engine configuration");
-    raw.push_back(cfgs.back().get());
-  }
-  int64_t got = 0;
-  L.check(L.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
-          std::string("reading the heuristics' engines for the ") + which);
-  if (got <= 0) throw Error(std::string("cuDNN: no engine for the ") + which + " graph on this device");
-  std::string last;
-  for (int64_t i = 0; i < got; ++i) {
-    auto plan = std::make_unique<Desc>(L, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "an execution plan");
-    if (h) plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-    else plan->set(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, device);
-    plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[i]);
-    const cudnnStatus_t st = L.finalize(plan->get());
-    if (st == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER && !h) {
-      // Ahead of time without a GPU: the engine passed its support checks and cuDNN generated and
-      // compiled its kernel (NVRTC); only loading it needs a GPU's driver (there is a stub).
-      out.linked = false;
-      out.graph_parts = g.release();
-      return;
-    }
-    if (st != CUDNN_STATUS_SUCCESS) {
-      try {
-        L.check(st, std::string("finalizing the ") + which + " execution plan");
-      } catch (const Error& e) {
-        last = e.what();
-      }
-      continue;
-    }
-    int64_t n = 0;
-    L.check(L.get_attr(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &out.workspace),
-            "reading a plan's workspace size");
-    out.plan = std::move(plan);
-    out.graph_parts = g.release();
-    return;
-  }
-  throw Error(std::string("cuDNN: none of the ") + std::to_string(got) + " engines for the " + which +
-              " graph builds a plan" + (last.empty() ? "" : " (" + last + ")"));
-}
-
-void execute(const CudnnAttention::Library& L, cudnnHandle_t h, const CudnnAttention::Plan& p,
-             const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace, const char* which) {
-  Desc pack(L, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "a variant pack");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, (int64_t)uids.size(), uids.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, (int64_t)ptrs.size(), ptrs.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace)
-      .finalize();
-  L.check(L.execute(h, p.plan->get(), pack.get()), std::string("running the fused attention ") + which);
-}
-
+// base + elements x bytes_each, as a mutable pointer (a variant pack's data pointer).
 void* at(const void* base, size_t elements, size_t bytes_each) {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * bytes_each;
 }
 
 }  // namespace
 
-namespace {
-// libcudnn.so.9 and its graph API's functions; nullptr with the reason where it cannot be had.
-std::unique_ptr<CudnnAttention::Library> load(std::string* why) {
-  auto lib = std::make_unique<CudnnAttention::Library>();
-  lib->so = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
-  if (!lib->so) {
-    if (why) *why = std::string("libcudnn.so.9 not found (") + dlerror() + ")";
-    return nullptr;
-  }
-  bool ok = true;
-  auto sym = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib->so, name));
-    if (!fn) ok = false;
-  };
-  sym(lib->get_version, "cudnnGetVersion");
-  sym(lib->error_string, "cudnnGetErrorString");
-  sym(lib->create, "cudnnCreate");
-  sym(lib->destroy, "cudnnDestroy");
-  sym(lib->set_stream, "cudnnSetStream");
-  sym(lib->create_desc, "cudnnBackendCreateDescriptor");
-  sym(lib->destroy_desc, "cudnnBackendDestroyDescriptor");
-  sym(lib->set_attr, "cudnnBackendSetAttribute");
-  sym(lib->get_attr, "cudnnBackendGetAttribute");
-  sym(lib->finalize, "cudnnBackendFinalize");
-  sym(lib->execute, "cudnnBackendExecute");
-  if (!ok) {
-    if (why) *why = "libcudnn.so.9 lacks the graph API's functions";
-    return nullptr;
-  }
-  lib->last_error = reinterpret_cast<decltype(lib->last_error)>(dlsym(lib->so, "cudnnGetLastErrorString"));
-  return lib;
-}
-}  // namespace
+struct CudnnAttention::Plans {
+  cudnn::Plan forward, backward;
+};
 
 std::string CudnnAttention::check_offline(const FusedShape& s, const std::string& device_json) {
   std::string why;
-  auto lib = load(&why);
+  auto lib = cudnn::load(&why);
   if (!lib) return why;
   try {
     Desc device(*lib, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "the device's properties");
@@ -498,7 +215,7 @@ std::string CudnnAttention::check_offline(const FusedShape& s, const std::string
 }
 
 std::unique_ptr<CudnnAttention> CudnnAttention::open(cudaStream_t stream, std::string* why) {
-  auto lib = load(why);
+  auto lib = cudnn::load(why);
   if (!lib) return nullptr;
   std::unique_ptr<CudnnAttention> a(new CudnnAttention());
   a->lib_ = std::move(lib);

@@ -30,6 +30,9 @@
 #include <tuple>
 
 namespace hpct::kernels::cuda {
+namespace cudnn {
+struct Library;  // cudnn_graph.hpp
+}
 
 /// One attention call's shape: B samples of T tokens, NH heads of HS channels; fp16 or bf16 inputs;
 /// the probability of attention dropout (0: none), which is part of the plan.
@@ -76,15 +79,12 @@ class CudnnAttention {
   void backward(const FusedShape& s, const void* qkv, const void* o, const void* dout, const float* stats, void* dqkv,
                 void* workspace, int64_t seed = 0, const int32_t* key_start = nullptr);
 
-  struct Library;
-  struct Plan;
-
  private:
   CudnnAttention() = default;
   struct Plans;
   const Plans& plans(const FusedShape& s) const;
 
-  std::unique_ptr<Library> lib_;
+  std::unique_ptr<cudnn::Library> lib_;
   void* handle_ = nullptr;  // cudnnHandle_t
   cudaStream_t stream_ = nullptr;  // the backend's, which the handle runs on
   std::map<FusedShape, std::unique_ptr<Plans>> plans_;

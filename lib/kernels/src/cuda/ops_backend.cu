@@ -24,12 +24,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "cudnn_attention.hpp"
+#include "fused_attention.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
 #include "hpct/kernels/ops_backend.hpp"
@@ -61,8 +59,8 @@ class CudaOps final : public OpsBackend {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
-    sm_major_ = prop.major;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    fused_ = std::make_unique<cuda::FusedAttention>(stream_, prop.major);
     cudaMemPool_t pool = nullptr;
     uint64_t keep = UINT64_MAX;
     check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
@@ -79,7 +77,7 @@ class CudaOps final : public OpsBackend {
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);  // every upload out of the pinned slots has finished
-    cudnn_.reset();
+    fused_.reset();
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     for (Upload& u : uploads_) {
       if (u.done) cudaEventDestroy(u.done);
@@ -98,7 +96,7 @@ class CudaOps final : public OpsBackend {
 
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
-  size_t scratch_bytes() const override { return scratch_bytes_ + work_bytes_; }
+  size_t scratch_bytes() const override { return scratch_bytes_ + work_bytes_ + fused_->scratch_bytes(); }
 
   // Stream-ordered: a buffer freed here is reused by a later allocation on the same stream without
   // a device synchronization (cudaFree waits for the whole device), and the pool keeps what it
@@ -270,41 +268,20 @@ class CudaOps final : public OpsBackend {
   }
 
   AttentionKernel attention_kernel(int B, int T, int C, int NH, Precision p, AttentionUse use) const override {
-    const std::string why = fused_refusal(B, T, C, NH, p, use);
-    if (why.empty())
-      return {true, "cuDNN " + cudnn_->version() + " fused attention (flash-class: no T x T scores kept), " +
-                        (p == Precision::fp16 ? "fp16" : "bf16") + " q, k, v" +
-                        (use.dropout > 0 ? "; attention dropout from cuDNN's generator (not the CPU's mask)" : "")};
+    const std::string why = fused_->refusal(B, T, C, NH, p, use);
+    if (why.empty()) return {true, fused_->describe(p, use)};
     return {false, "materialised softmax (B x NH x T x T probabilities kept per layer; not the fused kernel: " + why + ")"};
   }
-  void allow_fused_attention(bool allow) override {
-    allow_fused_ = allow;
-    fused_choice_.clear();
-  }
+  void allow_fused_attention(bool allow) override { fused_->allow(allow); }
   size_t attention_state_floats(int B, int T, int C, int NH, Precision p, AttentionUse use) const override {
-    if (!fused_refusal(B, T, C, NH, p, use).empty()) return (size_t)B * NH * T * T;
-    const size_t N = (size_t)B * T;
-    // 16-bit qkv and out, row statistics, per document each query's first key (an int32)
-    return 4 + up4((N * 3 * C + 1) / 2) + up4((N * C + 1) / 2) + up4(N * NH) + (use.per_document ? N : 0);
+    if (!fused_->refusal(B, T, C, NH, p, use).empty()) return (size_t)B * NH * T * T;
+    return cuda::FusedAttention::state_floats(B, T, C, NH, use);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                          const Dropout* drop, const int32_t* key_start, AttentionUse use) override {
     require_heads("attention_forward", B, T, C, NH);
-    if (fused_refusal(B, T, C, NH, p, use).empty()) {
-      if (key_start && !use.per_document)
-        throw Error("CUDA backend: attention_forward: per-document keys in a call declared without them");
-      const cuda::FusedShape s = fused_plan(B, T, C, NH, p, drop, use);
-      const FusedState st = fused_state(att, B, T, C, NH, use);
-      const bool bf16 = p == Precision::bf16;
-      cuda::narrow_half(st.qkv, qkv, (size_t)B * T * 3 * C, bf16, stream_);
-      if (use.per_document) {  // kept for the backward; no keys given: every query's first key is 0
-        const size_t bytes = (size_t)B * T * sizeof(int32_t);
-        if (key_start) copy(st.keys, key_start, bytes);
-        else zero(st.keys, bytes);
-      }
-      cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s) / sizeof(float)),
-                      fused_seed(drop), st.keys);
-      cuda::widen_half(out, st.out, (size_t)B * T * C, bf16, stream_);
+    if (fused_->refusal(B, T, C, NH, p, use).empty()) {
+      fused_->forward(out, att, qkv, B, T, C, NH, p, drop, key_start, use);
       return;
     }
     const int HS = C / NH;
@@ -333,19 +310,8 @@ class CudaOps final : public OpsBackend {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, Precision p, const Dropout* drop, AttentionUse use) override {
     require_heads("attention_backward", B, T, C, NH);
-    if (fused_refusal(B, T, C, NH, p, use).empty()) {
-      // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient
-      // added to dqkv in fp32.
-      const cuda::FusedShape s = fused_plan(B, T, C, NH, p, drop, use);
-      const FusedState st = fused_state(const_cast<float*>(att), B, T, C, NH, use);
-      const bool bf16 = p == Precision::bf16;
-      const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = up256(n3 * 2);
-      char* w = reinterpret_cast<char*>(scratch((a1 + a3 + cudnn_->backward_workspace(s)) / sizeof(float)));
-      auto* dout16 = reinterpret_cast<uint16_t*>(w);
-      auto* dqkv16 = reinterpret_cast<uint16_t*>(w + a1);
-      cuda::narrow_half(dout16, dout, n1, bf16, stream_);
-      cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3, fused_seed(drop), st.keys);
-      cuda::add_widened(dqkv, dqkv16, n3, bf16, stream_);
+    if (fused_->refusal(B, T, C, NH, p, use).empty()) {
+      fused_->backward(dqkv, dout, att, B, T, C, NH, p, drop, use);
       return;
     }
     const int HS = C / NH;
@@ -476,80 +442,6 @@ class CudaOps final : public OpsBackend {
           "cublasGemmStridedBatchedEx (" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ")");
   }
 
-  static size_t up4(size_t n) { return (n + 3) / 4 * 4; }
-  static size_t up256(size_t n) { return (n + 255) / 256 * 256; }
-  static cuda::FusedShape fused_shape(int B, int T, int C, int NH, Precision p, float dropout = 0,
-                                      bool documents = false) {
-    return {B, T, NH, C / NH, p == Precision::fp16, dropout, documents};
-  }
-  // The fused call's shape with its dropout (on only where `use` declared that probability), its
-  // plans built (a shape after the first: an error where cuDNN refuses it, not a switch of kernel).
-  cuda::FusedShape fused_plan(int B, int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) const {
-    const float dropout = drop && drop->on() ? drop->p : 0.0f;
-    if (dropout > 0 && dropout != use.dropout)
-      throw Error("CUDA backend: attention dropout " + std::to_string(dropout) + " in a call declared with " +
-                  std::to_string(use.dropout));
-    const cuda::FusedShape s = fused_shape(B, T, C, NH, p, dropout, use.per_document);
-    std::string why;
-    if (!cudnn_->prepare(s, &why))
-      throw Error("CUDA backend: cuDNN fused attention has no plan for B=" + std::to_string(B) + ", T=" +
-                  std::to_string(T) + (dropout > 0 ? " with dropout" : "") + " (" + why +
-                  "); --attention-kernel plain runs the materialised kernel");
-    return s;
-  }
-  // cuDNN's generator seed for one call's attention dropout: the site key mixed with the
-  // micro-batch's first sample and this rank's first head (dropout.hpp's row key at query 0), so
-  // each micro-batch, layer and step draws its own mask, and a recompute or a resume the same one.
-  static int64_t fused_seed(const Dropout* drop) {
-    if (!drop || !drop->on()) return 0;
-    return static_cast<int64_t>(dropout_row_key(drop->key, drop->first_sample, dropout_attention_code(drop->head0, 0)) >> 1);
-  }
-  // The fused kernel's state in att (attention_state_floats): 16-bit q, k, v rows as the forward
-  // read them, its 16-bit output, the per-row statistics and, per document, each query's first
-  // key, each 16-byte aligned.
-  struct FusedState {
-    uint16_t *qkv, *out;
-    float* stats;
-    int32_t* keys;  // nullptr without per-document masks
-  };
-  static FusedState fused_state(float* att, int B, int T, int C, int NH, AttentionUse use) {
-    const size_t N = (size_t)B * T;
-    auto* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(att) + 15) & ~uintptr_t(15));
-    float* out = base + up4((N * 3 * C + 1) / 2);
-    float* stats = out + up4((N * C + 1) / 2);
-    return {reinterpret_cast<uint16_t*>(base), reinterpret_cast<uint16_t*>(out), stats,
-            use.per_document ? reinterpret_cast<int32_t*>(stats + up4(N * NH)) : nullptr};
-  }
-  // Why the fused kernel does not serve attention of C channels in NH heads at precision p with
-  // `use`, or "" where it does. Decided once per (C, NH, p, use), at the first shape asked (the
-  // model's micro-batch): later shapes keep the choice, so a state sized for it stays right, and a
-  // shape cuDNN then refuses is an error, not a silent switch.
-  std::string fused_refusal(int B, int T, int C, int NH, Precision p, AttentionUse use) const {
-    const auto key = std::make_tuple(C, NH, (int)p, use.dropout, use.per_document);
-    if (auto it = fused_choice_.find(key); it != fused_choice_.end()) return it->second;
-    std::string why;
-    const int HS = C / NH;
-    if (!allow_fused_) why = "--attention-kernel plain";
-    else if (p == Precision::fp32) why = "fp32 (it takes bf16 or fp16 inputs)";
-    else if (C % NH != 0 || HS % 8 != 0 || HS > 128) why = "head size " + std::to_string(HS) + " (a multiple of 8 up to 128)";
-    else if (sm_major_ < 8) why = "compute capability " + std::to_string(sm_major_) + ".x (needs 8.0 or newer)";
-    else if (B <= 0 || T <= 0) return "an empty batch";  // not decided yet
-    else {
-      if (!cudnn_tried_) {
-        cudnn_tried_ = true;
-        cudnn_ = cuda::CudnnAttention::open(stream_, &cudnn_why_);
-      }
-      // The plans without dropout (evaluation) and, where the calls may drop, with it.
-      if (!cudnn_) why = cudnn_why_;
-      else if (std::string refused; !cudnn_->prepare(fused_shape(B, T, C, NH, p, 0, use.per_document), &refused))
-        why = refused;
-      else if (use.dropout > 0 && !cudnn_->prepare(fused_shape(B, T, C, NH, p, use.dropout, use.per_document), &refused))
-        why = refused;
-    }
-    fused_choice_[key] = why;
-    return why;
-  }
-
   static void require_sizes(const char* op, int N, int C, int OC) {
     if (N < 0 || C <= 0 || OC <= 0)
       throw Error(std::string("CUDA backend: ") + op + ": need N >= 0, C > 0, OC > 0 (N=" + std::to_string(N) +
@@ -621,14 +513,8 @@ class CudaOps final : public OpsBackend {
   float* scratch(size_t floats) { return grown(scratch_, scratch_bytes_, floats); }  // attention: d(att), dropped probabilities
 
   std::string name_;
-  int sm_major_ = 0;
   cudaStream_t stream_ = nullptr;
-  // The fused attention: cuDNN opened on first use, and each (C, NH, precision, use)'s choice.
-  bool allow_fused_ = true;
-  mutable bool cudnn_tried_ = false;
-  mutable std::string cudnn_why_;
-  mutable std::unique_ptr<cuda::CudnnAttention> cudnn_;
-  mutable std::map<std::tuple<int, int, int, float, bool>, std::string> fused_choice_;
+  std::unique_ptr<cuda::FusedAttention> fused_;  // cuDNN's attention, on stream_ (made after it)
   cublasHandle_t blas_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

@@ -1,0 +1,155 @@
+// The CUDA backend's fused attention as the backend runs it (fused_attention.hpp).
+#include "fused_attention.hpp"
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/cuda_ops.hpp"
+
+namespace hpct::kernels::cuda {
+namespace {
+
+size_t up4(size_t n) { return (n + 3) / 4 * 4; }
+size_t up256(size_t n) { return (n + 255) / 256 * 256; }
+
+FusedShape shape_of(int B, int T, int C, int NH, Precision p, float dropout = 0, bool documents = false) {
+  return {B, T, NH, C / NH, p == Precision::fp16, dropout, documents};
+}
+
+// cuDNN's generator seed for one call's attention dropout: the site key mixed with the
+// micro-batch's first sample and this rank's first head (dropout.hpp's row key at query 0), so
+// each micro-batch, layer and step draws its own mask, and a recompute or a resume the same one.
+int64_t seed_of(const Dropout* drop) {
+  if (!drop || !drop->on()) return 0;
+  return static_cast<int64_t>(dropout_row_key(drop->key, drop->first_sample, dropout_attention_code(drop->head0, 0)) >> 1);
+}
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error(std::string("CUDA backend: fused attention: ") + what + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+// The state in att: 16-bit q, k, v rows as the forward read them, its 16-bit output, the per-row
+// statistics and, per document, each query's first key, each 16-byte aligned.
+struct FusedAttention::State {
+  uint16_t *qkv, *out;
+  float* stats;
+  int32_t* keys;  // nullptr without per-document masks
+};
+
+FusedAttention::~FusedAttention() {
+  cudnn_.reset();
+  if (scratch_) cudaFreeAsync(scratch_, stream_);
+}
+
+void FusedAttention::allow(bool allow) {
+  allow_ = allow;
+  choice_.clear();
+}
+
+std::string FusedAttention::refusal(int B, int T, int C, int NH, Precision p, AttentionUse use) const {
+  const auto key = std::make_tuple(C, NH, (int)p, use.dropout, use.per_document);
+  if (auto it = choice_.find(key); it != choice_.end()) return it->second;
+  std::string why;
+  const int HS = C / NH;
+  if (!allow_) why = "--attention-kernel plain";
+  else if (p == Precision::fp32) why = "fp32 (it takes bf16 or fp16 inputs)";
+  else if (C % NH != 0 || HS % 8 != 0 || HS > 128) why = "head size " + std::to_string(HS) + " (a multiple of 8 up to 128)";
+  else if (sm_major_ < 8) why = "compute capability " + std::to_string(sm_major_) + ".x (needs 8.0 or newer)";
+  else if (B <= 0 || T <= 0) return "an empty batch";  // not decided yet
+  else {
+    if (!tried_) {
+      tried_ = true;
+      cudnn_ = CudnnAttention::open(stream_, &why_);
+    }
+    // The plans without dropout (evaluation) and, where the calls may drop, with it.
+    if (!cudnn_) why = why_;
+    else if (std::string refused; !cudnn_->prepare(shape_of(B, T, C, NH, p, 0, use.per_document), &refused))
+      why = refused;
+    else if (use.dropout > 0 && !cudnn_->prepare(shape_of(B, T, C, NH, p, use.dropout, use.per_document), &refused))
+      why = refused;
+  }
+  choice_[key] = why;
+  return why;
+}
+
+std::string FusedAttention::describe(Precision p, AttentionUse use) const {
+  return "cuDNN " + (cudnn_ ? cudnn_->version() : std::string("?")) +
+         " fused attention (flash-class: no T x T scores kept), " + (p == Precision::fp16 ? "fp16" : "bf16") +
+         " q, k, v" + (use.dropout > 0 ? "; attention dropout from cuDNN's generator (not the CPU's mask)" : "");
+}
+
+size_t FusedAttention::state_floats(int B, int T, int C, int NH, AttentionUse use) {
+  const size_t N = (size_t)B * T;
+  return 4 + up4((N * 3 * C + 1) / 2) + up4((N * C + 1) / 2) + up4(N * NH) + (use.per_document ? N : 0);
+}
+
+FusedAttention::State FusedAttention::state(float* att, int B, int T, int C, int NH, AttentionUse use) {
+  const size_t N = (size_t)B * T;
+  auto* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(att) + 15) & ~uintptr_t(15));
+  float* out = base + up4((N * 3 * C + 1) / 2);
+  float* stats = out + up4((N * C + 1) / 2);
+  return {reinterpret_cast<uint16_t*>(base), reinterpret_cast<uint16_t*>(out), stats,
+          use.per_document ? reinterpret_cast<int32_t*>(stats + up4(N * NH)) : nullptr};
+}
+
+// The call's shape with its dropout (on only where `use` declared that probability), its plans built.
+FusedShape FusedAttention::plan(int B, int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) const {
+  const float dropout = drop && drop->on() ? drop->p : 0.0f;
+  if (dropout > 0 && dropout != use.dropout)
+    throw Error("CUDA backend: attention dropout " + std::to_string(dropout) + " in a call declared with " +
+                std::to_string(use.dropout));
+  const FusedShape s = shape_of(B, T, C, NH, p, dropout, use.per_document);
+  std::string why;
+  if (!cudnn_->prepare(s, &why))
+    throw Error("CUDA backend: cuDNN fused attention has no plan for B=" + std::to_string(B) + ", T=" +
+                std::to_string(T) + (dropout > 0 ? " with dropout" : "") + " (" + why +
+                "); --attention-kernel plain runs the materialised kernel");
+  return s;
+}
+
+// A buffer kept between calls, grown (never shrunk), stream-ordered like the backend's.
+void* FusedAttention::scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    if (scratch_) cudaFreeAsync(scratch_, stream_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    check(cudaMallocAsync(&scratch_, bytes, stream_), ("cudaMallocAsync of " + std::to_string(bytes) + " bytes").c_str());
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
+}
+
+void FusedAttention::forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+                             const Dropout* drop, const int32_t* key_start, AttentionUse use) {
+  if (key_start && !use.per_document)
+    throw Error("CUDA backend: attention_forward: per-document keys in a call declared without them");
+  const FusedShape s = plan(B, T, C, NH, p, drop, use);
+  const State st = state(att, B, T, C, NH, use);
+  const bool bf16 = p == Precision::bf16;
+  narrow_half(st.qkv, qkv, (size_t)B * T * 3 * C, bf16, stream_);
+  if (use.per_document) {  // kept for the backward; no keys given: every query's first key is 0
+    const size_t bytes = (size_t)B * T * sizeof(int32_t);
+    if (key_start) check(cudaMemcpyAsync(st.keys, key_start, bytes, cudaMemcpyDeviceToDevice, stream_), "the keys");
+    else check(cudaMemsetAsync(st.keys, 0, bytes, stream_), "the keys");
+  }
+  cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s)), seed_of(drop), st.keys);
+  widen_half(out, st.out, (size_t)B * T * C, bf16, stream_);
+}
+
+// q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient added to
+// dqkv in fp32.
+void FusedAttention::backward(float* dqkv, const float* dout, const float* att, int B, int T, int C, int NH,
+                              Precision p, const Dropout* drop, AttentionUse use) {
+  const FusedShape s = plan(B, T, C, NH, p, drop, use);
+  const State st = state(const_cast<float*>(att), B, T, C, NH, use);
+  const bool bf16 = p == Precision::bf16;
+  const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = up256(n3 * 2);
+  char* w = static_cast<char*>(scratch(a1 + a3 + cudnn_->backward_workspace(s)));
+  auto* dout16 = reinterpret_cast<uint16_t*>(w);
+  auto* dqkv16 = reinterpret_cast<uint16_t*>(w + a1);
+  narrow_half(dout16, dout, n1, bf16, stream_);
+  cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3, seed_of(drop), st.keys);
+  add_widened(dqkv, dqkv16, n3, bf16, stream_);
+}
+
+}  // namespace hpct::kernels::cuda
