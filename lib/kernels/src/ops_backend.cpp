@@ -24,6 +24,20 @@ double OpsBackend::count_zeros(const float* x, size_t n) { return kernels::count
 double OpsBackend::count_zeros_half(const uint16_t* x, size_t n) { return kernels::count_zeros_half(x, n); }
 void OpsBackend::narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) { to_half(src, dst, n, p); }
 void OpsBackend::add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p) { kernels::add_half(x, acc, n, p); }
+void* OpsBackend::allocate_host(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64 * (bytes == 0));
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void OpsBackend::release_host(void* p) noexcept { std::free(p); }
+OpsBackend::Transfer OpsBackend::download_async(void* dst, const void* src, size_t bytes) {
+  copy_to_host(dst, src, bytes);
+  return 0;
+}
+OpsBackend::Transfer OpsBackend::upload_async(void* dst, const void* src, size_t bytes) {
+  copy_from_host(dst, src, bytes);
+  return 0;
+}
 AttentionKernel OpsBackend::attention_kernel(int, int, int, int, Precision, AttentionUse) const {
   return {false, "materialised softmax (B x NH x T x T probabilities kept per layer)"};
 }

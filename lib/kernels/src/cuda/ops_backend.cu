@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "fused_attention.hpp"
+#include "transfer_queues.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
 #include "hpct/kernels/ops_backend.hpp"
@@ -61,6 +62,7 @@ class CudaOps final : public OpsBackend {
     name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     fused_ = std::make_unique<cuda::FusedAttention>(stream_, prop.major);
+    transfers_ = std::make_unique<cuda::TransferQueues>(stream_);
     cudaMemPool_t pool = nullptr;
     uint64_t keep = UINT64_MAX;
     check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
@@ -78,6 +80,7 @@ class CudaOps final : public OpsBackend {
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);  // every upload out of the pinned slots has finished
     fused_.reset();
+    transfers_.reset();  // waits for its copy streams
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     for (Upload& u : uploads_) {
       if (u.done) cudaEventDestroy(u.done);
@@ -130,6 +133,18 @@ class CudaOps final : public OpsBackend {
     check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize (an earlier kernel)"); }
+  // Transfers on copy streams of their own (transfer_queues.hpp), page-locked host memory.
+  void* allocate_host(size_t bytes) override { return transfers_->allocate_host(bytes); }
+  void release_host(void* p) noexcept override { transfers_->release_host(p); }
+  Transfer download_async(void* dst, const void* src, size_t bytes) override {
+    return bytes ? transfers_->download(dst, src, bytes) : 0;
+  }
+  Transfer upload_async(void* dst, const void* src, size_t bytes) override {
+    return bytes ? transfers_->upload(dst, src, bytes) : 0;
+  }
+  bool transfer_done(Transfer t) override { return transfers_->done(t); }
+  void wait_transfer(Transfer t) override { transfers_->wait(t); }
+  void await_transfer(Transfer t) override { transfers_->order_compute_after(t); }
   // Up to 256 MiB of fp32 logits per block, in multiples of 256 rows (1280 at GPT-2's 50304
   // columns: 7 blocks of a 8192-row micro-batch instead of 32, each re-reading the embedding's
   // gradient), never fewer rows than the CPU's 256 nor more than 8192.
@@ -514,6 +529,7 @@ class CudaOps final : public OpsBackend {
 
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::TransferQueues> transfers_;  // copy streams beside stream_ (made after it)
   std::unique_ptr<cuda::FusedAttention> fused_;  // cuDNN's attention, on stream_ (made after it)
   cublasHandle_t blas_ = nullptr;
   void* scratch_ = nullptr;

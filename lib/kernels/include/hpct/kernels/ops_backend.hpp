@@ -58,6 +58,29 @@ class OpsBackend {
   /// Returns when every op queued before has finished (a device backend's stream drained), so
   /// another stream (NCCL's) may read what they wrote. Nothing to wait for on the host.
   virtual void synchronize() {}
+
+  // ---- transfers beside the ops (ZeRO-Offload's hand-over) ----
+  // A device backend runs these on copy queues of their own (one per direction, each in call order),
+  // so the ops queued after a transfer run while it is under way. Defaults, for backends whose
+  // memory the host addresses: the copies above, done when they return.
+  /// Host memory the transfers read and write at full speed (the CUDA backend: page-locked), aligned
+  /// for any element type; freed with release_host.
+  virtual void* allocate_host(size_t bytes);
+  virtual void release_host(void* p) noexcept;
+  /// A queued transfer (0: done when queued).
+  using Transfer = uint64_t;
+  /// dst (host) <- src (backend memory), after every op queued before. dst may be read, and src
+  /// changed or released, only once transfer_done(t) or wait_transfer(t) says it has finished.
+  virtual Transfer download_async(void* dst, const void* src, size_t bytes);
+  /// dst (backend memory) <- src (host), after every op queued before. Ops read dst only if queued
+  /// after await_transfer(t); src may be changed once the transfer has finished.
+  virtual Transfer upload_async(void* dst, const void* src, size_t bytes);
+  /// True when transfer t has finished (never waits).
+  virtual bool transfer_done(Transfer /*t*/) { return true; }
+  /// Returns when transfer t has finished.
+  virtual void wait_transfer(Transfer /*t*/) {}
+  /// The ops queued from now on run after transfer t; the host does not wait.
+  virtual void await_transfer(Transfer /*t*/) {}
   /// Device time, for the phase timers: a marker queued on the backend's stream (an index), and the
   /// seconds between two markers once the later one is reached (waiting for it). -1: this backend
   /// runs each op as it is called (the CPU), so the host's clock already is its time.
