@@ -76,6 +76,11 @@ void GroupedStore::grads_ready(int block) {
   if (r.engine != kFrozen) parts_[r.engine].engine->grads_ready(r.local);
 }
 
+void GroupedStore::grads_ready_half(int block, const uint16_t* g, size_t n, kernels::Precision p) {
+  const Route& r = at(block);
+  if (r.engine != kFrozen) parts_[r.engine].engine->grads_ready_half(r.local, g, n, p);
+}
+
 void GroupedStore::init_params(const std::function<void(int block, float* dst)>& init) {
   for (auto& p : parts_) p.engine->init_params([&](int local, float* dst) { init(p.spec.blocks[local], dst); });
   if (frozen_) frozen_->init(init);

@@ -375,10 +375,15 @@ void ZeroEngine::start_reduction(int b) {
       recv = red16_ ? static_cast<void*>(grad_shard16_.data() + shards_.local_offset(b))
                     : grad_shard_.data() + shards_.local_offset(b);
     } else if (red16_) {  // stage 2/3: round the block into a 16-bit send buffer; the fp32 one goes back now
-      io::BufferPool::Lease work = take_block();
-      r->send = pool_.acquire(blk.numel * sizeof(uint16_t));
-      kernels::to_half(reinterpret_cast<const float*>(work.data()), reinterpret_cast<uint16_t*>(r->send.data()),
-                       blk.numel, prec_);
+      if (auto given = half_sends_.find(b); given != half_sends_.end()) {  // grads_ready_half's: as they are
+        r->send = std::move(given->second);
+        half_sends_.erase(given);
+      } else {
+        io::BufferPool::Lease work = take_block();
+        r->send = pool_.acquire(blk.numel * sizeof(uint16_t));
+        kernels::to_half(reinterpret_cast<const float*>(work.data()), reinterpret_cast<uint16_t*>(r->send.data()),
+                         blk.numel, prec_);
+      }
       r->recv = pool_.acquire(shards_.slice(b) * sizeof(uint16_t));
       note_working();
       send = r->send.data();
@@ -457,6 +462,28 @@ void ZeroEngine::grads_ready(int b) {
   if (!cfg_.overlap_comm) drain_reductions(0);
   else drain_reductions(static_cast<size_t>(cfg_.reduce_bucket_size));
   poll();
+}
+
+void ZeroEngine::grads_ready_half(int b, const uint16_t* g, size_t n, kernels::Precision p) {
+  const auto& blk = layout_.blocks()[b];
+  if (cfg_.stage < 2 || !half_ || p != prec_ || grad_blocks_.count(b) || half_sends_.count(b)) {
+    ParamStore::grads_ready_half(b, g, n, p);
+    return;
+  }
+  if (n != blk.numel)
+    throw Error("ZeRO: block '" + blk.name + "' handed over with " + std::to_string(n) + " gradient values, not " +
+                std::to_string(blk.numel));
+  if (red16_) {
+    io::BufferPool::Lease send = pool_.acquire(n * sizeof(uint16_t));
+    std::memcpy(send.data(), g, n * sizeof(uint16_t));
+    half_sends_.emplace(b, std::move(send));
+  } else {
+    io::BufferPool::Lease work = pool_.acquire(n * sizeof(float));
+    kernels::from_half(g, reinterpret_cast<float*>(work.data()), n, prec_);
+    grad_blocks_.emplace(b, std::move(work));
+  }
+  note_working();
+  grads_ready(b);
 }
 
 void ZeroEngine::begin_step() {

@@ -6,9 +6,12 @@
 // gradient as soon as backward finishes it, and a grouped store route expert blocks to their own
 // engine. Not here: any policy — the default store is two flat buffers.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "hpct/core/param_layout.hpp"
+#include "hpct/kernels/half.hpp"
+#include "hpct/kernels/precision.hpp"
 
 namespace hpct::model {
 
@@ -30,6 +33,15 @@ class ParamStore {
   virtual const uint16_t* params_half(int /*block*/) { return nullptr; }
   /// The gradient of this block is complete for this micro-batch (backward visits blocks L+1..0).
   virtual void grads_ready(int block) {}
+  /// The block's gradient handed over whole as n 16-bit values (p: bf16 or fp16) in host memory,
+  /// valid during the call, in place of writing grads(block) and calling grads_ready(block): what
+  /// ZeRO-Offload's device store does with the 16-bit sum it keeps on the GPU. Not used by the
+  /// model. The default adds them in fp32 into grads(block) and reports it ready; an engine may take
+  /// the 16-bit values as they are where that gives the same bits.
+  virtual void grads_ready_half(int block, const uint16_t* g, size_t n, kernels::Precision p) {
+    if (float* h = grads(block)) kernels::add_from_half(g, h, n, p);
+    grads_ready(block);
+  }
 };
 
 class FlatParamStore : public ParamStore {

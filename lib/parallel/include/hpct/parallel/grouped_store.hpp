@@ -69,6 +69,7 @@ class GroupedStore final : public model::ParamStore {
   void release(int block) override;
   const uint16_t* params_half(int block) override;
   void grads_ready(int block) override;
+  void grads_ready_half(int block, const uint16_t* g, size_t n, kernels::Precision p) override;
 
   // ---- the ShardedOptimizer protocol, over every engine (see sharded_optimizer.hpp) ----
   void init_params(const std::function<void(int block, float* dst)>& init);  // schema block ids

@@ -134,6 +134,11 @@ class ZeroEngine final : public ShardedOptimizer {
   /// blocks at stage 3); nullptr otherwise.
   const uint16_t* params_half(int block) override;
   void grads_ready(int block) override;
+  /// Stages 2-3 of 16-bit runs take the 16-bit values as the reduction's input (16-bit
+  /// communication) or widen them straight into it, without grads(block)'s zeroed fp32 buffer and
+  /// the rounding back; other cases as ParamStore's default. Bitwise the same: 0 + x rounds back to
+  /// x, up to the sign of a zero, which the shard's +0 + x erases.
+  void grads_ready_half(int block, const uint16_t* g, size_t n, kernels::Precision p) override;
 
   /// Before the first micro-step of an optimizer step: clears gradients.
   void begin_step() override;
@@ -246,6 +251,7 @@ class ZeroEngine final : public ShardedOptimizer {
   io::BufferPool pool_;
   std::map<int, Gathered*> gathered_;        // stage 3: blocks gathered or being gathered
   std::map<int, io::BufferPool::Lease> grad_blocks_;  // stage 2/3: gradient blocks being written
+  std::map<int, io::BufferPool::Lease> half_sends_;   // stage 2/3, 16-bit communication: grads_ready_half's values
   std::vector<Reduction*> reductions_;       // in flight, oldest first
   size_t reducing_elems_ = 0;
   bool last_micro_ = true, first_micro_ = true;
