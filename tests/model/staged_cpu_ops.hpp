@@ -3,11 +3,17 @@
 // buffers) on this machine. The memory is host memory all the same, so a host read of a device
 // pointer would go unnoticed here; what this checks is the staging's arithmetic (which rows go out,
 // which come back), bitwise against the CPU backend's run of the same ops. Counts the bytes copied
-// out to the host.
+// out to the host. With defer_transfers(true) its asynchronous transfers are not done until waited
+// for: each copy reads its source and writes its destination only when wait_transfer or
+// await_transfer reaches it (per direction, in queue order), so a caller that reads a destination,
+// or changes or frees a source, before its ticket says so gets stale or wrong data.
 #pragma once
 #include <chrono>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,6 +50,10 @@ class StagedCpuOps final : public kernels::OpsBackend {
     return p;
   }
   void release(void* p) noexcept override {
+    if (auto it = live_.find(static_cast<const char*>(p)); it != live_.end())
+      for (const Copy& c : queued_[0])  // a device gradient freed under its download: a bug to see
+        if (static_cast<const char*>(c.src) >= it->first && static_cast<const char*>(c.src) < it->first + it->second)
+          ++freed_under_transfer_;
     live_.erase(static_cast<const char*>(p));
     in_->release(p);
   }
@@ -62,6 +72,25 @@ class StagedCpuOps final : public kernels::OpsBackend {
     in_->copy_to_host(dst, src, bytes);
   }
   void copy(void* dst, const void* src, size_t bytes) override { in_->copy(dst, src, bytes); }
+  void defer_transfers(bool on) { defer_ = on; }
+  int transfers() const { return transfers_; }  // deferred transfers queued since construction
+  int freed_under_transfer() const { return freed_under_transfer_; }  // releases of a download's pending source
+  Transfer download_async(void* dst, const void* src, size_t bytes) override {
+    if (!defer_) return OpsBackend::download_async(dst, src, bytes);
+    if (!owns(src)) throw std::logic_error("staged-cpu: a download from memory the backend does not own");
+    to_host_ += double(bytes);
+    return queue(0, dst, src, bytes);
+  }
+  Transfer upload_async(void* dst, const void* src, size_t bytes) override {
+    if (!defer_) return OpsBackend::upload_async(dst, src, bytes);
+    if (!owns(dst)) throw std::logic_error("staged-cpu: an upload to memory the backend does not own");
+    return queue(1, dst, src, bytes);
+  }
+  bool transfer_done(Transfer t) override { return t == 0 || (t >> 1) <= done_[t & 1]; }
+  void wait_transfer(Transfer t) override { complete(t, true); }
+  // The ops after it see the copy, but the host may not yet reuse its source: the copy is made
+  // again, from the source as it is then, when a wait reaches it.
+  void await_transfer(Transfer t) override { complete(t, false); }
   void widen_half(float* dst, const uint16_t* src, size_t n, kernels::Precision p) override {
     in_->widen_half(dst, src, n, p);
   }
@@ -194,6 +223,39 @@ class StagedCpuOps final : public kernels::OpsBackend {
   }
 
  private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  Transfer queue(int dir, void* dst, const void* src, size_t bytes) {
+    queued_[dir].push_back({dst, src, bytes});
+    ++transfers_;
+    return (++issued_[dir]) << 1 | Transfer(dir);
+  }
+  void complete(Transfer t, bool done) {
+    if (t == 0) return;
+    const int dir = static_cast<int>(t & 1);
+    if ((t >> 1) > issued_[dir]) throw std::logic_error("staged-cpu: a transfer ticket never issued");
+    if (!done) {  // copy those up to t, keep them queued
+      for (Transfer seq = done_[dir] + 1; seq <= (t >> 1); ++seq) {
+        const Copy& c = queued_[dir][static_cast<size_t>(seq - done_[dir] - 1)];
+        std::memcpy(c.dst, c.src, c.bytes);
+      }
+      return;
+    }
+    while (done_[dir] < (t >> 1)) {
+      const Copy c = queued_[dir].front();
+      queued_[dir].pop_front();
+      if (dir == 0 && !owns(c.src)) throw std::logic_error("staged-cpu: a download's source was freed before it was done");
+      std::memcpy(c.dst, c.src, c.bytes);
+      ++done_[dir];
+    }
+  }
+  bool defer_ = false;
+  int transfers_ = 0, freed_under_transfer_ = 0;
+  std::deque<Copy> queued_[2];  // 0: downloads, 1: uploads
+  Transfer issued_[2] = {0, 0}, done_[2] = {0, 0};
   std::unique_ptr<kernels::OpsBackend> in_;
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
   std::vector<std::chrono::steady_clock::time_point> marks_;

@@ -2,6 +2,7 @@
 #include "hpct/parallel/device_store.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "hpct/core/error.hpp"
@@ -14,18 +15,30 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
     : host_(host),
       layout_(layout),
       be_(be),
+      pipelined_(!be.host_memory()),
       active_(layout.blocks().size(), 0),
       summed_(layout.blocks().size(), 0),
       cache_(cache_params),
       storage_(storage),
       fresh_(layout.blocks().size(), 0),
+      queued_(layout.blocks().size(), 0),
+      upload_of_(layout.blocks().size(), 0),
+      order_pos_(layout.blocks().size(), -1),
       held_(layout.blocks().size(), 0),
       pblock_(layout.blocks().size()),
       gblock_(layout.blocks().size()) {
   size_t largest = 0;
   for (const auto& b : layout.blocks()) largest = std::max(largest, b.numel);
-  if (cache_ && half16()) staging16_.resize(largest);
-  else staging_.resize(largest);
+  // Gradients travel in the accumulator's width (stages 0-2) or fp32 (stage 3); parameters in the
+  // device copy's. One slot each way where the copies are done when they return.
+  const size_t down_elem = cache_ && half16() ? sizeof(uint16_t) : sizeof(float);
+  const size_t up_elem = half16() ? sizeof(uint16_t) : sizeof(float);
+  down_.resize(pipelined_ ? kSlots : 1);
+  for (Slot& s : down_) s.host = be_.allocate_host(largest * down_elem);
+  if (cache_ && pipelined_) {
+    up_.resize(kSlots);
+    for (Slot& s : up_) s.host = be_.allocate_host(largest * up_elem);
+  }
   if (cache_) {  // the whole model's parameters and gradient sum stay on the device between uses
     const size_t elem = half16() ? sizeof(uint16_t) : sizeof(float);
     if (half16()) dparams16_ = kernels::BackendBuffer(be, layout.numel() * elem);
@@ -33,6 +46,26 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
     dgrads_ = kernels::BackendBuffer(be, layout.numel() * elem);
     live_ = peak_ = dparams16_.bytes() + dparams_.bytes() + dgrads_.bytes();
   }
+}
+
+DeviceStore::~DeviceStore() {
+  // Nothing may still be copying into or out of a slot when it is freed (nor out of a device
+  // gradient when it is released).
+  for (Pending& p : pending_) {
+    try {
+      be_.wait_transfer(p.t);
+    } catch (...) {  // a failed device: the buffers go all the same
+    }
+  }
+  pending_.clear();
+  for (auto* slots : {&down_, &up_})
+    for (Slot& s : *slots) {
+      try {
+        be_.wait_transfer(s.t);
+      } catch (...) {
+      }
+      be_.release_host(s.host);
+    }
 }
 
 float* DeviceStore::take(std::vector<kernels::BackendBuffer>& blocks, int b) {
@@ -50,39 +83,103 @@ void DeviceStore::give_back(std::vector<kernels::BackendBuffer>& blocks, int b) 
   blocks[b].reset();
 }
 
-const float* DeviceStore::params(int b) {
+// ---- parameters ------------------------------------------------------------------------------
+
+void DeviceStore::upload(int b) {
   const auto& blk = layout_.blocks()[b];
-  if (cache_ && half16()) {
-    // 2-byte copies stay on the device; the model gets this block widened to fp32 while it uses it.
-    uint16_t* d16 = dparams16_.as<uint16_t>() + blk.offset;
-    if (!fresh_[b]) {
-      const uint16_t* h16 = host_.params_half(b);
-      if (!h16) throw Error("ZeRO-Offload: block '" + blk.name + "' has no 16-bit copy in host memory");
-      be_.copy_from_host(d16, h16, blk.numel * sizeof(uint16_t));
-      to_device_ += static_cast<double>(blk.numel) * sizeof(uint16_t);
-      fresh_[b] = 1;
-    }
-    float* w = take(pblock_, b);
-    be_.widen_half(w, d16, blk.numel, storage_);
-    return w;
+  const size_t bytes = blk.numel * (half16() ? sizeof(uint16_t) : sizeof(float));
+  void* dst = half16() ? static_cast<void*>(dparams16_.as<uint16_t>() + blk.offset) : dparams_.as<float>() + blk.offset;
+  const void* src;
+  if (half16()) {
+    src = host_.params_half(b);
+    if (!src) throw Error("ZeRO-Offload: block '" + blk.name + "' has no 16-bit copy in host memory");
+  } else {
+    src = host_.params(b);
   }
-  if (cache_ && fresh_[b]) return dparams_.as<float>() + blk.offset;
-  // The engine's block (gathered at stage 3, widened in 16-bit runs) is held until the model
-  // releases it, as the model itself would hold it.
-  const float* h = host_.params(b);
-  held_[b] = 1;
-  float* d = cache_ ? dparams_.as<float>() + blk.offset : take(pblock_, b);
-  be_.copy_from_host(d, h, blk.numel * sizeof(float));
-  to_device_ += static_cast<double>(blk.numel) * sizeof(float);
-  if (cache_) fresh_[b] = 1;
-  return d;
+  Slot* slot = nullptr;
+  if (pipelined_) {  // through a page-locked slot, so the copy runs beside the ops
+    slot = &up_[next_up_];
+    next_up_ = (next_up_ + 1) % up_.size();
+    be_.wait_transfer(slot->t);  // its previous upload has left it
+    std::memcpy(slot->host, src, bytes);
+    src = slot->host;
+  }
+  upload_of_[b] = be_.upload_async(dst, src, bytes);
+  if (slot) slot->t = upload_of_[b];
+  if (half16()) {
+    // Nothing taken from the engine.
+  } else {
+    host_.release(b);  // copied (into the slot, or to the device where copies are done on return)
+  }
+  queued_[b] = 1;
+  to_device_ += static_cast<double>(bytes);
 }
 
-void DeviceStore::invalidate() { std::fill(fresh_.begin(), fresh_.end(), 0); }
+void DeviceStore::upload_ahead(int b) {
+  if (!pipelined_ || !order_done_ || order_pos_[b] < 0) return;
+  for (size_t k = 1; k < up_.size(); ++k) {
+    const size_t at = static_cast<size_t>(order_pos_[b]) + k;
+    if (at >= order_.size()) return;
+    const int c = order_[at];
+    if (!fresh_[c] && !queued_[c]) upload(c);
+  }
+}
+
+const float* DeviceStore::params(int b) {
+  const auto& blk = layout_.blocks()[b];
+  if (!cache_) {
+    // Stage 3: the engine's gathered block is held until the model releases it, as the model itself
+    // would hold it, and copied to a device block of its own.
+    const float* h = host_.params(b);
+    held_[b] = 1;
+    float* d = take(pblock_, b);
+    be_.copy_from_host(d, h, blk.numel * sizeof(float));
+    to_device_ += static_cast<double>(blk.numel) * sizeof(float);
+    return d;
+  }
+  if (!fresh_[b]) {
+    if (!queued_[b]) upload(b);
+    upload_ahead(b);
+    be_.await_transfer(upload_of_[b]);  // the ops that read it wait for it on the device
+    fresh_[b] = 1;
+    if (!order_done_ && order_pos_[b] < 0) {
+      order_pos_[b] = static_cast<int>(order_.size());
+      order_.push_back(b);
+    }
+  }
+  if (half16()) {  // 2-byte copies stay on the device; the model gets this block widened to fp32 while it uses it
+    float* w = take(pblock_, b);
+    be_.widen_half(w, dparams16_.as<uint16_t>() + blk.offset, blk.numel, storage_);
+    return w;
+  }
+  return dparams_.as<float>() + blk.offset;
+}
+
+void DeviceStore::invalidate() {
+  std::fill(fresh_.begin(), fresh_.end(), 0);
+  std::fill(queued_.begin(), queued_.end(), 0);
+  if (!order_.empty()) order_done_ = true;  // the first pass's order, used from now on
+}
+
+void DeviceStore::release(int b) {
+  if (pblock_[b].bytes()) give_back(pblock_, b);  // a working copy (stage 3, or widened): it goes too
+  if (!held_[b]) return;  // served from the device copy: nothing taken from the engine
+  held_[b] = 0;
+  host_.release(b);
+}
+
+// ---- gradients -------------------------------------------------------------------------------
 
 void DeviceStore::begin_micro_step(bool first, bool last) {
+  if (!pending_.empty())
+    throw Error("ZeRO-Offload: the gradient of block '" + layout_.blocks()[pending_.front().block].name +
+                "' was still on its way to the host at the next micro-step (end_micro_step was not called)");
   if (first) std::fill(summed_.begin(), summed_.end(), 0);
   last_ = last;
+}
+
+void DeviceStore::end_micro_step() {
+  while (!pending_.empty()) finish_oldest();
 }
 
 float* DeviceStore::grads(int b) {
@@ -94,13 +191,6 @@ float* DeviceStore::grads(int b) {
     active_[b] = 1;
   }
   return d;
-}
-
-void DeviceStore::release(int b) {
-  if (pblock_[b].bytes()) give_back(pblock_, b);  // a working copy (stage 3, or widened): it goes too
-  if (!held_[b]) return;  // served from the device copy: nothing taken from the engine
-  held_[b] = 0;
-  host_.release(b);
 }
 
 void DeviceStore::fold(int b) {
@@ -118,28 +208,49 @@ void DeviceStore::fold(int b) {
   summed_[b] = 1;
 }
 
-void DeviceStore::hand_over(int b) {
-  const auto& blk = layout_.blocks()[b];
-  float* h = host_.grads(b);
-  if (!summed_[b]) return;  // no gradient this step (the engine's buffer stays zero)
-  if (half16()) {
-    be_.copy_to_host(staging16_.data(), dgrads_.as<uint16_t>() + blk.offset, blk.numel * sizeof(uint16_t));
-    to_host_ += static_cast<double>(blk.numel) * sizeof(uint16_t);
-    kernels::add_from_half(staging16_.data(), h, blk.numel, storage_);  // exact: the engine rounds it to itself
-  } else {
-    add_to_host(h, dgrads_.as<float>() + blk.offset, blk.numel);
+void DeviceStore::send(int b, const void* dev, size_t bytes, kernels::BackendBuffer source) {
+  if (pending_.size() == down_.size()) finish_oldest();  // frees the slot taken next
+  Pending p;
+  p.block = b;
+  p.slot = next_down_;
+  next_down_ = (next_down_ + 1) % down_.size();
+  p.has_values = dev != nullptr;
+  if (dev) {
+    p.t = be_.download_async(down_[p.slot].host, dev, bytes);
+    down_[p.slot].t = p.t;
+    to_host_ += static_cast<double>(bytes);
   }
-  summed_[b] = 0;
+  p.source = std::move(source);
+  pending_.push_back(std::move(p));
+  if (!pipelined_) finish_oldest();
 }
 
-void DeviceStore::add_to_host(float* h, const float* d, size_t n) {
-  be_.copy_to_host(staging_.data(), d, n * sizeof(float));
-  to_host_ += static_cast<double>(n) * sizeof(float);
-  for (size_t i = 0; i < n; ++i) h[i] += staging_[i];
+void DeviceStore::finish_oldest() {
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  be_.wait_transfer(p.t);
+  if (p.source.bytes()) {  // stage 3: the device gradient has been read
+    live_ -= p.source.bytes();
+    p.source.reset();
+  }
+  const auto& blk = layout_.blocks()[p.block];
+  const void* got = down_[p.slot].host;
+  if (p.has_values && cache_ && half16()) {
+    // The 16-bit sum as it is: the engine widens it (exact) or reduces it in 16 bits.
+    host_.grads_ready_half(p.block, static_cast<const uint16_t*>(got), blk.numel, storage_);
+    return;
+  }
+  float* h = host_.grads(p.block);
+  if (p.has_values) {
+    const float* g = static_cast<const float*>(got);
+    for (size_t i = 0; i < blk.numel; ++i) h[i] += g[i];
+  }
+  host_.grads_ready(p.block);
 }
 
 void DeviceStore::grads_ready(int b) {
-  if (!layout_.blocks()[b].trains) return;
+  const auto& blk = layout_.blocks()[b];
+  if (!blk.trains) return;
   if (cache_) {  // stages 0-2: summed on the device, handed over once per step
     if (active_[b]) {
       fold(b);
@@ -147,18 +258,21 @@ void DeviceStore::grads_ready(int b) {
       give_back(gblock_, b);
     }
     if (!last_) return;
-    hand_over(b);
-    host_.grads_ready(b);
+    const size_t elem = half16() ? sizeof(uint16_t) : sizeof(float);
+    const char* sum = summed_[b] ? dgrads_.as<char>() + blk.offset * elem : nullptr;
+    summed_[b] = 0;
+    send(b, sum, blk.numel * elem, {});
     return;
   }
-  const auto& blk = layout_.blocks()[b];
-  float* h = host_.grads(b);
-  if (active_[b]) {
-    add_to_host(h, gblock_[b].as<float>(), blk.numel);
-    active_[b] = 0;
-    give_back(gblock_, b);
+  // Stage 3: every micro-step's fp32 gradient goes back as it is; its device buffer travels with it.
+  if (!active_[b]) {
+    send(b, nullptr, 0, {});
+    return;
   }
-  host_.grads_ready(b);
+  active_[b] = 0;
+  kernels::BackendBuffer g = std::move(gblock_[b]);
+  const void* dev = g.as<void>();
+  send(b, dev, blk.numel * sizeof(float), std::move(g));
 }
 
 }  // namespace hpct::parallel

@@ -240,6 +240,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     model_->set_dropout_seed(mix_seed(cfg_.seed, 0x64726f70), first);
     loss_sum += model_->forward_backward(store(), tokens_.data(), targets_.data(), mb, T, dloss);
     t.reset();
+    if (device_store_) device_store_->end_micro_step();  // the gradients still on their way to the host
     zero_->end_micro_step();
     clk.seconds[detail::kGradReduce] += t.seconds();
   }

@@ -24,12 +24,28 @@
 // micro-step's fp32 gradient goes back as it is (the engine reduce-scatters it at once).
 // "Once per step": the parameter copy is kept until invalidate(), which the trainer calls after each
 // optimizer step and checkpoint load.
-// What it is not (yet): overlapped: the copies are synchronous, and the host side (the engine's
-// reduction, clipping and AdamW) runs after backward. On the CPU backend it is exercised by
-// tests/engine/test_zero.cpp (its copies are then memcpys); on a GPU by the gpu-labelled tests.
+//
+// The hand-over on a device backend (host_memory() false) runs beside the ops, DeepSpeed's way:
+//   gradients: each block's gradient (stages 0-2: the step's sum, once per step; stage 3: every
+//     micro-step's) is downloaded into a page-locked host slot as soon as grads_ready(b) is called,
+//     on the backend's download queue, while the backward goes on; the engine gets it (16-bit runs:
+//     ParamStore::grads_ready_half, the 2-byte values as they are) when a slot is needed again, so
+//     the host's part of one block runs while the device computes the next ones, and end_micro_step()
+//     hands over what is left. The engine is called in the model's block order, a fixed number of
+//     blocks late (kSlots - 1): the same sequence of collectives on every rank, whatever the timing.
+//   parameters (stages 0-2): after invalidate(), params(b) uploads the block through a host slot on
+//     the upload queue and the ops that use it wait for it on the device, not the host; the blocks
+//     that followed b in the first step's order are uploaded ahead (kSlots - 1 of them), so the
+//     copies run under the forward's compute. Stage 3 copies what the engine gathered as before.
+// On a host-memory backend (the CPU) every copy is done when it returns and each block is handed
+// over at once, as before. The staged test backend with deferred transfers (tests/model/
+// staged_cpu_ops.hpp) checks the ordering: a copy read before its ticket is done reads stale data.
+// What it is not (yet): the engine's reduction, clipping and AdamW after the backward overlapped
+// with the next step's forward, or the parameters uploaded while the optimizer still runs.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "hpct/core/param_layout.hpp"
@@ -45,11 +61,18 @@ class DeviceStore final : public model::ParamStore {
   /// (ParamStore::params_half) on the device with cache_params, fp32 otherwise.
   DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
               kernels::Precision storage = kernels::Precision::fp32);
+  /// Waits for its transfers (nothing more is handed to the engine), then frees its host slots.
+  ~DeviceStore() override;
+  DeviceStore(const DeviceStore&) = delete;
+  DeviceStore& operator=(const DeviceStore&) = delete;
   /// The host parameters changed (an optimizer step, a checkpoint load): copy every block again.
   void invalidate();
   /// Before each micro-step: `first` starts a step's gradient accumulation, `last` ends it (the
   /// accumulated gradients go to the engine then). Without calls every micro-step is first and last.
   void begin_micro_step(bool first, bool last);
+  /// After the model's forward and backward of a micro-step, before the engine's end_micro_step: the
+  /// gradients still on their way to the host arrive and go to the engine.
+  void end_micro_step();
 
   const float* params(int block) override;
   float* grads(int block) override;
@@ -64,6 +87,21 @@ class DeviceStore final : public model::ParamStore {
   double bytes_to_host() const { return to_host_; }
 
  private:
+  /// Host slots per direction: one block being handed over while kSlots - 1 more are under way.
+  static constexpr size_t kSlots = 3;
+  using Transfer = kernels::OpsBackend::Transfer;
+  struct Slot {
+    void* host = nullptr;  // page-locked, the largest block's bytes
+    Transfer t = 0;        // the transfer that last used it
+  };
+  struct Pending {  // a block's gradient on its way to the engine (in slot `slot`)
+    int block = 0;
+    size_t slot = 0;
+    Transfer t = 0;
+    bool has_values = false;         // false: no gradient this step (the engine's buffer stays zero)
+    kernels::BackendBuffer source;   // stage 3: the device gradient, freed once downloaded
+  };
+
   model::ParamStore& host_;
   const ParamLayout& layout_;
   kernels::OpsBackend& be_;
@@ -71,20 +109,29 @@ class DeviceStore final : public model::ParamStore {
   float* take(std::vector<kernels::BackendBuffer>& blocks, int b);  // allocate block b's buffer if absent
   void give_back(std::vector<kernels::BackendBuffer>& blocks, int b);
 
-  void fold(int b);       // the block's micro-step gradient into the accumulator (stages 0-2)
-  void hand_over(int b);  // the accumulated gradient of the step to the engine's buffer
-  void add_to_host(float* h, const float* d, size_t n);  // h (host) += d (device), n fp32 values
+  void fold(int b);  // the block's micro-step gradient into the accumulator (stages 0-2)
+  void send(int b, const void* dev, size_t bytes, kernels::BackendBuffer source);  // a gradient to the engine
+  void finish_oldest();                 // the oldest pending gradient arrives and goes to the engine
+  void upload(int b);                   // stages 0-2: block b's parameters towards the device copy
+  void upload_ahead(int b);             // the blocks after b in the recorded order, if stale
 
+  const bool pipelined_;  // the backend's copies run beside its ops (a device): keep kSlots in flight
+  std::vector<Slot> down_, up_;
+  size_t next_down_ = 0, next_up_ = 0;
+  std::deque<Pending> pending_;
   kernels::BackendBuffer dparams_, dparams16_;  // cache_params: the whole model, fp32 or 16-bit
   kernels::BackendBuffer dgrads_;               // cache_params: the step's gradient sum, fp32 or 16-bit
-  std::vector<float> staging_;                  // one block's gradient on its way to the engine
-  std::vector<uint16_t> staging16_;             // the same, 16-bit
   std::vector<char> active_;    // per block: its device gradient holds this micro-step's sum
   std::vector<char> summed_;    // per block: the accumulator holds this step's sum so far
   bool last_ = true;
   bool cache_;
   kernels::Precision storage_;
-  std::vector<char> fresh_;     // per block: the device copy equals the host's (cache_ only)
+  std::vector<char> fresh_;     // per block: the device copy equals the host's (or its upload is awaited)
+  std::vector<char> queued_;    // per block: its upload is queued since the last invalidate()
+  std::vector<Transfer> upload_of_;  // per block: that upload
+  std::vector<int> order_;      // blocks in the order the first pass asked for them (uploads ahead)
+  std::vector<int> order_pos_;  // per block: its index in order_, -1: not in it
+  bool order_done_ = false;
   std::vector<char> held_;      // per block: host_.params(b) was taken and not yet released
   std::vector<kernels::BackendBuffer> pblock_, gblock_;  // per block while in use: fp32 parameters, gradients
   size_t live_ = 0, peak_ = 0;
