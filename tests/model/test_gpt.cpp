@@ -220,6 +220,29 @@ TEST(Gpt, TheHeadsRowBlockChangesOnlyTheGradientsRounding) {
   }
 }
 
+// The pre-flight memory check plans the workspace before it is taken: workspace_bytes(B, T) is what
+// reserve(B, T) then allocates (the backend's own scratch apart), on the CPU and on a device backend
+// (with its per-row input buffers), with recompute, LoRA and per-document masks and positions.
+TEST(Gpt, WorkspaceBytesAreWhatReserveTakes) {
+  model::GptConfig lora = tiny(), docs = tiny();
+  lora.lora.rank = 4;
+  lora.lora.targets = 0x1F;
+  docs.reset_attention_mask = docs.reset_position_ids = true;
+  docs.eod_token = 0;
+  for (const model::GptConfig& cfg : {tiny(), lora, docs})
+    for (bool recompute : {false, true})
+      for (bool device : {false, true}) {
+        test::StagedCpuOps staged;
+        model::Gpt m(cfg, kernels::Precision::fp32, recompute, device ? &staged : nullptr);
+        const size_t want = m.workspace_bytes(2, 6), scratch = m.activation_bytes();
+        m.reserve(2, 6);
+        EXPECT_EQ(m.activation_bytes() - scratch, want)
+            << (cfg.lora.rank ? "LoRA" : cfg.reset_attention_mask ? "documents" : "plain") << ", recompute " << recompute
+            << ", device " << device;
+        EXPECT_GT(want, size_t(4) * 2 * 6 * 16) << "at least the residual stream";
+      }
+}
+
 TEST(Gpt, RejectsBadShapes) {
   auto c = tiny();
   c.num_heads = 3;

@@ -342,6 +342,10 @@ class Gpt {
   /// Bytes of activations and scratch currently allocated (grows to the largest (B, T) seen), in the
   /// backend's memory, with the scratch the backend keeps for its ops (OpsBackend::scratch_bytes).
   size_t activation_bytes() const;
+  /// The bytes reserve(B, T) takes in the backend's memory (activations, the LM head's row block,
+  /// the device's per-row inputs), without taking them: the pre-flight memory check. Not counted:
+  /// the backend's scratch for its ops, and an MoE layer's routed rows (they follow the routing).
+  size_t workspace_bytes(int B, int T) const;
   /// Model FLOPs of one forward+backward over B*T tokens (2 per multiply-add; x3 for fwd+bwd,
   /// +1 forward when activations are recomputed), for TFLOP/s reporting; random-LTD's layers at
   /// `kept` tokens per sample when 0 < kept < T.
@@ -352,6 +356,12 @@ class Gpt {
   struct Workspace;
   using Block = LayerTensors;
   void ensure_workspace(int B, int T);
+  struct Sizes {  // the workspace of a (B, T): its dimensions and floats (sizes())
+    size_t N = 0, C = 0, L = 0, Cl = 0, F = 0, W = 0, Vl = 0, n = 0, sp = 0, nsets = 0, kept = 0, Q = 0, dQ = 0;
+    size_t floats = 0;                                  // ws->mem
+    size_t widest = 0, lora_emb = 0, lora_floats = 0;   // LoRA's ws->lora_mem
+  };
+  Sizes sizes(int B, int T) const;
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
   std::pair<const int32_t*, const int32_t*> stage_inputs(const int32_t* tokens, const int32_t* targets, int B, int T);
   const float* forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts);
