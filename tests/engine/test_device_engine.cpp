@@ -382,6 +382,43 @@ TEST(DeviceEngine, FusedAttentionAskedWhereItCannotServeStops) {
   EXPECT_EQ(train(c, Route::device_staged).losses.size(), 1u);
 }
 
+// The pre-flight memory check (engine/config/preflight.hpp): a GPU without room for the run's
+// states and one micro-batch's activations stops it on every rank before the engines allocate, with
+// the figures and what to change; the same run with room trains. StagedCpuOps reports the device
+// memory; GPU-resident (via_device_engine) and ZeRO-Offload (the staged backend without it) each.
+TEST(DeviceEngine, AGpuWithoutRoomIsRefusedBeforeTheFirstStep) {
+  for (bool resident : {true, false}) {
+    auto c = tiny(2, engine::PrecisionMode::bf16, 1);
+    c.train_iters = 1;
+    c.via_device_engine = resident;
+    comm::ProcessGrid grid(world(), 1, 1);
+    c.finalize(grid.dp().size());
+    io::MockGptDataset data(c.model.vocab_size, c.model.max_seq_length, 7);
+    const char* route = resident ? "GPU-resident" : "ZeRO-Offload";
+    for (size_t free_b : {size_t(4096), size_t(64) << 30}) {
+      auto be = std::make_unique<test::StagedCpuOps>();
+      be->set_device_memory(free_b, size_t(80) << 30);
+      if (free_b > 4096) {
+        engine::Trainer t(c, grid, std::move(be));
+        EXPECT_EQ(t.train(data, nullptr).steps.size(), 1u) << route;
+        continue;
+      }
+      try {
+        engine::Trainer t(c, grid, std::move(be));
+        ADD_FAILURE() << route << ": 4 KiB of free GPU memory should stop the run";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("this run needs at least"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("of GPU memory on staged-cpu"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("the activations of one micro-batch of 1 x"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(resident ? "GPU-resident ZeRO stage 2 states" : "ZeRO-Offload's 16-bit parameters"),
+                  std::string::npos) << msg;
+        EXPECT_NE(msg.find(resident ? "offload_optimizer.device cpu" : "--recompute-activations"), std::string::npos) << msg;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }

@@ -72,6 +72,13 @@ class StagedCpuOps final : public kernels::OpsBackend {
     in_->copy_to_host(dst, src, bytes);
   }
   void copy(void* dst, const void* src, size_t bytes) override { in_->copy(dst, src, bytes); }
+  /// Reports this much device memory (device_memory()); 0 total: none (as the CPU).
+  void set_device_memory(size_t free_bytes, size_t total_bytes) { free_ = free_bytes, total_ = total_bytes; }
+  bool device_memory(size_t* free_bytes, size_t* total_bytes) const override {
+    if (!total_) return false;
+    *free_bytes = free_, *total_bytes = total_;
+    return true;
+  }
   void defer_transfers(bool on) { defer_ = on; }
   int transfers() const { return transfers_; }  // deferred transfers queued since construction
   int freed_under_transfer() const { return freed_under_transfer_; }  // releases of a download's pending source
@@ -252,6 +259,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
       ++done_[dir];
     }
   }
+  size_t free_ = 0, total_ = 0;
   bool defer_ = false;
   int transfers_ = 0, freed_under_transfer_ = 0;
   std::deque<Copy> queued_[2];  // 0: downloads, 1: uploads

@@ -48,6 +48,13 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
   }
 }
 
+size_t DeviceStore::device_bytes_needed(const ParamLayout& layout, bool cache_params, kernels::Precision storage) {
+  size_t largest = 0;
+  for (const auto& b : layout.blocks()) largest = std::max(largest, b.numel);
+  const size_t elem = storage == kernels::Precision::fp32 ? sizeof(float) : sizeof(uint16_t);
+  return (cache_params ? 2 * layout.numel() * elem : 0) + largest * sizeof(float);
+}
+
 DeviceStore::~DeviceStore() {
   // Nothing may still be copying into or out of a slot when it is freed (nor out of a device
   // gradient when it is released).

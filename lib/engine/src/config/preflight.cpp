@@ -130,5 +130,40 @@ void check_host_memory(const TrainConfig& cfg, int ranks_on_node, int world_size
                      "a higher --zero-stage, or offload to NVMe (see pretrain_gpt --estimate-memory)");
 }
 
+void check_device_memory(const TrainConfig& cfg, int world_size, const DeviceNeed& need) {
+  const auto& z = cfg.zero;
+  uint64_t states = need.offload_states;
+  std::string what = "ZeRO-Offload's 16-bit parameters and gradient sum";
+  if (cfg.states_on_device()) {
+    parallel::ClusterShape c;  // every rank its own device: the partitions are over the world
+    c.devices_per_node = 1;
+    c.nodes = std::max(1, world_size);
+    c.device_bytes = need.free;
+    c.host_bytes = c.nvme_bytes = UINT64_MAX / 4;
+    const auto prec = cfg.precision == PrecisionMode::fp32 ? parallel::StatePrecision::fp32 : parallel::StatePrecision::mixed;
+    const parallel::MemoryPlan p =
+        parallel::plan_memory(parallel::gpt_size(cfg.model, cfg.moe_ep), prec, z.stage, parallel::Offload::none, c);
+    states = p.device_states;
+    what = "the GPU-resident ZeRO stage " + std::to_string(z.stage) + " states, " + p.formula;
+  } else if (cfg.precision == PrecisionMode::fp32) {
+    what = "ZeRO-Offload's fp32 parameters and gradient sum";
+  }
+  const uint64_t want = states + need.activations;
+  if (want <= need.free) return;
+  const std::string fix =
+      cfg.states_on_device()
+          ? "ZeRO-Offload (zero_optimization.offload_optimizer.device cpu), a higher --zero-stage over more GPUs, or a "
+            "smaller --micro-batch-size / --recompute-activations for the activations"
+          : "a smaller --micro-batch-size or --seq-length, --recompute-activations, or ZeRO stage 3 "
+            "(zero_optimization.stage 3 keeps only the blocks in use on the GPU)";
+  throw config_error("--micro-batch-size/zero_optimization",
+                     "this run needs at least " + format_bytes(double(want)) + " of GPU memory on " + need.device + " (" +
+                         what + ": " + format_bytes(double(states)) + "; the activations of one micro-batch of " +
+                         std::to_string(cfg.micro_batch) + " x " + std::to_string(cfg.model.max_seq_length) + ": " +
+                         format_bytes(double(need.activations)) + "), and it has " + format_bytes(double(need.free)) +
+                         " free of " + format_bytes(double(need.total)),
+                     fix);
+}
+
 }  // namespace hpct::engine
 

@@ -67,6 +67,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
   // shorter step.
   if (cfg_.curriculum.enabled || cfg_.random_ltd.enabled) model_->reserve(cfg_.micro_batch, cfg_.model.max_seq_length);
   comm::throw_if_any(grid_.world(), comm::error_text_of([&] { choose_attention_kernel(); }));
+  check_device_fits();
   // Dense blocks are reduced over the dense data-parallel group; this rank's experts over the ranks
   // that hold the same experts. A dense model has one group: one engine over the whole layout.
   // With tensor parallelism the layout is this rank's parts and both groups keep its tp index.

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "hpct/comm/gpu.hpp"
+#include "hpct/engine/config/preflight.hpp"
 #include "hpct/engine/loop/trainer.hpp"
 #include "hpct/kernels/optim.hpp"
 
@@ -55,6 +56,25 @@ std::unique_ptr<comm::NcclComm> open_nccl(const comm::Communicator& group, const
   return nccl;
 }
 }  // namespace
+
+// Before the engines allocate: can this rank's GPU hold the states and one micro-batch's
+// activations? A refusal on one rank (GPUs differ, or hold other jobs' memory) is every rank's.
+void Trainer::check_device_fits() {
+  DeviceNeed need;
+  size_t free_b = 0, total_b = 0;
+  const bool device = ops_ && ops_->device_memory(&free_b, &total_b);
+  comm::throw_if_any(grid_.world(), comm::error_text_of([&] {
+    if (!device) return;
+    need.device = ops_->name();
+    need.free = free_b, need.total = total_b;
+    need.activations = model_->workspace_bytes(cfg_.micro_batch, cfg_.model.max_seq_length);
+    if (!cfg_.states_on_device())
+      need.offload_states = parallel::DeviceStore::device_bytes_needed(
+          model_->layout(), cfg_.zero.stage <= 2,
+          cfg_.precision == PrecisionMode::fp32 ? kernels::Precision::fp32 : compute_precision());
+    check_device_memory(cfg_, grid_.world().size(), need);
+  }));
+}
 
 bool Trainer::own_gpus(std::string* why) const {
   const auto& world = comm::Communicator::world();

@@ -99,6 +99,10 @@ class CudaOps final : public OpsBackend {
 
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
+  bool device_memory(size_t* free_bytes, size_t* total_bytes) const override {
+    check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo on " + name_);
+    return true;
+  }
   size_t scratch_bytes() const override { return scratch_bytes_ + work_bytes_ + fused_->scratch_bytes(); }
 
   // Stream-ordered: a buffer freed here is reused by a later allocation on the same stream without

@@ -44,6 +44,9 @@ class OpsBackend {
   virtual bool host_memory() const = 0;
   /// Bytes the backend holds itself for its ops (the CUDA attention backward's scratch), for reports.
   virtual size_t scratch_bytes() const { return 0; }
+  /// A device backend's memory now: free and total bytes (the CUDA one: cudaMemGetInfo); false where
+  /// the backend's memory is the host's (nothing written).
+  virtual bool device_memory(size_t* /*free_bytes*/, size_t* /*total_bytes*/) const { return false; }
 
   // ---- memory (bytes; every allocation is aligned for any element type) ----
   virtual void* allocate(size_t bytes) = 0;

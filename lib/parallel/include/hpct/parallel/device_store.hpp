@@ -61,6 +61,11 @@ class DeviceStore final : public model::ParamStore {
   /// (ParamStore::params_half) on the device with cache_params, fp32 otherwise.
   DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
               kernels::Precision storage = kernels::Precision::fp32);
+  /// What a store of these arguments keeps in the backend's memory at least: the resident parameters
+  /// and gradient sum (cache_params), and one block's fp32 working copy (the largest). The blocks in
+  /// use beside it (a gradient, the embedding's) are not counted: the pre-flight memory check's
+  /// lower bound.
+  static size_t device_bytes_needed(const ParamLayout& layout, bool cache_params, kernels::Precision storage);
   /// Waits for its transfers (nothing more is handed to the engine), then frees its host slots.
   ~DeviceStore() override;
   DeviceStore(const DeviceStore&) = delete;

@@ -39,4 +39,18 @@ void require_no_checkpoints(const std::string& dir, const std::string& what);
 /// naming the flags and the figures when it cannot fit. No-op with --device cuda.
 void check_host_memory(const TrainConfig& cfg, int ranks_on_node, int world_size);
 
+/// What a device run's GPU must hold before its first step, and what it has (bytes).
+struct DeviceNeed {
+  std::string device;              // the backend's name ("cuda:0 (NVIDIA H100 ...)")
+  uint64_t free = 0, total = 0;    // the GPU's memory now
+  uint64_t activations = 0;        // one micro-batch's workspace (model::Gpt::workspace_bytes)
+  uint64_t offload_states = 0;     // ZeRO-Offload: what its store keeps there (DeviceStore::device_bytes_needed)
+};
+/// Local, a device run (before the engines allocate): the model states the GPU holds
+/// (GPU-resident: the ZeRO plan's device states for the stage, partitioned over world_size ranks;
+/// ZeRO-Offload: need.offload_states) and the activations, against its free memory. A lower bound
+/// (the ZeRO working buffers, the libraries' workspaces and the allocator's slack are not counted),
+/// so what it refuses cannot run. Throws config_error naming the flags and the figures.
+void check_device_memory(const TrainConfig& cfg, int world_size, const DeviceNeed& need);
+
 }  // namespace hpct::engine
