@@ -12,6 +12,8 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/half.hpp"
+#include "hpct/kernels/host_copy.hpp"
+#include "hpct/kernels/optim.hpp"
 
 using namespace hpct;
 using kernels::Precision;
@@ -112,4 +114,23 @@ TEST(Half, Fp32HasNoHalfStorage) {
   float x = 1;
   uint16_t h;
   EXPECT_THROW(kernels::to_half(&x, &h, 1, Precision::fp32), Error);
+}
+
+// host_copy (the hand-over's block copies) in pieces over the threads is memcpy: every byte, at
+// sizes below, at and above the threaded threshold (1 MiB), with tails that are no multiple of a
+// piece and unaligned ends, and nothing written past the end.
+TEST(HostCopy, ThreadedIsMemcpy) {
+  std::mt19937 g(7);
+  for (int threads : {1, 3}) {
+    kernels::set_optimizer_threads(threads);
+    for (size_t bytes : {size_t(0), size_t(5), size_t(1) << 20, (size_t(1) << 20) + 12345, (size_t(3) << 20) + 7}) {
+      std::vector<unsigned char> src(bytes + 3), dst(bytes + 3, 0xAB);
+      for (auto& c : src) c = static_cast<unsigned char>(g());
+      kernels::host_copy(dst.data() + 1, src.data() + 1, bytes);
+      EXPECT_EQ(std::memcmp(dst.data() + 1, src.data() + 1, bytes), 0) << bytes << " bytes, " << threads << " threads";
+      EXPECT_EQ(dst[0], 0xAB);
+      EXPECT_EQ(dst[bytes + 1], 0xAB) << "written past the end";
+    }
+  }
+  kernels::set_optimizer_threads(0);
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "bits.hpp"
+#include "split.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/optim.hpp"
 
@@ -18,6 +19,7 @@ namespace {
 
 using detail::bf16_bits;
 using detail::bf16_value;
+using detail::split;
 
 void require_half(Precision p, const char* op) {
   if (p == Precision::fp32) throw Error(std::string(op) + ": fp32 has no 16-bit storage (use bf16 or fp16)");
@@ -47,21 +49,6 @@ void fp16_loop(size_t n, Op8 op8, Op1 op1) {
   (void)op8;
 #endif
   for (; i < n; ++i) op1(i);
-}
-
-// Large arrays (ZeRO-Offload's hand-over of a whole model's gradient, the engine's passes over it)
-// in pieces over the host optimizer's threads (optim.hpp optimizer_threads); element-wise, so the
-// bits are those of one pass. Returns false (the caller converts serially) below the threshold.
-template <typename Span>
-bool split(size_t n, Span span) {
-  constexpr size_t kMin = size_t(1) << 20, kPiece = size_t(1) << 16;  // kPiece: a multiple of F16C's 8 lanes
-  if (n < kMin) return false;
-  const int threads = optimizer_threads();
-  if (threads <= 1) return false;
-  const size_t pieces = (n + kPiece - 1) / kPiece;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (size_t k = 0; k < pieces; ++k) span(k * kPiece, std::min(n, (k + 1) * kPiece));
-  return true;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/half.hpp"
+#include "hpct/kernels/host_copy.hpp"
 
 namespace hpct::parallel {
 
@@ -108,7 +109,7 @@ void DeviceStore::upload(int b) {
     slot = &up_[next_up_];
     next_up_ = (next_up_ + 1) % up_.size();
     be_.wait_transfer(slot->t);  // its previous upload has left it
-    std::memcpy(slot->host, src, bytes);
+    kernels::host_copy(slot->host, src, bytes);
     src = slot->host;
   }
   upload_of_[b] = be_.upload_async(dst, src, bytes);

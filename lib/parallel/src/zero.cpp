@@ -9,6 +9,7 @@
 #include "hpct/core/error.hpp"
 #include "hpct/core/timer.hpp"
 #include "hpct/kernels/half.hpp"
+#include "hpct/kernels/host_copy.hpp"
 #include "hpct/kernels/ops.hpp"
 #include "hpct/kernels/optim.hpp"
 #include "zero_internal.hpp"
@@ -364,7 +365,7 @@ void ZeroEngine::start_reduction(int b) {
       g = full_grads_.data() + blk.offset;
     }
     if (fp16_ && !red16_) round_to_fp16(static_cast<float*>(g), blk.numel);
-    HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, g, (int)blk.numel, type, sum, dp_.raw(), &r->req));
+    if (n_ > 1) HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, g, (int)blk.numel, type, sum, dp_.raw(), &r->req));
     bytes_sent_ += 2.0 * (n_ - 1) / n_ * blk.numel * elem;
   } else {
     const void* send;
@@ -396,7 +397,10 @@ void ZeroEngine::start_reduction(int b) {
       send = r->send.data();
       recv = r->recv.data();
     }
-    HPCT_CHECK_MPI(MPI_Ireduce_scatter(send, recv, counts_[b].data(), type, sum, dp_.raw(), &r->req));
+    // One rank: the reduction is a copy, made on the host optimizer's threads instead of MPI's one
+    // (the request stays null: finished at once).
+    if (n_ == 1) kernels::host_copy(recv, send, static_cast<size_t>(counts_[b][0]) * static_cast<size_t>(elem));
+    else HPCT_CHECK_MPI(MPI_Ireduce_scatter(send, recv, counts_[b].data(), type, sum, dp_.raw(), &r->req));
     bytes_sent_ += double(n_ - 1) / n_ * blk.numel * elem;
   }
   reductions_.push_back(r);
@@ -475,7 +479,7 @@ void ZeroEngine::grads_ready_half(int b, const uint16_t* g, size_t n, kernels::P
                 std::to_string(blk.numel));
   if (red16_) {
     io::BufferPool::Lease send = pool_.acquire(n * sizeof(uint16_t));
-    std::memcpy(send.data(), g, n * sizeof(uint16_t));
+    kernels::host_copy(send.data(), g, n * sizeof(uint16_t));
     half_sends_.emplace(b, std::move(send));
   } else {
     io::BufferPool::Lease work = pool_.acquire(n * sizeof(float));
