@@ -28,6 +28,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
   bool host_memory() const override { return false; }
   double bytes_to_host() const { return to_host_; }
   int synchronizations() const { return syncs_; }
+  int blocking_downloads() const { return blocking_downloads_; }  // copy_to_host calls (they wait for the ops)
   void synchronize() override { ++syncs_; }
   // Markers on the host clock: this backend runs each op as it is called, so the time between two
   // calls is the time its ops took (the plumbing of the device timers, checked where no GPU is).
@@ -68,6 +69,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
   void zero(void* p, size_t bytes) override { in_->zero(p, bytes); }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { in_->copy_from_host(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    ++blocking_downloads_;
     to_host_ += double(bytes);
     in_->copy_to_host(dst, src, bytes);
   }
@@ -269,7 +271,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
   std::vector<std::chrono::steady_clock::time_point> marks_;
   int head_rows_ = 0;
   double to_host_ = 0;
-  int syncs_ = 0;
+  int syncs_ = 0, blocking_downloads_ = 0;
 };
 
 }  // namespace hpct::test

@@ -243,6 +243,20 @@ TEST(Gpt, WorkspaceBytesAreWhatReserveTakes) {
       }
 }
 
+// On a device backend the token losses come back beside the backward, not by draining the backend
+// in the middle of the step: a dense step makes no blocking copy to the host, and its loss and
+// gradients are the CPU's bitwise (the staged backend defers the download until the loss is asked for).
+TEST(Gpt, TheLossIsReadBackBesideTheBackward) {
+  test::StagedCpuOps staged;
+  staged.defer_transfers(true);
+  const auto cpu = train_step(tiny(), false, 0);
+  const auto dev = train_step(tiny(), false, 0, &staged);
+  EXPECT_EQ(dev.first, cpu.first);
+  EXPECT_EQ(dev.second, cpu.second);
+  EXPECT_EQ(staged.blocking_downloads(), 0);
+  EXPECT_EQ(staged.transfers(), 1) << "one download of the token losses";
+}
+
 TEST(Gpt, RejectsBadShapes) {
   auto c = tiny();
   c.num_heads = 3;

@@ -74,7 +74,13 @@ std::vector<int> Gpt::held_blocks() const {
 }
 
 // tp_'s buffers go back first: own_ops_ is declared after tp_, so it is destroyed before it.
-Gpt::~Gpt() { tp_.release_buffers(); }
+Gpt::~Gpt() {
+  try {
+    settle_losses();  // nothing still copies into the workspace it frees
+  } catch (...) {
+  }
+  tp_.release_buffers();
+}
 
 std::pair<const int32_t*, const int32_t*> Gpt::stage_inputs(const int32_t* tokens, const int32_t* targets, int B,
                                                             int T) {
@@ -298,8 +304,8 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
 
 // Final norm + tied LM head + loss, chunked over rows. With backward, also writes d(x) into dx
 // (overwritten) and accumulates the head's share of d(wte) and the final norm's gradients.
-double Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
-                 int T, float dloss, bool backward, float* dx) {
+void Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
+               int T, float dloss, bool backward, float* dx) {
   const int N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   Workspace& w = *ws_;
   // Vocab-parallel: this rank's Vl_ columns of the logits; the loss over the group (tensor_parallel.hpp).
@@ -310,7 +316,6 @@ double Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const f
   norm_.forward(nw, x, w.lnf + r0 * C, {w.lnf_mean, w.lnf_rstd}, (int)n);
   tp_.all_gather(w.lnf, NC);
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
-  double loss_sum = 0;
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     int rows = std::min(head_rows_, N - r0);
     const float* xin = w.lnf + (size_t)r0 * C;
@@ -325,12 +330,11 @@ double Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const f
       lora_head(xin, w.logits, rows, true, w.dln + (size_t)r0 * C);
     }
   }
-  const float* losses = w.losses;
-  if (!ops_->host_memory()) {
-    ops_->copy_to_host(w.host_losses.data(), w.losses, (size_t)N * sizeof(float));
-    losses = w.host_losses.data();
+  if (!ops_->host_memory()) {  // read back beside the backward (nothing after this writes w.losses)
+    settle_losses();
+    loss_download_ = ops_->download_async(w.host_losses.as<void>(), w.losses, (size_t)N * sizeof(float));
+    loss_pending_ = true;
   }
-  for (int i = 0; i < N; ++i) loss_sum += losses[i];  // in row order, as on every backend
   if (backward) {
     float* dsl = sp ? w.dslice : w.dln;
     tp_.reduce_scatter(w.dln, dsl, NC);
@@ -347,7 +351,6 @@ double Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const f
       if (into.bias) ops_->residual_forward(into.bias, into.bias, dn.bias, C);
     }
   }
-  return loss_sum;
 }
 
 // Embedding and every layer's forward into the residual stream res[0..L]. With keep_acts each layer
@@ -379,6 +382,20 @@ const float* Gpt::forward_layers(ParamStore& store, const int32_t* tokens, int B
     store.release(b);
   }
   return ep;
+}
+
+void Gpt::settle_losses() {
+  if (!loss_pending_) return;
+  loss_pending_ = false;
+  ops_->wait_transfer(loss_download_);
+}
+
+double Gpt::head_loss(int N) {
+  settle_losses();
+  const float* losses = ops_->host_memory() ? ws_->losses : ws_->host_losses.as<float>();
+  double sum = 0;
+  for (int i = 0; i < N; ++i) sum += losses[i];  // in row order, as on every backend
+  return sum;
 }
 
 std::pair<const float*, float*> Gpt::use_head(ParamStore& store, const float* ep, bool grads) {
@@ -418,7 +435,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   const float* fp = store.params(F);
   if (emb_lora_block_ >= 0) emb_lora_g_ = store.grads(emb_lora_block_);
   const auto [hw, hg] = use_head(store, ep, true);
-  double loss = head(hw, hg, fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
+  head(hw, hg, fp, store.grads(F), w.res + L * NC, targets, B, T, dloss, true, w.dres);
   done_head(store, true);
   if (emb_lora_block_ >= 0) store.release(emb_lora_block_);
   store.release(F);
@@ -466,7 +483,7 @@ double Gpt::forward_backward(ParamStore& store, const int32_t* host_tokens, cons
   phase_.backward += phase.seconds();
   mk.backward_end = ops_->mark();
   marks_.push_back(mk);
-  return loss;
+  return head_loss(B * T);
 }
 
 double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const int32_t* host_targets, int B, int T) {
@@ -480,8 +497,8 @@ double Gpt::forward_loss(ParamStore& store, const int32_t* host_tokens, const in
   const size_t NC = tp_.local_rows((size_t)B * T) * cfg_.hidden_size;
   emb_lora_g_ = nullptr;
   const auto [hw, hg] = use_head(store, ep, false);
-  double loss = head(hw, hg, store.params(tensors_.final_block), nullptr, w.res + L * NC, targets, B, T, 0.0f, false,
-                     nullptr);
+  head(hw, hg, store.params(tensors_.final_block), nullptr, w.res + L * NC, targets, B, T, 0.0f, false, nullptr);
+  const double loss = head_loss(B * T);
   done_head(store, false);
   if (emb_lora_block_ >= 0) store.release(emb_lora_block_), emb_lora_p_ = nullptr;
   store.release(tensors_.final_block);

@@ -49,7 +49,7 @@ struct Gpt::Workspace {
   float* ltd = nullptr;       // (3, N, C) random-LTD: a layer's kept input rows, output rows, gradient rows
   float* ddrop = nullptr;     // (n, C) hidden dropout: the gradient reaching a dropped output
   float* losses = nullptr;    // (N), in the backend's memory
-  std::vector<float> host_losses;       // (N): the losses read back, on a device backend
+  kernels::HostBuffer host_losses;      // (N) floats: the losses read back, on a device backend (page-locked)
   kernels::BackendBuffer tokens, targets;  // (N) int32 each, on a device backend
   kernels::BackendBuffer key_start, positions;  // (N) int32 each, on a device backend with documents on
   // random-LTD on a device backend: each dropping layer's kept rows (B*kept int32, by layer index)

@@ -65,6 +65,7 @@ void Gpt::ensure_workspace(int B, int T) {
   const Sizes z = sizes(B, T);
   const size_t N = z.N, C = z.C, Cl = z.Cl, F = z.F, W = z.W, Vl = z.Vl, n = z.n, sp = z.sp, nsets = z.nsets, kept = z.kept,
                L = z.L, Q = z.Q, dQ = z.dQ, total = z.floats;
+  settle_losses();  // a loss download into the old buffers has finished
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
@@ -122,7 +123,7 @@ void Gpt::ensure_workspace(int B, int T) {
     }
   }
   if (!ops_->host_memory()) {
-    ws->host_losses.assign(N, 0.0f);
+    ws->host_losses = kernels::HostBuffer(*ops_, N * sizeof(float));
     ws->tokens = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
     ws->targets = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));
     if (cfg_.reset_attention_mask) ws->key_start = kernels::BackendBuffer(*ops_, N * sizeof(int32_t));

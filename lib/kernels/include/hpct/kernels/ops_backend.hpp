@@ -260,4 +260,36 @@ class BackendBuffer {
   void* p_ = nullptr;
 };
 
+/// Host memory from a backend's allocate_host (page-locked on a device), freed with it. Moves.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(OpsBackend& be, size_t bytes) : be_(&be), bytes_(bytes), p_(be.allocate_host(bytes)) {}
+  ~HostBuffer() { reset(); }
+  HostBuffer(HostBuffer&& o) noexcept : be_(o.be_), bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr, o.bytes_ = 0; }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_, bytes_ = o.bytes_, p_ = o.p_;
+      o.p_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+  void reset() noexcept {
+    if (p_) be_->release_host(p_);
+    p_ = nullptr, bytes_ = 0;
+  }
+
+ private:
+  OpsBackend* be_ = nullptr;
+  size_t bytes_ = 0;
+  void* p_ = nullptr;
+};
+
 }  // namespace hpct::kernels

@@ -462,9 +462,14 @@ class Gpt {
   void run_layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in,
                           float* dres, int B, int T);
   /// Final norm (fp/fg: the final block) and the LM head (hw, its weight; hg, its gradient or null)
-  /// + loss, chunked over rows.
-  double head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
-              int T, float dloss, bool backward, float* dx);
+  /// + loss, chunked over rows. The token losses are read back later (head_loss).
+  void head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
+            int T, float dloss, bool backward, float* dx);
+  /// The sum of the last head()'s N token losses, in row order (as on every backend). On a device
+  /// backend head() queued their download beside the ops that followed (the backward): this waits
+  /// for it, not for those ops.
+  double head_loss(int N);
+  void settle_losses();  // a loss download still under way has finished (its buffer may go)
   /// The LM head's weight and (with grads) its gradient: the word embedding's (ep, the embedding
   /// block's parameters, held by the caller), or the untied output layer's, taken from the store;
   /// done_head releases the latter (and reports its gradient complete).
@@ -488,6 +493,8 @@ class Gpt {
   bool cac_ = false, replaying_ = false;
   bool training_ = false;  // forward_backward (noise, train capacity) vs forward_loss
   float dloss_ = 0;        // the current micro-batch's d(loss)/d(token loss)
+  kernels::OpsBackend::Transfer loss_download_ = 0;  // head()'s losses on their way to host_losses
+  bool loss_pending_ = false;
   int batch_rows_ = 0;     // B*T of the current micro-batch: the aux losses' weight (LTD layers see fewer rows)
   uint64_t drop_seed_ = 0;
   long long drop_first_ = 0;
