@@ -48,42 +48,51 @@ struct HostBuf {  // page-locked memory of the backend
 
 }  // namespace
 
+// Races made visible: 40 kernels queued before a transfer take milliseconds on the device while a
+// copy started at once would read or write its first bytes within microseconds. The final kernel
+// of the download case writes other values than the 39 before it; the upload case's kernels read
+// what the upload then replaces.
+constexpr int kPasses = 40;
+
 TEST(CudaTransfers, ADownloadSeesTheOpsQueuedBeforeIt) {
   NEED_GPU(be);
-  const size_t n = size_t(16) << 20;  // 64 MiB of fp32: a kernel long enough to race a copy
-  const std::vector<uint16_t> h16 = pattern(n, 3);
-  BackendBuffer d16(*be, n * 2), d32(*be, n * 4);
-  be->copy_from_host(d16.as<void>(), h16.data(), n * 2);
+  const size_t n = size_t(64) << 20;  // 256 MiB of fp32
+  const std::vector<uint16_t> early = pattern(n, 3), last = pattern(n, 9);
+  BackendBuffer a16(*be, n * 2), b16(*be, n * 2), d32(*be, n * 4);
+  HostBuf out(*be, n * 4);  // page-locked before anything is queued (cudaHostAlloc may synchronise)
+  be->copy_from_host(a16.as<void>(), early.data(), n * 2);
+  be->copy_from_host(b16.as<void>(), last.data(), n * 2);
   be->zero(d32.as<void>(), n * 4);
   be->synchronize();
-  be->widen_half(d32.as<float>(), d16.as<uint16_t>(), n, Precision::bf16);
-  HostBuf out(*be, n * 4);
+  for (int k = 0; k + 1 < kPasses; ++k) be->widen_half(d32.as<float>(), a16.as<uint16_t>(), n, Precision::bf16);
+  be->widen_half(d32.as<float>(), b16.as<uint16_t>(), n, Precision::bf16);
   const OpsBackend::Transfer t = be->download_async(out.p, d32.as<void>(), n * 4);
   EXPECT_NE(t, 0u);
   be->wait_transfer(t);
   EXPECT_TRUE(be->transfer_done(t));
   std::vector<float> want(n);
-  from_half(h16.data(), want.data(), n, Precision::bf16);
-  EXPECT_EQ(std::memcmp(out.p, want.data(), n * 4), 0) << "the download ran before the kernel queued ahead of it";
+  from_half(last.data(), want.data(), n, Precision::bf16);
+  EXPECT_EQ(std::memcmp(out.p, want.data(), n * 4), 0) << "the download ran before the kernels queued ahead of it";
 }
 
 TEST(CudaTransfers, AnUploadWaitsForTheOpsBeforeItAndTheOpsAfterAwaitIt) {
   NEED_GPU(be);
-  const size_t n = size_t(16) << 20;
+  const size_t n = size_t(64) << 20;
   const std::vector<uint16_t> old16 = pattern(n, 5), new16 = pattern(n, 11);
   BackendBuffer d16(*be, n * 2), before(*be, n * 4), after(*be, n * 4);
-  be->copy_from_host(d16.as<void>(), old16.data(), n * 2);
-  be->synchronize();
   HostBuf src(*be, n * 2);
   std::memcpy(src.p, new16.data(), n * 2);
-  be->widen_half(before.as<float>(), d16.as<uint16_t>(), n, Precision::bf16);  // reads the old values
+  be->copy_from_host(d16.as<void>(), old16.data(), n * 2);
+  be->synchronize();
+  for (int k = 0; k < kPasses; ++k)  // each reads the old values
+    be->widen_half(before.as<float>(), d16.as<uint16_t>(), n, Precision::bf16);
   const OpsBackend::Transfer t = be->upload_async(d16.as<void>(), src.p, n * 2);
   be->await_transfer(t);
   be->widen_half(after.as<float>(), d16.as<uint16_t>(), n, Precision::bf16);  // must read the new ones
   std::vector<float> got(n), want(n);
   be->copy_to_host(got.data(), before.as<void>(), n * 4);
   from_half(old16.data(), want.data(), n, Precision::bf16);
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * 4), 0) << "the upload overwrote what an earlier kernel read";
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * 4), 0) << "the upload overwrote what earlier kernels read";
   be->copy_to_host(got.data(), after.as<void>(), n * 4);
   from_half(new16.data(), want.data(), n, Precision::bf16);
   EXPECT_EQ(std::memcmp(got.data(), want.data(), n * 4), 0) << "a kernel after await_transfer read before the upload";

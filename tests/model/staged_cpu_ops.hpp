@@ -53,7 +53,8 @@ class StagedCpuOps final : public kernels::OpsBackend {
   void release(void* p) noexcept override {
     if (auto it = live_.find(static_cast<const char*>(p)); it != live_.end())
       for (const Copy& c : queued_[0])  // a device gradient freed under its download: a bug to see
-        if (static_cast<const char*>(c.src) >= it->first && static_cast<const char*>(c.src) < it->first + it->second)
+        if (!c.applied && static_cast<const char*>(c.src) >= it->first &&
+            static_cast<const char*>(c.src) < it->first + it->second)
           ++freed_under_transfer_;
     live_.erase(static_cast<const char*>(p));
     in_->release(p);
@@ -236,9 +237,10 @@ class StagedCpuOps final : public kernels::OpsBackend {
     void* dst;
     const void* src;
     size_t bytes;
+    bool applied = false;  // a download the ops were ordered after (await_transfer): its source was read
   };
   Transfer queue(int dir, void* dst, const void* src, size_t bytes) {
-    queued_[dir].push_back({dst, src, bytes});
+    queued_[dir].push_back({dst, src, bytes, false});
     ++transfers_;
     return (++issued_[dir]) << 1 | Transfer(dir);
   }
@@ -246,19 +248,22 @@ class StagedCpuOps final : public kernels::OpsBackend {
     if (t == 0) return;
     const int dir = static_cast<int>(t & 1);
     if ((t >> 1) > issued_[dir]) throw std::logic_error("staged-cpu: a transfer ticket never issued");
-    if (!done) {  // copy those up to t, keep them queued
+    if (!done) {  // copy those up to t, keep them queued (an upload is copied again when waited for)
       for (Transfer seq = done_[dir] + 1; seq <= (t >> 1); ++seq) {
-        const Copy& c = queued_[dir][static_cast<size_t>(seq - done_[dir] - 1)];
+        Copy& c = queued_[dir][static_cast<size_t>(seq - done_[dir] - 1)];
+        if (c.applied) continue;
         std::memcpy(c.dst, c.src, c.bytes);
+        c.applied = dir == 0;  // the ops after it may free a download's source now
       }
       return;
     }
     while (done_[dir] < (t >> 1)) {
       const Copy c = queued_[dir].front();
       queued_[dir].pop_front();
+      ++done_[dir];
+      if (c.applied) continue;
       if (dir == 0 && !owns(c.src)) throw std::logic_error("staged-cpu: a download's source was freed before it was done");
       std::memcpy(c.dst, c.src, c.bytes);
-      ++done_[dir];
     }
   }
   size_t free_ = 0, total_ = 0;

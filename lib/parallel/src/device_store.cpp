@@ -35,10 +35,10 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
   const size_t down_elem = cache_ && half16() ? sizeof(uint16_t) : sizeof(float);
   const size_t up_elem = half16() ? sizeof(uint16_t) : sizeof(float);
   down_.resize(pipelined_ ? kSlots : 1);
-  for (Slot& s : down_) s.host = be_.allocate_host(largest * down_elem);
+  for (Slot& s : down_) s.host = kernels::HostBuffer(be_, largest * down_elem);
   if (cache_ && pipelined_) {
     up_.resize(kSlots);
-    for (Slot& s : up_) s.host = be_.allocate_host(largest * up_elem);
+    for (Slot& s : up_) s.host = kernels::HostBuffer(be_, largest * up_elem);
   }
   if (cache_) {  // the whole model's parameters and gradient sum stay on the device between uses
     const size_t elem = half16() ? sizeof(uint16_t) : sizeof(float);
@@ -72,7 +72,6 @@ DeviceStore::~DeviceStore() {
         be_.wait_transfer(s.t);
       } catch (...) {
       }
-      be_.release_host(s.host);
     }
 }
 
@@ -109,8 +108,8 @@ void DeviceStore::upload(int b) {
     slot = &up_[next_up_];
     next_up_ = (next_up_ + 1) % up_.size();
     be_.wait_transfer(slot->t);  // its previous upload has left it
-    kernels::host_copy(slot->host, src, bytes);
-    src = slot->host;
+    kernels::host_copy(slot->host.as<void>(), src, bytes);
+    src = slot->host.as<void>();
   }
   upload_of_[b] = be_.upload_async(dst, src, bytes);
   if (slot) slot->t = upload_of_[b];
@@ -218,13 +217,21 @@ void DeviceStore::fold(int b) {
 
 void DeviceStore::send(int b, const void* dev, size_t bytes, kernels::BackendBuffer source) {
   if (pending_.size() == down_.size()) finish_oldest();  // frees the slot taken next
+  // Stage 3: the previous block's device gradient goes now, its release ordered after its download
+  // on the device (not waited for here), so two fp32 gradients live at once, not kSlots + 1.
+  if (!pending_.empty() && pending_.back().source.bytes()) {
+    Pending& prev = pending_.back();
+    be_.await_transfer(prev.t);
+    live_ -= prev.source.bytes();
+    prev.source.reset();
+  }
   Pending p;
   p.block = b;
   p.slot = next_down_;
   next_down_ = (next_down_ + 1) % down_.size();
   p.has_values = dev != nullptr;
   if (dev) {
-    p.t = be_.download_async(down_[p.slot].host, dev, bytes);
+    p.t = be_.download_async(down_[p.slot].host.as<void>(), dev, bytes);
     down_[p.slot].t = p.t;
     to_host_ += static_cast<double>(bytes);
   }
@@ -234,15 +241,15 @@ void DeviceStore::send(int b, const void* dev, size_t bytes, kernels::BackendBuf
 }
 
 void DeviceStore::finish_oldest() {
+  be_.wait_transfer(pending_.front().t);  // before it leaves the queue: a failed wait leaves it there
   Pending p = std::move(pending_.front());
   pending_.pop_front();
-  be_.wait_transfer(p.t);
   if (p.source.bytes()) {  // stage 3: the device gradient has been read
     live_ -= p.source.bytes();
     p.source.reset();
   }
   const auto& blk = layout_.blocks()[p.block];
-  const void* got = down_[p.slot].host;
+  const void* got = down_[p.slot].host.as<void>();
   if (p.has_values && cache_ && half16()) {
     // The 16-bit sum as it is: the engine widens it (exact) or reduces it in 16 bits.
     host_.grads_ready_half(p.block, static_cast<const uint16_t*>(got), blk.numel, storage_);

@@ -495,6 +495,7 @@ void ZeroEngine::begin_step() {
   if (!grad_shard_.empty()) std::memset(grad_shard_.data(), 0, grad_shard_.size() * sizeof(float));
   std::fill(grads16_.begin(), grads16_.end(), uint16_t(0));  // +0 in bf16 and fp16
   std::fill(grad_shard16_.begin(), grad_shard16_.end(), uint16_t(0));
+  half_sends_.clear();  // a step abandoned by an exception left none behind
 }
 
 void ZeroEngine::begin_micro_step(bool last) {

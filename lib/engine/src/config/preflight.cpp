@@ -145,6 +145,8 @@ void check_device_memory(const TrainConfig& cfg, int world_size, const DeviceNee
         parallel::plan_memory(parallel::gpt_size(cfg.model, cfg.moe_ep), prec, z.stage, parallel::Offload::none, c);
     states = p.device_states;
     what = "the GPU-resident ZeRO stage " + std::to_string(z.stage) + " states, " + p.formula;
+  } else if (z.stage == 3) {
+    what = "ZeRO-Offload's block in use at stage 3";
   } else if (cfg.precision == PrecisionMode::fp32) {
     what = "ZeRO-Offload's fp32 parameters and gradient sum";
   }

@@ -60,14 +60,17 @@ std::unique_ptr<comm::NcclComm> open_nccl(const comm::Communicator& group, const
 // Before the engines allocate: can this rank's GPU hold the states and one micro-batch's
 // activations? A refusal on one rank (GPUs differ, or hold other jobs' memory) is every rank's.
 void Trainer::check_device_fits() {
-  DeviceNeed need;
-  size_t free_b = 0, total_b = 0;
-  const bool device = ops_ && ops_->device_memory(&free_b, &total_b);
   comm::throw_if_any(grid_.world(), comm::error_text_of([&] {
-    if (!device) return;
+    DeviceNeed need;
+    size_t free_b = 0, total_b = 0;
+    if (!ops_ || !ops_->device_memory(&free_b, &total_b)) return;
     need.device = ops_->name();
     need.free = free_b, need.total = total_b;
-    need.activations = model_->workspace_bytes(cfg_.micro_batch, cfg_.model.max_seq_length);
+    // What the workspace still has to take: a run with a curriculum or random-LTD reserved it already
+    // (the free memory no longer counts it).
+    const size_t want = model_->workspace_bytes(cfg_.micro_batch, cfg_.model.max_seq_length);
+    const size_t held = model_->activation_bytes() - ops_->scratch_bytes();
+    need.activations = want > held ? want - held : 0;
     if (!cfg_.states_on_device())
       need.offload_states = parallel::DeviceStore::device_bytes_needed(
           model_->layout(), cfg_.zero.stage <= 2,

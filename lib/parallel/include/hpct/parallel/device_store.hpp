@@ -16,7 +16,8 @@
 //     ZeRO-Offload's 2+2 bytes per parameter on the GPU;
 //   stages 0-2, fp32: fp32 parameters and an fp32 gradient accumulator of the whole model (4+4);
 //   stage 3: a block's fp32 parameters (what the engine gathered) only from params(b) to release(b).
-// Gradients: a block's fp32 gradient lives from grads(b) to grads_ready(b), at every stage. At
+// Gradients: a block's fp32 gradient lives from grads(b) to grads_ready(b) (stage 3 on a device: to
+// the next block's grads_ready, its download under way), at every stage. At
 // stages 0-2 grads_ready(b) folds it into the accumulator on the device (16-bit runs: rounded once
 // per micro-step, bitwise as the engine's own accumulate_half), and only on the micro-step that ends
 // the step (begin_micro_step) is the accumulated block copied back (2 or 4 bytes per parameter, once
@@ -96,15 +97,15 @@ class DeviceStore final : public model::ParamStore {
   static constexpr size_t kSlots = 3;
   using Transfer = kernels::OpsBackend::Transfer;
   struct Slot {
-    void* host = nullptr;  // page-locked, the largest block's bytes
-    Transfer t = 0;        // the transfer that last used it
+    kernels::HostBuffer host;  // page-locked, the largest block's bytes
+    Transfer t = 0;            // the transfer that last used it
   };
   struct Pending {  // a block's gradient on its way to the engine (in slot `slot`)
     int block = 0;
     size_t slot = 0;
     Transfer t = 0;
     bool has_values = false;         // false: no gradient this step (the engine's buffer stays zero)
-    kernels::BackendBuffer source;   // stage 3: the device gradient, freed once downloaded
+    kernels::BackendBuffer source;   // stage 3: the device gradient, freed once the next one is sent
   };
 
   model::ParamStore& host_;
