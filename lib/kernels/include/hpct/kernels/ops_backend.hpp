@@ -228,14 +228,16 @@ bool cuda_ops_available(std::string* why = nullptr);
 /// cuda_ops_available() is false or the device cannot be set up.
 std::unique_ptr<OpsBackend> cuda_ops(int device = 0);
 
-/// A buffer in a backend's memory, freed with it. Moves, does not copy.
-class BackendBuffer {
+/// Memory a backend hands out, freed with it; moves, does not copy. Host = false: the backend's own
+/// memory (allocate/release); true: host memory for its transfers (allocate_host/release_host).
+template <bool Host>
+class BufferOf {
  public:
-  BackendBuffer() = default;
-  BackendBuffer(OpsBackend& be, size_t bytes) : be_(&be), bytes_(bytes), p_(bytes ? be.allocate(bytes) : nullptr) {}
-  ~BackendBuffer() { reset(); }
-  BackendBuffer(BackendBuffer&& o) noexcept : be_(o.be_), bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr, o.bytes_ = 0; }
-  BackendBuffer& operator=(BackendBuffer&& o) noexcept {
+  BufferOf() = default;
+  BufferOf(OpsBackend& be, size_t bytes) : be_(&be), bytes_(bytes), p_(take(be, bytes)) {}
+  ~BufferOf() { reset(); }
+  BufferOf(BufferOf&& o) noexcept : be_(o.be_), bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr, o.bytes_ = 0; }
+  BufferOf& operator=(BufferOf&& o) noexcept {
     if (this != &o) {
       reset();
       be_ = o.be_, bytes_ = o.bytes_, p_ = o.p_;
@@ -243,53 +245,29 @@ class BackendBuffer {
     }
     return *this;
   }
-  BackendBuffer(const BackendBuffer&) = delete;
-  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  BufferOf(const BufferOf&) = delete;
+  BufferOf& operator=(const BufferOf&) = delete;
 
   template <class T>
   T* as() const { return static_cast<T*>(p_); }
   size_t bytes() const { return bytes_; }
   void reset() noexcept {
-    if (p_) be_->release(p_);
+    if (p_) Host ? be_->release_host(p_) : be_->release(p_);
     p_ = nullptr, bytes_ = 0;
   }
 
  private:
+  static void* take(OpsBackend& be, size_t bytes) {
+    if (Host) return be.allocate_host(bytes);
+    return bytes ? be.allocate(bytes) : nullptr;
+  }
   OpsBackend* be_ = nullptr;
   size_t bytes_ = 0;
   void* p_ = nullptr;
 };
-
-/// Host memory from a backend's allocate_host (page-locked on a device), freed with it. Moves.
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(OpsBackend& be, size_t bytes) : be_(&be), bytes_(bytes), p_(be.allocate_host(bytes)) {}
-  ~HostBuffer() { reset(); }
-  HostBuffer(HostBuffer&& o) noexcept : be_(o.be_), bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr, o.bytes_ = 0; }
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      be_ = o.be_, bytes_ = o.bytes_, p_ = o.p_;
-      o.p_ = nullptr, o.bytes_ = 0;
-    }
-    return *this;
-  }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-
-  template <class T>
-  T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
-  void reset() noexcept {
-    if (p_) be_->release_host(p_);
-    p_ = nullptr, bytes_ = 0;
-  }
-
- private:
-  OpsBackend* be_ = nullptr;
-  size_t bytes_ = 0;
-  void* p_ = nullptr;
-};
+/// A buffer in a backend's memory.
+using BackendBuffer = BufferOf<false>;
+/// Host memory from a backend's allocate_host (page-locked on a device).
+using HostBuffer = BufferOf<true>;
 
 }  // namespace hpct::kernels
