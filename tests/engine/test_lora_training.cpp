@@ -48,6 +48,7 @@ struct LoraRun {
   engine::Trainer::MemoryReport mem;
   std::string loaded;
   size_t base = 0, adapters = 0;  // elements of the model's layout
+  double to_device = 0;           // via_device_store: parameter bytes DeviceStore copied in
   ParamLayout layout;
   model::GptConfig model;
 };
@@ -74,6 +75,7 @@ LoraRun train(engine::TrainConfig c, const comm::Communicator& comm) {
   r.mem = t.memory_report();
   r.layout = t.model().layout();
   r.model = c.model;
+  if (t.device_store()) r.to_device = t.device_store()->bytes_to_device();
   for (const auto& x : t.model().layout().tensors())
     (x.name.find(".lora_") != std::string::npos ? r.adapters : r.base) += x.numel;
   return r;
@@ -179,6 +181,11 @@ TEST(LoraTraining, TheDeviceStoreBridgeEqualsThePlainStore) {
   EXPECT_EQ(bridged.losses, plain.losses);
   for (const auto& t : plain.layout.tensors())
     EXPECT_EQ(std::memcmp(bridged.params.data() + t.offset, plain.params.data() + t.offset, t.numel * 4), 0) << t.name;
+  // The frozen base crosses once (it does not change); the blocks that train once per step (fp32).
+  double frozen = 0, trained = 0;
+  for (const auto& b : bridged.layout.blocks()) (b.trains ? trained : frozen) += 4.0 * double(b.numel);
+  EXPECT_GT(frozen, 0.0);
+  EXPECT_EQ(bridged.to_device, frozen + trained * double(bridged.losses.size()));
 }
 
 TEST(LoraTraining, DataParallelZeroMatchesOneRank) {

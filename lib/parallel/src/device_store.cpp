@@ -168,6 +168,13 @@ void DeviceStore::invalidate() {
   if (!order_.empty()) order_done_ = true;  // the first pass's order, used from now on
 }
 
+void DeviceStore::stepped() {
+  const auto& blocks = layout_.blocks();
+  for (size_t b = 0; b < blocks.size(); ++b)
+    if (blocks[b].trains) fresh_[b] = queued_[b] = 0;
+  if (!order_.empty()) order_done_ = true;
+}
+
 void DeviceStore::release(int b) {
   if (pblock_[b].bytes()) give_back(pblock_, b);  // a working copy (stage 3, or widened): it goes too
   if (!held_[b]) return;  // served from the device copy: nothing taken from the engine

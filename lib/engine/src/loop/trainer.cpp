@@ -327,7 +327,7 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
     rec.momentum_l2 = std::sqrt(n[1]);
     rec.variance_l2 = std::sqrt(n[2]);
   }
-  if (device_store_) device_store_->invalidate();
+  if (device_store_) device_store_->stepped();  // the trained blocks changed; a frozen base stays on the device
 }
 
 namespace {

@@ -71,8 +71,11 @@ class DeviceStore final : public model::ParamStore {
   ~DeviceStore() override;
   DeviceStore(const DeviceStore&) = delete;
   DeviceStore& operator=(const DeviceStore&) = delete;
-  /// The host parameters changed (an optimizer step, a checkpoint load): copy every block again.
+  /// The host parameters changed (a checkpoint load): copy every block again.
   void invalidate();
+  /// After an optimizer step: copy the blocks that train again; the frozen ones (LoRA's base)
+  /// did not change and stay.
+  void stepped();
   /// Before each micro-step: `first` starts a step's gradient accumulation, `last` ends it (the
   /// accumulated gradients go to the engine then). Without calls every micro-step is first and last.
   void begin_micro_step(bool first, bool last);
