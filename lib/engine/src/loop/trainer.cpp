@@ -63,8 +63,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
   if (ops_ && grid_.tp().size() > 1) setup_tp_collectives();
   model_->set_communication_aware_checkpointing(cfg_.communication_aware_checkpointing);
   if (cfg_.random_ltd.enabled) model_->set_random_ltd_layers(cfg_.random_ltd.layers(cfg_.model.num_layers));
-  // Sequence-length warmup (and random-LTD): the full length's activations now, reused by every
-  // shorter step.
+  // Sequence-length warmup (and random-LTD): the full length's activations now, for every shorter step.
   if (cfg_.curriculum.enabled || cfg_.random_ltd.enabled) model_->reserve(cfg_.micro_batch, cfg_.model.max_seq_length);
   comm::throw_if_any(grid_.world(), comm::error_text_of([&] { choose_attention_kernel(); }));
   check_device_fits();
@@ -134,7 +133,6 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
   targets_.resize((size_t)cfg_.micro_batch * T);
   mask_buf_.resize(T);
 }
-
 
 std::vector<float> Trainer::gather_full_params() {
   std::vector<float> local = zero_->gather_params();
