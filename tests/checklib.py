@@ -1,5 +1,6 @@
 """What every end-to-end check script of the suite shares: its required arguments, a fresh work
-directory, `check` lines ("ok   ..." / "FAIL ...") and the closing "N failed" with the exit code.
+directory (removed again when every check passed), `check` lines ("ok   ..." / "FAIL ...") and the
+closing "N failed" with the exit code.
 
     from checklib import Checks
     c = Checks("--gpt", "--workdir")      # parses these (required) flags; a is c.args
@@ -34,6 +35,7 @@ class Checks:
         self.args = ap.parse_args()
         self.fails = []
         d = getattr(self.args, workdir.lstrip("-").replace("-", "_"), None)
+        self.workdir = d
         if d:
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
@@ -61,7 +63,12 @@ class Checks:
                               f"{errs[0] if len(errs) == 1 else errs})")
 
     def finish(self):
+        """The verdict. A passing check removes its work directory (checkpoints of hundreds of MB
+        each would otherwise fill a CI machine's disk over the suite); a failing one keeps it to be
+        read, as does HPCT_KEEP_TEST_OUTPUT=1."""
         print(f"{len(self.fails)} failed")
+        if not self.fails and self.workdir and os.environ.get("HPCT_KEEP_TEST_OUTPUT") != "1":
+            shutil.rmtree(self.workdir, ignore_errors=True)
         sys.exit(1 if self.fails else 0)
 
     def train_tiny_brown(self, gpt, data, save, iters, batch, lr):

@@ -569,4 +569,7 @@ EOF
 
   *) fail "unknown case ${case_name}" ;;
 esac
+# A passing case's work directory goes (checkpoints of every job: hundreds of MB over the cases);
+# a failing one's stays to be read, as does every one with HPCT_KEEP_TEST_OUTPUT=1.
+[[ "${HPCT_KEEP_TEST_OUTPUT:-0}" == 1 ]] || rm -rf "${WORK}"
 echo "PASS: ${case_name}"
