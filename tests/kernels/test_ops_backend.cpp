@@ -2,6 +2,7 @@
 // CUDA backend's refusal where it cannot run (a CPU-only build, or a CUDA build without a GPU).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,6 +46,53 @@ TEST(OpsBackend, CpuForwardsToTheCpuOps) {
   matmul_forward(direct.data(), x.data(), w.data(), b.data(), N, C, OC, Precision::bf16);
   be->matmul_forward(via.data(), x.data(), w.data(), b.data(), N, C, OC, Precision::bf16);
   EXPECT_EQ(via, direct);
+}
+
+// The fused forms are their composites on the CPU, bitwise (the CUDA kernels are checked against
+// these in test_fusions_cuda); the written gradients ignore what their buffer held (NaN here).
+TEST(OpsBackend, FusedFormsAreTheirComposites) {
+  BackendScope scope;
+  auto be = cpu_ops();
+  const int N = 5, C = 8, OC = 12;
+  auto fill = [](std::vector<float>& v, int k) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>((i * k) % 101) - 0.5f;
+  };
+  std::vector<float> a(N * C), b(N * C), w(C), bias(C), x(N * C), fw(OC * C), fb(OC), dout(N * OC);
+  fill(a, 37), fill(b, 41), fill(w, 43), fill(bias, 47), fill(x, 53), fill(fw, 59), fill(fb, 61), fill(dout, 67);
+  std::vector<float> res(N * C), out(N * C), mean(N), rstd(N), res2 = b, out2(N * C), mean2(N), rstd2(N);
+  residual_forward(res.data(), a.data(), b.data(), res.size());
+  layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(), N, C);
+  be->residual_layernorm_forward(res2.data(), out2.data(), mean2.data(), rstd2.data(), a.data(), res2.data(), w.data(),
+                                 bias.data(), N, C);  // in place, as the model calls it
+  EXPECT_EQ(res2, res);
+  EXPECT_EQ(out2, out);
+  EXPECT_EQ(mean2, mean);
+  EXPECT_EQ(rstd2, rstd);
+  rmsnorm_forward(out.data(), rstd.data(), res.data(), w.data(), N, C);
+  be->residual_rmsnorm_forward(res2.data(), out2.data(), rstd2.data(), a.data(), b.data(), w.data(), N, C);
+  EXPECT_EQ(res2, res);
+  EXPECT_EQ(out2, out);
+  EXPECT_EQ(rstd2, rstd);
+
+  std::vector<float> pre(N * OC), act(N * OC), pre2(N * OC), act2(N * OC);
+  matmul_forward(pre.data(), x.data(), fw.data(), fb.data(), N, C, OC, Precision::fp32);
+  gelu_forward(act.data(), pre.data(), act.size());
+  be->matmul_gelu_forward(pre2.data(), act2.data(), x.data(), fw.data(), fb.data(), N, C, OC, Precision::fp32);
+  EXPECT_EQ(pre2, pre);
+  EXPECT_EQ(act2, act);
+
+  const float nan = std::nanf("");
+  std::vector<float> dx(N * C, 0.0f), dw(OC * C, 0.5f), db(OC, 0.25f), dx2(N * C, nan), dw2 = dw, db2 = db;
+  matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), fw.data(), N, C, OC, Precision::fp32);
+  be->matmul_backward_into(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), fw.data(), N, C, OC,
+                           Precision::fp32);
+  EXPECT_EQ(dx2, dx);
+  EXPECT_EQ(dw2, dw);
+  EXPECT_EQ(db2, db);
+  std::vector<float> dpre(N * OC, 0.0f), dpre2(N * OC, nan);
+  gelu_backward(dpre.data(), pre.data(), dout.data(), dpre.size());
+  be->gelu_backward_into(dpre2.data(), pre.data(), dout.data(), dpre2.size());
+  EXPECT_EQ(dpre2, dpre);
 }
 
 // Row moves: scatter_rows puts back what gather_rows took (random-LTD's kept rows); other rows stay.

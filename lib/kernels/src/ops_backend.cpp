@@ -42,6 +42,31 @@ AttentionKernel OpsBackend::attention_kernel(int, int, int, int, Precision, Atte
   return {false, "materialised softmax (B x NH x T x T probabilities kept per layer)"};
 }
 
+void OpsBackend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                            const float* b, const float* weight, const float* bias, int N, int C) {
+  residual_forward(res, a, b, (size_t)N * C);
+  layernorm_forward(out, mean, rstd, res, weight, bias, N, C);
+}
+void OpsBackend::residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                                          const float* weight, int N, int C) {
+  residual_forward(res, a, b, (size_t)N * C);
+  rmsnorm_forward(out, rstd, res, weight, N, C);
+}
+void OpsBackend::matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias,
+                                     int N, int C, int OC, Precision p) {
+  matmul_forward(pre, inp, weight, bias, N, C, OC, p);
+  gelu_forward(act, pre, (size_t)N * OC);
+}
+void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                      const float* weight, int N, int C, int OC, Precision p) {
+  zero(dinp, (size_t)N * C * sizeof(float));
+  matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
+}
+void OpsBackend::gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n) {
+  zero(dinp, n * sizeof(float));
+  gelu_backward(dinp, inp, dout, n);
+}
+
 namespace {
 
 class CpuOps final : public OpsBackend {

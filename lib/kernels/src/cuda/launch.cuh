@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "hpct/core/error.hpp"
@@ -27,6 +28,9 @@ inline void check_launch(const char* op) {
     throw Error(std::string("hpct::kernels::cuda::") + op + ": " + cudaGetErrorName(err) + ": " +
                 cudaGetErrorString(err));
 }
+
+/// Whether a pointer can be read as float4 (16 bytes); null counts as aligned (an absent operand).
+inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Every index i < n once, over the whole grid.
 #define HPCT_GRID_STRIDE(i, n) \

@@ -393,6 +393,31 @@ class CudaOps final : public OpsBackend {
     cuda::residual_forward(out, a, b, n, stream_);
   }
   void add_scaled(float* y, const float* x, float a, size_t n) override { cuda::add_scaled(y, x, a, n, stream_); }
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                  const float* weight, const float* bias, int N, int C) override {
+    cuda::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, N, C, stream_);
+  }
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                                const float* weight, int N, int C) override {
+    cuda::residual_rmsnorm_forward(res, out, rstd, a, b, weight, N, C, stream_);
+  }
+  // The GEMM writes pre without its bias; the bias is added in the GELU's pass (fusions.cu).
+  void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
+                           int C, int OC, Precision p) override {
+    require_sizes("matmul_gelu_forward", N, C, OC);
+    gemm(false, true, N, OC, C, 1.0f, inp, C, 0, weight, C, 0, 0.0f, pre, OC, 0, 1, p);
+    cuda::bias_gelu_forward(pre, act, bias, N, OC, stream_);
+  }
+  // dinp's GEMM with beta 0: no memset first.
+  void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, int N, int C, int OC, Precision p) override {
+    require_sizes("matmul_backward_into", N, C, OC);
+    if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, 0, weight, C, 0, 0.0f, dinp, C, 0, 1, p);
+    matmul_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, p);
+  }
+  void gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n) override {
+    cuda::gelu_backward(dinp, inp, dout, n, stream_, /*accumulate=*/false);
+  }
   void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                              int Vp) override {
     cuda::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp, stream_);

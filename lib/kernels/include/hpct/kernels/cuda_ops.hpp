@@ -29,9 +29,9 @@ namespace hpct::kernels::cuda {
 
 /// GELU, tanh approximation (GPT-2), as hpct::kernels::gelu_forward.
 void gelu_forward(float* out /*(n)*/, const float* inp /*(n)*/, size_t n, cudaStream_t stream);
-/// dinp += gelu'(inp) * dout.
+/// dinp += gelu'(inp) * dout (accumulate false: dinp = gelu'(inp) * dout).
 void gelu_backward(float* dinp /*(n)*/, const float* inp /*(n)*/, const float* dout /*(n)*/, size_t n,
-                   cudaStream_t stream);
+                   cudaStream_t stream, bool accumulate = true);
 /// out = a + b; out may alias a or b.
 void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, size_t n, cudaStream_t stream);
 /// y += a * x.
@@ -57,6 +57,17 @@ void swiglu_backward(float* dinp /*(rows,2F)*/, const float* inp /*(rows,2F)*/, 
 /// RMSNorm, eps 1e-5, saving rstd, as hpct::kernels::rmsnorm_forward.
 void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/, const float* weight /*(C)*/,
                      int N, int C, cudaStream_t stream);
+/// res = a + b (res may alias a or b), then out = layernorm(res) saving mean and rstd: one kernel
+/// (fusions.cu), the same as residual_forward then layernorm_forward to rounding.
+void residual_layernorm_forward(float* res /*(N,C)*/, float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/,
+                                const float* a /*(N,C)*/, const float* b /*(N,C)*/, const float* weight /*(C)*/,
+                                const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
+/// res = a + b, then out = rmsnorm(res) saving rstd: one kernel.
+void residual_rmsnorm_forward(float* res /*(N,C)*/, float* out /*(N,C)*/, float* rstd /*(N)*/, const float* a /*(N,C)*/,
+                              const float* b /*(N,C)*/, const float* weight /*(C)*/, int N, int C, cudaStream_t stream);
+/// pre += bias (bias may be null: none), then act = gelu(pre): one kernel after an MLP's fc GEMM.
+void bias_gelu_forward(float* pre /*(N,OC)*/, float* act /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC,
+                       cudaStream_t stream);
 
 /// dst = fp32 values of 16-bit src: bfloat16 (the top half of an fp32) when bf16, else IEEE half.
 void widen_half(float* dst /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);

@@ -182,6 +182,26 @@ class OpsBackend {
   virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
   virtual void add_scaled(float* y, const float* x, float a, size_t n) = 0;
+
+  // ---- fused forms: each is exactly the composite its comment names (the default here, so every
+  // backend computes the same thing); a backend that can fuses it into fewer passes over memory ----
+  /// res = a + b (residual_forward; res may be a or b), then out = layernorm(res) with mean and
+  /// rstd saved (layernorm_forward): a transformer layer's residual add and the norm after it.
+  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                          const float* b, const float* weight, const float* bias, int N, int C);
+  /// res = a + b, then out = rmsnorm(res) with rstd saved.
+  virtual void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                                        const float* weight, int N, int C);
+  /// pre = inp weight^T + bias (matmul_forward), then act = gelu(pre) (gelu_forward): an MLP's fc
+  /// and its activation; both kept, as the backward reads pre.
+  virtual void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias,
+                                   int N, int C, int OC, Precision p);
+  /// matmul_backward with dinp WRITTEN (its old contents ignored, as if zeroed first); dweight and
+  /// dbias accumulate as there. Saves the memset before a gradient's first GEMM.
+  virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                    const float* weight, int N, int C, int OC, Precision p);
+  /// dinp = gelu'(inp) * dout, WRITTEN (gelu_backward on a zeroed dinp).
+  virtual void gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n);
   /// As ops.hpp, except that targets are checked by the caller on a device backend (a kernel
   /// cannot throw): Gpt checks them on the host before they are copied in.
   virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,

@@ -1,0 +1,210 @@
+// The CUDA backend's fused forms (fusions.cu) against the CPU backend's, which are the unfused
+// composites by definition (OpsBackend's defaults): residual + LayerNorm, residual + RMSNorm, fc +
+// bias + GELU. Each at a width that takes the 16-byte loads (C % 4 == 0, aligned) and at one that
+// cannot (odd C, or pointers one float off 16 bytes), in place (res = b) and not. Without a CUDA
+// device every test is SKIPPED.
+//
+// Tolerances: the norms sum a row of 70-1024 values in another order (warp shuffles against the
+// CPU's loop): 1e-4 relative + 1e-5 absolute, as test_ops_backend_cuda's layernorm. The fc GEMM is
+// cuBLAS against OpenBLAS/oneDNN, and the bias is added after it rather than before: fp32 1e-4 +
+// 1e-4 absolute (sums of 64-96 O(1) products); bf16 1e-2 of the norm (cuBLAS may round its inputs
+// to bf16 where the CPU does not: ~2^-9 relative per product).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/ops_backend.hpp"
+
+using namespace hpct::kernels;
+using Vec = std::vector<float>;
+
+namespace {
+
+class Env : public ::testing::Environment {
+ public:
+  void SetUp() override { scope_ = std::make_unique<BackendScope>(); }
+  void TearDown() override { scope_.reset(); }
+
+ private:
+  std::unique_ptr<BackendScope> scope_;
+};
+[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
+
+Vec randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  Vec v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// Device copies of host vectors, `shift` floats into their allocation (1: not 16-byte aligned).
+struct Gpu {
+  std::unique_ptr<OpsBackend> be;
+  std::vector<BackendBuffer> keep;
+  int shift = 0;
+  Gpu() {
+    if (cuda_ops_available()) be = cuda_ops(0);
+  }
+  float* put(const Vec& v) {
+    keep.emplace_back(*be, (v.size() + 4) * sizeof(float));
+    float* d = keep.back().as<float>() + shift;
+    be->copy_from_host(d, v.data(), v.size() * sizeof(float));
+    return d;
+  }
+  Vec get(const float* d, size_t n) {
+    Vec h(n);
+    be->copy_to_host(h.data(), d, n * sizeof(float));
+    return h;
+  }
+};
+
+void expect_close(const std::string& what, const Vec& gpu, const Vec& cpu, double rel, double abs) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    if (!(std::fabs(gpu[i] - cpu[i]) <= abs + rel * std::fabs(cpu[i])) && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": gpu " << gpu[first] << " cpu " << cpu[first];
+}
+
+void expect_close_norm(const std::string& what, const Vec& gpu, const Vec& cpu, double rel) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double d = 0, n = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) d += (double(gpu[i]) - cpu[i]) * (double(gpu[i]) - cpu[i]), n += double(cpu[i]) * cpu[i];
+  EXPECT_LE(std::sqrt(d), rel * std::sqrt(n)) << what;
+}
+
+#define NEED_GPU(g)                \
+  Gpu g;                           \
+  if (!g.be) {                     \
+    std::string why;               \
+    cuda_ops_available(&why);      \
+    GTEST_SKIP() << why;           \
+  }
+
+// rms: RMSNorm (no mean, no bias); in_place: res is b's buffer (as the model calls it).
+void residual_norm_case(int N, int C, bool rms, bool in_place, int shift) {
+  NEED_GPU(g);
+  g.shift = shift;
+  auto cpu = cpu_ops();
+  const std::string what = std::string(rms ? "rmsnorm" : "layernorm") + " C=" + std::to_string(C) +
+                           (in_place ? " in place" : "") + (shift ? " unaligned" : "");
+  // a: the skip path; b: the branch, offset so that the sum's mean is far from 0 (the variance's
+  // second pass matters).
+  Vec a = randn((size_t)N * C, 1, 2.0f), b = randn((size_t)N * C, 2), w = randn(C, 3), bias = randn(C, 4);
+  for (auto& x : b) x += 3.0f;
+  Vec res((size_t)N * C), out((size_t)N * C), mean(N), rstd(N);
+  float* d_a = g.put(a);
+  float* d_b = g.put(b);
+  float* d_res = in_place ? d_b : g.put(res);
+  float* d_out = g.put(out);
+  float* d_mean = g.put(mean);
+  float* d_rstd = g.put(rstd);
+  if (rms) {
+    cpu->residual_rmsnorm_forward(res.data(), out.data(), rstd.data(), a.data(), b.data(), w.data(), N, C);
+    g.be->residual_rmsnorm_forward(d_res, d_out, d_rstd, d_a, d_b, g.put(w), N, C);
+  } else {
+    cpu->residual_layernorm_forward(res.data(), out.data(), mean.data(), rstd.data(), a.data(), b.data(), w.data(),
+                                    bias.data(), N, C);
+    g.be->residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_a, d_b, g.put(w), g.put(bias), N, C);
+    expect_close(what + " mean", g.get(d_mean, N), mean, 1e-4, 1e-5);
+  }
+  expect_close(what + " res", g.get(d_res, res.size()), res, 0, 0);  // one addition: exact
+  expect_close(what + " out", g.get(d_out, out.size()), out, 1e-4, 1e-5);
+  expect_close(what + " rstd", g.get(d_rstd, N), rstd, 1e-4, 1e-5);
+}
+
+}  // namespace
+
+// 300 rows (more warps than one block holds); C = 768 and 1024: the 16-byte loads; C = 70: not.
+TEST(CudaFusions, ResidualLayerNorm) {
+  residual_norm_case(300, 768, false, false, 0);
+  residual_norm_case(300, 768, false, true, 0);
+  residual_norm_case(300, 70, false, true, 0);
+  residual_norm_case(300, 1024, false, false, 1);
+}
+TEST(CudaFusions, ResidualRmsNorm) {
+  residual_norm_case(300, 1024, true, true, 0);
+  residual_norm_case(300, 70, true, false, 0);
+  residual_norm_case(300, 768, true, true, 1);
+}
+
+namespace {
+
+void matmul_gelu_case(Precision p, int OC, bool with_bias, int shift) {
+  NEED_GPU(g);
+  g.shift = shift;
+  auto cpu = cpu_ops();
+  const int N = 257, C = 64;
+  const std::string what = std::string(p == Precision::fp32 ? "fp32" : "bf16") + " OC=" + std::to_string(OC) +
+                           (with_bias ? "" : " no bias") + (shift ? " unaligned" : "");
+  Vec inp = randn((size_t)N * C, 1), w = randn((size_t)OC * C, 2, 0.2f), bias = randn(OC, 3);
+  Vec pre((size_t)N * OC), act((size_t)N * OC);
+  cpu->matmul_gelu_forward(pre.data(), act.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, N, C, OC, p);
+  float* d_pre = g.put(pre);
+  float* d_act = g.put(act);
+  g.be->matmul_gelu_forward(d_pre, d_act, g.put(inp), g.put(w), with_bias ? g.put(bias) : nullptr, N, C, OC, p);
+  const Vec gp = g.get(d_pre, pre.size()), ga = g.get(d_act, act.size());
+  if (p == Precision::fp32) {
+    expect_close(what + " pre", gp, pre, 1e-4, 1e-4);
+    expect_close(what + " act", ga, act, 1e-4, 1e-4);
+  } else {
+    expect_close_norm(what + " pre", gp, pre, 1e-2);
+    expect_close_norm(what + " act", ga, act, 1e-2);
+  }
+  // act is GELU of the device's own pre, whatever the GEMM's rounding: the element-wise part alone.
+  Vec act_of_gp(gp.size());
+  cpu->gelu_forward(act_of_gp.data(), gp.data(), gp.size());
+  expect_close(what + " act = gelu(pre)", ga, act_of_gp, 1e-5, 1e-6);
+}
+
+}  // namespace
+
+TEST(CudaFusions, MatmulBiasGeluFp32) {
+  matmul_gelu_case(Precision::fp32, 96, true, 0);
+  matmul_gelu_case(Precision::fp32, 96, false, 0);
+  matmul_gelu_case(Precision::fp32, 37, true, 0);
+}
+TEST(CudaFusions, MatmulBiasGeluBf16) {
+  matmul_gelu_case(Precision::bf16, 96, true, 0);
+  matmul_gelu_case(Precision::bf16, 96, true, 1);
+}
+
+// The written (not accumulated) gradients: the device buffer starts as NaN, which a memset-free
+// kernel must never read (cuBLAS with beta 0 does not). dweight and dbias still accumulate onto
+// non-zero starts. Tolerances as matmul's fp32 (sums of 96 and 257 products) and GELU's 1e-4.
+TEST(CudaFusions, GradientsWrittenWithoutAMemset) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 257, C = 64, OC = 96;
+  const Precision p = Precision::fp32;
+  Vec inp = randn((size_t)N * C, 1), w = randn((size_t)OC * C, 2, 0.2f), dout = randn((size_t)N * OC, 3);
+  Vec dinp((size_t)N * C, 7.0f), dw = randn((size_t)OC * C, 4), db = randn(OC, 5);
+  const Vec nan_in((size_t)N * C, std::nanf("")), nan_out((size_t)N * OC, std::nanf(""));
+  float* d_dinp = g.put(nan_in);
+  float* d_dw = g.put(dw);
+  float* d_db = g.put(db);
+  cpu->matmul_backward_into(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC, p);
+  g.be->matmul_backward_into(d_dinp, d_dw, d_db, g.put(dout), g.put(inp), g.put(w), N, C, OC, p);
+  expect_close("matmul_backward_into dinp", g.get(d_dinp, dinp.size()), dinp, 1e-4, 1e-4);
+  expect_close("matmul_backward_into dweight", g.get(d_dw, dw.size()), dw, 1e-4, 1e-4);
+  expect_close("matmul_backward_into dbias", g.get(d_db, db.size()), db, 1e-4, 1e-5);
+
+  Vec x = randn((size_t)N * OC, 6, 2.0f), dx((size_t)N * OC, 7.0f);
+  float* d_dx = g.put(nan_out);
+  cpu->gelu_backward_into(dx.data(), x.data(), dout.data(), dx.size());
+  g.be->gelu_backward_into(d_dx, g.put(x), g.put(dout), dx.size());
+  expect_close("gelu_backward_into", g.get(d_dx, dx.size()), dx, 1e-4, 1e-5);
+  // An odd length: the scalar kernel (the float4 one needs n % 4 == 0), accumulating.
+  const size_t odd = 1001;
+  Vec acc = randn(odd, 8);
+  float* d_acc = g.put(acc);
+  cpu->gelu_backward(acc.data(), x.data(), dout.data(), odd);
+  g.be->gelu_backward(d_acc, g.put(x), g.put(dout), odd);
+  expect_close("gelu_backward, odd length", g.get(d_acc, odd), acc, 1e-4, 1e-5);
+}
