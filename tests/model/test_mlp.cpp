@@ -62,6 +62,8 @@ TEST(Mlp, DeclaresItsTensors) {
 
 struct Recorder final : LinearHooks {
   std::vector<std::string> calls;
+  bool fc_active = true;  // false: the MLP may fuse fc with its GELU and not call this hook there
+  bool active(Linear w) const override { return w != fc || fc_active; }
   void forward(Linear w, const float*, float*, int rows) override { calls.push_back("f" + std::to_string(w) + ":" + std::to_string(rows)); }
   void backward(Linear w, const float*, const float*, float*, int rows) override {
     calls.push_back("b" + std::to_string(w) + ":" + std::to_string(rows));
@@ -147,6 +149,27 @@ void forward_backward_and_hooks(MlpKind kind) {
 }
 
 TEST(Mlp, GeluForwardBackwardAndHooks) { forward_backward_and_hooks(MlpKind::gelu); }
+
+// Nothing beside fc (no LoRA there): GELU's MLP runs fc, its bias and GELU as one op
+// (OpsBackend::matmul_gelu_forward) and calls no hook for fc; the result is the unfused route's.
+// On the CPU the fused op is that composite, so bitwise; the CUDA kernel is checked against it in
+// test_fusions_cuda.
+TEST(Mlp, GeluFusedWhenNothingRunsBesideFc) {
+  auto ops = kernels::cpu_ops();
+  Case k;
+  const Mlp m(*ops, kernels::Precision::fp32, k.C, MlpKind::gelu);
+  std::vector<float> fch(k.R * k.W()), act(k.R * k.F), out(k.R * k.C);
+  std::vector<float> fch2 = fch, act2 = act, out2 = out;
+  Recorder hooked, idle;
+  idle.fc_active = false;
+  m.forward(k.w(), k.x.data(), fch.data(), act.data(), out.data(), k.R, k.F, &hooked);
+  m.forward(k.w(), k.x.data(), fch2.data(), act2.data(), out2.data(), k.R, k.F, &idle);
+  EXPECT_EQ(hooked.calls, (std::vector<std::string>{"f2:3", "f3:3"}));
+  EXPECT_EQ(idle.calls, (std::vector<std::string>{"f3:3"}));
+  EXPECT_EQ(fch, fch2);
+  EXPECT_EQ(act, act2);
+  EXPECT_EQ(out, out2);
+}
 TEST(Mlp, SwiGluForwardBackwardAndHooks) { forward_backward_and_hooks(MlpKind::swiglu); }
 
 }  // namespace

@@ -53,8 +53,7 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
                          float* dqkv, const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const {
   const int N = B * T;
   const size_t NCl = (size_t)N * Cl_;
-  ops_->zero(dy, NCl * sizeof(float));
-  ops_->matmul_backward(dy, g.projw, g.projb, dout, y, w.projw, N, Cl_, C_, precision_);
+  ops_->matmul_backward_into(dy, g.projw, g.projb, dout, y, w.projw, N, Cl_, C_, precision_);  // dy written
   if (hooks) hooks->backward(LinearHooks::proj, y, dout, dy, N);
   // Grouped: the op's gradient for every query head's key/value copy (after dqkv's grouped rows),
   // then summed into the shared heads.

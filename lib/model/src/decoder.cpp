@@ -120,8 +120,7 @@ void Decoder::run(const std::vector<Row>& rows, const int32_t* tokens, const std
     }
     attend(rows, l);
     attention_.project(aw, atty_.data(), res_.data(), R, nullptr);
-    ops_->residual_forward(res_.data(), x_.data(), res_.data(), RC);
-    norm_.forward(NormWeights::at(lp, o.ln2), res_.data(), ln_.data(), stats, R);
+    norm_.forward_residual(NormWeights::at(lp, o.ln2), x_.data(), res_.data(), res_.data(), ln_.data(), stats, R);
     if (o.experts == 0) mlp(MlpWeights::at(lp, o.mlp), ln_.data(), x_.data(), R);
     else moe(l, R, x_.data());
     ops_->residual_forward(x_.data(), res_.data(), x_.data(), RC);

@@ -145,6 +145,7 @@ struct Gpt::LayerLora final : LinearHooks {
   const Block& o;
   LayerActs& a;
   LayerLora(Gpt& gpt, const Block& block, LayerActs& acts) : g(gpt), o(block), a(acts) {}
+  bool active(Linear which) const override { return g.cfg_.lora.adapts(which) && o.lora_block >= 0; }
   void forward(Linear which, const float* x, float* out, int rows) override { g.lora_forward(o, a, which, x, out, rows); }
   void backward(Linear which, const float* x, const float* dout, float* dx, int rows) override {
     g.lora_backward(o, a, which, x, dout, dx, rows);
@@ -174,16 +175,18 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
   const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
   float* kept = keeps_communication() && training_ ? ws_->kept_res2 + (size_t)l * slot : nullptr;
+  const NormWeights ln2 = NormWeights::at(lp, o.ln2);
+  const NormStats ln2_stats{a.ln2_mean, a.ln2_rstd};
   if (replaying_) {  // CAC: the attention output's g is not run again
     std::memcpy(a.res2, kept, nC * sizeof(float));
+    norm_.forward(ln2, a.res2, a.ln2 + r0 * C, ln2_stats, (int)n);
   } else {
     attention_.project(aw, a.atty, part, N, &lora);
     tp_.reduce_scatter(part, a.res2, NC);
     hidden_dropout(a.res2, l, kernels::DropoutSite::attention_out, B, T);
-    ops_->residual_forward(a.res2, in, a.res2, nC);
+    norm_.forward_residual(ln2, in, a.res2, a.res2, a.ln2 + r0 * C, ln2_stats, (int)n);  // res2 = in + attention
     if (kept) std::memcpy(kept, a.res2, nC * sizeof(float));
   }
-  norm_.forward(NormWeights::at(lp, o.ln2), a.res2, a.ln2 + r0 * C, {a.ln2_mean, a.ln2_rstd}, (int)n);
   tp_.all_gather(a.ln2, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again

@@ -21,6 +21,10 @@ MlpTensors Mlp::declare(ParamLayout& layout, const std::string& prefix, int64_t 
 }
 
 void Mlp::hidden(const MlpWeights& w, const float* x, float* fch, float* act, int rows, int F, LinearHooks* hooks) const {
+  if (kind_ == MlpKind::gelu && !(hooks && hooks->active(LinearHooks::fc))) {  // fc, its bias and GELU fused
+    ops_->matmul_gelu_forward(fch, act, x, w.fcw, w.fcb, rows, C_, F, precision_);
+    return;
+  }
   ops_->matmul_forward(fch, x, w.fcw, w.fcb, rows, C_, fc_width(F), precision_);
   if (hooks) hooks->forward(LinearHooks::fc, x, fch, rows);
   if (kind_ == MlpKind::swiglu) ops_->swiglu_forward(act, fch, (size_t)rows, F);
@@ -37,13 +41,15 @@ void Mlp::forward(const MlpWeights& w, const float* x, float* fch, float* act, f
 void Mlp::backward(const MlpWeights& w, const MlpGrads& g, const float* x, const float* fch, const float* act,
                    const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const {
   const size_t n = (size_t)rows * F;
-  ops_->zero(dact, n * sizeof(float));
-  ops_->matmul_backward(dact, g.projw, g.projb, dout, act, w.projw, rows, F, C_, precision_);
+  ops_->matmul_backward_into(dact, g.projw, g.projb, dout, act, w.projw, rows, F, C_, precision_);  // dact written
   if (hooks) hooks->backward(LinearHooks::fc2, act, dout, dact, rows);
   const int W = fc_width(F);
-  ops_->zero(dfch, (size_t)rows * W * sizeof(float));
-  if (kind_ == MlpKind::swiglu) ops_->swiglu_backward(dfch, fch, dact, (size_t)rows, F);
-  else ops_->gelu_backward(dfch, fch, dact, n);
+  if (kind_ == MlpKind::swiglu) {
+    ops_->zero(dfch, (size_t)rows * W * sizeof(float));
+    ops_->swiglu_backward(dfch, fch, dact, (size_t)rows, F);
+  } else {
+    ops_->gelu_backward_into(dfch, fch, dact, n);  // written
+  }
   ops_->matmul_backward(dx, g.fcw, g.fcb, dfch, x, w.fcw, rows, C_, W, precision_);
   if (hooks) hooks->backward(LinearHooks::fc, x, dfch, dx, rows);
 }

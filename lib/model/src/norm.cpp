@@ -19,6 +19,12 @@ void Norm::forward(const NormWeights& w, const float* x, float* out, const NormS
   else ops_->layernorm_forward(out, s.mean, s.rstd, x, w.weight, w.bias, rows, C_);
 }
 
+void Norm::forward_residual(const NormWeights& w, const float* skip, const float* branch, float* res, float* out,
+                            const NormStats& s, int rows) const {
+  if (kind_ == NormKind::rmsnorm) ops_->residual_rmsnorm_forward(res, out, s.rstd, skip, branch, w.weight, rows, C_);
+  else ops_->residual_layernorm_forward(res, out, s.mean, s.rstd, skip, branch, w.weight, w.bias, rows, C_);
+}
+
 void Norm::backward(const NormWeights& w, const NormGrads& g, const float* x, const NormStats& s, const float* dout,
                     float* dx, int rows) const {
   if (kind_ == NormKind::rmsnorm) ops_->rmsnorm_backward(dx, g.weight, dout, x, w.weight, s.rstd, rows, C_);

@@ -11,6 +11,9 @@ class LinearHooks {
   /// and output projections, the MLP's fc and fc2.
   enum Linear { qkv = 0, proj = 1, fc = 2, fc2 = 3 };
   virtual ~LinearHooks() = default;
+  /// Whether anything runs beside `which` (a block may fuse the linear with the op after it only
+  /// when nothing is added to its output in between).
+  virtual bool active(Linear which) const = 0;
   /// After `which`'s forward: its input x and its output `out` (to add to), on `rows` rows.
   virtual void forward(Linear which, const float* x, float* out, int rows) = 0;
   /// After `which`'s backward: its input, its output's gradient, and the input gradient to add to.

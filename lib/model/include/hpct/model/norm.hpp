@@ -57,6 +57,10 @@ class Norm {
 
   /// out = norm(x) on `rows` rows; the statistics into s.
   void forward(const NormWeights& w, const float* x, float* out, const NormStats& s, int rows) const;
+  /// The residual add before a norm with the norm: res = skip + branch (res may be either), then
+  /// out = norm(res); one pass on backends that fuse it (OpsBackend::residual_layernorm_forward).
+  void forward_residual(const NormWeights& w, const float* skip, const float* branch, float* res, float* out,
+                        const NormStats& s, int rows) const;
   /// From dout: the weight gradients and dx ACCUMULATED.
   void backward(const NormWeights& w, const NormGrads& g, const float* x, const NormStats& s, const float* dout,
                 float* dx, int rows) const;
