@@ -132,7 +132,7 @@ void forward_backward_and_hooks(MlpKind kind) {
   const auto ref = reference(k);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << i;
   // Backward of loss = sum out_i (i + 1): dout_i = i + 1.
-  std::vector<float> dout(out.size()), dx(k.x.size(), 0.0f), dfch(fch.size()), dact(fch.size());
+  std::vector<float> dout(out.size()), dx(k.x.size(), std::nanf("")), dfch(fch.size()), dact(fch.size());
   for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(i + 1);
   std::vector<float> gfcw(k.fcw.size(), 0.0f), gfcb(k.fcb.size(), 0.0f), gprojw(k.projw.size(), 0.0f), gprojb(k.C, 0.0f);
   m.backward(k.w(), {gfcw.data(), gfcb.data(), gprojw.data(), gprojb.data()}, k.x.data(), fch.data(), act.data(),

@@ -63,7 +63,7 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
                            use_);
   if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
   if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
-  ops_->matmul_backward(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, qkv_width(), precision_);
+  ops_->matmul_backward_into(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, qkv_width(), precision_);  // dx written
   if (hooks) hooks->backward(LinearHooks::qkv, x, dqkv, dx, N);
 }
 

@@ -276,7 +276,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   const NormGrads dn2 = scratch ? scratch_norm_grads(2 * C) : norm_grads(lg, o.ln2);
   LayerLora lora(*this, o, a);
   if (sp) ops_->zero(w.dnorm, 4 * C * sizeof(float));
-  ops_->zero(w.dln, NC * sizeof(float));
+  if (o.experts > 0) ops_->zero(w.dln, NC * sizeof(float));  // MoE accumulates its parts; the dense MLP writes
   const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
     mlp_.backward(dense_mlp(lp, o), MlpGrads::at(lg, o.mlp), a.ln2, a.fch, a.fch_gelu, dout, w.dln, N, w.dfch,
@@ -290,7 +290,6 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   norm_.backward(NormWeights::at(lp, o.ln2), dn2, a.res2, {a.ln2_mean, a.ln2_rstd}, dsl, dres, (int)n);
   const float* dproj = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::attention_out, B, T), N);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  ops_->zero(w.dln, NC * sizeof(float));
   attention_.backward(attention(lp, o), AttentionGrads::at(lg, o.attn), a.ln1, a.qkv, a.att, a.atty, dproj, w.dln, B,
                       T, w.datty, w.dqkv, &attn_drop, pos, &lora);
   tp_.reduce_scatter(w.dln, dsl, NC);

@@ -50,7 +50,7 @@ void Mlp::backward(const MlpWeights& w, const MlpGrads& g, const float* x, const
   } else {
     ops_->gelu_backward_into(dfch, fch, dact, n);  // written
   }
-  ops_->matmul_backward(dx, g.fcw, g.fcb, dfch, x, w.fcw, rows, C_, W, precision_);
+  ops_->matmul_backward_into(dx, g.fcw, g.fcb, dfch, x, w.fcw, rows, C_, W, precision_);  // dx written
   if (hooks) hooks->backward(LinearHooks::fc, x, dfch, dx, rows);
 }
 

@@ -411,8 +411,8 @@ void Moe::backward(const Pass& p, ParamStore& store, const LayerTensors& o, cons
     BackendArray<float> dd(*ops_), dlog(*ops_);
     ops_->residual_mix_backward(dmoe.resize((size_t)N * C), dd.resize((size_t)N * C), dlog.resize((size_t)N * 2), dout,
                                 m.coef.data(), m.moe_out.data(), m.dense_out.data(), N, C);
-    // dx is zero here: the dense MLP's part first, summed over the tensor-parallel group (f's
-    // backward), then the whole contributions of the coefficient and the experts.
+    // The dense MLP's part first (it writes dx), summed over the tensor-parallel group (f's
+    // backward), then the whole contributions of the coefficient and the experts added.
     mlp_.backward(dense.w, dense.g, x, dense.fch, dense.fch_gelu, dd.data(), dx, N, dense.dfch, dense.dfch_gelu,
                   dense.width, nullptr);
     tp_.all_reduce(dx, (size_t)N * C);

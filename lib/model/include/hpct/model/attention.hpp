@@ -110,8 +110,8 @@ class Attention {
            const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const;
   /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
   void project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const;
-  /// From dout (the projection's output gradient): the weight gradients and dx ACCUMULATED (zero dx
-  /// first to overwrite); dy (B*T x channels) and dqkv (dqkv_floats(B*T)) are scratch.
+  /// From dout (the projection's output gradient): the weight gradients ACCUMULATED, dx WRITTEN
+  /// (no memset first; a LoRA hook adds to it after the GEMM); dy (B*T x channels) and dqkv (dqkv_floats(B*T)) are scratch.
   void backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv, const float* att,
                 const float* y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;

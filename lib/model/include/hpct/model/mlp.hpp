@@ -77,7 +77,7 @@ class Mlp {
   /// The whole MLP: out = GELU(x fc^T + b) fc2^T + b2; fch and act are kept for backward.
   void forward(const MlpWeights& w, const float* x, float* fch, float* act, float* out, int rows, int F,
                LinearHooks* hooks) const;
-  /// From dout: the weight gradients and dx ACCUMULATED (zero dx first to overwrite); dfch (rows x
+  /// From dout: the weight gradients ACCUMULATED, dx WRITTEN (no memset first); dfch (rows x
   /// fc_width(F)) and dact (rows x F) are scratch.
   void backward(const MlpWeights& w, const MlpGrads& g, const float* x, const float* fch, const float* act,
                 const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const;
