@@ -208,3 +208,35 @@ TEST(CudaFusions, GradientsWrittenWithoutAMemset) {
   g.be->gelu_backward(d_acc, g.put(x), g.put(dout), odd);
   expect_close("gelu_backward, odd length", g.get(d_acc, odd), acc, 1e-4, 1e-5);
 }
+
+namespace {
+
+// attention_backward_into from a NaN-filled dqkv against attention_backward onto zeros, on the
+// same device kernel: the written form must equal the accumulated one exactly (the GEMMs' beta 0
+// against beta 1 on zeros; cuDNN's 16-bit gradient widened against added to zeros).
+void attention_into_case(Precision p, int T, bool want_fused) {
+  NEED_GPU(g);
+  const int B = 2, C = 128, NH = 2;
+  const AttentionUse use{};
+  const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, use);
+  if (want_fused && !k.fused) GTEST_SKIP() << k.what;
+  ASSERT_EQ(k.fused, want_fused) << k.what;
+  const size_t N = (size_t)B * T, state = g.be->attention_state_floats(B, T, C, NH, p, use);
+  const Vec qkv = randn(N * 3 * C, 11), dout = randn(N * C, 12);
+  BackendBuffer d_state(*g.be, state * sizeof(float));
+  float* d_out = g.put(Vec(N * C));
+  const float* d_qkv = g.put(qkv);
+  const float* d_dout = g.put(dout);
+  g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, use);
+  float* d_acc = g.put(Vec(N * 3 * C, 0.0f));
+  float* d_into = g.put(Vec(N * 3 * C, std::nanf("")));
+  g.be->attention_backward(d_acc, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
+  g.be->attention_backward_into(d_into, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
+  expect_close(std::string("attention_backward_into, ") + k.what, g.get(d_into, N * 3 * C), g.get(d_acc, N * 3 * C),
+               0, 0);
+}
+
+}  // namespace
+
+TEST(CudaFusions, AttentionGradientWrittenMaterialised) { attention_into_case(Precision::fp32, 40, false); }
+TEST(CudaFusions, AttentionGradientWrittenFused) { attention_into_case(Precision::bf16, 128, true); }

@@ -93,6 +93,16 @@ TEST(OpsBackend, FusedFormsAreTheirComposites) {
   gelu_backward(dpre.data(), pre.data(), dout.data(), dpre.size());
   be->gelu_backward_into(dpre2.data(), pre.data(), dout.data(), dpre2.size());
   EXPECT_EQ(dpre2, dpre);
+
+  const int B = 1, T = 3, AC = 4, NH = 2;  // attention on B*T = 3 rows of q | k | v
+  std::vector<float> qkv(B * T * 3 * AC), aout(B * T * AC), att(B * NH * T * T), ad(B * T * AC);
+  fill(qkv, 71), fill(ad, 73);
+  be->attention_forward(aout.data(), att.data(), qkv.data(), B, T, AC, NH, Precision::fp32, nullptr, nullptr, {});
+  std::vector<float> dqkv(qkv.size(), 0.0f), dqkv2(qkv.size(), nan);
+  be->attention_backward(dqkv.data(), ad.data(), qkv.data(), att.data(), B, T, AC, NH, Precision::fp32, nullptr, {});
+  be->attention_backward_into(dqkv2.data(), ad.data(), qkv.data(), att.data(), B, T, AC, NH, Precision::fp32, nullptr,
+                              {});
+  EXPECT_EQ(dqkv2, dqkv);
 }
 
 // Row moves: scatter_rows puts back what gather_rows took (random-LTD's kept rows); other rows stay.

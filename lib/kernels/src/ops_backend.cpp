@@ -62,6 +62,11 @@ void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias,
   zero(dinp, (size_t)N * C * sizeof(float));
   matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
 }
+void OpsBackend::attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                                         int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) {
+  zero(dqkv, (size_t)B * T * 3 * C * sizeof(float));
+  attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
+}
 void OpsBackend::gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n) {
   zero(dinp, n * sizeof(float));
   gelu_backward(dinp, inp, dout, n);

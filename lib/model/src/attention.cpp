@@ -52,15 +52,13 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
                          const float* att, const float* y, const float* dout, float* dx, int B, int T, float* dy,
                          float* dqkv, const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const {
   const int N = B * T;
-  const size_t NCl = (size_t)N * Cl_;
   ops_->matmul_backward_into(dy, g.projw, g.projb, dout, y, w.projw, N, Cl_, C_, precision_);  // dy written
   if (hooks) hooks->backward(LinearHooks::proj, y, dout, dy, N);
   // Grouped: the op's gradient for every query head's key/value copy (after dqkv's grouped rows),
   // then summed into the shared heads.
   float* dheads = grouped() ? dqkv + (size_t)N * qkv_width() : dqkv;
-  ops_->zero(dheads, 3 * NCl * sizeof(float));
-  ops_->attention_backward(dheads, dy, grouped() ? att + op_state_floats(B, T) : qkv, att, B, T, Cl_, NH_, precision_, drop,
-                           use_);
+  ops_->attention_backward_into(dheads, dy, grouped() ? att + op_state_floats(B, T) : qkv, att, B, T, Cl_, NH_,
+                                precision_, drop, use_);  // written
   if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
   if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
   ops_->matmul_backward_into(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, qkv_width(), precision_);  // dx written

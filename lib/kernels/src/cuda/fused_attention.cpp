@@ -137,9 +137,9 @@ void FusedAttention::forward(float* out, float* att, const float* qkv, int B, in
 }
 
 // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient added to
-// dqkv in fp32.
+// dqkv in fp32 (or written there: accumulate false).
 void FusedAttention::backward(float* dqkv, const float* dout, const float* att, int B, int T, int C, int NH,
-                              Precision p, const Dropout* drop, AttentionUse use) {
+                              Precision p, const Dropout* drop, AttentionUse use, bool accumulate) {
   const FusedShape s = plan(B, T, C, NH, p, drop, use);
   const State st = state(const_cast<float*>(att), B, T, C, NH, use);
   const bool bf16 = p == Precision::bf16;
@@ -149,7 +149,8 @@ void FusedAttention::backward(float* dqkv, const float* dout, const float* att, 
   auto* dqkv16 = reinterpret_cast<uint16_t*>(w + a1);
   narrow_half(dout16, dout, n1, bf16, stream_);
   cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3, seed_of(drop), st.keys);
-  add_widened(dqkv, dqkv16, n3, bf16, stream_);
+  if (accumulate) add_widened(dqkv, dqkv16, n3, bf16, stream_);
+  else widen_half(dqkv, dqkv16, n3, bf16, stream_);
 }
 
 }  // namespace hpct::kernels::cuda

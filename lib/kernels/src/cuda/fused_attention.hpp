@@ -44,8 +44,9 @@ class FusedAttention {
   /// The op's forward and backward for a served call (contracts as in ops_backend.hpp).
   void forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p, const Dropout* drop,
                const int32_t* key_start, AttentionUse use);
+  /// accumulate false: dqkv written (attention_backward_into).
   void backward(float* dqkv, const float* dout, const float* att, int B, int T, int C, int NH, Precision p,
-                const Dropout* drop, AttentionUse use);
+                const Dropout* drop, AttentionUse use, bool accumulate = true);
   /// Device bytes held for staging and cuDNN's workspaces.
   size_t scratch_bytes() const { return scratch_bytes_; }
 

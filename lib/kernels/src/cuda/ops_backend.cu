@@ -328,11 +328,22 @@ class CudaOps final : public OpsBackend {
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, Precision p, const Dropout* drop, AttentionUse use) override {
+    attention_gradient(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use, true);
+  }
+  // Written: the fused kernel widens instead of adding, the GEMMs run with beta 0 (each of dq, dk
+  // and dv is one GEMM's output): no memset first.
+  void attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                               int C, int NH, Precision p, const Dropout* drop, AttentionUse use) override {
+    attention_gradient(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use, false);
+  }
+  void attention_gradient(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                          int NH, Precision p, const Dropout* drop, AttentionUse use, bool accumulate) {
     require_heads("attention_backward", B, T, C, NH);
     if (fused_->refusal(B, T, C, NH, p, use).empty()) {
-      fused_->backward(dqkv, dout, att, B, T, C, NH, p, drop, use);
+      fused_->backward(dqkv, dout, att, B, T, C, NH, p, drop, use, accumulate);
       return;
     }
+    const float beta = accumulate ? 1.0f : 0.0f;
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
     const long long TT = (long long)T * T;
@@ -353,7 +364,7 @@ class CudaOps final : public OpsBackend {
       const float* a = probs + (size_t)b * NH * TT;
       float* dv = dqkv + (size_t)b * T * 3 * C + 2 * C;
       gemm(false, true, T, T, HS, 1.0f, d, C, HS, q + 2 * C, 3 * C, HS, 0.0f, da, T, TT, NH, p);  // d(att) = dout v^T
-      gemm(true, false, T, HS, T, 1.0f, a, T, TT, d, C, HS, 1.0f, dv, 3 * C, HS, NH, p);         // dv += att^T dout
+      gemm(true, false, T, HS, T, 1.0f, a, T, TT, d, C, HS, beta, dv, 3 * C, HS, NH, p);         // dv += att^T dout
     }
     if (dropping)
       cuda::causal_softmax_backward_dropout(datt, att, T, NH, rows, *drop, stream_);
@@ -363,8 +374,8 @@ class CudaOps final : public OpsBackend {
       const float* q = qkv + (size_t)b * T * 3 * C;
       const float* ds = datt + (size_t)b * NH * TT;
       float* dq = dqkv + (size_t)b * T * 3 * C;
-      gemm(false, false, T, HS, T, scale, ds, T, TT, q + C, 3 * C, HS, 1.0f, dq, 3 * C, HS, NH, p);    // dq += s ds k
-      gemm(true, false, T, HS, T, scale, ds, T, TT, q, 3 * C, HS, 1.0f, dq + C, 3 * C, HS, NH, p);     // dk += s ds^T q
+      gemm(false, false, T, HS, T, scale, ds, T, TT, q + C, 3 * C, HS, beta, dq, 3 * C, HS, NH, p);    // dq += s ds k
+      gemm(true, false, T, HS, T, scale, ds, T, TT, q, 3 * C, HS, beta, dq + C, 3 * C, HS, NH, p);     // dk += s ds^T q
     }
   }
 

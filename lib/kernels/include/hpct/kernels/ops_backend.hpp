@@ -200,6 +200,9 @@ class OpsBackend {
   /// dbias accumulate as there. Saves the memset before a gradient's first GEMM.
   virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                     const float* weight, int N, int C, int OC, Precision p);
+  /// attention_backward with dqkv WRITTEN (B*T rows of 3C, as if zeroed first).
+  virtual void attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                       int C, int NH, Precision p, const Dropout* drop, AttentionUse use);
   /// dinp = gelu'(inp) * dout, WRITTEN (gelu_backward on a zeroed dinp).
   virtual void gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n);
   /// As ops.hpp, except that targets are checked by the caller on a device backend (a kernel
