@@ -19,73 +19,14 @@
 
 #include "hpct/kernels/backend.hpp"
 #include "hpct/kernels/ops_backend.hpp"
+#include "cuda_test_util.hpp"
 
 using namespace hpct::kernels;
-using Vec = std::vector<float>;
+using namespace hpct::kernels::test;  // cuda_test_util.hpp
 
 namespace {
 
-class Env : public ::testing::Environment {
- public:
-  void SetUp() override { scope_ = std::make_unique<BackendScope>(); }
-  void TearDown() override { scope_.reset(); }
-
- private:
-  std::unique_ptr<BackendScope> scope_;
-};
-[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
-
-Vec randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  Vec v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-// Device copies of host vectors, `shift` floats into their allocation (1: not 16-byte aligned).
-struct Gpu {
-  std::unique_ptr<OpsBackend> be;
-  std::vector<BackendBuffer> keep;
-  int shift = 0;
-  Gpu() {
-    if (cuda_ops_available()) be = cuda_ops(0);
-  }
-  float* put(const Vec& v) {
-    keep.emplace_back(*be, (v.size() + 4) * sizeof(float));
-    float* d = keep.back().as<float>() + shift;
-    be->copy_from_host(d, v.data(), v.size() * sizeof(float));
-    return d;
-  }
-  Vec get(const float* d, size_t n) {
-    Vec h(n);
-    be->copy_to_host(h.data(), d, n * sizeof(float));
-    return h;
-  }
-};
-
-void expect_close(const std::string& what, const Vec& gpu, const Vec& cpu, double rel, double abs) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < cpu.size(); ++i)
-    if (!(std::fabs(gpu[i] - cpu[i]) <= abs + rel * std::fabs(cpu[i])) && bad++ == 0) first = i;
-  EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": gpu " << gpu[first] << " cpu " << cpu[first];
-}
-
-void expect_close_norm(const std::string& what, const Vec& gpu, const Vec& cpu, double rel) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  double d = 0, n = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) d += (double(gpu[i]) - cpu[i]) * (double(gpu[i]) - cpu[i]), n += double(cpu[i]) * cpu[i];
-  EXPECT_LE(std::sqrt(d), rel * std::sqrt(n)) << what;
-}
-
-#define NEED_GPU(g)                \
-  Gpu g;                           \
-  if (!g.be) {                     \
-    std::string why;               \
-    cuda_ops_available(&why);      \
-    GTEST_SKIP() << why;           \
-  }
+[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new BackendEnv);
 
 // rms: RMSNorm (no mean, no bias); in_place: res is b's buffer (as the model calls it).
 void residual_norm_case(int N, int C, bool rms, bool in_place, int shift) {

@@ -21,79 +21,19 @@
 #include "hpct/kernels/ops.hpp"
 #include "hpct/kernels/optim.hpp"
 #include "hpct/kernels/ops_backend.hpp"
+#include "cuda_test_util.hpp"
 
 using namespace hpct::kernels;
-using Vec = std::vector<float>;
+using namespace hpct::kernels::test;  // cuda_test_util.hpp
 
 namespace {
 
-class Env : public ::testing::Environment {
- public:
-  void SetUp() override { scope_ = std::make_unique<BackendScope>(); }
-  void TearDown() override { scope_.reset(); }
-
- private:
-  std::unique_ptr<BackendScope> scope_;
-};
-[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Env);
-
-Vec randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  Vec v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-// The GPU backend and device copies of host vectors; null backend where there is no device.
-struct Gpu {
-  std::unique_ptr<OpsBackend> be;
-  std::vector<BackendBuffer> keep;
-  Gpu() {
-    if (cuda_ops_available()) be = cuda_ops(0);
-  }
-  template <class T>
-  T* put(const std::vector<T>& v) {
-    keep.emplace_back(*be, v.size() * sizeof(T));
-    be->copy_from_host(keep.back().as<void>(), v.data(), v.size() * sizeof(T));
-    return keep.back().as<T>();
-  }
-  Vec get(const float* d, size_t n) {
-    Vec h(n);
-    be->copy_to_host(h.data(), d, n * sizeof(float));
-    return h;
-  }
-};
-
-// Norm-wise: |gpu - cpu|_2 <= rel |cpu|_2. For 16-bit GEMMs, whose element errors grow with the
-// number of products summed and are not relative to each (possibly near-zero) output.
-void expect_close_norm(const char* what, const Vec& gpu, const Vec& cpu, double rel) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  double d = 0, n = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) d += (double(gpu[i]) - cpu[i]) * (double(gpu[i]) - cpu[i]), n += double(cpu[i]) * cpu[i];
-  EXPECT_LE(std::sqrt(d), rel * std::sqrt(n)) << what;
-}
-
-void expect_close(const char* what, const Vec& gpu, const Vec& cpu, double rel = 1e-4, double abs = 1e-5) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < cpu.size(); ++i)
-    if (!(std::fabs(gpu[i] - cpu[i]) <= abs + rel * std::fabs(cpu[i])) && bad++ == 0) first = i;
-  EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": gpu " << gpu[first] << " cpu " << cpu[first];
-}
+[[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new BackendEnv);
 
 // cuDNN up to 9.15.0 takes only sequence lengths that are multiples of 128 (the backend says so):
 // those cases are skipped there, naming the version.
 #define SKIP_IF_OLD_CUDNN(k) \
   if (!(k).fused && (k).what.find("multiple of 128") != std::string::npos) GTEST_SKIP() << (k).what
-
-#define NEED_GPU(g)                                   \
-  Gpu g;                                              \
-  if (!g.be) {                                        \
-    std::string why;                                  \
-    cuda_ops_available(&why);                         \
-    GTEST_SKIP() << why;                              \
-  }
 
 }  // namespace
 
