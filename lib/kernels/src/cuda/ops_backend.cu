@@ -24,10 +24,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fused_attention.hpp"
+#include "pinned_uploads.hpp"
 #include "transfer_queues.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
@@ -82,10 +84,7 @@ class CudaOps final : public OpsBackend {
     fused_.reset();
     transfers_.reset();  // waits for its copy streams
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
-    for (Upload& u : uploads_) {
-      if (u.done) cudaEventDestroy(u.done);
-      if (u.pinned) cudaFreeHost(u.pinned);
-    }
+    uploads_.reset();
     if (scratch_) cudaFreeAsync(scratch_, stream_);
     if (work_) cudaFreeAsync(work_, stream_);
     if (sums_) cudaFreeAsync(sums_, stream_);
@@ -117,18 +116,11 @@ class CudaOps final : public OpsBackend {
   void release(void* p) noexcept override { cudaFreeAsync(p, stream_); }
   void zero(void* p, size_t bytes) override { check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync"); }
   // The caller may reuse src as soon as this returns. A small copy (tokens, targets, a routing
-  // table) goes through a pinned slot: copied there on the host, then uploaded asynchronously in
-  // stream order, so the device is not drained once per micro-step; a slot is reused only once its
-  // previous upload is done (its event). A large one (or where pinned memory cannot be had) is
-  // copied from src and waited for.
+  // table) goes through a pinned slot (pinned_uploads.hpp), so the device is not drained once per
+  // micro-step; a large one (or where pinned memory cannot be had) is copied from src and waited for.
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
-    if (Upload* u = bytes <= kUploadSlot ? upload_slot() : nullptr) {
-      std::memcpy(u->pinned, src, bytes);
-      check(cudaMemcpyAsync(dst, u->pinned, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
-      check(cudaEventRecord(u->done, stream_), "cudaEventRecord (an upload)");
-      return;
-    }
+    if (uploads_->upload(dst, src, bytes, stream_)) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
     check(cudaStreamSynchronize(stream_), "copy to the device");
   }
@@ -527,32 +519,6 @@ class CudaOps final : public OpsBackend {
     return s;
   }
 
-  // The next pinned upload slot, its previous upload waited for (normally long done); nullptr when
-  // pinned memory could not be had (then every copy waits, as before).
-  static constexpr size_t kUploadSlot = size_t(1) << 20, kUploadSlots = 8;
-  struct Upload {
-    void* pinned = nullptr;
-    cudaEvent_t done = nullptr;
-  };
-  Upload* upload_slot() {
-    if (uploads_.empty()) {
-      uploads_.resize(kUploadSlots);
-      for (Upload& u : uploads_) {
-        if (cudaHostAlloc(&u.pinned, kUploadSlot, cudaHostAllocDefault) != cudaSuccess ||
-            cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming) != cudaSuccess) {
-          cudaGetLastError();  // clear the sticky-free error of a failed allocation
-          pinned_uploads_ = false;
-          break;
-        }
-      }
-    }
-    if (!pinned_uploads_) return nullptr;
-    Upload& u = uploads_[next_upload_];
-    next_upload_ = (next_upload_ + 1) % kUploadSlots;
-    check(cudaEventSynchronize(u.done), "an earlier upload");
-    return &u;
-  }
-
   // A buffer kept between calls, grown (never shrunk) to `floats`.
   float* grown(void*& p, size_t& bytes, size_t floats) {
     if (floats * sizeof(float) > bytes) {
@@ -584,9 +550,7 @@ class CudaOps final : public OpsBackend {
   size_t runs_first_bytes_ = 0;
   std::vector<cudaEvent_t> marks_;  // the phase timers' events, reused every step
   size_t used_marks_ = 0;
-  std::vector<Upload> uploads_;  // pinned slots for small uploads, made on first use
-  size_t next_upload_ = 0;
-  bool pinned_uploads_ = true;
+  std::unique_ptr<cuda::PinnedUploads> uploads_ = std::make_unique<cuda::PinnedUploads>();  // small uploads' slots
 };
 
 }  // namespace
