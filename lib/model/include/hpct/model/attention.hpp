@@ -111,7 +111,8 @@ class Attention {
   /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
   void project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const;
   /// From dout (the projection's output gradient): the weight gradients ACCUMULATED, dx WRITTEN
-  /// (no memset first; a LoRA hook adds to it after the GEMM); dy (B*T x channels) and dqkv (dqkv_floats(B*T)) are scratch.
+  /// (no memset first; a LoRA hook adds to it after the GEMM); dy (B*T x channels) and dqkv
+  /// (dqkv_floats(B*T)) are scratch.
   void backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv, const float* att,
                 const float* y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;
