@@ -9,6 +9,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 
@@ -46,6 +47,51 @@ TEST(OpsBackend, CpuForwardsToTheCpuOps) {
   matmul_forward(direct.data(), x.data(), w.data(), b.data(), N, C, OC, Precision::bf16);
   be->matmul_forward(via.data(), x.data(), w.data(), b.data(), N, C, OC, Precision::bf16);
   EXPECT_EQ(via, direct);
+}
+
+// A GEMM input given in 16 bits only, or in both forms, is the same input as its fp32 values (the
+// CPU widens the 16-bit ones, exactly, and rounds them back to the op's precision): bitwise the same
+// products in every form, forward and backward, bf16 and fp16. An fp32 op refuses a 16-bit-only one.
+TEST(OpsBackend, CpuGemmOperandFormsAreOneInput) {
+  BackendScope scope;
+  auto be = cpu_ops();
+  const int N = 7, C = 16, OC = 10;
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    std::vector<float> x(N * C), w(OC * C), b(OC), dout(N * OC);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.013f * static_cast<float>((i * 37) % 101) - 0.6f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.021f * static_cast<float>((i * 53) % 89) - 0.9f;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * static_cast<float>(i);
+    for (size_t i = 0; i < dout.size(); ++i) dout[i] = 0.03f * static_cast<float>((i * 29) % 31) - 0.4f;
+    std::vector<uint16_t> x16(x.size()), w16(w.size());
+    to_half(x.data(), x16.data(), x.size(), p);
+    to_half(w.data(), w16.data(), w.size(), p);
+    from_half(x16.data(), x.data(), x.size(), p);  // the fp32 form holds the rounded values
+    from_half(w16.data(), w.data(), w.size(), p);
+    struct Out {
+      std::vector<float> out, dx, dw, db;
+    };
+    auto run = [&](Operand xi, Operand wi) {
+      Out o{std::vector<float>(N * OC), std::vector<float>(N * C), std::vector<float>(OC * C, 0.5f),
+            std::vector<float>(OC, 0.25f)};
+      be->matmul_forward(o.out.data(), xi, wi, b.data(), N, C, OC, p);
+      be->matmul_backward_into(o.dx.data(), o.dw.data(), o.db.data(), dout.data(), xi, wi, N, C, OC, p);
+      return o;
+    };
+    const Out want = run(x.data(), w.data());
+    for (const auto& [xi, wi] : {std::pair{Operand::half(x16.data()), Operand::half(w16.data())},
+                                 std::pair{Operand(x.data(), x16.data()), Operand(w.data(), w16.data())},
+                                 std::pair{Operand(x.data()), Operand::half(w16.data())}}) {
+      const Out got = run(xi, wi);
+      EXPECT_EQ(got.out, want.out) << precision_name(p);
+      EXPECT_EQ(got.dx, want.dx) << precision_name(p);
+      EXPECT_EQ(got.dw, want.dw) << precision_name(p);
+      EXPECT_EQ(got.db, want.db) << precision_name(p);
+    }
+  }
+  std::vector<float> out(N * OC), w(OC * C);
+  std::vector<uint16_t> x16(N * C);
+  EXPECT_THROW(be->matmul_forward(out.data(), Operand::half(x16.data()), w.data(), nullptr, N, C, OC, Precision::fp32),
+               hpct::Error);
 }
 
 // The fused forms are their composites on the CPU, bitwise (the CUDA kernels are checked against

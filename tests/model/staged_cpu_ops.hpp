@@ -43,6 +43,11 @@ class StagedCpuOps final : public kernels::OpsBackend {
   size_t marks_held() const { return marks_.size(); }
   /// The LM head's row block (0: the CPU's).
   void set_head_rows(int rows) { head_rows_ = rows; }
+  /// On: a GEMM input given in both forms is computed from its 16-bit one alone (widened), as a
+  /// device's tensor-core path reads it, so a wrong 16-bit pointer changes the result. Counts the
+  /// inputs that came with a 16-bit form either way.
+  void prefer_half(bool on) { prefer_half_ = on; }
+  long long half_operands() const { return half_operands_; }
   int head_rows(int columns) const override { return head_rows_ > 0 ? head_rows_ : in_->head_rows(columns); }
 
   void* allocate(size_t bytes) override {
@@ -130,13 +135,13 @@ class StagedCpuOps final : public kernels::OpsBackend {
                         const float* rstd, int N, int C) override {
     in_->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+  void matmul_forward(float* out, kernels::Operand inp, kernels::Operand weight, const float* bias, int N, int C, int OC,
                       kernels::Precision p) override {
-    in_->matmul_forward(out, inp, weight, bias, N, C, OC, p);
+    in_->matmul_forward(out, pick(inp), pick(weight), bias, N, C, OC, p);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, int N, int C, int OC, kernels::Precision p) override {
-    in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, kernels::Operand inp,
+                       kernels::Operand weight, int N, int C, int OC, kernels::Precision p) override {
+    in_->matmul_backward(dinp, dweight, dbias, dout, pick(inp), pick(weight), N, C, OC, p);
   }
   kernels::AttentionKernel attention_kernel(int B, int T, int C, int NH, kernels::Precision p,
                                            kernels::AttentionUse use) const override {
@@ -233,6 +238,13 @@ class StagedCpuOps final : public kernels::OpsBackend {
   }
 
  private:
+  kernels::Operand pick(kernels::Operand x) {
+    if (!x.h) return x;
+    ++half_operands_;
+    return prefer_half_ ? kernels::Operand::half(x.h) : x;
+  }
+  bool prefer_half_ = false;
+  long long half_operands_ = 0;
   struct Copy {
     void* dst;
     const void* src;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/half.hpp"
@@ -52,13 +53,13 @@ void OpsBackend::residual_rmsnorm_forward(float* res, float* out, float* rstd, c
   residual_forward(res, a, b, (size_t)N * C);
   rmsnorm_forward(out, rstd, res, weight, N, C);
 }
-void OpsBackend::matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias,
-                                     int N, int C, int OC, Precision p) {
+void OpsBackend::matmul_gelu_forward(float* pre, float* act, Operand inp, Operand weight, const float* bias, int N,
+                                     int C, int OC, Precision p) {
   matmul_forward(pre, inp, weight, bias, N, C, OC, p);
   gelu_forward(act, pre, (size_t)N * OC);
 }
-void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                      const float* weight, int N, int C, int OC, Precision p) {
+void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
+                                      Operand weight, int N, int C, int OC, Precision p) {
   zero(dinp, (size_t)N * C * sizeof(float));
   matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
 }
@@ -73,6 +74,16 @@ void OpsBackend::gelu_backward_into(float* dinp, const float* inp, const float* 
 }
 
 namespace {
+
+// An operand's fp32 values: its own, or its 16-bit ones widened into `tmp` (exact; the GEMM rounds
+// them again to p, which gives them back unchanged).
+const float* fp32(Operand x, size_t n, Precision p, std::vector<float>& tmp) {
+  if (x.f || !x.h) return x.f;
+  if (p == Precision::fp32) throw Error("CPU backend: a GEMM input given only in 16 bits in an fp32 op");
+  tmp.resize(n);
+  from_half(x.h, tmp.data(), n, p);
+  return tmp.data();
+}
 
 class CpuOps final : public OpsBackend {
  public:
@@ -124,13 +135,17 @@ class CpuOps final : public OpsBackend {
                         const float* rstd, int N, int C) override {
     kernels::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+  void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int N, int C, int OC,
                       Precision p) override {
-    kernels::matmul_forward(out, inp, weight, bias, N, C, OC, p);
+    std::vector<float> wi, ww;
+    kernels::matmul_forward(out, fp32(inp, (size_t)N * C, p, wi), fp32(weight, (size_t)OC * C, p, ww), bias, N, C, OC,
+                            p);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, int N, int C, int OC, Precision p) override {
-    kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp, Operand weight,
+                       int N, int C, int OC, Precision p) override {
+    std::vector<float> wi, ww;
+    kernels::matmul_backward(dinp, dweight, dbias, dout, fp32(inp, (size_t)N * C, p, wi),
+                             fp32(weight, (size_t)OC * C, p, ww), N, C, OC, p);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                          const Dropout* drop, const int32_t* key_start, AttentionUse) override {

@@ -2,8 +2,9 @@
 //
 // GEMMs: ops.hpp's matrices are row-major, cuBLAS's column-major; a row-major C = op(A) op(B) is
 // the column-major C^T = op(B)^T op(A)^T, so every call passes B before A with M and N swapped
-// (gemm() below). Precision: fp32 computes in fp32 (CUBLAS_COMPUTE_32F, no TF32); bf16 and fp16
-// allow cuBLAS to round the fp32 inputs to 16 bits and accumulate in fp32
+// (gemm() below; the linear layers' products are linear_gemms.hpp's, on 16-bit inputs where the
+// operands come in 16 bits). Precision: fp32 computes in fp32 (CUBLAS_COMPUTE_32F, no TF32); bf16
+// and fp16 allow cuBLAS to round the fp32 inputs to 16 bits and accumulate in fp32
 // (CUBLAS_COMPUTE_32F_FAST_16BF / _16F). That is the CPU's contract where cuBLAS takes the 16-bit
 // path; it may keep fp32 for some shapes (allowed, not forced), which is more precise, not less.
 // fp16 overflow is still seen: the ZeRO engine rounds gradients to fp16 on the host. Attention, two
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "fused_attention.hpp"
+#include "linear_gemms.hpp"
 #include "pinned_uploads.hpp"
 #include "transfer_queues.hpp"
 #include "hpct/core/error.hpp"
@@ -78,6 +80,7 @@ class CudaOps final : public OpsBackend {
       cudaStreamDestroy(stream_);
       throw Error("CUDA backend: cublasSetStream failed on " + name_);
     }
+    linear_ = std::make_unique<cuda::LinearGemms>(blas_, stream_);
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);  // every upload out of the pinned slots has finished
@@ -85,6 +88,7 @@ class CudaOps final : public OpsBackend {
     transfers_.reset();  // waits for its copy streams
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     uploads_.reset();
+    linear_.reset();
     if (scratch_) cudaFreeAsync(scratch_, stream_);
     if (work_) cudaFreeAsync(work_, stream_);
     if (sums_) cudaFreeAsync(sums_, stream_);
@@ -102,7 +106,9 @@ class CudaOps final : public OpsBackend {
     check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo on " + name_);
     return true;
   }
-  size_t scratch_bytes() const override { return scratch_bytes_ + work_bytes_ + fused_->scratch_bytes(); }
+  size_t scratch_bytes() const override {
+    return scratch_bytes_ + work_bytes_ + fused_->scratch_bytes() + linear_->scratch_bytes();
+  }
 
   // Stream-ordered: a buffer freed here is reused by a later allocation on the same stream without
   // a device synchronization (cudaFree waits for the whole device), and the pool keeps what it
@@ -264,17 +270,16 @@ class CudaOps final : public OpsBackend {
     cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, workspace(cuda::column_sum_workspace(N, C)),
                            stream_);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+  void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int N, int C, int OC,
                       Precision p) override {
     require_sizes("matmul_forward", N, C, OC);
-    gemm(false, true, N, OC, C, 1.0f, inp, C, 0, weight, C, 0, 0.0f, out, OC, 0, 1, p);
+    linear_->forward(out, inp, weight, N, C, OC, p);
     if (bias) cuda::add_bias(out, bias, N, OC, stream_);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, int N, int C, int OC, Precision p) override {
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp, Operand weight,
+                       int N, int C, int OC, Precision p) override {
     require_sizes("matmul_backward", N, C, OC);
-    if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, 0, weight, C, 0, 1.0f, dinp, C, 0, 1, p);
-    if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, 0, inp, C, 0, 1.0f, dweight, C, 0, 1, p);
+    linear_->backward(dinp, 1.0f, dweight, dout, inp, weight, N, C, OC, p);
     if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
   }
 
@@ -405,18 +410,18 @@ class CudaOps final : public OpsBackend {
     cuda::residual_rmsnorm_forward(res, out, rstd, a, b, weight, N, C, stream_);
   }
   // The GEMM writes pre without its bias; the bias is added in the GELU's pass (fusions.cu).
-  void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
-                           int C, int OC, Precision p) override {
+  void matmul_gelu_forward(float* pre, float* act, Operand inp, Operand weight, const float* bias, int N, int C,
+                           int OC, Precision p) override {
     require_sizes("matmul_gelu_forward", N, C, OC);
-    gemm(false, true, N, OC, C, 1.0f, inp, C, 0, weight, C, 0, 0.0f, pre, OC, 0, 1, p);
+    linear_->forward(pre, inp, weight, N, C, OC, p);
     cuda::bias_gelu_forward(pre, act, bias, N, OC, stream_);
   }
   // dinp's GEMM with beta 0: no memset first.
-  void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                            const float* weight, int N, int C, int OC, Precision p) override {
+  void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
+                            Operand weight, int N, int C, int OC, Precision p) override {
     require_sizes("matmul_backward_into", N, C, OC);
-    if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, 0, weight, C, 0, 0.0f, dinp, C, 0, 1, p);
-    matmul_backward(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, p);
+    linear_->backward(dinp, 0.0f, dweight, dout, inp, weight, N, C, OC, p);
+    if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
   }
   void gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n) override {
     cuda::gelu_backward(dinp, inp, dout, n, stream_, /*accumulate=*/false);
@@ -538,6 +543,7 @@ class CudaOps final : public OpsBackend {
   std::unique_ptr<cuda::TransferQueues> transfers_;  // copy streams beside stream_ (made after it)
   std::unique_ptr<cuda::FusedAttention> fused_;  // cuDNN's attention, on stream_ (made after it)
   cublasHandle_t blas_ = nullptr;
+  std::unique_ptr<cuda::LinearGemms> linear_;  // the linear layers' GEMMs, on blas_ and stream_
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   void* work_ = nullptr;

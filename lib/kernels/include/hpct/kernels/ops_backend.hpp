@@ -17,6 +17,7 @@
 #include <string>
 
 #include "hpct/kernels/dropout.hpp"
+#include "hpct/kernels/operand.hpp"
 #include "hpct/kernels/optim.hpp"
 #include "hpct/kernels/precision.hpp"
 
@@ -138,10 +139,13 @@ class OpsBackend {
   virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                                 const float* rstd, int N, int C) = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
-                              int OC, Precision p) = 0;
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                               const float* weight, int N, int C, int OC, Precision p) = 0;
+  /// inp (N, C) and weight (OC, C) in either form or both (operand.hpp); a 16-bit form is in p's
+  /// format, so it is only ever given where p is bf16 or fp16. A backend computing from fp32 widens
+  /// an input that has only its 16-bit form (exact), so every form gives the same product.
+  virtual void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int N, int C, int OC,
+                              Precision p) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
+                               Operand weight, int N, int C, int OC, Precision p) = 0;
   /// Which attention kernel serves a model's calls of this shape (`use`: what they may ask beyond
   /// the causal mask), and in words for the start line. The same choice for the state's size,
   /// forward and backward.
@@ -194,12 +198,12 @@ class OpsBackend {
                                         const float* weight, int N, int C);
   /// pre = inp weight^T + bias (matmul_forward), then act = gelu(pre) (gelu_forward): an MLP's fc
   /// and its activation; both kept, as the backward reads pre.
-  virtual void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias,
-                                   int N, int C, int OC, Precision p);
+  virtual void matmul_gelu_forward(float* pre, float* act, Operand inp, Operand weight, const float* bias, int N,
+                                   int C, int OC, Precision p);
   /// matmul_backward with dinp WRITTEN (its old contents ignored, as if zeroed first); dweight and
   /// dbias accumulate as there. Saves the memset before a gradient's first GEMM.
-  virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                    const float* weight, int N, int C, int OC, Precision p);
+  virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
+                                    Operand weight, int N, int C, int OC, Precision p);
   /// attention_backward with dqkv WRITTEN (B*T rows of 3C, as if zeroed first).
   virtual void attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                        int C, int NH, Precision p, const Dropout* drop, AttentionUse use);

@@ -1,0 +1,89 @@
+// The linear layers' GEMMs on the CUDA backend (linear_gemms.hpp). Row-major products through
+// column-major cuBLAS as ops_backend.cu's gemm(): C^T = op(B)^T op(A)^T, B passed first.
+#include "linear_gemms.hpp"
+
+#include <string>
+
+#include "hpct/core/error.hpp"
+#include "hpct/kernels/cuda_ops.hpp"
+
+namespace hpct::kernels::cuda {
+namespace {
+
+void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess)
+    throw Error("CUDA backend: " + what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+void check(cublasStatus_t st, const std::string& what) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw Error("CUDA backend: " + what + ": cuBLAS status " + std::to_string((int)st));
+}
+bool half_precision(Precision p) { return p != Precision::fp32; }
+
+}  // namespace
+
+LinearGemms::~LinearGemms() {
+  for (Slot& s : slots_)
+    if (s.p) cudaFreeAsync(s.p, stream_);
+}
+
+const float* LinearGemms::fp32(Operand x, const char* what) {
+  if (!x.f) throw Error(std::string("CUDA backend: ") + what + ": a GEMM input given only in 16 bits in an fp32 op");
+  return x.f;
+}
+
+const uint16_t* LinearGemms::narrow(Operand x, size_t n, Precision p, int s) {
+  if (x.h) return x.h;
+  Slot& slot = slots_[s];
+  if (n * sizeof(uint16_t) > slot.bytes) {
+    if (slot.p) cudaFreeAsync(slot.p, stream_);
+    slot.p = nullptr, slot.bytes = 0;
+    check(cudaMallocAsync(&slot.p, n * sizeof(uint16_t), stream_),
+          "cudaMallocAsync of " + std::to_string(n * sizeof(uint16_t)) + " bytes for a narrowed GEMM input");
+    slot.bytes = n * sizeof(uint16_t);
+  }
+  cuda::narrow_half(static_cast<uint16_t*>(slot.p), x.f, n, p == Precision::bf16, stream_);
+  return static_cast<const uint16_t*>(slot.p);
+}
+
+void LinearGemms::gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
+                       float beta, float* Cm, int ldc, bool half, Precision p) {
+  if (M == 0 || N == 0) return;
+  const float alpha = 1.0f;
+  const cudaDataType_t in = !half ? CUDA_R_32F : p == Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  // 16-bit inputs: the tensor-core kernels with fp32 accumulation. fp32 inputs in a 16-bit op: cuBLAS
+  // may round them inside the kernel; in an fp32 op it may not (no TF32).
+  const cublasComputeType_t compute = half || p == Precision::fp32 ? CUBLAS_COMPUTE_32F
+                                      : p == Precision::bf16      ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                                  : CUBLAS_COMPUTE_32F_FAST_16F;
+  check(cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, in, ldb,
+                     A, in, lda, &beta, Cm, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+            (half ? ", 16-bit inputs)" : ")"));
+}
+
+void LinearGemms::forward(float* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) {
+  const size_t ni = (size_t)N * C, nw = (size_t)OC * C;
+  if (half_precision(p) && ((inp.h && weight.h) || !inp.f || !weight.f)) {
+    gemm(false, true, N, OC, C, narrow(inp, ni, p, 0), C, narrow(weight, nw, p, 1), C, 0.0f, out, OC, true, p);
+    return;
+  }
+  gemm(false, true, N, OC, C, fp32(inp, "linear forward"), C, fp32(weight, "linear forward"), C, 0.0f, out, OC, false,
+       p);
+}
+
+void LinearGemms::backward(float* dinp, float beta, float* dweight, const float* dout, Operand inp, Operand weight,
+                           int N, int C, int OC, Precision p) {
+  const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+  const bool half = half_precision(p);
+  // Both operands in 16 bits: dout narrowed once for the two products; an input given only in 16
+  // bits: its product runs on 16 bits whatever it costs.
+  const bool both = half && inp.h && weight.h;
+  const bool dinp16 = dinp && half && (both || !weight.f), dweight16 = dweight && half && (both || !inp.f);
+  const uint16_t* dout16 = dinp16 || dweight16 ? narrow(Operand(dout), no, p, 2) : nullptr;
+  if (dinp16) gemm(false, false, N, C, OC, dout16, OC, narrow(weight, nw, p, 1), C, beta, dinp, C, true, p);
+  else if (dinp) gemm(false, false, N, C, OC, dout, OC, fp32(weight, "linear backward"), C, beta, dinp, C, false, p);
+  if (dweight16) gemm(true, false, OC, C, N, dout16, OC, narrow(inp, ni, p, 0), C, 1.0f, dweight, C, true, p);
+  else if (dweight) gemm(true, false, OC, C, N, dout, OC, fp32(inp, "linear backward"), C, 1.0f, dweight, C, false, p);
+}
+
+}  // namespace hpct::kernels::cuda
