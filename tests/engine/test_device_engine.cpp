@@ -8,7 +8,9 @@
 // mirrors ZeroEngine's rounding points, reductions (the same MPI calls and 16-bit operator) and
 // update runs, so every comparison here is bitwise: losses, grad norms and final parameters, at
 // stages 0-3 (stage 3 with blocks both partitioned and kept whole), fp32/bf16/fp16, one and several micro-steps per step, MoE with expert parallelism
-// and tensor parallelism, and resumes from its own checkpoints and from ZeroEngine's. What this
+// and tensor parallelism, and resumes from its own checkpoints and from ZeroEngine's. The staged
+// backend computes every GEMM from the 16-bit weights the engine hands out (ParamStore::params16,
+// stage 3's gathered ones included), so those are checked bitwise too. What this
 // cannot check: CUDA's kernels (gpu-labelled tests compare them with the CPU), a host read of
 // device memory (StagedCpuOps' memory is the host's).
 #include <gtest/gtest.h>
@@ -60,6 +62,7 @@ struct TrainRun {
   std::vector<double> device_ms;  // the summary's device time per iteration (backends with markers)
   size_t marks_left = 0;          // StagedCpuOps: markers not yet read when training ended
   bool params_in_backend = true;  // StagedCpuOps: every block's parameters, as the model gets them, in its memory
+  long long half_operands = 0;    // StagedCpuOps: GEMM inputs that came with a 16-bit form (computed from it)
 };
 
 TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int fail_at = 0) {
@@ -72,6 +75,7 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   test::StagedCpuOps* staged = nullptr;
   if (route == Route::device_staged || route == Route::device_collectives) {
     auto s = std::make_unique<test::StagedCpuOps>();
+    s->prefer_half(true);  // the weights' 16-bit copies the engine hands out (params16) are what the GEMMs read
     staged = s.get();
     be = std::move(s);
   }
@@ -97,6 +101,7 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   for (const auto* dc : transports) r.collective_calls += dc->calls();
   if (staged) {
     r.staged_to_host = staged->bytes_to_host();
+    r.half_operands = staged->half_operands();
     r.marks_left = staged->marks_held();
     auto& store = t.zero();
     for (int blk = 0; blk < static_cast<int>(t.model().layout().blocks().size()); ++blk) {
@@ -153,6 +158,9 @@ TEST(DeviceEngine, EqualsTheHostEngineBitwise) {
           const TrainRun got = train(c, r);
           EXPECT_FALSE(got.device_store) << what << ": the resident engine needs no ZeRO-Offload bridge";
           expect_same(got, ref, what);
+          if (r == Route::device_staged && p != engine::PrecisionMode::fp32) {
+            EXPECT_GT(got.half_operands, 0) << what << ": the linears were given no 16-bit weights";
+          }
         }
       }
 }

@@ -9,7 +9,9 @@
 // gives other numbers than the synchronous route. Measured, one at a time: dropping the await in
 // params() or the wait for a parameter slot's previous upload fails stages 0-2 (stage 3 uploads
 // what the engine gathered, as before), the wait in finish_oldest() every stage; and the slot wait
-// was a real bug once (the slot's ticket never kept), found here.
+// was a real bug once (the slot's ticket never kept), found here. The staged backend computes every
+// GEMM from the 16-bit weights the store hands out (params16), so a copy read before its upload
+// (or at a wrong offset) shows too.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -132,6 +134,7 @@ TEST_P(DeviceStoreStage, OnADeviceBackendEqualsTheSynchronousRoute) {
       c.via_device_store = false;
       auto staged = std::make_unique<test::StagedCpuOps>();
       staged->defer_transfers(true);
+      staged->prefer_half(true);  // the GEMMs read the device's 16-bit copies (params16): awaited, right offsets
       Result dev = train(c, world, std::move(staged));
       ASSERT_EQ(dev.losses.size(), ref.losses.size()) << what;
       for (size_t i = 0; i < dev.losses.size(); ++i) EXPECT_EQ(dev.losses[i], ref.losses[i]) << "step " << i << ", " << what;

@@ -10,6 +10,7 @@
 
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/model/gpt.hpp"
 #include "staged_cpu_ops.hpp"
 
@@ -255,6 +256,55 @@ TEST(Gpt, TheLossIsReadBackBesideTheBackward) {
   EXPECT_EQ(dev.second, cpu.second);
   EXPECT_EQ(staged.blocking_downloads(), 0);
   EXPECT_EQ(staged.transfers(), 1) << "one download of the token losses";
+}
+
+// The linears hand their weights' 16-bit copies to the GEMMs where the store keeps them
+// (ParamStore::params16). A backend computing from the 16-bit form alone wherever one is given
+// (the staged one with prefer_half, as a device's tensor-core path reads it) gives the loss and
+// gradients of the fp32 values rounded inside the GEMMs, bitwise, in bf16, for GPT and for the
+// Llama options (untied output layer, SwiGLU, no biases): so every 16-bit pointer the model passes
+// is its tensor's. A copy off by one element must show (the test can fail).
+TEST(Gpt, LinearsReadTheStoresHalfCopies) {
+  struct HalfCopyStore : model::FlatParamStore {
+    HalfCopyStore(const ParamLayout& l, const std::vector<float>& p, float* g, int shift)
+        : FlatParamStore(l, p.data(), g), layout(l), h(p.size() + 1), shift(shift) {
+      kernels::to_half(p.data(), h.data(), p.size(), kernels::Precision::bf16);
+    }
+    const uint16_t* params16(int b) override { return h.data() + layout.blocks()[b].offset + shift; }
+    const ParamLayout& layout;
+    std::vector<uint16_t> h;
+    int shift;
+  };
+  model::GptConfig llama = tiny();
+  llama.normalization = model::NormKind::rmsnorm;
+  llama.mlp = model::MlpKind::swiglu;
+  llama.ffn_hidden_size = 24;
+  llama.linear_bias = false;
+  llama.untie_embeddings = true;
+  llama.rotary = true;
+  const auto [tok, tgt] = fixed_batch();
+  for (const model::GptConfig& cfg : {tiny(), llama}) {
+    auto step = [&](int store_kind, bool prefer) {  // 0: no 16-bit copies; 1: right; 2: off by one
+      test::StagedCpuOps be;
+      be.prefer_half(prefer);
+      model::Gpt m(cfg, kernels::Precision::bf16, false, &be);
+      std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+      m.init_params(p.data(), 7);
+      model::FlatParamStore flat(m.layout(), p.data(), g.data());
+      HalfCopyStore half(m.layout(), p, g.data(), store_kind == 2 ? 1 : 0);
+      model::ParamStore& st = store_kind ? static_cast<model::ParamStore&>(half) : flat;
+      const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
+      if (store_kind == 1) {
+        EXPECT_GE(be.half_operands(), 5 * cfg.num_layers) << "qkv, proj, fc, fc2 and the head";
+      }
+      return std::make_pair(loss, g);
+    };
+    const auto want = step(0, false), got = step(1, true), off = step(2, true);
+    const char* what = cfg.rotary ? "llama" : "gpt";
+    EXPECT_EQ(got.first, want.first) << what;
+    EXPECT_EQ(got.second, want.second) << what;
+    EXPECT_NE(off.first, want.first) << what << ": a wrong 16-bit copy went unnoticed";
+  }
 }
 
 TEST(Gpt, RejectsBadShapes) {

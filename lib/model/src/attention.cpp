@@ -21,7 +21,7 @@ AttentionTensors Attention::declare(ParamLayout& layout, const std::string& pref
 }
 
 void Attention::qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const {
-  ops_->matmul_forward(qkv, x, w.qkvw, w.qkvb, rows, C_, qkv_width(), precision_);
+  ops_->matmul_forward(qkv, x, w.qkv(), w.qkvb, rows, C_, qkv_width(), precision_);
   if (hooks) hooks->forward(LinearHooks::qkv, x, qkv, rows);
 }
 
@@ -44,7 +44,7 @@ void Attention::mix(const AttentionWeights& w, const float* x, float* qkv, float
 }
 
 void Attention::project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const {
-  ops_->matmul_forward(out, y, w.projw, w.projb, rows, Cl_, C_, precision_);
+  ops_->matmul_forward(out, y, w.proj(), w.projb, rows, Cl_, C_, precision_);
   if (hooks) hooks->forward(LinearHooks::proj, y, out, rows);
 }
 
@@ -52,7 +52,7 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
                          const float* att, const float* y, const float* dout, float* dx, int B, int T, float* dy,
                          float* dqkv, const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const {
   const int N = B * T;
-  ops_->matmul_backward_into(dy, g.projw, g.projb, dout, y, w.projw, N, Cl_, C_, precision_);  // dy written
+  ops_->matmul_backward_into(dy, g.projw, g.projb, dout, y, w.proj(), N, Cl_, C_, precision_);  // dy written
   if (hooks) hooks->backward(LinearHooks::proj, y, dout, dy, N);
   // Grouped: the op's gradient for every query head's key/value copy (after dqkv's grouped rows),
   // then summed into the shared heads.
@@ -61,7 +61,7 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, con
                                 precision_, drop, use_);  // written
   if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
   if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
-  ops_->matmul_backward_into(dx, g.qkvw, g.qkvb, dqkv, x, w.qkvw, N, C_, qkv_width(), precision_);  // dx written
+  ops_->matmul_backward_into(dx, g.qkvw, g.qkvb, dqkv, x, w.qkv(), N, C_, qkv_width(), precision_);  // dx written
   if (hooks) hooks->backward(LinearHooks::qkv, x, dqkv, dx, N);
 }
 

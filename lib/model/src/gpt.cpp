@@ -161,6 +161,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
                         int T, const int32_t* key_start, const int32_t* pos) {
   const int N = B * T, C = cfg_.hidden_size;
   const Block& o = tensors_.layers[l];
+  const uint16_t* lp16 = store.params16(o.block);  // the linears' weights in 16 bits, where the store has them
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N), nC = n * C;
   float* part = sp ? ws_->dln : a.res2;
@@ -168,7 +169,7 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   norm_.forward(NormWeights::at(lp, o.ln1), in, a.ln1 + r0 * C, {a.ln1_mean, a.ln1_rstd}, (int)n);
   tp_.all_gather(a.ln1, NC);
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
-  const AttentionWeights aw = attention(lp, o);
+  const AttentionWeights aw = attention(lp, lp16, o);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
   attention_.mix(aw, a.ln1, a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, pos, &lora);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
@@ -190,16 +191,16 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   tp_.all_gather(a.ln2, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
-    if (o.experts == 0) mlp_.hidden(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, &lora);
-    else moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, nullptr, o, a), a.ln2, ff, N, act_set(a));
+    if (o.experts == 0) mlp_.hidden(dense_mlp(lp, lp16, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, &lora);
+    else moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, lp16, nullptr, o, a), a.ln2, ff, N, act_set(a));
     return;
   }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
-    mlp_.forward(dense_mlp(lp, o), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_, &lora);
+    mlp_.forward(dense_mlp(lp, lp16, o), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_, &lora);
     tp_.reduce_scatter(ff, out, NC);
   } else {
     // every tensor-parallel rank routes every row alike
-    moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, nullptr, o, a), a.ln2, ff, N, act_set(a));
+    moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, lp16, nullptr, o, a), a.ln2, ff, N, act_set(a));
     if (sp) ops_->copy(out, ff + r0 * C, nC * sizeof(float));
   }
   hidden_dropout(out, l, kernels::DropoutSite::mlp_out, B, T);
@@ -216,9 +217,9 @@ Moe::Pass Gpt::moe_pass() const {
   return p;
 }
 
-Moe::Dense Gpt::moe_dense(const float* lp, float* lg, const Block& o, LayerActs& a) const {
+Moe::Dense Gpt::moe_dense(const float* lp, const uint16_t* lp16, float* lg, const Block& o, LayerActs& a) const {
   Moe::Dense d;
-  d.w = dense_mlp(lp, o);
+  d.w = dense_mlp(lp, lp16, o);
   d.g = MlpGrads::at(lg, o.mlp);
   d.fch = a.fch, d.fch_gelu = a.fch_gelu;
   d.dfch = ws_->dfch, d.dfch_gelu = ws_->dfch_gelu;
@@ -265,6 +266,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
                          float* dres, int B, int T, const int32_t* pos) {
   const int N = B * T, C = cfg_.hidden_size;
   const Block& o = tensors_.layers[l];
+  const uint16_t* lp16 = store.params16(o.block);
   Workspace& w = *ws_;
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
@@ -279,18 +281,18 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   if (o.experts > 0) ops_->zero(w.dln, NC * sizeof(float));  // MoE accumulates its parts; the dense MLP writes
   const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
-    mlp_.backward(dense_mlp(lp, o), MlpGrads::at(lg, o.mlp), a.ln2, a.fch, a.fch_gelu, dout, w.dln, N, w.dfch,
+    mlp_.backward(dense_mlp(lp, lp16, o), MlpGrads::at(lg, o.mlp), a.ln2, a.fch, a.fch_gelu, dout, w.dln, N, w.dfch,
                   w.dfch_gelu, Fl_, &lora);
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {
-    moe_->backward(moe_pass(), store, o, lp, lg, moe_dense(lp, lg, o, a), a.ln2, dout, w.dln, N, act_set(a));  // whole on every rank
+    moe_->backward(moe_pass(), store, o, lp, lg, moe_dense(lp, lp16, lg, o, a), a.ln2, dout, w.dln, N, act_set(a));  // whole on every rank
     if (sp) ops_->copy(dsl, w.dln + r0 * C, n * C * sizeof(float));
   }
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
   norm_.backward(NormWeights::at(lp, o.ln2), dn2, a.res2, {a.ln2_mean, a.ln2_rstd}, dsl, dres, (int)n);
   const float* dproj = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::attention_out, B, T), N);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  attention_.backward(attention(lp, o), AttentionGrads::at(lg, o.attn), a.ln1, a.qkv, a.att, a.atty, dproj, w.dln, B,
+  attention_.backward(attention(lp, lp16, o), AttentionGrads::at(lg, o.attn), a.ln1, a.qkv, a.att, a.atty, dproj, w.dln, B,
                       T, w.datty, w.dqkv, &attn_drop, pos, &lora);
   tp_.reduce_scatter(w.dln, dsl, NC);
   norm_.backward(NormWeights::at(lp, o.ln1), dn1, in, {a.ln1_mean, a.ln1_rstd}, dsl, dres, (int)n);
@@ -306,8 +308,8 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
 
 // Final norm + tied LM head + loss, chunked over rows. With backward, also writes d(x) into dx
 // (overwritten) and accumulates the head's share of d(wte) and the final norm's gradients.
-void Gpt::head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
-               int T, float dloss, bool backward, float* dx) {
+void Gpt::head(kernels::Operand hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets,
+               int B, int T, float dloss, bool backward, float* dx) {
   const int N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   Workspace& w = *ws_;
   // Vocab-parallel: this rank's Vl_ columns of the logits; the loss over the group (tensor_parallel.hpp).
@@ -400,15 +402,17 @@ double Gpt::head_loss(int N) {
   return sum;
 }
 
-std::pair<const float*, float*> Gpt::use_head(ParamStore& store, const float* ep, bool grads) {
-  // A frozen block (LoRA's base) has no gradients: null, not an offset from null.
+std::pair<kernels::Operand, float*> Gpt::use_head(ParamStore& store, const float* ep, bool grads) {
+  // A frozen block (LoRA's base) has no gradients (and no 16-bit copy): null, not an offset from null.
+  auto at = [](const uint16_t* block16, size_t off) { return block16 ? block16 + off : nullptr; };
   if (tensors_.output_block < 0) {
     float* g = grads ? store.grads(0) : nullptr;
-    return {ep + tensors_.wte, g ? g + tensors_.wte : nullptr};
+    return {kernels::Operand(ep + tensors_.wte, at(store.params16(0), tensors_.wte)), g ? g + tensors_.wte : nullptr};
   }
   const float* p = store.params(tensors_.output_block) + tensors_.output;
+  const uint16_t* p16 = at(store.params16(tensors_.output_block), tensors_.output);
   float* g = grads ? store.grads(tensors_.output_block) : nullptr;
-  return {p, g ? g + tensors_.output : nullptr};
+  return {kernels::Operand(p, p16), g ? g + tensors_.output : nullptr};
 }
 
 void Gpt::done_head(ParamStore& store, bool grads) {

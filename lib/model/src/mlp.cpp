@@ -22,10 +22,10 @@ MlpTensors Mlp::declare(ParamLayout& layout, const std::string& prefix, int64_t 
 
 void Mlp::hidden(const MlpWeights& w, const float* x, float* fch, float* act, int rows, int F, LinearHooks* hooks) const {
   if (kind_ == MlpKind::gelu && !(hooks && hooks->active(LinearHooks::fc))) {  // fc, its bias and GELU fused
-    ops_->matmul_gelu_forward(fch, act, x, w.fcw, w.fcb, rows, C_, F, precision_);
+    ops_->matmul_gelu_forward(fch, act, x, w.fc(), w.fcb, rows, C_, F, precision_);
     return;
   }
-  ops_->matmul_forward(fch, x, w.fcw, w.fcb, rows, C_, fc_width(F), precision_);
+  ops_->matmul_forward(fch, x, w.fc(), w.fcb, rows, C_, fc_width(F), precision_);
   if (hooks) hooks->forward(LinearHooks::fc, x, fch, rows);
   if (kind_ == MlpKind::swiglu) ops_->swiglu_forward(act, fch, (size_t)rows, F);
   else ops_->gelu_forward(act, fch, (size_t)rows * F);
@@ -34,14 +34,14 @@ void Mlp::hidden(const MlpWeights& w, const float* x, float* fch, float* act, in
 void Mlp::forward(const MlpWeights& w, const float* x, float* fch, float* act, float* out, int rows, int F,
                   LinearHooks* hooks) const {
   hidden(w, x, fch, act, rows, F, hooks);
-  ops_->matmul_forward(out, act, w.projw, w.projb, rows, F, C_, precision_);
+  ops_->matmul_forward(out, act, w.proj(), w.projb, rows, F, C_, precision_);
   if (hooks) hooks->forward(LinearHooks::fc2, act, out, rows);
 }
 
 void Mlp::backward(const MlpWeights& w, const MlpGrads& g, const float* x, const float* fch, const float* act,
                    const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const {
   const size_t n = (size_t)rows * F;
-  ops_->matmul_backward_into(dact, g.projw, g.projb, dout, act, w.projw, rows, F, C_, precision_);  // dact written
+  ops_->matmul_backward_into(dact, g.projw, g.projb, dout, act, w.proj(), rows, F, C_, precision_);  // dact written
   if (hooks) hooks->backward(LinearHooks::fc2, act, dout, dact, rows);
   const int W = fc_width(F);
   if (kind_ == MlpKind::swiglu) {
@@ -50,7 +50,7 @@ void Mlp::backward(const MlpWeights& w, const MlpGrads& g, const float* x, const
   } else {
     ops_->gelu_backward_into(dfch, fch, dact, n);  // written
   }
-  ops_->matmul_backward_into(dx, g.fcw, g.fcb, dfch, x, w.fcw, rows, C_, W, precision_);  // dx written
+  ops_->matmul_backward_into(dx, g.fcw, g.fcb, dfch, x, w.fc(), rows, C_, W, precision_);  // dx written
   if (hooks) hooks->backward(LinearHooks::fc, x, dfch, dx, rows);
 }
 

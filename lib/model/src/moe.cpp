@@ -287,7 +287,7 @@ void Moe::forward(const Pass& p, ParamStore& store, const LayerTensors& o, int l
       const int b = o.expert_blocks[ep_rank_ * El + j];
       const float* w = store.params(b);
       if (rows > 0)
-        mlp_.hidden(MlpWeights::at(w, o.expert_mlp), m.rows.data() + row * C, xa.fch.data() + row * W,
+        mlp_.hidden(MlpWeights::at(w, o.expert_mlp, store.params16(b)), m.rows.data() + row * C, xa.fch.data() + row * W,
                     xa.fch_gelu.data() + row * F, rows, F, nullptr);
       store.release(b);
       row += rows;
@@ -370,7 +370,7 @@ void Moe::forward(const Pass& p, ParamStore& store, const LayerTensors& o, int l
     const int b = o.expert_blocks[ep_rank_ * El + j];
     const float* w = store.params(b);
     if (rows > 0) {
-      MlpWeights ew = MlpWeights::at(w, o.expert_mlp);
+      MlpWeights ew = MlpWeights::at(w, o.expert_mlp, store.params16(b));
       if (split && tp_.rank() != 0) ew.projb = nullptr;  // the bias once over the group
       mlp_.forward(ew, m.rows.data() + row * C, xa.fch.data() + row * W, xa.fch_gelu.data() + row * F,
                    xa.y.data() + row * C, rows, F, nullptr);
@@ -443,7 +443,7 @@ void Moe::backward(const Pass& p, ParamStore& store, const LayerTensors& o, cons
     const float* w = store.params(b);
     float* g = store.grads(b);
     if (rows > 0)
-      mlp_.backward(MlpWeights::at(w, o.expert_mlp), MlpGrads::at(g, o.expert_mlp), m.rows.data() + row * C,
+      mlp_.backward(MlpWeights::at(w, o.expert_mlp, store.params16(b)), MlpGrads::at(g, o.expert_mlp), m.rows.data() + row * C,
                     xa.fch.data() + row * W, xa.fch_gelu.data() + row * F, dy.data() + row * C,
                     drows.data() + row * C, rows, dscratch.data(), dscratch2.data(), F, nullptr);
     store.release(b);

@@ -283,17 +283,29 @@ const float* DeviceEngine::gather(int b) {
   allgather(g.as<void>(), b, half_ ? MPI_UINT16_T : MPI_FLOAT);
   bytes_sent_ += double(n_ - 1) / n_ * n * e;
   ++gathers_;
-  if (half_) {
+  if (half_) {  // the 16-bit values stay beside the widened copy: the model's GEMMs read them (params16)
     kernels::BackendBuffer w = take(n * sizeof(float));
     be_.widen_half(w.as<float>(), g.as<uint16_t>(), n, prec_);
-    give(std::move(g));
+    gathered16_[b] = std::move(g);
     g = std::move(w);
   }
   gather_wait_ += timer.seconds();
   return widened_.emplace(b, std::move(g)).first->second.as<float>();
 }
 
+const uint16_t* DeviceEngine::params16(int b) {
+  if (!half_) return nullptr;
+  if (resident_[b]) return reinterpret_cast<const uint16_t*>(whole(b));
+  params(b);  // gathered (a no-op when it is)
+  return gathered16_.at(b).as<uint16_t>();
+}
+
 void DeviceEngine::release(int b) {
+  auto g16 = gathered16_.find(b);
+  if (g16 != gathered16_.end()) {
+    give(std::move(g16->second));
+    gathered16_.erase(g16);
+  }
   auto it = widened_.find(b);
   if (it == widened_.end()) return;
   give(std::move(it->second));

@@ -162,6 +162,11 @@ const float* DeviceStore::params(int b) {
   return dparams_.as<float>() + blk.offset;
 }
 
+const uint16_t* DeviceStore::params16(int b) {
+  if (!cache_ || !half16() || !fresh_[b]) return nullptr;
+  return dparams16_.as<uint16_t>() + layout_.blocks()[b].offset;
+}
+
 void DeviceStore::invalidate() {
   std::fill(fresh_.begin(), fresh_.end(), 0);
   std::fill(queued_.begin(), queued_.end(), 0);

@@ -71,6 +71,11 @@ const uint16_t* GroupedStore::params_half(int block) {
   if (r.engine == kFrozen) return frozen_->params_half(r.local);
   return parts_[r.engine].engine->params_half(r.local);
 }
+const uint16_t* GroupedStore::params16(int block) {
+  const Route& r = at(block);
+  if (r.engine == kFrozen) return frozen_->params_half(r.local);  // the frozen blocks live in the model's backend
+  return parts_[r.engine].engine->params16(r.local);
+}
 void GroupedStore::grads_ready(int block) {
   const Route& r = at(block);
   if (r.engine != kFrozen) parts_[r.engine].engine->grads_ready(r.local);

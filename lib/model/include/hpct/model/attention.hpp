@@ -38,10 +38,17 @@ struct AttentionTensors {
 /// gradients (null: not computed, a frozen block's).
 struct AttentionWeights {
   const float *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr;
-  static AttentionWeights at(const float* block, const AttentionTensors& t) {
+  // The matrices' 16-bit copies where the store keeps them (ParamStore::params16; nullptr: none).
+  const uint16_t *qkvw16 = nullptr, *projw16 = nullptr;
+  /// block16: the block's 16-bit copy (nullptr: none).
+  static AttentionWeights at(const float* block, const AttentionTensors& t, const uint16_t* block16 = nullptr) {
     auto bias = [&](size_t o) { return o == AttentionTensors::none ? nullptr : block + o; };
-    return {block + t.qkvw, bias(t.qkvb), block + t.projw, bias(t.projb)};
+    AttentionWeights w{block + t.qkvw, bias(t.qkvb), block + t.projw, bias(t.projb)};
+    if (block16) w.qkvw16 = block16 + t.qkvw, w.projw16 = block16 + t.projw;
+    return w;
   }
+  kernels::Operand qkv() const { return {qkvw, qkvw16}; }
+  kernels::Operand proj() const { return {projw, projw16}; }
 };
 struct AttentionGrads {
   float *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr;

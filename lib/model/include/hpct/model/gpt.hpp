@@ -381,15 +381,16 @@ class Gpt {
   const int32_t* kept_rotary_positions(int l, int B, int T);
   void layer_backward(ParamStore& store, int l, const float* lp, float* lg, LayerActs& a, const float* in, float* dres,
                       int B, int T, const int32_t* pos);
-  /// A dense layer's MLP parameters, fc2's bias on tensor-parallel rank 0 only (row_bias).
-  MlpWeights dense_mlp(const float* lp, const Block& o) const {
-    MlpWeights w = MlpWeights::at(lp, o.mlp);
+  /// A dense layer's MLP parameters (lp16: the block's 16-bit copy, or nullptr), fc2's bias on
+  /// tensor-parallel rank 0 only (row_bias).
+  MlpWeights dense_mlp(const float* lp, const uint16_t* lp16, const Block& o) const {
+    MlpWeights w = MlpWeights::at(lp, o.mlp, lp16);
     w.projb = row_bias(w.projb);
     return w;
   }
   /// The attention's parameters, its output bias on tensor-parallel rank 0 only (row_bias).
-  AttentionWeights attention(const float* lp, const Block& o) const {
-    AttentionWeights w = AttentionWeights::at(lp, o.attn);
+  AttentionWeights attention(const float* lp, const uint16_t* lp16, const Block& o) const {
+    AttentionWeights w = AttentionWeights::at(lp, o.attn, lp16);
     w.projb = row_bias(w.projb);
     return w;
   }
@@ -429,7 +430,7 @@ class Gpt {
   /// What the MoE layers need of the current pass, and a layer's residual-MoE dense MLP (its
   /// weights, activations of set `a`, and the workspace's scratch).
   Moe::Pass moe_pass() const;
-  Moe::Dense moe_dense(const float* lp, float* lg, const Block& o, LayerActs& a) const;
+  Moe::Dense moe_dense(const float* lp, const uint16_t* lp16, float* lg, const Block& o, LayerActs& a) const;
   /// Which activation set `a` is (one per layer, or one shared under recomputation).
   int act_set(const LayerActs& a) const;
   /// Dropout site `site` of layer l (-1: the embedding) for this micro-batch (T tokens per sample),
@@ -463,7 +464,7 @@ class Gpt {
                           float* dres, int B, int T);
   /// Final norm (fp/fg: the final block) and the LM head (hw, its weight; hg, its gradient or null)
   /// + loss, chunked over rows. The token losses are read back later (head_loss).
-  void head(const float* hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
+  void head(kernels::Operand hw, float* hg, const float* fp, float* fg, const float* x, const int32_t* targets, int B,
             int T, float dloss, bool backward, float* dx);
   /// The sum of the last head()'s N token losses, in row order (as on every backend). On a device
   /// backend head() queued their download beside the ops that followed (the backward): this waits
@@ -472,8 +473,9 @@ class Gpt {
   void settle_losses();  // a loss download still under way has finished (its buffer may go)
   /// The LM head's weight and (with grads) its gradient: the word embedding's (ep, the embedding
   /// block's parameters, held by the caller), or the untied output layer's, taken from the store;
-  /// done_head releases the latter (and reports its gradient complete).
-  std::pair<const float*, float*> use_head(ParamStore& store, const float* ep, bool grads);
+  /// done_head releases the latter (and reports its gradient complete). The weight with its 16-bit
+  /// copy where the store keeps one.
+  std::pair<kernels::Operand, float*> use_head(ParamStore& store, const float* ep, bool grads);
   void done_head(ParamStore& store, bool grads);
 
   GptConfig cfg_;

@@ -34,10 +34,17 @@ struct MlpTensors {
 /// (null: not computed, a frozen block's).
 struct MlpWeights {
   const float *fcw = nullptr, *fcb = nullptr, *projw = nullptr, *projb = nullptr;
-  static MlpWeights at(const float* block, const MlpTensors& t) {
+  // The matrices' 16-bit copies where the store keeps them (ParamStore::params16; nullptr: none).
+  const uint16_t *fcw16 = nullptr, *projw16 = nullptr;
+  /// block16: the block's 16-bit copy (nullptr: none).
+  static MlpWeights at(const float* block, const MlpTensors& t, const uint16_t* block16 = nullptr) {
     auto bias = [&](size_t o) { return o == MlpTensors::none ? nullptr : block + o; };
-    return {block + t.fcw, bias(t.fcb), block + t.projw, bias(t.projb)};
+    MlpWeights w{block + t.fcw, bias(t.fcb), block + t.projw, bias(t.projb)};
+    if (block16) w.fcw16 = block16 + t.fcw, w.projw16 = block16 + t.projw;
+    return w;
   }
+  kernels::Operand fc() const { return {fcw, fcw16}; }
+  kernels::Operand proj() const { return {projw, projw16}; }
 };
 struct MlpGrads {
   float *fcw = nullptr, *fcb = nullptr, *projw = nullptr, *projb = nullptr;

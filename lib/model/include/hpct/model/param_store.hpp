@@ -27,6 +27,12 @@ class ParamStore {
   /// then computes no gradient for its tensors.
   virtual float* grads(int block) = 0;
   virtual void release(int block) {}            // forward/backward of this block is done for now
+  /// The block's parameters as 16-bit values (the run's precision) in the model's backend memory:
+  /// params(block)'s layout and values (those are these widened), valid as long as params(block)'s
+  /// pointer is; nullptr where the store keeps none (fp32 runs; the default). The model's linear
+  /// layers hand them to their GEMMs beside the fp32 values (kernels/operand.hpp), so a device reads
+  /// 2-byte weights on its 16-bit tensor-core path.
+  virtual const uint16_t* params16(int /*block*/) { return nullptr; }
   /// The block's parameters as the 16-bit copy the store keeps (mixed-precision runs, blocks every
   /// rank holds whole), in host memory, valid until the parameters change; nullptr where there is
   /// none. Not used by the model: ZeRO-Offload copies these 2-byte values to the GPU.

@@ -64,6 +64,9 @@ class DeviceEngine final : public ShardedOptimizer {
 
   // ---- ParamStore: pointers in the backend's memory ----
   const float* params(int block) override;
+  /// 16-bit runs: the stored 16-bit block (stage 3: the gathered one, kept beside its widened copy
+  /// until release); nullptr in fp32 runs.
+  const uint16_t* params16(int block) override;
   float* grads(int block) override;
   void release(int block) override;
   void grads_ready(int block) override;
@@ -147,6 +150,7 @@ class DeviceEngine final : public ShardedOptimizer {
 
   // working buffers
   std::map<int, kernels::BackendBuffer> widened_;  // blocks widened (16-bit runs) or gathered (stage 3) for the model
+  std::map<int, kernels::BackendBuffer> gathered16_;  // stage 3, 16-bit runs: a gathered block's 16-bit values
   std::map<int, kernels::BackendBuffer> work_;     // fp32 gradient blocks being written
   std::multimap<size_t, kernels::BackendBuffer> free_;
   size_t working_ = 0, working_peak_ = 0;

@@ -84,6 +84,9 @@ class DeviceStore final : public model::ParamStore {
   void end_micro_step();
 
   const float* params(int block) override;
+  /// The device's 16-bit copy of a block params(block) has made ready (cached 16-bit storage);
+  /// nullptr otherwise (fp32 storage, stage 3, or a block not yet asked for).
+  const uint16_t* params16(int block) override;
   float* grads(int block) override;
   void release(int block) override;
   void grads_ready(int block) override;

@@ -68,6 +68,7 @@ class GroupedStore final : public model::ParamStore {
   float* grads(int block) override;
   void release(int block) override;
   const uint16_t* params_half(int block) override;
+  const uint16_t* params16(int block) override;
   void grads_ready(int block) override;
   void grads_ready_half(int block, const uint16_t* g, size_t n, kernels::Precision p) override;
 
