@@ -1,14 +1,20 @@
-// The CUDA backend's linear-layer GEMMs on their operand forms (linear_gemms.hpp): every form of
-// the input and the weight (fp32 only, 16-bit only, both) in matmul_forward, matmul_backward,
-// matmul_backward_into and matmul_gelu_forward, against the CPU backend on the fp32 values of the
-// rounded inputs (which is what every form means: operand.hpp). Without a CUDA device every test is
-// SKIPPED.
+// 16-bit activations on the CUDA backend. Read: the linear-layer GEMMs on their operand forms
+// (linear_gemms.hpp): every form of the input and the weight (fp32 only, 16-bit only, both) in
+// matmul_forward, matmul_backward, matmul_backward_into and matmul_gelu_forward, against the CPU
+// backend on the fp32 values of the rounded inputs (which is what every form means: operand.hpp).
+// Written: the ops whose output a GEMM reads next (LayerNorm, RMSNorm, both with the residual add,
+// fc's bias + GELU, GELU, SwiGLU, attention with both kernels) into a 16-bit Output, against the
+// CPU's fp32 output. Without a CUDA device every test is SKIPPED.
 //
-// Tolerances: against the CPU, 1e-2 of the norm, as test_ops_backend_cuda's bf16 matmul (sums of
-// 48-300 products of O(1) values; the CPU sums the same rounded inputs in another order, and the
-// fp32-only forms let cuBLAS keep fp32 where it likes: more precise, not less). Between the forms
-// that give the GPU the same 16-bit inputs (both forms, or 16 bits only) the same kernel runs on
-// the same bits: equal, bitwise.
+// Tolerances: the GEMMs against the CPU, 1e-2 of the norm, as test_ops_backend_cuda's bf16 matmul
+// (sums of 48-300 products of O(1) values; the CPU sums the same rounded inputs in another order,
+// and the fp32-only forms let cuBLAS keep fp32 where it likes: more precise, not less). Between the
+// forms that give the GPU the same 16-bit inputs (both forms, or 16 bits only) the same kernel runs
+// on the same bits: equal, bitwise. A 16-bit output is the device's fp32 value rounded once: within
+// 2 units in the last place of the CPU's fp32 value (2^-6 relative for bf16, 2^-9 for fp16: the
+// fp32 values differ by ~1e-6, which can move the rounding by one unit, and rounding itself is half
+// a unit), and where the backend's own fp32 output exists for the same call (attention), the 16-bit
+// output is its rounding, bitwise.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -117,3 +123,127 @@ TEST(CudaLinear, Fp32OpRefusesHalfOnlyInput) {
 }
 
 }  // namespace
+
+namespace {
+
+// The device's 16-bit values, widened.
+Vec widened(Gpu& g, const uint16_t* d, size_t n, Precision p) {
+  std::vector<uint16_t> h(n);
+  g.be->copy_to_host(h.data(), d, n * sizeof(uint16_t));
+  Vec v(n);
+  from_half(h.data(), v.data(), n, p);
+  return v;
+}
+uint16_t* half_buffer(Gpu& g, size_t n) { return g.put(std::vector<uint16_t>(n + 4, 0x7fc1)); }  // NaN-filled
+void expect_rounding_of(const std::string& what, const Vec& got, const Vec& want, Precision p) {
+  expect_close(what, got, want, p == Precision::bf16 ? 1.0 / 64 : 1.0 / 512, 1e-6);
+}
+
+void norm_outputs_case(Precision p, int C) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 300;
+  const size_t n = (size_t)N * C;
+  const std::string what = std::string(precision_name(p)) + " C=" + std::to_string(C);
+  Vec a = randn(n, 1, 2.0f), b = randn(n, 2), w = randn(C, 3), bias = randn(C, 4);
+  for (auto& x : b) x += 3.0f;
+  for (int kind = 0; kind < 4; ++kind) {  // layernorm, rmsnorm, residual + layernorm, residual + rmsnorm
+    const bool rms = kind % 2 == 1, residual = kind >= 2;
+    const std::string k = what + (residual ? " residual " : " ") + (rms ? "rmsnorm" : "layernorm");
+    Vec res(n), out(n), mean(N), rstd(N);
+    float* d_res = g.put(res);
+    float* d_mean = g.put(mean);
+    float* d_rstd = g.put(rstd);
+    uint16_t* d_out = half_buffer(g, n);
+    const Output o = Output::half(d_out, p);
+    const float *d_a = g.put(a), *d_b = g.put(b), *d_w = g.put(w), *d_bias = g.put(bias);
+    if (kind == 0) {
+      cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), a.data(), w.data(), bias.data(), N, C);
+      g.be->layernorm_forward(o, d_mean, d_rstd, d_a, d_w, d_bias, N, C);
+    } else if (kind == 1) {
+      cpu->rmsnorm_forward(out.data(), rstd.data(), a.data(), w.data(), N, C);
+      g.be->rmsnorm_forward(o, d_rstd, d_a, d_w, N, C);
+    } else if (kind == 2) {
+      cpu->residual_layernorm_forward(res.data(), out.data(), mean.data(), rstd.data(), a.data(), b.data(), w.data(),
+                                      bias.data(), N, C);
+      g.be->residual_layernorm_forward(d_res, o, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C);
+    } else {
+      cpu->residual_rmsnorm_forward(res.data(), out.data(), rstd.data(), a.data(), b.data(), w.data(), N, C);
+      g.be->residual_rmsnorm_forward(d_res, o, d_rstd, d_a, d_b, d_w, N, C);
+    }
+    expect_rounding_of(k + " out", widened(g, d_out, n, p), out, p);
+    expect_close(k + " rstd", g.get(d_rstd, N), rstd, 1e-4, 1e-5);
+    if (!rms) expect_close(k + " mean", g.get(d_mean, N), mean, 1e-4, 1e-5);
+    if (residual) expect_close(k + " res", g.get(d_res, n), res, 0, 0);  // one addition: exact
+  }
+}
+
+void activation_outputs_case(Precision p, int width) {
+  NEED_GPU(g);
+  auto cpu = cpu_ops();
+  const int N = 257, C = 64;
+  const size_t n = (size_t)N * width;
+  const std::string what = std::string(precision_name(p)) + " width " + std::to_string(width);
+  // fc + bias + GELU: act is the rounding of GELU of the device's own pre.
+  Vec inp = randn((size_t)N * C, 1), w = randn((size_t)width * C, 2, 0.2f), bias = randn(width, 3);
+  float* d_pre = g.put(Vec(n));
+  uint16_t* d_act = half_buffer(g, n);
+  g.be->matmul_gelu_forward(d_pre, Output::half(d_act, p), g.put(inp), g.put(w), g.put(bias), N, C, width, p);
+  const Vec gp = g.get(d_pre, n);
+  Vec want(n);
+  cpu->gelu_forward(want.data(), gp.data(), n);
+  expect_rounding_of(what + " matmul_gelu act", widened(g, d_act, n, p), want, p);
+  // GELU alone, its input left as it was.
+  const Vec x = randn(n, 4, 2.0f);
+  float* d_x = g.put(x);
+  uint16_t* d_g = half_buffer(g, n);
+  g.be->gelu_forward(Output::half(d_g, p), d_x, n);
+  cpu->gelu_forward(want.data(), x.data(), n);
+  expect_rounding_of(what + " gelu", widened(g, d_g, n, p), want, p);
+  EXPECT_EQ(g.get(d_x, n), x) << what << ": gelu changed its input";
+  // SwiGLU on rows of [gate | up].
+  const Vec gu = randn(2 * n, 5);
+  uint16_t* d_s = half_buffer(g, n);
+  g.be->swiglu_forward(Output::half(d_s, p), g.put(gu), (size_t)N, width);
+  cpu->swiglu_forward(want.data(), gu.data(), (size_t)N, width);
+  expect_rounding_of(what + " swiglu", widened(g, d_s, n, p), want, p);
+}
+
+void attention_output_case(Precision p, bool fused) {
+  NEED_GPU(g);
+  g.be->allow_fused_attention(fused);
+  const int B = 2, T = 64, C = 128, NH = 2;
+  const AttentionUse use;
+  if (fused && !g.be->attention_kernel(B, T, C, NH, p, use).fused) GTEST_SKIP() << "no fused kernel for this shape";
+  const size_t n = (size_t)B * T * C;
+  const Vec qkv = randn(3 * n, 1);
+  const float* d_qkv = g.put(qkv);
+  float* d_att = g.put(Vec(g.be->attention_state_floats(B, T, C, NH, p, use)));
+  float* d_out = g.put(Vec(n));
+  g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, p, nullptr, nullptr, use);
+  const Vec out = g.get(d_out, n);
+  uint16_t* d_out16 = half_buffer(g, n);
+  g.be->attention_forward(Output::half(d_out16, p), d_att, d_qkv, B, T, C, NH, p, nullptr, nullptr, use);
+  std::vector<uint16_t> want(n), got(n);
+  to_half(out.data(), want.data(), n, p);
+  g.be->copy_to_host(got.data(), d_out16, n * sizeof(uint16_t));
+  EXPECT_EQ(got, want) << precision_name(p) << (fused ? " fused" : " materialised") << ": not the fp32 output rounded";
+}
+
+}  // namespace
+
+TEST(CudaHalfOutputs, NormsBf16) {
+  norm_outputs_case(Precision::bf16, 768);  // the 4-wide stores
+  norm_outputs_case(Precision::bf16, 70);
+}
+TEST(CudaHalfOutputs, NormsFp16) { norm_outputs_case(Precision::fp16, 1024); }
+TEST(CudaHalfOutputs, ActivationsBf16) {
+  activation_outputs_case(Precision::bf16, 96);
+  activation_outputs_case(Precision::bf16, 37);
+}
+TEST(CudaHalfOutputs, ActivationsFp16) { activation_outputs_case(Precision::fp16, 96); }
+TEST(CudaHalfOutputs, AttentionFused) { attention_output_case(Precision::bf16, true); }
+TEST(CudaHalfOutputs, AttentionMaterialised) {
+  attention_output_case(Precision::bf16, false);
+  attention_output_case(Precision::fp16, false);
+}

@@ -47,6 +47,12 @@ class StagedCpuOps final : public kernels::OpsBackend {
   /// device's tensor-core path reads it, so a wrong 16-bit pointer changes the result. Counts the
   /// inputs that came with a 16-bit form either way.
   void prefer_half(bool on) { prefer_half_ = on; }
+  /// On: asks the model to keep its GEMM inputs in 16 bits, as the CUDA backend does in 16-bit runs
+  /// (OpsBackend::half_activations); the CPU ops write them through a rounded copy.
+  void set_half_activations(bool on) { half_activations_ = on; }
+  bool half_activations(kernels::Precision p) const override {
+    return half_activations_ && p != kernels::Precision::fp32;
+  }
   long long half_operands() const { return half_operands_; }
   int head_rows(int columns) const override { return head_rows_ > 0 ? head_rows_ : in_->head_rows(columns); }
 
@@ -120,7 +126,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
                         const int32_t* pos) override {
     in_->encoder_backward(dwte, dwpe, dout, tokens, B, T, C, pos);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+  void layernorm_forward(kernels::Output out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                          int N, int C) override {
     in_->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
   }
@@ -128,7 +134,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
     in_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) override {
+  void rmsnorm_forward(kernels::Output out, float* rstd, const float* inp, const float* weight, int N, int C) override {
     in_->rmsnorm_forward(out, rstd, inp, weight, N, C);
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
@@ -152,7 +158,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
                                 kernels::AttentionUse use) const override {
     return in_->attention_state_floats(B, T, C, NH, p, use);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, kernels::Precision p,
+  void attention_forward(kernels::Output out, float* att, const float* qkv, int B, int T, int C, int NH, kernels::Precision p,
                          const kernels::Dropout* drop, const int32_t* key_start, kernels::AttentionUse use) override {
     in_->attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start, use);
   }
@@ -161,8 +167,10 @@ class StagedCpuOps final : public kernels::OpsBackend {
     in_->attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
   }
   void dropout(float* x, size_t rows, int C, const kernels::Dropout& d) override { in_->dropout(x, rows, C, d); }
-  void gelu_forward(float* out, const float* inp, size_t n) override { in_->gelu_forward(out, inp, n); }
-  void swiglu_forward(float* out, const float* inp, size_t rows, int F) override { in_->swiglu_forward(out, inp, rows, F); }
+  void gelu_forward(kernels::Output out, const float* inp, size_t n) override { in_->gelu_forward(out, inp, n); }
+  void swiglu_forward(kernels::Output out, const float* inp, size_t rows, int F) override {
+    in_->swiglu_forward(out, inp, rows, F);
+  }
   void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) override {
     in_->expand_kv(out, inp, rows, C, NH, KV);
   }
@@ -243,7 +251,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
     ++half_operands_;
     return prefer_half_ ? kernels::Operand::half(x.h) : x;
   }
-  bool prefer_half_ = false;
+  bool prefer_half_ = false, half_activations_ = false;
   long long half_operands_ = 0;
   struct Copy {
     void* dst;

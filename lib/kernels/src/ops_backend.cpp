@@ -43,17 +43,17 @@ AttentionKernel OpsBackend::attention_kernel(int, int, int, int, Precision, Atte
   return {false, "materialised softmax (B x NH x T x T probabilities kept per layer)"};
 }
 
-void OpsBackend::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+void OpsBackend::residual_layernorm_forward(float* res, Output out, float* mean, float* rstd, const float* a,
                                             const float* b, const float* weight, const float* bias, int N, int C) {
   residual_forward(res, a, b, (size_t)N * C);
   layernorm_forward(out, mean, rstd, res, weight, bias, N, C);
 }
-void OpsBackend::residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+void OpsBackend::residual_rmsnorm_forward(float* res, Output out, float* rstd, const float* a, const float* b,
                                           const float* weight, int N, int C) {
   residual_forward(res, a, b, (size_t)N * C);
   rmsnorm_forward(out, rstd, res, weight, N, C);
 }
-void OpsBackend::matmul_gelu_forward(float* pre, float* act, Operand inp, Operand weight, const float* bias, int N,
+void OpsBackend::matmul_gelu_forward(float* pre, Output act, Operand inp, Operand weight, const float* bias, int N,
                                      int C, int OC, Precision p) {
   matmul_forward(pre, inp, weight, bias, N, C, OC, p);
   gelu_forward(act, pre, (size_t)N * OC);
@@ -83,6 +83,16 @@ const float* fp32(Operand x, size_t n, Precision p, std::vector<float>& tmp) {
   tmp.resize(n);
   from_half(x.h, tmp.data(), n, p);
   return tmp.data();
+}
+
+// Runs f on fp32 output memory: out's own, or a temporary rounded into out's 16-bit form after
+// (each value rounded once, as operand.hpp's Output says).
+template <class F>
+void into(Output out, size_t n, F&& f) {
+  if (!out.h) return f(out.f);
+  std::vector<float> tmp(n);
+  f(tmp.data());
+  to_half(tmp.data(), out.h, n, out.p);
 }
 
 class CpuOps final : public OpsBackend {
@@ -120,16 +130,16 @@ class CpuOps final : public OpsBackend {
                         const int32_t* pos) override {
     kernels::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, pos);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+  void layernorm_forward(Output out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                          int N, int C) override {
-    kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    into(out, (size_t)N * C, [&](float* o) { kernels::layernorm_forward(o, mean, rstd, inp, weight, bias, N, C); });
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
     kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) override {
-    kernels::rmsnorm_forward(out, rstd, inp, weight, N, C);
+  void rmsnorm_forward(Output out, float* rstd, const float* inp, const float* weight, int N, int C) override {
+    into(out, (size_t)N * C, [&](float* o) { kernels::rmsnorm_forward(o, rstd, inp, weight, N, C); });
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                         const float* rstd, int N, int C) override {
@@ -147,18 +157,21 @@ class CpuOps final : public OpsBackend {
     kernels::matmul_backward(dinp, dweight, dbias, dout, fp32(inp, (size_t)N * C, p, wi),
                              fp32(weight, (size_t)OC * C, p, ww), N, C, OC, p);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+  void attention_forward(Output out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                          const Dropout* drop, const int32_t* key_start, AttentionUse) override {
-    kernels::attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start);
+    into(out, (size_t)B * T * C,
+         [&](float* o) { kernels::attention_forward(o, att, qkv, B, T, C, NH, p, drop, key_start); });
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, Precision p, const Dropout* drop, AttentionUse) override {
     kernels::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop);
   }
   void dropout(float* x, size_t rows, int C, const Dropout& d) override { kernels::dropout(x, rows, C, d); }
-  void gelu_forward(float* out, const float* inp, size_t n) override { kernels::gelu_forward(out, inp, n); }
-  void swiglu_forward(float* out, const float* inp, size_t rows, int F) override {
-    kernels::swiglu_forward(out, inp, rows, F);
+  void gelu_forward(Output out, const float* inp, size_t n) override {
+    into(out, n, [&](float* o) { kernels::gelu_forward(o, inp, n); });
+  }
+  void swiglu_forward(Output out, const float* inp, size_t rows, int F) override {
+    into(out, rows * F, [&](float* o) { kernels::swiglu_forward(o, inp, rows, F); });
   }
   void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) override {
     kernels::expand_kv(out, inp, rows, C, NH, KV);

@@ -119,8 +119,8 @@ void* FusedAttention::scratch(size_t bytes) {
   return scratch_;
 }
 
-void FusedAttention::forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
-                             const Dropout* drop, const int32_t* key_start, AttentionUse use) {
+void FusedAttention::forward(float* out, uint16_t* out16, float* att, const float* qkv, int B, int T, int C, int NH,
+                             Precision p, const Dropout* drop, const int32_t* key_start, AttentionUse use) {
   if (key_start && !use.per_document)
     throw Error("CUDA backend: attention_forward: per-document keys in a call declared without them");
   const FusedShape s = plan(B, T, C, NH, p, drop, use);
@@ -133,7 +133,9 @@ void FusedAttention::forward(float* out, float* att, const float* qkv, int B, in
     else check(cudaMemsetAsync(st.keys, 0, bytes, stream_), "the keys");
   }
   cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s)), seed_of(drop), st.keys);
-  widen_half(out, st.out, (size_t)B * T * C, bf16, stream_);
+  const size_t n = (size_t)B * T * C;
+  if (out16) check(cudaMemcpyAsync(out16, st.out, n * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_), "the output");
+  else widen_half(out, st.out, n, bf16, stream_);
 }
 
 // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient added to

@@ -41,9 +41,10 @@ class FusedAttention {
   std::string describe(Precision p, AttentionUse use) const;
   /// Floats of the state a served call keeps (attention_state_floats).
   static size_t state_floats(int B, int T, int C, int NH, AttentionUse use);
-  /// The op's forward and backward for a served call (contracts as in ops_backend.hpp).
-  void forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p, const Dropout* drop,
-               const int32_t* key_start, AttentionUse use);
+  /// The op's forward and backward for a served call (contracts as in ops_backend.hpp). out16 (p's
+  /// format) instead of out: cuDNN's 16-bit output copied as it is, not widened.
+  void forward(float* out, uint16_t* out16, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+               const Dropout* drop, const int32_t* key_start, AttentionUse use);
   /// accumulate false: dqkv written (attention_backward_into).
   void backward(float* dqkv, const float* dout, const float* att, int B, int T, int C, int NH, Precision p,
                 const Dropout* drop, AttentionUse use, bool accumulate = true);

@@ -1,6 +1,7 @@
 // Launch helpers shared by the CUDA kernel files of lib/kernels (internal, not installed): block
 // counts, the launch check, a grid-stride loop and warp reductions.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -31,6 +32,20 @@ inline void check_launch(const char* op) {
 
 /// Whether a pointer can be read as float4 (16 bytes); null counts as aligned (an absent operand).
 inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+/// Whether four 16-bit values can be stored at once (8 bytes) there; null counts as aligned.
+inline bool aligned8(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+// 16-bit values as bits: bf16 (the top half of an fp32, round to nearest even, a NaN stays a quiet
+// NaN) or IEEE half (round to nearest even), as half.hpp's to_half and from_half on the host.
+__device__ __forceinline__ uint16_t half_bits(float f, bool bf16) {
+  if (!bf16) return __half_as_ushort(__float2half_rn(f));
+  const unsigned u = __float_as_uint(f);
+  const unsigned rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
+}
+__device__ __forceinline__ float half_value(uint16_t h, bool bf16) {
+  return bf16 ? __uint_as_float(static_cast<unsigned>(h) << 16) : __half2float(__ushort_as_half(h));
+}
 
 // Every index i < n once, over the whole grid.
 #define HPCT_GRID_STRIDE(i, n) \

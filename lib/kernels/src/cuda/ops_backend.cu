@@ -91,6 +91,7 @@ class CudaOps final : public OpsBackend {
     linear_.reset();
     if (scratch_) cudaFreeAsync(scratch_, stream_);
     if (work_) cudaFreeAsync(work_, stream_);
+    if (act_tmp_) cudaFreeAsync(act_tmp_, stream_);
     if (sums_) cudaFreeAsync(sums_, stream_);
     if (runs_dev_) cudaFreeAsync(runs_dev_, stream_);
     cudaStreamSynchronize(stream_);
@@ -102,12 +103,14 @@ class CudaOps final : public OpsBackend {
 
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
+  // Its linears run on native 16-bit inputs (linear_gemms.hpp) where the activations come in 16 bits.
+  bool half_activations(Precision p) const override { return p != Precision::fp32; }
   bool device_memory(size_t* free_bytes, size_t* total_bytes) const override {
     check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo on " + name_);
     return true;
   }
   size_t scratch_bytes() const override {
-    return scratch_bytes_ + work_bytes_ + fused_->scratch_bytes() + linear_->scratch_bytes();
+    return scratch_bytes_ + work_bytes_ + act_tmp_bytes_ + fused_->scratch_bytes() + linear_->scratch_bytes();
   }
 
   // Stream-ordered: a buffer freed here is reused by a later allocation on the same stream without
@@ -252,9 +255,10 @@ class CudaOps final : public OpsBackend {
                         const int32_t* pos) override {
     cuda::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, pos, stream_);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+  void layernorm_forward(Output out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                          int N, int C) override {
-    cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
+    if (out.h) cuda::layernorm_forward(act(out), mean, rstd, inp, weight, bias, N, C, stream_);  // fusions.cu's
+    else cuda::layernorm_forward(out.f, mean, rstd, inp, weight, bias, N, C, stream_);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
@@ -262,8 +266,9 @@ class CudaOps final : public OpsBackend {
                              workspace(cuda::column_sum_workspace(N, C)), stream_);
   }
 
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) override {
-    cuda::rmsnorm_forward(out, rstd, inp, weight, N, C, stream_);
+  void rmsnorm_forward(Output out, float* rstd, const float* inp, const float* weight, int N, int C) override {
+    if (out.h) cuda::rmsnorm_forward(act(out), rstd, inp, weight, N, C, stream_);
+    else cuda::rmsnorm_forward(out.f, rstd, inp, weight, N, C, stream_);
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                         const float* rstd, int N, int C) override {
@@ -293,13 +298,15 @@ class CudaOps final : public OpsBackend {
     if (!fused_->refusal(B, T, C, NH, p, use).empty()) return (size_t)B * NH * T * T;
     return cuda::FusedAttention::state_floats(B, T, C, NH, use);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+  void attention_forward(Output y, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                          const Dropout* drop, const int32_t* key_start, AttentionUse use) override {
     require_heads("attention_forward", B, T, C, NH);
     if (fused_->refusal(B, T, C, NH, p, use).empty()) {
-      fused_->forward(out, att, qkv, B, T, C, NH, p, drop, key_start, use);
+      fused_->forward(y.f, y.h, att, qkv, B, T, C, NH, p, drop, key_start, use);
       return;
     }
+    // The materialised kernel's products are fp32: a 16-bit output is narrowed from them.
+    float* out = y.h ? act_tmp((size_t)B * T * C) : y.f;
     const int HS = C / NH;
     const float scale = 1.0f / std::sqrt((float)HS);
     const long long TT = (long long)T * T;
@@ -322,6 +329,7 @@ class CudaOps final : public OpsBackend {
       gemm(false, false, T, HS, T, 1.0f, probs + (size_t)b * NH * TT, T, TT, v, 3 * C, HS, 0.0f,
            out + (size_t)b * T * C, C, HS, NH, p);
     }
+    if (y.h) cuda::narrow_half(y.h, out, (size_t)B * T * C, y.p == Precision::bf16, stream_);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, Precision p, const Dropout* drop, AttentionUse use) override {
@@ -377,9 +385,13 @@ class CudaOps final : public OpsBackend {
   }
 
   void dropout(float* x, size_t rows, int C, const Dropout& d) override { cuda::dropout(x, rows, C, d, stream_); }
-  void gelu_forward(float* out, const float* inp, size_t n) override { cuda::gelu_forward(out, inp, n, stream_); }
-  void swiglu_forward(float* out, const float* inp, size_t rows, int F) override {
-    cuda::swiglu_forward(out, inp, rows, F, stream_);
+  void gelu_forward(Output out, const float* inp, size_t n) override {
+    if (out.h) cuda::gelu_forward(act(out), inp, n, stream_);  // fusions.cu's
+    else cuda::gelu_forward(out.f, inp, n, stream_);
+  }
+  void swiglu_forward(Output out, const float* inp, size_t rows, int F) override {
+    if (out.h) cuda::swiglu_forward(act(out), inp, rows, F, stream_);
+    else cuda::swiglu_forward(out.f, inp, rows, F, stream_);
   }
   void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) override {
     cuda::expand_kv(out, inp, rows, C, NH, KV, stream_);
@@ -401,20 +413,20 @@ class CudaOps final : public OpsBackend {
     cuda::residual_forward(out, a, b, n, stream_);
   }
   void add_scaled(float* y, const float* x, float a, size_t n) override { cuda::add_scaled(y, x, a, n, stream_); }
-  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a, const float* b,
+  void residual_layernorm_forward(float* res, Output out, float* mean, float* rstd, const float* a, const float* b,
                                   const float* weight, const float* bias, int N, int C) override {
-    cuda::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, N, C, stream_);
+    cuda::residual_layernorm_forward(res, act(out), mean, rstd, a, b, weight, bias, N, C, stream_);
   }
-  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+  void residual_rmsnorm_forward(float* res, Output out, float* rstd, const float* a, const float* b,
                                 const float* weight, int N, int C) override {
-    cuda::residual_rmsnorm_forward(res, out, rstd, a, b, weight, N, C, stream_);
+    cuda::residual_rmsnorm_forward(res, act(out), rstd, a, b, weight, N, C, stream_);
   }
   // The GEMM writes pre without its bias; the bias is added in the GELU's pass (fusions.cu).
-  void matmul_gelu_forward(float* pre, float* act, Operand inp, Operand weight, const float* bias, int N, int C,
+  void matmul_gelu_forward(float* pre, Output a, Operand inp, Operand weight, const float* bias, int N, int C,
                            int OC, Precision p) override {
     require_sizes("matmul_gelu_forward", N, C, OC);
     linear_->forward(pre, inp, weight, N, C, OC, p);
-    cuda::bias_gelu_forward(pre, act, bias, N, OC, stream_);
+    cuda::bias_gelu_forward(pre, act(a), bias, N, OC, stream_);
   }
   // dinp's GEMM with beta 0: no memset first.
   void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
@@ -536,6 +548,8 @@ class CudaOps final : public OpsBackend {
     return static_cast<float*>(p);
   }
   float* workspace(size_t floats) { return grown(work_, work_bytes_, floats); }      // the column sums'
+  float* act_tmp(size_t floats) { return grown(act_tmp_, act_tmp_bytes_, floats); }  // a 16-bit output's fp32 values
+  static cuda::ActOut act(const Output& o) { return {o.f, o.h, o.p == Precision::bf16}; }
   float* scratch(size_t floats) { return grown(scratch_, scratch_bytes_, floats); }  // attention: d(att), dropped probabilities
 
   std::string name_;
@@ -548,6 +562,8 @@ class CudaOps final : public OpsBackend {
   size_t scratch_bytes_ = 0;
   void* work_ = nullptr;
   size_t work_bytes_ = 0;
+  void* act_tmp_ = nullptr;
+  size_t act_tmp_bytes_ = 0;
   void* sums_ = nullptr;  // sum_squares' partial sums
   size_t sums_bytes_ = 0;
   void* runs_dev_ = nullptr;  // adamw's table of runs and their first tiles, on the device

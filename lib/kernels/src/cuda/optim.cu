@@ -17,18 +17,6 @@ namespace {
 
 constexpr unsigned kSumBlocks = 1024;  // first-pass blocks of sum_squares at most (the second pass: one block)
 
-__device__ inline float widen(uint16_t h, bool bf16) {
-  return bf16 ? __uint_as_float(static_cast<unsigned>(h) << 16) : __half2float(__ushort_as_half(h));
-}
-
-// As gpt_ops.cu's (and bits.hpp's): round to nearest even, a NaN stays a quiet NaN.
-__device__ inline uint16_t narrow(float f, bool bf16) {
-  if (!bf16) return __half_as_ushort(__float2half_rn(f));
-  const unsigned u = __float_as_uint(f);
-  const unsigned rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
-}
-
 // One block per tile of kAdamwTile elements of one run; the run found by binary search over the
 // prefix sums of tiles (a few hundred runs: 8-9 steps, from L1).
 __global__ void adamw_multi_kernel(const DeviceAdamwRun* runs, const unsigned* first_tile, int count, float lr,
@@ -47,14 +35,14 @@ __global__ void adamw_multi_kernel(const DeviceAdamwRun* runs, const unsigned* f
   // cpu_optim.cpp's folded form and constants (computed in float from the same bias corrections).
   const float step_size = lr / bc1, inv_sqrt_bc2 = 1.0f / sqrtf(bc2), decay = 1.0f - lr * r.weight_decay;
   for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = (r.grad ? r.grad[i] : widen(r.grad16[i], bf16)) * grad_scale;
+    const float g = (r.grad ? r.grad[i] : half_value(r.grad16[i], bf16)) * grad_scale;
     const float mi = beta1 * r.m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * r.v[i] + (1.0f - beta2) * g * g;
     r.m[i] = mi;
     r.v[i] = vi;
     const float p = r.param[i] * decay - step_size * (mi / (sqrtf(vi) * inv_sqrt_bc2 + eps));
     r.param[i] = p;
-    if (r.param16) r.param16[i] = narrow(p, bf16);
+    if (r.param16) r.param16[i] = half_bits(p, bf16);
   }
 }
 
@@ -72,7 +60,7 @@ __device__ double block_sum(double s) {
 __global__ void sum_squares_kernel(double* partial, const float* x, const uint16_t* x16, size_t n, bool bf16) {
   double s = 0;
   HPCT_GRID_STRIDE(i, n) {
-    const double v = x ? x[i] : widen(x16[i], bf16);
+    const double v = x ? x[i] : half_value(x16[i], bf16);
     s += v * v;
   }
   s = block_sum(s);
@@ -94,11 +82,11 @@ __global__ void sum_partials_kernel(double* partial, unsigned count) {
 }
 
 __global__ void narrow_half_kernel(uint16_t* dst, const float* src, size_t n, bool bf16) {
-  HPCT_GRID_STRIDE(i, n) dst[i] = narrow(src[i], bf16);
+  HPCT_GRID_STRIDE(i, n) dst[i] = half_bits(src[i], bf16);
 }
 
 __global__ void add_half_kernel(uint16_t* acc, const uint16_t* x, size_t n, bool bf16) {
-  HPCT_GRID_STRIDE(i, n) acc[i] = narrow(widen(acc[i], bf16) + widen(x[i], bf16), bf16);
+  HPCT_GRID_STRIDE(i, n) acc[i] = half_bits(half_value(acc[i], bf16) + half_value(x[i], bf16), bf16);
 }
 
 }  // namespace

@@ -57,17 +57,34 @@ void swiglu_backward(float* dinp /*(rows,2F)*/, const float* inp /*(rows,2F)*/, 
 /// RMSNorm, eps 1e-5, saving rstd, as hpct::kernels::rmsnorm_forward.
 void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/, const float* weight /*(C)*/,
                      int N, int C, cudaStream_t stream);
+/// Where a kernel writes an activation a GEMM reads next: fp32 values (h null), or 16-bit ones
+/// (bf16 when bf16, else IEEE half), each computed in fp32 and rounded once to nearest even.
+struct ActOut {
+  float* f = nullptr;
+  uint16_t* h = nullptr;
+  bool bf16 = true;
+};
 /// res = a + b (res may alias a or b), then out = layernorm(res) saving mean and rstd: one kernel
 /// (fusions.cu), the same as residual_forward then layernorm_forward to rounding.
-void residual_layernorm_forward(float* res /*(N,C)*/, float* out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/,
+void residual_layernorm_forward(float* res /*(N,C)*/, ActOut out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/,
                                 const float* a /*(N,C)*/, const float* b /*(N,C)*/, const float* weight /*(C)*/,
                                 const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
 /// res = a + b, then out = rmsnorm(res) saving rstd: one kernel.
-void residual_rmsnorm_forward(float* res /*(N,C)*/, float* out /*(N,C)*/, float* rstd /*(N)*/, const float* a /*(N,C)*/,
+void residual_rmsnorm_forward(float* res /*(N,C)*/, ActOut out /*(N,C)*/, float* rstd /*(N)*/, const float* a /*(N,C)*/,
                               const float* b /*(N,C)*/, const float* weight /*(C)*/, int N, int C, cudaStream_t stream);
+/// The norms without the residual add, into 16-bit (or fp32) outputs: fusions.cu's kernel on inp alone,
+/// the same as layernorm_forward / rmsnorm_forward to rounding.
+void layernorm_forward(ActOut out /*(N,C)*/, float* mean /*(N)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/,
+                       const float* weight /*(C)*/, const float* bias /*(C)*/, int N, int C, cudaStream_t stream);
+void rmsnorm_forward(ActOut out /*(N,C)*/, float* rstd /*(N)*/, const float* inp /*(N,C)*/, const float* weight /*(C)*/,
+                     int N, int C, cudaStream_t stream);
 /// pre += bias (bias may be null: none), then act = gelu(pre): one kernel after an MLP's fc GEMM.
-void bias_gelu_forward(float* pre /*(N,OC)*/, float* act /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC,
+void bias_gelu_forward(float* pre /*(N,OC)*/, ActOut act /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC,
                        cudaStream_t stream);
+/// act = gelu(inp) into a 16-bit (or fp32) output; inp unchanged.
+void gelu_forward(ActOut out /*(n)*/, const float* inp /*(n)*/, size_t n, cudaStream_t stream);
+/// SwiGLU into a 16-bit (or fp32) output.
+void swiglu_forward(ActOut out /*(rows,F)*/, const float* inp /*(rows,2F)*/, size_t rows, int F, cudaStream_t stream);
 
 /// dst = fp32 values of 16-bit src: bfloat16 (the top half of an fp32) when bf16, else IEEE half.
 void widen_half(float* dst /*(n)*/, const uint16_t* src /*(n)*/, size_t n, bool bf16, cudaStream_t stream);

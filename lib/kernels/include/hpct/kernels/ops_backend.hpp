@@ -43,6 +43,11 @@ class OpsBackend {
   virtual std::string name() const = 0;
   /// True when op pointers are host memory (the CPU backend): callers may read results directly.
   virtual bool host_memory() const = 0;
+  /// True when this backend computes faster from 16-bit GEMM inputs, so that a model should keep
+  /// the activations its GEMMs read (the norms', attention's and the MLP activation's outputs) in
+  /// p's 16 bits (operand.hpp's Output): the CUDA backend in bf16/fp16 ops. The CPU: never (it
+  /// rounds inside the GEMM, and 16-bit storage would cost it conversions).
+  virtual bool half_activations(Precision /*p*/) const { return false; }
   /// Bytes the backend holds itself for its ops (the CUDA attention backward's scratch), for reports.
   virtual size_t scratch_bytes() const { return 0; }
   /// A device backend's memory now: free and total bytes (the CUDA one: cudaMemGetInfo); false where
@@ -131,12 +136,14 @@ class OpsBackend {
                                int C, const int32_t* pos) = 0;
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                 int C, const int32_t* pos) = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+  /// out: fp32, or 16-bit where the caller keeps GEMM inputs narrow (operand.hpp's Output; likewise
+  /// every op below whose output a GEMM reads next: the norms, attention, GELU, SwiGLU).
+  virtual void layernorm_forward(Output out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const float* weight, const float* mean, const float* rstd, int N, int C) = 0;
   /// RMSNorm (ops.hpp): rstd saved for backward; backward accumulates into dinp and dweight.
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C) = 0;
+  virtual void rmsnorm_forward(Output out, float* rstd, const float* inp, const float* weight, int N, int C) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                                 const float* rstd, int N, int C) = 0;
   /// inp (N, C) and weight (OC, C) in either form or both (operand.hpp); a 16-bit form is in p's
@@ -166,13 +173,13 @@ class OpsBackend {
   /// forward and backward. A fused kernel may draw its own mask (the CUDA one: cuDNN's), the same
   /// in forward and backward of one call's Dropout. key_start: each query's first key (per-document attention, only where
   /// use.per_document; nullptr: 0), in backend memory.
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
+  virtual void attention_forward(Output out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                                  const Dropout* drop, const int32_t* key_start, AttentionUse use) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                   int C, int NH, Precision p, const Dropout* drop, AttentionUse use) = 0;
   /// In place on (rows, C) token rows; the mask is dropout.hpp's, bitwise the same on every backend.
   virtual void dropout(float* x, size_t rows, int C, const Dropout& d) = 0;
-  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_forward(Output out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   /// Rotary position embedding on the q and k sections of qkv rows, in place (ops.hpp); pos in the
   /// backend's memory (nullptr: row % T).
@@ -182,7 +189,7 @@ class OpsBackend {
   virtual void expand_kv(float* out, const float* inp, size_t rows, int C, int NH, int KV) = 0;
   virtual void reduce_kv(float* dinp, const float* dout, size_t rows, int C, int NH, int KV) = 0;
   /// SwiGLU on rows of [gate | up] (ops.hpp); backward accumulates into dinp.
-  virtual void swiglu_forward(float* out, const float* inp, size_t rows, int F) = 0;
+  virtual void swiglu_forward(Output out, const float* inp, size_t rows, int F) = 0;
   virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t rows, int F) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
   virtual void add_scaled(float* y, const float* x, float a, size_t n) = 0;
@@ -191,14 +198,14 @@ class OpsBackend {
   // backend computes the same thing); a backend that can fuses it into fewer passes over memory ----
   /// res = a + b (residual_forward; res may be a or b), then out = layernorm(res) with mean and
   /// rstd saved (layernorm_forward): a transformer layer's residual add and the norm after it.
-  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+  virtual void residual_layernorm_forward(float* res, Output out, float* mean, float* rstd, const float* a,
                                           const float* b, const float* weight, const float* bias, int N, int C);
   /// res = a + b, then out = rmsnorm(res) with rstd saved.
-  virtual void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+  virtual void residual_rmsnorm_forward(float* res, Output out, float* rstd, const float* a, const float* b,
                                         const float* weight, int N, int C);
   /// pre = inp weight^T + bias (matmul_forward), then act = gelu(pre) (gelu_forward): an MLP's fc
   /// and its activation; both kept, as the backward reads pre.
-  virtual void matmul_gelu_forward(float* pre, float* act, Operand inp, Operand weight, const float* bias, int N,
+  virtual void matmul_gelu_forward(float* pre, Output act, Operand inp, Operand weight, const float* bias, int N,
                                    int C, int OC, Precision p);
   /// matmul_backward with dinp WRITTEN (its old contents ignored, as if zeroed first); dweight and
   /// dbias accumulate as there. Saves the memset before a gradient's first GEMM.
