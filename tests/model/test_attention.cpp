@@ -63,8 +63,8 @@ struct Recorder final : LinearHooks {
   std::vector<std::string> calls;
   bool fc_active = true;  // false: the MLP may fuse fc with its GELU and not call this hook there
   bool active(Linear w) const override { return w != fc || fc_active; }
-  void forward(Linear w, const float*, float*, int rows) override { calls.push_back("f" + std::to_string(w) + ":" + std::to_string(rows)); }
-  void backward(Linear w, const float*, const float*, float*, int rows) override {
+  void forward(Linear w, kernels::Operand, float*, int rows) override { calls.push_back("f" + std::to_string(w) + ":" + std::to_string(rows)); }
+  void backward(Linear w, kernels::Operand, const float*, float*, int rows) override {
     calls.push_back("b" + std::to_string(w) + ":" + std::to_string(rows));
   }
 };

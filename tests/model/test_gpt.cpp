@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -305,6 +307,80 @@ TEST(Gpt, LinearsReadTheStoresHalfCopies) {
     EXPECT_EQ(got.second, want.second) << what;
     EXPECT_NE(off.first, want.first) << what << ": a wrong 16-bit copy went unnoticed";
   }
+}
+
+// Where the backend asks for it, the GEMMs' inputs (the norms', attention's, the MLP activation's
+// outputs) are kept in 16 bits (Gpt::keeps_half_activations). Every reader of them is a GEMM that
+// rounds its input to the same 16 bits anyway, so a step computes bitwise what it computes with
+// fp32 activations: checked on the staged backend (which writes the 16-bit form through a rounded
+// copy and widens it back for its GEMMs), bf16 and fp16, for GPT, the Llama options, LoRA on the
+// layers' linears, recompute and dropout, and with the weights' 16-bit copies too (both GEMM
+// inputs then come only in 16 bits). Sequence parallelism, MoE layers and embedding adapters keep
+// fp32 (their readers are not GEMMs), as does a backend that does not ask.
+TEST(Gpt, HalfActivationsChangeNoBit) {
+  struct HalfCopyStore : model::FlatParamStore {
+    HalfCopyStore(const ParamLayout& l, const std::vector<float>& p, float* g, kernels::Precision prec)
+        : FlatParamStore(l, p.data(), g), layout(l), h(p.size()) {
+      kernels::to_half(p.data(), h.data(), p.size(), prec);
+    }
+    const uint16_t* params16(int b) override { return h.data() + layout.blocks()[b].offset; }
+    const ParamLayout& layout;
+    std::vector<uint16_t> h;
+  };
+  model::GptConfig llama = tiny(), lora = tiny(), drop = with_dropout(0.1, 0.1);
+  llama.normalization = model::NormKind::rmsnorm;
+  llama.mlp = model::MlpKind::swiglu;
+  llama.ffn_hidden_size = 24;
+  llama.linear_bias = false;
+  llama.untie_embeddings = true;
+  llama.rotary = true;
+  lora.lora.rank = 4;
+  lora.lora.targets = 0x0F;  // the layers' four linears, not the embedding
+  const auto [tok, tgt] = fixed_batch();
+  struct Run {
+    double loss;
+    std::vector<float> grads;
+    size_t bytes;
+    bool half;
+  };
+  auto step = [&](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half, bool copies) {
+    test::StagedCpuOps be;
+    be.set_half_activations(half);
+    be.prefer_half(copies);
+    model::Gpt m(cfg, prec, recompute, &be);
+    m.set_dropout_seed(9, 100);
+    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+    m.init_params(p.data(), 7);
+    model::FlatParamStore flat(m.layout(), p.data(), g.data());
+    std::optional<HalfCopyStore> store16;
+    if (copies) store16.emplace(m.layout(), p, g.data(), prec);
+    model::ParamStore& st = copies ? static_cast<model::ParamStore&>(*store16) : flat;
+    const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
+    return Run{loss, g, m.activation_bytes(), m.keeps_half_activations()};
+  };
+  for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16})
+    for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"llama", llama}, std::pair{"lora", lora},
+                                    std::pair{"dropout", drop}})
+      for (bool recompute : {false, true}) {
+        const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
+        const Run want = step(cfg, prec, recompute, false, false);
+        EXPECT_FALSE(want.half) << what;
+        for (bool copies : {false, true}) {
+          const Run got = step(cfg, prec, recompute, true, copies);
+          EXPECT_TRUE(got.half) << what;
+          EXPECT_EQ(got.loss, want.loss) << what << (copies ? ", 16-bit weights" : "");
+          EXPECT_EQ(got.grads, want.grads) << what << (copies ? ", 16-bit weights" : "");
+          EXPECT_LT(got.bytes, want.bytes) << what << ": the workspace did not shrink";
+        }
+      }
+  // Kept in fp32: an fp32 run, MoE layers, the embedding's adapters.
+  model::GptConfig moe = tiny(), emb = tiny();
+  moe.moe.num_experts = {2};
+  emb.lora.rank = 4;
+  emb.lora.targets = 0x1F;
+  EXPECT_FALSE(step(tiny(), kernels::Precision::fp32, false, true, false).half);
+  EXPECT_FALSE(step(moe, kernels::Precision::bf16, false, true, false).half);
+  EXPECT_FALSE(step(emb, kernels::Precision::bf16, false, true, false).half);
 }
 
 TEST(Gpt, RejectsBadShapes) {

@@ -20,7 +20,7 @@ AttentionTensors Attention::declare(ParamLayout& layout, const std::string& pref
   return t;
 }
 
-void Attention::qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const {
+void Attention::qkv(const AttentionWeights& w, kernels::Operand x, float* qkv, int rows, LinearHooks* hooks) const {
   ops_->matmul_forward(qkv, x, w.qkv(), w.qkvb, rows, C_, qkv_width(), precision_);
   if (hooks) hooks->forward(LinearHooks::qkv, x, qkv, rows);
 }
@@ -29,7 +29,8 @@ void Attention::rotate(float* qkv, int rows, const int32_t* pos) const {
   if (rotary_.dims > 0 && rows > 0) ops_->rope(qkv, 1, rows, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, false);
 }
 
-void Attention::mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
+void Attention::mix(const AttentionWeights& w, kernels::Operand x, float* qkv, float* att, kernels::Output y, int B,
+                    int T,
                     const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const {
   const size_t N = (size_t)B * T;
   this->qkv(w, x, qkv, (int)N, hooks);
@@ -43,13 +44,13 @@ void Attention::mix(const AttentionWeights& w, const float* x, float* qkv, float
   ops_->attention_forward(y, att, heads, B, T, Cl_, NH_, precision_, drop, key_start, use_);
 }
 
-void Attention::project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const {
+void Attention::project(const AttentionWeights& w, kernels::Operand y, float* out, int rows, LinearHooks* hooks) const {
   ops_->matmul_forward(out, y, w.proj(), w.projb, rows, Cl_, C_, precision_);
   if (hooks) hooks->forward(LinearHooks::proj, y, out, rows);
 }
 
-void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv,
-                         const float* att, const float* y, const float* dout, float* dx, int B, int T, float* dy,
+void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, kernels::Operand x, const float* qkv,
+                         const float* att, kernels::Operand y, const float* dout, float* dx, int B, int T, float* dy,
                          float* dqkv, const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const {
   const int N = B * T;
   ops_->matmul_backward_into(dy, g.projw, g.projb, dout, y, w.proj(), N, Cl_, C_, precision_);  // dy written

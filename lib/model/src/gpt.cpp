@@ -146,8 +146,10 @@ struct Gpt::LayerLora final : LinearHooks {
   LayerActs& a;
   LayerLora(Gpt& gpt, const Block& block, LayerActs& acts) : g(gpt), o(block), a(acts) {}
   bool active(Linear which) const override { return g.cfg_.lora.adapts(which) && o.lora_block >= 0; }
-  void forward(Linear which, const float* x, float* out, int rows) override { g.lora_forward(o, a, which, x, out, rows); }
-  void backward(Linear which, const float* x, const float* dout, float* dx, int rows) override {
+  void forward(Linear which, kernels::Operand x, float* out, int rows) override {
+    g.lora_forward(o, a, which, x, out, rows);
+  }
+  void backward(Linear which, kernels::Operand x, const float* dout, float* dx, int rows) override {
     g.lora_backward(o, a, which, x, dout, dx, rows);
   }
 };
@@ -166,12 +168,14 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N), nC = n * C;
   float* part = sp ? ws_->dln : a.res2;
   LayerLora lora(*this, o, a);
-  norm_.forward(NormWeights::at(lp, o.ln1), in, a.ln1 + r0 * C, {a.ln1_mean, a.ln1_rstd}, (int)n);
-  tp_.all_gather(a.ln1, NC);
+  // The GEMM inputs a.ln1, a.atty, a.ln2, a.fch_gelu: fp32 wherever sequence parallelism gathers
+  // them or an MoE layer reads them (keeps_half_activations), so .f is theirs there.
+  norm_.forward(NormWeights::at(lp, o.ln1), in, a.ln1.at(r0 * C), {a.ln1_mean, a.ln1_rstd}, (int)n);
+  tp_.all_gather(a.ln1.f, NC);
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.
   const AttentionWeights aw = attention(lp, lp16, o);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  attention_.mix(aw, a.ln1, a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, pos, &lora);
+  attention_.mix(aw, a.ln1.operand(), a.qkv, a.att, a.atty, B, T, &attn_drop, key_start, pos, &lora);
   // Kept by training forwards only: an evaluation between steps leaves the last step's alone.
   // One slot per layer, strided by the workspace's rows: random-LTD layers run on fewer rows.
   const size_t slot = tp_.local_rows((size_t)ws_->B * ws_->T) * C;
@@ -180,27 +184,27 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   const NormStats ln2_stats{a.ln2_mean, a.ln2_rstd};
   if (replaying_) {  // CAC: the attention output's g is not run again
     std::memcpy(a.res2, kept, nC * sizeof(float));
-    norm_.forward(ln2, a.res2, a.ln2 + r0 * C, ln2_stats, (int)n);
+    norm_.forward(ln2, a.res2, a.ln2.at(r0 * C), ln2_stats, (int)n);
   } else {
-    attention_.project(aw, a.atty, part, N, &lora);
+    attention_.project(aw, a.atty.operand(), part, N, &lora);
     tp_.reduce_scatter(part, a.res2, NC);
     hidden_dropout(a.res2, l, kernels::DropoutSite::attention_out, B, T);
-    norm_.forward_residual(ln2, in, a.res2, a.res2, a.ln2 + r0 * C, ln2_stats, (int)n);  // res2 = in + attention
+    norm_.forward_residual(ln2, in, a.res2, a.res2, a.ln2.at(r0 * C), ln2_stats, (int)n);  // res2 = in + attention
     if (kept) std::memcpy(kept, a.res2, nC * sizeof(float));
   }
-  tp_.all_gather(a.ln2, NC);
+  tp_.all_gather(a.ln2.f, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
-    if (o.experts == 0) mlp_.hidden(dense_mlp(lp, lp16, o), a.ln2, a.fch, a.fch_gelu, N, Fl_, &lora);
-    else moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, lp16, nullptr, o, a), a.ln2, ff, N, act_set(a));
+    if (o.experts == 0) mlp_.hidden(dense_mlp(lp, lp16, o), a.ln2.operand(), a.fch, a.fch_gelu, N, Fl_, &lora);
+    else moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, lp16, nullptr, o, a), a.ln2.f, ff, N, act_set(a));
     return;
   }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
-    mlp_.forward(dense_mlp(lp, lp16, o), a.ln2, a.fch, a.fch_gelu, ff, N, Fl_, &lora);
+    mlp_.forward(dense_mlp(lp, lp16, o), a.ln2.operand(), a.fch, a.fch_gelu, ff, N, Fl_, &lora);
     tp_.reduce_scatter(ff, out, NC);
   } else {
     // every tensor-parallel rank routes every row alike
-    moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, lp16, nullptr, o, a), a.ln2, ff, N, act_set(a));
+    moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, lp16, nullptr, o, a), a.ln2.f, ff, N, act_set(a));
     if (sp) ops_->copy(out, ff + r0 * C, nC * sizeof(float));
   }
   hidden_dropout(out, l, kernels::DropoutSite::mlp_out, B, T);
@@ -221,7 +225,7 @@ Moe::Dense Gpt::moe_dense(const float* lp, const uint16_t* lp16, float* lg, cons
   Moe::Dense d;
   d.w = dense_mlp(lp, lp16, o);
   d.g = MlpGrads::at(lg, o.mlp);
-  d.fch = a.fch, d.fch_gelu = a.fch_gelu;
+  d.fch = a.fch, d.fch_gelu = a.fch_gelu.f;
   d.dfch = ws_->dfch, d.dfch_gelu = ws_->dfch_gelu;
   d.width = Fl_;
   return d;
@@ -281,19 +285,19 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   if (o.experts > 0) ops_->zero(w.dln, NC * sizeof(float));  // MoE accumulates its parts; the dense MLP writes
   const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
-    mlp_.backward(dense_mlp(lp, lp16, o), MlpGrads::at(lg, o.mlp), a.ln2, a.fch, a.fch_gelu, dout, w.dln, N, w.dfch,
-                  w.dfch_gelu, Fl_, &lora);
+    mlp_.backward(dense_mlp(lp, lp16, o), MlpGrads::at(lg, o.mlp), a.ln2.operand(), a.fch, a.fch_gelu.operand(), dout,
+                  w.dln, N, w.dfch, w.dfch_gelu, Fl_, &lora);
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {
-    moe_->backward(moe_pass(), store, o, lp, lg, moe_dense(lp, lp16, lg, o, a), a.ln2, dout, w.dln, N, act_set(a));  // whole on every rank
+    moe_->backward(moe_pass(), store, o, lp, lg, moe_dense(lp, lp16, lg, o, a), a.ln2.f, dout, w.dln, N, act_set(a));  // whole on every rank
     if (sp) ops_->copy(dsl, w.dln + r0 * C, n * C * sizeof(float));
   }
   // residual: d(res2) = dres (skip path) + layernorm2 backward, accumulated in place
   norm_.backward(NormWeights::at(lp, o.ln2), dn2, a.res2, {a.ln2_mean, a.ln2_rstd}, dsl, dres, (int)n);
   const float* dproj = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::attention_out, B, T), N);
   const kernels::Dropout attn_drop = dropout_at(l, kernels::DropoutSite::attention_probs, T);
-  attention_.backward(attention(lp, lp16, o), AttentionGrads::at(lg, o.attn), a.ln1, a.qkv, a.att, a.atty, dproj, w.dln, B,
-                      T, w.datty, w.dqkv, &attn_drop, pos, &lora);
+  attention_.backward(attention(lp, lp16, o), AttentionGrads::at(lg, o.attn), a.ln1.operand(), a.qkv, a.att,
+                      a.atty.operand(), dproj, w.dln, B, T, w.datty, w.dqkv, &attn_drop, pos, &lora);
   tp_.reduce_scatter(w.dln, dsl, NC);
   norm_.backward(NormWeights::at(lp, o.ln1), dn1, in, {a.ln1_mean, a.ln1_rstd}, dsl, dres, (int)n);
   if (sp && lg) {  // (a frozen block's norms: scratch, not reduced)
@@ -317,21 +321,21 @@ void Gpt::head(kernels::Operand hw, float* hg, const float* fp, float* fg, const
   const bool sp = tp_.sequence_parallel();
   const size_t NC = (size_t)N * C, n = tp_.local_rows(N), r0 = tp_.first_row(N);
   const NormWeights nw = NormWeights::at(fp, tensors_.final_norm);
-  norm_.forward(nw, x, w.lnf + r0 * C, {w.lnf_mean, w.lnf_rstd}, (int)n);
-  tp_.all_gather(w.lnf, NC);
+  norm_.forward(nw, x, w.lnf.at(r0 * C), {w.lnf_mean, w.lnf_rstd}, (int)n);
+  tp_.all_gather(w.lnf.f, NC);  // fp32 under sequence parallelism
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     int rows = std::min(head_rows_, N - r0);
-    const float* xin = w.lnf + (size_t)r0 * C;
+    const kernels::Operand xin = w.lnf.operand().at((size_t)r0 * C);  // fp32 with the embedding's adapters
     ops_->matmul_forward(w.logits, xin, hw, nullptr, rows, C, Vl_, precision_);
-    lora_head(xin, w.logits, rows, false, nullptr);
+    lora_head(xin.f, w.logits, rows, false, nullptr);
     if (tp_.enabled())
       tp_.cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, Vl_, vstart_, V, backward);
     else
       ops_->softmax_cross_entropy(w.logits, w.losses + r0, targets + r0, dloss, rows, V, Vp);
     if (backward) {
       ops_->matmul_backward(w.dln + (size_t)r0 * C, hg, nullptr, w.logits, xin, hw, rows, C, Vl_, precision_);
-      lora_head(xin, w.logits, rows, true, w.dln + (size_t)r0 * C);
+      lora_head(xin.f, w.logits, rows, true, w.dln + (size_t)r0 * C);
     }
   }
   if (!ops_->host_memory()) {  // read back beside the backward (nothing after this writes w.losses)

@@ -9,20 +9,22 @@
 namespace hpct::model {
 
 // One layer's saved activations. With recompute there is one set, refilled per layer in backward.
+// The GEMMs' inputs (ln1, atty, ln2, fch_gelu) are fp32, or 16-bit where the workspace keeps them
+// so (Gpt::keeps_half_activations).
 struct Gpt::LayerActs {
   // n = N, or N/T rows under sequence parallelism (the norms' statistics, res2)
-  float* ln1;       // (N, C)
+  kernels::Output ln1;  // (N, C)
   float* ln1_mean;  // (n)
   float* ln1_rstd;  // (n)
   float* qkv;       // (N, 3C)
   float* att;       // (B, NH, T, T)
-  float* atty;      // (N, C)
+  kernels::Output atty;  // (N, C)
   float* res2;      // (n, C) residual after attention
-  float* ln2;       // (N, C)
+  kernels::Output ln2;  // (N, C)
   float* ln2_mean;  // (n)
   float* ln2_rstd;  // (n)
   float* fch;       // (N, 4C)
-  float* fch_gelu;  // (N, 4C)
+  kernels::Output fch_gelu;  // (N, 4C)
   float* lora_h[4] = {};  // LoRA: x A^T of each adapted linear, (N, rank)
 };
 
@@ -32,7 +34,7 @@ struct Gpt::Workspace {
   std::vector<LayerActs> acts;
   // n = N, or this rank's N/T rows under sequence parallelism
   float* res = nullptr;       // (L+1, n, C) layer inputs; res[L] is the last layer's output
-  float* lnf = nullptr;       // (N, C)
+  kernels::Output lnf;        // (N, C): fp32, or 16-bit as the layers' GEMM inputs
   float* lnf_mean = nullptr;  // (n)
   float* lnf_rstd = nullptr;  // (n)
   float* dres = nullptr;      // (n, C)

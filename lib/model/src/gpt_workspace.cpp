@@ -23,8 +23,11 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
   const size_t nsets = recompute_ ? 1 : L;
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
   const size_t Q = attention_.qkv_width(), dQ = attention_.dqkv_floats(N) / std::max<size_t>(N, 1);  // per row
-  size_t per_layer = N * C * 2 + n * C + n * 4 + N * Cl + N * Q + attention_.state_floats(B, T) + N * (W + F);
-  size_t total = nsets * per_layer + (L + 1) * n * C + N * C + 2 * n + n * C + N * C + N * Cl + N * dQ +
+  z.half = keeps_half_activations();
+  // ln1, ln2, atty and fch_gelu (and lnf below) are GEMM inputs: 16-bit where z.half.
+  size_t per_layer = z.act(N * C) * 2 + n * C + n * 4 + z.act(N * Cl) + N * Q + attention_.state_floats(B, T) + N * W +
+                     z.act(N * F);
+  size_t total = nsets * per_layer + (L + 1) * n * C + z.act(N * C) + 2 * n + n * C + N * C + N * Cl + N * dQ +
                  N * (W + F) + (size_t)head_rows_ * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   z.N = N, z.C = C, z.Cl = Cl, z.F = F, z.W = W, z.Vl = Vl, z.n = n, z.sp = sp, z.nsets = nsets, z.kept = kept, z.Q = Q;
@@ -36,6 +39,13 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
     z.lora_floats = sets + extra + z.lora_emb;
   }
   return z;
+}
+
+bool Gpt::keeps_half_activations() const {
+  if (!ops_->half_activations(precision_) || tp_.sequence_parallel() || emb_lora_block_ >= 0) return false;
+  for (const Block& o : tensors_.layers)
+    if (o.experts > 0) return false;
+  return true;
 }
 
 size_t Gpt::workspace_bytes(int B, int T) const {
@@ -71,23 +81,27 @@ void Gpt::ensure_workspace(int B, int T) {
   ops_->zero(ws->mem.as<void>(), total * sizeof(float));
   float* p = ws->mem.as<float>();
   auto take = [&](size_t n) { float* r = p; p += n; return r; };
+  auto take_act = [&](size_t n) -> kernels::Output {  // a GEMM input (sizes(): z.act)
+    if (!z.half) return take(n);
+    return kernels::Output::half(reinterpret_cast<uint16_t*>(take(z.act(n))), precision_);
+  };
   ws->acts.resize(nsets);
   for (auto& a : ws->acts) {
-    a.ln1 = take(N * C);
+    a.ln1 = take_act(N * C);
     a.ln1_mean = take(n);
     a.ln1_rstd = take(n);
     a.qkv = take(N * Q);
     a.att = take(attention_.state_floats(B, T));
-    a.atty = take(N * Cl);
+    a.atty = take_act(N * Cl);
     a.res2 = take(n * C);
-    a.ln2 = take(N * C);
+    a.ln2 = take_act(N * C);
     a.ln2_mean = take(n);
     a.ln2_rstd = take(n);
     a.fch = take(N * W);
-    a.fch_gelu = take(N * F);
+    a.fch_gelu = take_act(N * F);
   }
   ws->res = take((L + 1) * n * C);
-  ws->lnf = take(N * C);
+  ws->lnf = take_act(N * C);
   ws->lnf_mean = take(n);
   ws->lnf_rstd = take(n);
   ws->dres = take(n * C);

@@ -52,7 +52,7 @@ void Gpt::lora_done(ParamStore& store, int l, bool grads) {
   lora_p_ = nullptr, lora_g_ = nullptr;
 }
 
-void Gpt::lora_forward(const Block& o, LayerActs& a, int t, const float* x, float* out, int rows) {
+void Gpt::lora_forward(const Block& o, LayerActs& a, int t, kernels::Operand x, float* out, int rows) {
   if (!cfg_.lora.adapts(t) || o.lora_block < 0) return;
   const int r = cfg_.lora.rank;
   const auto [in, outw] = lora_dims(t);
@@ -66,7 +66,8 @@ void Gpt::lora_forward(const Block& o, LayerActs& a, int t, const float* x, floa
   ops_->add_scaled(out, ws_->lora_t, static_cast<float>(cfg_.lora.scale()), (size_t)rows * outw);
 }
 
-void Gpt::lora_backward(const Block& o, LayerActs& a, int t, const float* x, const float* dout, float* dx, int rows) {
+void Gpt::lora_backward(const Block& o, LayerActs& a, int t, kernels::Operand x, const float* dout, float* dx,
+                        int rows) {
   if (!cfg_.lora.adapts(t) || o.lora_block < 0) return;
   const int r = cfg_.lora.rank;
   const auto [in, outw] = lora_dims(t);

@@ -20,7 +20,8 @@ MlpTensors Mlp::declare(ParamLayout& layout, const std::string& prefix, int64_t 
   return t;
 }
 
-void Mlp::hidden(const MlpWeights& w, const float* x, float* fch, float* act, int rows, int F, LinearHooks* hooks) const {
+void Mlp::hidden(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, int rows, int F,
+                 LinearHooks* hooks) const {
   if (kind_ == MlpKind::gelu && !(hooks && hooks->active(LinearHooks::fc))) {  // fc, its bias and GELU fused
     ops_->matmul_gelu_forward(fch, act, x, w.fc(), w.fcb, rows, C_, F, precision_);
     return;
@@ -31,14 +32,14 @@ void Mlp::hidden(const MlpWeights& w, const float* x, float* fch, float* act, in
   else ops_->gelu_forward(act, fch, (size_t)rows * F);
 }
 
-void Mlp::forward(const MlpWeights& w, const float* x, float* fch, float* act, float* out, int rows, int F,
+void Mlp::forward(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, float* out, int rows, int F,
                   LinearHooks* hooks) const {
   hidden(w, x, fch, act, rows, F, hooks);
-  ops_->matmul_forward(out, act, w.proj(), w.projb, rows, F, C_, precision_);
-  if (hooks) hooks->forward(LinearHooks::fc2, act, out, rows);
+  ops_->matmul_forward(out, act.operand(), w.proj(), w.projb, rows, F, C_, precision_);
+  if (hooks) hooks->forward(LinearHooks::fc2, act.operand(), out, rows);
 }
 
-void Mlp::backward(const MlpWeights& w, const MlpGrads& g, const float* x, const float* fch, const float* act,
+void Mlp::backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, const float* fch, kernels::Operand act,
                    const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const {
   const size_t n = (size_t)rows * F;
   ops_->matmul_backward_into(dact, g.projw, g.projb, dout, act, w.proj(), rows, F, C_, precision_);  // dact written

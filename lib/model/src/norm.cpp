@@ -14,13 +14,13 @@ NormTensors Norm::declare(ParamLayout& layout, const std::string& name, int64_t 
   return t;
 }
 
-void Norm::forward(const NormWeights& w, const float* x, float* out, const NormStats& s, int rows) const {
+void Norm::forward(const NormWeights& w, const float* x, kernels::Output out, const NormStats& s, int rows) const {
   if (kind_ == NormKind::rmsnorm) ops_->rmsnorm_forward(out, s.rstd, x, w.weight, rows, C_);
   else ops_->layernorm_forward(out, s.mean, s.rstd, x, w.weight, w.bias, rows, C_);
 }
 
-void Norm::forward_residual(const NormWeights& w, const float* skip, const float* branch, float* res, float* out,
-                            const NormStats& s, int rows) const {
+void Norm::forward_residual(const NormWeights& w, const float* skip, const float* branch, float* res,
+                            kernels::Output out, const NormStats& s, int rows) const {
   if (kind_ == NormKind::rmsnorm) ops_->residual_rmsnorm_forward(res, out, s.rstd, skip, branch, w.weight, rows, C_);
   else ops_->residual_layernorm_forward(res, out, s.mean, s.rstd, skip, branch, w.weight, w.bias, rows, C_);
 }

@@ -147,6 +147,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
               << "> precision: " << (cfg.precision == engine::PrecisionMode::fp32 ? "fp32" : cfg.precision == engine::PrecisionMode::bf16 ? "bf16 mixed (fp32 master)" : "fp16 mixed (fp32 master, dynamic loss scale)")
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
               << cfg.grad_accum
+              << (trainer.model().keeps_half_activations() ? "; GEMM inputs kept in 16 bits" : "")
               << (cfg.rampup.on() ? " (batch " + engine::BatchSchedule(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup).describe() + ")"
                                   : std::string())
               << "\n"
@@ -375,6 +376,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                               {"zero_stage", cfg.zero.stage},
                               {"device", cfg.device},
                               {"attention_kernel", trainer.attention_kernel()},
+                              {"half_activations", trainer.model().keeps_half_activations()},
                               // bytes each rank holds, per tier (index = rank); the CPU backend's
                               // device memory is host memory (device: null). With --device cuda the
                               // activations are device memory, and are reported there.

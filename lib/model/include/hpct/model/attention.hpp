@@ -108,20 +108,22 @@ class Attention {
   }
 
   /// The query/key/value projection alone: qkv = x W^T + b on `rows` rows (3 x channels each, q|k|v).
-  void qkv(const AttentionWeights& w, const float* x, float* qkv, int rows, LinearHooks* hooks) const;
+  /// x and y (below) in either form (kernels/operand.hpp: 16 bits where the model keeps its GEMM
+  /// inputs narrow).
+  void qkv(const AttentionWeights& w, kernels::Operand x, float* qkv, int rows, LinearHooks* hooks) const;
   /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of qkv_width()), then y, the heads'
   /// outputs (B*T rows of channels); att is the state backward reads (state_floats). drop: attention dropout
   /// (nullptr: none); key_start: each row's first key (per-document attention; nullptr: causal only);
   /// pos: each row's position for rotary positions (nullptr: its place in the sample).
-  void mix(const AttentionWeights& w, const float* x, float* qkv, float* att, float* y, int B, int T,
+  void mix(const AttentionWeights& w, kernels::Operand x, float* qkv, float* att, kernels::Output y, int B, int T,
            const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const;
   /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
-  void project(const AttentionWeights& w, const float* y, float* out, int rows, LinearHooks* hooks) const;
+  void project(const AttentionWeights& w, kernels::Operand y, float* out, int rows, LinearHooks* hooks) const;
   /// From dout (the projection's output gradient): the weight gradients ACCUMULATED, dx WRITTEN
   /// (no memset first; a LoRA hook adds to it after the GEMM); dy (B*T x channels) and dqkv
   /// (dqkv_floats(B*T)) are scratch.
-  void backward(const AttentionWeights& w, const AttentionGrads& g, const float* x, const float* qkv, const float* att,
-                const float* y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
+  void backward(const AttentionWeights& w, const AttentionGrads& g, kernels::Operand x, const float* qkv,
+                const float* att, kernels::Operand y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;
 
  private:

@@ -307,6 +307,13 @@ class Gpt {
   /// before the first step. No effect without recomputation.
   void set_communication_aware_checkpointing(bool on);
   bool keeps_communication() const { return cac_ && recompute_; }
+  /// Whether the workspace keeps the activations the GEMMs read (the norms', attention's and the MLP
+  /// activation's outputs) in 16 bits, halving them: where the backend asks for it
+  /// (OpsBackend::half_activations: the CUDA backend in bf16/fp16 runs) and every reader takes them
+  /// so: not under sequence parallelism (its gathers move fp32 rows), with no MoE layer (the router
+  /// and the experts' row moves read fp32) and no adapters on the embedding (their head products
+  /// read the final norm's output in fp32).
+  bool keeps_half_activations() const;
   /// Bytes CAC holds for the replay (0 without it): the kept residuals and MoE state, as of the last step.
   size_t kept_for_replay_bytes() const;
   /// Row all-to-alls issued by the MoE layers since construction (2 per MoE layer forward, 2 backward,
@@ -358,6 +365,9 @@ class Gpt {
   void ensure_workspace(int B, int T);
   struct Sizes {  // the workspace of a (B, T): its dimensions and floats (sizes())
     size_t N = 0, C = 0, L = 0, Cl = 0, F = 0, W = 0, Vl = 0, n = 0, sp = 0, nsets = 0, kept = 0, Q = 0, dQ = 0;
+    bool half = false;                                  // keeps_half_activations()
+    /// Floats a GEMM input of n elements takes: n, or n 16-bit values in whole 16-byte blocks.
+    size_t act(size_t elems) const { return half ? (elems + 7) / 8 * 4 : elems; }
     size_t floats = 0;                                  // ws->mem
     size_t widest = 0, lora_emb = 0, lora_floats = 0;   // LoRA's ws->lora_mem
   };
@@ -406,9 +416,9 @@ class Gpt {
   // ---- LoRA (lora.cpp) ----
   /// out += scale * (x A^T) B^T for linear t of layer o on `rows` rows (nothing if t is not adapted);
   /// x A^T is kept in a for backward. Reads the adapter block set by lora_use().
-  void lora_forward(const Block& o, LayerActs& a, int t, const float* x, float* out, int rows);
+  void lora_forward(const Block& o, LayerActs& a, int t, kernels::Operand x, float* out, int rows);
   /// Its backward from dout: dA and dB into the adapter block's gradients, d(x) accumulated into dx.
-  void lora_backward(const Block& o, LayerActs& a, int t, const float* x, const float* dout, float* dx, int rows);
+  void lora_backward(const Block& o, LayerActs& a, int t, kernels::Operand x, const float* dout, float* dx, int rows);
   /// This rank's (input, output) widths of adapted linear t: the output split for qkv and fc, the input for proj and fc2.
   std::pair<int, int> lora_dims(int t) const;
   /// The adapter block of layer l for the next lora_forward/backward: params (and grads when

@@ -2,6 +2,7 @@
 // (model/attention.hpp, model/mlp.hpp) call a hook after each linear's forward and backward, so an
 // adapter needs no knowledge of the block's other ops.
 #pragma once
+#include "hpct/kernels/operand.hpp"
 
 namespace hpct::model {
 
@@ -14,10 +15,11 @@ class LinearHooks {
   /// Whether anything runs beside `which` (a block may fuse the linear with the op after it only
   /// when nothing is added to its output in between).
   virtual bool active(Linear which) const = 0;
-  /// After `which`'s forward: its input x and its output `out` (to add to), on `rows` rows.
-  virtual void forward(Linear which, const float* x, float* out, int rows) = 0;
+  /// After `which`'s forward: its input x (either form: kernels/operand.hpp) and its output `out`
+  /// (to add to), on `rows` rows.
+  virtual void forward(Linear which, kernels::Operand x, float* out, int rows) = 0;
   /// After `which`'s backward: its input, its output's gradient, and the input gradient to add to.
-  virtual void backward(Linear which, const float* x, const float* dout, float* dx, int rows) = 0;
+  virtual void backward(Linear which, kernels::Operand x, const float* dout, float* dx, int rows) = 0;
 };
 
 }  // namespace hpct::model

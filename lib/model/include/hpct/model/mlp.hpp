@@ -80,13 +80,16 @@ class Mlp {
 
   /// fc and its activation only (what a recompute pass that keeps the output needs): fch = x fc^T + b
   /// (rows of fc_width(F)), act = GELU(fch) or SwiGLU(fch) (rows of F), on `rows` rows.
-  void hidden(const MlpWeights& w, const float* x, float* fch, float* act, int rows, int F, LinearHooks* hooks) const;
+  /// x and act in either form (kernels/operand.hpp: 16 bits where the model keeps its GEMM inputs
+  /// narrow); fch is fp32 (the activation's backward reads it).
+  void hidden(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, int rows, int F,
+              LinearHooks* hooks) const;
   /// The whole MLP: out = GELU(x fc^T + b) fc2^T + b2; fch and act are kept for backward.
-  void forward(const MlpWeights& w, const float* x, float* fch, float* act, float* out, int rows, int F,
+  void forward(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, float* out, int rows, int F,
                LinearHooks* hooks) const;
   /// From dout: the weight gradients ACCUMULATED, dx WRITTEN (no memset first); dfch (rows x
   /// fc_width(F)) and dact (rows x F) are scratch.
-  void backward(const MlpWeights& w, const MlpGrads& g, const float* x, const float* fch, const float* act,
+  void backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, const float* fch, kernels::Operand act,
                 const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const;
 
  private:

@@ -55,11 +55,12 @@ class Norm {
   Norm(kernels::OpsBackend& ops, int hidden, NormKind kind) : ops_(&ops), C_(hidden), kind_(kind) {}
   NormKind kind() const { return kind_; }
 
-  /// out = norm(x) on `rows` rows; the statistics into s.
-  void forward(const NormWeights& w, const float* x, float* out, const NormStats& s, int rows) const;
+  /// out = norm(x) on `rows` rows (fp32, or 16-bit where GEMMs read it next: kernels/operand.hpp);
+  /// the statistics into s.
+  void forward(const NormWeights& w, const float* x, kernels::Output out, const NormStats& s, int rows) const;
   /// The residual add before a norm with the norm: res = skip + branch (res may be either), then
   /// out = norm(res); one pass on backends that fuse it (OpsBackend::residual_layernorm_forward).
-  void forward_residual(const NormWeights& w, const float* skip, const float* branch, float* res, float* out,
+  void forward_residual(const NormWeights& w, const float* skip, const float* branch, float* res, kernels::Output out,
                         const NormStats& s, int rows) const;
   /// From dout: the weight gradients and dx ACCUMULATED.
   void backward(const NormWeights& w, const NormGrads& g, const float* x, const NormStats& s, const float* dout,
