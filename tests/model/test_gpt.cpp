@@ -114,6 +114,19 @@ std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bo
   return {loss, g};
 }
 
+// A flat store that also keeps the parameters' 16-bit copy (ParamStore::params16), `shift`
+// elements off where a test wants a wrong one.
+struct HalfCopyStore : model::FlatParamStore {
+  HalfCopyStore(const ParamLayout& l, const std::vector<float>& p, float* g, kernels::Precision prec, int shift = 0)
+      : FlatParamStore(l, p.data(), g), layout(l), h(p.size() + 1), shift(shift) {
+    kernels::to_half(p.data(), h.data(), p.size(), prec);
+  }
+  const uint16_t* params16(int b) override { return h.data() + layout.blocks()[b].offset + shift; }
+  const ParamLayout& layout;
+  std::vector<uint16_t> h;
+  int shift;
+};
+
 }  // namespace
 
 TEST(Gpt, BackwardMatchesFiniteDifferences) { check_finite_differences(tiny(), false); }
@@ -267,16 +280,6 @@ TEST(Gpt, TheLossIsReadBackBesideTheBackward) {
 // Llama options (untied output layer, SwiGLU, no biases): so every 16-bit pointer the model passes
 // is its tensor's. A copy off by one element must show (the test can fail).
 TEST(Gpt, LinearsReadTheStoresHalfCopies) {
-  struct HalfCopyStore : model::FlatParamStore {
-    HalfCopyStore(const ParamLayout& l, const std::vector<float>& p, float* g, int shift)
-        : FlatParamStore(l, p.data(), g), layout(l), h(p.size() + 1), shift(shift) {
-      kernels::to_half(p.data(), h.data(), p.size(), kernels::Precision::bf16);
-    }
-    const uint16_t* params16(int b) override { return h.data() + layout.blocks()[b].offset + shift; }
-    const ParamLayout& layout;
-    std::vector<uint16_t> h;
-    int shift;
-  };
   model::GptConfig llama = tiny();
   llama.normalization = model::NormKind::rmsnorm;
   llama.mlp = model::MlpKind::swiglu;
@@ -293,7 +296,7 @@ TEST(Gpt, LinearsReadTheStoresHalfCopies) {
       std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
       m.init_params(p.data(), 7);
       model::FlatParamStore flat(m.layout(), p.data(), g.data());
-      HalfCopyStore half(m.layout(), p, g.data(), store_kind == 2 ? 1 : 0);
+      HalfCopyStore half(m.layout(), p, g.data(), kernels::Precision::bf16, store_kind == 2 ? 1 : 0);
       model::ParamStore& st = store_kind ? static_cast<model::ParamStore&>(half) : flat;
       const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
       if (store_kind == 1) {
@@ -318,15 +321,6 @@ TEST(Gpt, LinearsReadTheStoresHalfCopies) {
 // inputs then come only in 16 bits). Sequence parallelism, MoE layers and embedding adapters keep
 // fp32 (their readers are not GEMMs), as does a backend that does not ask.
 TEST(Gpt, HalfActivationsChangeNoBit) {
-  struct HalfCopyStore : model::FlatParamStore {
-    HalfCopyStore(const ParamLayout& l, const std::vector<float>& p, float* g, kernels::Precision prec)
-        : FlatParamStore(l, p.data(), g), layout(l), h(p.size()) {
-      kernels::to_half(p.data(), h.data(), p.size(), prec);
-    }
-    const uint16_t* params16(int b) override { return h.data() + layout.blocks()[b].offset; }
-    const ParamLayout& layout;
-    std::vector<uint16_t> h;
-  };
   model::GptConfig llama = tiny(), lora = tiny(), drop = with_dropout(0.1, 0.1);
   llama.normalization = model::NormKind::rmsnorm;
   llama.mlp = model::MlpKind::swiglu;
