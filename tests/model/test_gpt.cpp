@@ -114,6 +114,18 @@ std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bo
   return {loss, g};
 }
 
+// The Llama options on tiny(): RMSNorm, SwiGLU 24 wide, no biases, an untied output layer, rotary.
+model::GptConfig llama_like() {
+  model::GptConfig c = tiny();
+  c.normalization = model::NormKind::rmsnorm;
+  c.mlp = model::MlpKind::swiglu;
+  c.ffn_hidden_size = 24;
+  c.linear_bias = false;
+  c.untie_embeddings = true;
+  c.rotary = true;
+  return c;
+}
+
 // A flat store that also keeps the parameters' 16-bit copy (ParamStore::params16), `shift`
 // elements off where a test wants a wrong one.
 struct HalfCopyStore : model::FlatParamStore {
@@ -280,13 +292,7 @@ TEST(Gpt, TheLossIsReadBackBesideTheBackward) {
 // Llama options (untied output layer, SwiGLU, no biases): so every 16-bit pointer the model passes
 // is its tensor's. A copy off by one element must show (the test can fail).
 TEST(Gpt, LinearsReadTheStoresHalfCopies) {
-  model::GptConfig llama = tiny();
-  llama.normalization = model::NormKind::rmsnorm;
-  llama.mlp = model::MlpKind::swiglu;
-  llama.ffn_hidden_size = 24;
-  llama.linear_bias = false;
-  llama.untie_embeddings = true;
-  llama.rotary = true;
+  const model::GptConfig llama = llama_like();
   const auto [tok, tgt] = fixed_batch();
   for (const model::GptConfig& cfg : {tiny(), llama}) {
     auto step = [&](int store_kind, bool prefer) {  // 0: no 16-bit copies; 1: right; 2: off by one
@@ -321,13 +327,8 @@ TEST(Gpt, LinearsReadTheStoresHalfCopies) {
 // inputs then come only in 16 bits). Sequence parallelism, MoE layers and embedding adapters keep
 // fp32 (their readers are not GEMMs), as does a backend that does not ask.
 TEST(Gpt, HalfActivationsChangeNoBit) {
-  model::GptConfig llama = tiny(), lora = tiny(), drop = with_dropout(0.1, 0.1);
-  llama.normalization = model::NormKind::rmsnorm;
-  llama.mlp = model::MlpKind::swiglu;
-  llama.ffn_hidden_size = 24;
-  llama.linear_bias = false;
-  llama.untie_embeddings = true;
-  llama.rotary = true;
+  const model::GptConfig llama = llama_like();
+  model::GptConfig lora = tiny(), drop = with_dropout(0.1, 0.1);
   lora.lora.rank = 4;
   lora.lora.targets = 0x0F;  // the layers' four linears, not the embedding
   const auto [tok, tgt] = fixed_batch();
