@@ -293,7 +293,8 @@ TEST(Gpt, TheLossIsReadBackBesideTheBackward) {
 // is its tensor's. A copy off by one element must show (the test can fail).
 TEST(Gpt, LinearsReadTheStoresHalfCopies) {
   const model::GptConfig llama = llama_like();
-  const auto [tok, tgt] = fixed_batch();
+  const auto batch = fixed_batch();  // named, not bound: C++17 lambdas cannot capture structured bindings
+  const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
   for (const model::GptConfig& cfg : {tiny(), llama}) {
     auto step = [&](int store_kind, bool prefer) {  // 0: no 16-bit copies; 1: right; 2: off by one
       test::StagedCpuOps be;
@@ -331,7 +332,8 @@ TEST(Gpt, HalfActivationsChangeNoBit) {
   model::GptConfig lora = tiny(), drop = with_dropout(0.1, 0.1);
   lora.lora.rank = 4;
   lora.lora.targets = 0x0F;  // the layers' four linears, not the embedding
-  const auto [tok, tgt] = fixed_batch();
+  const auto batch = fixed_batch();  // named, not bound: C++17 lambdas cannot capture structured bindings
+  const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
   struct Run {
     double loss;
     std::vector<float> grads;
