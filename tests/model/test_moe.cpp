@@ -11,7 +11,9 @@
 #include <cmath>
 
 #include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/moe_gate.hpp"
 #include "hpct/model/gpt.hpp"
+#include "staged_cpu_ops.hpp"
 
 using namespace hpct;
 
@@ -139,6 +141,42 @@ TEST(Moe, RecomputeGivesIdenticalGradients) {
     EXPECT_EQ(grads[0], grads[1]) << (residual ? "residual " : "") << "recompute";
     EXPECT_EQ(grads[0], grads[2]) << (residual ? "residual " : "") << "recompute with CAC";
     EXPECT_EQ(loss[0], loss[2]);
+  }
+}
+
+// The gate runs on the backend (OpsBackend::moe_gate_*): on a device backend the only thing of the
+// MoE layer that crosses to the host in a training step is the gate's summary, once per MoE layer's
+// forward (the experts' row counts and the losses; with drop_tokens false the demand before it, for
+// the capacity), and nothing in backward. Checked on the staged backend (device paths, host memory):
+// its blocking downloads and their bytes exactly (a dense step has none, and downloads only its token
+// losses beside the backward: test_gpt), and the step's
+// loss and gradients bitwise the CPU backend's, for top-1 with RTS, top-2, and no dropping.
+TEST(Moe, TheGateStaysOnTheBackend) {
+  const int B = 2, T = 8;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; ++i) tok[i] = (i * 5 + 2) % 23, tgt[i] = (i * 3 + 7) % 23;
+  for (int variant = 0; variant < 3; ++variant) {
+    model::GptConfig c = tiny_moe({variant == 1 ? 2 : 1, false});
+    c.moe.drop_tokens = variant != 2;
+    auto step = [&](kernels::OpsBackend* be) {
+      model::Gpt m(c, kernels::Precision::fp32, false, be);
+      m.set_routing_seed(17);
+      std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+      m.init_params(p.data(), 5);
+      model::FlatParamStore st(m.layout(), p.data(), g.data());
+      const double loss = m.forward_backward(st, tok.data(), tgt.data(), B, T, 1.0f);
+      return std::make_pair(loss, g);
+    };
+    test::StagedCpuOps staged;
+    staged.defer_transfers(true);
+    const auto cpu = step(nullptr), dev = step(&staged);
+    const std::string what = "variant " + std::to_string(variant);
+    EXPECT_EQ(dev.first, cpu.first) << what;
+    EXPECT_EQ(dev.second, cpu.second) << what;
+    const int E = c.moe.num_experts[0], reads = variant == 2 ? 2 : 1;
+    EXPECT_EQ(staged.blocking_downloads(), reads) << what << ": one MoE layer";
+    const double summary = double(kernels::gate_summary_words(E) + (reads - 1) * E) * sizeof(int64_t);
+    EXPECT_EQ(staged.bytes_to_host(), summary + B * T * sizeof(float)) << what << ": and the token losses";
   }
 }
 

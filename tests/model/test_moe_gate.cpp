@@ -356,3 +356,32 @@ TEST(MoeGate, ValidateNamesTheFlag) {
   c.min_capacity = -1;
   EXPECT_TRUE(has(message(c), "--moe-min-capacity")) << message(c);
 }
+
+// The device's way to the slots (kernels/moe_gate.hpp: counting, per token, the tokens of its
+// expert ahead of it in RTS order and the earlier routes of its expert, where the host sorts and
+// fills in token order), run here on the host through the same code the kernel runs: the same
+// slots as assign_slots, for top-1 with RTS at several capacities, without RTS, without dropping,
+// and top-2, on random logits and on logits with many exact ties (few distinct values).
+TEST(MoeGate, TheDevicesCountingGivesTheSortedSlots) {
+  const int N = 203, E = 6;
+  for (int ties = 0; ties < 2; ++ties) {
+    std::vector<float> x = random_logits(N, E, 11 + ties, 1.5);
+    if (ties)
+      for (float& v : x) v = std::round(v);  // a handful of values: equal probabilities, equal priorities' experts
+    for (int k : {1, 2})
+      for (int mode = 0; mode < 3; ++mode) {  // 0: RTS (top-1), 1: no RTS, 2: no dropping
+        GateConfig c = gate(E, k);
+        c.use_rts = mode == 0;
+        c.drop_tokens = mode != 2;
+        Routing r = select_experts(x.data(), N, c, 5, /*training=*/true);
+        const int most = *std::max_element(r.demand.begin(), r.demand.end());
+        for (int capacity : {1, 7, moe_capacity(N, c), most}) {
+          if (!c.drop_tokens && capacity < most) continue;
+          assign_slots(r, capacity, c, 5, true);
+          const std::vector<int32_t> counted =
+              hpct::kernels::gate_slots_by_counting(r.expert.data(), r.summary.data(), N, capacity, c, 5);
+          EXPECT_EQ(counted, r.slot) << "k " << k << " mode " << mode << " capacity " << capacity << " ties " << ties;
+        }
+      }
+  }
+}

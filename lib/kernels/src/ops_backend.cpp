@@ -25,6 +25,17 @@ double OpsBackend::count_zeros(const float* x, size_t n) { return kernels::count
 double OpsBackend::count_zeros_half(const uint16_t* x, size_t n) { return kernels::count_zeros_half(x, n); }
 void OpsBackend::narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) { to_half(src, dst, n, p); }
 void OpsBackend::add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p) { kernels::add_half(x, acc, n, p); }
+void OpsBackend::moe_gate_select(const GateRoutes& r, const float* logits, int N, const GateConfig& cfg, uint64_t seed,
+                                 bool training) {
+  gate_select(r, logits, N, cfg, seed, training);
+}
+void OpsBackend::moe_gate_assign(const GateRoutes& r, int N, int capacity, const GateConfig& cfg, uint64_t seed) {
+  gate_assign(r, N, capacity, cfg, seed);
+}
+void OpsBackend::moe_gate_backward(float* dlogits, const GateRoutes& r, const float* logits, const float* dweight, int N,
+                                   const GateConfig& cfg, float aux_coeff, float z_coeff) {
+  gate_backward(dlogits, r, logits, dweight, N, cfg, aux_coeff, z_coeff);
+}
 void* OpsBackend::allocate_host(size_t bytes) {
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64 * (bytes == 0));
   if (!p) throw std::bad_alloc();

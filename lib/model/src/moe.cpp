@@ -12,9 +12,10 @@
 //            stream carries the token); residual MoE mixes in the dense MLP with a learned softmax
 //            coefficient (DeepSpeed's Residual-MoE).
 // Backward runs the same steps in reverse (two more all-to-alls). The rows live in the backend's
-// memory and move through its ops (kernels/moe_ops.hpp); the gate decides on the host, from a copy
-// of the router's logits (N x E floats), and hands its decisions back as route positions and
-// weights (N x K). On a device backend the all-to-all stages the rows through host memory.
+// memory and move through its ops (kernels/moe_ops.hpp), the gate's too (kernels/moe_gate.hpp): its
+// decisions (route positions and weights, N x K) stay there, and only its summary (E counts and the
+// losses) comes to the host, once per layer's forward, to size the experts' rows and the
+// all-to-all. On a device backend the all-to-all stages the rows through host memory.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -133,20 +134,22 @@ std::vector<int> rows_per_rank(const std::vector<int>& counts, int ranks) {
 
 // One MoE layer's saved state for backward (one set per layer, or one shared with recompute). With
 // CAC the routing, exchanged rows and outputs are kept per MoE layer and the experts' hidden
-// activations (fch, fch_gelu, y) live in the shared set. Rows and weights are in the backend's
-// memory; the gate's inputs and decisions (host_logits, routing, pos, counts) on the host.
+// activations (fch, fch_gelu, y) live in the shared set. Rows, the gate's arrays and weights are in
+// the backend's memory; its summary and the exchanges' counts on the host.
 struct Moe::Acts {
   explicit Acts(kernels::OpsBackend& be)
-      : xr(be), jitter(be), logits(be), dpos(be), weight(be), rows(be), fch(be), fch_gelu(be), y(be), yback(be),
-        moe_out(be), dense_out(be), coef(be) {}
+      : xr(be), jitter(be), logits(be), probs(be), weight(be), expert(be), slot(be), pos(be), source(be), summary(be),
+        scratch(be), rows(be), fch(be), fch_gelu(be), y(be), yback(be), moe_out(be), dense_out(be), coef(be) {}
   BackendArray<float> xr;       // (N, C) router input (jittered x; empty without jitter)
   BackendArray<float> jitter;   // (N, C) the jitter factors
   BackendArray<float> logits;   // (N, E)
-  std::vector<float> host_logits;  // (N, E) the gate's copy
-  Routing routing;
-  std::vector<int32_t> pos;     // (N, K) row of each route in the send buffer, -1 = dropped
-  BackendArray<int32_t> dpos;   // pos, in the backend's memory
-  BackendArray<float> weight;   // (N, K) the routes' combine weights (routing.weight), in the backend's memory
+  // The gate's arrays (kernels::GateRoutes): pos is each route's row in the send buffer (-1 =
+  // dropped), source the token of each send row, weight the routes' combine weights.
+  BackendArray<float> probs, weight;
+  BackendArray<int32_t> expert, slot, pos, source;
+  BackendArray<int64_t> summary;
+  BackendArray<double> scratch;
+  kernels::GateSummary gate;    // the summary, read back
   std::vector<int> send_counts;  // (ep, El) = (E): rows to expert e = d*El + j (its kept load)
   std::vector<int> recv_counts;  // (ep, El): rows from source s for local expert j
   BackendArray<float> rows;     // (R, C) received rows, grouped by local expert
@@ -155,6 +158,20 @@ struct Moe::Acts {
   BackendArray<float> yback;    // (S, C) outputs back in send order
   BackendArray<float> moe_out, dense_out, coef;  // residual MoE: (N, C), (N, C), (N, 2) softmaxed
   int N = 0;
+
+  kernels::GateRoutes routes() const {
+    kernels::GateRoutes r;
+    r.probs = probs.data(), r.weight = weight.data(), r.expert = expert.data(), r.slot = slot.data();
+    r.pos = pos.data(), r.source = source.data(), r.summary = summary.data(), r.scratch = scratch.data();
+    return r;
+  }
+  /// The gate's arrays for N tokens, E experts, K routes each.
+  kernels::GateRoutes size_routes(int N, int E, int K) {
+    const size_t routes = (size_t)N * K;
+    probs.resize((size_t)N * E), weight.resize(routes), expert.resize(routes), slot.resize(routes);
+    pos.resize(routes), source.resize(routes), summary.resize(kernels::gate_summary_words(E)), scratch.resize(N);
+    return this->routes();
+  }
 };
 
 Moe::Moe(const GptConfig& cfg, kernels::OpsBackend& ops, TensorParallel& tp, const Mlp& mlp, const comm::Communicator* ep,
@@ -258,12 +275,12 @@ size_t Moe::kept_bytes() const {
   size_t b = 0;
   for (const auto& m : kept_) {
     if (!m) continue;
-    const Routing& r = m->routing;
-    b += (m->xr.capacity() + m->jitter.capacity() + m->logits.capacity() + m->host_logits.capacity() +
-          m->weight.capacity() + m->rows.capacity() + m->yback.capacity() + m->moe_out.capacity() +
-          m->dense_out.capacity() + m->coef.capacity() + r.probs.capacity() + r.weight.capacity()) * sizeof(float);
-    b += (m->pos.capacity() + m->dpos.capacity() + m->send_counts.capacity() + m->recv_counts.capacity() + r.expert.capacity() +
-          r.slot.capacity() + r.demand.capacity() + r.load.capacity()) * sizeof(int32_t);
+    b += (m->xr.capacity() + m->jitter.capacity() + m->logits.capacity() + m->probs.capacity() + m->weight.capacity() +
+          m->rows.capacity() + m->yback.capacity() + m->moe_out.capacity() + m->dense_out.capacity() +
+          m->coef.capacity()) * sizeof(float);
+    b += (m->expert.capacity() + m->slot.capacity() + m->pos.capacity() + m->source.capacity() +
+          m->send_counts.capacity() + m->recv_counts.capacity()) * sizeof(int32_t);
+    b += (m->summary.capacity() + m->scratch.capacity()) * sizeof(int64_t);
   }
   return b;
 }
@@ -316,36 +333,32 @@ void Moe::forward(const Pass& p, ParamStore& store, const LayerTensors& o, int l
     m.xr.clear();
   }
   ops_->matmul_forward(m.logits.zeros((size_t)N * E), xr, lp + o.routerw, nullptr, N, C, E, Precision::fp32);
-  m.host_logits.resize((size_t)N * E);
-  ops_->copy_to_host(m.host_logits.data(), m.logits.data(), m.host_logits.size() * sizeof(float));
 
-  // Gate (on the host). Without dropping, the capacity is the largest demand over the expert-parallel group.
-  m.routing = select_experts(m.host_logits.data(), N, gc, seed, training);
-  Routing& r = m.routing;
+  // Gate, on the backend. Without dropping, the capacity is the largest demand over the
+  // expert-parallel group (read back first); then the summary sizes the rows of every expert.
+  const kernels::GateRoutes gr = m.size_routes(N, E, K);
+  ops_->moe_gate_select(gr, m.logits.data(), N, gc, seed, training);
+  std::vector<int64_t> words(kernels::gate_summary_words(E));
   int capacity = moe_capacity(N, gc);
   if (!gc.drop_tokens) {
-    double most = *std::max_element(r.demand.begin(), r.demand.end());
+    ops_->copy_to_host(words.data(), m.summary.data(), E * sizeof(int64_t));
+    double most = static_cast<double>(*std::max_element(words.begin(), words.begin() + E));
     if (ep_ && P > 1) most = ep_->allreduce_max(most);
     capacity = static_cast<int>(most);
   }
-  assign_slots(r, capacity, gc, seed, training);
-  note_routing(o.moe_index, r);
+  ops_->moe_gate_assign(gr, N, capacity, gc, seed);
+  ops_->copy_to_host(words.data(), m.summary.data(), words.size() * sizeof(int64_t));
+  m.gate = kernels::GateSummary::read(words.data(), E);
+  note_routing(o.moe_index, N, K, m.gate);
 
   // Dispatch: send buffer ordered by (expert, slot); experts of rank d are contiguous.
-  RouteOrder ro = route_order(r);
-  const size_t S = ro.first[E];
-  const std::vector<int32_t>& source = ro.source;  // the token of each send row
-  m.pos = std::move(ro.pos);
-  m.dpos.upload(m.pos.data(), m.pos.size());
-  m.weight.upload(r.weight.data(), r.weight.size());
-  BackendArray<int32_t> dsource(*ops_);
-  dsource.upload(source.data(), S);
+  const size_t S = static_cast<size_t>(m.gate.kept());
   BackendArray<float> send(*ops_);
-  ops_->gather_rows(send.resize(S * C), x, dsource.data(), S, C);
+  ops_->gather_rows(send.resize(S * C), x, m.source.data(), S, C);
   // Counts: rows of (dest rank d, its local expert j), and what comes back from each source.
   std::vector<int>& sc = m.send_counts;
   std::vector<int>& rc = m.recv_counts;
-  sc.assign(r.load.begin(), r.load.end());  // expert e = d*El + j
+  sc.assign(m.gate.load.begin(), m.gate.load.end());  // expert e = d*El + j
   rc.resize(P * El);
   if (P > 1) {
     ep_->alltoall(sc.data(), rc.data(), El);
@@ -384,7 +397,7 @@ void Moe::forward(const Pass& p, ParamStore& store, const LayerTensors& o, int l
   regroup(*ops_, xa.y.data(), back.resize(R * C), rc, P, El, C, false);
   exchange(m, back.data(), m.yback.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
   float* moe_out = cfg_.moe.residual ? m.moe_out.resize((size_t)N * C) : out;
-  ops_->moe_combine(moe_out, m.yback.data(), m.dpos.data(), m.weight.data(), N, K, C);
+  ops_->moe_combine(moe_out, m.yback.data(), m.pos.data(), m.weight.data(), N, K, C);
   if (cfg_.moe.residual) {
     // out = c0 * moe + c1 * mlp(x), (c0, c1) = softmax(x Wc^T + bc) per token.
     // The dense MLP beside the experts is tensor-parallel like a dense layer's (the experts are not).
@@ -401,7 +414,6 @@ void Moe::backward(const Pass& p, ParamStore& store, const LayerTensors& o, cons
   const int C = cfg_.hidden_size, E = o.experts, K = cfg_.moe.topk, P = ep_size_, El = E / P;
   Acts& m = state(o, set, p.keep_per_layer);
   const Acts& xa = acts(set);
-  const Routing& r = m.routing;
   const size_t S = m.yback.size() / C;
 
   // Residual MoE: split dout into the expert and dense paths and the coefficient's gradient.
@@ -422,7 +434,7 @@ void Moe::backward(const Pass& p, ParamStore& store, const LayerTensors& o, cons
 
   // Combine backward: d(y) of each kept route, and d(weight) for the gate.
   BackendArray<float> dyback(*ops_), dweight(*ops_);
-  ops_->moe_combine_backward(dyback.zeros(S * C), dweight.resize((size_t)N * K), dm, m.yback.data(), m.dpos.data(),
+  ops_->moe_combine_backward(dyback.zeros(S * C), dweight.resize((size_t)N * K), dm, m.yback.data(), m.pos.data(),
                              m.weight.data(), N, K, C);
 
   // To the experts, their backward, and the input gradients back.
@@ -453,18 +465,16 @@ void Moe::backward(const Pass& p, ParamStore& store, const LayerTensors& o, cons
   BackendArray<float> back(*ops_), dsend(*ops_);
   regroup(*ops_, drows.data(), back.resize(R * C), m.recv_counts, P, El, C, false);
   exchange(m, back.data(), dsend.resize(S * C), C, /*to_experts=*/false, /*partial=*/split);
-  ops_->moe_dispatch_backward(dx, dsend.data(), m.dpos.data(), N, K, C);
+  ops_->moe_dispatch_backward(dx, dsend.data(), m.pos.data(), N, K, C);
 
-  // Gate and router (the gate's backward on the host). The aux and z losses enter the total loss
+  // Gate and router (the gate's backward on the backend). The aux and z losses enter the total loss
   // per micro-batch with their coefficients, on the same scale as the token losses' mean (dloss per
   // token x the micro-batch's B*T tokens, which is N unless random-LTD runs this layer on fewer rows).
-  std::vector<float> host_dweight((size_t)N * K), host_dlogits((size_t)N * E);
-  ops_->copy_to_host(host_dweight.data(), dweight.data(), host_dweight.size() * sizeof(float));
   const float aux_scale = static_cast<float>(p.dloss * p.batch_rows * cfg_.moe.loss_coeff);
   const float z_scale = static_cast<float>(p.dloss * p.batch_rows * cfg_.moe.z_loss_coeff);
-  route_backward(r, m.host_logits.data(), host_dweight.data(), aux_scale, z_scale, host_dlogits.data());
   BackendArray<float> dlogits(*ops_);
-  dlogits.upload(host_dlogits.data(), host_dlogits.size());
+  ops_->moe_gate_backward(dlogits.resize((size_t)N * E), m.routes(), m.logits.data(), dweight.data(), N,
+                          gate_config(cfg_.moe, E, p.training), aux_scale, z_scale);
   if (m.jitter.empty()) {
     ops_->matmul_backward(dx, lg + o.routerw, nullptr, dlogits.data(), x, lp + o.routerw, N, C, E, Precision::fp32);
   } else {
@@ -475,18 +485,17 @@ void Moe::backward(const Pass& p, ParamStore& store, const LayerTensors& o, cons
   }
 }
 
-void Moe::note_routing(int moe_index, const Routing& r) {
+void Moe::note_routing(int moe_index, int N, int K, const kernels::GateSummary& g) {
   if (stats_.size() <= static_cast<size_t>(moe_index)) stats_.resize(moe_index + 1);
   MoeLayerStats& s = stats_[moe_index];
-  if (s.load.size() != r.load.size()) s.load.assign(r.load.size(), 0);
-  for (size_t e = 0; e < r.load.size(); ++e) s.load[e] += r.load[e];
-  s.routes += (long long)r.N * r.k;
-  s.dropped += r.dropped;
-  s.aux_loss += r.aux_loss;
-  s.z_loss += r.z_loss;
+  if (s.load.size() != g.load.size()) s.load.assign(g.load.size(), 0);
+  for (size_t e = 0; e < g.load.size(); ++e) s.load[e] += g.load[e];
+  s.routes += (long long)N * K;
+  s.dropped += g.dropped;
+  s.aux_loss += g.aux_loss;
+  s.z_loss += g.z_loss;
   s.micro_batches += 1;
-  for (size_t i = 0; i < r.expert.size(); ++i)
-    s.routing_hash += splitmix64((uint64_t)i << 32 ^ (uint64_t)(uint32_t)r.expert[i] << 16 ^ (uint64_t)(uint32_t)(r.slot[i] + 1));
+  s.routing_hash += g.hash;
 }
 
 }  // namespace hpct::model

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "hpct/kernels/dropout.hpp"
+#include "hpct/kernels/moe_gate.hpp"
 #include "hpct/kernels/operand.hpp"
 #include "hpct/kernels/optim.hpp"
 #include "hpct/kernels/precision.hpp"
@@ -247,6 +248,18 @@ class OpsBackend {
   virtual void residual_mix(float* out, float* coef, const float* moe, const float* dense, int N, int C) = 0;
   virtual void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
                                      const float* moe, const float* dense, int N, int C) = 0;
+
+  // ---- the MoE gate on the backend's memory: contracts as in moe_gate.hpp ----
+  // Defaults: the host functions, for backends whose memory the host addresses; the CUDA backend
+  // runs kernels that reach the same routes. Nothing comes back by itself: the caller downloads
+  // r.summary where it needs the counts (the experts' rows) or the losses.
+  virtual void moe_gate_select(const GateRoutes& r, const float* logits, int N, const GateConfig& cfg, uint64_t seed,
+                               bool training);
+  /// With drop_tokens false, capacity must be at least the largest demand: the host function
+  /// throws otherwise; a device's kernel cannot, so its caller checks.
+  virtual void moe_gate_assign(const GateRoutes& r, int N, int capacity, const GateConfig& cfg, uint64_t seed);
+  virtual void moe_gate_backward(float* dlogits, const GateRoutes& r, const float* logits, const float* dweight, int N,
+                                 const GateConfig& cfg, float aux_coeff, float z_coeff);
 };
 
 /// The CPU backend: ops.hpp on host memory (64-byte aligned allocations). Needs a BackendScope

@@ -25,7 +25,6 @@ namespace hpct::model {
 
 struct GptConfig;
 struct LayerTensors;
-struct Routing;
 class TensorParallel;
 
 /// Per MoE layer, summed over the micro-batches since the last reset: this rank's tokens.
@@ -94,7 +93,7 @@ class Moe {
   Acts& acts(int set);
   Acts& state(const LayerTensors& o, int set, bool keep_per_layer);
   int expert_width() const;
-  void note_routing(int moe_index, const Routing& r);
+  void note_routing(int moe_index, int N, int K, const kernels::GateSummary& g);
   void exchange(const Acts& m, float* in, float* out, int C, bool to_experts, bool partial = false);
   void exchange_shares(const std::vector<int>& rin, const std::vector<int>& rout, float* in, float* out, int C,
                        bool partial);

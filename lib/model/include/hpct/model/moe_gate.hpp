@@ -1,10 +1,11 @@
 // hpct/model/moe_gate.hpp — MoE router math with DeepSpeed-MoE semantics (top-1 / top-2 gating,
-// capacity, Random Token Selection, load-balancing and z losses, and their gradient), fp32 on the host.
+// capacity, Random Token Selection, load-balancing and z losses, and their gradient), as host vectors
+// over kernels/moe_gate.hpp's array functions (which the backends run on their own memory).
 //
 // Not here: the router matmul (logits = h·Wg is the caller's), input jitter, dispatch/combine and the
 // all-to-all, the MAX all-reduce of demand for drop_tokens=false. This file only turns (N, E) logits
 // into per-route (expert, slot, weight) and back into d(logits).
-// Trade-off: a plain host loop over N·E instead of DeepSpeed's dense (S, E, C) masks; it is exact and
+// Trade-off: plain loops over N·E instead of DeepSpeed's dense (S, E, C) masks; they are exact and
 // easy to check, and the gate is a sliver of an MoE layer's work. All randomness (Gumbel noise, RTS
 // priorities) is a hash of (seed, token index[, expert]), so token n's expert choices and priority never
 // depend on how many tokens share the call or which rank runs it (its slot, by nature, does).
@@ -15,43 +16,34 @@
 #include <cstdint>
 #include <vector>
 
+#include "hpct/kernels/moe_gate.hpp"
+
 namespace hpct::model {
 
-/// --moe-noisy-gate-policy None|Jitter|RSample. Jitter multiplies the router INPUT (the caller does it);
-/// RSample takes the top-1 expert as argmax(logits + Gumbel) in training. RSample has no effect for top-2
-/// (as DeepSpeed, whose top2gating ignores the policy).
-enum class GateNoise { none, jitter, rsample };
-
-struct GateConfig {
-  int num_experts = 1;            // E
-  int topk = 1;                   // 1 or 2, and <= E
-  double capacity_factor = 1.0;   // the caller passes the train or eval factor
-  int min_capacity = 4;
-  bool drop_tokens = true;        // false: the caller passes capacity >= max demand (agreed over EP)
-  bool use_rts = true;            // Random Token Selection, top-1 only (as DeepSpeed), train and eval
-  // top-2, training only: 2nd = argmax(logits + Gumbel), 1st masked. DeepSpeed samples in eval too;
-  // we keep eval deterministic (2nd = second-largest logit).
-  bool second_expert_sampling = true;
-  GateNoise noise = GateNoise::none;
-};
+// The settings, the capacity rule and the noise are the kernels layer's (kernels/moe_gate.hpp),
+// whose array functions the backends run; this header keeps the vector API over them.
+using kernels::gate_gumbel;
+using kernels::GateConfig;
+using kernels::GateNoise;
+using kernels::moe_capacity;
+using kernels::rts_priority;
+using kernels::validate;
 
 struct MoeConfig;  // gpt.hpp
 /// The gate's settings for an MoE layer of `experts` experts of model config m, in training (the
 /// train capacity factor and noise) or evaluation.
 GateConfig gate_config(const MoeConfig& m, int experts, bool training);
 
-/// Throws hpct::config_error naming the flag: --num-experts, --topk, the capacity factor's flag
-/// (pass "--moe-eval-capacity-factor" when cfg carries the eval factor), --moe-min-capacity.
-/// Pure: every rank validates identically.
-void validate(const GateConfig& cfg, const char* capacity_flag = "--moe-train-capacity-factor");
+/// validate(cfg, flag) throws hpct::config_error naming the flag: --num-experts, --topk, the
+/// capacity factor's flag (pass "--moe-eval-capacity-factor" when cfg carries the eval factor),
+/// --moe-min-capacity. Pure: every rank validates identically.
 
 /// Slots per expert: C = min(max(ceil(k * tokens / E * capacity_factor), min_capacity), tokens).
 /// Computed in double (DeepSpeed uses fp32 tensors; at an exact integer boundary with a non-dyadic
 /// factor the two may differ by one slot). The clamp to `tokens` (DS #5353/#8155) is exact for k = 2
 /// too: a token's two routes go to distinct experts, so no expert can ever be asked for more than
 /// `tokens` slots, and a larger C only pads the buffer. tokens < min_capacity is allowed (DS asserts);
-/// then C = tokens. tokens = 0 gives 0.
-int moe_capacity(int tokens, const GateConfig& cfg);
+/// then C = tokens. tokens = 0 gives 0. (moe_capacity(tokens, cfg))
 
 struct Routing {
   int N = 0, E = 0, k = 1, capacity = 0;
@@ -64,6 +56,11 @@ struct Routing {
   long long dropped = 0;        // routes dropped
   double aux_loss = 0;          // E * sum_e me[e]*ce[e], ce from first choices, before dropping
   double z_loss = 0;            // mean_n logsumexp(logits_n)^2 (ST-MoE), always computed
+  // The array functions' own: the dispatch order (route_order) and the summary words.
+  std::vector<int32_t> pos, source;
+  std::vector<int64_t> summary;
+  std::vector<double> scratch;
+  kernels::GateRoutes arrays();
 };
 
 /// Step 1: probabilities, expert choices, demand, aux and z losses. `logits` is (N, E) row-major.
@@ -94,9 +91,7 @@ struct RouteOrder {
 };
 RouteOrder route_order(const Routing& r);
 
-/// The RTS priority of token n, uniform in (0, 1), a function of (seed, n) only.
-double rts_priority(uint64_t seed, int n);
-/// The Gumbel(0, 1) noise added to logit (n, e) when sampling, a function of (seed, n, e) only.
-double gate_gumbel(uint64_t seed, int n, int e);
+/// rts_priority(seed, n): the RTS priority of token n, uniform in (0, 1), a function of (seed, n)
+/// only; gate_gumbel(seed, n, e): the Gumbel(0, 1) noise added to logit (n, e) when sampling.
 
 }  // namespace hpct::model
