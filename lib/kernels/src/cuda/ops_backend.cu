@@ -493,6 +493,17 @@ class CudaOps final : public OpsBackend {
                              const float* moe, const float* dense, int N, int C) override {
     cuda::residual_mix_backward(dmoe, ddense, dlogits, dout, coef, moe, dense, N, C, stream_);
   }
+  void moe_gate_select(const GateRoutes& r, const float* logits, int N, const GateConfig& cfg, uint64_t seed,
+                       bool training) override {
+    cuda::moe_gate_select(r, logits, N, cfg, seed, training, stream_);
+  }
+  void moe_gate_assign(const GateRoutes& r, int N, int capacity, const GateConfig& cfg, uint64_t seed) override {
+    cuda::moe_gate_assign(r, N, capacity, cfg, seed, stream_);
+  }
+  void moe_gate_backward(float* dlogits, const GateRoutes& r, const float* logits, const float* dweight, int N,
+                         const GateConfig& cfg, float aux_coeff, float z_coeff) override {
+    cuda::moe_gate_backward(dlogits, r, logits, dweight, N, cfg, aux_coeff, z_coeff, stream_);
+  }
 
  private:
   // Row-major C = alpha op(A) op(B) + beta C, `batch` times with element strides sA, sB, sC

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "hpct/kernels/dropout.hpp"
+#include "hpct/kernels/moe_gate.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime_api.h>
@@ -168,6 +169,16 @@ void multiply(float* out, const float* a, const float* b, size_t n, bool accumul
 void residual_mix(float* out, float* coef, const float* moe, const float* dense, int N, int C, cudaStream_t stream);
 void residual_mix_backward(float* dmoe, float* ddense, float* dlogits, const float* dout, const float* coef,
                            const float* moe, const float* dense, int N, int C, cudaStream_t stream);
+
+// The MoE gate (moe_gate.hpp) on device memory (moe_gate.cu): the host functions' routes, nothing
+// read back (the caller downloads r.summary). assign: with drop_tokens false the caller passes a
+// capacity of at least the largest demand (a kernel cannot throw).
+void moe_gate_select(const GateRoutes& r, const float* logits, int N, const GateConfig& cfg, uint64_t seed,
+                     bool training, cudaStream_t stream);
+void moe_gate_assign(const GateRoutes& r, int N, int capacity, const GateConfig& cfg, uint64_t seed,
+                     cudaStream_t stream);
+void moe_gate_backward(float* dlogits, const GateRoutes& r, const float* logits, const float* dweight, int N,
+                       const GateConfig& cfg, float aux_coeff, float z_coeff, cudaStream_t stream);
 
 // The optimizer step (optim.hpp) on device memory (optim.cu).
 /// One run of state on the device, as hpct::kernels::AdamwRun (exactly one of grad and grad16).
