@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 
 def system_python_for(*modules):
@@ -48,7 +49,10 @@ class Checks:
 
     def run(self, cmd, want=0, timeout=600):
         """Runs cmd; an exit status other than `want` (None: any) is a failure, with its output's tail."""
+        t0 = time.monotonic()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if os.environ.get("HPCT_TEST_TIMES") == "1":  # where a check's time goes, command by command
+            print(f"[{time.monotonic() - t0:6.1f} s] {os.path.basename(str(cmd[0]))} {' '.join(map(str, cmd[1:8]))}")
         if want is not None and p.returncode != want:
             print(p.stdout[-2000:], p.stderr[-2000:])
             self.check(False, f"exit {p.returncode} (wanted {want}): {' '.join(map(str, cmd[:4]))} ...")

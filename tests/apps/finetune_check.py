@@ -57,9 +57,13 @@ sft = os.path.join(a.workdir, "reverse.jsonl")
 write_reverse_task(sft)
 
 
-def finetune(name, *extra, iters=24, want=0):
+def finetune(name, *extra, iters=24, want=0, seq=32):
+    """A finetuning run on the reverse task. At --seq-length 32 every example fits its sample (12 to
+    20 tokens) at a quarter of the 128-token samples' cost; the packing checks take 128 (several
+    examples to a sample)."""
     out = os.path.join(a.workdir, name)
-    p = c.run([a.finetune, "@" + a.args, "--data-path", sft, *tok, "--split", "90,10,0", "--train-iters", str(iters),
+    p = c.run([a.finetune, "@" + a.args, "--seq-length", str(seq), "--data-path", sft, *tok, "--split", "90,10,0",
+               "--train-iters", str(iters),
                "--lr", "2e-3", "--lr-warmup-iters", "4", "--lr-decay-iters", "30", "--log-interval", "1", "--eval-interval", "1000",
                "--eval-iters", "2", "--metrics-file", out + ".jsonl", "--json", out + ".json", *extra], want=want)
     recs = [json.loads(line) for line in open(out + ".jsonl")] if os.path.exists(out + ".jsonl") else []
@@ -70,7 +74,7 @@ ft = os.path.join(a.workdir, "ft")
 p, tr, summ = finetune("ft", "--load", pre, "--save", ft, "--save-interval", "24")
 check("starting from the weights of" in p.stdout and "iteration 0, fresh optimizer" in p.stdout,
       "the start line says it starts from the weights at iteration 0")
-check(positions(os.path.join(ft, "iter_0000024.h5")) == 256, "finetuning at --seq-length 128 keeps the weights' 256 positions")
+check(positions(os.path.join(ft, "iter_0000024.h5")) == 256, "finetuning at --seq-length 32 keeps the weights' 256 positions")
 check(len(tr) == 24 and tr[0]["iteration"] == 1, f"24 steps from iteration 1 (got {[r['iteration'] for r in tr][:3]})")
 if tr:
     first, last = sum(r["lm_loss"] for r in tr[:3]) / 3, sum(r["lm_loss"] for r in tr[-3:]) / 3
@@ -98,15 +102,15 @@ else:
 # over (--eval-iters 2 x 16: whole epochs packed and unpacked alike), the packed loss is the
 # unpacked one: each example sees only itself (1e-5 relative: the same fp32 sums, other GEMM shapes).
 ckpt = os.path.join(ft, "iter_0000024.h5")
-_, _, sp = finetune("eval_plain", "--load", ckpt, "--eval-only", "--split", "99,1,0")
-pk, _, sk = finetune("eval_packed", "--load", ckpt, "--eval-only", "--split", "99,1,0", "--pack-examples")
+_, _, sp = finetune("eval_plain", "--load", ckpt, "--eval-only", "--split", "99,1,0", seq=128)
+pk, _, sk = finetune("eval_packed", "--load", ckpt, "--eval-only", "--split", "99,1,0", "--pack-examples", seq=128)
 check("packed 396 training examples into" in pk.stdout and "attention and positions per example" in pk.stdout,
       "the start line says how the examples were packed")
 lp, lk = sp.get("final_val_loss"), sk.get("final_val_loss")
 check(lp is not None and lk is not None and abs(lk - lp) <= 1e-5 * abs(lp),
       f"packed validation loss {lk} equals the unpacked {lp}")
 # Training packed: the same response loss falls, with many examples per step.
-pt, trp, _ = finetune("ft_packed", "--load", pre, "--pack-examples")
+pt, trp, _ = finetune("ft_packed", "--load", pre, "--pack-examples", "--global-batch-size", "8", iters=12, seq=128)
 if trp:
     first, last = sum(r["lm_loss"] for r in trp[:3]) / 3, sum(r["lm_loss"] for r in trp[-3:]) / 3
     check(last < first - 1.5, f"packed finetuning's response loss falls: {first:.3f} -> {last:.3f}")
