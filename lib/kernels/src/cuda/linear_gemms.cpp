@@ -4,19 +4,12 @@
 
 #include <string>
 
+#include "checks.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
 
 namespace hpct::kernels::cuda {
 namespace {
-
-void check(cudaError_t err, const std::string& what) {
-  if (err != cudaSuccess)
-    throw Error("CUDA backend: " + what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
-void check(cublasStatus_t st, const std::string& what) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw Error("CUDA backend: " + what + ": cuBLAS status " + std::to_string((int)st));
-}
 bool half_precision(Precision p) { return p != Precision::fp32; }
 
 }  // namespace

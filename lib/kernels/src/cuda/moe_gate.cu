@@ -16,6 +16,7 @@
 #include <string>
 
 #include "../moe_gate_math.hpp"
+#include "checks.hpp"
 #include "hpct/core/error.hpp"
 #include "hpct/kernels/cuda_ops.hpp"
 #include "launch.cuh"
@@ -138,10 +139,6 @@ void check_gate(const GateConfig& cfg, int N, const char* op) {
   if (cfg.num_experts > kMaxExperts)
     throw Error(std::string("CUDA backend: ") + op + ": " + std::to_string(cfg.num_experts) +
                 " experts; the device gate serves at most " + std::to_string(kMaxExperts));
-}
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error(std::string("hpct::kernels::cuda::") + what + ": " + cudaGetErrorString(err));
 }
 
 }  // namespace

@@ -1,20 +1,13 @@
 // The CUDA OpsBackend (ops_backend.hpp): the kernels of cuda_ops.hpp and cuBLAS on one stream.
 //
-// GEMMs: ops.hpp's matrices are row-major, cuBLAS's column-major; a row-major C = op(A) op(B) is
-// the column-major C^T = op(B)^T op(A)^T, so every call passes B before A with M and N swapped
-// (gemm() below; the linear layers' products are linear_gemms.hpp's, on 16-bit inputs where the
-// operands come in 16 bits). Precision: fp32 computes in fp32 (CUBLAS_COMPUTE_32F, no TF32); bf16
-// and fp16 allow cuBLAS to round the fp32 inputs to 16 bits and accumulate in fp32
-// (CUBLAS_COMPUTE_32F_FAST_16BF / _16F). That is the CPU's contract where cuBLAS takes the 16-bit
-// path; it may keep fp32 for some shapes (allowed, not forced), which is more precise, not less.
-// fp16 overflow is still seen: the ZeRO engine rounds gradients to fp16 on the host. Attention, two
-// kernels (attention_kernel() says which serves a model): cuDNN's fused flash-class kernel
-// (cudnn_attention.hpp) for bf16/fp16 (its dropout mask is cuDNN's Philox stream, not
-// dropout.hpp's), on q, k, v rounded to
-// 16 bits (kept as its state with its output and row statistics); otherwise the materialised one:
-// per batch row, one strided-batched GEMM over the heads for q k^T (scaled), the causal softmax
-// kernel, one for att v (the full T x T product, twice the causal FLOPs); backward likewise, with a
-// (B, NH, T, T) scratch for d(att) kept between calls.
+// GEMMs: the linear layers' products are linear_gemms.hpp's (on 16-bit inputs where the operands
+// come in 16 bits); fp32 computes in fp32 (no TF32); bf16 and fp16 allow cuBLAS to round fp32 inputs
+// to 16 bits and accumulate in fp32: the CPU's contract. fp16 overflow is still seen: the ZeRO engine
+// rounds gradients to fp16 on the host. Attention, two kernels (attention_kernel() says which serves
+// a model): cuDNN's fused flash-class kernel (fused_attention.hpp) for bf16/fp16 (its dropout mask is
+// cuDNN's Philox stream, not dropout.hpp's), on q, k, v rounded to 16 bits (kept as its state with
+// its output and row statistics); otherwise the materialised one (materialised_attention.hpp: the
+// full T x T probabilities kept per layer).
 // Status: compiled in every CUDA build; runs only where a GPU is (tests/model/test_gpt_cuda.cpp
 // compares a whole GPT on it with the CPU backend; tests/kernels/test_kernels_cuda.cpp covers the
 // element-wise kernels).
@@ -29,8 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "fused_attention.hpp"
 #include "linear_gemms.hpp"
+#include "materialised_attention.hpp"
 #include "pinned_uploads.hpp"
 #include "transfer_queues.hpp"
 #include "hpct/core/error.hpp"
@@ -40,22 +35,7 @@
 namespace hpct::kernels {
 namespace {
 
-void check(cudaError_t err, const std::string& what) {
-  if (err != cudaSuccess)
-    throw Error("CUDA backend: " + what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
-
-void check(cublasStatus_t st, const std::string& what) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw Error("CUDA backend: " + what + ": cuBLAS status " + std::to_string((int)st));
-}
-
-cublasComputeType_t compute_type(Precision p) {
-  switch (p) {
-    case Precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
-    case Precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
-    default: return CUBLAS_COMPUTE_32F;
-  }
-}
+using cuda::check;
 
 class CudaOps final : public OpsBackend {
  public:
@@ -81,6 +61,7 @@ class CudaOps final : public OpsBackend {
       throw Error("CUDA backend: cublasSetStream failed on " + name_);
     }
     linear_ = std::make_unique<cuda::LinearGemms>(blas_, stream_);
+    plain_ = std::make_unique<cuda::MaterialisedAttention>(blas_, stream_);
   }
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);  // every upload out of the pinned slots has finished
@@ -89,9 +70,8 @@ class CudaOps final : public OpsBackend {
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     uploads_.reset();
     linear_.reset();
-    if (scratch_) cudaFreeAsync(scratch_, stream_);
+    plain_.reset();
     if (work_) cudaFreeAsync(work_, stream_);
-    if (act_tmp_) cudaFreeAsync(act_tmp_, stream_);
     if (sums_) cudaFreeAsync(sums_, stream_);
     if (runs_dev_) cudaFreeAsync(runs_dev_, stream_);
     cudaStreamSynchronize(stream_);
@@ -110,7 +90,7 @@ class CudaOps final : public OpsBackend {
     return true;
   }
   size_t scratch_bytes() const override {
-    return scratch_bytes_ + work_bytes_ + act_tmp_bytes_ + fused_->scratch_bytes() + linear_->scratch_bytes();
+    return work_bytes_ + plain_->scratch_bytes() + fused_->scratch_bytes() + linear_->scratch_bytes();
   }
 
   // Stream-ordered: a buffer freed here is reused by a later allocation on the same stream without
@@ -305,31 +285,7 @@ class CudaOps final : public OpsBackend {
       fused_->forward(y.f, y.h, att, qkv, B, T, C, NH, p, drop, key_start, use);
       return;
     }
-    // The materialised kernel's products are fp32: a 16-bit output is narrowed from them.
-    float* out = y.h ? act_tmp((size_t)B * T * C) : y.f;
-    const int HS = C / NH;
-    const float scale = 1.0f / std::sqrt((float)HS);
-    const long long TT = (long long)T * T;
-    for (int b = 0; b < B; ++b) {
-      const float* q = qkv + (size_t)b * T * 3 * C;
-      // att[h] = scale * q_h k_h^T for every head h at once
-      gemm(false, true, T, T, HS, scale, q, 3 * C, HS, q + C, 3 * C, HS, 0.0f, att + (size_t)b * NH * TT, T, TT, NH, p);
-    }
-    cuda::causal_softmax_forward(att, T, NH, (size_t)B * NH * T, key_start, stream_);
-    // With attention dropout the values see the dropped probabilities (in the scratch); att keeps
-    // the softmax for backward.
-    const float* probs = att;
-    if (drop && drop->on()) {
-      float* dropped = scratch((size_t)B * NH * TT);
-      cuda::attention_dropout(dropped, att, T, NH, (size_t)B * NH * T, *drop, stream_);
-      probs = dropped;
-    }
-    for (int b = 0; b < B; ++b) {
-      const float* v = qkv + (size_t)b * T * 3 * C + 2 * C;
-      gemm(false, false, T, HS, T, 1.0f, probs + (size_t)b * NH * TT, T, TT, v, 3 * C, HS, 0.0f,
-           out + (size_t)b * T * C, C, HS, NH, p);
-    }
-    if (y.h) cuda::narrow_half(y.h, out, (size_t)B * T * C, y.p == Precision::bf16, stream_);
+    plain_->forward(y, att, qkv, B, T, C, NH, p, drop, key_start);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, Precision p, const Dropout* drop, AttentionUse use) override {
@@ -348,40 +304,7 @@ class CudaOps final : public OpsBackend {
       fused_->backward(dqkv, dout, att, B, T, C, NH, p, drop, use, accumulate);
       return;
     }
-    const float beta = accumulate ? 1.0f : 0.0f;
-    const int HS = C / NH;
-    const float scale = 1.0f / std::sqrt((float)HS);
-    const long long TT = (long long)T * T;
-    const size_t rows = (size_t)B * NH * T;
-    const bool dropping = drop && drop->on();
-    // With dropout the scratch holds d(att) and, after it, the dropped probabilities the values saw.
-    float* datt = scratch((size_t)B * NH * TT * (dropping ? 2 : 1));
-    const float* probs = att;
-    if (dropping) {
-      float* dropped = datt + (size_t)B * NH * TT;
-      cuda::attention_dropout(dropped, att, T, NH, rows, *drop, stream_);
-      probs = dropped;
-    }
-    for (int b = 0; b < B; ++b) {
-      const float* q = qkv + (size_t)b * T * 3 * C;
-      const float* d = dout + (size_t)b * T * C;
-      float* da = datt + (size_t)b * NH * TT;
-      const float* a = probs + (size_t)b * NH * TT;
-      float* dv = dqkv + (size_t)b * T * 3 * C + 2 * C;
-      gemm(false, true, T, T, HS, 1.0f, d, C, HS, q + 2 * C, 3 * C, HS, 0.0f, da, T, TT, NH, p);  // d(att) = dout v^T
-      gemm(true, false, T, HS, T, 1.0f, a, T, TT, d, C, HS, beta, dv, 3 * C, HS, NH, p);         // dv += att^T dout
-    }
-    if (dropping)
-      cuda::causal_softmax_backward_dropout(datt, att, T, NH, rows, *drop, stream_);
-    else
-      cuda::causal_softmax_backward(datt, att, T, rows, stream_);  // d(att) -> d(scores)
-    for (int b = 0; b < B; ++b) {
-      const float* q = qkv + (size_t)b * T * 3 * C;
-      const float* ds = datt + (size_t)b * NH * TT;
-      float* dq = dqkv + (size_t)b * T * 3 * C;
-      gemm(false, false, T, HS, T, scale, ds, T, TT, q + C, 3 * C, HS, beta, dq, 3 * C, HS, NH, p);    // dq += s ds k
-      gemm(true, false, T, HS, T, scale, ds, T, TT, q, 3 * C, HS, beta, dq + C, 3 * C, HS, NH, p);     // dk += s ds^T q
-    }
+    plain_->backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, accumulate);
   }
 
   void dropout(float* x, size_t rows, int C, const Dropout& d) override { cuda::dropout(x, rows, C, d, stream_); }
@@ -506,17 +429,6 @@ class CudaOps final : public OpsBackend {
   }
 
  private:
-  // Row-major C = alpha op(A) op(B) + beta C, `batch` times with element strides sA, sB, sC
-  // (op(A) is M x K, op(B) K x N; lda/ldb/ldc are row strides). See the file comment for the swap.
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, long long sA, const float* B,
-            int ldb, long long sB, float beta, float* Cm, int ldc, long long sC, int batch, Precision p) {
-    if (M == 0 || N == 0 || batch == 0) return;
-    check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
-                                     &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F, lda, sA, &beta, Cm, CUDA_R_32F, ldc,
-                                     sC, batch, compute_type(p), CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx (" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ")");
-  }
-
   static void require_sizes(const char* op, int N, int C, int OC) {
     if (N < 0 || C <= 0 || OC <= 0)
       throw Error(std::string("CUDA backend: ") + op + ": need N >= 0, C > 0, OC > 0 (N=" + std::to_string(N) +
@@ -559,9 +471,7 @@ class CudaOps final : public OpsBackend {
     return static_cast<float*>(p);
   }
   float* workspace(size_t floats) { return grown(work_, work_bytes_, floats); }      // the column sums'
-  float* act_tmp(size_t floats) { return grown(act_tmp_, act_tmp_bytes_, floats); }  // a 16-bit output's fp32 values
   static cuda::ActOut act(const Output& o) { return {o.f, o.h, o.p == Precision::bf16}; }
-  float* scratch(size_t floats) { return grown(scratch_, scratch_bytes_, floats); }  // attention: d(att), dropped probabilities
 
   std::string name_;
   cudaStream_t stream_ = nullptr;
@@ -569,12 +479,9 @@ class CudaOps final : public OpsBackend {
   std::unique_ptr<cuda::FusedAttention> fused_;  // cuDNN's attention, on stream_ (made after it)
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<cuda::LinearGemms> linear_;  // the linear layers' GEMMs, on blas_ and stream_
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
+  std::unique_ptr<cuda::MaterialisedAttention> plain_;  // attention where the fused kernel does not serve
   void* work_ = nullptr;
   size_t work_bytes_ = 0;
-  void* act_tmp_ = nullptr;
-  size_t act_tmp_bytes_ = 0;
   void* sums_ = nullptr;  // sum_squares' partial sums
   size_t sums_bytes_ = 0;
   void* runs_dev_ = nullptr;  // adamw's table of runs and their first tiles, on the device

@@ -4,17 +4,10 @@
 #include <cstring>
 #include <string>
 
+#include "checks.hpp"
 #include "hpct/core/error.hpp"
 
 namespace hpct::kernels::cuda {
-namespace {
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw Error(std::string("CUDA backend: ") + what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
-
-}  // namespace
 
 PinnedUploads::~PinnedUploads() {
   for (Slot& s : slots_) {

@@ -6,14 +6,11 @@
 #include <new>
 #include <string>
 
+#include "checks.hpp"
 #include "hpct/core/error.hpp"
 
 namespace hpct::kernels::cuda {
 namespace {
-void check(cudaError_t err, const std::string& what) {
-  if (err != cudaSuccess)
-    throw Error("CUDA backend: " + what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
 const char* dir_name(uint64_t ticket) { return (ticket & 1) ? "an upload" : "a download"; }
 }  // namespace
 
