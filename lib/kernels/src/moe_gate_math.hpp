@@ -138,8 +138,8 @@ HPCT_GATE_FN void token_backward(float* dl, const float* p, const float* x, cons
   double dot = 0;
   for (int e = 0; e < E; ++e) dot += p[e] * dp(e);
   const float mx = row_max(x, E);
-  double sum = 0;
-  for (int e = 0; e < E; ++e) sum += ::exp(double(x[e]) - mx);
+  double sum = 0;  // select_token's sum, so the gradient's logsumexp is the z loss's own
+  for (int e = 0; e < E; ++e) sum += ::exp(static_cast<double>(x[e] - mx));
   const double zg = static_cast<double>(z_coeff) * 2.0 / N * (mx + ::log(sum));
   for (int e = 0; e < E; ++e) dl[e] = static_cast<float>(p[e] * (dp(e) - dot + zg));
 }

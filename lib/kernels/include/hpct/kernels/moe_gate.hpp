@@ -75,7 +75,8 @@ struct GateSummary {
 /// the summary zeroed). Ties go to the lowest expert index; noise is a function of (seed, n, e).
 void gate_select(const GateRoutes& r, const float* logits, int N, const GateConfig& cfg, uint64_t seed, bool training);
 /// Step 2 after step 1: slot, weight, pos, source and the summary's load, dropped and hash, under
-/// `capacity` (with drop_tokens false it must be >= the largest demand: throws hpct::Error).
+/// `capacity` (with drop_tokens false it must be >= the largest demand: this host function throws
+/// hpct::Error otherwise; a device's kernel cannot, so its caller checks).
 void gate_assign(const GateRoutes& r, int N, int capacity, const GateConfig& cfg, uint64_t seed);
 /// Backward: dlogits (N, E) OVERWRITTEN with d(loss)/d(logits) for loss = sum dweight*weight +
 /// aux_coeff*aux_loss + z_coeff*z_loss (choices and keep masks constant, as DeepSpeed).
