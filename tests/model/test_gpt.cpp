@@ -325,11 +325,16 @@ TEST(Gpt, LinearsReadTheStoresHalfCopies) {
 // fp32 activations: checked on the staged backend (which writes the 16-bit form through a rounded
 // copy and widens it back for its GEMMs), bf16 and fp16, for GPT, the Llama options, LoRA on the
 // layers' linears, recompute and dropout, and with the weights' 16-bit copies too (both GEMM
-// inputs then come only in 16 bits). Sequence parallelism, MoE layers and embedding adapters keep
-// fp32 (their readers are not GEMMs), as does a backend that does not ask.
+// inputs then come only in 16 bits), and MoE models (top-1 and residual MoE), whose MoE layers keep
+// their ln2 and the residual MLP's activation in fp32 (the router and the row moves read them).
+// Sequence parallelism and embedding adapters keep fp32 (their readers are not GEMMs), as does a
+// backend that does not ask.
 TEST(Gpt, HalfActivationsChangeNoBit) {
   const model::GptConfig llama = llama_like();
-  model::GptConfig lora = tiny(), drop = with_dropout(0.1, 0.1);
+  model::GptConfig lora = tiny(), drop = with_dropout(0.1, 0.1), moe = tiny(), rmoe = tiny();
+  moe.moe.num_experts = {2};
+  rmoe.moe.num_experts = {2};
+  rmoe.moe.residual = true;
   lora.lora.rank = 4;
   lora.lora.targets = 0x0F;  // the layers' four linears, not the embedding
   const auto batch = fixed_batch();  // named, not bound: C++17 lambdas cannot capture structured bindings
@@ -357,7 +362,7 @@ TEST(Gpt, HalfActivationsChangeNoBit) {
   };
   for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16})
     for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"llama", llama}, std::pair{"lora", lora},
-                                    std::pair{"dropout", drop}})
+                                    std::pair{"dropout", drop}, std::pair{"moe", moe}, std::pair{"residual moe", rmoe}})
       for (bool recompute : {false, true}) {
         const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
         const Run want = step(cfg, prec, recompute, false, false);
@@ -370,13 +375,11 @@ TEST(Gpt, HalfActivationsChangeNoBit) {
           EXPECT_LT(got.bytes, want.bytes) << what << ": the workspace did not shrink";
         }
       }
-  // Kept in fp32: an fp32 run, MoE layers, the embedding's adapters.
-  model::GptConfig moe = tiny(), emb = tiny();
-  moe.moe.num_experts = {2};
+  // Kept in fp32: an fp32 run, the embedding's adapters.
+  model::GptConfig emb = tiny();
   emb.lora.rank = 4;
   emb.lora.targets = 0x1F;
   EXPECT_FALSE(step(tiny(), kernels::Precision::fp32, false, true, false).half);
-  EXPECT_FALSE(step(moe, kernels::Precision::bf16, false, true, false).half);
   EXPECT_FALSE(step(emb, kernels::Precision::bf16, false, true, false).half);
 }
 

@@ -169,7 +169,8 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   float* part = sp ? ws_->dln : a.res2;
   LayerLora lora(*this, o, a);
   // The GEMM inputs a.ln1, a.atty, a.ln2, a.fch_gelu: fp32 wherever sequence parallelism gathers
-  // them or an MoE layer reads them (keeps_half_activations), so .f is theirs there.
+  // them (keeps_half_activations), and ln2 and fch_gelu in every set an MoE layer uses
+  // (set_feeds_moe), so .f is theirs there.
   norm_.forward(NormWeights::at(lp, o.ln1), in, a.ln1.at(r0 * C), {a.ln1_mean, a.ln1_rstd}, (int)n);
   tp_.all_gather(a.ln1.f, NC);
   // Attention: QKV column-parallel (this rank's heads), the output projection row-parallel, then g.

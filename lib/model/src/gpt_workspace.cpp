@@ -24,10 +24,15 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
   const size_t Q = attention_.qkv_width(), dQ = attention_.dqkv_floats(N) / std::max<size_t>(N, 1);  // per row
   z.half = keeps_half_activations();
-  // ln1, ln2, atty and fch_gelu (and lnf below) are GEMM inputs: 16-bit where z.half.
-  size_t per_layer = z.act(N * C) * 2 + n * C + n * 4 + z.act(N * Cl) + N * Q + attention_.state_floats(B, T) + N * W +
-                     z.act(N * F);
-  size_t total = nsets * per_layer + (L + 1) * n * C + z.act(N * C) + 2 * n + n * C + N * C + N * Cl + N * dQ +
+  // ln1, ln2, atty and fch_gelu (and lnf below) are GEMM inputs: 16-bit where z.half, except an MoE
+  // set's ln2 and fch_gelu (set_feeds_moe).
+  size_t sets = 0;
+  for (size_t s = 0; s < nsets; ++s) {
+    const bool moe = set_feeds_moe(s);
+    sets += z.act(N * C) + (moe ? N * C : z.act(N * C)) + n * C + n * 4 + z.act(N * Cl) + N * Q +
+            attention_.state_floats(B, T) + N * W + (moe ? N * F : z.act(N * F));
+  }
+  size_t total = sets + (L + 1) * n * C + z.act(N * C) + 2 * n + n * C + N * C + N * Cl + N * dQ +
                  N * (W + F) + (size_t)head_rows_ * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   z.N = N, z.C = C, z.Cl = Cl, z.F = F, z.W = W, z.Vl = Vl, z.n = n, z.sp = sp, z.nsets = nsets, z.kept = kept, z.Q = Q;
@@ -42,10 +47,14 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
 }
 
 bool Gpt::keeps_half_activations() const {
-  if (!ops_->half_activations(precision_) || tp_.sequence_parallel() || emb_lora_block_ >= 0) return false;
+  return ops_->half_activations(precision_) && !tp_.sequence_parallel() && emb_lora_block_ < 0;
+}
+
+bool Gpt::set_feeds_moe(size_t s) const {
+  if (s > 0) return s < tensors_.layers.size() && tensors_.layers[s].experts > 0;
   for (const Block& o : tensors_.layers)
-    if (o.experts > 0) return false;
-  return true;
+    if (o.experts > 0) return true;
+  return false;
 }
 
 size_t Gpt::workspace_bytes(int B, int T) const {
@@ -86,7 +95,9 @@ void Gpt::ensure_workspace(int B, int T) {
     return kernels::Output::half(reinterpret_cast<uint16_t*>(take(z.act(n))), precision_);
   };
   ws->acts.resize(nsets);
-  for (auto& a : ws->acts) {
+  for (size_t s = 0; s < nsets; ++s) {
+    LayerActs& a = ws->acts[s];
+    const bool moe = set_feeds_moe(s);
     a.ln1 = take_act(N * C);
     a.ln1_mean = take(n);
     a.ln1_rstd = take(n);
@@ -94,11 +105,11 @@ void Gpt::ensure_workspace(int B, int T) {
     a.att = take(attention_.state_floats(B, T));
     a.atty = take_act(N * Cl);
     a.res2 = take(n * C);
-    a.ln2 = take_act(N * C);
+    a.ln2 = moe ? kernels::Output(take(N * C)) : take_act(N * C);
     a.ln2_mean = take(n);
     a.ln2_rstd = take(n);
     a.fch = take(N * W);
-    a.fch_gelu = take_act(N * F);
+    a.fch_gelu = moe ? kernels::Output(take(N * F)) : take_act(N * F);
   }
   ws->res = take((L + 1) * n * C);
   ws->lnf = take_act(N * C);

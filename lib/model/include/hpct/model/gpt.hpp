@@ -310,9 +310,10 @@ class Gpt {
   /// Whether the workspace keeps the activations the GEMMs read (the norms', attention's and the MLP
   /// activation's outputs) in 16 bits, halving them: where the backend asks for it
   /// (OpsBackend::half_activations: the CUDA backend in bf16/fp16 runs) and every reader takes them
-  /// so: not under sequence parallelism (its gathers move fp32 rows), with no MoE layer (the router
-  /// and the experts' row moves read fp32) and no adapters on the embedding (their head products
-  /// read the final norm's output in fp32).
+  /// so: not under sequence parallelism (its gathers move fp32 rows) and no adapters on the
+  /// embedding (their head products read the final norm's output in fp32). An MoE layer's ln2 and
+  /// its residual MLP's activation stay fp32 (the router and the experts' row moves read them):
+  /// fp32 in the activation sets MoE layers use (set_feeds_moe).
   bool keeps_half_activations() const;
   /// Bytes CAC holds for the replay (0 without it): the kept residuals and MoE state, as of the last step.
   size_t kept_for_replay_bytes() const;
@@ -372,6 +373,10 @@ class Gpt {
     size_t widest = 0, lora_emb = 0, lora_floats = 0;   // LoRA's ws->lora_mem
   };
   Sizes sizes(int B, int T) const;
+  /// Whether activation set s is ever an MoE layer's (its ln2 and fch_gelu then stay fp32): set s of
+  /// layer s when each layer keeps its own, and set 0, which every layer of a pass without kept
+  /// activations (recompute, evaluation) shares.
+  bool set_feeds_moe(size_t s) const;
   /// Checks tokens and targets and, on a device backend, copies them in; returns backend pointers.
   std::pair<const int32_t*, const int32_t*> stage_inputs(const int32_t* tokens, const int32_t* targets, int B, int T);
   const float* forward_layers(ParamStore& store, const int32_t* tokens, int B, int T, bool keep_acts);
