@@ -18,7 +18,8 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 # Left out here: nvme_bench_interrupted_removes_its_file, whose nohup case (SIGHUP ignored at start
 # stays ignored) fails in this build only; the same test passes in the main suite. Not explained yet.
-ctest --output-on-failure -L unit -LE "slow|gpu|slurm|modules|fuzz" -E "^nvme_bench_interrupted_removes_its_file$" "$@"
+ctest --output-on-failure -j "${HPCT_UNIT_JOBS:-$(nproc)}" -L unit -LE "slow|gpu|slurm|modules|fuzz" \
+  -E "^nvme_bench_interrupted_removes_its_file$" "$@"
 # The fuzz targets, with libFuzzer's closing statistics (executions, coverage) in the log. Each is
 # one single-threaded process for HPCT_FUZZ_SECONDS: they run one per core (lines are prefixed with
 # the test's number). On a 2-core machine that took the step from 280 s to 163 s, each target
