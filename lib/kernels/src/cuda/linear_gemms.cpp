@@ -15,8 +15,7 @@ bool half_precision(Precision p) { return p != Precision::fp32; }
 }  // namespace
 
 LinearGemms::~LinearGemms() {
-  for (Slot& s : slots_)
-    if (s.p) cudaFreeAsync(s.p, stream_);
+  for (DeviceSlot& s : slots_) s.release(stream_);
 }
 
 const float* LinearGemms::fp32(Operand x, const char* what) {
@@ -26,16 +25,9 @@ const float* LinearGemms::fp32(Operand x, const char* what) {
 
 const uint16_t* LinearGemms::narrow(Operand x, size_t n, Precision p, int s) {
   if (x.h) return x.h;
-  Slot& slot = slots_[s];
-  if (n * sizeof(uint16_t) > slot.bytes) {
-    if (slot.p) cudaFreeAsync(slot.p, stream_);
-    slot.p = nullptr, slot.bytes = 0;
-    check(cudaMallocAsync(&slot.p, n * sizeof(uint16_t), stream_),
-          "cudaMallocAsync of " + std::to_string(n * sizeof(uint16_t)) + " bytes for a narrowed GEMM input");
-    slot.bytes = n * sizeof(uint16_t);
-  }
-  cuda::narrow_half(static_cast<uint16_t*>(slot.p), x.f, n, p == Precision::bf16, stream_);
-  return static_cast<const uint16_t*>(slot.p);
+  auto* h = static_cast<uint16_t*>(slots_[s].grown(n * sizeof(uint16_t), stream_, "a narrowed GEMM input"));
+  cuda::narrow_half(h, x.f, n, p == Precision::bf16, stream_);
+  return h;
 }
 
 void LinearGemms::gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,

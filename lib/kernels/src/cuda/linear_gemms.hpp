@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "checks.hpp"
 #include "hpct/kernels/operand.hpp"
 #include "hpct/kernels/precision.hpp"
 
@@ -44,10 +45,6 @@ class LinearGemms {
   size_t scratch_bytes() const { return slots_[0].bytes + slots_[1].bytes + slots_[2].bytes; }
 
  private:
-  struct Slot {  // a device buffer grown to the largest narrowing it has held
-    void* p = nullptr;
-    size_t bytes = 0;
-  };
   // Row-major C (M, N) = op(A) op(B) + beta C with op(A) (M, K) and op(B) (K, N); elements fp32
   // (half = false) or 16-bit in p's format.
   void gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, float beta,
@@ -58,7 +55,7 @@ class LinearGemms {
 
   cublasHandle_t blas_;
   cudaStream_t stream_;
-  Slot slots_[3];  // 0, 1: a product's inputs; 2: the backward's output gradient
+  DeviceSlot slots_[3];  // 0, 1: a product's inputs; 2: the backward's output gradient
 };
 
 }  // namespace hpct::kernels::cuda

@@ -23,19 +23,8 @@ cublasComputeType_t compute_type(Precision p) {
 }  // namespace
 
 MaterialisedAttention::~MaterialisedAttention() {
-  for (Slot* s : {&scratch_, &out_})
-    if (s->p) cudaFreeAsync(s->p, stream_);
-}
-
-float* MaterialisedAttention::grown(Slot& s, size_t floats) {
-  if (floats * sizeof(float) > s.bytes) {
-    if (s.p) cudaFreeAsync(s.p, stream_);
-    s.p = nullptr, s.bytes = 0;
-    check(cudaMallocAsync(&s.p, floats * sizeof(float), stream_),
-          "attention scratch of " + std::to_string(floats * sizeof(float)) + " bytes");
-    s.bytes = floats * sizeof(float);
-  }
-  return static_cast<float*>(s.p);
+  scratch_.release(stream_);
+  out_.release(stream_);
 }
 
 void MaterialisedAttention::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
@@ -51,7 +40,7 @@ void MaterialisedAttention::gemm(bool ta, bool tb, int M, int N, int K, float al
 void MaterialisedAttention::forward(Output y, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                                     const Dropout* drop, const int32_t* key_start) {
   // The products are fp32: a 16-bit output is narrowed from them.
-  float* out = y.h ? grown(out_, (size_t)B * T * C) : y.f;
+  float* out = y.h ? static_cast<float*>(out_.grown((size_t)B * T * C * sizeof(float), stream_, "a 16-bit attention output's fp32 values")) : y.f;
   const int HS = C / NH;
   const float scale = 1.0f / std::sqrt((float)HS);
   const long long TT = (long long)T * T;
@@ -65,7 +54,7 @@ void MaterialisedAttention::forward(Output y, float* att, const float* qkv, int 
   // the softmax for backward.
   const float* probs = att;
   if (drop && drop->on()) {
-    float* dropped = grown(scratch_, (size_t)B * NH * TT);
+    float* dropped = static_cast<float*>(scratch_.grown((size_t)B * NH * TT * sizeof(float), stream_, "the attention dropout's probabilities"));
     attention_dropout(dropped, att, T, NH, (size_t)B * NH * T, *drop, stream_);
     probs = dropped;
   }
@@ -86,7 +75,8 @@ void MaterialisedAttention::backward(float* dqkv, const float* dout, const float
   const size_t rows = (size_t)B * NH * T;
   const bool dropping = drop && drop->on();
   // With dropout the scratch holds d(att) and, after it, the dropped probabilities the values saw.
-  float* datt = grown(scratch_, (size_t)B * NH * TT * (dropping ? 2 : 1));
+  float* datt = static_cast<float*>(
+      scratch_.grown((size_t)B * NH * TT * (dropping ? 2 : 1) * sizeof(float), stream_, "the attention backward's scratch"));
   const float* probs = att;
   if (dropping) {
     float* dropped = datt + (size_t)B * NH * TT;

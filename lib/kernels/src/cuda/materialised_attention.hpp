@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "checks.hpp"
 #include "hpct/kernels/dropout.hpp"
 #include "hpct/kernels/operand.hpp"
 #include "hpct/kernels/precision.hpp"
@@ -38,11 +39,6 @@ class MaterialisedAttention {
   size_t scratch_bytes() const { return scratch_.bytes + out_.bytes; }
 
  private:
-  struct Slot {  // a device buffer grown to the largest it has held
-    void* p = nullptr;
-    size_t bytes = 0;
-  };
-  float* grown(Slot& s, size_t floats);
   // Row-major C = alpha op(A) op(B) + beta C, `batch` times with element strides sA, sB, sC
   // (op(A) is M x K, op(B) K x N; lda/ldb/ldc are row strides).
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, long long sA, const float* B,
@@ -50,8 +46,8 @@ class MaterialisedAttention {
 
   cublasHandle_t blas_;
   cudaStream_t stream_;
-  Slot scratch_;  // d(att), the dropped probabilities
-  Slot out_;      // a 16-bit output's fp32 values
+  DeviceSlot scratch_;  // d(att), the dropped probabilities
+  DeviceSlot out_;      // a 16-bit output's fp32 values
 };
 
 }  // namespace hpct::kernels::cuda
