@@ -8,7 +8,7 @@
 #   bench/gpu_train.sh [BIN]      BIN: a folder holding pretrain_gpt and the test_*_cuda binaries
 #                                 (default: the build tree ./build; bench/gpu_bundle.sh makes one
 #                                 that runs on a node without our Debian packages)
-# Environment: CHECKS=0 skips the checks, TORCH=0 the PyTorch runs, SHAPES (default "124m 350m"), MODES (default "resident plain offload"), ITERS timed steps
+# Environment: CHECKS=0 skips the checks, TORCH=0 the PyTorch runs, MOE=0 the MoE-vs-dense runs (bench/gpu_moe.sh), SHAPES (default "124m 350m"), MODES (default "resident plain offload"), ITERS timed steps
 # (default 4) after WARM (default 2), ACCUM micro-batches per step (default 8), OUTDIR (default
 # bench/out/gpu). Runs needing mpirun (2 ranks) are left out where there is none (a bundle).
 #
@@ -175,5 +175,9 @@ PY
     "$py" -c "tf=$fl/1e12; pk=float('${peak:-0}' or 0); print(f\"$s     {'PyTorch bf16 ($att attention)':<28} {$tps:12.0f} {tf:10.1f} {100*tf/pk if pk else 0:7.1f}% {100*tf/989:7.1f}%  {$mem:.1f} GiB (allocator peak)\")"
   done
 done
+# MoE (8 experts, top-1, every other layer) against the dense 124M model, GPU-resident, one round.
+if [[ ${MOE:-1} == 1 ]]; then
+  CHECK=0 ROUNDS=1 OUTDIR="$out/moe" bash "$root/bench/gpu_moe.sh" "$bin" || fails=$((fails + 1))
+fi
 echo "# failures: $fails"
 exit $((fails > 0))
