@@ -25,6 +25,24 @@ double OpsBackend::count_zeros(const float* x, size_t n) { return kernels::count
 double OpsBackend::count_zeros_half(const uint16_t* x, size_t n) { return kernels::count_zeros_half(x, n); }
 void OpsBackend::narrow_half(uint16_t* dst, const float* src, size_t n, Precision p) { to_half(src, dst, n, p); }
 void OpsBackend::add_half(uint16_t* acc, const uint16_t* x, size_t n, Precision p) { kernels::add_half(x, acc, n, p); }
+void OpsBackend::matmul_forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) {
+  std::vector<float> f((size_t)N * OC);
+  matmul_forward(f.data(), inp, weight, nullptr, N, C, OC, p);
+  to_half(f.data(), out, f.size(), p);
+}
+void OpsBackend::softmax_cross_entropy_half(uint16_t* logits_inout, float* losses, const int32_t* targets, float dloss,
+                                            int N, int V, int Vp, Precision p) {
+  std::vector<float> f((size_t)N * Vp);
+  from_half(logits_inout, f.data(), f.size(), p);
+  softmax_cross_entropy(f.data(), losses, targets, dloss, N, V, Vp);
+  to_half(f.data(), logits_inout, f.size(), p);
+}
+void OpsBackend::matmul_backward_half(float* dinp, float* dweight, const uint16_t* dout, Operand inp, Operand weight,
+                                      int N, int C, int OC, Precision p) {
+  std::vector<float> f((size_t)N * OC);
+  from_half(dout, f.data(), f.size(), p);
+  matmul_backward(dinp, dweight, nullptr, f.data(), inp, weight, N, C, OC, p);
+}
 void OpsBackend::moe_gate_select(const GateRoutes& r, const float* logits, int N, const GateConfig& cfg, uint64_t seed,
                                  bool training) {
   gate_select(r, logits, N, cfg, seed, training);

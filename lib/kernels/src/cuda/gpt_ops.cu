@@ -285,38 +285,47 @@ __global__ void causal_softmax_backward_dropout_kernel(float* datt, const float*
 // One block per row, as the CPU: max and the normaliser (in double) over the V real columns, loss
 // -log softmax[target]; the row becomes (softmax - onehot) * dloss, padding columns 0. A target < 0
 // gives loss 0 and a zero row. Targets >= V were refused on the host.
-__global__ void softmax_cross_entropy_kernel(float* logits, float* losses, const int32_t* targets, float dloss, int V,
-                                             int Vp) {
+// One block per row; the logits fp32 (Half false) or 16-bit in bf16's or IEEE half's format (the
+// LM head's 16-bit logits: read as their fp32 values, the gradient rounded once on the way out).
+template <bool Half>
+__global__ void softmax_cross_entropy_kernel(float* logits, uint16_t* logits16, bool bf16, float* losses,
+                                             const int32_t* targets, float dloss, int V, int Vp) {
   __shared__ float smax[kThreads / 32];
   __shared__ double ssum[kThreads / 32];
   const int row = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  float* x = logits + (size_t)row * Vp;
+  float* xf = Half ? nullptr : logits + (size_t)row * Vp;
+  uint16_t* xh = Half ? logits16 + (size_t)row * Vp : nullptr;
+  auto x = [&](int j) { return Half ? half_value(xh[j], bf16) : xf[j]; };
+  auto put = [&](int j, float v) {
+    if (Half) xh[j] = half_bits(v, bf16);
+    else xf[j] = v;
+  };
   const int32_t tgt = targets[row];
   if (tgt < 0) {
-    for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = 0.0f;
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) put(j, 0.0f);
     if (threadIdx.x == 0) losses[row] = 0.0f;
     return;
   }
   float mx = -FLT_MAX;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x(j));
   mx = warp_max(mx);
   if (lane == 0) smax[warp] = mx;
   __syncthreads();
   mx = smax[0];
   for (int w = 1; w < nwarps; ++w) mx = fmaxf(mx, smax[w]);
   double s = 0.0;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf(x[j] - mx);
+  for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf(x(j) - mx);
   s = warp_sum(s);
   if (lane == 0) ssum[warp] = s;
   __syncthreads();
   double sum = 0.0;
   for (int w = 0; w < nwarps; ++w) sum += ssum[w];
-  const float shifted_target = x[tgt] - mx;
+  const float shifted_target = x(tgt) - mx;
   __syncthreads();  // every thread has read x[tgt] before the row is overwritten
   const float inv = (float)(1.0 / sum);
   for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-    const float p = j < V ? expf(x[j] - mx) * inv : 0.0f;
-    x[j] = j < V ? (p - (j == tgt ? 1.0f : 0.0f)) * dloss : 0.0f;
+    const float p = j < V ? expf(x(j) - mx) * inv : 0.0f;
+    put(j, j < V ? (p - (j == tgt ? 1.0f : 0.0f)) * dloss : 0.0f);
   }
   if (threadIdx.x == 0) losses[row] = (float)(log(sum) - (double)shifted_target);
 }
@@ -440,8 +449,19 @@ void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* ta
   require(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy",
           "need 0 < V <= Vp (V=" + std::to_string(V) + ", Vp=" + std::to_string(Vp) + ")");
   if (N == 0) return;
-  softmax_cross_entropy_kernel<<<N, kThreads, 0, stream>>>(logits_inout, losses, targets, dloss, V, Vp);
+  softmax_cross_entropy_kernel<false><<<N, kThreads, 0, stream>>>(logits_inout, nullptr, false, losses, targets, dloss,
+                                                                  V, Vp);
   check_launch("softmax_cross_entropy");
+}
+
+void softmax_cross_entropy_half(uint16_t* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
+                                int Vp, bool bf16, cudaStream_t stream) {
+  require(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy_half",
+          "need 0 < V <= Vp (V=" + std::to_string(V) + ", Vp=" + std::to_string(Vp) + ")");
+  if (N == 0) return;
+  softmax_cross_entropy_kernel<true><<<N, kThreads, 0, stream>>>(nullptr, logits_inout, bf16, losses, targets, dloss,
+                                                                 V, Vp);
+  check_launch("softmax_cross_entropy_half");
 }
 
 }  // namespace hpct::kernels::cuda

@@ -16,6 +16,7 @@ bool half_precision(Precision p) { return p != Precision::fp32; }
 
 LinearGemms::~LinearGemms() {
   for (DeviceSlot& s : slots_) s.release(stream_);
+  wide_.release(stream_);
 }
 
 const float* LinearGemms::fp32(Operand x, const char* what) {
@@ -31,7 +32,7 @@ const uint16_t* LinearGemms::narrow(Operand x, size_t n, Precision p, int s) {
 }
 
 void LinearGemms::gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
-                       float beta, float* Cm, int ldc, bool half, Precision p) {
+                       float beta, void* Cm, int ldc, bool half, Precision p, bool half_out) {
   if (M == 0 || N == 0) return;
   const float alpha = 1.0f;
   const cudaDataType_t in = !half ? CUDA_R_32F : p == Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -41,7 +42,7 @@ void LinearGemms::gemm(bool ta, bool tb, int M, int N, int K, const void* A, int
                                       : p == Precision::bf16      ? CUBLAS_COMPUTE_32F_FAST_16BF
                                                                   : CUBLAS_COMPUTE_32F_FAST_16F;
   check(cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, in, ldb,
-                     A, in, lda, &beta, Cm, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
+                     A, in, lda, &beta, Cm, half_out ? in : CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
             (half ? ", 16-bit inputs)" : ")"));
 }
@@ -56,19 +57,38 @@ void LinearGemms::forward(float* out, Operand inp, Operand weight, int N, int C,
        p);
 }
 
-void LinearGemms::backward(float* dinp, float beta, float* dweight, const float* dout, Operand inp, Operand weight,
-                           int N, int C, int OC, Precision p) {
+void LinearGemms::forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) {
+  const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+  if ((inp.h && weight.h) || !inp.f || !weight.f) {  // 16-bit inputs: cuBLAS writes the 16-bit product
+    gemm(false, true, N, OC, C, narrow(inp, ni, p, 0), C, narrow(weight, nw, p, 1), C, 0.0f, out, OC, true, p, true);
+    return;
+  }
+  auto* f = static_cast<float*>(wide_.grown(no * sizeof(float), stream_, "a 16-bit product's fp32 values"));
+  forward(f, inp, weight, N, C, OC, p);
+  cuda::narrow_half(out, f, no, p == Precision::bf16, stream_);
+}
+
+void LinearGemms::backward(float* dinp, float beta, float* dweight, Operand dout, Operand inp, Operand weight, int N,
+                           int C, int OC, Precision p) {
   const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
   const bool half = half_precision(p);
   // Both operands in 16 bits: dout narrowed once for the two products; an input given only in 16
   // bits: its product runs on 16 bits whatever it costs.
   const bool both = half && inp.h && weight.h;
   const bool dinp16 = dinp && half && (both || !weight.f), dweight16 = dweight && half && (both || !inp.f);
-  const uint16_t* dout16 = dinp16 || dweight16 ? narrow(Operand(dout), no, p, 2) : nullptr;
+  const uint16_t* dout16 = dinp16 || dweight16 ? narrow(dout, no, p, 2) : nullptr;
+  // An fp32 product from a dout given only in 16 bits: widened once (exact).
+  const bool fp32_products = (dinp && !dinp16) || (dweight && !dweight16);
+  const float* dout32 = dout.f;
+  if (fp32_products && !dout32) {
+    auto* w = static_cast<float*>(wide_.grown(no * sizeof(float), stream_, "a 16-bit output gradient widened"));
+    cuda::widen_half(w, dout.h, no, p == Precision::bf16, stream_);
+    dout32 = w;
+  }
   if (dinp16) gemm(false, false, N, C, OC, dout16, OC, narrow(weight, nw, p, 1), C, beta, dinp, C, true, p);
-  else if (dinp) gemm(false, false, N, C, OC, dout, OC, fp32(weight, "linear backward"), C, beta, dinp, C, false, p);
+  else if (dinp) gemm(false, false, N, C, OC, dout32, OC, fp32(weight, "linear backward"), C, beta, dinp, C, false, p);
   if (dweight16) gemm(true, false, OC, C, N, dout16, OC, narrow(inp, ni, p, 0), C, 1.0f, dweight, C, true, p);
-  else if (dweight) gemm(true, false, OC, C, N, dout, OC, fp32(inp, "linear backward"), C, 1.0f, dweight, C, false, p);
+  else if (dweight) gemm(true, false, OC, C, N, dout32, OC, fp32(inp, "linear backward"), C, 1.0f, dweight, C, false, p);
 }
 
 }  // namespace hpct::kernels::cuda

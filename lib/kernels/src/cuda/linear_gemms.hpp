@@ -37,18 +37,22 @@ class LinearGemms {
 
   /// out (N, OC) = inp (N, C) weight (OC, C)^T, no bias.
   void forward(float* out, Operand inp, Operand weight, int N, int C, int OC, Precision p);
+  /// out (N, OC) in p's 16 bits (the LM head's logits): on 16-bit inputs a 16-bit product (fp32
+  /// accumulation, rounded once); on fp32 ones the fp32 product narrowed.
+  void forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p);
   /// From dout (N, OC): dinp (N, C) = beta dinp + dout weight (skipped when dinp is null) and
-  /// dweight (OC, C) += dout^T inp (skipped when dweight is null).
-  void backward(float* dinp, float beta, float* dweight, const float* dout, Operand inp, Operand weight, int N, int C,
+  /// dweight (OC, C) += dout^T inp (skipped when dweight is null). dout in either form or both
+  /// (its 16-bit form is used as it is; an fp32 product widens it).
+  void backward(float* dinp, float beta, float* dweight, Operand dout, Operand inp, Operand weight, int N, int C,
                 int OC, Precision p);
   /// Bytes of the narrowing buffers kept between calls.
-  size_t scratch_bytes() const { return slots_[0].bytes + slots_[1].bytes + slots_[2].bytes; }
+  size_t scratch_bytes() const { return slots_[0].bytes + slots_[1].bytes + slots_[2].bytes + wide_.bytes; }
 
  private:
   // Row-major C (M, N) = op(A) op(B) + beta C with op(A) (M, K) and op(B) (K, N); elements fp32
   // (half = false) or 16-bit in p's format.
   void gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb, float beta,
-            float* Cm, int ldc, bool half, Precision p);
+            void* Cm, int ldc, bool half, Precision p, bool half_out = false);
   // x's 16-bit values: its own, or its fp32 ones narrowed into slot s.
   const uint16_t* narrow(Operand x, size_t n, Precision p, int s);
   static const float* fp32(Operand x, const char* what);
@@ -56,6 +60,7 @@ class LinearGemms {
   cublasHandle_t blas_;
   cudaStream_t stream_;
   DeviceSlot slots_[3];  // 0, 1: a product's inputs; 2: the backward's output gradient
+  DeviceSlot wide_;      // an fp32 product's 16-bit output before narrowing, or a 16-bit dout widened
 };
 
 }  // namespace hpct::kernels::cuda

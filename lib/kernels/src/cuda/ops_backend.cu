@@ -361,6 +361,23 @@ class CudaOps final : public OpsBackend {
   void gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n) override {
     cuda::gelu_backward(dinp, inp, dout, n, stream_, /*accumulate=*/false);
   }
+  bool half_logits(Precision p) const override { return p != Precision::fp32; }
+  void matmul_forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) override {
+    require_sizes("matmul_forward_half", N, C, OC);
+    require_half("matmul_forward_half", p);
+    linear_->forward_half(out, inp, weight, N, C, OC, p);
+  }
+  void softmax_cross_entropy_half(uint16_t* logits_inout, float* losses, const int32_t* targets, float dloss, int N,
+                                  int V, int Vp, Precision p) override {
+    require_half("softmax_cross_entropy_half", p);
+    cuda::softmax_cross_entropy_half(logits_inout, losses, targets, dloss, N, V, Vp, p == Precision::bf16, stream_);
+  }
+  void matmul_backward_half(float* dinp, float* dweight, const uint16_t* dout, Operand inp, Operand weight, int N, int C,
+                            int OC, Precision p) override {
+    require_sizes("matmul_backward_half", N, C, OC);
+    require_half("matmul_backward_half", p);
+    linear_->backward(dinp, 1.0f, dweight, Operand(nullptr, dout), inp, weight, N, C, OC, p);
+  }
   void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                              int Vp) override {
     cuda::softmax_cross_entropy(logits_inout, losses, targets, dloss, N, V, Vp, stream_);
@@ -433,6 +450,9 @@ class CudaOps final : public OpsBackend {
     if (N < 0 || C <= 0 || OC <= 0)
       throw Error(std::string("CUDA backend: ") + op + ": need N >= 0, C > 0, OC > 0 (N=" + std::to_string(N) +
                   ", C=" + std::to_string(C) + ", OC=" + std::to_string(OC) + ")");
+  }
+  static void require_half(const char* op, Precision p) {
+    if (p == Precision::fp32) throw Error(std::string("CUDA backend: ") + op + ": needs bf16 or fp16, not fp32");
   }
   static void require_heads(const char* op, int B, int T, int C, int NH) {
     if (B < 0 || T < 0 || NH <= 0 || C <= 0 || C % NH != 0)

@@ -141,6 +141,10 @@ void causal_softmax_backward_dropout(float* datt /*(rows,T)*/, const float* att 
 /// checks them on the host; a kernel cannot throw).
 void softmax_cross_entropy(float* logits_inout /*(N,Vp)*/, float* losses /*(N)*/, const int32_t* targets /*(N)*/,
                            float dloss, int N, int V, int Vp, cudaStream_t stream);
+/// The same on 16-bit logits (bf16 or IEEE half), read as their fp32 values; the gradient written
+/// back rounded (OpsBackend::softmax_cross_entropy_half).
+void softmax_cross_entropy_half(uint16_t* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
+                                int Vp, bool bf16, cudaStream_t stream);
 
 // The vocab-parallel embedding's and cross entropy's rows, as in tp_ops.hpp.
 void vocab_rows(float* out, const float* part, const int32_t* ids, size_t N, int width, int first, int count,

@@ -222,6 +222,22 @@ class OpsBackend {
   virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,
                                      int V, int Vp) = 0;
 
+  // ---- the LM head in 16 bits: logits, their cross entropy and its gradient ----
+  /// True when a model should keep its LM head's logits in p's 16 bits (the CUDA backend in
+  /// bf16/fp16 ops, as PyTorch's autocast does): the ops below then replace matmul_forward,
+  /// softmax_cross_entropy and matmul_backward there. Defaults: the fp32 ops on widened and rounded
+  /// copies, for backends whose memory the host addresses (the CPU never asks for them).
+  virtual bool half_logits(Precision /*p*/) const { return false; }
+  /// out (N, OC) = inp weight^T (no bias), rounded once to p's 16 bits (p: bf16 or fp16).
+  virtual void matmul_forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p);
+  /// softmax_cross_entropy (ops.hpp) on the fp32 values of 16-bit logits; the gradient written back
+  /// rounded to 16 bits (padding columns and ignored rows 0), the losses fp32.
+  virtual void softmax_cross_entropy_half(uint16_t* logits_inout, float* losses, const int32_t* targets, float dloss,
+                                          int N, int V, int Vp, Precision p);
+  /// matmul_backward (no bias; dinp and dweight accumulate, either may be null) from a 16-bit dout.
+  virtual void matmul_backward_half(float* dinp, float* dweight, const uint16_t* dout, Operand inp, Operand weight,
+                                    int N, int C, int OC, Precision p);
+
   // ---- the vocab-parallel embedding's and cross entropy's rows: contracts as in tp_ops.hpp ----
   virtual void vocab_rows(float* out, const float* part, const int32_t* ids, size_t N, int width, int first,
                           int count) = 0;
