@@ -50,6 +50,10 @@ class StagedCpuOps final : public kernels::OpsBackend {
   /// On: asks the model to keep its GEMM inputs in 16 bits, as the CUDA backend does in 16-bit runs
   /// (OpsBackend::half_activations); the CPU ops write them through a rounded copy.
   void set_half_activations(bool on) { half_activations_ = on; }
+  /// Whether a model keeps its LM head's logits in 16 bits (OpsBackend::half_logits); the default
+  /// ops widen, compute in fp32 and round.
+  void set_half_logits(bool on) { half_logits_ = on; }
+  bool half_logits(kernels::Precision p) const override { return half_logits_ && p != kernels::Precision::fp32; }
   bool half_activations(kernels::Precision p) const override {
     return half_activations_ && p != kernels::Precision::fp32;
   }
@@ -251,7 +255,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
     ++half_operands_;
     return prefer_half_ ? kernels::Operand::half(x.h) : x;
   }
-  bool prefer_half_ = false, half_activations_ = false;
+  bool prefer_half_ = false, half_activations_ = false, half_logits_ = false;
   long long half_operands_ = 0;
   struct Copy {
     void* dst;

@@ -383,6 +383,58 @@ TEST(Gpt, HalfActivationsChangeNoBit) {
   EXPECT_FALSE(step(emb, kernels::Precision::bf16, false, true, false).half);
 }
 
+// Where the backend asks for it (OpsBackend::half_logits), the LM head keeps its logits and their
+// gradient in 16 bits, as PyTorch's autocast does: the loss is then that of the rounded logits, no
+// longer bitwise the fp32 head's. On the staged backend (the default ops: fp32 products rounded
+// once, the cross entropy on the widened values), against the same step with fp32 logits, bf16 and
+// fp16, GPT (tied head) and the Llama options (untied), with and without 16-bit activations:
+// the loss within 5e-4 (bf16) / 1e-4 (fp16) relative and the gradients within 1e-2 / 2e-3 of their
+// norm (seen: 9e-5 / 1e-5 and 4.4e-3 / 5.3e-4). Why those: a logit rounds by at most 2^-9 (bf16) or
+// 2^-12 (fp16) of itself and a token's loss moves by a weighted mean of its logits' errors, so the
+// loss by well under 2^-9 of itself; the gradient comes through dlogits rounded the same way and
+// probabilities moved by as much, about 2 x 2^-9 norm-wise, given some margin. The loss
+// must differ (the 16-bit head ran) and the workspace shrink; adapters on the embedding keep fp32.
+TEST(Gpt, HalfLogitsStayWithinTheirRounding) {
+  const auto batch = fixed_batch();
+  const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
+  auto step = [&](const model::GptConfig& cfg, kernels::Precision prec, bool half_logits, bool half_acts) {
+    test::StagedCpuOps be;
+    be.set_half_logits(half_logits);
+    be.set_half_activations(half_acts);
+    model::Gpt m(cfg, prec, false, &be);
+    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+    m.init_params(p.data(), 7);
+    model::FlatParamStore st(m.layout(), p.data(), g.data());
+    const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
+    return std::make_tuple(loss, g, m.activation_bytes(), m.keeps_half_logits());
+  };
+  auto rel_norm = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
+    return std::sqrt(d / n);
+  };
+  for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16})
+    for (const model::GptConfig& cfg : {tiny(), llama_like()})
+      for (bool acts : {false, true}) {
+        const std::string what = std::string(cfg.rotary ? "llama " : "gpt ") + kernels::precision_name(prec) +
+                                 (acts ? ", 16-bit activations" : "");
+        const auto [want_loss, want_g, want_bytes, want_half] = step(cfg, prec, false, acts);
+        const auto [loss, g, bytes, half] = step(cfg, prec, true, acts);
+        const bool bf = prec == kernels::Precision::bf16;
+        EXPECT_FALSE(want_half) << what;
+        EXPECT_TRUE(half) << what;
+        EXPECT_NE(loss, want_loss) << what << ": the 16-bit head did not run";
+        EXPECT_NEAR(loss, want_loss, (bf ? 5e-4 : 1e-4) * std::fabs(want_loss)) << what;
+        EXPECT_LE(rel_norm(g, want_g), bf ? 1e-2 : 2e-3) << what;
+        EXPECT_LT(bytes, want_bytes) << what << ": the logits' row block did not shrink";
+      }
+  model::GptConfig emb = tiny();
+  emb.lora.rank = 4;
+  emb.lora.targets = 0x1F;
+  EXPECT_FALSE(std::get<3>(step(emb, kernels::Precision::bf16, true, false))) << "embedding adapters keep fp32 logits";
+  EXPECT_FALSE(std::get<3>(step(tiny(), kernels::Precision::fp32, true, false))) << "an fp32 run";
+}
+
 TEST(Gpt, RejectsBadShapes) {
   auto c = tiny();
   c.num_heads = 3;

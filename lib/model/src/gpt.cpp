@@ -325,9 +325,17 @@ void Gpt::head(kernels::Operand hw, float* hg, const float* fp, float* fg, const
   norm_.forward(nw, x, w.lnf.at(r0 * C), {w.lnf_mean, w.lnf_rstd}, (int)n);
   tp_.all_gather(w.lnf.f, NC);  // fp32 under sequence parallelism
   if (backward) ops_->zero(w.dln, (size_t)N * C * sizeof(float));
+  const bool half = keeps_half_logits();
+  auto* logits16 = reinterpret_cast<uint16_t*>(w.logits);  // the row block's 16-bit logits (keeps_half_logits)
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     int rows = std::min(head_rows_, N - r0);
     const kernels::Operand xin = w.lnf.operand().at((size_t)r0 * C);  // fp32 with the embedding's adapters
+    if (half) {  // logits, loss and gradient in 16 bits (no tensor parallelism, no adapters here)
+      ops_->matmul_forward_half(logits16, xin, hw, rows, C, Vl_, precision_);
+      ops_->softmax_cross_entropy_half(logits16, w.losses + r0, targets + r0, dloss, rows, V, Vp, precision_);
+      if (backward) ops_->matmul_backward_half(w.dln + (size_t)r0 * C, hg, logits16, xin, hw, rows, C, Vl_, precision_);
+      continue;
+    }
     ops_->matmul_forward(w.logits, xin, hw, nullptr, rows, C, Vl_, precision_);
     lora_head(xin.f, w.logits, rows, false, nullptr);
     if (tp_.enabled())

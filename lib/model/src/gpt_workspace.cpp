@@ -24,6 +24,8 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
   const size_t Q = attention_.qkv_width(), dQ = attention_.dqkv_floats(N) / std::max<size_t>(N, 1);  // per row
   z.half = keeps_half_activations();
+  z.half_logits = keeps_half_logits();
+  const size_t logits = z.half_logits ? ((size_t)head_rows_ * Vl + 1) / 2 : (size_t)head_rows_ * Vl;
   // ln1, ln2, atty and fch_gelu (and lnf below) are GEMM inputs: 16-bit where z.half, except an MoE
   // set's ln2 and fch_gelu (set_feeds_moe).
   size_t sets = 0;
@@ -33,7 +35,7 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
             attention_.state_floats(B, T) + N * W + (moe ? N * F : z.act(N * F));
   }
   size_t total = sets + (L + 1) * n * C + z.act(N * C) + 2 * n + n * C + N * C + N * Cl + N * dQ +
-                 N * (W + F) + (size_t)head_rows_ * Vl + N + sp * (N * C + n * C + 4 * C) + kept +
+                 N * (W + F) + logits + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   z.N = N, z.C = C, z.Cl = Cl, z.F = F, z.W = W, z.Vl = Vl, z.n = n, z.sp = sp, z.nsets = nsets, z.kept = kept, z.Q = Q;
   z.dQ = dQ, z.floats = total;
@@ -48,6 +50,10 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
 
 bool Gpt::keeps_half_activations() const {
   return ops_->half_activations(precision_) && !tp_.sequence_parallel() && emb_lora_block_ < 0;
+}
+
+bool Gpt::keeps_half_logits() const {
+  return ops_->half_logits(precision_) && !tp_.enabled() && emb_lora_block_ < 0;
 }
 
 bool Gpt::set_feeds_moe(size_t s) const {
@@ -121,7 +127,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->dqkv = take(N * dQ);
   ws->dfch = take(N * W);
   ws->dfch_gelu = take(N * F);
-  ws->logits = take((size_t)head_rows_ * Vl);
+  ws->logits = take(z.half_logits ? ((size_t)head_rows_ * Vl + 1) / 2 : (size_t)head_rows_ * Vl);
   ws->losses = take(N);
   if (kept) ws->kept_res2 = take(kept);
   if (!ltd_layers_.empty()) ws->ltd = take((3 + 2 * sp) * N * C);  // + the whole stream and output under SP

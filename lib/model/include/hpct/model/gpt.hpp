@@ -315,6 +315,11 @@ class Gpt {
   /// its residual MLP's activation stay fp32 (the router and the experts' row moves read them):
   /// fp32 in the activation sets MoE layers use (set_feeds_moe).
   bool keeps_half_activations() const;
+  /// Whether the LM head keeps its logits (and their gradient) in 16 bits, as PyTorch's autocast
+  /// does: where the backend asks (OpsBackend::half_logits: the CUDA backend in bf16/fp16), without
+  /// tensor parallelism (the vocab-parallel cross entropy reads fp32) or embedding adapters (their
+  /// head products add fp32 logits). The loss is then that of the rounded logits.
+  bool keeps_half_logits() const;
   /// Bytes CAC holds for the replay (0 without it): the kept residuals and MoE state, as of the last step.
   size_t kept_for_replay_bytes() const;
   /// Row all-to-alls issued by the MoE layers since construction (2 per MoE layer forward, 2 backward,
@@ -367,6 +372,7 @@ class Gpt {
   struct Sizes {  // the workspace of a (B, T): its dimensions and floats (sizes())
     size_t N = 0, C = 0, L = 0, Cl = 0, F = 0, W = 0, Vl = 0, n = 0, sp = 0, nsets = 0, kept = 0, Q = 0, dQ = 0;
     bool half = false;                                  // keeps_half_activations()
+    bool half_logits = false;                           // keeps_half_logits()
     /// Floats a GEMM input of n elements takes: n, or n 16-bit values in whole 16-byte blocks.
     size_t act(size_t elems) const { return half ? (elems + 7) / 8 * 4 : elems; }
     size_t floats = 0;                                  // ws->mem
