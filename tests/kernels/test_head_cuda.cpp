@@ -1,6 +1,6 @@
 // The LM head in 16 bits on the CUDA backend (OpsBackend::matmul_forward_half,
 // softmax_cross_entropy_half, matmul_backward_half) against the CPU backend's (the fp32 ops on
-// widened and rounded copies), bf16 and fp16, on inputs given in 16 bits only and in fp32 only,
+// widened and rounded copies), bf16 and fp16, on inputs given in 16 bits only, in fp32 only and mixed,
 // with ignored rows (target -1) and padding columns (V < Vp). Each GPU op is fed the CPU's inputs
 // (the CPU's 16-bit logits for the cross entropy, its 16-bit gradient for the backward), so each is
 // checked on its own. Without a CUDA device every test is SKIPPED.
@@ -66,13 +66,17 @@ void head_case(Precision p) {
   grad = logits;
   Vec losses(N);
   cpu->softmax_cross_entropy_half(grad.data(), losses.data(), targets.data(), dloss, N, V, Vp, p);
-  Vec dinp((size_t)N * C, 0.0f), dw((size_t)Vp * C, 0.0f);
+  const Vec dinp0 = randn((size_t)N * C, 3, 0.1f), dw0 = randn((size_t)Vp * C, 4, 0.1f);  // both accumulate
+  Vec dinp = dinp0, dw = dw0;
   cpu->matmul_backward_half(dinp.data(), dw.data(), grad.data(), x.f.data(), w.f.data(), N, C, Vp, p);
 
-  for (bool half_inputs : {true, false}) {
-    const std::string what = std::string(precision_name(p)) + (half_inputs ? ", 16-bit inputs" : ", fp32 inputs");
-    const Operand dx = half_inputs ? Operand::half(g.put(x.h)) : Operand(g.put(x.f));
-    const Operand dwt = half_inputs ? Operand::half(g.put(w.h)) : Operand(g.put(w.f));
+  // The inputs in 16 bits only, in fp32 only, and mixed (an activation in 16 bits beside a weight
+  // without its 16-bit copy).
+  for (int form = 0; form < 3; ++form) {
+    const std::string what = std::string(precision_name(p)) +
+                             (form == 0 ? ", 16-bit inputs" : form == 1 ? ", fp32 inputs" : ", 16-bit input, fp32 weight");
+    const Operand dx = form != 1 ? Operand::half(g.put(x.h)) : Operand(g.put(x.f));
+    const Operand dwt = form == 0 ? Operand::half(g.put(w.h)) : Operand(g.put(w.f));
     uint16_t* dlogits = g.put(std::vector<uint16_t>(logits.size()));
     g.be->matmul_forward_half(dlogits, dx, dwt, N, C, Vp, p);
     expect_close(what + ": logits", widened(get16(g, dlogits, logits.size()), p), widened(logits, p), ulp2, 1e-6);
@@ -89,8 +93,8 @@ void head_case(Precision p) {
         if ((targets[i] < 0 || j >= V) && got[(size_t)i * Vp + j] != 0.0f) ++nonzero;
     EXPECT_EQ(nonzero, 0u) << what << ": ignored rows and padding columns";
 
-    float* ddinp = g.put(Vec((size_t)N * C, 0.0f));
-    float* ddw = g.put(Vec((size_t)Vp * C, 0.0f));
+    float* ddinp = g.put(dinp0);
+    float* ddw = g.put(dw0);
     g.be->matmul_backward_half(ddinp, ddw, g.put(grad), dx, dwt, N, C, Vp, p);
     expect_close_norm(what + ": dinp", g.get(ddinp, dinp.size()), dinp, 1e-2);
     expect_close_norm(what + ": dweight", g.get(ddw, dw.size()), dw, 1e-2);

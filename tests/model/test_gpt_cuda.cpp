@@ -10,6 +10,9 @@
 // (so a tensor of small gradients is judged at its own scale): fp32 1e-4 (cuBLAS and the CPU sum in
 // different orders, and the token-embedding gradient uses atomics); bf16 1e-2 (the CPU rounds GEMM
 // inputs to bf16; cuBLAS is allowed to, not forced, so the two differ by up to bf16's rounding).
+// Where the GPU keeps the LM head's logits in 16 bits (OpsBackend::half_logits), the CPU model does
+// too (the staged test backend: the CPU's ops with the logits rounded at the same two points), so
+// the comparison stays like for like and the tolerances above still hold.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include "hpct/kernels/backend.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/gpt.hpp"
+#include "staged_cpu_ops.hpp"
 #include "cuda_compare.hpp"
 
 using namespace hpct;
@@ -79,7 +83,9 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   if (!kernels::cuda_ops_available(&why)) GTEST_SKIP() << why;
   auto gpu_be = kernels::cuda_ops(0);
   gpu_be->allow_fused_attention(fused);
-  model::Gpt cpu(c, p, recompute);
+  test::StagedCpuOps cpu_be;
+  cpu_be.set_half_logits(gpu_be->half_logits(p));
+  model::Gpt cpu(c, p, recompute, &cpu_be);
   model::Gpt gpu(c, p, recompute, gpu_be.get());
   const Batch shape(0);
   const kernels::AttentionKernel kernel = gpu.attention_kernel(shape.B, shape.T);

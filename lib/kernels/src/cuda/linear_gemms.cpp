@@ -72,12 +72,14 @@ void LinearGemms::backward(float* dinp, float beta, float* dweight, Operand dout
                            int C, int OC, Precision p) {
   const size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
   const bool half = half_precision(p);
-  // Both operands in 16 bits: dout narrowed once for the two products; an input given only in 16
-  // bits: its product runs on 16 bits whatever it costs.
-  const bool both = half && inp.h && weight.h;
+  // Both operands in 16 bits, or dout only in 16 bits (the LM head's 16-bit gradient): both
+  // products on 16 bits (dout narrowed once, or as it is; an fp32-only operand narrowed); an input
+  // given only in 16 bits: its product runs on 16 bits whatever it costs.
+  const bool both = half && ((inp.h && weight.h) || (dout.h && !dout.f));
   const bool dinp16 = dinp && half && (both || !weight.f), dweight16 = dweight && half && (both || !inp.f);
   const uint16_t* dout16 = dinp16 || dweight16 ? narrow(dout, no, p, 2) : nullptr;
-  // An fp32 product from a dout given only in 16 bits: widened once (exact).
+  // An fp32 product from a dout given only in 16 bits (not reached in a 16-bit op, where `both`
+  // holds then): widened once (exact).
   const bool fp32_products = (dinp && !dinp16) || (dweight && !dweight16);
   const float* dout32 = dout.f;
   if (fp32_products && !dout32) {
