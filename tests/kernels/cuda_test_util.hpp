@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hpct/kernels/backend.hpp"
+#include "hpct/kernels/half.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 
 namespace hpct::kernels::test {
@@ -34,6 +35,17 @@ inline Vec randn(size_t n, uint64_t seed, float scale = 1.0f) {
   for (auto& x : v) x = d(g);
   return v;
 }
+
+// Seeded normal host values already rounded to p (so the fp32 and 16-bit forms hold the same
+// numbers), and their 16-bit copy.
+struct Rounded {
+  Vec f;
+  std::vector<uint16_t> h;
+  Rounded(size_t n, uint64_t seed, float scale, Precision p) : f(randn(n, seed, scale)), h(n) {
+    to_half(f.data(), h.data(), n, p);
+    from_half(h.data(), f.data(), n, p);
+  }
+};
 
 // The GPU backend (null where there is no device) and device copies of host vectors, `shift`
 // elements into their allocation (1: not 16-byte aligned, for the kernels' narrow-load paths).

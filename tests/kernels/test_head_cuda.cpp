@@ -28,16 +28,6 @@ namespace {
 
 [[maybe_unused]] const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new BackendEnv);
 
-// Host values rounded to p, and their 16-bit copy.
-struct Rounded {
-  Vec f;
-  std::vector<uint16_t> h;
-  Rounded(size_t n, uint64_t seed, float scale, Precision p) : f(randn(n, seed, scale)), h(n) {
-    to_half(f.data(), h.data(), n, p);
-    from_half(h.data(), f.data(), n, p);
-  }
-};
-
 Vec widened(const std::vector<uint16_t>& h, Precision p) {
   Vec f(h.size());
   from_half(h.data(), f.data(), h.size(), p);

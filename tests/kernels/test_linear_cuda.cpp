@@ -36,15 +36,9 @@ namespace {
 enum class Form { fp32, half, both };
 const char* form_name(Form f) { return f == Form::fp32 ? "fp32" : f == Form::half ? "16-bit" : "both"; }
 
-// Host values already rounded to p (so every form holds the same numbers), their 16-bit copy, and
-// the device operand of the asked form.
-struct Input {
-  Vec f;
-  std::vector<uint16_t> h;
-  Input(size_t n, uint64_t seed, float scale, Precision p) : f(randn(n, seed, scale)), h(n) {
-    to_half(f.data(), h.data(), n, p);
-    from_half(h.data(), f.data(), n, p);
-  }
+// Rounded host values (cuda_test_util.hpp) and the device operand of the asked form.
+struct Input : Rounded {
+  using Rounded::Rounded;
   Operand on(Gpu& g, Form form) {
     const float* df = form == Form::half ? nullptr : g.put(f);
     const uint16_t* dh = form == Form::fp32 ? nullptr : g.put(h);
