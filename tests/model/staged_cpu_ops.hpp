@@ -58,7 +58,9 @@ class StagedCpuOps final : public kernels::OpsBackend {
     return half_activations_ && p != kernels::Precision::fp32;
   }
   long long half_operands() const { return half_operands_; }
-  int head_rows(int columns) const override { return head_rows_ > 0 ? head_rows_ : in_->head_rows(columns); }
+  int head_rows(int columns, int logit_bytes) const override {
+    return head_rows_ > 0 ? head_rows_ : in_->head_rows(columns, logit_bytes);
+  }
 
   void* allocate(size_t bytes) override {
     void* p = in_->allocate(bytes);

@@ -35,8 +35,6 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   Fl_ = cfg_.ffn() / tp_.size();
   Vl_ = cfg_.padded_vocab() / tp_.size();
   vstart_ = tp_.rank() * Vl_;
-  // The LM head's rows at once, as the backend sizes them: a (rows, Vl) logits buffer, not (N, Vl).
-  head_rows_ = std::max(1, ops_->head_rows(Vl_));
   layout_ = layout_for(cfg_, tp_.rank(), &tensors_);
   if (cfg_.lora.adapts(LoraConfig::embedding)) {
     const TensorSpec& a = layout_.find("embedding.word_embeddings.lora_a.weight");
@@ -44,6 +42,8 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
     emb_lora_a_ = a.offset - layout_.blocks()[a.block].offset;
     emb_lora_b_ = layout_.find("embedding.word_embeddings.lora_b.weight").offset - layout_.blocks()[a.block].offset;
   }
+  // The LM head's rows at once, as the backend sizes them: a (rows, Vl) logits buffer, not (N, Vl).
+  head_rows_ = std::max(1, ops_->head_rows(Vl_, keeps_half_logits() ? 2 : 4));
   norm_ = Norm(*ops_, cfg_.hidden_size, cfg_.normalization);
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_,
                          {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)}, cfg_.kv_heads() / tp_.size(),

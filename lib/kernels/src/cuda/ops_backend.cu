@@ -130,11 +130,11 @@ class CudaOps final : public OpsBackend {
   bool transfer_done(Transfer t) override { return transfers_->done(t); }
   void wait_transfer(Transfer t) override { transfers_->wait(t); }
   void await_transfer(Transfer t) override { transfers_->order_compute_after(t); }
-  // Up to 256 MiB of fp32 logits per block, in multiples of 256 rows (1280 at GPT-2's 50304
-  // columns: 7 blocks of a 8192-row micro-batch instead of 32, each re-reading the embedding's
-  // gradient), never fewer rows than the CPU's 256 nor more than 8192.
-  int head_rows(int columns) const override {
-    const size_t fit = (size_t(256) << 20) / (sizeof(float) * size_t(columns > 0 ? columns : 1));
+  // Up to 256 MiB of logits per block, in multiples of 256 rows (fp32: 1280 at GPT-2's 50304
+  // columns, 7 blocks of a 8192-row micro-batch instead of 32, each re-reading the embedding's
+  // gradient; 16-bit: 2560, 4 blocks), never fewer rows than the CPU's 256 nor more than 8192.
+  int head_rows(int columns, int logit_bytes) const override {
+    const size_t fit = (size_t(256) << 20) / (size_t(logit_bytes > 0 ? logit_bytes : 4) * size_t(columns > 0 ? columns : 1));
     return static_cast<int>(std::clamp<size_t>(fit / 256 * 256, 256, 8192));
   }
   // CUDA events on the stream: what the GPU spent between two points of the step, not the time the

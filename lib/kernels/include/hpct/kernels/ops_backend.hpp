@@ -96,9 +96,10 @@ class OpsBackend {
   /// runs each op as it is called (the CPU), so the host's clock already is its time.
   /// clear_marks() forgets them all (once a step; indices start again at 0).
   /// Rows of the LM head the model computes at once (logits, loss and their gradient) for a head of
-  /// `columns` vocabulary columns: more rows re-read the head's weight gradient fewer times and launch
-  /// fewer kernels, at rows x columns floats of logits. The CPU's 256 keep them in cache.
-  virtual int head_rows(int /*columns*/) const { return 256; }
+  /// `columns` vocabulary columns of `logit_bytes` each (4, or 2 where the logits are 16-bit): more
+  /// rows re-read the head's weight gradient fewer times and launch fewer kernels, at rows x columns
+  /// logits. The CPU's 256 keep them in cache.
+  virtual int head_rows(int /*columns*/, int /*logit_bytes*/) const { return 256; }
   virtual int mark() { return -1; }
   virtual double marked_seconds(int /*from*/, int /*to*/) { return 0; }
   virtual void clear_marks() {}
