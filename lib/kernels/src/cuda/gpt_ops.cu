@@ -444,24 +444,28 @@ void causal_softmax_backward_dropout(float* datt, const float* att, int T, int N
   check_launch("causal_softmax_backward_dropout");
 }
 
+namespace {
+// One launch for both forms of the logits (fp32, or 16-bit in bf16's or IEEE half's format).
+template <bool Half>
+void launch_cross_entropy(float* logits, uint16_t* logits16, bool bf16, float* losses, const int32_t* targets,
+                          float dloss, int N, int V, int Vp, cudaStream_t stream, const char* op) {
+  require(N >= 0 && V > 0 && Vp >= V, op, "need 0 < V <= Vp (V=" + std::to_string(V) + ", Vp=" + std::to_string(Vp) + ")");
+  if (N == 0) return;
+  softmax_cross_entropy_kernel<Half><<<N, kThreads, 0, stream>>>(logits, logits16, bf16, losses, targets, dloss, V, Vp);
+  check_launch(op);
+}
+}  // namespace
+
 void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                            int Vp, cudaStream_t stream) {
-  require(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy",
-          "need 0 < V <= Vp (V=" + std::to_string(V) + ", Vp=" + std::to_string(Vp) + ")");
-  if (N == 0) return;
-  softmax_cross_entropy_kernel<false><<<N, kThreads, 0, stream>>>(logits_inout, nullptr, false, losses, targets, dloss,
-                                                                  V, Vp);
-  check_launch("softmax_cross_entropy");
+  launch_cross_entropy<false>(logits_inout, nullptr, false, losses, targets, dloss, N, V, Vp, stream,
+                              "softmax_cross_entropy");
 }
 
 void softmax_cross_entropy_half(uint16_t* logits_inout, float* losses, const int32_t* targets, float dloss, int N, int V,
                                 int Vp, bool bf16, cudaStream_t stream) {
-  require(N >= 0 && V > 0 && Vp >= V, "softmax_cross_entropy_half",
-          "need 0 < V <= Vp (V=" + std::to_string(V) + ", Vp=" + std::to_string(Vp) + ")");
-  if (N == 0) return;
-  softmax_cross_entropy_kernel<true><<<N, kThreads, 0, stream>>>(nullptr, logits_inout, bf16, losses, targets, dloss,
-                                                                 V, Vp);
-  check_launch("softmax_cross_entropy_half");
+  launch_cross_entropy<true>(nullptr, logits_inout, bf16, losses, targets, dloss, N, V, Vp, stream,
+                             "softmax_cross_entropy_half");
 }
 
 }  // namespace hpct::kernels::cuda
