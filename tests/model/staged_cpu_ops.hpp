@@ -155,21 +155,30 @@ class StagedCpuOps final : public kernels::OpsBackend {
                        kernels::Operand weight, int N, int C, int OC, kernels::Precision p) override {
     in_->matmul_backward(dinp, dweight, dbias, dout, pick(inp), pick(weight), N, C, OC, p);
   }
+  /// On: the attention kernel keeps its inputs, as a fused one does (AttentionKernel::keeps_inputs):
+  /// forward copies qkv after the CPU kernel's state and backward reads that copy, never the qkv
+  /// it is passed, so a model that reuses its qkv buffer across layers still computes the same.
+  void set_attention_keeps_inputs(bool on) { keeps_inputs_ = on; }
   kernels::AttentionKernel attention_kernel(int B, int T, int C, int NH, kernels::Precision p,
                                            kernels::AttentionUse use) const override {
-    return in_->attention_kernel(B, T, C, NH, p, use);
+    kernels::AttentionKernel k = in_->attention_kernel(B, T, C, NH, p, use);
+    k.keeps_inputs = keeps_inputs_;
+    return k;
   }
   void allow_fused_attention(bool allow) override { in_->allow_fused_attention(allow); }
   size_t attention_state_floats(int B, int T, int C, int NH, kernels::Precision p,
                                 kernels::AttentionUse use) const override {
-    return in_->attention_state_floats(B, T, C, NH, p, use);
+    return in_->attention_state_floats(B, T, C, NH, p, use) + (keeps_inputs_ ? (size_t)B * T * 3 * C : 0);
   }
   void attention_forward(kernels::Output out, float* att, const float* qkv, int B, int T, int C, int NH, kernels::Precision p,
                          const kernels::Dropout* drop, const int32_t* key_start, kernels::AttentionUse use) override {
+    if (keeps_inputs_)
+      std::memcpy(att + in_->attention_state_floats(B, T, C, NH, p, use), qkv, (size_t)B * T * 3 * C * sizeof(float));
     in_->attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start, use);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH, kernels::Precision p, const kernels::Dropout* drop, kernels::AttentionUse use) override {
+    if (keeps_inputs_) qkv = att + in_->attention_state_floats(B, T, C, NH, p, use);
     in_->attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
   }
   void dropout(float* x, size_t rows, int C, const kernels::Dropout& d) override { in_->dropout(x, rows, C, d); }
@@ -301,6 +310,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
   std::vector<std::chrono::steady_clock::time_point> marks_;
   int head_rows_ = 0;
+  bool keeps_inputs_ = false;
   double to_host_ = 0;
   int syncs_ = 0, blocking_downloads_ = 0;
 };

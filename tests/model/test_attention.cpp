@@ -145,7 +145,7 @@ std::vector<double> reference(const Case& k) {
 struct Buffers {
   std::vector<float> qkv, att, y, out;
   explicit Buffers(const Case& k, const Attention& a)
-      : qkv(k.N() * a.qkv_width()), att(a.state_floats(k.B, k.T)), y(k.N() * k.C), out(k.N() * k.C) {}
+      : qkv(a.inputs_floats(k.B, k.T)), att(a.state_floats(k.B, k.T)), y(k.N() * k.C), out(k.N() * k.C) {}
 };
 
 void run(const Attention& a, const Case& k, Buffers& s, LinearHooks* hooks) {

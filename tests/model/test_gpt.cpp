@@ -14,22 +14,13 @@
 #include "hpct/kernels/backend.hpp"
 #include "hpct/kernels/half.hpp"
 #include "hpct/model/gpt.hpp"
+#include "gpt_test_models.hpp"
 #include "staged_cpu_ops.hpp"
 
 using namespace hpct;
+using test::fixed_batch, test::kB, test::kT, test::llama_like, test::tiny, test::with_dropout, test::HalfCopyStore;
 
 namespace {
-model::GptConfig tiny() {
-  model::GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_heads = 2;
-  c.max_seq_length = 6;
-  c.vocab_size = 23;
-  c.vocab_multiple = 8;
-  c.init_std = 0.2;  // larger than GPT-2's so every path carries a visible gradient
-  return c;
-}
 
 // With dropout the loss of a training step is the function whose gradient backward computes (the
 // masks are fixed by the seed and the samples), so the differences are taken of forward_backward's
@@ -81,24 +72,6 @@ void check_finite_differences(const model::GptConfig& cfg, bool dropout) {
   }
 }
 
-model::GptConfig with_dropout(double attention, double hidden) {
-  model::GptConfig c = tiny();
-  c.attention_dropout = attention;
-  c.hidden_dropout = hidden;
-  return c;
-}
-
-// The fixed micro-batch of the step tests: B = 2 samples of T = 6 tokens and their targets.
-constexpr int kB = 2, kT = 6;
-std::pair<std::vector<int32_t>, std::vector<int32_t>> fixed_batch() {
-  std::vector<int32_t> tok(kB * kT), tgt(kB * kT);
-  for (int i = 0; i < kB * kT; ++i) {
-    tok[i] = (i * 3 + 1) % 23;
-    tgt[i] = (i * 11 + 2) % 23;
-  }
-  return {tok, tgt};
-}
-
 // Loss and gradients of one training step of cfg on the fixed batch (dropout seed 9, first sample
 // first), on `be` (nullptr: the CPU backend).
 std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bool recompute, long long first,
@@ -113,31 +86,6 @@ std::pair<double, std::vector<float>> train_step(const model::GptConfig& cfg, bo
   const double loss = m.forward_backward(st, tok.data(), tgt.data(), B, T, 1.0f);
   return {loss, g};
 }
-
-// The Llama options on tiny(): RMSNorm, SwiGLU 24 wide, no biases, an untied output layer, rotary.
-model::GptConfig llama_like() {
-  model::GptConfig c = tiny();
-  c.normalization = model::NormKind::rmsnorm;
-  c.mlp = model::MlpKind::swiglu;
-  c.ffn_hidden_size = 24;
-  c.linear_bias = false;
-  c.untie_embeddings = true;
-  c.rotary = true;
-  return c;
-}
-
-// A flat store that also keeps the parameters' 16-bit copy (ParamStore::params16), `shift`
-// elements off where a test wants a wrong one.
-struct HalfCopyStore : model::FlatParamStore {
-  HalfCopyStore(const ParamLayout& l, const std::vector<float>& p, float* g, kernels::Precision prec, int shift = 0)
-      : FlatParamStore(l, p.data(), g), layout(l), h(p.size() + 1), shift(shift) {
-    kernels::to_half(p.data(), h.data(), p.size(), prec);
-  }
-  const uint16_t* params16(int b) override { return h.data() + layout.blocks()[b].offset + shift; }
-  const ParamLayout& layout;
-  std::vector<uint16_t> h;
-  int shift;
-};
 
 }  // namespace
 
@@ -317,125 +265,6 @@ TEST(Gpt, LinearsReadTheStoresHalfCopies) {
     EXPECT_EQ(got.second, want.second) << what;
     EXPECT_NE(off.first, want.first) << what << ": a wrong 16-bit copy went unnoticed";
   }
-}
-
-// Where the backend asks for it, the GEMMs' inputs (the norms', attention's, the MLP activation's
-// outputs) are kept in 16 bits (Gpt::keeps_half_activations). Every reader of them is a GEMM that
-// rounds its input to the same 16 bits anyway, so a step computes bitwise what it computes with
-// fp32 activations: checked on the staged backend (which writes the 16-bit form through a rounded
-// copy and widens it back for its GEMMs), bf16 and fp16, for GPT, the Llama options, LoRA on the
-// layers' linears, recompute and dropout, and with the weights' 16-bit copies too (both GEMM
-// inputs then come only in 16 bits), and MoE models (top-1 and residual MoE), whose MoE layers keep
-// their ln2 and the residual MLP's activation in fp32 (the router and the row moves read them).
-// Sequence parallelism and embedding adapters keep fp32 (their readers are not GEMMs), as does a
-// backend that does not ask.
-TEST(Gpt, HalfActivationsChangeNoBit) {
-  const model::GptConfig llama = llama_like();
-  model::GptConfig lora = tiny(), drop = with_dropout(0.1, 0.1), moe = tiny(), rmoe = tiny();
-  moe.moe.num_experts = {2};
-  rmoe.moe.num_experts = {2};
-  rmoe.moe.residual = true;
-  lora.lora.rank = 4;
-  lora.lora.targets = 0x0F;  // the layers' four linears, not the embedding
-  const auto batch = fixed_batch();  // named, not bound: C++17 lambdas cannot capture structured bindings
-  const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
-  struct Run {
-    double loss;
-    std::vector<float> grads;
-    size_t bytes;
-    bool half;
-  };
-  auto step = [&](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half, bool copies) {
-    test::StagedCpuOps be;
-    be.set_half_activations(half);
-    be.prefer_half(copies);
-    model::Gpt m(cfg, prec, recompute, &be);
-    m.set_dropout_seed(9, 100);
-    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
-    m.init_params(p.data(), 7);
-    model::FlatParamStore flat(m.layout(), p.data(), g.data());
-    std::optional<HalfCopyStore> store16;
-    if (copies) store16.emplace(m.layout(), p, g.data(), prec);
-    model::ParamStore& st = copies ? static_cast<model::ParamStore&>(*store16) : flat;
-    const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
-    return Run{loss, g, m.activation_bytes(), m.keeps_half_activations()};
-  };
-  for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16})
-    for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"llama", llama}, std::pair{"lora", lora},
-                                    std::pair{"dropout", drop}, std::pair{"moe", moe}, std::pair{"residual moe", rmoe}})
-      for (bool recompute : {false, true}) {
-        const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
-        const Run want = step(cfg, prec, recompute, false, false);
-        EXPECT_FALSE(want.half) << what;
-        for (bool copies : {false, true}) {
-          const Run got = step(cfg, prec, recompute, true, copies);
-          EXPECT_TRUE(got.half) << what;
-          EXPECT_EQ(got.loss, want.loss) << what << (copies ? ", 16-bit weights" : "");
-          EXPECT_EQ(got.grads, want.grads) << what << (copies ? ", 16-bit weights" : "");
-          EXPECT_LT(got.bytes, want.bytes) << what << ": the workspace did not shrink";
-        }
-      }
-  // Kept in fp32: an fp32 run, the embedding's adapters.
-  model::GptConfig emb = tiny();
-  emb.lora.rank = 4;
-  emb.lora.targets = 0x1F;
-  EXPECT_FALSE(step(tiny(), kernels::Precision::fp32, false, true, false).half);
-  EXPECT_FALSE(step(emb, kernels::Precision::bf16, false, true, false).half);
-}
-
-// Where the backend asks for it (OpsBackend::half_logits), the LM head keeps its logits and their
-// gradient in 16 bits, as PyTorch's autocast does: the loss is then that of the rounded logits, no
-// longer bitwise the fp32 head's. On the staged backend (the default ops: fp32 products rounded
-// once, the cross entropy on the widened values), against the same step with fp32 logits, bf16 and
-// fp16, GPT (tied head) and the Llama options (untied), with and without 16-bit activations:
-// the loss within 5e-4 (bf16) / 1e-4 (fp16) relative and the gradients within 1e-2 / 2e-3 of their
-// norm (seen: 9e-5 / 1e-5 and 4.4e-3 / 5.3e-4). Why those: a logit rounds by at most 2^-9 (bf16) or
-// 2^-12 (fp16) of itself and a token's loss moves by a weighted mean of its logits' errors, so the
-// loss by well under 2^-9 of itself; the gradient comes through dlogits rounded the same way and
-// probabilities moved by as much, about 2 x 2^-9 norm-wise, given some margin. The loss
-// must differ (the 16-bit head ran) and the workspace shrink; adapters on the embedding keep fp32.
-TEST(Gpt, HalfLogitsStayWithinTheirRounding) {
-  const auto batch = fixed_batch();
-  const std::vector<int32_t>& tok = batch.first;
-  std::vector<int32_t> tgt = batch.second;
-  tgt[3] = tgt[7] = -1;  // ignored positions: no loss, a zero gradient row
-  auto step = [&](const model::GptConfig& cfg, kernels::Precision prec, bool half_logits, bool half_acts) {
-    test::StagedCpuOps be;
-    be.set_half_logits(half_logits);
-    be.set_half_activations(half_acts);
-    be.set_head_rows(5);  // several row blocks, the last one short, the head's gradient accumulated over them
-    model::Gpt m(cfg, prec, false, &be);
-    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
-    m.init_params(p.data(), 7);
-    model::FlatParamStore st(m.layout(), p.data(), g.data());
-    const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 0.5f);
-    return std::make_tuple(loss, g, m.activation_bytes(), m.keeps_half_logits());
-  };
-  auto rel_norm = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double d = 0, n = 0;
-    for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
-    return std::sqrt(d / n);
-  };
-  for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16})
-    for (const model::GptConfig& cfg : {tiny(), llama_like()})
-      for (bool acts : {false, true}) {
-        const std::string what = std::string(cfg.rotary ? "llama " : "gpt ") + kernels::precision_name(prec) +
-                                 (acts ? ", 16-bit activations" : "");
-        const auto [want_loss, want_g, want_bytes, want_half] = step(cfg, prec, false, acts);
-        const auto [loss, g, bytes, half] = step(cfg, prec, true, acts);
-        const bool bf = prec == kernels::Precision::bf16;
-        EXPECT_FALSE(want_half) << what;
-        EXPECT_TRUE(half) << what;
-        EXPECT_NE(loss, want_loss) << what << ": the 16-bit head did not run";
-        EXPECT_NEAR(loss, want_loss, (bf ? 5e-4 : 1e-4) * std::fabs(want_loss)) << what;
-        EXPECT_LE(rel_norm(g, want_g), bf ? 1e-2 : 2e-3) << what;
-        EXPECT_LT(bytes, want_bytes) << what << ": the logits' row block did not shrink";
-      }
-  model::GptConfig emb = tiny();
-  emb.lora.rank = 4;
-  emb.lora.targets = 0x1F;
-  EXPECT_FALSE(std::get<3>(step(emb, kernels::Precision::bf16, true, false))) << "embedding adapters keep fp32 logits";
-  EXPECT_FALSE(std::get<3>(step(tiny(), kernels::Precision::fp32, true, false))) << "an fp32 run";
 }
 
 TEST(Gpt, RejectsBadShapes) {

@@ -36,8 +36,8 @@ void Attention::mix(const AttentionWeights& w, kernels::Operand x, float* qkv, f
   this->qkv(w, x, qkv, (int)N, hooks);
   if (rotary_.dims > 0) ops_->rope(qkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, false);
   const float* heads = qkv;
-  if (grouped()) {  // every query head its key/value head's copy, kept after the op's state
-    float* wide = att + op_state_floats(B, T);
+  if (grouped()) {  // every query head its key/value head's copy, after the qkv rows
+    float* wide = qkv + N * qkv_width();
     ops_->expand_kv(wide, qkv, N, Cl_, NH_, KV_);
     heads = wide;
   }
@@ -58,8 +58,8 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, ker
   // Grouped: the op's gradient for every query head's key/value copy (after dqkv's grouped rows),
   // then summed into the shared heads.
   float* dheads = grouped() ? dqkv + (size_t)N * qkv_width() : dqkv;
-  ops_->attention_backward_into(dheads, dy, grouped() ? att + op_state_floats(B, T) : qkv, att, B, T, Cl_, NH_,
-                                precision_, drop, use_);  // written
+  const float* heads = qkv && grouped() ? qkv + (size_t)N * qkv_width() : qkv;  // as mix() gave the op
+  ops_->attention_backward_into(dheads, dy, heads, att, B, T, Cl_, NH_, precision_, drop, use_);  // written
   if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
   if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
   ops_->matmul_backward_into(dx, g.qkvw, g.qkvb, dqkv, x, w.qkv(), N, C_, qkv_width(), precision_);  // dx written

@@ -16,8 +16,9 @@ struct Gpt::LayerActs {
   kernels::Output ln1;  // (N, C)
   float* ln1_mean;  // (n)
   float* ln1_rstd;  // (n)
-  float* qkv;       // (N, 3C)
-  float* att;       // (B, NH, T, T)
+  float* qkv;       // (N, 3C) (+ grouped: the widened heads): Attention::inputs_floats; every
+                    // set's the same buffer where the attention kernel keeps its inputs
+  float* att;       // the attention op's state (materialised: B x NH x T x T)
   kernels::Output atty;  // (N, C)
   float* res2;      // (n, C) residual after attention
   kernels::Output ln2;  // (N, C)

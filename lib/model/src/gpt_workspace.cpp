@@ -25,16 +25,19 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
   const size_t Q = attention_.qkv_width(), dQ = attention_.dqkv_floats(N) / std::max<size_t>(N, 1);  // per row
   z.half = keeps_half_activations();
   z.half_logits = keeps_half_logits();
+  z.inputs = attention_.inputs_floats(B, T);
+  z.shared_inputs = nsets > 1 && attention_.keeps_inputs(B, T);
+  const size_t set_inputs = z.shared_inputs ? 0 : z.inputs;
   const size_t logits = z.half_logits ? ((size_t)head_rows_ * Vl + 1) / 2 : (size_t)head_rows_ * Vl;
   // ln1, ln2, atty and fch_gelu (and lnf below) are GEMM inputs: 16-bit where z.half, except an MoE
   // set's ln2 and fch_gelu (set_feeds_moe).
   size_t sets = 0;
   for (size_t s = 0; s < nsets; ++s) {
     const bool moe = set_feeds_moe(s);
-    sets += z.act(N * C) + (moe ? N * C : z.act(N * C)) + n * C + n * 4 + z.act(N * Cl) + N * Q +
+    sets += z.act(N * C) + (moe ? N * C : z.act(N * C)) + n * C + n * 4 + z.act(N * Cl) + set_inputs +
             attention_.state_floats(B, T) + N * W + (moe ? N * F : z.act(N * F));
   }
-  size_t total = sets + (L + 1) * n * C + z.act(N * C) + 2 * n + n * C + N * C + N * Cl + N * dQ +
+  size_t total = sets + (z.shared_inputs ? z.inputs : 0) + (L + 1) * n * C + z.act(N * C) + 2 * n + n * C + N * C + N * Cl + N * dQ +
                  N * (W + F) + logits + N + sp * (N * C + n * C + 4 * C) + kept +
                  (ltd_layers_.empty() ? 0 : (3 + 2 * sp) * N * C) + (cfg_.hidden_dropout > 0 ? n * C : 0);
   z.N = N, z.C = C, z.Cl = Cl, z.F = F, z.W = W, z.Vl = Vl, z.n = n, z.sp = sp, z.nsets = nsets, z.kept = kept, z.Q = Q;
@@ -89,7 +92,7 @@ void Gpt::ensure_workspace(int B, int T) {
   ws->T = T;
   const Sizes z = sizes(B, T);
   const size_t N = z.N, C = z.C, Cl = z.Cl, F = z.F, W = z.W, Vl = z.Vl, n = z.n, sp = z.sp, nsets = z.nsets, kept = z.kept,
-               L = z.L, Q = z.Q, dQ = z.dQ, total = z.floats;
+               L = z.L, dQ = z.dQ, total = z.floats;
   settle_losses();  // a loss download into the old buffers has finished
   ws_.reset();  // the old buffers go back before the new ones are taken
   ws->mem = kernels::BackendBuffer(*ops_, total * sizeof(float));
@@ -101,13 +104,14 @@ void Gpt::ensure_workspace(int B, int T) {
     return kernels::Output::half(reinterpret_cast<uint16_t*>(take(z.act(n))), precision_);
   };
   ws->acts.resize(nsets);
+  float* shared_qkv = z.shared_inputs ? take(z.inputs) : nullptr;
   for (size_t s = 0; s < nsets; ++s) {
     LayerActs& a = ws->acts[s];
     const bool moe = set_feeds_moe(s);
     a.ln1 = take_act(N * C);
     a.ln1_mean = take(n);
     a.ln1_rstd = take(n);
-    a.qkv = take(N * Q);
+    a.qkv = shared_qkv ? shared_qkv : take(z.inputs);
     a.att = take(attention_.state_floats(B, T));
     a.atty = take_act(N * Cl);
     a.res2 = take(n * C);

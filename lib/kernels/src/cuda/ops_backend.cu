@@ -270,7 +270,7 @@ class CudaOps final : public OpsBackend {
 
   AttentionKernel attention_kernel(int B, int T, int C, int NH, Precision p, AttentionUse use) const override {
     const std::string why = fused_->refusal(B, T, C, NH, p, use);
-    if (why.empty()) return {true, fused_->describe(p, use)};
+    if (why.empty()) return {true, fused_->describe(p, use), true};  // its state: 16-bit q, k, v
     return {false, "materialised softmax (B x NH x T x T probabilities kept per layer; not the fused kernel: " + why + ")"};
   }
   void allow_fused_attention(bool allow) override { fused_->allow(allow); }

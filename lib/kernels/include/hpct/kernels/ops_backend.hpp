@@ -35,6 +35,9 @@ struct AttentionUse {
 struct AttentionKernel {
   bool fused = false;
   std::string what;
+  /// The state attention_forward saves holds what the backward needs of its qkv input (the fused
+  /// kernel's 16-bit copy): attention_backward then never reads qkv, so the caller need not keep it.
+  bool keeps_inputs = false;
 };
 
 class OpsBackend {
@@ -177,6 +180,8 @@ class OpsBackend {
   /// use.per_document; nullptr: 0), in backend memory.
   virtual void attention_forward(Output out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                                  const Dropout* drop, const int32_t* key_start, AttentionUse use) = 0;
+  /// qkv: forward's input, unread (and may be nullptr or hold other values) where attention_kernel
+  /// says the kernel keeps its inputs.
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                   int C, int NH, Precision p, const Dropout* drop, AttentionUse use) = 0;
   /// In place on (rows, C) token rows; the mask is dropout.hpp's, bitwise the same on every backend.

@@ -100,19 +100,27 @@ class Attention {
   /// mix does (the decoder's rows, each at its own position). Nothing without rotary positions.
   void rotate(float* qkv, int rows, const int32_t* pos) const;
 
-  /// The attention's state for backward, in the backend's memory: the op's own state (its size is
-  /// the backend's: OpsBackend::attention_state_floats), and grouped, the widened q, k, v rows
-  /// (B T x 3 channels) after it.
-  size_t state_floats(int B, int T) const {
-    return op_state_floats(B, T) + (grouped() ? (size_t)B * T * 3 * Cl_ : 0);
+  /// The attention's state for backward, in the backend's memory: the op's own (its size is the
+  /// backend's: OpsBackend::attention_state_floats).
+  size_t state_floats(int B, int T) const { return op_state_floats(B, T); }
+  /// Floats of the buffer mix() computes the attention's inputs in for B x T rows: the qkv rows
+  /// (qkv_width() each) and, grouped, every query head's widened q, k, v rows (3 x channels each)
+  /// after them.
+  size_t inputs_floats(int B, int T) const {
+    return (size_t)B * T * (qkv_width() + (grouped() ? 3 * (size_t)Cl_ : 0));
   }
+  /// True when the backend's kernel for B x T calls keeps in its state what its backward needs of
+  /// its inputs (OpsBackend's AttentionKernel::keeps_inputs): the qkv buffer is then scratch once
+  /// mix() returns, and backward does not read it, so layers may share one.
+  bool keeps_inputs(int B, int T) const { return kernel(B, T).keeps_inputs; }
 
   /// The query/key/value projection alone: qkv = x W^T + b on `rows` rows (3 x channels each, q|k|v).
   /// x and y (below) in either form (kernels/operand.hpp: 16 bits where the model keeps its GEMM
   /// inputs narrow).
   void qkv(const AttentionWeights& w, kernels::Operand x, float* qkv, int rows, LinearHooks* hooks) const;
-  /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of qkv_width()), then y, the heads'
-  /// outputs (B*T rows of channels); att is the state backward reads (state_floats). drop: attention dropout
+  /// Up to the heads' outputs: qkv = x W^T + b (rows B*T of qkv_width(), in a buffer of
+  /// inputs_floats(B, T)), then y, the heads' outputs (B*T rows of channels); att is the state
+  /// backward reads (state_floats), with qkv unless keeps_inputs(B, T). drop: attention dropout
   /// (nullptr: none); key_start: each row's first key (per-document attention; nullptr: causal only);
   /// pos: each row's position for rotary positions (nullptr: its place in the sample).
   void mix(const AttentionWeights& w, kernels::Operand x, float* qkv, float* att, kernels::Output y, int B, int T,
@@ -121,7 +129,8 @@ class Attention {
   void project(const AttentionWeights& w, kernels::Operand y, float* out, int rows, LinearHooks* hooks) const;
   /// From dout (the projection's output gradient): the weight gradients ACCUMULATED, dx WRITTEN
   /// (no memset first; a LoRA hook adds to it after the GEMM); dy (B*T x channels) and dqkv
-  /// (dqkv_floats(B*T)) are scratch.
+  /// (dqkv_floats(B*T)) are scratch. qkv: mix()'s buffer as it left it, unread where
+  /// keeps_inputs(B, T) (nullptr allowed there).
   void backward(const AttentionWeights& w, const AttentionGrads& g, kernels::Operand x, const float* qkv,
                 const float* att, kernels::Operand y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;

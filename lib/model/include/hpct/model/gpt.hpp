@@ -373,6 +373,10 @@ class Gpt {
     size_t N = 0, C = 0, L = 0, Cl = 0, F = 0, W = 0, Vl = 0, n = 0, sp = 0, nsets = 0, kept = 0, Q = 0, dQ = 0;
     bool half = false;                                  // keeps_half_activations()
     bool half_logits = false;                           // keeps_half_logits()
+    /// The attention's inputs (Attention::inputs_floats): one buffer every set shares where the
+    /// kernel keeps its own copy (Attention::keeps_inputs), else one per set.
+    size_t inputs = 0;
+    bool shared_inputs = false;
     /// Floats a GEMM input of n elements takes: n, or n 16-bit values in whole 16-byte blocks.
     size_t act(size_t elems) const { return half ? (elems + 7) / 8 * 4 : elems; }
     size_t floats = 0;                                  // ws->mem
