@@ -70,6 +70,17 @@ struct Gpu {
   }
 };
 
+/// The device's 16-bit values (p's format), widened.
+inline Vec widened(Gpu& g, const uint16_t* d, size_t n, Precision p) {
+  std::vector<uint16_t> h(n);
+  g.be->copy_to_host(h.data(), d, n * sizeof(uint16_t));
+  Vec v(n);
+  from_half(h.data(), v.data(), n, p);
+  return v;
+}
+/// n 16-bit values of device memory, NaN-filled (bf16's quiet NaN bits), with room for a shift.
+inline uint16_t* half_buffer(Gpu& g, size_t n) { return g.put(std::vector<uint16_t>(n + 4, 0x7fc1)); }
+
 /// |gpu - cpu|_2 <= rel |cpu|_2.
 inline void expect_close_norm(const std::string& what, const Vec& gpu, const Vec& cpu, double rel) {
   ASSERT_EQ(gpu.size(), cpu.size()) << what;

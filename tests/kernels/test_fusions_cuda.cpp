@@ -86,10 +86,12 @@ void matmul_gelu_case(Precision p, int OC, bool with_bias, int shift) {
                            (with_bias ? "" : " no bias") + (shift ? " unaligned" : "");
   Vec inp = randn((size_t)N * C, 1), w = randn((size_t)OC * C, 2, 0.2f), bias = randn(OC, 3);
   Vec pre((size_t)N * OC), act((size_t)N * OC);
-  cpu->matmul_gelu_forward(pre.data(), act.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, N, C, OC, p);
+  cpu->matmul_gelu_forward(pre.data(), act.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, nullptr, N,
+                           C, OC, p);
   float* d_pre = g.put(pre);
   float* d_act = g.put(act);
-  g.be->matmul_gelu_forward(d_pre, d_act, g.put(inp), g.put(w), with_bias ? g.put(bias) : nullptr, N, C, OC, p);
+  g.be->matmul_gelu_forward(d_pre, d_act, g.put(inp), g.put(w), with_bias ? g.put(bias) : nullptr, nullptr, N, C, OC,
+                            p);
   const Vec gp = g.get(d_pre, pre.size()), ga = g.get(d_act, act.size());
   if (p == Precision::fp32) {
     expect_close(what + " pre", gp, pre, 1e-4, 1e-4);
@@ -116,6 +118,62 @@ TEST(CudaFusions, MatmulBiasGeluBf16) {
   matmul_gelu_case(Precision::bf16, 96, true, 1);
 }
 
+// The GELU MLP's pre-activation kept in 16 bits (OpsBackend::half_pre_activations): the device's
+// pre is the rounding of its fp32 GEMM sum plus the bias, which the CPU's composite (the default:
+// matmul_forward into `wide`, rounded, widened back, GELU) matches to the GEMM's summation order:
+// within one 16-bit step of each value (2^-7 relative for bf16, 2^-10 for fp16, plus a tiny
+// absolute for values near 0), at most 1% of the values one step apart. act must be GELU of the
+// device's own kept pre (1e-5: the same formula, only the exp's rounding), not of the fp32 sum;
+// and the backward from 16-bit pre equals the CPU's from the same values (the element-wise formula,
+// 1e-4 as gelu_backward_into above), both load widths (n % 4 == 0, aligned; then an odd n).
+namespace {
+
+void pre_activation_case(Precision p, int OC, int shift) {
+  NEED_GPU(g);
+  g.shift = shift;
+  auto cpu = cpu_ops();
+  const int N = 257, C = 64;
+  const size_t n = (size_t)N * OC;
+  const std::string what = std::string(precision_name(p)) + " OC=" + std::to_string(OC) + (shift ? " unaligned" : "");
+  Vec inp = randn((size_t)N * C, 1), w = randn((size_t)OC * C, 2, 0.2f), bias = randn(OC, 3), act(n), wide(n);
+  std::vector<uint16_t> pre16(n);
+  cpu->matmul_gelu_forward(Output::half(pre16.data(), p), act.data(), inp.data(), w.data(), bias.data(), wide.data(), N,
+                           C, OC, p);
+  Vec pre(n);
+  from_half(pre16.data(), pre.data(), n, p);
+  uint16_t* d_pre = half_buffer(g, n);
+  float* d_act = g.put(Vec(n));
+  float* d_wide = g.put(Vec(n));
+  g.be->matmul_gelu_forward(Output::half(d_pre, p), d_act, g.put(inp), g.put(w), g.put(bias), d_wide, N, C, OC, p);
+  const Vec gp = widened(g, d_pre, n, p), ga = g.get(d_act, n);
+  const double step = p == Precision::bf16 ? 1.0 / 128 : 1.0 / 1024;
+  expect_close(what + " pre", gp, pre, step, 1e-3);
+  size_t apart = 0;
+  for (size_t i = 0; i < n; ++i) apart += gp[i] != pre[i];
+  EXPECT_LE(apart, n / 100) << what << ": pre values a 16-bit step from the CPU's";
+  Vec act_of_gp(n);
+  cpu->gelu_forward(act_of_gp.data(), gp.data(), n);
+  expect_close(what + " act = gelu(kept pre)", ga, act_of_gp, 1e-5, 1e-6);
+
+  const Vec dout = randn(n, 4);
+  for (size_t len : {n, n - 3}) {
+    Vec dpre(len);
+    cpu->gelu_backward_into(dpre.data(), Operand::half(pre16.data()), dout.data(), len, p);
+    float* d_dpre = g.put(Vec(len, std::nanf("")));
+    g.be->gelu_backward_into(d_dpre, Operand::half(g.put(pre16)), g.put(dout), len, p);
+    expect_close(what + " gelu_backward_into from 16 bits, n=" + std::to_string(len), g.get(d_dpre, len), dpre, 1e-4,
+                 1e-5);
+  }
+}
+
+}  // namespace
+
+TEST(CudaFusions, PreActivationKeptIn16Bits) {
+  pre_activation_case(Precision::bf16, 96, 0);
+  pre_activation_case(Precision::fp16, 96, 0);
+  pre_activation_case(Precision::bf16, 37, 1);  // the scalar kernels: odd width, unaligned
+}
+
 // The written (not accumulated) gradients: the device buffer starts as NaN, which a memset-free
 // kernel must never read (cuBLAS with beta 0 does not). dweight and dbias still accumulate onto
 // non-zero starts. Tolerances as matmul's fp32 (sums of 96 and 257 products) and GELU's 1e-4.
@@ -138,8 +196,8 @@ TEST(CudaFusions, GradientsWrittenWithoutAMemset) {
 
   Vec x = randn((size_t)N * OC, 6, 2.0f), dx((size_t)N * OC, 7.0f);
   float* d_dx = g.put(nan_out);
-  cpu->gelu_backward_into(dx.data(), x.data(), dout.data(), dx.size());
-  g.be->gelu_backward_into(d_dx, g.put(x), g.put(dout), dx.size());
+  cpu->gelu_backward_into(dx.data(), x.data(), dout.data(), dx.size(), p);
+  g.be->gelu_backward_into(d_dx, g.put(x), g.put(dout), dx.size(), p);
   expect_close("gelu_backward_into", g.get(d_dx, dx.size()), dx, 1e-4, 1e-5);
   // An odd length: the scalar kernel (the float4 one needs n % 4 == 0), accumulating.
   const size_t odd = 1001;

@@ -55,7 +55,7 @@ Result run(OpsBackend& be, Gpu* g, Input& x, Form fx, Input& w, Form fw, const V
   Result r{Vec((size_t)N * OC), Vec((size_t)N * OC), Vec((size_t)N * C), randn((size_t)OC * C, 6), randn(OC, 7)};
   const Vec start_dinp = randn((size_t)N * C, 5);
   if (!g) {  // the CPU on the fp32 values
-    be.matmul_gelu_forward(r.out.data(), r.act.data(), x.f.data(), w.f.data(), b.data(), N, C, OC, p);
+    be.matmul_gelu_forward(r.out.data(), r.act.data(), x.f.data(), w.f.data(), b.data(), nullptr, N, C, OC, p);
     Vec dinp = start_dinp;
     be.matmul_backward(dinp.data(), r.dw.data(), r.db.data(), dout.data(), x.f.data(), w.f.data(), N, C, OC, p);
     be.matmul_backward_into(r.dinp.data(), r.dw.data(), r.db.data(), dout.data(), x.f.data(), w.f.data(), N, C, OC, p);
@@ -66,7 +66,7 @@ Result run(OpsBackend& be, Gpu* g, Input& x, Form fx, Input& w, Form fw, const V
   float *out = g->put(r.out), *act = g->put(r.act), *dinp = g->put(start_dinp), *dinp2 = g->put(r.dinp);
   float *dw = g->put(r.dw), *db = g->put(r.db);
   const float* ddout = g->put(dout);
-  be.matmul_gelu_forward(out, act, dx, dwt, g->put(b), N, C, OC, p);
+  be.matmul_gelu_forward(out, act, dx, dwt, g->put(b), nullptr, N, C, OC, p);
   be.matmul_backward(dinp, dw, db, ddout, dx, dwt, N, C, OC, p);
   be.matmul_backward_into(dinp2, dw, db, ddout, dx, dwt, N, C, OC, p);
   r.out = g->get(out, r.out.size()), r.act = g->get(act, r.act.size()), r.dw = g->get(dw, r.dw.size());
@@ -120,15 +120,6 @@ TEST(CudaLinear, Fp32OpRefusesHalfOnlyInput) {
 
 namespace {
 
-// The device's 16-bit values, widened.
-Vec widened(Gpu& g, const uint16_t* d, size_t n, Precision p) {
-  std::vector<uint16_t> h(n);
-  g.be->copy_to_host(h.data(), d, n * sizeof(uint16_t));
-  Vec v(n);
-  from_half(h.data(), v.data(), n, p);
-  return v;
-}
-uint16_t* half_buffer(Gpu& g, size_t n) { return g.put(std::vector<uint16_t>(n + 4, 0x7fc1)); }  // NaN-filled
 void expect_rounding_of(const std::string& what, const Vec& got, const Vec& want, Precision p) {
   expect_close(what, got, want, p == Precision::bf16 ? 1.0 / 64 : 1.0 / 512, 1e-6);
 }
@@ -182,7 +173,8 @@ void activation_outputs_case(Precision p, int width) {
   Vec inp = randn((size_t)N * C, 1), w = randn((size_t)width * C, 2, 0.2f), bias = randn(width, 3);
   float* d_pre = g.put(Vec(n));
   uint16_t* d_act = half_buffer(g, n);
-  g.be->matmul_gelu_forward(d_pre, Output::half(d_act, p), g.put(inp), g.put(w), g.put(bias), N, C, width, p);
+  g.be->matmul_gelu_forward(d_pre, Output::half(d_act, p), g.put(inp), g.put(w), g.put(bias), nullptr, N, C, width,
+                            p);
   const Vec gp = g.get(d_pre, n);
   Vec want(n);
   cpu->gelu_forward(want.data(), gp.data(), n);

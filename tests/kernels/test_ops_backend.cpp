@@ -123,7 +123,8 @@ TEST(OpsBackend, FusedFormsAreTheirComposites) {
   std::vector<float> pre(N * OC), act(N * OC), pre2(N * OC), act2(N * OC);
   matmul_forward(pre.data(), x.data(), fw.data(), fb.data(), N, C, OC, Precision::fp32);
   gelu_forward(act.data(), pre.data(), act.size());
-  be->matmul_gelu_forward(pre2.data(), act2.data(), x.data(), fw.data(), fb.data(), N, C, OC, Precision::fp32);
+  be->matmul_gelu_forward(pre2.data(), act2.data(), x.data(), fw.data(), fb.data(), nullptr, N, C, OC,
+                          Precision::fp32);
   EXPECT_EQ(pre2, pre);
   EXPECT_EQ(act2, act);
 
@@ -137,7 +138,7 @@ TEST(OpsBackend, FusedFormsAreTheirComposites) {
   EXPECT_EQ(db2, db);
   std::vector<float> dpre(N * OC, 0.0f), dpre2(N * OC, nan);
   gelu_backward(dpre.data(), pre.data(), dout.data(), dpre.size());
-  be->gelu_backward_into(dpre2.data(), pre.data(), dout.data(), dpre2.size());
+  be->gelu_backward_into(dpre2.data(), pre.data(), dout.data(), dpre2.size(), Precision::fp32);
   EXPECT_EQ(dpre2, dpre);
 
   const int B = 1, T = 3, AC = 4, NH = 2;  // attention on B*T = 3 rows of q | k | v

@@ -50,6 +50,10 @@ class StagedCpuOps final : public kernels::OpsBackend {
   /// On: asks the model to keep its GEMM inputs in 16 bits, as the CUDA backend does in 16-bit runs
   /// (OpsBackend::half_activations); the CPU ops write them through a rounded copy.
   void set_half_activations(bool on) { half_activations_ = on; }
+  /// On (with set_half_activations): asks the model to keep its GELU MLPs' pre-activations in 16
+  /// bits too (OpsBackend::half_pre_activations); the default ops round and widen them.
+  void set_half_pre_activations(bool on) { half_pre_ = on; }
+  bool half_pre_activations(kernels::Precision p) const override { return half_pre_ && p != kernels::Precision::fp32; }
   /// Whether a model keeps its LM head's logits in 16 bits (OpsBackend::half_logits); the default
   /// ops widen, compute in fp32 and round.
   void set_half_logits(bool on) { half_logits_ = on; }
@@ -310,7 +314,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
   std::vector<std::chrono::steady_clock::time_point> marks_;
   int head_rows_ = 0;
-  bool keeps_inputs_ = false;
+  bool keeps_inputs_ = false, half_pre_ = false;
   double to_host_ = 0;
   int syncs_ = 0, blocking_downloads_ = 0;
 };

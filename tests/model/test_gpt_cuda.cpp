@@ -10,9 +10,10 @@
 // (so a tensor of small gradients is judged at its own scale): fp32 1e-4 (cuBLAS and the CPU sum in
 // different orders, and the token-embedding gradient uses atomics); bf16 1e-2 (the CPU rounds GEMM
 // inputs to bf16; cuBLAS is allowed to, not forced, so the two differ by up to bf16's rounding).
-// Where the GPU keeps the LM head's logits in 16 bits (OpsBackend::half_logits), the CPU model does
-// too (the staged test backend: the CPU's ops with the logits rounded at the same two points), so
-// the comparison stays like for like and the tolerances above still hold.
+// Where the GPU keeps the LM head's logits or the GELU MLP's pre-activation in 16 bits
+// (OpsBackend::half_logits, half_pre_activations), the CPU model does too (the staged test backend:
+// the CPU's ops with those values rounded at the same points), so the comparison stays like for
+// like and the tolerances above still hold.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,6 +86,10 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   gpu_be->allow_fused_attention(fused);
   test::StagedCpuOps cpu_be;
   cpu_be.set_half_logits(gpu_be->half_logits(p));
+  // Where the GPU keeps the GELU MLP's pre-activation in 16 bits, so does the CPU model (with
+  // 16-bit GEMM inputs, which on the staged backend change no bit).
+  cpu_be.set_half_activations(gpu_be->half_pre_activations(p));
+  cpu_be.set_half_pre_activations(gpu_be->half_pre_activations(p));
   model::Gpt cpu(c, p, recompute, &cpu_be);
   model::Gpt gpu(c, p, recompute, gpu_be.get());
   const Batch shape(0);
@@ -96,7 +101,7 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   // tolerances above cover them: each is the rounding the GEMM would have made); the CPU never does.
   // (The embedding-adapter cases, which keep fp32, are fp32 runs.)
   EXPECT_EQ(gpu.keeps_half_activations(), p != Precision::fp32);
-  EXPECT_FALSE(cpu.keeps_half_activations());
+  EXPECT_EQ(cpu.keeps_half_pre_activations(), gpu.keeps_half_pre_activations());
   cpu.set_routing_seed(5), gpu.set_routing_seed(5);
   cpu.set_dropout_seed(11, 300), gpu.set_dropout_seed(11, 300);
   if (ltd_kept > 0)

@@ -1,6 +1,6 @@
 // What the model keeps in 16 bits and what it shares, on the staged test backend (a device's
-// memory protocol on the CPU): GEMM inputs (bitwise the fp32 layout's), the LM head's logits
-// (within their rounding), and the attention inputs the
+// memory protocol on the CPU): GEMM inputs (bitwise the fp32 layout's), the GELU MLP's
+// pre-activation and the LM head's logits (within their rounding), and the attention inputs the
 // layers share where the kernel keeps its own copy (bitwise).
 #include <gtest/gtest.h>
 
@@ -136,6 +136,68 @@ TEST(Gpt, HalfLogitsStayWithinTheirRounding) {
   emb.lora.targets = 0x1F;
   EXPECT_FALSE(std::get<3>(step(emb, kernels::Precision::bf16, true, false))) << "embedding adapters keep fp32 logits";
   EXPECT_FALSE(std::get<3>(step(tiny(), kernels::Precision::fp32, true, false))) << "an fp32 run";
+}
+
+// Where the backend asks for it (OpsBackend::half_pre_activations), a GELU MLP's pre-activation
+// (fc's output, which only GELU and its backward read) is kept in 16 bits beside the 16-bit GEMM
+// inputs, as autocast keeps a bf16 linear's output: GELU reads the rounded value, so the step is
+// no longer bitwise the fp32 layout's. On the staged backend (the default ops: the fp32 sum rounded
+// once, widened back for GELU and for its backward), against the same step with fp32
+// pre-activations: bf16 and fp16, GPT with and without dropout and recompute, the loss within 2e-3
+// (bf16) / 2e-4 (fp16) relative and the gradients within 2e-2 / 3e-3 of their norm (seen at most
+// 2.9e-4 / 6.0e-5 and 6.9e-3 / 8.6e-4, with dropout). Why those: a pre-activation rounds by at most 2^-9 (bf16) or 2^-11
+// (fp16) of itself, GELU's output and slope move by about as much relative, and the loss and the
+// gradients follow linearly; a few times that, as a norm. The loss must differ (the 16-bit path
+// ran) and the workspace shrink by the halved arrays exactly; SwiGLU, an adapter on fc and MoE
+// layers keep fp32 (their bits unchanged).
+TEST(Gpt, HalfPreActivationsStayWithinTheirRounding) {
+  model::GptConfig lora = tiny(), moe = tiny();
+  lora.lora.rank = 4;
+  lora.lora.targets = 0x0F;  // fc among them
+  moe.moe.num_experts = {2};
+  const auto batch = fixed_batch();
+  const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
+  auto step = [&](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool pre) {
+    test::StagedCpuOps be;
+    be.set_half_activations(true);
+    be.set_half_pre_activations(pre);
+    model::Gpt m(cfg, prec, recompute, &be);
+    m.set_dropout_seed(9, 100);
+    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+    m.init_params(p.data(), 7);
+    model::FlatParamStore st(m.layout(), p.data(), g.data());
+    const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
+    return std::make_tuple(loss, g, m.activation_bytes(), m.keeps_half_pre_activations());
+  };
+  auto rel_norm = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
+    return std::sqrt(d / n);
+  };
+  for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16}) {
+    const bool bf = prec == kernels::Precision::bf16;
+    for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"dropout", with_dropout(0.1, 0.1)}})
+      for (bool recompute : {false, true}) {
+        const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
+        const auto [want_loss, want_g, want_bytes, want_pre] = step(cfg, prec, recompute, false);
+        const auto [loss, g, bytes, pre] = step(cfg, prec, recompute, true);
+        EXPECT_FALSE(want_pre) << what;
+        EXPECT_TRUE(pre) << what;
+        EXPECT_NE(loss, want_loss) << what << ": the 16-bit pre-activations did not run";
+        EXPECT_NEAR(loss, want_loss, (bf ? 2e-3 : 2e-4) * std::fabs(want_loss)) << what;
+        EXPECT_LE(rel_norm(g, want_g), bf ? 2e-2 : 3e-3) << what;
+        const size_t n = kB * kT * 4 * cfg.hidden_size, sets = recompute ? 1 : cfg.num_layers;
+        EXPECT_EQ(want_bytes - bytes, sets * (n - (n + 7) / 8 * 4) * sizeof(float)) << what;
+      }
+    for (const auto& [name, cfg] : {std::pair{"llama", llama_like()}, std::pair{"lora", lora}, std::pair{"moe", moe}}) {
+      const auto [want_loss, want_g, want_bytes, want_pre] = step(cfg, prec, false, false);
+      const auto [loss, g, bytes, pre] = step(cfg, prec, false, true);
+      EXPECT_EQ(pre, std::string(name) == "moe") << name << ": MoE sets keep fp32, the rest do not ask";
+      EXPECT_EQ(loss, want_loss) << name;
+      EXPECT_EQ(g, want_g) << name;
+      EXPECT_EQ(bytes, want_bytes) << name;
+    }
+  }
 }
 
 // Where the backend's attention kernel keeps its inputs in its own state (a fused kernel's 16-bit

@@ -82,10 +82,19 @@ void OpsBackend::residual_rmsnorm_forward(float* res, Output out, float* rstd, c
   residual_forward(res, a, b, (size_t)N * C);
   rmsnorm_forward(out, rstd, res, weight, N, C);
 }
-void OpsBackend::matmul_gelu_forward(float* pre, Output act, Operand inp, Operand weight, const float* bias, int N,
-                                     int C, int OC, Precision p) {
-  matmul_forward(pre, inp, weight, bias, N, C, OC, p);
-  gelu_forward(act, pre, (size_t)N * OC);
+void OpsBackend::matmul_gelu_forward(Output pre, Output act, Operand inp, Operand weight, const float* bias,
+                                     float* wide, int N, int C, int OC, Precision p) {
+  const size_t n = (size_t)N * OC;
+  if (!pre.h) {
+    matmul_forward(pre.f, inp, weight, bias, N, C, OC, p);
+    gelu_forward(act, pre.f, n);
+    return;
+  }
+  if (!wide) throw Error("OpsBackend::matmul_gelu_forward: a 16-bit pre-activation needs the fp32 scratch `wide`");
+  matmul_forward(wide, inp, weight, bias, N, C, OC, pre.p);
+  narrow_half(pre.h, wide, n, pre.p);
+  widen_half(wide, pre.h, n, pre.p);  // GELU reads the value kept (exact)
+  gelu_forward(act, wide, n);
 }
 void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
                                       Operand weight, int N, int C, int OC, Precision p) {
@@ -97,9 +106,15 @@ void OpsBackend::attention_backward_into(float* dqkv, const float* dout, const f
   zero(dqkv, (size_t)B * T * 3 * C * sizeof(float));
   attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
 }
-void OpsBackend::gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n) {
+void OpsBackend::gelu_backward_into(float* dinp, Operand inp, const float* dout, size_t n, Precision p) {
   zero(dinp, n * sizeof(float));
-  gelu_backward(dinp, inp, dout, n);
+  if (inp.f || !inp.h) {
+    gelu_backward(dinp, inp.f, dout, n);
+    return;
+  }
+  BackendBuffer wide(*this, n * sizeof(float));  // the 16-bit values widened (exact)
+  widen_half(wide.as<float>(), inp.h, n, p);
+  gelu_backward(dinp, wide.as<float>(), dout, n);
 }
 
 namespace {

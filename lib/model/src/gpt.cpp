@@ -196,12 +196,13 @@ void Gpt::layer_forward(ParamStore& store, int l, const float* lp, LayerActs& a,
   tp_.all_gather(a.ln2.f, NC);
   float* ff = sp ? ws_->dln : out;  // the feed-forward's output on all N rows
   if (replaying_) {  // what backward reads only: the layer's output (and its g) is not needed again
-    if (o.experts == 0) mlp_.hidden(dense_mlp(lp, lp16, o), a.ln2.operand(), a.fch, a.fch_gelu, N, Fl_, &lora);
+    if (o.experts == 0) mlp_.hidden(dense_mlp(lp, lp16, o), a.ln2.operand(), a.fch, a.fch_gelu, N, Fl_, &lora, ws_->dfch);
     else moe_->forward(moe_pass(), store, o, l, lp, moe_dense(lp, lp16, nullptr, o, a), a.ln2.f, ff, N, act_set(a));
     return;
   }
   if (o.experts == 0) {  // fc column-parallel, fc2 row-parallel, then g
-    mlp_.forward(dense_mlp(lp, lp16, o), a.ln2.operand(), a.fch, a.fch_gelu, ff, N, Fl_, &lora);
+    // ws_->dfch: backward's scratch, free in forward, holds fc's fp32 sum where a.fch is 16-bit
+    mlp_.forward(dense_mlp(lp, lp16, o), a.ln2.operand(), a.fch, a.fch_gelu, ff, N, Fl_, &lora, ws_->dfch);
     tp_.reduce_scatter(ff, out, NC);
   } else {
     // every tensor-parallel rank routes every row alike
@@ -226,7 +227,7 @@ Moe::Dense Gpt::moe_dense(const float* lp, const uint16_t* lp16, float* lg, cons
   Moe::Dense d;
   d.w = dense_mlp(lp, lp16, o);
   d.g = MlpGrads::at(lg, o.mlp);
-  d.fch = a.fch, d.fch_gelu = a.fch_gelu.f;
+  d.fch = a.fch.f, d.fch_gelu = a.fch_gelu.f;
   d.dfch = ws_->dfch, d.dfch_gelu = ws_->dfch_gelu;
   d.width = Fl_;
   return d;
@@ -286,7 +287,7 @@ void Gpt::layer_backward(ParamStore& store, int l, const float* lp, float* lg, L
   if (o.experts > 0) ops_->zero(w.dln, NC * sizeof(float));  // MoE accumulates its parts; the dense MLP writes
   const float* dout = gather_rows(hidden_dropout_grad(dres, l, kernels::DropoutSite::mlp_out, B, T), N);
   if (o.experts == 0) {
-    mlp_.backward(dense_mlp(lp, lp16, o), MlpGrads::at(lg, o.mlp), a.ln2.operand(), a.fch, a.fch_gelu.operand(), dout,
+    mlp_.backward(dense_mlp(lp, lp16, o), MlpGrads::at(lg, o.mlp), a.ln2.operand(), a.fch.operand(), a.fch_gelu.operand(), dout,
                   w.dln, N, w.dfch, w.dfch_gelu, Fl_, &lora);
     tp_.reduce_scatter(w.dln, dsl, NC);  // f's backward: the parts' input gradients summed
   } else {

@@ -24,7 +24,7 @@ struct Gpt::LayerActs {
   kernels::Output ln2;  // (N, C)
   float* ln2_mean;  // (n)
   float* ln2_rstd;  // (n)
-  float* fch;       // (N, 4C)
+  kernels::Output fch;  // (N, 4C): fp32, or 16-bit (Gpt::keeps_half_pre_activations)
   kernels::Output fch_gelu;  // (N, 4C)
   float* lora_h[4] = {};  // LoRA: x A^T of each adapted linear, (N, rank)
 };

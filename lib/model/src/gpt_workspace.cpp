@@ -24,6 +24,7 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
   const size_t kept = keeps_communication() ? L * n * C : 0;  // each layer's res2 (CAC)
   const size_t Q = attention_.qkv_width(), dQ = attention_.dqkv_floats(N) / std::max<size_t>(N, 1);  // per row
   z.half = keeps_half_activations();
+  z.half_pre = keeps_half_pre_activations();
   z.half_logits = keeps_half_logits();
   z.inputs = attention_.inputs_floats(B, T);
   z.shared_inputs = nsets > 1 && attention_.keeps_inputs(B, T);
@@ -35,7 +36,8 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
   for (size_t s = 0; s < nsets; ++s) {
     const bool moe = set_feeds_moe(s);
     sets += z.act(N * C) + (moe ? N * C : z.act(N * C)) + n * C + n * 4 + z.act(N * Cl) + set_inputs +
-            attention_.state_floats(B, T) + N * W + (moe ? N * F : z.act(N * F));
+            attention_.state_floats(B, T) + (z.half_pre && !moe ? z.act(N * W) : N * W) +
+            (moe ? N * F : z.act(N * F));
   }
   size_t total = sets + (z.shared_inputs ? z.inputs : 0) + (L + 1) * n * C + z.act(N * C) + 2 * n + n * C + N * C + N * Cl + N * dQ +
                  N * (W + F) + logits + N + sp * (N * C + n * C + 4 * C) + kept +
@@ -53,6 +55,11 @@ Gpt::Sizes Gpt::sizes(int B, int T) const {
 
 bool Gpt::keeps_half_activations() const {
   return ops_->half_activations(precision_) && !tp_.sequence_parallel() && emb_lora_block_ < 0;
+}
+
+bool Gpt::keeps_half_pre_activations() const {
+  return keeps_half_activations() && ops_->half_pre_activations(precision_) && cfg_.mlp == MlpKind::gelu &&
+         !cfg_.lora.adapts(LoraConfig::fc);
 }
 
 bool Gpt::keeps_half_logits() const {
@@ -118,7 +125,7 @@ void Gpt::ensure_workspace(int B, int T) {
     a.ln2 = moe ? kernels::Output(take(N * C)) : take_act(N * C);
     a.ln2_mean = take(n);
     a.ln2_rstd = take(n);
-    a.fch = take(N * W);
+    a.fch = z.half_pre && !moe ? take_act(N * W) : kernels::Output(take(N * W));
     a.fch_gelu = moe ? kernels::Output(take(N * F)) : take_act(N * F);
   }
   ws->res = take((L + 1) * n * C);

@@ -1,6 +1,8 @@
 // The feed-forward network (hpct/model/mlp.hpp).
 #include "hpct/model/mlp.hpp"
 
+#include "hpct/core/error.hpp"
+
 namespace hpct::model {
 
 MlpTensors Mlp::declare(ParamLayout& layout, const std::string& prefix, int64_t C, int64_t F, const Split& split,
@@ -20,26 +22,28 @@ MlpTensors Mlp::declare(ParamLayout& layout, const std::string& prefix, int64_t 
   return t;
 }
 
-void Mlp::hidden(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, int rows, int F,
-                 LinearHooks* hooks) const {
-  if (kind_ == MlpKind::gelu && !(hooks && hooks->active(LinearHooks::fc))) {  // fc, its bias and GELU fused
-    ops_->matmul_gelu_forward(fch, act, x, w.fc(), w.fcb, rows, C_, F, precision_);
+void Mlp::hidden(const MlpWeights& w, kernels::Operand x, kernels::Output fch, kernels::Output act, int rows, int F,
+                 LinearHooks* hooks, float* wide) const {
+  const bool hooked = hooks && hooks->active(LinearHooks::fc);
+  if (kind_ == MlpKind::gelu && !hooked) {  // fc, its bias and GELU fused
+    ops_->matmul_gelu_forward(fch, act, x, w.fc(), w.fcb, wide, rows, C_, F, precision_);
     return;
   }
-  ops_->matmul_forward(fch, x, w.fc(), w.fcb, rows, C_, fc_width(F), precision_);
-  if (hooks) hooks->forward(LinearHooks::fc, x, fch, rows);
-  if (kind_ == MlpKind::swiglu) ops_->swiglu_forward(act, fch, (size_t)rows, F);
-  else ops_->gelu_forward(act, fch, (size_t)rows * F);
+  if (!fch.f) throw Error("Mlp::hidden: a 16-bit pre-activation is a GELU MLP's without an fc hook");
+  ops_->matmul_forward(fch.f, x, w.fc(), w.fcb, rows, C_, fc_width(F), precision_);
+  if (hooks) hooks->forward(LinearHooks::fc, x, fch.f, rows);
+  if (kind_ == MlpKind::swiglu) ops_->swiglu_forward(act, fch.f, (size_t)rows, F);
+  else ops_->gelu_forward(act, fch.f, (size_t)rows * F);
 }
 
-void Mlp::forward(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, float* out, int rows, int F,
-                  LinearHooks* hooks) const {
-  hidden(w, x, fch, act, rows, F, hooks);
+void Mlp::forward(const MlpWeights& w, kernels::Operand x, kernels::Output fch, kernels::Output act, float* out,
+                  int rows, int F, LinearHooks* hooks, float* wide) const {
+  hidden(w, x, fch, act, rows, F, hooks, wide);
   ops_->matmul_forward(out, act.operand(), w.proj(), w.projb, rows, F, C_, precision_);
   if (hooks) hooks->forward(LinearHooks::fc2, act.operand(), out, rows);
 }
 
-void Mlp::backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, const float* fch, kernels::Operand act,
+void Mlp::backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, kernels::Operand fch, kernels::Operand act,
                    const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const {
   const size_t n = (size_t)rows * F;
   ops_->matmul_backward_into(dact, g.projw, g.projb, dout, act, w.proj(), rows, F, C_, precision_);  // dact written
@@ -47,9 +51,9 @@ void Mlp::backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, c
   const int W = fc_width(F);
   if (kind_ == MlpKind::swiglu) {
     ops_->zero(dfch, (size_t)rows * W * sizeof(float));
-    ops_->swiglu_backward(dfch, fch, dact, (size_t)rows, F);
+    ops_->swiglu_backward(dfch, fch.f, dact, (size_t)rows, F);
   } else {
-    ops_->gelu_backward_into(dfch, fch, dact, n);  // written
+    ops_->gelu_backward_into(dfch, fch, dact, n, precision_);  // written
   }
   ops_->matmul_backward_into(dx, g.fcw, g.fcb, dfch, x, w.fc(), rows, C_, W, precision_);  // dx written
   if (hooks) hooks->backward(LinearHooks::fc, x, dfch, dx, rows);

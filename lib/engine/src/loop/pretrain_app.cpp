@@ -148,6 +148,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
               << ", micro batch " << cfg.micro_batch << ", global batch " << cfg.global_batch << ", grad accumulation "
               << cfg.grad_accum
               << (trainer.model().keeps_half_activations() ? "; GEMM inputs kept in 16 bits" : "")
+              << (trainer.model().keeps_half_pre_activations() ? "; GELU pre-activations in 16 bits" : "")
               << (trainer.model().keeps_half_logits() ? "; LM head logits in 16 bits" : "")
               << (cfg.rampup.on() ? " (batch " + engine::BatchSchedule(cfg.global_batch, (long long)cfg.micro_batch * grid.dp().size(), cfg.rampup).describe() + ")"
                                   : std::string())
@@ -378,6 +379,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                               {"device", cfg.device},
                               {"attention_kernel", trainer.attention_kernel()},
                               {"half_activations", trainer.model().keeps_half_activations()},
+                              {"half_pre_activations", trainer.model().keeps_half_pre_activations()},
                               {"half_logits", trainer.model().keeps_half_logits()},
                               // bytes each rank holds, per tier (index = rank); the CPU backend's
                               // device memory is host memory (device: null). With --device cuda the

@@ -63,6 +63,23 @@ __global__ void gelu_backward4_kernel(float4* dinp, const float4* inp, const flo
   }
 }
 
+// dinp = gelu'(inp) * dout WRITTEN, inp in 16 bits (the pre-activation bias_gelu_forward_narrow
+// kept), four elements a thread where the pointers allow (8-byte 16-bit loads).
+template <int V>
+__global__ void gelu_backward_half_kernel(float* dinp, const uint16_t* inp, bool bf16, const float* dout, size_t n) {
+  HPCT_GRID_STRIDE(i, n) {
+    if constexpr (V == 1) {
+      dinp[i] = gelu_grad(half_value(inp[i], bf16), dout[i]);
+    } else {
+      const ushort4 h = reinterpret_cast<const ushort4*>(inp)[i];
+      const float4 g = reinterpret_cast<const float4*>(dout)[i];
+      reinterpret_cast<float4*>(dinp)[i] =
+          make_float4(gelu_grad(half_value(h.x, bf16), g.x), gelu_grad(half_value(h.y, bf16), g.y),
+                      gelu_grad(half_value(h.z, bf16), g.z), gelu_grad(half_value(h.w, bf16), g.w));
+    }
+  }
+}
+
 // Rotary positions: one thread per (row, query or key head, pair i < rot/2).
 __global__ void rope_kernel(float* qkv, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos,
                             float sign, size_t n) {
@@ -232,6 +249,15 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, c
     gelu_backward_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
   }
   check_launch("gelu_backward");
+}
+
+void gelu_backward_half(float* dinp, const uint16_t* inp, bool bf16, const float* dout, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (n % 4 == 0 && aligned16(dinp) && aligned8(inp) && aligned16(dout))
+    gelu_backward_half_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream>>>(dinp, inp, bf16, dout, n / 4);
+  else
+    gelu_backward_half_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(dinp, inp, bf16, dout, n);
+  check_launch("gelu_backward_half");
 }
 
 void rope(float* qkv, int B, int T, int C, int NH, int KV, int rot, float theta, const int32_t* pos, bool inverse,

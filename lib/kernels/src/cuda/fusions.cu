@@ -1,6 +1,7 @@
 // CUDA kernels for the fused forms of OpsBackend (declared in cuda_ops.hpp): a layer's residual
 // add with the norm after it, and an MLP's bias with its GELU; and the kernels that write an
-// activation a GEMM reads next in 16 bits (the norms, GELU, SwiGLU: cuda_ops.hpp's ActOut).
+// activation a GEMM reads next in 16 bits (the norms, GELU, SwiGLU: cuda_ops.hpp's ActOut), and
+// the bias + GELU that keeps its pre-activation in 16 bits.
 //
 // What they are: each does in one kernel what two of elementwise.cu / gpt_ops.cu did, with the same
 // formulas (two-pass variance, GELU through sigmoid(2u)), so the result equals the unfused pair to
@@ -122,20 +123,29 @@ __global__ void norm_kernel(float* res_f, ActOut out, float* mean, float* rstd, 
 
 __device__ __forceinline__ float4 gelu4(float4 x) { return make_float4(gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w)); }
 
-// act = gelu(pre + bias) (per column; no bias when null), the sum written back to pre_out when it
-// is given (the backward reads it); n = N * OC / V loads.
+// A value as a 16-bit store would keep it (bf16 or IEEE half, round to nearest even), widened back.
+__device__ __forceinline__ float kept(float x, bool bf16) { return half_value(half_bits(x, bf16), bf16); }
+__device__ __forceinline__ float4 kept(float4 x, bool bf16) {
+  return make_float4(kept(x.x, bf16), kept(x.y, bf16), kept(x.z, bf16), kept(x.w, bf16));
+}
+
+// act = gelu(pre + bias) (per column; no bias when null); n = N * OC / V loads. The sum is written
+// to pre_out for the backward: an fp32 pre_out only with a bias (it is pre itself, updated in
+// place); a 16-bit one always, and GELU then reads the rounded value it keeps.
 template <int V>
-__global__ void bias_gelu_kernel(const float* pre_f, float* pre_out_f, ActOut act, const float* bias_f, int OCv,
+__global__ void bias_gelu_kernel(const float* pre_f, ActOut pre_out, ActOut act, const float* bias_f, int OCv,
                                  size_t n) {
   using T = typename Lanes<V>::T;
   const T* pre = reinterpret_cast<const T*>(pre_f);
-  T* pre_out = reinterpret_cast<T*>(pre_out_f);
   const T* bias = reinterpret_cast<const T*>(bias_f);
   HPCT_GRID_STRIDE(i, n) {
     T x = pre[i];
-    if (bias) {
-      x = add(x, bias[i % OCv]);
-      if (pre_out) pre_out[i] = x;
+    if (bias) x = add(x, bias[i % OCv]);
+    if (pre_out.h) {
+      store(pre_out, i, x);
+      x = kept(x, pre_out.bf16);
+    } else if (bias && pre_out.f) {
+      store(pre_out, i, x);
     }
     if constexpr (V == 1) store(act, i, gelu(x));
     else store(act, i, gelu4(x));
@@ -167,14 +177,14 @@ void norm(float* res, ActOut out, float* mean, float* rstd, const float* a, cons
   check_launch(op);
 }
 
-void gelu_into(const float* pre, float* pre_out, ActOut act, const float* bias, int N, int OC, cudaStream_t stream,
+void gelu_into(const float* pre, ActOut pre_out, ActOut act, const float* bias, int N, int OC, cudaStream_t stream,
                const char* op) {
   if (N < 0 || OC <= 0)
     throw Error(std::string("hpct::kernels::cuda::") + op + ": need N >= 0 and OC > 0 (N=" + std::to_string(N) +
                 ", OC=" + std::to_string(OC) + ")");
   const size_t n = (size_t)N * OC;
   if (n == 0) return;
-  if (OC % 4 == 0 && aligned16(pre) && aligned16(pre_out) && aligned_out(act) && aligned16(bias))
+  if (OC % 4 == 0 && aligned16(pre) && aligned_out(pre_out) && aligned_out(act) && aligned16(bias))
     bias_gelu_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream>>>(pre, pre_out, act, bias, OC / 4, n / 4);
   else
     bias_gelu_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(pre, pre_out, act, bias, OC, n);
@@ -204,13 +214,18 @@ void rmsnorm_forward(ActOut out, float* rstd, const float* inp, const float* wei
 }
 
 void bias_gelu_forward(float* pre, ActOut act, const float* bias, int N, int OC, cudaStream_t stream) {
-  gelu_into(pre, pre, act, bias, N, OC, stream, "bias_gelu_forward");
+  gelu_into(pre, ActOut{pre, nullptr, true}, act, bias, N, OC, stream, "bias_gelu_forward");
+}
+
+void bias_gelu_forward_narrow(const float* wide, uint16_t* pre, bool bf16, ActOut act, const float* bias, int N, int OC,
+                              cudaStream_t stream) {
+  gelu_into(wide, ActOut{nullptr, pre, bf16}, act, bias, N, OC, stream, "bias_gelu_forward_narrow");
 }
 
 void gelu_forward(ActOut out, const float* inp, size_t n, cudaStream_t stream) {
   // One row of n columns: the bias-free kernel, the input left as it is.
   if (n > (size_t)INT32_MAX) throw Error("hpct::kernels::cuda::gelu_forward: more than 2^31 - 1 elements");
-  gelu_into(inp, nullptr, out, nullptr, 1, static_cast<int>(n), stream, "gelu_forward");
+  gelu_into(inp, ActOut{}, out, nullptr, 1, static_cast<int>(n), stream, "gelu_forward");
 }
 
 void swiglu_forward(ActOut out, const float* inp, size_t rows, int F, cudaStream_t stream) {

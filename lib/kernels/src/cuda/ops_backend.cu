@@ -85,6 +85,7 @@ class CudaOps final : public OpsBackend {
   bool host_memory() const override { return false; }
   // Its linears run on native 16-bit inputs (linear_gemms.hpp) where the activations come in 16 bits.
   bool half_activations(Precision p) const override { return p != Precision::fp32; }
+  bool half_pre_activations(Precision p) const override { return p != Precision::fp32; }
   bool device_memory(size_t* free_bytes, size_t* total_bytes) const override {
     check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo on " + name_);
     return true;
@@ -344,12 +345,20 @@ class CudaOps final : public OpsBackend {
                                 const float* weight, int N, int C) override {
     cuda::residual_rmsnorm_forward(res, act(out), rstd, a, b, weight, N, C, stream_);
   }
-  // The GEMM writes pre without its bias; the bias is added in the GELU's pass (fusions.cu).
-  void matmul_gelu_forward(float* pre, Output a, Operand inp, Operand weight, const float* bias, int N, int C,
-                           int OC, Precision p) override {
+  // The GEMM writes pre (or, for a 16-bit pre, the scratch `wide`) without its bias; the bias is
+  // added in the GELU's pass, which rounds a 16-bit pre there (fusions.cu).
+  void matmul_gelu_forward(Output pre, Output a, Operand inp, Operand weight, const float* bias, float* wide, int N,
+                           int C, int OC, Precision p) override {
     require_sizes("matmul_gelu_forward", N, C, OC);
-    linear_->forward(pre, inp, weight, N, C, OC, p);
-    cuda::bias_gelu_forward(pre, act(a), bias, N, OC, stream_);
+    if (!pre.h) {
+      linear_->forward(pre.f, inp, weight, N, C, OC, p);
+      cuda::bias_gelu_forward(pre.f, act(a), bias, N, OC, stream_);
+      return;
+    }
+    require_half("matmul_gelu_forward", pre.p);
+    if (!wide) throw Error("CudaOps::matmul_gelu_forward: a 16-bit pre-activation needs the fp32 scratch `wide`");
+    linear_->forward(wide, inp, weight, N, C, OC, p);
+    cuda::bias_gelu_forward_narrow(wide, pre.h, pre.p == Precision::bf16, act(a), bias, N, OC, stream_);
   }
   // dinp's GEMM with beta 0: no memset first.
   void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
@@ -358,8 +367,13 @@ class CudaOps final : public OpsBackend {
     linear_->backward(dinp, 0.0f, dweight, dout, inp, weight, N, C, OC, p);
     if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
   }
-  void gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n) override {
-    cuda::gelu_backward(dinp, inp, dout, n, stream_, /*accumulate=*/false);
+  void gelu_backward_into(float* dinp, Operand inp, const float* dout, size_t n, Precision p) override {
+    if (inp.f || !inp.h) {
+      cuda::gelu_backward(dinp, inp.f, dout, n, stream_, /*accumulate=*/false);
+      return;
+    }
+    require_half("gelu_backward_into", p);
+    cuda::gelu_backward_half(dinp, inp.h, p == Precision::bf16, dout, n, stream_);
   }
   bool half_logits(Precision p) const override { return p != Precision::fp32; }
   void matmul_forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) override {

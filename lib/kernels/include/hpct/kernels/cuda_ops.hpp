@@ -33,6 +33,9 @@ void gelu_forward(float* out /*(n)*/, const float* inp /*(n)*/, size_t n, cudaSt
 /// dinp += gelu'(inp) * dout (accumulate false: dinp = gelu'(inp) * dout).
 void gelu_backward(float* dinp /*(n)*/, const float* inp /*(n)*/, const float* dout /*(n)*/, size_t n,
                    cudaStream_t stream, bool accumulate = true);
+/// dinp = gelu'(inp) * dout WRITTEN, inp 16-bit (bf16 when bf16, else IEEE half).
+void gelu_backward_half(float* dinp /*(n)*/, const uint16_t* inp /*(n)*/, bool bf16, const float* dout /*(n)*/, size_t n,
+                        cudaStream_t stream);
 /// out = a + b; out may alias a or b.
 void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, size_t n, cudaStream_t stream);
 /// y += a * x.
@@ -82,6 +85,11 @@ void rmsnorm_forward(ActOut out /*(N,C)*/, float* rstd /*(N)*/, const float* inp
 /// pre += bias (bias may be null: none), then act = gelu(pre): one kernel after an MLP's fc GEMM.
 void bias_gelu_forward(float* pre /*(N,OC)*/, ActOut act /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC,
                        cudaStream_t stream);
+/// pre = 16-bit(wide + bias) (bias may be null; round to nearest even, bf16 when bf16, else IEEE
+/// half), then act = gelu(pre as kept): one kernel after a bias-free fc GEMM into the fp32 scratch
+/// wide (read only), as autocast's 16-bit linear and GELU give.
+void bias_gelu_forward_narrow(const float* wide /*(N,OC)*/, uint16_t* pre /*(N,OC)*/, bool bf16, ActOut act /*(N,OC)*/,
+                              const float* bias /*(OC)*/, int N, int OC, cudaStream_t stream);
 /// act = gelu(inp) into a 16-bit (or fp32) output; inp unchanged.
 void gelu_forward(ActOut out /*(n)*/, const float* inp /*(n)*/, size_t n, cudaStream_t stream);
 /// SwiGLU into a 16-bit (or fp32) output.

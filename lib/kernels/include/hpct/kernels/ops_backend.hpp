@@ -52,6 +52,11 @@ class OpsBackend {
   /// p's 16 bits (operand.hpp's Output): the CUDA backend in bf16/fp16 ops. The CPU: never (it
   /// rounds inside the GEMM, and 16-bit storage would cost it conversions).
   virtual bool half_activations(Precision /*p*/) const { return false; }
+  /// True when a model keeping its GEMM inputs in 16 bits should also keep its GELU MLP's
+  /// pre-activation (fc's output, which only GELU and its backward read) in p's 16 bits, as
+  /// autocast does: half that (N, 4C) array's bytes kept and moved, at the cost of GELU reading the
+  /// rounded value, so no longer bitwise the fp32 layout (the CUDA backend in bf16/fp16 ops).
+  virtual bool half_pre_activations(Precision /*p*/) const { return false; }
   /// Bytes the backend holds itself for its ops (the CUDA attention backward's scratch), for reports.
   virtual size_t scratch_bytes() const { return 0; }
   /// A device backend's memory now: free and total bytes (the CUDA one: cudaMemGetInfo); false where
@@ -211,9 +216,12 @@ class OpsBackend {
   virtual void residual_rmsnorm_forward(float* res, Output out, float* rstd, const float* a, const float* b,
                                         const float* weight, int N, int C);
   /// pre = inp weight^T + bias (matmul_forward), then act = gelu(pre) (gelu_forward): an MLP's fc
-  /// and its activation; both kept, as the backward reads pre.
-  virtual void matmul_gelu_forward(float* pre, Output act, Operand inp, Operand weight, const float* bias, int N,
-                                   int C, int OC, Precision p);
+  /// and its activation; both kept, as the backward reads pre. A 16-bit pre (p's format; see
+  /// half_pre_activations) is the fp32 sum rounded once, and act is then GELU of that rounded value,
+  /// as autocast's bf16 linear and GELU give; the fp32 sum goes through `wide` (N x OC floats of
+  /// scratch, needed only there: nullptr otherwise).
+  virtual void matmul_gelu_forward(Output pre, Output act, Operand inp, Operand weight, const float* bias,
+                                   float* wide, int N, int C, int OC, Precision p);
   /// matmul_backward with dinp WRITTEN (its old contents ignored, as if zeroed first); dweight and
   /// dbias accumulate as there. Saves the memset before a gradient's first GEMM.
   virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
@@ -221,8 +229,9 @@ class OpsBackend {
   /// attention_backward with dqkv WRITTEN (B*T rows of 3C, as if zeroed first).
   virtual void attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                        int C, int NH, Precision p, const Dropout* drop, AttentionUse use);
-  /// dinp = gelu'(inp) * dout, WRITTEN (gelu_backward on a zeroed dinp).
-  virtual void gelu_backward_into(float* dinp, const float* inp, const float* dout, size_t n);
+  /// dinp = gelu'(inp) * dout, WRITTEN (gelu_backward on a zeroed dinp). inp in either form (a
+  /// 16-bit one in p's format: the pre-activation matmul_gelu_forward kept so).
+  virtual void gelu_backward_into(float* dinp, Operand inp, const float* dout, size_t n, Precision p);
   /// As ops.hpp, except that targets are checked by the caller on a device backend (a kernel
   /// cannot throw): Gpt checks them on the host before they are copied in.
   virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,

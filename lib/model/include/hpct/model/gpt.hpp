@@ -315,6 +315,11 @@ class Gpt {
   /// its residual MLP's activation stay fp32 (the router and the experts' row moves read them):
   /// fp32 in the activation sets MoE layers use (set_feeds_moe).
   bool keeps_half_activations() const;
+  /// Whether the dense GELU MLPs keep their pre-activation (fc's output, (N, 4C), read only by GELU
+  /// and its backward) in 16 bits too, as autocast does: with keeps_half_activations, where the
+  /// backend asks (OpsBackend::half_pre_activations), except an MLP with an adapter on fc (LoRA
+  /// adds to the fp32 output) and in the sets MoE layers use. GELU then reads the rounded value.
+  bool keeps_half_pre_activations() const;
   /// Whether the LM head keeps its logits (and their gradient) in 16 bits, as PyTorch's autocast
   /// does: where the backend asks (OpsBackend::half_logits: the CUDA backend in bf16/fp16), without
   /// tensor parallelism (the vocab-parallel cross entropy reads fp32) or embedding adapters (their
@@ -372,6 +377,7 @@ class Gpt {
   struct Sizes {  // the workspace of a (B, T): its dimensions and floats (sizes())
     size_t N = 0, C = 0, L = 0, Cl = 0, F = 0, W = 0, Vl = 0, n = 0, sp = 0, nsets = 0, kept = 0, Q = 0, dQ = 0;
     bool half = false;                                  // keeps_half_activations()
+    bool half_pre = false;                              // keeps_half_pre_activations()
     bool half_logits = false;                           // keeps_half_logits()
     /// The attention's inputs (Attention::inputs_floats): one buffer every set shares where the
     /// kernel keeps its own copy (Attention::keeps_inputs), else one per set.

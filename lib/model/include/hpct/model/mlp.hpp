@@ -81,15 +81,17 @@ class Mlp {
   /// fc and its activation only (what a recompute pass that keeps the output needs): fch = x fc^T + b
   /// (rows of fc_width(F)), act = GELU(fch) or SwiGLU(fch) (rows of F), on `rows` rows.
   /// x and act in either form (kernels/operand.hpp: 16 bits where the model keeps its GEMM inputs
-  /// narrow); fch is fp32 (the activation's backward reads it).
-  void hidden(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, int rows, int F,
-              LinearHooks* hooks) const;
+  /// narrow); fch is fp32 (the activation's backward reads it), or 16-bit for a GELU MLP whose fc
+  /// has no hook (OpsBackend::half_pre_activations: GELU then reads the rounded value), with
+  /// `wide` rows x F floats of scratch for the fp32 sum (nullptr where fch is fp32).
+  void hidden(const MlpWeights& w, kernels::Operand x, kernels::Output fch, kernels::Output act, int rows, int F,
+              LinearHooks* hooks, float* wide = nullptr) const;
   /// The whole MLP: out = GELU(x fc^T + b) fc2^T + b2; fch and act are kept for backward.
-  void forward(const MlpWeights& w, kernels::Operand x, float* fch, kernels::Output act, float* out, int rows, int F,
-               LinearHooks* hooks) const;
+  void forward(const MlpWeights& w, kernels::Operand x, kernels::Output fch, kernels::Output act, float* out, int rows,
+               int F, LinearHooks* hooks, float* wide = nullptr) const;
   /// From dout: the weight gradients ACCUMULATED, dx WRITTEN (no memset first); dfch (rows x
-  /// fc_width(F)) and dact (rows x F) are scratch.
-  void backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, const float* fch, kernels::Operand act,
+  /// fc_width(F)) and dact (rows x F) are scratch. fch as forward kept it.
+  void backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, kernels::Operand fch, kernels::Operand act,
                 const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const;
 
  private:
