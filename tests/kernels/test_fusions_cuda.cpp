@@ -211,8 +211,10 @@ TEST(CudaFusions, GradientsWrittenWithoutAMemset) {
 namespace {
 
 // attention_backward_into from a NaN-filled dqkv against attention_backward onto zeros, on the
-// same device kernel: the written form must equal the accumulated one exactly (the GEMMs' beta 0
-// against beta 1 on zeros; cuDNN's 16-bit gradient widened against added to zeros).
+// same device kernel: the written form must equal the accumulated one (the GEMMs' beta 0 against
+// beta 1 on zeros; cuDNN's 16-bit gradient widened against added to zeros). Exactly for the
+// materialised kernel; for cuDNN's within 1e-5 relative (+1e-6): its default backward may sum dQ
+// over key tiles with atomics, so two runs need not agree to the bit (a NaN read stays a NaN).
 void attention_into_case(Precision p, int T, bool want_fused) {
   NEED_GPU(g);
   const int B = 2, C = 128, NH = 2;
@@ -231,8 +233,9 @@ void attention_into_case(Precision p, int T, bool want_fused) {
   float* d_into = g.put(Vec(N * 3 * C, std::nanf("")));
   g.be->attention_backward(d_acc, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
   g.be->attention_backward_into(d_into, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
+  const double tol = want_fused ? 1e-5 : 0, abs = want_fused ? 1e-6 : 0;
   expect_close(std::string("attention_backward_into, ") + k.what, g.get(d_into, N * 3 * C), g.get(d_acc, N * 3 * C),
-               0, 0);
+               tol, abs);
 }
 
 }  // namespace

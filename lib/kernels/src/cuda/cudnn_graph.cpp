@@ -62,7 +62,8 @@ void build(const Library& L, cudnnHandle_t h, cudnnBackendDescriptor_t device, G
   if (h) out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
   out.graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)g.ops().size(), g.ops().data())
       .finalize();
-  Desc heur(L, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "the heuristics");
+  out.heuristics = std::make_unique<Desc>(L, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "the heuristics");
+  Desc& heur = *out.heuristics;
   const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
   heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, out.graph->get()).set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
   if (!h) heur.set(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, device);
@@ -107,6 +108,7 @@ void build(const Library& L, cudnnHandle_t h, cudnnBackendDescriptor_t device, G
     L.check(L.get_attr(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &out.workspace),
             "reading a plan's workspace size");
     out.plan = std::move(plan);
+    out.config = std::make_unique<Desc>(std::move(cfgs[static_cast<size_t>(i)]));
     out.graph_parts = g.release();
     return;
   }

@@ -187,7 +187,9 @@ class Graph {
 
 struct Plan {
   std::vector<Desc> graph_parts;
-  std::unique_ptr<Desc> graph, plan;
+  // The heuristics and the engine configuration the plan was finalized from, kept as long as the
+  // plan (as cudnn-frontend keeps them), in case the plan refers to them rather than copying.
+  std::unique_ptr<Desc> graph, heuristics, config, plan;
   int64_t workspace = 0;
   bool linked = true;  // false: built ahead of time up to the driver's link (check_offline)
 };
