@@ -11,7 +11,11 @@
 // what the engine gathered, as before), the wait in finish_oldest() every stage; and the slot wait
 // was a real bug once (the slot's ticket never kept), found here. The staged backend computes every
 // GEMM from the 16-bit weights the store hands out (params16), so a copy read before its upload
-// (or at a wrong offset) shows too.
+// (or at a wrong offset) shows too. With pinning allowed, 16-bit blocks are uploaded straight from
+// the engine's copies during its step; the staged backend counts an upload whose source changed
+// between issue and copy (a device's DMA may read it at any time in between). Measured: handing a
+// block on before its all-gather (stages 1-2, 2 ranks), or not waiting for the uploads before the
+// next step's update, fails that count.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -132,28 +136,46 @@ TEST_P(DeviceStoreStage, OnADeviceBackendEqualsTheSynchronousRoute) {
       c.via_device_store = true;
       Result ref = train(c, world);  // the CPU backend: every copy done when it returns
       c.via_device_store = false;
-      auto staged = std::make_unique<test::StagedCpuOps>();
-      staged->defer_transfers(true);
-      staged->prefer_half(true);  // the GEMMs read the device's 16-bit copies (params16): awaited, right offsets
-      Result dev = train(c, world, std::move(staged));
-      ASSERT_EQ(dev.losses.size(), ref.losses.size()) << what;
-      for (size_t i = 0; i < dev.losses.size(); ++i) EXPECT_EQ(dev.losses[i], ref.losses[i]) << "step " << i << ", " << what;
-      EXPECT_EQ(max_diff(dev.params, ref.params), 0.0) << what;
-      EXPECT_EQ(dev.to_device, ref.to_device) << "parameter bytes copied in, " << what;
-      EXPECT_EQ(dev.to_host, ref.to_host) << "gradient bytes copied back, " << what;
-      // Stages 0-2 upload every block and download every gradient once per step through the queues;
-      // stage 3 downloads every micro-step's gradients (its uploads are what the engine gathered,
-      // copied as before).
-      EXPECT_GE(dev.transfers, static_cast<int>(dev.blocks.size()) * 3) << what;
-      EXPECT_EQ(dev.freed_under_transfer, 0) << what;
-      // What the device held: the same at stages 0-2 (their gradient blocks are folded as before);
-      // at stage 3 one fp32 gradient block more at most (the previous one's download under way).
-      size_t largest = 0;
-      for (size_t b : dev.blocks) largest = std::max(largest, b);
-      if (stage <= 2) EXPECT_EQ(dev.store_bytes, ref.store_bytes) << what;
-      else EXPECT_LE(dev.store_bytes, ref.store_bytes + 4 * largest) << what;
-      EXPECT_GE(dev.store_bytes, ref.store_bytes) << what;
-      EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-4) << "training moved nothing, " << what;
+      for (bool pin : {false, true}) {
+        const std::string what_pin = what + (pin ? ", pinning allowed" : "");
+        auto staged = std::make_unique<test::StagedCpuOps>();
+        staged->defer_transfers(true);
+        staged->prefer_half(true);  // the GEMMs read the device's 16-bit copies (params16): awaited, right offsets
+        staged->allow_pinning(pin);
+        Result dev = train(c, world, std::move(staged));
+        // Pinned (16-bit runs at stages 0-2): every block goes up from the engine's own copy as the
+        // step updates it, 3 steps of them (an fp16 step skipped for overflow updates none: at most
+        // that); the whole 16-bit model pinned. Otherwise (fp32, stage 3, no pinning) none do.
+        const bool direct = pin && stage <= 2 && prec != engine::PrecisionMode::fp32;
+        const long long nb = static_cast<long long>(dev.blocks.size());
+        size_t P = 0;
+        for (size_t b : dev.blocks) P += b;
+        EXPECT_EQ(dev.pinned_bytes, direct ? 2 * P : 0) << what_pin;
+        if (direct && prec == engine::PrecisionMode::bf16) EXPECT_EQ(dev.uploads_in_step, 3 * nb) << what_pin;
+        else if (direct) EXPECT_GE(dev.uploads_in_step, nb) << what_pin;
+        else EXPECT_EQ(dev.uploads_in_step, 0) << what_pin;
+        ASSERT_EQ(dev.losses.size(), ref.losses.size()) << what_pin;
+        for (size_t i = 0; i < dev.losses.size(); ++i)
+          EXPECT_EQ(dev.losses[i], ref.losses[i]) << "step " << i << ", " << what_pin;
+        EXPECT_EQ(max_diff(dev.params, ref.params), 0.0) << what_pin;
+        // The direct route also uploads the last step's update, which no forward reads.
+        EXPECT_EQ(dev.to_device, ref.to_device + (direct ? 2.0 * P : 0.0)) << "parameter bytes copied in, " << what_pin;
+        EXPECT_EQ(dev.to_host, ref.to_host) << "gradient bytes copied back, " << what_pin;
+        // Stages 0-2 upload every block and download every gradient once per step through the queues;
+        // stage 3 downloads every micro-step's gradients (its uploads are what the engine gathered,
+        // copied as before).
+        EXPECT_GE(dev.transfers, static_cast<int>(dev.blocks.size()) * 3) << what_pin;
+        EXPECT_EQ(dev.freed_under_transfer, 0) << what_pin;
+        EXPECT_EQ(dev.changed_under_upload, 0) << what_pin << ": the engine wrote a block while it was uploaded";
+        // What the device held: the same at stages 0-2 (their gradient blocks are folded as before);
+        // at stage 3 one fp32 gradient block more at most (the previous one's download under way).
+        size_t largest = 0;
+        for (size_t b : dev.blocks) largest = std::max(largest, b);
+        if (stage <= 2) EXPECT_EQ(dev.store_bytes, ref.store_bytes) << what_pin;
+        else EXPECT_LE(dev.store_bytes, ref.store_bytes + 4 * largest) << what_pin;
+        EXPECT_GE(dev.store_bytes, ref.store_bytes) << what_pin;
+        EXPECT_GT(std::fabs(ref.losses.front() - ref.losses.back()), 1e-4) << "training moved nothing, " << what_pin;
+      }
     }
 }
 

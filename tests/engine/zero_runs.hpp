@@ -39,6 +39,9 @@ struct Result {
   std::vector<size_t> blocks;     // numel of each block
   int transfers = -1;             // a StagedCpuOps backend: asynchronous transfers it deferred
   int freed_under_transfer = -1;  // ... and device buffers released while a download still read them
+  int changed_under_upload = -1;  // ... and uploads whose host source changed while in flight
+  long long uploads_in_step = -1;  // via a DeviceStore: uploads it started from the optimizer step
+  size_t pinned_bytes = 0;         // ... and the engine's 16-bit bytes it pinned for them
 };
 
 // 16-bit runs: every block as the model sees it (stage 3: gathered, a collective in block order on
@@ -88,9 +91,14 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
     r.store_bytes = t.device_store()->device_bytes();
     r.to_device = t.device_store()->bytes_to_device();
     r.to_host = t.device_store()->bytes_to_host();
+    r.uploads_in_step = t.device_store()->uploads_in_step();
+    r.pinned_bytes = t.device_store()->pinned_bytes();
   }
   for (const auto& b : t.model().layout().blocks()) r.blocks.push_back(b.numel);
-  if (staged) r.transfers = staged->transfers(), r.freed_under_transfer = staged->freed_under_transfer();
+  if (staged) {
+    r.transfers = staged->transfers(), r.freed_under_transfer = staged->freed_under_transfer();
+    r.changed_under_upload = staged->changed_under_upload();
+  }
   if (half) r.stale_copies = count_stale_copies(t, c);
   return r;
 }

@@ -104,8 +104,22 @@ class StagedCpuOps final : public kernels::OpsBackend {
     return true;
   }
   void defer_transfers(bool on) { defer_ = on; }
+  /// On: pin_host succeeds (and is counted until unpin_host), as the CUDA backend's host
+  /// registration, so ZeRO-Offload's store uploads straight from the engine's 16-bit copies (a
+  /// deferred upload then reads them only when it is waited for).
+  void allow_pinning(bool on) { pinning_ = on; }
+  bool pin_host(void* p, size_t bytes) override {
+    if (!pinning_ || !p || !bytes) return false;
+    pins_[p] = bytes;
+    return true;
+  }
+  void unpin_host(void* p) noexcept override { pins_.erase(p); }
+  size_t pins_held() const { return pins_.size(); }
   int transfers() const { return transfers_; }  // deferred transfers queued since construction
   int freed_under_transfer() const { return freed_under_transfer_; }  // releases of a download's pending source
+  /// Uploads whose host source changed between the upload's issue and its copy: a device's DMA may
+  /// read it at any time in between, so that is a race (the engine writing what is being uploaded).
+  int changed_under_upload() const { return changed_under_upload_; }
   Transfer download_async(void* dst, const void* src, size_t bytes) override {
     if (!defer_) return OpsBackend::download_async(dst, src, bytes);
     if (!owns(src)) throw std::logic_error("staged-cpu: a download from memory the backend does not own");
@@ -277,9 +291,16 @@ class StagedCpuOps final : public kernels::OpsBackend {
     const void* src;
     size_t bytes;
     bool applied = false;  // a download the ops were ordered after (await_transfer): its source was read
+    std::vector<char> issued;  // an upload: its source as it was when issued
   };
+  void copy_out(const Copy& c, int dir) {
+    if (dir == 1 && std::memcmp(c.src, c.issued.data(), c.bytes) != 0) ++changed_under_upload_;
+    std::memcpy(c.dst, c.src, c.bytes);
+  }
   Transfer queue(int dir, void* dst, const void* src, size_t bytes) {
-    queued_[dir].push_back({dst, src, bytes, false});
+    Copy c{dst, src, bytes, false, {}};
+    if (dir == 1) c.issued.assign(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    queued_[dir].push_back(std::move(c));
     ++transfers_;
     return (++issued_[dir]) << 1 | Transfer(dir);
   }
@@ -291,30 +312,31 @@ class StagedCpuOps final : public kernels::OpsBackend {
       for (Transfer seq = done_[dir] + 1; seq <= (t >> 1); ++seq) {
         Copy& c = queued_[dir][static_cast<size_t>(seq - done_[dir] - 1)];
         if (c.applied) continue;
-        std::memcpy(c.dst, c.src, c.bytes);
+        copy_out(c, dir);
         c.applied = dir == 0;  // the ops after it may free a download's source now
       }
       return;
     }
     while (done_[dir] < (t >> 1)) {
-      const Copy c = queued_[dir].front();
+      const Copy c = std::move(queued_[dir].front());
       queued_[dir].pop_front();
       ++done_[dir];
       if (c.applied) continue;
       if (dir == 0 && !owns(c.src)) throw std::logic_error("staged-cpu: a download's source was freed before it was done");
-      std::memcpy(c.dst, c.src, c.bytes);
+      copy_out(c, dir);
     }
   }
   size_t free_ = 0, total_ = 0;
   bool defer_ = false;
-  int transfers_ = 0, freed_under_transfer_ = 0;
+  int transfers_ = 0, freed_under_transfer_ = 0, changed_under_upload_ = 0;
   std::deque<Copy> queued_[2];  // 0: downloads, 1: uploads
   Transfer issued_[2] = {0, 0}, done_[2] = {0, 0};
   std::unique_ptr<kernels::OpsBackend> in_;
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
   std::vector<std::chrono::steady_clock::time_point> marks_;
   int head_rows_ = 0;
-  bool keeps_inputs_ = false, half_pre_ = false;
+  bool keeps_inputs_ = false, half_pre_ = false, pinning_ = false;
+  std::map<void*, size_t> pins_;
   double to_host_ = 0;
   int syncs_ = 0, blocking_downloads_ = 0;
 };

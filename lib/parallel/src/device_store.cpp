@@ -26,6 +26,7 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
       upload_of_(layout.blocks().size(), 0),
       order_pos_(layout.blocks().size(), -1),
       held_(layout.blocks().size(), 0),
+      direct_(layout.blocks().size(), 0),
       pblock_(layout.blocks().size()),
       gblock_(layout.blocks().size()) {
   size_t largest = 0;
@@ -36,7 +37,8 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
   const size_t up_elem = half16() ? sizeof(uint16_t) : sizeof(float);
   down_.resize(pipelined_ ? kSlots : 1);
   for (Slot& s : down_) s.host = kernels::HostBuffer(be_, largest * down_elem);
-  if (cache_ && pipelined_) {
+  if (cache_ && pipelined_ && half16()) pin_runs();
+  if (cache_ && pipelined_ && !std::all_of(direct_.begin(), direct_.end(), [](char d) { return d != 0; })) {
     up_.resize(kSlots);
     for (Slot& s : up_) s.host = kernels::HostBuffer(be_, largest * up_elem);
   }
@@ -56,7 +58,38 @@ size_t DeviceStore::device_bytes_needed(const ParamLayout& layout, bool cache_pa
   return (cache_params ? 2 * layout.numel() * elem : 0) + largest * sizeof(float);
 }
 
+// Each run of blocks whose 16-bit copies lie back to back in the engine's memory is pinned once
+// (a page may not be pinned twice, so not block by block); a run the backend cannot pin goes
+// through the slots.
+void DeviceStore::pin_runs() {
+  const auto& blocks = layout_.blocks();
+  size_t b = 0;
+  while (b < blocks.size()) {
+    const uint16_t* start = host_.params_half(static_cast<int>(b));
+    if (!start || blocks[b].numel == 0) {
+      ++b;
+      continue;
+    }
+    size_t e = b + 1, n = blocks[b].numel;
+    while (e < blocks.size() && blocks[e].numel > 0 && host_.params_half(static_cast<int>(e)) == start + n)
+      n += blocks[e++].numel;
+    auto* p = const_cast<uint16_t*>(start);  // pinning changes no value
+    if (be_.pin_host(p, n * sizeof(uint16_t))) {
+      pins_.push_back(p);
+      pinned_bytes_ += n * sizeof(uint16_t);
+      std::fill(direct_.begin() + static_cast<std::ptrdiff_t>(b), direct_.begin() + static_cast<std::ptrdiff_t>(e), 1);
+    }
+    b = e;
+  }
+}
+
 DeviceStore::~DeviceStore() {
+  // Nothing may still read the engine's pinned copies when they are unpinned.
+  try {
+    settle();
+  } catch (...) {  // a failed device: unpinned all the same
+  }
+  for (void* p : pins_) be_.unpin_host(p);
   // Nothing may still be copying into or out of a slot when it is freed (nor out of a device
   // gradient when it is released).
   for (Pending& p : pending_) {
@@ -102,6 +135,12 @@ void DeviceStore::upload(int b) {
     if (!src) throw Error("ZeRO-Offload: block '" + blk.name + "' has no 16-bit copy in host memory");
   } else {
     src = host_.params(b);
+  }
+  if (direct_[b]) {  // straight from the engine's pinned copy, which begin_update() waits for
+    upload_of_[b] = be_.upload_async(dst, src, bytes);
+    queued_[b] = 1;
+    to_device_ += static_cast<double>(bytes);
+    return;
   }
   Slot* slot = nullptr;
   if (pipelined_) {  // through a page-locked slot, so the copy runs beside the ops
@@ -167,17 +206,30 @@ const uint16_t* DeviceStore::params16(int b) {
   return dparams16_.as<uint16_t>() + layout_.blocks()[b].offset;
 }
 
+void DeviceStore::settle() {
+  for (size_t b = 0; b < direct_.size(); ++b)
+    if (direct_[b] && queued_[b]) be_.wait_transfer(upload_of_[b]);
+}
+
 void DeviceStore::invalidate() {
+  settle();
   std::fill(fresh_.begin(), fresh_.end(), 0);
   std::fill(queued_.begin(), queued_.end(), 0);
   if (!order_.empty()) order_done_ = true;  // the first pass's order, used from now on
 }
 
-void DeviceStore::stepped() {
+void DeviceStore::begin_update() {
+  settle();  // the engine is about to write what the direct uploads read
   const auto& blocks = layout_.blocks();
   for (size_t b = 0; b < blocks.size(); ++b)
     if (blocks[b].trains) fresh_[b] = queued_[b] = 0;
   if (!order_.empty()) order_done_ = true;
+}
+
+void DeviceStore::updated(int b) {
+  if (!cache_ || !direct_[b] || !layout_.blocks()[b].trains || queued_[b]) return;
+  upload(b);
+  ++uploads_in_step_;
 }
 
 void DeviceStore::release(int b) {

@@ -131,7 +131,12 @@ std::array<double, 3> GroupedStore::state_sumsq() const {
 }
 
 void GroupedStore::adam_step(const AdamParams& a) {
-  for (auto& p : parts_) p.engine->adam_step(a);
+  for (auto& p : parts_) {
+    AdamParams pa = a;
+    if (a.updated)  // the engine's blocks are the schema's, renumbered
+      pa.updated = [&a, &p](int local) { a.updated(static_cast<int>(p.layout->blocks()[local].origin)); };
+    p.engine->adam_step(pa);
+  }
 }
 
 void GroupedStore::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {

@@ -42,36 +42,45 @@ void ZeroEngine::adam_step(const AdamParams& a) {
   const auto& blocks = layout_.blocks();
   if (swap_) {
     swept_adam(a);
-    for (size_t b = 0; b < blocks.size(); ++b)
+    for (size_t b = 0; b < blocks.size(); ++b) {
       if (resident_[b]) all_gather_resident((int)b);
+      if (a.updated) a.updated((int)b);
+    }
     return;
   }
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const int b = static_cast<int>(bi);
-    // This rank's range of the block: everything at stage 0, its slice otherwise. Offsets into the
-    // full (stage 0) or the shard (stage 1-3) arrays; 16-bit runs read 16-bit gradients and write
-    // the rounded result into the 16-bit parameters.
-    const bool s0 = cfg_.stage == 0;
-    const size_t lo = s0 ? blocks[b].offset : shards_.begin(b, rank_);
-    const size_t cnt = s0 ? blocks[b].numel : static_cast<size_t>(counts_[b][rank_]);
-    if (cnt == 0) continue;
-    const size_t at = s0 ? lo : shards_.local_offset(b);
-    float* p = s0 ? (half_ ? master32_.data() : full_params_.data()) + lo : master(b);
-    const float* g = half_ ? nullptr : (s0 ? full_grads_.data() : grad_shard_.data()) + at;
-    const uint16_t* g16 = half_ ? (s0 ? grads16_.data() : grad_shard16_.data()) + at : nullptr;
-    uint16_t* pub = !half_ ? nullptr : s0 ? full16_.data() + lo : home16(b);
-    for (const auto& t : layout_.tensors()) {
-      if (t.block != b) continue;
-      const size_t s = std::max(lo, t.offset), e = std::min(lo + cnt, t.offset + t.numel);
-      if (s >= e) continue;
-      const size_t k = s - lo;
-      update(p + k, g ? g + k : nullptr, g16 ? g16 + k : nullptr, exp_avg_.data() + at + k, exp_avg_sq_.data() + at + k,
-             e - s, t.weight_decay ? a.weight_decay : 0.0f, a, pub ? pub + k : nullptr, t.primary());
-    }
+    update_block(b, a);
+    // A block replicated at stages 1-2 is whole again once gathered: each block's all-gather right
+    // after its update (the same order on every rank), so a.updated can hand it on while the next
+    // blocks are updated. Stage 0: every rank updated everything alike.
+    if (cfg_.stage > 0 && resident_[b]) all_gather_resident(b);
+    if (a.updated) a.updated(b);
   }
-  if (cfg_.stage == 0) return;  // every rank updated everything alike
-  for (size_t b = 0; b < blocks.size(); ++b)
-    if (resident_[b]) all_gather_resident((int)b);
+}
+
+// This rank's range of the block: everything at stage 0, its slice otherwise. Offsets into the
+// full (stage 0) or the shard (stage 1-3) arrays; 16-bit runs read 16-bit gradients and write the
+// rounded result into the 16-bit parameters.
+void ZeroEngine::update_block(int b, const AdamParams& a) {
+  const auto& blocks = layout_.blocks();
+  const bool s0 = cfg_.stage == 0;
+  const size_t lo = s0 ? blocks[b].offset : shards_.begin(b, rank_);
+  const size_t cnt = s0 ? blocks[b].numel : static_cast<size_t>(counts_[b][rank_]);
+  if (cnt == 0) return;
+  const size_t at = s0 ? lo : shards_.local_offset(b);
+  float* p = s0 ? (half_ ? master32_.data() : full_params_.data()) + lo : master(b);
+  const float* g = half_ ? nullptr : (s0 ? full_grads_.data() : grad_shard_.data()) + at;
+  const uint16_t* g16 = half_ ? (s0 ? grads16_.data() : grad_shard16_.data()) + at : nullptr;
+  uint16_t* pub = !half_ ? nullptr : s0 ? full16_.data() + lo : home16(b);
+  for (const auto& t : layout_.tensors()) {
+    if (t.block != b) continue;
+    const size_t s = std::max(lo, t.offset), e = std::min(lo + cnt, t.offset + t.numel);
+    if (s >= e) continue;
+    const size_t k = s - lo;
+    update(p + k, g ? g + k : nullptr, g16 ? g16 + k : nullptr, exp_avg_.data() + at + k, exp_avg_sq_.data() + at + k,
+           e - s, t.weight_decay ? a.weight_decay : 0.0f, a, pub ? pub + k : nullptr, t.primary());
+  }
 }
 
 // The update with states in the swap file: one pipelined pass over this rank's shard (tile i+1

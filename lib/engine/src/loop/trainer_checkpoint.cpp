@@ -258,6 +258,7 @@ void Trainer::load_weights(const std::vector<float>& given) {
       src = &part;
     }
   }
+  if (device_store_) device_store_->settle();
   zero_->init_params([&](int block, float* dst) {
     const auto& b = layout.blocks()[block];
     std::copy(src->begin() + static_cast<std::ptrdiff_t>(b.offset), src->begin() + static_cast<std::ptrdiff_t>(b.offset + b.numel), dst);
@@ -337,6 +338,7 @@ TrainingState Trainer::read_checkpoint(const std::string& file, const Checkpoint
       std::memset(p.exp_avg_sq, 0, p.count * sizeof(float));
     });
   };
+  if (device_store_) device_store_->settle();  // no upload still reads the copies the load rewrites
   Checkpointer(grid_.world(), cfg_.save_dir, cfg_.keep_last).load(file, t, st, meta, /*need_moments=*/!fresh_moments);
   zero_->after_load();  // re-replicate what every rank holds whole
   if (device_store_) device_store_->invalidate();

@@ -122,6 +122,15 @@ class CudaOps final : public OpsBackend {
   // Transfers on copy streams of their own (transfer_queues.hpp), page-locked host memory.
   void* allocate_host(size_t bytes) override { return transfers_->allocate_host(bytes); }
   void release_host(void* p) noexcept override { transfers_->release_host(p); }
+  bool pin_host(void* p, size_t bytes) override {
+    if (!p || !bytes) return false;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+    cudaGetLastError();  // clear the failed call's error: the caller copies through its own slots
+    return false;
+  }
+  void unpin_host(void* p) noexcept override {
+    if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+  }
   Transfer download_async(void* dst, const void* src, size_t bytes) override {
     return bytes ? transfers_->download(dst, src, bytes) : 0;
   }

@@ -85,6 +85,12 @@ class OpsBackend {
   /// for any element type; freed with release_host.
   virtual void* allocate_host(size_t bytes);
   virtual void release_host(void* p) noexcept;
+  /// Makes `bytes` of host memory the caller allocated (and keeps) transferable at full speed, so
+  /// the transfers below may read and write it directly rather than through allocate_host memory
+  /// (the CUDA backend: cudaHostRegister); true when done. unpin_host(p) undoes it, before the
+  /// memory is freed. Default: false (the transfers are plain copies: nothing to gain).
+  virtual bool pin_host(void* /*p*/, size_t /*bytes*/) { return false; }
+  virtual void unpin_host(void* /*p*/) noexcept {}
   /// A queued transfer (0: done when queued).
   using Transfer = uint64_t;
   /// dst (host) <- src (backend memory), after every op queued before. dst may be read, and src

@@ -34,15 +34,20 @@
 //     the host's part of one block runs while the device computes the next ones, and end_micro_step()
 //     hands over what is left. The engine is called in the model's block order, a fixed number of
 //     blocks late (kSlots - 1): the same sequence of collectives on every rank, whatever the timing.
-//   parameters (stages 0-2): after invalidate(), params(b) uploads the block through a host slot on
-//     the upload queue and the ops that use it wait for it on the device, not the host; the blocks
-//     that followed b in the first step's order are uploaded ahead (kSlots - 1 of them), so the
-//     copies run under the forward's compute. Stage 3 copies what the engine gathered as before.
+//   parameters (stages 0-2): in 16-bit runs the engine's 16-bit copies are pinned where the backend
+//     can (OpsBackend::pin_host, in runs of blocks that lie back to back) and each block is uploaded
+//     straight from them as soon as the optimizer has updated it (updated(b), called from the
+//     engine's step), while the next blocks are updated: no host copy, and the forward finds them
+//     on the device. Blocks not pinned (fp32 runs, or where pinning fails) go as before: after
+//     invalidate() or begin_update(), params(b) uploads the block through a host slot on the upload
+//     queue, the blocks that followed b in the first step's order ahead of it (kSlots - 1), so the
+//     copies run under the forward's compute. Either way the ops that use a block wait for its
+//     upload on the device, not the host. Stage 3 copies what the engine gathered as before.
 // On a host-memory backend (the CPU) every copy is done when it returns and each block is handed
 // over at once, as before. The staged test backend with deferred transfers (tests/model/
 // staged_cpu_ops.hpp) checks the ordering: a copy read before its ticket is done reads stale data.
 // What it is not (yet): the engine's reduction, clipping and AdamW after the backward overlapped
-// with the next step's forward, or the parameters uploaded while the optimizer still runs.
+// with the next step's forward (DeepSpeed's delayed parameter update changes the numbers; not done).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -71,11 +76,17 @@ class DeviceStore final : public model::ParamStore {
   ~DeviceStore() override;
   DeviceStore(const DeviceStore&) = delete;
   DeviceStore& operator=(const DeviceStore&) = delete;
+  /// Before the engine's parameters are written outside a step (a checkpoint load): waits for the
+  /// uploads still reading them (pinned blocks are uploaded from the engine's own memory).
+  void settle();
   /// The host parameters changed (a checkpoint load): copy every block again.
   void invalidate();
-  /// After an optimizer step: copy the blocks that train again; the frozen ones (LoRA's base)
-  /// did not change and stay.
-  void stepped();
+  /// Before an optimizer step: waits for the uploads still reading the engine's copies, and marks
+  /// the blocks that train stale (the frozen ones, LoRA's base, did not change and stay).
+  void begin_update();
+  /// From the engine's step (AdamParams::updated): block b's parameters are final; a pinned block
+  /// is uploaded now, beside the update of the next ones (others wait for params(b)).
+  void updated(int block);
   /// Before each micro-step: `first` starts a step's gradient accumulation, `last` ends it (the
   /// accumulated gradients go to the engine then). Without calls every micro-step is first and last.
   void begin_micro_step(bool first, bool last);
@@ -97,6 +108,10 @@ class DeviceStore final : public model::ParamStore {
   /// Bytes copied host -> device (parameters) and device -> host (gradients) since construction.
   double bytes_to_device() const { return to_device_; }
   double bytes_to_host() const { return to_host_; }
+  /// Bytes of the engine's 16-bit parameters pinned for direct uploads (0: every block through slots).
+  size_t pinned_bytes() const { return pinned_bytes_; }
+  /// Uploads started from the optimizer step (updated), since construction.
+  long long uploads_in_step() const { return uploads_in_step_; }
 
  private:
   /// Host slots per direction: one block being handed over while kSlots - 1 more are under way.
@@ -145,6 +160,11 @@ class DeviceStore final : public model::ParamStore {
   std::vector<int> order_pos_;  // per block: its index in order_, -1: not in it
   bool order_done_ = false;
   std::vector<char> held_;      // per block: host_.params(b) was taken and not yet released
+  std::vector<char> direct_;    // per block: uploaded straight from the engine's pinned 16-bit copy
+  std::vector<void*> pins_;     // the runs pinned (unpinned at destruction)
+  size_t pinned_bytes_ = 0;
+  long long uploads_in_step_ = 0;
+  void pin_runs();              // the constructor's: direct_ and pins_ for the engine's 16-bit copies
   std::vector<kernels::BackendBuffer> pblock_, gblock_;  // per block while in use: fp32 parameters, gradients
   size_t live_ = 0, peak_ = 0;
   double to_device_ = 0, to_host_ = 0;

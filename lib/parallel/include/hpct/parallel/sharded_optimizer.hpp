@@ -26,6 +26,10 @@ struct AdamParams {
   int step = 1;            // 1-based, after increment
   float grad_scale = 1;    // multiplies gradients (unscaling and clipping)
   bool state_norms = false;  // also sum the squares of the updated weights and moments (state_sumsq)
+  /// Where set, the host engine calls it with each block once that block's parameters as the model
+  /// reads them (ParamStore::params / params_half) are final for this step, in block order, on every
+  /// rank between the same collectives: ZeRO-Offload uploads a block while the others are updated.
+  std::function<void(int block)> updated;
 };
 
 /// One rank's piece of the flat (unpadded) state: elements [begin, begin + count) of the global

@@ -197,6 +197,7 @@ class ZeroEngine final : public ShardedOptimizer {
   bool master_in_swap(int b) const { return k_param_ >= 0 && (half_ || !resident_[b]); }
   uint16_t* home16(int b);                    // 16-bit runs: this rank's slice's 16-bit copy (nullptr: none stored)
   void publish(int b, const float* slice);    // 16-bit runs: round this rank's updated slice into home16
+  void update_block(int b, const AdamParams& a);  // AdamW on this rank's range of block b
   void update(float* p, const float* g, const uint16_t* g16, float* m, float* v, size_t n, float weight_decay,
               const AdamParams& a, uint16_t* pub, bool primary);
   void finish_gather(Gathered& g);
