@@ -125,7 +125,11 @@ TEST(CudaFusions, MatmulBiasGeluBf16) {
 // absolute for values near 0), at most 1% of the values one step apart. act must be GELU of the
 // device's own kept pre (1e-5: the same formula, only the exp's rounding), not of the fp32 sum;
 // and the backward from 16-bit pre equals the CPU's from the same values (the element-wise formula,
-// 1e-4 as gelu_backward_into above), both load widths (n % 4 == 0, aligned; then an odd n).
+// 1e-4 as gelu_backward_into above), both load widths (n % 4 == 0, aligned; then an odd n). Its
+// 16-bit form (the gradient the model then keeps) is the rounding of the same fp32 values: within
+// one 16-bit step. fc's backward from that 16-bit gradient: dinp and dweight as the bf16/fp16
+// GEMMs above (1e-2 of the norm), dbias the same 16-bit values summed in another order (1e-4 +
+// 1e-4 absolute: 257 terms of O(1)).
 namespace {
 
 void pre_activation_case(Precision p, int OC, int shift) {
@@ -163,6 +167,26 @@ void pre_activation_case(Precision p, int OC, int shift) {
     g.be->gelu_backward_into(d_dpre, Operand::half(g.put(pre16)), g.put(dout), len, p);
     expect_close(what + " gelu_backward_into from 16 bits, n=" + std::to_string(len), g.get(d_dpre, len), dpre, 1e-4,
                  1e-5);
+    std::vector<uint16_t> dpre16(len);
+    cpu->gelu_backward_into(Output::half(dpre16.data(), p), Operand::half(pre16.data()), dout.data(), len, p);
+    uint16_t* d_dpre16 = half_buffer(g, len);
+    g.be->gelu_backward_into(Output::half(d_dpre16, p), Operand::half(g.put(pre16)), g.put(dout), len, p);
+    Vec want(len);
+    from_half(dpre16.data(), want.data(), len, p);
+    expect_close(what + " 16-bit gelu_backward_into, n=" + std::to_string(len), widened(g, d_dpre16, len, p), want, step,
+                 1e-6);
+    if (len != n) continue;
+    // fc's backward from the 16-bit gradient (the CPU's: widened, then the fp32 op).
+    Vec dinp((size_t)N * C), dw = randn((size_t)OC * C, 5), db = randn(OC, 6);  // dw, db accumulate onto these
+    float* d_dinp = g.put(Vec(dinp.size(), std::nanf("")));
+    float* d_dw = g.put(dw);
+    float* d_db = g.put(db);
+    cpu->matmul_backward_into(dinp.data(), dw.data(), db.data(), Operand::half(dpre16.data()), inp.data(), w.data(), N,
+                              C, OC, p);
+    g.be->matmul_backward_into(d_dinp, d_dw, d_db, Operand::half(g.put(dpre16)), g.put(inp), g.put(w), N, C, OC, p);
+    expect_close_norm(what + " fc backward from 16 bits: dinp", g.get(d_dinp, dinp.size()), dinp, 1e-2);
+    expect_close_norm(what + " fc backward from 16 bits: dweight", g.get(d_dw, dw.size()), dw, 1e-2);
+    expect_close(what + " fc backward from 16 bits: dbias", g.get(d_db, db.size()), db, 1e-4, 1e-4);
   }
 }
 

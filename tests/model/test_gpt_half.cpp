@@ -141,8 +141,10 @@ TEST(Gpt, HalfLogitsStayWithinTheirRounding) {
 // Where the backend asks for it (OpsBackend::half_pre_activations), a GELU MLP's pre-activation
 // (fc's output, which only GELU and its backward read) is kept in 16 bits beside the 16-bit GEMM
 // inputs, as autocast keeps a bf16 linear's output: GELU reads the rounded value, so the step is
-// no longer bitwise the fp32 layout's. On the staged backend (the default ops: the fp32 sum rounded
-// once, widened back for GELU and for its backward), against the same step with fp32
+// no longer bitwise the fp32 layout's; its gradient is kept in 16 bits too (fc's GEMMs round it
+// anyway, so only fc's bias gradient, the sum of the rounded values, moves by that). On the staged
+// backend (the default ops: the fp32 sum rounded once, widened back for GELU and for its backward,
+// the gradient rounded once), against the same step with fp32
 // pre-activations: bf16 and fp16, GPT with and without dropout and recompute, the loss within 2e-3
 // (bf16) / 2e-4 (fp16) relative and the gradients within 2e-2 / 3e-3 of their norm (seen at most
 // 2.9e-4 / 6.0e-5 and 6.9e-3 / 8.6e-4, with dropout). Why those: a pre-activation rounds by at most 2^-9 (bf16) or 2^-11

@@ -96,25 +96,35 @@ void OpsBackend::matmul_gelu_forward(Output pre, Output act, Operand inp, Operan
   widen_half(wide, pre.h, n, pre.p);  // GELU reads the value kept (exact)
   gelu_forward(act, wide, n);
 }
-void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
+void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias, Operand dout, Operand inp,
                                       Operand weight, int N, int C, int OC, Precision p) {
   zero(dinp, (size_t)N * C * sizeof(float));
-  matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, p);
+  if (dout.f || !dout.h) {
+    matmul_backward(dinp, dweight, dbias, dout.f, inp, weight, N, C, OC, p);
+    return;
+  }
+  BackendBuffer wide(*this, (size_t)N * OC * sizeof(float));  // the 16-bit gradient widened (exact)
+  widen_half(wide.as<float>(), dout.h, (size_t)N * OC, p);
+  matmul_backward(dinp, dweight, dbias, wide.as<float>(), inp, weight, N, C, OC, p);
 }
 void OpsBackend::attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                                          int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) {
   zero(dqkv, (size_t)B * T * 3 * C * sizeof(float));
   attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
 }
-void OpsBackend::gelu_backward_into(float* dinp, Operand inp, const float* dout, size_t n, Precision p) {
-  zero(dinp, n * sizeof(float));
-  if (inp.f || !inp.h) {
-    gelu_backward(dinp, inp.f, dout, n);
-    return;
+void OpsBackend::gelu_backward_into(Output dinp, Operand inp, const float* dout, size_t n, Precision p) {
+  // The fp32 gradient, into dinp itself or (a 16-bit dinp) into scratch rounded after.
+  BackendBuffer scratch(*this, (dinp.h ? n : 0) * sizeof(float) + (inp.f || !inp.h ? 0 : n * sizeof(float)));
+  float* d = dinp.h ? scratch.as<float>() : dinp.f;
+  const float* x = inp.f;
+  if (!x && inp.h) {  // the 16-bit values widened (exact)
+    float* w = scratch.as<float>() + (dinp.h ? n : 0);
+    widen_half(w, inp.h, n, p);
+    x = w;
   }
-  BackendBuffer wide(*this, n * sizeof(float));  // the 16-bit values widened (exact)
-  widen_half(wide.as<float>(), inp.h, n, p);
-  gelu_backward(dinp, wide.as<float>(), dout, n);
+  zero(d, n * sizeof(float));
+  gelu_backward(d, x, dout, n);
+  if (dinp.h) narrow_half(dinp.h, d, n, dinp.p);
 }
 
 namespace {

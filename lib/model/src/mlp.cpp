@@ -49,14 +49,19 @@ void Mlp::backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, k
   ops_->matmul_backward_into(dact, g.projw, g.projb, dout, act, w.proj(), rows, F, C_, precision_);  // dact written
   if (hooks) hooks->backward(LinearHooks::fc2, act, dout, dact, rows);
   const int W = fc_width(F);
+  // A 16-bit pre-activation (only ever without an fc hook) gets a 16-bit gradient, in dfch's
+  // first half: fc's GEMMs read it as it is, as autocast's bf16 gradient.
+  const bool narrow = fch.h && !fch.f;
+  const kernels::Output d =
+      narrow ? kernels::Output::half(reinterpret_cast<uint16_t*>(dfch), precision_) : kernels::Output(dfch);
   if (kind_ == MlpKind::swiglu) {
     ops_->zero(dfch, (size_t)rows * W * sizeof(float));
     ops_->swiglu_backward(dfch, fch.f, dact, (size_t)rows, F);
   } else {
-    ops_->gelu_backward_into(dfch, fch, dact, n, precision_);  // written
+    ops_->gelu_backward_into(d, fch, dact, n, precision_);  // written
   }
-  ops_->matmul_backward_into(dx, g.fcw, g.fcb, dfch, x, w.fc(), rows, C_, W, precision_);  // dx written
-  if (hooks) hooks->backward(LinearHooks::fc, x, dfch, dx, rows);
+  ops_->matmul_backward_into(dx, g.fcw, g.fcb, d.operand(), x, w.fc(), rows, C_, W, precision_);  // dx written
+  if (hooks && !narrow) hooks->backward(LinearHooks::fc, x, dfch, dx, rows);
 }
 
 }  // namespace hpct::model

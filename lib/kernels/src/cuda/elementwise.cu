@@ -64,18 +64,26 @@ __global__ void gelu_backward4_kernel(float4* dinp, const float4* inp, const flo
 }
 
 // dinp = gelu'(inp) * dout WRITTEN, inp in 16 bits (the pre-activation bias_gelu_forward_narrow
-// kept), four elements a thread where the pointers allow (8-byte 16-bit loads).
-template <int V>
-__global__ void gelu_backward_half_kernel(float* dinp, const uint16_t* inp, bool bf16, const float* dout, size_t n) {
+// kept), into fp32 dinp or (Half) 16-bit dinp16 rounded once, four elements a thread where the
+// pointers allow (8-byte 16-bit loads and stores).
+template <int V, bool Half>
+__global__ void gelu_backward_half_kernel(float* dinp, uint16_t* dinp16, const uint16_t* inp, bool bf16,
+                                          const float* dout, size_t n) {
   HPCT_GRID_STRIDE(i, n) {
     if constexpr (V == 1) {
-      dinp[i] = gelu_grad(half_value(inp[i], bf16), dout[i]);
+      const float d = gelu_grad(half_value(inp[i], bf16), dout[i]);
+      if constexpr (Half) dinp16[i] = half_bits(d, bf16);
+      else dinp[i] = d;
     } else {
       const ushort4 h = reinterpret_cast<const ushort4*>(inp)[i];
       const float4 g = reinterpret_cast<const float4*>(dout)[i];
-      reinterpret_cast<float4*>(dinp)[i] =
-          make_float4(gelu_grad(half_value(h.x, bf16), g.x), gelu_grad(half_value(h.y, bf16), g.y),
-                      gelu_grad(half_value(h.z, bf16), g.z), gelu_grad(half_value(h.w, bf16), g.w));
+      const float4 d = make_float4(gelu_grad(half_value(h.x, bf16), g.x), gelu_grad(half_value(h.y, bf16), g.y),
+                                   gelu_grad(half_value(h.z, bf16), g.z), gelu_grad(half_value(h.w, bf16), g.w));
+      if constexpr (Half)
+        reinterpret_cast<ushort4*>(dinp16)[i] =
+            make_ushort4(half_bits(d.x, bf16), half_bits(d.y, bf16), half_bits(d.z, bf16), half_bits(d.w, bf16));
+      else
+        reinterpret_cast<float4*>(dinp)[i] = d;
     }
   }
 }
@@ -251,12 +259,18 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, c
   check_launch("gelu_backward");
 }
 
-void gelu_backward_half(float* dinp, const uint16_t* inp, bool bf16, const float* dout, size_t n, cudaStream_t stream) {
+void gelu_backward_half(float* dinp, uint16_t* dinp16, const uint16_t* inp, bool bf16, const float* dout, size_t n,
+                        cudaStream_t stream) {
   if (n == 0) return;
-  if (n % 4 == 0 && aligned16(dinp) && aligned8(inp) && aligned16(dout))
-    gelu_backward_half_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream>>>(dinp, inp, bf16, dout, n / 4);
-  else
-    gelu_backward_half_kernel<1><<<blocks_for(n), kThreads, 0, stream>>>(dinp, inp, bf16, dout, n);
+  if ((dinp == nullptr) == (dinp16 == nullptr))
+    throw Error("hpct::kernels::cuda::gelu_backward_half: exactly one of dinp and dinp16");
+  const bool v4 = n % 4 == 0 && aligned16(dinp) && aligned8(dinp16) && aligned8(inp) && aligned16(dout);
+  const unsigned blocks = blocks_for(v4 ? n / 4 : n);
+  const size_t count = v4 ? n / 4 : n;
+  if (v4 && dinp16) gelu_backward_half_kernel<4, true><<<blocks, kThreads, 0, stream>>>(dinp, dinp16, inp, bf16, dout, count);
+  else if (v4) gelu_backward_half_kernel<4, false><<<blocks, kThreads, 0, stream>>>(dinp, dinp16, inp, bf16, dout, count);
+  else if (dinp16) gelu_backward_half_kernel<1, true><<<blocks, kThreads, 0, stream>>>(dinp, dinp16, inp, bf16, dout, count);
+  else gelu_backward_half_kernel<1, false><<<blocks, kThreads, 0, stream>>>(dinp, dinp16, inp, bf16, dout, count);
   check_launch("gelu_backward_half");
 }
 

@@ -136,7 +136,12 @@ __global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, con
 constexpr int kChunkRows = 256;
 constexpr int kColTile = 32, kRowLanes = 8;
 
-__global__ void column_partials_kernel(float* part_a, float* part_b, const float* dout, const float* inp,
+// dout's values as fp32: its own, or 16-bit ones widened (bf16 when bf16, else IEEE half).
+__device__ __forceinline__ float dout_value(const float* d, size_t k, bool) { return d[k]; }
+__device__ __forceinline__ float dout_value(const uint16_t* d, size_t k, bool bf16) { return half_value(d[k], bf16); }
+
+template <class D>
+__global__ void column_partials_kernel(float* part_a, float* part_b, const D* dout, bool bf16, const float* inp,
                                        const float* mean, const float* rstd, int N, int C) {
   __shared__ float sa[kRowLanes][kColTile + 1], sb[kRowLanes][kColTile + 1];
   const int c = blockIdx.x * kColTile + threadIdx.x;
@@ -145,7 +150,7 @@ __global__ void column_partials_kernel(float* part_a, float* part_b, const float
   if (c < C) {
     for (int n = r0 + threadIdx.y; n < r1; n += kRowLanes) {
       const size_t k = (size_t)n * C + c;
-      const float g = dout[k];
+      const float g = dout_value(dout, k, bf16);
       b += g;
       if (inp) a += g * (inp[k] - (mean ? mean[n] : 0.0f)) * rstd[n];
     }
@@ -177,13 +182,14 @@ __global__ void column_finish_kernel(float* out_a, float* out_b, const float* pa
 int column_chunks(int N) { return (N + kChunkRows - 1) / kChunkRows; }
 
 // out_b[c] += sum_n dout[n][c]; with inp, out_a[c] += sum_n dout * (inp - mean[n]) * rstd[n].
-void column_sums(float* out_a, float* out_b, const float* dout, const float* inp, const float* mean, const float* rstd,
-                 int N, int C, float* workspace, cudaStream_t stream, const char* op) {
+template <class D>
+void column_sums(float* out_a, float* out_b, const D* dout, bool bf16, const float* inp, const float* mean,
+                 const float* rstd, int N, int C, float* workspace, cudaStream_t stream, const char* op) {
   const int chunks = column_chunks(N);
   float* part_b = workspace;
   float* part_a = inp ? workspace + (size_t)chunks * C : nullptr;
   const dim3 grid((unsigned)((C + kColTile - 1) / kColTile), (unsigned)chunks), block(kColTile, kRowLanes);
-  column_partials_kernel<<<grid, block, 0, stream>>>(part_a, part_b, dout, inp, mean, rstd, N, C);
+  column_partials_kernel<<<grid, block, 0, stream>>>(part_a, part_b, dout, bf16, inp, mean, rstd, N, C);
   check_launch(op);
   column_finish_kernel<<<blocks_for((size_t)C), kThreads, 0, stream>>>(out_a, out_b, part_a, part_b, chunks, C);
   check_launch(op);
@@ -383,7 +389,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   layernorm_backward_dinp_kernel<<<blocks_for((size_t)N * 32), kThreads, 0, stream>>>(dinp, dout, inp, weight, mean,
                                                                                        rstd, N, C);
   check_launch("layernorm_backward");
-  column_sums(dweight, dbias, dout, inp, mean, rstd, N, C, workspace, stream, "layernorm_backward");
+  column_sums(dweight, dbias, dout, true, inp, mean, rstd, N, C, workspace, stream, "layernorm_backward");
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
@@ -393,7 +399,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   if (N == 0) return;
   rmsnorm_backward_dinp_kernel<<<blocks_for((size_t)N * 32), kThreads, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
   check_launch("rmsnorm_backward");
-  column_sums(dweight, nullptr, dout, inp, nullptr, rstd, N, C, workspace, stream, "rmsnorm_backward");
+  column_sums(dweight, nullptr, dout, true, inp, nullptr, rstd, N, C, workspace, stream, "rmsnorm_backward");
 }
 
 void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
@@ -406,7 +412,14 @@ void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream)
 void bias_backward(float* dbias, const float* dout, int N, int OC, float* workspace, cudaStream_t stream) {
   require(N < 65535 * kChunkRows, "bias_backward", "more than 16.7M rows in one call");
   if (OC <= 0 || N <= 0) return;
-  column_sums(nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC, workspace, stream, "bias_backward");
+  column_sums(nullptr, dbias, dout, true, nullptr, nullptr, nullptr, N, OC, workspace, stream, "bias_backward");
+}
+
+void bias_backward_half(float* dbias, const uint16_t* dout, bool bf16, int N, int OC, float* workspace,
+                        cudaStream_t stream) {
+  require(N < 65535 * kChunkRows, "bias_backward_half", "more than 16.7M rows in one call");
+  if (OC <= 0 || N <= 0) return;
+  column_sums(nullptr, dbias, dout, bf16, nullptr, nullptr, nullptr, N, OC, workspace, stream, "bias_backward_half");
 }
 
 void causal_softmax_forward(float* att, int T, int NH, size_t rows, const int32_t* key_start, cudaStream_t stream) {

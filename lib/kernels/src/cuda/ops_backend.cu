@@ -370,19 +370,26 @@ class CudaOps final : public OpsBackend {
     cuda::bias_gelu_forward_narrow(wide, pre.h, pre.p == Precision::bf16, act(a), bias, N, OC, stream_);
   }
   // dinp's GEMM with beta 0: no memset first.
-  void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
+  // A 16-bit dout goes to the GEMMs as it is (no narrowing pass) and its bias sum widens it.
+  void matmul_backward_into(float* dinp, float* dweight, float* dbias, Operand dout, Operand inp,
                             Operand weight, int N, int C, int OC, Precision p) override {
     require_sizes("matmul_backward_into", N, C, OC);
+    if (!dout.f && dout.h) require_half("matmul_backward_into", p);
     linear_->backward(dinp, 0.0f, dweight, dout, inp, weight, N, C, OC, p);
-    if (dbias) cuda::bias_backward(dbias, dout, N, OC, workspace(cuda::column_sum_workspace(N, OC)), stream_);
+    if (!dbias) return;
+    float* ws = workspace(cuda::column_sum_workspace(N, OC));
+    if (dout.f) cuda::bias_backward(dbias, dout.f, N, OC, ws, stream_);
+    else cuda::bias_backward_half(dbias, dout.h, p == Precision::bf16, N, OC, ws, stream_);
   }
-  void gelu_backward_into(float* dinp, Operand inp, const float* dout, size_t n, Precision p) override {
+  void gelu_backward_into(Output dinp, Operand inp, const float* dout, size_t n, Precision p) override {
     if (inp.f || !inp.h) {
-      cuda::gelu_backward(dinp, inp.f, dout, n, stream_, /*accumulate=*/false);
+      if (dinp.h) throw Error("CudaOps::gelu_backward_into: a 16-bit gradient is written from a 16-bit input only");
+      cuda::gelu_backward(dinp.f, inp.f, dout, n, stream_, /*accumulate=*/false);
       return;
     }
     require_half("gelu_backward_into", p);
-    cuda::gelu_backward_half(dinp, inp.h, p == Precision::bf16, dout, n, stream_);
+    if (dinp.h && dinp.p != p) throw Error("CudaOps::gelu_backward_into: the gradient's 16 bits must be the input's");
+    cuda::gelu_backward_half(dinp.h ? nullptr : dinp.f, dinp.h, inp.h, p == Precision::bf16, dout, n, stream_);
   }
   bool half_logits(Precision p) const override { return p != Precision::fp32; }
   void matmul_forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) override {

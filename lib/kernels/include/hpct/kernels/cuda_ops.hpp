@@ -33,9 +33,10 @@ void gelu_forward(float* out /*(n)*/, const float* inp /*(n)*/, size_t n, cudaSt
 /// dinp += gelu'(inp) * dout (accumulate false: dinp = gelu'(inp) * dout).
 void gelu_backward(float* dinp /*(n)*/, const float* inp /*(n)*/, const float* dout /*(n)*/, size_t n,
                    cudaStream_t stream, bool accumulate = true);
-/// dinp = gelu'(inp) * dout WRITTEN, inp 16-bit (bf16 when bf16, else IEEE half).
-void gelu_backward_half(float* dinp /*(n)*/, const uint16_t* inp /*(n)*/, bool bf16, const float* dout /*(n)*/, size_t n,
-                        cudaStream_t stream);
+/// dinp = gelu'(inp) * dout WRITTEN, inp 16-bit (bf16 when bf16, else IEEE half): into the fp32
+/// dinp, or (dinp null) into dinp16 in the same 16-bit format, rounded once.
+void gelu_backward_half(float* dinp /*(n)*/, uint16_t* dinp16 /*(n)*/, const uint16_t* inp /*(n)*/, bool bf16,
+                        const float* dout /*(n)*/, size_t n, cudaStream_t stream);
 /// out = a + b; out may alias a or b.
 void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, size_t n, cudaStream_t stream);
 /// y += a * x.
@@ -126,6 +127,9 @@ void rmsnorm_backward(float* dinp /*(N,C)*/, float* dweight /*(C)*/, const float
 /// out[n][o] += bias[o].
 void add_bias(float* out /*(N,OC)*/, const float* bias /*(OC)*/, int N, int OC, cudaStream_t stream);
 /// dbias[o] += sum over n of dout[n][o]; workspace: column_sum_workspace(N, OC) floats.
+/// The same of 16-bit dout (bf16 when bf16, else IEEE half), summed in fp32.
+void bias_backward_half(float* dbias /*(OC)*/, const uint16_t* dout /*(N,OC)*/, bool bf16, int N, int OC,
+                        float* workspace, cudaStream_t stream);
 void bias_backward(float* dbias /*(OC)*/, const float* dout /*(N,OC)*/, int N, int OC, float* workspace,
                    cudaStream_t stream);
 /// In place on rows of T scores (row r = ((b * NH + h) * T + t) is query t): softmax over columns

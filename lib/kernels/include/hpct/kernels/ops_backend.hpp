@@ -229,15 +229,19 @@ class OpsBackend {
   virtual void matmul_gelu_forward(Output pre, Output act, Operand inp, Operand weight, const float* bias,
                                    float* wide, int N, int C, int OC, Precision p);
   /// matmul_backward with dinp WRITTEN (its old contents ignored, as if zeroed first); dweight and
-  /// dbias accumulate as there. Saves the memset before a gradient's first GEMM.
-  virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp,
+  /// dbias accumulate as there. Saves the memset before a gradient's first GEMM. dout in either
+  /// form: fp32, or only its 16-bit values in p's format (a gradient kept in 16 bits, as
+  /// gelu_backward_into writes one; the GEMMs round dout to p anyway, and dbias then sums the
+  /// 16-bit values in fp32).
+  virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, Operand dout, Operand inp,
                                     Operand weight, int N, int C, int OC, Precision p);
   /// attention_backward with dqkv WRITTEN (B*T rows of 3C, as if zeroed first).
   virtual void attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                        int C, int NH, Precision p, const Dropout* drop, AttentionUse use);
   /// dinp = gelu'(inp) * dout, WRITTEN (gelu_backward on a zeroed dinp). inp in either form (a
-  /// 16-bit one in p's format: the pre-activation matmul_gelu_forward kept so).
-  virtual void gelu_backward_into(float* dinp, Operand inp, const float* dout, size_t n, Precision p);
+  /// 16-bit one in p's format: the pre-activation matmul_gelu_forward kept so); dinp fp32, or
+  /// 16-bit in p's format (each value computed in fp32 and rounded once: the GEMMs after it read it).
+  virtual void gelu_backward_into(Output dinp, Operand inp, const float* dout, size_t n, Precision p);
   /// As ops.hpp, except that targets are checked by the caller on a device backend (a kernel
   /// cannot throw): Gpt checks them on the host before they are copied in.
   virtual void softmax_cross_entropy(float* logits_inout, float* losses, const int32_t* targets, float dloss, int N,

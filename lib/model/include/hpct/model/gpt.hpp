@@ -318,7 +318,8 @@ class Gpt {
   /// Whether the dense GELU MLPs keep their pre-activation (fc's output, (N, 4C), read only by GELU
   /// and its backward) in 16 bits too, as autocast does: with keeps_half_activations, where the
   /// backend asks (OpsBackend::half_pre_activations), except an MLP with an adapter on fc (LoRA
-  /// adds to the fp32 output) and in the sets MoE layers use. GELU then reads the rounded value.
+  /// adds to the fp32 output) and in the sets MoE layers use. GELU then reads the rounded value, and
+  /// its gradient is 16-bit too (fc's GEMMs round it anyway; fc's bias gradient sums the 16 bits).
   bool keeps_half_pre_activations() const;
   /// Whether the LM head keeps its logits (and their gradient) in 16 bits, as PyTorch's autocast
   /// does: where the backend asks (OpsBackend::half_logits: the CUDA backend in bf16/fp16), without

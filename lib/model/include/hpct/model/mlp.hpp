@@ -90,7 +90,8 @@ class Mlp {
   void forward(const MlpWeights& w, kernels::Operand x, kernels::Output fch, kernels::Output act, float* out, int rows,
                int F, LinearHooks* hooks, float* wide = nullptr) const;
   /// From dout: the weight gradients ACCUMULATED, dx WRITTEN (no memset first); dfch (rows x
-  /// fc_width(F)) and dact (rows x F) are scratch. fch as forward kept it.
+  /// fc_width(F)) and dact (rows x F) are scratch. fch as forward kept it; where it is 16-bit so is
+  /// its gradient (in dfch's first half), which fc's GEMMs and bias sum read as it is.
   void backward(const MlpWeights& w, const MlpGrads& g, kernels::Operand x, kernels::Operand fch, kernels::Operand act,
                 const float* dout, float* dx, int rows, float* dfch, float* dact, int F, LinearHooks* hooks) const;
 
