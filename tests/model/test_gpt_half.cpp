@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -18,6 +19,43 @@
 
 using namespace hpct;
 using test::fixed_batch, test::kB, test::kT, test::llama_like, test::tiny, test::with_dropout, test::HalfCopyStore;
+
+namespace {
+
+// |a - b|_2 / |b|_2.
+double rel_norm(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
+  return std::sqrt(d / n);
+}
+
+// One training step of cfg on the fixed batch (dropout seed 9 from sample 100, parameters seed 7)
+// on a staged backend that `setup` configures.
+struct Step {
+  double loss = 0;
+  std::vector<float> grads;
+  size_t bytes = 0;       // Gpt::activation_bytes
+  bool half_pre = false;  // Gpt::keeps_half_pre_activations
+};
+Step staged_step(const model::GptConfig& cfg, kernels::Precision prec, bool recompute,
+                 const std::function<void(test::StagedCpuOps&)>& setup) {
+  const auto batch = fixed_batch();
+  test::StagedCpuOps be;
+  setup(be);
+  model::Gpt m(cfg, prec, recompute, &be);
+  m.set_dropout_seed(9, 100);
+  std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
+  m.init_params(p.data(), 7);
+  model::FlatParamStore st(m.layout(), p.data(), g.data());
+  Step s;
+  s.loss = m.forward_backward(st, batch.first.data(), batch.second.data(), kB, kT, 1.0f);
+  s.grads = std::move(g);
+  s.bytes = m.activation_bytes();
+  s.half_pre = m.keeps_half_pre_activations();
+  return s;
+}
+
+}  // namespace
 
 // Where the backend asks for it, the GEMMs' inputs (the norms', attention's, the MLP activation's
 // outputs) are kept in 16 bits (Gpt::keeps_half_activations). Every reader of them is a GEMM that
@@ -111,11 +149,6 @@ TEST(Gpt, HalfLogitsStayWithinTheirRounding) {
     const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 0.5f);
     return std::make_tuple(loss, g, m.activation_bytes(), m.keeps_half_logits());
   };
-  auto rel_norm = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double d = 0, n = 0;
-    for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
-    return std::sqrt(d / n);
-  };
   for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16})
     for (const model::GptConfig& cfg : {tiny(), llama_like()})
       for (bool acts : {false, true}) {
@@ -157,24 +190,11 @@ TEST(Gpt, HalfPreActivationsStayWithinTheirRounding) {
   lora.lora.rank = 4;
   lora.lora.targets = 0x0F;  // fc among them
   moe.moe.num_experts = {2};
-  const auto batch = fixed_batch();
-  const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
-  auto step = [&](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool pre) {
-    test::StagedCpuOps be;
-    be.set_half_activations(true);
-    be.set_half_pre_activations(pre);
-    model::Gpt m(cfg, prec, recompute, &be);
-    m.set_dropout_seed(9, 100);
-    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
-    m.init_params(p.data(), 7);
-    model::FlatParamStore st(m.layout(), p.data(), g.data());
-    const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
-    return std::make_tuple(loss, g, m.activation_bytes(), m.keeps_half_pre_activations());
-  };
-  auto rel_norm = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double d = 0, n = 0;
-    for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
-    return std::sqrt(d / n);
+  auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool pre) {
+    return staged_step(cfg, prec, recompute, [pre](test::StagedCpuOps& be) {
+      be.set_half_activations(true);
+      be.set_half_pre_activations(pre);
+    });
   };
   for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16}) {
     const bool bf = prec == kernels::Precision::bf16;
@@ -219,18 +239,8 @@ TEST(Gpt, LayersShareTheAttentionInputsWhereTheKernelKeepsThem) {
   lora.lora.rank = 4;
   lora.lora.targets = 0x0F;
   moe.moe.num_experts = {2};
-  const auto batch = fixed_batch();
-  const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
-  auto step = [&](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool keeps) {
-    test::StagedCpuOps be;
-    be.set_attention_keeps_inputs(keeps);
-    model::Gpt m(cfg, prec, recompute, &be);
-    m.set_dropout_seed(9, 100);
-    std::vector<float> p(m.layout().numel()), g(p.size(), 0.0f);
-    m.init_params(p.data(), 7);
-    model::FlatParamStore st(m.layout(), p.data(), g.data());
-    const double loss = m.forward_backward(st, tok.data(), tgt.data(), kB, kT, 1.0f);
-    return std::make_tuple(loss, g, m.activation_bytes());
+  auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool keeps) {
+    return staged_step(cfg, prec, recompute, [keeps](test::StagedCpuOps& be) { be.set_attention_keeps_inputs(keeps); });
   };
   for (auto prec : {kernels::Precision::fp32, kernels::Precision::bf16})
     for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"grouped", grouped},
@@ -238,8 +248,10 @@ TEST(Gpt, LayersShareTheAttentionInputsWhereTheKernelKeepsThem) {
                                     std::pair{"lora", lora}, std::pair{"moe", moe}})
       for (bool recompute : {false, true}) {
         const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
-        const auto [want_loss, want_g, want_bytes] = step(cfg, prec, recompute, false);
-        const auto [loss, g, bytes] = step(cfg, prec, recompute, true);
+        const Step want = step(cfg, prec, recompute, false), got = step(cfg, prec, recompute, true);
+        const double want_loss = want.loss, loss = got.loss;
+        const std::vector<float>&want_g = want.grads, &g = got.grads;
+        const size_t want_bytes = want.bytes, bytes = got.bytes;
         EXPECT_EQ(loss, want_loss) << what;
         EXPECT_EQ(g, want_g) << what;
         // Floats: the inputs of a set (qkv rows, and grouped the widened heads), the staged

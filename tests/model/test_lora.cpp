@@ -12,6 +12,7 @@
 #include "hpct/core/rng.hpp"
 #include "hpct/kernels/backend.hpp"
 #include "hpct/model/gpt.hpp"
+#include "gpt_test_models.hpp"
 
 using namespace hpct;
 
@@ -23,17 +24,10 @@ constexpr unsigned kAll = 0x1F;  // the four linears and the embedding
 // llama: RMSNorm, SwiGLU MLPs 24 wide (fc's LoRA B is then 48 x rank: gate and up), no linear biases,
 // rotary positions (the qkv adapter's output is rotated with the base's).
 model::GptConfig tiny(int rank = 0, unsigned targets = 0xF, bool llama = false) {
-  model::GptConfig c;
+  model::GptConfig c = test::tiny();
   if (llama)
     c.normalization = model::NormKind::rmsnorm, c.mlp = model::MlpKind::swiglu, c.ffn_hidden_size = 24, c.linear_bias = false,
     c.rotary = true, c.num_kv_heads = 1;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_heads = 2;
-  c.max_seq_length = 6;
-  c.vocab_size = 23;
-  c.vocab_multiple = 8;
-  c.init_std = 0.2;  // larger than GPT-2's so every path carries a visible gradient
   c.lora.rank = rank;
   c.lora.alpha = rank ? 2.0 * rank : 0;  // scale 2: a scale other than 1 is exercised
   c.lora.targets = targets;

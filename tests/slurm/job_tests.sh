@@ -81,6 +81,27 @@ crashed_before_start() {  # OUTFILE
   ! grep -q "^# tool: ib_healthcheck" "$1" && grep -Eq "Caught signal|Segmentation fault|==== backtrace" "$1"
 }
 
+# Submits ib_healthcheck.sbatch (ENV... sbatch-args -- check-args) and waits up to 180 s; sets id,
+# st (its final state) and out (its output file, shown). A job that crashed before the check
+# began (crashed_before_start) is submitted once more, saying so.
+submit_healthcheck() {
+  local envs=() sb=() attempt
+  while [[ "$1" =~ ^[A-Z_][A-Z0-9_]*= ]]; do envs+=("$1"); shift; done
+  while [[ "$1" != -- ]]; do sb+=("$1"); shift; done
+  shift
+  for attempt in 1 2; do
+    id=$(as_user env "${envs[@]}" sbatch --parsable "${sb[@]}" "${SLURM_DIR}/ib_healthcheck.sbatch" "$@")
+    st=$(wait_job "${id}" 180)
+    out=${WORK}/ib_healthcheck-${id}.out
+    show_log "${out}"
+    if ((attempt == 1)) && crashed_before_start "${out}"; then
+      echo "NOTE: job ${id} crashed in the MPI start-up before ib_healthcheck's first line; submitting it once more"
+      continue
+    fi
+    return 0
+  done
+}
+
 expect_in() {  # FILE REGEX
   grep -Eq -- "$2" "$1" || { show_log "$1"; fail "$1 lacks /$2/"; }
 }
@@ -231,18 +252,8 @@ case "${case_name}" in
     # others stay IDLE.
     [[ -x "${PREFIX}/bin/ib_healthcheck" ]] || skip "ib_healthcheck is not built"
     trap 'scontrol update NodeName=n2 State=RESUME >/dev/null 2>&1 || true' EXIT
-    for attempt in 1 2; do
-      id=$(as_user env HPCT_HC_DRAIN=1 sbatch --parsable --nodes=4 "${SLURM_DIR}/ib_healthcheck.sbatch" \
-        --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K --inject-fault slow:1:mpi_p2p)
-      st=$(wait_job "${id}" 180)
-      out=${WORK}/ib_healthcheck-${id}.out
-      show_log "${out}"
-      if ((attempt == 1)) && crashed_before_start "${out}"; then
-        echo "NOTE: job ${id} crashed in the MPI start-up before ib_healthcheck's first line; submitting it once more"
-        continue
-      fi
-      break
-    done
+    submit_healthcheck HPCT_HC_DRAIN=1 --nodes=4 -- \
+      --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K --inject-fault slow:1:mpi_p2p
     [[ "${st}" == FAILED ]] || fail "job ${id} ended ${st:-in no state}: expected FAILED (exit 1: a node failed)"
     expect_in "${out}" "ib_healthcheck exited with 1; failed nodes: n2$"
     expect_in "${out}" "^scontrol update NodeName=n2 State=DRAIN"
@@ -265,18 +276,8 @@ case "${case_name}" in
     # ib_healthcheck wrote its first line, and the injected fault never ran: 19 local repeats, 12
     # of them under a CPU hog, did not show it again. Such a start is submitted once more, saying
     # so (crashed_before_start); a crash after the start, or a second one, still fails.
-    for attempt in 1 2; do
-      id=$(as_user sbatch --parsable --nodes=3 "${SLURM_DIR}/ib_healthcheck.sbatch" \
-        --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K -t 3 --inject-fault die:1:mpi_p2p)
-      st=$(wait_job "${id}" 180)
-      out=${WORK}/ib_healthcheck-${id}.out
-      show_log "${out}"
-      if ((attempt == 1)) && crashed_before_start "${out}"; then
-        echo "NOTE: job ${id} crashed in the MPI start-up before ib_healthcheck's first line; submitting it once more"
-        continue
-      fi
-      break
-    done
+    submit_healthcheck --nodes=3 -- \
+      --checks node,mpi_p2p --lat-iters 300 --bw-iters 5 -w 8 -s 256K -t 3 --inject-fault die:1:mpi_p2p
     [[ "${st}" == FAILED ]] || fail "job ${id} ended ${st:-in no state}: expected FAILED (exit 1: a node failed)"
     # Rank 1 runs on the allocation's second node (which nodes Slurm gives depends on their state).
     dead=$(sed -n 's/^# nodes 3: [^ ]* \([^ ]*\) [^ ]*$/\1/p' "${out}")
