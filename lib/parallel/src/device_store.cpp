@@ -218,12 +218,13 @@ void DeviceStore::invalidate() {
   if (!order_.empty()) order_done_ = true;  // the first pass's order, used from now on
 }
 
-void DeviceStore::begin_update() {
+void DeviceStore::begin_update(AdamParams& a) {
   settle();  // the engine is about to write what the direct uploads read
   const auto& blocks = layout_.blocks();
   for (size_t b = 0; b < blocks.size(); ++b)
     if (blocks[b].trains) fresh_[b] = queued_[b] = 0;
   if (!order_.empty()) order_done_ = true;
+  a.updated = [this](int block) { updated(block); };
 }
 
 void DeviceStore::updated(int b) {

@@ -318,10 +318,7 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
   ap.grad_scale = static_cast<float>(clip / scale);
   ap.state_norms = want_state_norms_;
   snapshot_fence();  // a background save may still be copying the state this step changes
-  if (device_store_) {  // ZeRO-Offload: each updated block goes to the device while the next ones update
-    device_store_->begin_update();
-    ap.updated = [this](int block) { device_store_->updated(block); };
-  }
+  if (device_store_) device_store_->begin_update(ap);  // ZeRO-Offload: blocks go up as they are updated
   zero_->adam_step(ap);
   if (want_state_norms_) {  // collective: every rank decides alike (config and iteration only)
     const std::array<double, 3> n = zero_->state_sumsq();

@@ -57,6 +57,7 @@
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/gpt.hpp"
+#include "hpct/parallel/sharded_optimizer.hpp"
 
 namespace hpct::parallel {
 
@@ -81,9 +82,10 @@ class DeviceStore final : public model::ParamStore {
   void settle();
   /// The host parameters changed (a checkpoint load): copy every block again.
   void invalidate();
-  /// Before an optimizer step: waits for the uploads still reading the engine's copies, and marks
-  /// the blocks that train stale (the frozen ones, LoRA's base, did not change and stay).
-  void begin_update();
+  /// Before an optimizer step: waits for the uploads still reading the engine's copies, marks the
+  /// blocks that train stale (the frozen ones, LoRA's base, did not change and stay), and sets
+  /// a.updated to updated(), for the engine to call during that step (this store must outlive it).
+  void begin_update(AdamParams& a);
   /// From the engine's step (AdamParams::updated): block b's parameters are final; a pinned block
   /// is uploaded now, beside the update of the next ones (others wait for params(b)).
   void updated(int block);
