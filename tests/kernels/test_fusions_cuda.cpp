@@ -262,7 +262,54 @@ void attention_into_case(Precision p, int T, bool want_fused) {
                tol, abs);
 }
 
+// attention_backward_into a 16-bit dqkv (the model's route to the qkv GEMMs where the kernel says
+// half_gradient) against the fp32 form on the same device kernel. cuDNN's: its own 16-bit gradient
+// written where it is (aligned) or through its scratch (one element off 16 bytes), so the values
+// widened are the fp32 form's (within 1e-5 + 1e-6, as above: two runs of its backward), and the
+// kernel says half_gradient. The materialised kernel (--attention-kernel plain, bf16): its fp32
+// gradient rounded once, bitwise the fp32 form rounded on the host; it does not say half_gradient.
+void attention_half_gradient_case(bool fused, int shift) {
+  NEED_GPU(g);
+  const Precision p = Precision::bf16;
+  const int B = 2, T = 128, C = 128, NH = 2;
+  const AttentionUse use{};
+  g.be->allow_fused_attention(fused);
+  const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, use);
+  if (fused && !k.fused) GTEST_SKIP() << k.what;
+  ASSERT_EQ(k.fused, fused) << k.what;
+  EXPECT_EQ(k.half_gradient, fused) << k.what;
+  const size_t N = (size_t)B * T, n3 = N * 3 * C, state = g.be->attention_state_floats(B, T, C, NH, p, use);
+  const Vec qkv = randn(n3, 13), dout = randn(N * C, 14);
+  BackendBuffer d_state(*g.be, state * sizeof(float));
+  float* d_out = g.put(Vec(N * C));
+  const float* d_qkv = g.put(qkv);
+  const float* d_dout = g.put(dout);
+  g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, use);
+  float* d_wide = g.put(Vec(n3, std::nanf("")));
+  g.be->attention_backward_into(d_wide, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
+  g.shift = shift;
+  uint16_t* d_half = half_buffer(g, n3);
+  g.be->attention_backward_into(Output::half(d_half, p), d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr,
+                                use);
+  const std::string what = std::string("16-bit attention_backward_into, ") + k.what + (shift ? ", unaligned" : "");
+  const Vec wide = g.get(d_wide, n3), half = widened(g, d_half, n3, p);
+  if (fused) {
+    expect_close(what, half, wide, 1e-5, 1e-6);
+    return;
+  }
+  std::vector<uint16_t> r(n3);
+  to_half(wide.data(), r.data(), n3, p);
+  Vec want(n3);
+  from_half(r.data(), want.data(), n3, p);
+  expect_close(what, half, want, 0, 0);
+}
+
 }  // namespace
 
 TEST(CudaFusions, AttentionGradientWrittenMaterialised) { attention_into_case(Precision::fp32, 40, false); }
 TEST(CudaFusions, AttentionGradientWrittenFused) { attention_into_case(Precision::bf16, 128, true); }
+TEST(CudaFusions, AttentionGradientIn16BitsFused) {
+  attention_half_gradient_case(true, 0);
+  attention_half_gradient_case(true, 1);
+}
+TEST(CudaFusions, AttentionGradientIn16BitsMaterialised) { attention_half_gradient_case(false, 0); }

@@ -177,10 +177,15 @@ class StagedCpuOps final : public kernels::OpsBackend {
   /// forward copies qkv after the CPU kernel's state and backward reads that copy, never the qkv
   /// it is passed, so a model that reuses its qkv buffer across layers still computes the same.
   void set_attention_keeps_inputs(bool on) { keeps_inputs_ = on; }
+  /// On: the attention kernel says it computes its gradient in 16 bits (AttentionKernel::
+  /// half_gradient, as cuDNN's), in 16-bit ops; the default attention_backward_into then rounds the
+  /// CPU kernel's fp32 gradient once where a model asks for it in 16 bits.
+  void set_attention_half_gradient(bool on) { half_gradient_ = on; }
   kernels::AttentionKernel attention_kernel(int B, int T, int C, int NH, kernels::Precision p,
                                            kernels::AttentionUse use) const override {
     kernels::AttentionKernel k = in_->attention_kernel(B, T, C, NH, p, use);
     k.keeps_inputs = keeps_inputs_;
+    k.half_gradient = half_gradient_ && p != kernels::Precision::fp32;
     return k;
   }
   void allow_fused_attention(bool allow) override { in_->allow_fused_attention(allow); }
@@ -335,7 +340,7 @@ class StagedCpuOps final : public kernels::OpsBackend {
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
   std::vector<std::chrono::steady_clock::time_point> marks_;
   int head_rows_ = 0;
-  bool keeps_inputs_ = false, half_pre_ = false, pinning_ = false;
+  bool keeps_inputs_ = false, half_gradient_ = false, half_pre_ = false, pinning_ = false;
   std::map<void*, size_t> pins_;
   double to_host_ = 0;
   int syncs_ = 0, blocking_downloads_ = 0;

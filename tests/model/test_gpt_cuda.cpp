@@ -10,8 +10,9 @@
 // (so a tensor of small gradients is judged at its own scale): fp32 1e-4 (cuBLAS and the CPU sum in
 // different orders, and the token-embedding gradient uses atomics); bf16 1e-2 (the CPU rounds GEMM
 // inputs to bf16; cuBLAS is allowed to, not forced, so the two differ by up to bf16's rounding).
-// Where the GPU keeps the LM head's logits or the GELU MLP's pre-activation in 16 bits
-// (OpsBackend::half_logits, half_pre_activations), the CPU model does too (the staged test backend:
+// Where the GPU keeps the LM head's logits, the GELU MLP's pre-activation or attention's gradient
+// in 16 bits (OpsBackend::half_logits, half_pre_activations, AttentionKernel::half_gradient), the
+// CPU model does too (the staged test backend:
 // the CPU's ops with those values rounded at the same points), so the comparison stays like for
 // like and the tolerances above still hold.
 #include <gtest/gtest.h>
@@ -97,6 +98,9 @@ void compare_one_step(Precision p, bool recompute, double tol, const model::GptC
   if (fused && !kernel.fused && kernel.what.find("multiple of 128") != std::string::npos)
     GTEST_SKIP() << kernel.what;  // cuDNN up to 9.15.0: T = 16 is not a multiple of 128
   ASSERT_EQ(kernel.fused, fused) << kernel.what;
+  // Where the GPU's attention gradient is 16-bit (cuDNN's), the GPU model hands it to the qkv GEMMs
+  // in 16 bits; the CPU model's is rounded there too (Attention::half_gradient).
+  cpu_be.set_attention_half_gradient(kernel.half_gradient);
   // 16-bit runs keep the GEMM inputs in 16 bits on the GPU (an MoE layer's ln2 excepted; the
   // tolerances above cover them: each is the rounding the GEMM would have made); the CPU never does.
   // (The embedding-adapter cases, which keep fp32, are fp32 runs.)

@@ -1,9 +1,11 @@
 // What the model keeps in 16 bits and what it shares, on the staged test backend (a device's
 // memory protocol on the CPU): GEMM inputs (bitwise the fp32 layout's), the GELU MLP's
 // pre-activation and the LM head's logits (within their rounding), and the attention inputs the
-// layers share where the kernel keeps its own copy (bitwise).
+// layers share where the kernel keeps its own copy (bitwise), and attention's 16-bit gradient (all
+// but qkv's bias gradient bitwise).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -235,7 +237,7 @@ TEST(Gpt, LayersShareTheAttentionInputsWhereTheKernelKeepsThem) {
   model::GptConfig grouped = llama_like(), docs = tiny(), lora = tiny(), moe = tiny();
   grouped.num_kv_heads = 1;
   docs.reset_attention_mask = docs.reset_position_ids = true;
-  docs.eod_token = 0;
+  docs.eod_token = 10;  // fixed_batch()'s fourth token: sample 0 holds two documents
   lora.lora.rank = 4;
   lora.lora.targets = 0x0F;
   moe.moe.num_experts = {2};
@@ -261,6 +263,69 @@ TEST(Gpt, LayersShareTheAttentionInputsWhereTheKernelKeepsThem) {
         const long long sets = recompute ? 1 : L, copies = sets * N * 3 * C, shared = (sets - 1) * inputs;
         EXPECT_EQ((long long)bytes - (long long)want_bytes, (copies - shared) * 4) << what;
       }
+}
+
+// Where the attention kernel computes its input gradient in 16 bits (cuDNN's:
+// AttentionKernel::half_gradient), the model hands that gradient to the qkv GEMMs as it is instead
+// of widening it into an fp32 dqkv they round back. On the staged backend (the CPU kernel's fp32
+// gradient rounded once, as cuDNN's comes out), against the same backend keeping an fp32 dqkv:
+// the GEMMs round their input to p either way, so the loss and every gradient are bitwise the same
+// except qkv's bias gradient, the sum of the rounded values instead of the unrounded ones (on the
+// GPU the values were 16-bit already: there nothing changes). That bias gradient within 1e-2 (bf16)
+// / 1.5e-3 (fp16) of its norm: each term moves by at most 2^-8 / 2^-11 of itself (half a 16-bit
+// step), and a sum of terms of both signs by a few times that of its norm (seen at most 1.5e-3 /
+// 1.7e-4). It must differ,
+// or the 16-bit route did not run. GPT, dropout, per-document masks, MoE, recompute; grouped heads
+// with rotary positions and an adapter on qkv read the gradient in fp32, so they keep it (bitwise),
+// as does an fp32 run.
+TEST(Gpt, HalfAttentionGradientChangesOnlyTheQkvBias) {
+  model::GptConfig docs = tiny(), lora = tiny(), moe = tiny();
+  docs.reset_attention_mask = docs.reset_position_ids = true;
+  docs.eod_token = 10;  // fixed_batch()'s fourth token: sample 0 holds two documents
+  lora.lora.rank = 4;
+  lora.lora.targets = 0x0F;  // qkv among them
+  moe.moe.num_experts = {2};
+  auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half) {
+    return staged_step(cfg, prec, recompute, [half](test::StagedCpuOps& be) {
+      be.set_half_activations(true);
+      be.set_attention_keeps_inputs(true);
+      be.set_attention_half_gradient(half);
+    });
+  };
+  // Moves every layer's qkv bias gradient out of g (left 0 there), in order.
+  auto take_qkv_bias = [](const model::GptConfig& cfg, std::vector<float>& g) {
+    auto be = kernels::cpu_ops();
+    const model::Gpt m(cfg, kernels::Precision::fp32, false, be.get());
+    std::vector<float> b;
+    for (const auto& t : m.layout().tensors())
+      if (t.name.find("query_key_value.bias") != std::string::npos) {
+        b.insert(b.end(), g.begin() + t.offset, g.begin() + t.offset + t.numel);
+        std::fill(g.begin() + t.offset, g.begin() + t.offset + t.numel, 0.0f);
+      }
+    return b;
+  };
+  for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16}) {
+    const bool bf = prec == kernels::Precision::bf16;
+    for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"dropout", with_dropout(0.1, 0.1)},
+                                    std::pair{"documents", docs}, std::pair{"moe", moe}})
+      for (bool recompute : {false, true}) {
+        const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
+        Step want = step(cfg, prec, recompute, false), got = step(cfg, prec, recompute, true);
+        EXPECT_EQ(got.loss, want.loss) << what;
+        const std::vector<float> b = take_qkv_bias(cfg, got.grads), want_b = take_qkv_bias(cfg, want.grads);
+        ASSERT_EQ(b.size(), (size_t)cfg.num_layers * 3 * cfg.hidden_size) << what;
+        EXPECT_NE(b, want_b) << what << ": the 16-bit gradient did not run";
+        EXPECT_LE(rel_norm(b, want_b), bf ? 1e-2 : 1.5e-3) << what;
+        EXPECT_EQ(got.grads, want.grads) << what << ": a gradient besides qkv's bias moved";
+      }
+    for (const auto& [name, cfg] : {std::pair{"llama", llama_like()}, std::pair{"lora", lora}}) {
+      const Step want = step(cfg, prec, false, false), got = step(cfg, prec, false, true);
+      EXPECT_EQ(got.loss, want.loss) << name;
+      EXPECT_EQ(got.grads, want.grads) << name << ": kept in fp32";
+    }
+  }
+  const Step want = step(tiny(), kernels::Precision::fp32, false, false), got = step(tiny(), kernels::Precision::fp32, false, true);
+  EXPECT_EQ(got.grads, want.grads) << "an fp32 run";
 }
 
 int main(int argc, char** argv) {

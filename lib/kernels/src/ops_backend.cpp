@@ -107,10 +107,14 @@ void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias,
   widen_half(wide.as<float>(), dout.h, (size_t)N * OC, p);
   matmul_backward(dinp, dweight, dbias, wide.as<float>(), inp, weight, N, C, OC, p);
 }
-void OpsBackend::attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+void OpsBackend::attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att, int B,
                                          int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) {
-  zero(dqkv, (size_t)B * T * 3 * C * sizeof(float));
-  attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
+  const size_t n = (size_t)B * T * 3 * C;
+  BackendBuffer scratch(*this, (dqkv.h ? n : 0) * sizeof(float));  // a 16-bit dqkv: the fp32 one, rounded after
+  float* d = dqkv.h ? scratch.as<float>() : dqkv.f;
+  zero(d, n * sizeof(float));
+  attention_backward(d, dout, qkv, att, B, T, C, NH, p, drop, use);
+  if (dqkv.h) narrow_half(dqkv.h, d, n, dqkv.p);
 }
 void OpsBackend::gelu_backward_into(Output dinp, Operand inp, const float* dout, size_t n, Precision p) {
   // The fp32 gradient, into dinp itself or (a 16-bit dinp) into scratch rounded after.

@@ -59,11 +59,20 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, ker
   // then summed into the shared heads.
   float* dheads = grouped() ? dqkv + (size_t)N * qkv_width() : dqkv;
   const float* heads = qkv && grouped() ? qkv + (size_t)N * qkv_width() : qkv;  // as mix() gave the op
-  ops_->attention_backward_into(dheads, dy, heads, att, B, T, Cl_, NH_, precision_, drop, use_);  // written
+  // A 16-bit gradient (half_gradient) goes to the qkv GEMMs as it is, in dqkv's first half.
+  const bool narrow = half_gradient(B, T, hooks);
+  const kernels::Output d =
+      narrow ? kernels::Output::half(reinterpret_cast<uint16_t*>(dqkv), precision_) : kernels::Output(dheads);
+  ops_->attention_backward_into(d, dy, heads, att, B, T, Cl_, NH_, precision_, drop, use_);  // written
   if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
   if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
-  ops_->matmul_backward_into(dx, g.qkvw, g.qkvb, dqkv, x, w.qkv(), N, C_, qkv_width(), precision_);  // dx written
-  if (hooks) hooks->backward(LinearHooks::qkv, x, dqkv, dx, N);
+  const kernels::Operand dq = narrow ? d.operand() : kernels::Operand(dqkv);
+  ops_->matmul_backward_into(dx, g.qkvw, g.qkvb, dq, x, w.qkv(), N, C_, qkv_width(), precision_);  // dx written
+  if (hooks && !narrow) hooks->backward(LinearHooks::qkv, x, dqkv, dx, N);
+}
+
+bool Attention::half_gradient(int B, int T, LinearHooks* hooks) const {
+  return !grouped() && rotary_.dims == 0 && !(hooks && hooks->active(LinearHooks::qkv)) && kernel(B, T).half_gradient;
 }
 
 }  // namespace hpct::model

@@ -139,20 +139,28 @@ void FusedAttention::forward(float* out, uint16_t* out16, float* att, const floa
 }
 
 // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient added to
-// dqkv in fp32 (or written there: accumulate false).
-void FusedAttention::backward(float* dqkv, const float* dout, const float* att, int B, int T, int C, int NH,
-                              Precision p, const Dropout* drop, AttentionUse use, bool accumulate) {
+// dqkv in fp32 (or written there: accumulate false), or left in 16 bits where the caller takes it so.
+void FusedAttention::backward(float* dqkv, uint16_t* dqkv16, const float* dout, const float* att, int B, int T, int C,
+                              int NH, Precision p, const Dropout* drop, AttentionUse use, bool accumulate) {
+  if (dqkv16 && accumulate) throw Error("CUDA backend: fused attention: a 16-bit dqkv is written, not accumulated");
   const FusedShape s = plan(B, T, C, NH, p, drop, use);
   const State st = state(const_cast<float*>(att), B, T, C, NH, use);
   const bool bf16 = p == Precision::bf16;
-  const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = up256(n3 * 2);
+  // cuDNN writes a 16-bit dqkv the caller gives where it is 16-byte aligned (as the state's arrays);
+  // elsewhere into the scratch, copied after.
+  const bool direct = dqkv16 && reinterpret_cast<uintptr_t>(dqkv16) % 16 == 0;
+  const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = direct ? 0 : up256(n3 * 2);
   char* w = static_cast<char*>(scratch(a1 + a3 + cudnn_->backward_workspace(s)));
   auto* dout16 = reinterpret_cast<uint16_t*>(w);
-  auto* dqkv16 = reinterpret_cast<uint16_t*>(w + a1);
+  uint16_t* grad16 = direct ? dqkv16 : reinterpret_cast<uint16_t*>(w + a1);
   narrow_half(dout16, dout, n1, bf16, stream_);
-  cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, dqkv16, w + a1 + a3, seed_of(drop), st.keys);
-  if (accumulate) add_widened(dqkv, dqkv16, n3, bf16, stream_);
-  else widen_half(dqkv, dqkv16, n3, bf16, stream_);
+  cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, grad16, w + a1 + a3, seed_of(drop), st.keys);
+  if (dqkv16) {
+    if (!direct) check(cudaMemcpyAsync(dqkv16, grad16, n3 * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_), "dqkv");
+    return;
+  }
+  if (accumulate) add_widened(dqkv, grad16, n3, bf16, stream_);
+  else widen_half(dqkv, grad16, n3, bf16, stream_);
 }
 
 }  // namespace hpct::kernels::cuda

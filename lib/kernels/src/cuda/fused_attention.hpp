@@ -45,9 +45,10 @@ class FusedAttention {
   /// format) instead of out: cuDNN's 16-bit output copied as it is, not widened.
   void forward(float* out, uint16_t* out16, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                const Dropout* drop, const int32_t* key_start, AttentionUse use);
-  /// accumulate false: dqkv written (attention_backward_into).
-  void backward(float* dqkv, const float* dout, const float* att, int B, int T, int C, int NH, Precision p,
-                const Dropout* drop, AttentionUse use, bool accumulate = true);
+  /// accumulate false: dqkv written (attention_backward_into). dqkv16 (p's format) instead of
+  /// dqkv: cuDNN's 16-bit gradient written there as it is, not widened (accumulate must be false).
+  void backward(float* dqkv, uint16_t* dqkv16, const float* dout, const float* att, int B, int T, int C, int NH,
+                Precision p, const Dropout* drop, AttentionUse use, bool accumulate = true);
   /// Device bytes held for staging and cuDNN's workspaces.
   size_t scratch_bytes() const { return scratch_bytes_; }
 

@@ -38,6 +38,9 @@ struct AttentionKernel {
   /// The state attention_forward saves holds what the backward needs of its qkv input (the fused
   /// kernel's 16-bit copy): attention_backward then never reads qkv, so the caller need not keep it.
   bool keeps_inputs = false;
+  /// The kernel computes its input gradient in p's 16 bits (cuDNN's): attention_backward_into then
+  /// writes a 16-bit dqkv as it is, with nothing lost (its fp32 form would be those values widened).
+  bool half_gradient = false;
 };
 
 class OpsBackend {
@@ -235,8 +238,10 @@ class OpsBackend {
   /// 16-bit values in fp32).
   virtual void matmul_backward_into(float* dinp, float* dweight, float* dbias, Operand dout, Operand inp,
                                     Operand weight, int N, int C, int OC, Precision p);
-  /// attention_backward with dqkv WRITTEN (B*T rows of 3C, as if zeroed first).
-  virtual void attention_backward_into(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+  /// attention_backward with dqkv WRITTEN (B*T rows of 3C, as if zeroed first): fp32, or 16-bit in
+  /// p's format (the gradient rounded once: the qkv GEMMs read it as it is, as autocast's bf16
+  /// attention gradient; lossless where attention_kernel says half_gradient).
+  virtual void attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                        int C, int NH, Precision p, const Dropout* drop, AttentionUse use);
   /// dinp = gelu'(inp) * dout, WRITTEN (gelu_backward on a zeroed dinp). inp in either form (a
   /// 16-bit one in p's format: the pre-activation matmul_gelu_forward kept so); dinp fp32, or

@@ -125,12 +125,19 @@ class Attention {
   /// pos: each row's position for rotary positions (nullptr: its place in the sample).
   void mix(const AttentionWeights& w, kernels::Operand x, float* qkv, float* att, kernels::Output y, int B, int T,
            const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const;
+  /// True when backward keeps the attention op's input gradient in p's 16 bits for the qkv GEMMs,
+  /// as autocast's bf16 attention gradient: where the kernel computes it in 16 bits anyway
+  /// (AttentionKernel::half_gradient: no value lost) and nothing reads it in fp32 but those GEMMs,
+  /// which round it to p in a 16-bit op (no grouped heads' sum, rotary rotation or adapter on qkv).
+  /// Saves widening it and narrowing it back: 8 bytes an element moved, per layer and micro-step.
+  bool half_gradient(int B, int T, LinearHooks* hooks) const;
   /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
   void project(const AttentionWeights& w, kernels::Operand y, float* out, int rows, LinearHooks* hooks) const;
   /// From dout (the projection's output gradient): the weight gradients ACCUMULATED, dx WRITTEN
   /// (no memset first; a LoRA hook adds to it after the GEMM); dy (B*T x channels) and dqkv
   /// (dqkv_floats(B*T)) are scratch. qkv: mix()'s buffer as it left it, unread where
-  /// keeps_inputs(B, T) (nullptr allowed there).
+  /// keeps_inputs(B, T) (nullptr allowed there). Where half_gradient(), the attention's gradient
+  /// stays in 16 bits on its way to the qkv GEMMs.
   void backward(const AttentionWeights& w, const AttentionGrads& g, kernels::Operand x, const float* qkv,
                 const float* att, kernels::Operand y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
                 const kernels::Dropout* drop, const int32_t* pos, LinearHooks* hooks) const;
