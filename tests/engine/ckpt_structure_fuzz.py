@@ -17,6 +17,7 @@ one error line; never a signal, a hang or another exit code. Every 8th case `pre
 runs on 2 ranks under the same rule (60 s). A case whose edits are all harmless (chunked/compact)
 must be accepted by all. Failing cases are printed with their operators to reproduce.
 """
+import concurrent.futures
 import os
 import random
 import shutil
@@ -178,7 +179,10 @@ def judge(tag, what, rc, out, harmless):
     return ok
 
 
-bad = 0
+# The cases are drawn and written one after another (the seeded draws keep their order), then
+# their readers run two cases at a time (each reader is one process, the 2-rank --load two; the
+# time limits leave room for sharing the cores), judged in case order.
+cases = []
 for i in range(CASES):
     ops = [rng.choice(OPS) for _ in range(rng.randint(1, 3))]
     targets = [rng.choice(datasets) for _ in ops]
@@ -194,15 +198,28 @@ for i in range(CASES):
         print(f"skip {tag}: {e}")
         shutil.rmtree(d)
         continue
-    harmless = all(o in HARMLESS for o in ops)
-    ok = judge(tag, "verify", *run([a.tool, "verify", d], 20), harmless)
-    ok = judge(tag, "generate", *run([a.generate, "--load", d, "--prompt-ids", "1,2", "--max-new-tokens", "1"], 20),
-               harmless) and ok
+    cases.append((i, tag, d, all(o in HARMLESS for o in ops)))
+
+
+def readers(i, d):
+    """Each reader's (what, rc, output) on case i's checkpoint directory d."""
+    out = [("verify", *run([a.tool, "verify", d], 20)),
+           ("generate", *run([a.generate, "--load", d, "--prompt-ids", "1,2", "--max-new-tokens", "1"], 20))]
     if i % 8 == 0:
-        ok = judge(tag, "--load on 2 ranks", *run([*a.mpi.split(), a.gpt, "@" + a.args, *base, "--train-iters", "3",
-                                                    "--load", d], 60), harmless) and ok
-    bad += not ok
-    if ok:
-        shutil.rmtree(d)
+        out.append(("--load on 2 ranks", *run([*a.mpi.split(), a.gpt, "@" + a.args, *base, "--train-iters", "3", "--load", d],
+                                               60)))
+    return out
+
+
+bad = 0
+with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    results = [pool.submit(readers, i, d) for i, _, d, _ in cases]
+    for (i, tag, d, harmless), res in zip(cases, results):
+        ok = True
+        for what, rc, out in res.result():
+            ok = judge(tag, what, rc, out, harmless) and ok
+        bad += not ok
+        if ok:
+            shutil.rmtree(d)
 check(bad == 0, f"{CASES} structural cases: every reader took the file or refused it in one line, in time ({bad} did not)")
 c.finish()
