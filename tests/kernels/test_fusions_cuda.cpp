@@ -255,8 +255,8 @@ void attention_into_case(Precision p, int T, bool want_fused) {
   g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, use);
   float* d_acc = g.put(Vec(N * 3 * C, 0.0f));
   float* d_into = g.put(Vec(N * 3 * C, std::nanf("")));
-  g.be->attention_backward(d_acc, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
-  g.be->attention_backward_into(d_into, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
+  g.be->attention_backward(d_acc, d_dout, d_qkv, d_state.as<float>(), {}, B, T, C, NH, p, nullptr, use);
+  g.be->attention_backward_into(d_into, d_dout, d_qkv, d_state.as<float>(), {}, B, T, C, NH, p, nullptr, use);
   const double tol = want_fused ? 1e-5 : 0, abs = want_fused ? 1e-6 : 0;
   expect_close(std::string("attention_backward_into, ") + k.what, g.get(d_into, N * 3 * C), g.get(d_acc, N * 3 * C),
                tol, abs);
@@ -286,10 +286,10 @@ void attention_half_gradient_case(bool fused, int shift) {
   const float* d_dout = g.put(dout);
   g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, use);
   float* d_wide = g.put(Vec(n3, std::nanf("")));
-  g.be->attention_backward_into(d_wide, d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
+  g.be->attention_backward_into(d_wide, d_dout, d_qkv, d_state.as<float>(), {}, B, T, C, NH, p, nullptr, use);
   g.shift = shift;
   uint16_t* d_half = half_buffer(g, n3);
-  g.be->attention_backward_into(Output::half(d_half, p), d_dout, d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr,
+  g.be->attention_backward_into(Output::half(d_half, p), d_dout, d_qkv, d_state.as<float>(), {}, B, T, C, NH, p, nullptr,
                                 use);
   const std::string what = std::string("16-bit attention_backward_into, ") + k.what + (shift ? ", unaligned" : "");
   const Vec wide = g.get(d_wide, n3), half = widened(g, d_half, n3, p);
@@ -304,8 +304,49 @@ void attention_half_gradient_case(bool fused, int shift) {
   expect_close(what, half, want, 0, 0);
 }
 
+// The fused kernel where the caller keeps the 16-bit output (AttentionUse::output_kept): its state
+// holds no copy (exactly the output's floats fewer), forward writes the caller's buffer (through
+// the scratch where it is one element off 16 bytes) bitwise what it writes with its own copy
+// (cuDNN's forward has no atomics), and the backward from the caller's output gives the state-copy
+// backward's dqkv within 1e-5 + 1e-6 (as above: two runs of its backward).
+void attention_output_kept_case(int shift) {
+  NEED_GPU(g);
+  const Precision p = Precision::bf16;
+  const int B = 2, T = 128, C = 128, NH = 2;
+  AttentionUse own{}, kept{};
+  kept.output_kept = true;
+  const AttentionKernel k = g.be->attention_kernel(B, T, C, NH, p, kept);
+  if (!k.fused) GTEST_SKIP() << k.what;
+  const size_t N = (size_t)B * T, n = N * C, n3 = 3 * n;
+  const size_t s_own = g.be->attention_state_floats(B, T, C, NH, p, own),
+               s_kept = g.be->attention_state_floats(B, T, C, NH, p, kept);
+  EXPECT_EQ(s_own - s_kept, (n + 7) / 8 * 4) << "the state's copy of the output, 16-byte padded";
+  const Vec qkv = randn(n3, 15), dout = randn(n, 16);
+  const float* d_qkv = g.put(qkv);
+  const float* d_dout = g.put(dout);
+  BackendBuffer st_own(*g.be, s_own * sizeof(float)), st_kept(*g.be, s_kept * sizeof(float));
+  uint16_t* y_own = half_buffer(g, n);
+  g.shift = shift;
+  uint16_t* y_kept = half_buffer(g, n);
+  g.be->attention_forward(Output::half(y_own, p), st_own.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, own);
+  g.be->attention_forward(Output::half(y_kept, p), st_kept.as<float>(), d_qkv, B, T, C, NH, p, nullptr, nullptr, kept);
+  const std::string what = std::string("output kept by the caller") + (shift ? ", unaligned" : "");
+  expect_close(what + ": forward", widened(g, y_kept, n, p), widened(g, y_own, n, p), 0, 0);
+  g.shift = 0;
+  float* d_own = g.put(Vec(n3, std::nanf("")));
+  float* d_kept = g.put(Vec(n3, std::nanf("")));
+  g.be->attention_backward_into(d_own, d_dout, d_qkv, st_own.as<float>(), {}, B, T, C, NH, p, nullptr, own);
+  g.be->attention_backward_into(d_kept, d_dout, d_qkv, st_kept.as<float>(), Operand::half(y_kept), B, T, C, NH, p,
+                                nullptr, kept);
+  expect_close(what + ": backward", g.get(d_kept, n3), g.get(d_own, n3), 1e-5, 1e-6);
+}
+
 }  // namespace
 
+TEST(CudaFusions, AttentionOutputKeptByTheCaller) {
+  attention_output_kept_case(0);
+  attention_output_kept_case(1);
+}
 TEST(CudaFusions, AttentionGradientWrittenMaterialised) { attention_into_case(Precision::fp32, 40, false); }
 TEST(CudaFusions, AttentionGradientWrittenFused) { attention_into_case(Precision::bf16, 128, true); }
 TEST(CudaFusions, AttentionGradientIn16BitsFused) {

@@ -146,8 +146,8 @@ TEST(OpsBackend, FusedFormsAreTheirComposites) {
   fill(qkv, 71), fill(ad, 73);
   be->attention_forward(aout.data(), att.data(), qkv.data(), B, T, AC, NH, Precision::fp32, nullptr, nullptr, {});
   std::vector<float> dqkv(qkv.size(), 0.0f), dqkv2(qkv.size(), nan);
-  be->attention_backward(dqkv.data(), ad.data(), qkv.data(), att.data(), B, T, AC, NH, Precision::fp32, nullptr, {});
-  be->attention_backward_into(dqkv2.data(), ad.data(), qkv.data(), att.data(), B, T, AC, NH, Precision::fp32, nullptr,
+  be->attention_backward(dqkv.data(), ad.data(), qkv.data(), att.data(), {}, B, T, AC, NH, Precision::fp32, nullptr, {});
+  be->attention_backward_into(dqkv2.data(), ad.data(), qkv.data(), att.data(), {}, B, T, AC, NH, Precision::fp32, nullptr,
                               {});
   EXPECT_EQ(dqkv2, dqkv);
 }

@@ -225,9 +225,9 @@ void attention_case(const Dropout* drop, const std::vector<int32_t>* key_start =
   const AttentionUse use{drop ? drop->p : 0.0f, key_start != nullptr};
   ASSERT_EQ(g.be->attention_state_floats(B, T, C, NH, Precision::fp32, use), att.size());  // fp32: materialised
   cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, drop, hk, use);
-  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, drop, use);
+  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), {}, B, T, C, NH, Precision::fp32, drop, use);
   g.be->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, Precision::fp32, drop, d_ks, use);
-  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, B, T, C, NH, Precision::fp32, drop, use);
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_att, {}, B, T, C, NH, Precision::fp32, drop, use);
   expect_close("attention out", g.get(d_out, out.size()), out);
   expect_close("attention probabilities (zero outside each row's keys)", g.get(d_att, att.size()), att);
   expect_close("attention dqkv", g.get(d_dqkv, dqkv.size()), dqkv);
@@ -275,14 +275,14 @@ void fused_case(Precision p, int B, int T, int NH, int HS, const std::vector<int
   Vec out(N * C), att(N * NH * T), dqkv = dqkv0;
   const int32_t* hk = key_start ? key_start->data() : nullptr;
   cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, Precision::fp32, nullptr, hk, {});
-  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, Precision::fp32, nullptr, {});
+  cpu->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), {}, B, T, C, NH, Precision::fp32, nullptr, {});
   BackendBuffer d_state(*g.be, state * sizeof(float));
   float* d_out = g.put(Vec(N * C));
   float* d_dqkv = g.put(dqkv0);
   const float* d_qkv = g.put(qkv);
   const int32_t* d_ks = key_start ? g.put(*key_start) : nullptr;
   g.be->attention_forward(d_out, d_state.as<float>(), d_qkv, B, T, C, NH, p, nullptr, d_ks, use);
-  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_state.as<float>(), B, T, C, NH, p, nullptr, use);
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, d_state.as<float>(), {}, B, T, C, NH, p, nullptr, use);
   expect_close_norm("fused attention out", g.get(d_out, out.size()), out, 1e-2);
   Vec grad = g.get(d_dqkv, dqkv.size()), want = dqkv;
   for (size_t i = 0; i < grad.size(); ++i) grad[i] -= dqkv0[i], want[i] -= dqkv0[i];
@@ -403,7 +403,7 @@ TEST(CudaOps, FusedAttentionDropout) {
   EXPECT_GT(differ, out.size() / 10) << "another key should draw another mask";
   // Backward with the forward's Dropout against the CPU's with the mask read above.
   float* d_dqkv = g.put(Vec(N * 3 * C));
-  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, s1.as<float>(), B, T, C, NH, p, &d, use);
+  g.be->attention_backward(d_dqkv, g.put(dout), d_qkv, s1.as<float>(), {}, B, T, C, NH, p, &d, use);
   const Vec grad = g.get(d_dqkv, N * 3 * C);
   Vec want(N * 3 * C, 0.0f);
   const float scale = 1.0f / std::sqrt((float)HS), inv = 1.0f / (1.0f - drop_p);

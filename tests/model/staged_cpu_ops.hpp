@@ -193,16 +193,35 @@ class StagedCpuOps final : public kernels::OpsBackend {
                                 kernels::AttentionUse use) const override {
     return in_->attention_state_floats(B, T, C, NH, p, use) + (keeps_inputs_ ? (size_t)B * T * 3 * C : 0);
   }
+  /// On: the attention kernel reads forward's output in backward where its caller keeps it
+  /// (AttentionUse::output_kept), as the fused one does: forward records the 16-bit output it wrote
+  /// for each state, and backward compares the `out` it is given with that record, counting a
+  /// missing, moved or changed one (output_mismatches).
+  void set_attention_reads_output(bool on) { reads_output_ = on; }
+  int output_mismatches() const { return output_mismatches_; }
+  int outputs_read() const { return outputs_read_; }
   void attention_forward(kernels::Output out, float* att, const float* qkv, int B, int T, int C, int NH, kernels::Precision p,
                          const kernels::Dropout* drop, const int32_t* key_start, kernels::AttentionUse use) override {
     if (keeps_inputs_)
       std::memcpy(att + in_->attention_state_floats(B, T, C, NH, p, use), qkv, (size_t)B * T * 3 * C * sizeof(float));
     in_->attention_forward(out, att, qkv, B, T, C, NH, p, drop, key_start, use);
+    if (reads_output_ && use.output_kept) {
+      if (!out.h) ++output_mismatches_;
+      else kept_out_[att] = {out.h, std::vector<uint16_t>(out.h, out.h + (size_t)B * T * C)};
+    }
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, kernels::Precision p, const kernels::Dropout* drop, kernels::AttentionUse use) override {
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, kernels::Operand out,
+                          int B, int T, int C, int NH, kernels::Precision p, const kernels::Dropout* drop,
+                          kernels::AttentionUse use) override {
+    if (reads_output_ && use.output_kept) {
+      ++outputs_read_;
+      auto it = kept_out_.find(att);
+      if (it == kept_out_.end() || out.h != it->second.first ||
+          std::memcmp(out.h, it->second.second.data(), it->second.second.size() * sizeof(uint16_t)) != 0)
+        ++output_mismatches_;
+    }
     if (keeps_inputs_) qkv = att + in_->attention_state_floats(B, T, C, NH, p, use);
-    in_->attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
+    in_->attention_backward(dqkv, dout, qkv, att, out, B, T, C, NH, p, drop, use);
   }
   void dropout(float* x, size_t rows, int C, const kernels::Dropout& d) override { in_->dropout(x, rows, C, d); }
   void gelu_forward(kernels::Output out, const float* inp, size_t n) override { in_->gelu_forward(out, inp, n); }
@@ -340,7 +359,9 @@ class StagedCpuOps final : public kernels::OpsBackend {
   std::map<const char*, size_t> live_;  // allocations: start -> bytes
   std::vector<std::chrono::steady_clock::time_point> marks_;
   int head_rows_ = 0;
-  bool keeps_inputs_ = false, half_gradient_ = false, half_pre_ = false, pinning_ = false;
+  bool keeps_inputs_ = false, half_gradient_ = false, half_pre_ = false, pinning_ = false, reads_output_ = false;
+  int output_mismatches_ = 0, outputs_read_ = 0;
+  std::map<const float*, std::pair<const uint16_t*, std::vector<uint16_t>>> kept_out_;  // state -> output written
   std::map<void*, size_t> pins_;
   double to_host_ = 0;
   int syncs_ = 0, blocking_downloads_ = 0;

@@ -1,8 +1,8 @@
 // What the model keeps in 16 bits and what it shares, on the staged test backend (a device's
 // memory protocol on the CPU): GEMM inputs (bitwise the fp32 layout's), the GELU MLP's
 // pre-activation and the LM head's logits (within their rounding), and the attention inputs the
-// layers share where the kernel keeps its own copy (bitwise), and attention's 16-bit gradient (all
-// but qkv's bias gradient bitwise).
+// layers share where the kernel keeps its own copy (bitwise), attention's 16-bit gradient (all but
+// qkv's bias gradient bitwise) and the attention output handed back to the op's backward.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +38,7 @@ struct Step {
   std::vector<float> grads;
   size_t bytes = 0;       // Gpt::activation_bytes
   bool half_pre = false;  // Gpt::keeps_half_pre_activations
+  int outputs_read = 0, output_mismatches = 0;  // the staged attention's (set_attention_reads_output)
 };
 Step staged_step(const model::GptConfig& cfg, kernels::Precision prec, bool recompute,
                  const std::function<void(test::StagedCpuOps&)>& setup) {
@@ -54,6 +55,7 @@ Step staged_step(const model::GptConfig& cfg, kernels::Precision prec, bool reco
   s.grads = std::move(g);
   s.bytes = m.activation_bytes();
   s.half_pre = m.keeps_half_pre_activations();
+  s.outputs_read = be.outputs_read(), s.output_mismatches = be.output_mismatches();
   return s;
 }
 
@@ -203,23 +205,21 @@ TEST(Gpt, HalfPreActivationsStayWithinTheirRounding) {
     for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"dropout", with_dropout(0.1, 0.1)}})
       for (bool recompute : {false, true}) {
         const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
-        const auto [want_loss, want_g, want_bytes, want_pre] = step(cfg, prec, recompute, false);
-        const auto [loss, g, bytes, pre] = step(cfg, prec, recompute, true);
-        EXPECT_FALSE(want_pre) << what;
-        EXPECT_TRUE(pre) << what;
-        EXPECT_NE(loss, want_loss) << what << ": the 16-bit pre-activations did not run";
-        EXPECT_NEAR(loss, want_loss, (bf ? 2e-3 : 2e-4) * std::fabs(want_loss)) << what;
-        EXPECT_LE(rel_norm(g, want_g), bf ? 2e-2 : 3e-3) << what;
+        const Step want = step(cfg, prec, recompute, false), got = step(cfg, prec, recompute, true);
+        EXPECT_FALSE(want.half_pre) << what;
+        EXPECT_TRUE(got.half_pre) << what;
+        EXPECT_NE(got.loss, want.loss) << what << ": the 16-bit pre-activations did not run";
+        EXPECT_NEAR(got.loss, want.loss, (bf ? 2e-3 : 2e-4) * std::fabs(want.loss)) << what;
+        EXPECT_LE(rel_norm(got.grads, want.grads), bf ? 2e-2 : 3e-3) << what;
         const size_t n = kB * kT * 4 * cfg.hidden_size, sets = recompute ? 1 : cfg.num_layers;
-        EXPECT_EQ(want_bytes - bytes, sets * (n - (n + 7) / 8 * 4) * sizeof(float)) << what;
+        EXPECT_EQ(want.bytes - got.bytes, sets * (n - (n + 7) / 8 * 4) * sizeof(float)) << what;
       }
     for (const auto& [name, cfg] : {std::pair{"llama", llama_like()}, std::pair{"lora", lora}, std::pair{"moe", moe}}) {
-      const auto [want_loss, want_g, want_bytes, want_pre] = step(cfg, prec, false, false);
-      const auto [loss, g, bytes, pre] = step(cfg, prec, false, true);
-      EXPECT_EQ(pre, std::string(name) == "moe") << name << ": MoE sets keep fp32, the rest do not ask";
-      EXPECT_EQ(loss, want_loss) << name;
-      EXPECT_EQ(g, want_g) << name;
-      EXPECT_EQ(bytes, want_bytes) << name;
+      const Step want = step(cfg, prec, false, false), got = step(cfg, prec, false, true);
+      EXPECT_EQ(got.half_pre, std::string(name) == "moe") << name << ": MoE sets keep fp32, the rest do not ask";
+      EXPECT_EQ(got.loss, want.loss) << name;
+      EXPECT_EQ(got.grads, want.grads) << name;
+      EXPECT_EQ(got.bytes, want.bytes) << name;
     }
   }
 }
@@ -326,6 +326,46 @@ TEST(Gpt, HalfAttentionGradientChangesOnlyTheQkvBias) {
   }
   const Step want = step(tiny(), kernels::Precision::fp32, false, false), got = step(tiny(), kernels::Precision::fp32, false, true);
   EXPECT_EQ(got.grads, want.grads) << "an fp32 run";
+}
+
+// Where the model keeps its attention output in 16 bits (the proj GEMM's input, atty), it tells the
+// attention op so (AttentionUse::output_kept) and hands that output back to its backward, so a
+// kernel that reads its output there (cuDNN's) keeps no second copy in its state. On the staged
+// backend, whose attention then records the 16-bit output forward wrote for each state and
+// compares what backward is given: every layer's backward gets its own layer's output, unchanged
+// (the right set, not overwritten by a later layer, recomputed where recompute runs the forward
+// again), for GPT, dropout, per-document masks, grouped heads with rotary positions, LoRA on the
+// layers' linears and MoE, bf16 and fp16, with and without recompute; the step bitwise the same
+// as without the check. Without 16-bit activations (fp32, or a backend that does not ask) the
+// output is not kept so, and nothing is read.
+TEST(Gpt, AttentionReadsTheOutputTheModelKept) {
+  model::GptConfig docs = tiny(), lora = tiny(), moe = tiny(), grouped = llama_like();
+  docs.reset_attention_mask = docs.reset_position_ids = true;
+  docs.eod_token = 10;  // fixed_batch()'s fourth token: sample 0 holds two documents
+  lora.lora.rank = 4;
+  lora.lora.targets = 0x0F;
+  moe.moe.num_experts = {2};
+  grouped.num_kv_heads = 1;
+  auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half, bool reads) {
+    return staged_step(cfg, prec, recompute, [half, reads](test::StagedCpuOps& be) {
+      be.set_half_activations(half);
+      be.set_attention_reads_output(reads);
+    });
+  };
+  for (auto prec : {kernels::Precision::bf16, kernels::Precision::fp16})
+    for (const auto& [name, cfg] : {std::pair{"gpt", tiny()}, std::pair{"dropout", with_dropout(0.1, 0.1)},
+                                    std::pair{"documents", docs}, std::pair{"grouped", grouped},
+                                    std::pair{"lora", lora}, std::pair{"moe", moe}})
+      for (bool recompute : {false, true}) {
+        const std::string what = std::string(name) + " " + kernels::precision_name(prec) + (recompute ? " recompute" : "");
+        const Step want = step(cfg, prec, recompute, true, false), got = step(cfg, prec, recompute, true, true);
+        EXPECT_EQ(got.outputs_read, cfg.num_layers) << what << ": one read per layer's backward";
+        EXPECT_EQ(got.output_mismatches, 0) << what;
+        EXPECT_EQ(got.loss, want.loss) << what;
+        EXPECT_EQ(got.grads, want.grads) << what;
+      }
+  EXPECT_EQ(step(tiny(), kernels::Precision::fp32, false, true, true).outputs_read, 0) << "an fp32 run";
+  EXPECT_EQ(step(tiny(), kernels::Precision::bf16, false, false, true).outputs_read, 0) << "fp32 activations";
 }
 
 int main(int argc, char** argv) {

@@ -107,13 +107,14 @@ void OpsBackend::matmul_backward_into(float* dinp, float* dweight, float* dbias,
   widen_half(wide.as<float>(), dout.h, (size_t)N * OC, p);
   matmul_backward(dinp, dweight, dbias, wide.as<float>(), inp, weight, N, C, OC, p);
 }
-void OpsBackend::attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att, int B,
-                                         int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) {
+void OpsBackend::attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att,
+                                         Operand out, int B, int T, int C, int NH, Precision p, const Dropout* drop,
+                                         AttentionUse use) {
   const size_t n = (size_t)B * T * 3 * C;
   BackendBuffer scratch(*this, (dqkv.h ? n : 0) * sizeof(float));  // a 16-bit dqkv: the fp32 one, rounded after
   float* d = dqkv.h ? scratch.as<float>() : dqkv.f;
   zero(d, n * sizeof(float));
-  attention_backward(d, dout, qkv, att, B, T, C, NH, p, drop, use);
+  attention_backward(d, dout, qkv, att, out, B, T, C, NH, p, drop, use);
   if (dqkv.h) narrow_half(dqkv.h, d, n, dqkv.p);
 }
 void OpsBackend::gelu_backward_into(Output dinp, Operand inp, const float* dout, size_t n, Precision p) {
@@ -220,8 +221,8 @@ class CpuOps final : public OpsBackend {
     into(out, (size_t)B * T * C,
          [&](float* o) { kernels::attention_forward(o, att, qkv, B, T, C, NH, p, drop, key_start); });
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, Precision p, const Dropout* drop, AttentionUse) override {
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, Operand, int B, int T,
+                          int C, int NH, Precision p, const Dropout* drop, AttentionUse) override {
     kernels::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop);
   }
   void dropout(float* x, size_t rows, int C, const Dropout& d) override { kernels::dropout(x, rows, C, d); }

@@ -63,7 +63,7 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, ker
   const bool narrow = half_gradient(B, T, hooks);
   const kernels::Output d =
       narrow ? kernels::Output::half(reinterpret_cast<uint16_t*>(dqkv), precision_) : kernels::Output(dheads);
-  ops_->attention_backward_into(d, dy, heads, att, B, T, Cl_, NH_, precision_, drop, use_);  // written
+  ops_->attention_backward_into(d, dy, heads, att, y, B, T, Cl_, NH_, precision_, drop, use_);  // written
   if (grouped()) ops_->reduce_kv(dqkv, dheads, (size_t)N, Cl_, NH_, KV_);
   if (rotary_.dims > 0) ops_->rope(dqkv, B, T, Cl_, NH_, KV_, rotary_.dims, rotary_.theta, pos, true);  // before the rotation
   const kernels::Operand dq = narrow ? d.operand() : kernels::Operand(dqkv);

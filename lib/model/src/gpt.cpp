@@ -45,9 +45,12 @@ Gpt::Gpt(const GptConfig& cfg, Precision precision, bool recompute, kernels::Ops
   // The LM head's rows at once, as the backend sizes them: a (rows, Vl) logits buffer, not (N, Vl).
   head_rows_ = std::max(1, ops_->head_rows(Vl_, keeps_half_logits() ? 2 : 4));
   norm_ = Norm(*ops_, cfg_.hidden_size, cfg_.normalization);
+  // A set's 16-bit attention output (atty) stays as forward wrote it until backward: the kernel
+  // may read it there rather than keep its own copy.
+  const kernels::AttentionUse use{static_cast<float>(cfg_.attention_dropout), cfg_.reset_attention_mask,
+                                  keeps_half_activations()};
   attention_ = Attention(*ops_, precision_, cfg_.hidden_size, NHl_, Cl_,
-                         {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)}, cfg_.kv_heads() / tp_.size(),
-                         {static_cast<float>(cfg_.attention_dropout), cfg_.reset_attention_mask});
+                         {cfg_.rotary_dims(), static_cast<float>(cfg_.rope_theta)}, cfg_.kv_heads() / tp_.size(), use);
   mlp_ = Mlp(*ops_, precision_, cfg_.hidden_size, cfg_.mlp);
   moe_ = std::make_unique<Moe>(cfg_, *ops_, tp_, mlp_, ep_, Fl_);
   for (size_t l = 0; l < tensors_.layers.size(); ++l) {

@@ -9,6 +9,7 @@ namespace {
 
 size_t up4(size_t n) { return (n + 3) / 4 * 4; }
 size_t up256(size_t n) { return (n + 255) / 256 * 256; }
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 FusedShape shape_of(int B, int T, int C, int NH, Precision p, float dropout = 0, bool documents = false) {
   return {B, T, NH, C / NH, p == Precision::fp16, dropout, documents};
@@ -28,10 +29,11 @@ void check(cudaError_t err, const char* what) {
 
 }  // namespace
 
-// The state in att: 16-bit q, k, v rows as the forward read them, its 16-bit output, the per-row
-// statistics and, per document, each query's first key, each 16-byte aligned.
+// The state in att: 16-bit q, k, v rows as the forward read them, its 16-bit output (not where the
+// caller keeps it: use.output_kept), the per-row statistics and, per document, each query's first
+// key, each 16-byte aligned.
 struct FusedAttention::State {
-  uint16_t *qkv, *out;
+  uint16_t *qkv, *out;  // out: nullptr where use.output_kept
   float* stats;
   int32_t* keys;  // nullptr without per-document masks
 };
@@ -80,15 +82,16 @@ std::string FusedAttention::describe(Precision p, AttentionUse use) const {
 
 size_t FusedAttention::state_floats(int B, int T, int C, int NH, AttentionUse use) {
   const size_t N = (size_t)B * T;
-  return 4 + up4((N * 3 * C + 1) / 2) + up4((N * C + 1) / 2) + up4(N * NH) + (use.per_document ? N : 0);
+  return 4 + up4((N * 3 * C + 1) / 2) + (use.output_kept ? 0 : up4((N * C + 1) / 2)) + up4(N * NH) +
+         (use.per_document ? N : 0);
 }
 
 FusedAttention::State FusedAttention::state(float* att, int B, int T, int C, int NH, AttentionUse use) {
   const size_t N = (size_t)B * T;
   auto* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(att) + 15) & ~uintptr_t(15));
   float* out = base + up4((N * 3 * C + 1) / 2);
-  float* stats = out + up4((N * C + 1) / 2);
-  return {reinterpret_cast<uint16_t*>(base), reinterpret_cast<uint16_t*>(out), stats,
+  float* stats = use.output_kept ? out : out + up4((N * C + 1) / 2);
+  return {reinterpret_cast<uint16_t*>(base), use.output_kept ? nullptr : reinterpret_cast<uint16_t*>(out), stats,
           use.per_document ? reinterpret_cast<int32_t*>(stats + up4(N * NH)) : nullptr};
 }
 
@@ -132,29 +135,50 @@ void FusedAttention::forward(float* out, uint16_t* out16, float* att, const floa
     if (key_start) check(cudaMemcpyAsync(st.keys, key_start, bytes, cudaMemcpyDeviceToDevice, stream_), "the keys");
     else check(cudaMemsetAsync(st.keys, 0, bytes, stream_), "the keys");
   }
-  cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s)), seed_of(drop), st.keys);
   const size_t n = (size_t)B * T * C;
+  if (use.output_kept) {  // cuDNN writes the caller's 16-bit output (through the scratch where it is unaligned)
+    if (!out16) throw Error("CUDA backend: attention_forward: a call whose caller keeps the output needs it in 16 bits");
+    const bool direct = aligned16(out16);
+    const size_t staged = direct ? 0 : up256(n * sizeof(uint16_t));
+    char* w = static_cast<char*>(scratch(staged + cudnn_->forward_workspace(s)));
+    uint16_t* o = direct ? out16 : reinterpret_cast<uint16_t*>(w);
+    cudnn_->forward(s, st.qkv, o, st.stats, w + staged, seed_of(drop), st.keys);
+    if (!direct) check(cudaMemcpyAsync(out16, o, n * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_), "the output");
+    return;
+  }
+  cudnn_->forward(s, st.qkv, st.out, st.stats, scratch(cudnn_->forward_workspace(s)), seed_of(drop), st.keys);
   if (out16) check(cudaMemcpyAsync(out16, st.out, n * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_), "the output");
   else widen_half(out, st.out, n, bf16, stream_);
 }
 
 // q, k, v as the forward rounded them (its state); dout rounded here; the 16-bit gradient added to
 // dqkv in fp32 (or written there: accumulate false), or left in 16 bits where the caller takes it so.
-void FusedAttention::backward(float* dqkv, uint16_t* dqkv16, const float* dout, const float* att, int B, int T, int C,
-                              int NH, Precision p, const Dropout* drop, AttentionUse use, bool accumulate) {
+void FusedAttention::backward(float* dqkv, uint16_t* dqkv16, const float* dout, const float* att,
+                              const uint16_t* kept16, int B, int T, int C, int NH, Precision p, const Dropout* drop,
+                              AttentionUse use, bool accumulate) {
   if (dqkv16 && accumulate) throw Error("CUDA backend: fused attention: a 16-bit dqkv is written, not accumulated");
+  if (use.output_kept && !kept16)
+    throw Error("CUDA backend: attention_backward: a call whose caller keeps the output must pass it (`out`)");
   const FusedShape s = plan(B, T, C, NH, p, drop, use);
   const State st = state(const_cast<float*>(att), B, T, C, NH, use);
   const bool bf16 = p == Precision::bf16;
   // cuDNN writes a 16-bit dqkv the caller gives where it is 16-byte aligned (as the state's arrays);
   // elsewhere into the scratch, copied after.
-  const bool direct = dqkv16 && reinterpret_cast<uintptr_t>(dqkv16) % 16 == 0;
+  // Likewise the kept output it reads, copied into the scratch where unaligned.
+  const bool direct = dqkv16 && aligned16(dqkv16), out_direct = !use.output_kept || aligned16(kept16);
   const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = direct ? 0 : up256(n3 * 2);
-  char* w = static_cast<char*>(scratch(a1 + a3 + cudnn_->backward_workspace(s)));
+  const size_t ao = out_direct ? 0 : a1;
+  char* w = static_cast<char*>(scratch(a1 + a3 + ao + cudnn_->backward_workspace(s)));
   auto* dout16 = reinterpret_cast<uint16_t*>(w);
   uint16_t* grad16 = direct ? dqkv16 : reinterpret_cast<uint16_t*>(w + a1);
+  const uint16_t* o = use.output_kept ? kept16 : st.out;
+  if (!out_direct) {
+    auto* staged = reinterpret_cast<uint16_t*>(w + a1 + a3);
+    check(cudaMemcpyAsync(staged, kept16, n1 * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_), "the kept output");
+    o = staged;
+  }
   narrow_half(dout16, dout, n1, bf16, stream_);
-  cudnn_->backward(s, st.qkv, st.out, dout16, st.stats, grad16, w + a1 + a3, seed_of(drop), st.keys);
+  cudnn_->backward(s, st.qkv, o, dout16, st.stats, grad16, w + a1 + a3 + ao, seed_of(drop), st.keys);
   if (dqkv16) {
     if (!direct) check(cudaMemcpyAsync(dqkv16, grad16, n3 * sizeof(uint16_t), cudaMemcpyDeviceToDevice, stream_), "dqkv");
     return;

@@ -42,13 +42,15 @@ class FusedAttention {
   /// Floats of the state a served call keeps (attention_state_floats).
   static size_t state_floats(int B, int T, int C, int NH, AttentionUse use);
   /// The op's forward and backward for a served call (contracts as in ops_backend.hpp). out16 (p's
-  /// format) instead of out: cuDNN's 16-bit output copied as it is, not widened.
+  /// format) instead of out: cuDNN's 16-bit output copied as it is, not widened; where
+  /// use.output_kept, written there only (the state has no copy) and read back by backward as
+  /// kept16 (the caller's out16, unchanged).
   void forward(float* out, uint16_t* out16, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                const Dropout* drop, const int32_t* key_start, AttentionUse use);
   /// accumulate false: dqkv written (attention_backward_into). dqkv16 (p's format) instead of
   /// dqkv: cuDNN's 16-bit gradient written there as it is, not widened (accumulate must be false).
-  void backward(float* dqkv, uint16_t* dqkv16, const float* dout, const float* att, int B, int T, int C, int NH,
-                Precision p, const Dropout* drop, AttentionUse use, bool accumulate = true);
+  void backward(float* dqkv, uint16_t* dqkv16, const float* dout, const float* att, const uint16_t* kept16, int B,
+                int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use, bool accumulate = true);
   /// Device bytes held for staging and cuDNN's workspaces.
   size_t scratch_bytes() const { return scratch_bytes_; }
 

@@ -297,28 +297,29 @@ class CudaOps final : public OpsBackend {
     }
     plain_->forward(y, att, qkv, B, T, C, NH, p, drop, key_start);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, Precision p, const Dropout* drop, AttentionUse use) override {
-    attention_gradient(dqkv, nullptr, dout, qkv, att, B, T, C, NH, p, drop, use, true);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, Operand out, int B, int T,
+                          int C, int NH, Precision p, const Dropout* drop, AttentionUse use) override {
+    attention_gradient(dqkv, nullptr, dout, qkv, att, out, B, T, C, NH, p, drop, use, true);
   }
   // Written: the fused kernel widens instead of adding (a 16-bit dqkv: cuDNN writes it there), the
   // GEMMs run with beta 0 (each of dq, dk and dv is one GEMM's output): no memset first. A 16-bit
   // dqkv from the materialised kernel: its fp32 gradient rounded after (the default).
-  void attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                               int C, int NH, Precision p, const Dropout* drop, AttentionUse use) override {
+  void attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att, Operand out, int B,
+                               int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) override {
     require_heads("attention_backward_into", B, T, C, NH);
     if (dqkv.h && dqkv.p != p) throw Error("CudaOps::attention_backward_into: a 16-bit dqkv must be in the op's format");
     if (dqkv.h && !fused_->refusal(B, T, C, NH, p, use).empty()) {
-      OpsBackend::attention_backward_into(dqkv, dout, qkv, att, B, T, C, NH, p, drop, use);
+      OpsBackend::attention_backward_into(dqkv, dout, qkv, att, out, B, T, C, NH, p, drop, use);
       return;
     }
-    attention_gradient(dqkv.f, dqkv.h, dout, qkv, att, B, T, C, NH, p, drop, use, false);
+    attention_gradient(dqkv.f, dqkv.h, dout, qkv, att, out, B, T, C, NH, p, drop, use, false);
   }
-  void attention_gradient(float* dqkv, uint16_t* dqkv16, const float* dout, const float* qkv, const float* att, int B,
-                          int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use, bool accumulate) {
+  void attention_gradient(float* dqkv, uint16_t* dqkv16, const float* dout, const float* qkv, const float* att,
+                          Operand out, int B, int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use,
+                          bool accumulate) {
     require_heads("attention_backward", B, T, C, NH);
     if (fused_->refusal(B, T, C, NH, p, use).empty()) {
-      fused_->backward(dqkv, dqkv16, dout, att, B, T, C, NH, p, drop, use, accumulate);
+      fused_->backward(dqkv, dqkv16, dout, att, out.h, B, T, C, NH, p, drop, use, accumulate);
       return;
     }
     plain_->backward(dqkv, dout, qkv, att, B, T, C, NH, p, drop, accumulate);

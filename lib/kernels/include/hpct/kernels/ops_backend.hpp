@@ -29,6 +29,10 @@ namespace hpct::kernels {
 struct AttentionUse {
   float dropout = 0.0f;       // the attention dropout calls may use (--attention-dropout; 0: none)
   bool per_document = false;  // key_start may be passed (--reset-attention-mask)
+  /// The caller keeps forward's output in p's 16 bits (written as Output::half), unchanged until
+  /// backward, and passes it there (attention_backward's `out`): a kernel whose backward reads its
+  /// output (the fused one) then keeps no copy of it in its state.
+  bool output_kept = false;
 };
 /// The attention kernel a backend runs for a shape: fused (flash-class: no T x T matrix kept) or
 /// the materialised one, and what it is in words (with the reason where the fused one does not serve).
@@ -182,7 +186,8 @@ class OpsBackend {
   /// Floats of the state attention_forward saves for attention_backward (`att` below), in the
   /// op's own layout: callers size it by this and never read it. The materialised kernel (the CPU's,
   /// the CUDA one) keeps the probabilities, B x NH x T x T; a fused (flash-class) kernel keeps the
-  /// inputs it saw, its output and per-row statistics (attention_kernel says which).
+  /// inputs it saw, its output (not where use.output_kept) and per-row statistics (attention_kernel
+  /// says which).
   virtual size_t attention_state_floats(int B, int T, int C, int NH, Precision p, AttentionUse use) const {
     (void)C, (void)p, (void)use;
     return (size_t)B * NH * T * T;
@@ -195,9 +200,10 @@ class OpsBackend {
   virtual void attention_forward(Output out, float* att, const float* qkv, int B, int T, int C, int NH, Precision p,
                                  const Dropout* drop, const int32_t* key_start, AttentionUse use) = 0;
   /// qkv: forward's input, unread (and may be nullptr or hold other values) where attention_kernel
-  /// says the kernel keeps its inputs.
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int C, int NH, Precision p, const Dropout* drop, AttentionUse use) = 0;
+  /// says the kernel keeps its inputs. out: forward's output as the caller kept it, read only where
+  /// use.output_kept (its 16-bit form; empty allowed elsewhere).
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, Operand out,
+                                  int B, int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use) = 0;
   /// In place on (rows, C) token rows; the mask is dropout.hpp's, bitwise the same on every backend.
   virtual void dropout(float* x, size_t rows, int C, const Dropout& d) = 0;
   virtual void gelu_forward(Output out, const float* inp, size_t n) = 0;
@@ -241,8 +247,8 @@ class OpsBackend {
   /// attention_backward with dqkv WRITTEN (B*T rows of 3C, as if zeroed first): fp32, or 16-bit in
   /// p's format (the gradient rounded once: the qkv GEMMs read it as it is, as autocast's bf16
   /// attention gradient; lossless where attention_kernel says half_gradient).
-  virtual void attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                       int C, int NH, Precision p, const Dropout* drop, AttentionUse use);
+  virtual void attention_backward_into(Output dqkv, const float* dout, const float* qkv, const float* att, Operand out,
+                                       int B, int T, int C, int NH, Precision p, const Dropout* drop, AttentionUse use);
   /// dinp = gelu'(inp) * dout, WRITTEN (gelu_backward on a zeroed dinp). inp in either form (a
   /// 16-bit one in p's format: the pre-activation matmul_gelu_forward kept so); dinp fp32, or
   /// 16-bit in p's format (each value computed in fp32 and rounded once: the GEMMs after it read it).

@@ -136,7 +136,8 @@ class Attention {
   /// From dout (the projection's output gradient): the weight gradients ACCUMULATED, dx WRITTEN
   /// (no memset first; a LoRA hook adds to it after the GEMM); dy (B*T x channels) and dqkv
   /// (dqkv_floats(B*T)) are scratch. qkv: mix()'s buffer as it left it, unread where
-  /// keeps_inputs(B, T) (nullptr allowed there). Where half_gradient(), the attention's gradient
+  /// keeps_inputs(B, T) (nullptr allowed there). y: mix()'s output, unchanged since (the kernel
+  /// reads it where the use says output_kept). Where half_gradient(), the attention's gradient
   /// stays in 16 bits on its way to the qkv GEMMs.
   void backward(const AttentionWeights& w, const AttentionGrads& g, kernels::Operand x, const float* qkv,
                 const float* att, kernels::Operand y, const float* dout, float* dx, int B, int T, float* dy, float* dqkv,
