@@ -44,9 +44,12 @@ for t in test_kernels_cuda test_ops_backend_cuda test_transfers_cuda test_fusion
   ((rc != 0 || skipped != 0)) && { fails=$((fails + 1)); tail -40 "$out/$t.log"; }
 done
 # cuDNN's own account of a fused-attention failure (its error log names the descriptor and reason).
-if grep -q 'FAILED.*Fused' "$out"/test_ops_backend_cuda.log "$out"/test_gpt_cuda.log 2>/dev/null; then
+if grep -q 'FAILED.*\(Fused\|CudaFusions.Attention\)' "$out"/test_ops_backend_cuda.log "$out"/test_gpt_cuda.log \
+  "$out"/test_fusions_cuda.log 2>/dev/null; then
   CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn_fused.log" timeout 60 "$(b test_ops_backend_cuda)" \
     --gtest_filter='*Fused*' >"$out/fused_rerun.log" 2>&1
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn_fusions.log" timeout 60 "$(b test_fusions_cuda)" \
+    --gtest_filter='CudaFusions.Attention*' >"$out/fusions_rerun.log" 2>&1
   echo "fused attention failed: cuDNN's log in $out/cudnn_fused.log (first lines):"; head -30 "$out/cudnn_fused.log"
 fi
 # GPU-resident ZeRO: stages 0-2 on the GPU against the CPU backend (one rank).

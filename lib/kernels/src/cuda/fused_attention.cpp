@@ -162,9 +162,9 @@ void FusedAttention::backward(float* dqkv, uint16_t* dqkv16, const float* dout, 
   const FusedShape s = plan(B, T, C, NH, p, drop, use);
   const State st = state(const_cast<float*>(att), B, T, C, NH, use);
   const bool bf16 = p == Precision::bf16;
-  // cuDNN writes a 16-bit dqkv the caller gives where it is 16-byte aligned (as the state's arrays);
-  // elsewhere into the scratch, copied after.
-  // Likewise the kept output it reads, copied into the scratch where unaligned.
+  // cuDNN writes a 16-bit dqkv the caller gives where it is 16-byte aligned (as the state's arrays),
+  // elsewhere into the scratch, copied after; and reads the caller's kept output likewise (copied
+  // into the scratch first where unaligned).
   const bool direct = dqkv16 && aligned16(dqkv16), out_direct = !use.output_kept || aligned16(kept16);
   const size_t n1 = (size_t)B * T * C, n3 = 3 * n1, a1 = up256(n1 * 2), a3 = direct ? 0 : up256(n3 * 2);
   const size_t ao = out_direct ? 0 : a1;
