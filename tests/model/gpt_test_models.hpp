@@ -52,6 +52,30 @@ inline model::GptConfig llama_like() {
   return c;
 }
 
+// tiny() with LoRA adapters of rank 4 on the layers' four linears (qkv, proj, fc, fc2; not the embedding).
+inline model::GptConfig layer_lora() {
+  model::GptConfig c = tiny();
+  c.lora.rank = 4;
+  c.lora.targets = 0x0F;
+  return c;
+}
+
+// tiny() with MoE layers of 2 experts (top-1).
+inline model::GptConfig two_experts() {
+  model::GptConfig c = tiny();
+  c.moe.num_experts = {2};
+  return c;
+}
+
+// tiny() with per-document attention and positions, the end-of-document token fixed_batch()'s
+// fourth (sample 0 holds two documents).
+inline model::GptConfig documents() {
+  model::GptConfig c = tiny();
+  c.reset_attention_mask = c.reset_position_ids = true;
+  c.eod_token = 10;
+  return c;
+}
+
 // A flat store that also keeps the parameters' 16-bit copy (ParamStore::params16), `shift`
 // elements off where a test wants a wrong one.
 struct HalfCopyStore : model::FlatParamStore {

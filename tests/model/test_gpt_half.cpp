@@ -20,7 +20,8 @@
 #include "staged_cpu_ops.hpp"
 
 using namespace hpct;
-using test::fixed_batch, test::kB, test::kT, test::llama_like, test::tiny, test::with_dropout, test::HalfCopyStore;
+using test::documents, test::fixed_batch, test::kB, test::kT, test::layer_lora, test::llama_like, test::tiny,
+    test::two_experts, test::with_dropout, test::HalfCopyStore;
 
 namespace {
 
@@ -73,12 +74,9 @@ Step staged_step(const model::GptConfig& cfg, kernels::Precision prec, bool reco
 // backend that does not ask.
 TEST(Gpt, HalfActivationsChangeNoBit) {
   const model::GptConfig llama = llama_like();
-  model::GptConfig lora = tiny(), drop = with_dropout(0.1, 0.1), moe = tiny(), rmoe = tiny();
-  moe.moe.num_experts = {2};
-  rmoe.moe.num_experts = {2};
+  const model::GptConfig lora = layer_lora(), drop = with_dropout(0.1, 0.1), moe = two_experts();
+  model::GptConfig rmoe = two_experts();
   rmoe.moe.residual = true;
-  lora.lora.rank = 4;
-  lora.lora.targets = 0x0F;  // the layers' four linears, not the embedding
   const auto batch = fixed_batch();  // named, not bound: C++17 lambdas cannot capture structured bindings
   const std::vector<int32_t>&tok = batch.first, &tgt = batch.second;
   struct Run {
@@ -190,10 +188,7 @@ TEST(Gpt, HalfLogitsStayWithinTheirRounding) {
 // ran) and the workspace shrink by the halved arrays exactly; SwiGLU, an adapter on fc and MoE
 // layers keep fp32 (their bits unchanged).
 TEST(Gpt, HalfPreActivationsStayWithinTheirRounding) {
-  model::GptConfig lora = tiny(), moe = tiny();
-  lora.lora.rank = 4;
-  lora.lora.targets = 0x0F;  // fc among them
-  moe.moe.num_experts = {2};
+  const model::GptConfig lora = layer_lora(), moe = two_experts();  // lora: fc among the adapted linears
   auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool pre) {
     return staged_step(cfg, prec, recompute, [pre](test::StagedCpuOps& be) {
       be.set_half_activations(true);
@@ -234,13 +229,9 @@ TEST(Gpt, HalfPreActivationsStayWithinTheirRounding) {
 // the workspace is the per-layer buffers smaller (less the test backend's copies). With recompute
 // there is one activation set, so nothing to share.
 TEST(Gpt, LayersShareTheAttentionInputsWhereTheKernelKeepsThem) {
-  model::GptConfig grouped = llama_like(), docs = tiny(), lora = tiny(), moe = tiny();
+  model::GptConfig grouped = llama_like();
+  const model::GptConfig docs = documents(), lora = layer_lora(), moe = two_experts();
   grouped.num_kv_heads = 1;
-  docs.reset_attention_mask = docs.reset_position_ids = true;
-  docs.eod_token = 10;  // fixed_batch()'s fourth token: sample 0 holds two documents
-  lora.lora.rank = 4;
-  lora.lora.targets = 0x0F;
-  moe.moe.num_experts = {2};
   auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool keeps) {
     return staged_step(cfg, prec, recompute, [keeps](test::StagedCpuOps& be) { be.set_attention_keeps_inputs(keeps); });
   };
@@ -279,12 +270,7 @@ TEST(Gpt, LayersShareTheAttentionInputsWhereTheKernelKeepsThem) {
 // with rotary positions and an adapter on qkv read the gradient in fp32, so they keep it (bitwise),
 // as does an fp32 run.
 TEST(Gpt, HalfAttentionGradientChangesOnlyTheQkvBias) {
-  model::GptConfig docs = tiny(), lora = tiny(), moe = tiny();
-  docs.reset_attention_mask = docs.reset_position_ids = true;
-  docs.eod_token = 10;  // fixed_batch()'s fourth token: sample 0 holds two documents
-  lora.lora.rank = 4;
-  lora.lora.targets = 0x0F;  // qkv among them
-  moe.moe.num_experts = {2};
+  const model::GptConfig docs = documents(), lora = layer_lora(), moe = two_experts();  // lora: qkv among them
   auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half) {
     return staged_step(cfg, prec, recompute, [half](test::StagedCpuOps& be) {
       be.set_half_activations(true);
@@ -339,12 +325,8 @@ TEST(Gpt, HalfAttentionGradientChangesOnlyTheQkvBias) {
 // as without the check. Without 16-bit activations (fp32, or a backend that does not ask) the
 // output is not kept so, and nothing is read.
 TEST(Gpt, AttentionReadsTheOutputTheModelKept) {
-  model::GptConfig docs = tiny(), lora = tiny(), moe = tiny(), grouped = llama_like();
-  docs.reset_attention_mask = docs.reset_position_ids = true;
-  docs.eod_token = 10;  // fixed_batch()'s fourth token: sample 0 holds two documents
-  lora.lora.rank = 4;
-  lora.lora.targets = 0x0F;
-  moe.moe.num_experts = {2};
+  const model::GptConfig docs = documents(), lora = layer_lora(), moe = two_experts();
+  model::GptConfig grouped = llama_like();
   grouped.num_kv_heads = 1;
   auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half, bool reads) {
     return staged_step(cfg, prec, recompute, [half, reads](test::StagedCpuOps& be) {
