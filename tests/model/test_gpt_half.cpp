@@ -268,12 +268,12 @@ TEST(Gpt, LayersShareTheAttentionInputsWhereTheKernelKeepsThem) {
 // 1.7e-4). It must differ,
 // or the 16-bit route did not run. GPT, dropout, per-document masks, MoE, recompute; grouped heads
 // with rotary positions and an adapter on qkv read the gradient in fp32, so they keep it (bitwise),
-// as does an fp32 run.
+// as do an fp32 run and one whose GEMM inputs are fp32.
 TEST(Gpt, HalfAttentionGradientChangesOnlyTheQkvBias) {
   const model::GptConfig docs = documents(), lora = layer_lora(), moe = two_experts();  // lora: qkv among them
-  auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half) {
-    return staged_step(cfg, prec, recompute, [half](test::StagedCpuOps& be) {
-      be.set_half_activations(true);
+  auto step = [](const model::GptConfig& cfg, kernels::Precision prec, bool recompute, bool half, bool acts = true) {
+    return staged_step(cfg, prec, recompute, [half, acts](test::StagedCpuOps& be) {
+      be.set_half_activations(acts);
       be.set_attention_keeps_inputs(true);
       be.set_attention_half_gradient(half);
     });
@@ -312,6 +312,9 @@ TEST(Gpt, HalfAttentionGradientChangesOnlyTheQkvBias) {
   }
   const Step want = step(tiny(), kernels::Precision::fp32, false, false), got = step(tiny(), kernels::Precision::fp32, false, true);
   EXPECT_EQ(got.grads, want.grads) << "an fp32 run";
+  const auto bf16 = kernels::Precision::bf16;
+  EXPECT_EQ(step(tiny(), bf16, false, true, false).grads, step(tiny(), bf16, false, false, false).grads)
+      << "fp32 GEMM inputs (the qkv GEMMs would narrow ln1 for a 16-bit gradient)";
 }
 
 // Where the model keeps its attention output in 16 bits (the proj GEMM's input, atty), it tells the

@@ -60,7 +60,7 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, ker
   float* dheads = grouped() ? dqkv + (size_t)N * qkv_width() : dqkv;
   const float* heads = qkv && grouped() ? qkv + (size_t)N * qkv_width() : qkv;  // as mix() gave the op
   // A 16-bit gradient (half_gradient) goes to the qkv GEMMs as it is, in dqkv's first half.
-  const bool narrow = half_gradient(B, T, hooks);
+  const bool narrow = half_gradient(B, T, x, hooks);
   const kernels::Output d =
       narrow ? kernels::Output::half(reinterpret_cast<uint16_t*>(dqkv), precision_) : kernels::Output(dheads);
   ops_->attention_backward_into(d, dy, heads, att, y, B, T, Cl_, NH_, precision_, drop, use_);  // written
@@ -71,8 +71,9 @@ void Attention::backward(const AttentionWeights& w, const AttentionGrads& g, ker
   if (hooks && !narrow) hooks->backward(LinearHooks::qkv, x, dqkv, dx, N);
 }
 
-bool Attention::half_gradient(int B, int T, LinearHooks* hooks) const {
-  return !grouped() && rotary_.dims == 0 && !(hooks && hooks->active(LinearHooks::qkv)) && kernel(B, T).half_gradient;
+bool Attention::half_gradient(int B, int T, kernels::Operand x, LinearHooks* hooks) const {
+  return x.h && !grouped() && rotary_.dims == 0 && !(hooks && hooks->active(LinearHooks::qkv)) &&
+         kernel(B, T).half_gradient;
 }
 
 }  // namespace hpct::model

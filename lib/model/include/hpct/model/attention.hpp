@@ -127,10 +127,13 @@ class Attention {
            const kernels::Dropout* drop, const int32_t* key_start, const int32_t* pos, LinearHooks* hooks) const;
   /// True when backward keeps the attention op's input gradient in p's 16 bits for the qkv GEMMs,
   /// as autocast's bf16 attention gradient: where the kernel computes it in 16 bits anyway
-  /// (AttentionKernel::half_gradient: no value lost) and nothing reads it in fp32 but those GEMMs,
-  /// which round it to p in a 16-bit op (no grouped heads' sum, rotary rotation or adapter on qkv).
-  /// Saves widening it and narrowing it back: 8 bytes an element moved, per layer and micro-step.
-  bool half_gradient(int B, int T, LinearHooks* hooks) const;
+  /// (AttentionKernel::half_gradient: no value lost), the GEMMs' input x comes in 16 bits (so they
+  /// run on 16-bit inputs either way, and no pass narrows x), and nothing reads the gradient in fp32
+  /// but those GEMMs, which round it to p in a 16-bit op (no grouped heads' sum, rotary rotation or
+  /// adapter on qkv). Saves widening it and narrowing it back: 8 bytes an element moved, per layer
+  /// and micro-step. (A weight given without its 16-bit copy is then rounded by the GEMMs'
+  /// narrowing pass rather than inside cuBLAS: the same rounding to p, once.)
+  bool half_gradient(int B, int T, kernels::Operand x, LinearHooks* hooks) const;
   /// The output projection: out = y dense^T + b on `rows` rows (a partial sum under tensor parallelism).
   void project(const AttentionWeights& w, kernels::Operand y, float* out, int rows, LinearHooks* hooks) const;
   /// From dout (the projection's output gradient): the weight gradients ACCUMULATED, dx WRITTEN
