@@ -163,6 +163,15 @@ TEST(GptCuda, Bf16FusedAttentionWithDocumentsMatchesTheCpu) {
   c.eod_token = 42;
   compare_one_step(Precision::bf16, true, 3e-2, c, 0, true);
 }
+// LoRA on the layers' linears with the fused kernel, same tolerance: the active qkv hook keeps
+// attention's gradient in fp32, the proj hook reads the output the model kept for the kernel.
+TEST(GptCuda, Bf16FusedAttentionWithLoraMatchesTheCpu) {
+  model::GptConfig c = tiny();
+  c.lora.rank = 4;
+  c.lora.alpha = 8;
+  c.lora.targets = 0x0F;
+  compare_one_step(Precision::bf16, true, 3e-2, c, 0, true);
+}
 // cuDNN's attention dropout in the model: its mask is cuDNN's, so the CPU is no reference here
 // (test_ops_backend_cuda's FusedAttentionDropout checks the op against the CPU with the mask read
 // off). The recomputed forward (activation recompute) must draw the kept forward's mask: the loss
