@@ -43,6 +43,11 @@ for t in test_kernels_cuda test_ops_backend_cuda test_transfers_cuda test_fusion
   echo "$t: exit $rc, $summary skipped lines: $skipped"
   ((rc != 0 || skipped != 0)) && { fails=$((fails + 1)); tail -40 "$out/$t.log"; }
 done
+# cuBLASLt's bias epilogue (bias_gemm.hpp) failing its test: the benchmark without it.
+if grep -q 'FAILED.*BiasInTheGemm' "$out/test_linear_cuda.log" 2>/dev/null; then
+  export HPCT_CUBLASLT=0
+  echo "cuBLASLt's bias epilogue failed its test: what follows runs with HPCT_CUBLASLT=0 (GEMM, then a bias pass)"
+fi
 # cuDNN's own account of a fused-attention failure (its error log names the descriptor and reason).
 if grep -q 'FAILED.*\(Fused\|CudaFusions.Attention\)' "$out"/test_ops_backend_cuda.log "$out"/test_gpt_cuda.log \
   "$out"/test_fusions_cuda.log 2>/dev/null; then

@@ -1,7 +1,8 @@
 // 16-bit activations on the CUDA backend. Read: the linear-layer GEMMs on their operand forms
 // (linear_gemms.hpp): every form of the input and the weight (fp32 only, 16-bit only, both) in
-// matmul_forward, matmul_backward, matmul_backward_into and matmul_gelu_forward, against the CPU
-// backend on the fp32 values of the rounded inputs (which is what every form means: operand.hpp).
+// matmul_forward (with its bias in the GEMM too), matmul_backward, matmul_backward_into and
+// matmul_gelu_forward, against the CPU backend on the fp32 values of the rounded inputs (which is
+// what every form means: operand.hpp).
 // Written: the ops whose output a GEMM reads next (LayerNorm, RMSNorm, both with the residual add,
 // fc's bias + GELU, GELU, SwiGLU, attention with both kernels) into a 16-bit Output, against the
 // CPU's fp32 output. Without a CUDA device every test is SKIPPED.
@@ -17,6 +18,7 @@
 // output is its rounding, bitwise.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -114,6 +116,44 @@ TEST(CudaLinear, Fp32OpRefusesHalfOnlyInput) {
   EXPECT_THROW(g.be->matmul_forward(g.put(out), x.on(g, Form::half), w.on(g, Form::fp32), nullptr, N, C, OC,
                                     Precision::fp32),
                hpct::Error);
+}
+
+// A bias on 16-bit inputs goes into the GEMM (cuBLASLt's BIAS epilogue: bias_gemm.hpp) where cuBLASLt
+// offers an algorithm, else the GEMM and a bias pass; either way out = inp W^T + b. Against the CPU
+// (1e-2 of the norm, as above) and against the same device's product without the bias plus the
+// bias added on the host (1e-4 + 1e-4, as test_ops_backend_cuda's fp32 matmul: the two calls may
+// pick GEMM algorithms that sum the 48-50 products in other orders). Aligned, and with every
+// pointer one element off (2-byte 16-bit inputs, 4-byte fp32 output and bias: the plan must assume
+// no more, or fall back); an OC and a C that are not multiples of 8 (rows not 16-byte aligned).
+void bias_case(Precision p, int C, int OC, int shift) {
+  NEED_GPU(g);
+  g.shift = shift;
+  auto cpu = cpu_ops();
+  const int N = 300;
+  Input x((size_t)N * C, 11, 1.0f, p), w((size_t)OC * C, 12, 0.2f, p);
+  const Vec b = randn(OC, 13);
+  Vec want((size_t)N * OC), plain((size_t)N * OC);
+  cpu->matmul_forward(want.data(), x.f.data(), w.f.data(), b.data(), N, C, OC, p);
+  const Operand dx = x.on(g, Form::half), dw = w.on(g, Form::half);
+  float* out = g.put(Vec((size_t)N * OC, std::nanf("")));
+  float* out0 = g.put(Vec((size_t)N * OC, std::nanf("")));
+  g.be->matmul_forward(out, dx, dw, g.put(b), N, C, OC, p);
+  g.be->matmul_forward(out0, dx, dw, nullptr, N, C, OC, p);
+  const Vec got = g.get(out, want.size()), none = g.get(out0, want.size());
+  for (int r = 0; r < N; ++r)
+    for (int o = 0; o < OC; ++o) plain[(size_t)r * OC + o] = none[(size_t)r * OC + o] + b[o];
+  const std::string what = std::string(precision_name(p)) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
+                           (shift ? " unaligned" : "");
+  expect_close_norm(what + ": against the CPU", got, want, 1e-2);
+  expect_close(what + ": against the product plus the bias", got, plain, 1e-4, 1e-4);
+}
+
+TEST(CudaLinear, BiasInTheGemm) {
+  for (Precision p : {Precision::bf16, Precision::fp16})
+    for (int shift : {0, 1}) {
+      bias_case(p, 48, 80, shift);
+      bias_case(p, 50, 77, shift);
+    }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ bool half_precision(Precision p) { return p != Precision::fp32; }
 LinearGemms::~LinearGemms() {
   for (DeviceSlot& s : slots_) s.release(stream_);
   wide_.release(stream_);
+  bias_.reset();
 }
 
 const float* LinearGemms::fp32(Operand x, const char* what) {
@@ -47,14 +48,18 @@ void LinearGemms::gemm(bool ta, bool tb, int M, int N, int K, const void* A, int
             (half ? ", 16-bit inputs)" : ")"));
 }
 
-void LinearGemms::forward(float* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) {
+void LinearGemms::forward(float* out, Operand inp, Operand weight, int N, int C, int OC, Precision p,
+                          const float* bias) {
   const size_t ni = (size_t)N * C, nw = (size_t)OC * C;
   if (half_precision(p) && ((inp.h && weight.h) || !inp.f || !weight.f)) {
-    gemm(false, true, N, OC, C, narrow(inp, ni, p, 0), C, narrow(weight, nw, p, 1), C, 0.0f, out, OC, true, p);
-    return;
+    const uint16_t *x = narrow(inp, ni, p, 0), *w = narrow(weight, nw, p, 1);
+    if (bias && bias_->forward(out, x, w, bias, N, C, OC, p)) return;  // the bias in the GEMM
+    gemm(false, true, N, OC, C, x, C, w, C, 0.0f, out, OC, true, p);
+  } else {
+    gemm(false, true, N, OC, C, fp32(inp, "linear forward"), C, fp32(weight, "linear forward"), C, 0.0f, out, OC,
+         false, p);
   }
-  gemm(false, true, N, OC, C, fp32(inp, "linear forward"), C, fp32(weight, "linear forward"), C, 0.0f, out, OC, false,
-       p);
+  if (bias) cuda::add_bias(out, bias, N, OC, stream_);
 }
 
 void LinearGemms::forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p) {

@@ -9,7 +9,9 @@
 // other narrowed); otherwise on the fp32 inputs with cuBLAS allowed to round them to 16 bits inside
 // the kernel (CUBLAS_COMPUTE_32F_FAST_16BF / _16F), as before there were 16-bit operands. Either
 // way the inputs are rounded to nearest even and the products summed in fp32: the CPU's contract.
-// What it is not: attention's batched products (ops_backend.cu) or a tuned cuBLASLt plan cache.
+// A bias, where the forward is given one on 16-bit inputs, goes into the GEMM (cuBLASLt's BIAS
+// epilogue: bias_gemm.hpp); elsewhere it is added in a pass after the GEMM.
+// What it is not: attention's batched products (ops_backend.cu) or a tuned plan search.
 // Trade-off: narrowing costs a pass over the input (6 bytes an element): paid for an output
 // gradient that two products then read at 2 bytes, and where an input has no fp32 form; never for
 // an input that a product can read once in fp32, so a 16-bit weight beside an fp32 activation
@@ -21,6 +23,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <memory>
+
+#include "bias_gemm.hpp"
 #include "checks.hpp"
 #include "hpct/kernels/operand.hpp"
 #include "hpct/kernels/precision.hpp"
@@ -29,14 +34,16 @@ namespace hpct::kernels::cuda {
 
 class LinearGemms {
  public:
-  LinearGemms(cublasHandle_t blas, cudaStream_t stream) : blas_(blas), stream_(stream) {}
+  LinearGemms(cublasHandle_t blas, cudaStream_t stream)
+      : blas_(blas), stream_(stream), bias_(std::make_unique<BiasGemm>(stream)) {}
   /// The stream has been synchronised (or is about to be destroyed after one).
   ~LinearGemms();
   LinearGemms(const LinearGemms&) = delete;
   LinearGemms& operator=(const LinearGemms&) = delete;
 
-  /// out (N, OC) = inp (N, C) weight (OC, C)^T, no bias.
-  void forward(float* out, Operand inp, Operand weight, int N, int C, int OC, Precision p);
+  /// out (N, OC) = inp (N, C) weight (OC, C)^T (+ bias (OC), where given).
+  void forward(float* out, Operand inp, Operand weight, int N, int C, int OC, Precision p,
+               const float* bias = nullptr);
   /// out (N, OC) in p's 16 bits (the LM head's logits): on 16-bit inputs a 16-bit product (fp32
   /// accumulation, rounded once); on fp32 ones the fp32 product narrowed.
   void forward_half(uint16_t* out, Operand inp, Operand weight, int N, int C, int OC, Precision p);
@@ -46,7 +53,9 @@ class LinearGemms {
   void backward(float* dinp, float beta, float* dweight, Operand dout, Operand inp, Operand weight, int N, int C,
                 int OC, Precision p);
   /// Bytes of the narrowing buffers kept between calls.
-  size_t scratch_bytes() const { return slots_[0].bytes + slots_[1].bytes + slots_[2].bytes + wide_.bytes; }
+  size_t scratch_bytes() const {
+    return slots_[0].bytes + slots_[1].bytes + slots_[2].bytes + wide_.bytes + bias_->scratch_bytes();
+  }
 
  private:
   // Row-major C (M, N) = op(A) op(B) + beta C with op(A) (M, K) and op(B) (K, N); elements fp32
@@ -61,6 +70,7 @@ class LinearGemms {
   cudaStream_t stream_;
   DeviceSlot slots_[3];  // 0, 1: a product's inputs; 2: the backward's output gradient
   DeviceSlot wide_;      // an fp32 product's 16-bit output before narrowing, or a 16-bit dout widened
+  std::unique_ptr<BiasGemm> bias_;
 };
 
 }  // namespace hpct::kernels::cuda

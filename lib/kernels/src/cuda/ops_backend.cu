@@ -268,8 +268,7 @@ class CudaOps final : public OpsBackend {
   void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int N, int C, int OC,
                       Precision p) override {
     require_sizes("matmul_forward", N, C, OC);
-    linear_->forward(out, inp, weight, N, C, OC, p);
-    if (bias) cuda::add_bias(out, bias, N, OC, stream_);
+    linear_->forward(out, inp, weight, N, C, OC, p, bias);  // the bias in the GEMM where cuBLASLt serves
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, Operand inp, Operand weight,
                        int N, int C, int OC, Precision p) override {
