@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hpct/core/error.hpp"
@@ -151,6 +152,18 @@ TEST_F(Optim, ThreadsFromTheEnvironmentOrTheFlag) {
   set_optimizer_threads(4);
   EXPECT_EQ(optimizer_threads(), 4) << "the flag overrides";
   EXPECT_THROW(set_optimizer_threads(-1), hpct::Error);
+  // A cap on one thread (DeviceStore's worker runs one thread short) leaves the others alone.
+  int capped = 0, above = 0;
+  std::thread([&] {
+    set_optimizer_threads_here(3);
+    capped = optimizer_threads();
+    set_optimizer_threads_here(8);
+    above = optimizer_threads();
+  }).join();
+  EXPECT_EQ(capped, 3);
+  EXPECT_EQ(above, 4) << "a cap above the count changes nothing";
+  EXPECT_EQ(optimizer_threads(), 4) << "the calling thread has no cap";
+  EXPECT_THROW(set_optimizer_threads_here(-1), hpct::Error);
   const std::string isa = optimizer_isa();
   EXPECT_TRUE(isa == "AVX-512" || isa == "AVX2" || isa == "baseline") << isa;
 }

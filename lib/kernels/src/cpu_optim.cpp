@@ -156,9 +156,19 @@ void set_optimizer_threads(int n) {
   g_optimizer_threads = n;
 }
 
+namespace {
+thread_local int t_thread_cap = 0;  // set_optimizer_threads_here
+}
+
+void set_optimizer_threads_here(int n) {
+  require(n >= 0 && n <= 4096, "set_optimizer_threads_here", "threads must be 0 (no cap) to 4096, got " + std::to_string(n));
+  t_thread_cap = n;
+}
+
 int optimizer_threads() {
   const int n = g_optimizer_threads.load();
-  return n > 0 ? n : default_optimizer_threads();
+  const int threads = n > 0 ? n : default_optimizer_threads();
+  return t_thread_cap > 0 ? std::min(threads, t_thread_cap) : threads;
 }
 
 const char* optimizer_isa() { return span().isa; }

@@ -139,6 +139,12 @@ void GroupedStore::adam_step(const AdamParams& a) {
   }
 }
 
+bool GroupedStore::step_is_local() const {
+  for (const auto& p : parts_)
+    if (!p.engine->step_is_local()) return false;
+  return true;
+}
+
 void GroupedStore::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {
   for (auto& p : parts_) {
     const auto& lb = p.layout->blocks();

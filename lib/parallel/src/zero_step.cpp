@@ -32,9 +32,10 @@ std::array<double, 3> ZeroEngine::state_sumsq() const {
 }
 
 void ZeroEngine::adam_step(const AdamParams& a) {
-  // Gathered copies of the old parameters are stale after the update.
+  // Gathered copies of the old parameters are stale after the update. (A widened resident block
+  // has no request: no MPI call, as step_is_local promises.)
   for (auto& [b, g] : gathered_) {
-    MPI_Wait(&g->req, MPI_STATUS_IGNORE);
+    if (g->req != MPI_REQUEST_NULL) MPI_Wait(&g->req, MPI_STATUS_IGNORE);
     delete g;
   }
   gathered_.clear();

@@ -53,6 +53,9 @@ void adamw_runs(const AdamwRun* runs, size_t count, const AdamwArgs& a, double* 
 /// from --optimizer-threads).
 void set_optimizer_threads(int n);
 int optimizer_threads();
+/// On the calling thread only: optimizer_threads() is at most n (n >= 1; 0: no cap). For a thread
+/// that runs the step beside another that needs a core (parallel::DeviceStore's worker).
+void set_optimizer_threads_here(int n);
 /// The instruction set the update's loop runs with on this CPU ("AVX-512", "AVX2", "baseline").
 const char* optimizer_isa();
 /// sum(x^2) of 16-bit values widened to fp32, tile by tile (kOptimTile), accumulated in double.

@@ -82,6 +82,8 @@ class GroupedStore final : public model::ParamStore {
   double grad_sumsq();
   double grad_zeros();
   void adam_step(const AdamParams& a);
+  /// Every engine's step is local (ShardedOptimizer::step_is_local): another thread may run adam_step.
+  bool step_is_local() const;
   /// Pieces in the schema's flat indices; all ranks' pieces cover every schema element once.
   void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
   /// Every engine's pieces address its live host state (see ShardedOptimizer::pieces_are_live).

@@ -98,6 +98,10 @@ class ShardedOptimizer : public model::ParamStore {
   virtual double grad_zeros() = 0;
   /// Collective: AdamW on this rank's shard, then re-replication of what must be whole.
   virtual void adam_step(const AdamParams& a) = 0;
+  /// adam_step without state_norms makes no MPI call, no call on a backend and no swap-file IO
+  /// (host states, and stage 0 or a group of one rank): another thread may run it while this one
+  /// goes on with the model (parallel::DeviceStore::update_behind).
+  virtual bool step_is_local() const { return false; }
   /// Collective, after an adam_step with state_norms: the sums of squares of the updated fp32
   /// weights, exp_avg and exp_avg_sq over every element the group holds.
   virtual std::array<double, 3> state_sumsq() const = 0;
