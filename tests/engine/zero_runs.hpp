@@ -42,6 +42,9 @@ struct Result {
   int changed_under_upload = -1;  // ... and uploads whose host source changed while in flight
   long long uploads_in_step = -1;  // via a DeviceStore: uploads it started from the optimizer step
   size_t pinned_bytes = 0;         // ... and the engine's 16-bit bytes it pinned for them
+  long long steps_behind = -1;     // ... optimizer steps it ran behind the next forward
+  long long uses_behind = -1;      // ... blocks it handed to the model while such a step still ran
+  int updates = 0;                 // optimizer steps taken (not skipped for an fp16 overflow)
 };
 
 // 16-bit runs: every block as the model sees it (stage 3: gathered, a collective in block order on
@@ -67,21 +70,24 @@ inline size_t count_stale_copies(engine::Trainer& t, const engine::TrainConfig& 
 }
 
 /// backend: the model's (nullptr: the CPU's); a device backend (host_memory() false) puts
-/// ZeRO-Offload's DeviceStore in front of the engine, as a GPU does.
+/// ZeRO-Offload's DeviceStore in front of the engine, as a GPU does. update_delay: seconds the
+/// store's worker waits per block of an optimizer step run behind the forward (DeviceStore::
+/// slow_steps_for_tests), so that the forward catches up with it.
 inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
-                    std::unique_ptr<kernels::OpsBackend> backend = nullptr) {
+                    std::unique_ptr<kernels::OpsBackend> backend = nullptr, double update_delay = 0) {
   comm::ProcessGrid grid(comm, 1, 1);
   c.finalize(grid.dp().size());
   io::MockGptDataset data(c.model.vocab_size, c.model.max_seq_length, 7);
   auto* staged = dynamic_cast<test::StagedCpuOps*>(backend.get());
   engine::Trainer t(c, grid, std::move(backend));
+  if (update_delay > 0 && t.device_store()) t.device_store()->slow_steps_for_tests(update_delay);
   t.load_checkpoint();
   Result r;
   const bool half = c.precision != engine::PrecisionMode::fp32;
   if (half && !c.load_path.empty()) r.stale_after_load = count_stale_copies(t, c);
   auto s = t.train(data, nullptr);
   r.param_read_seconds = t.zero().swap_traffic().param_read_seconds;  // before gather_params reads slices
-  for (auto& st : s.steps) r.losses.push_back(st.lm_loss);
+  for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.updates += !st.skipped;
   r.params = t.gather_params();
   r.mem = t.memory_report();
   r.comm_bytes = t.comm_bytes_per_step();
@@ -93,6 +99,8 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
     r.to_host = t.device_store()->bytes_to_host();
     r.uploads_in_step = t.device_store()->uploads_in_step();
     r.pinned_bytes = t.device_store()->pinned_bytes();
+    r.steps_behind = t.device_store()->steps_behind();
+    r.uses_behind = t.device_store()->uses_behind();
   }
   for (const auto& b : t.model().layout().blocks()) r.blocks.push_back(b.numel);
   if (staged) {

@@ -2,14 +2,76 @@
 #include "hpct/parallel/device_store.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "hpct/core/error.hpp"
+#include "hpct/core/timer.hpp"
 #include "hpct/kernels/half.hpp"
 #include "hpct/kernels/host_copy.hpp"
+#include "hpct/kernels/optim.hpp"
 
 namespace hpct::parallel {
+
+// The worker thread of update_behind and what it shares with the store's thread (under mu): the
+// job, the blocks it has made final, in order, and how it ended.
+struct DeviceStore::Behind {
+  std::mutex mu;
+  std::condition_variable cv;  // both ways: a job (or stop) for the worker; a record (or the end) for the store
+  std::function<void()> job;
+  bool has_job = false, stop = false, done = true;
+  std::exception_ptr error;
+  std::vector<char> ready;     // per block: final in the running step
+  std::vector<int> recorded;   // the same blocks in the order the step made them final
+  double seconds = 0;          // the jobs' wall time, summed
+  std::thread thread;          // last: started once the rest exists
+
+  explicit Behind(size_t blocks) : ready(blocks, 0) {
+    // One thread short of the host optimizer's team, for the thread that drives the device.
+    const int threads = std::max(1, kernels::optimizer_threads() - 1);
+    thread = std::thread([this, threads] { run(threads); });
+  }
+  ~Behind() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  void run(int threads) {
+    kernels::set_optimizer_threads_here(threads);
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return has_job || stop; });
+        if (!has_job) return;
+        f = std::move(job);
+        has_job = false;
+      }
+      Timer t;
+      std::exception_ptr err;
+      try {
+        f();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> l(mu);
+        error = err;
+        seconds += t.seconds();
+        done = true;
+      }
+      cv.notify_all();
+    }
+  }
+};
 
 DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
                          kernels::Precision storage)
@@ -84,11 +146,13 @@ void DeviceStore::pin_runs() {
 }
 
 DeviceStore::~DeviceStore() {
-  // Nothing may still read the engine's pinned copies when they are unpinned.
+  // Nothing may still read the engine's pinned copies when they are unpinned (nor update the
+  // engine, which outlives this store only a little).
   try {
     settle();
-  } catch (...) {  // a failed device: unpinned all the same
+  } catch (...) {  // a failed step or device: unpinned all the same
   }
+  behind_.reset();  // the worker stops (a failed join above has still waited for its step)
   for (void* p : pins_) be_.unpin_host(p);
   // Nothing may still be copying into or out of a slot when it is freed (nor out of a device
   // gradient when it is released).
@@ -167,7 +231,7 @@ void DeviceStore::upload_ahead(int b) {
     const size_t at = static_cast<size_t>(order_pos_[b]) + k;
     if (at >= order_.size()) return;
     const int c = order_[at];
-    if (!fresh_[c] && !queued_[c]) upload(c);
+    if (!fresh_[c] && !queued_[c] && updated_behind(c)) upload(c);
   }
 }
 
@@ -184,6 +248,7 @@ const float* DeviceStore::params(int b) {
     return d;
   }
   if (!fresh_[b]) {
+    if (running_) wait_behind(b);
     if (!queued_[b]) upload(b);
     upload_ahead(b);
     be_.await_transfer(upload_of_[b]);  // the ops that read it wait for it on the device
@@ -207,6 +272,7 @@ const uint16_t* DeviceStore::params16(int b) {
 }
 
 void DeviceStore::settle() {
+  join();
   for (size_t b = 0; b < direct_.size(); ++b)
     if (direct_[b] && queued_[b]) be_.wait_transfer(upload_of_[b]);
 }
@@ -219,7 +285,7 @@ void DeviceStore::invalidate() {
 }
 
 void DeviceStore::begin_update(AdamParams& a) {
-  settle();  // the engine is about to write what the direct uploads read
+  settle();  // the engine is about to write what the direct uploads read (and a step behind is done)
   const auto& blocks = layout_.blocks();
   for (size_t b = 0; b < blocks.size(); ++b)
     if (blocks[b].trains) fresh_[b] = queued_[b] = 0;
@@ -228,9 +294,110 @@ void DeviceStore::begin_update(AdamParams& a) {
 }
 
 void DeviceStore::updated(int b) {
+  if (running_) {  // the worker's call: recorded for this thread, which issues the upload
+    if (slow_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_));
+    {
+      std::lock_guard<std::mutex> l(behind_->mu);
+      behind_->ready[b] = 1;
+      behind_->recorded.push_back(b);
+    }
+    behind_->cv.notify_all();
+    return;
+  }
+  queue_from_step(b);
+}
+
+void DeviceStore::queue_from_step(int b) {
   if (!cache_ || !direct_[b] || !layout_.blocks()[b].trains || queued_[b]) return;
   upload(b);
   ++uploads_in_step_;
+}
+
+// ---- the step behind -------------------------------------------------------------------------
+
+void DeviceStore::update_behind(std::function<void()> step, std::function<void()> after) {
+  join();
+  if (!behind_) behind_ = std::make_unique<Behind>(layout_.blocks().size());
+  {
+    std::lock_guard<std::mutex> l(behind_->mu);
+    std::fill(behind_->ready.begin(), behind_->ready.end(), 0);
+    behind_->recorded.clear();
+    behind_->error = nullptr;
+    behind_->done = false;
+    behind_->job = [this, step = std::move(step)] {
+      step();
+      // Tests: a tail after the last block too, so the backward reaches the engine before the end.
+      if (slow_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(10 * slow_));
+    };
+    behind_->has_job = true;
+    taken_ = 0;
+    running_ = true;  // before the worker can call updated()
+  }
+  after_ = std::move(after);
+  ++steps_behind_;
+  behind_->cv.notify_all();
+}
+
+bool DeviceStore::updated_behind(int b) {
+  if (!running_) return true;
+  std::lock_guard<std::mutex> l(behind_->mu);
+  return behind_->ready[b] != 0;
+}
+
+void DeviceStore::take_records() {
+  std::vector<int> fresh;
+  {
+    std::lock_guard<std::mutex> l(behind_->mu);
+    fresh.assign(behind_->recorded.begin() + static_cast<std::ptrdiff_t>(taken_), behind_->recorded.end());
+    taken_ = behind_->recorded.size();
+  }
+  for (int c : fresh) queue_from_step(c);
+}
+
+void DeviceStore::wait_behind(int b) {
+  bool ended;
+  {
+    std::unique_lock<std::mutex> l(behind_->mu);
+    if (!behind_->ready[b] && !behind_->done) {
+      Timer t;
+      behind_->cv.wait(l, [&] { return behind_->ready[b] || behind_->done; });
+      behind_wait_ += t.seconds();
+    }
+    ended = behind_->done;
+  }
+  if (ended) {  // finished (or failed): over, as the first gradient would end it
+    join();
+    return;
+  }
+  ++uses_behind_;
+  take_records();  // b and the blocks before it go up now, the forward's next ones as they come
+}
+
+void DeviceStore::join() {
+  if (!running_) return;
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> l(behind_->mu);
+    if (!behind_->done) {
+      Timer t;
+      behind_->cv.wait(l, [&] { return behind_->done; });
+      behind_wait_ += t.seconds();
+    }
+    err = behind_->error;
+    behind_->error = nullptr;
+  }
+  running_ = false;
+  std::function<void()> after = std::move(after_);
+  after_ = nullptr;
+  if (err) std::rethrow_exception(err);
+  take_records();  // the blocks no forward asked for yet go up as the step's own uploads did
+  if (after) after();
+}
+
+double DeviceStore::behind_seconds() const {
+  if (!behind_) return 0;
+  std::lock_guard<std::mutex> l(behind_->mu);
+  return behind_->seconds;
 }
 
 void DeviceStore::release(int b) {
@@ -306,6 +473,7 @@ void DeviceStore::send(int b, const void* dev, size_t bytes, kernels::BackendBuf
 }
 
 void DeviceStore::finish_oldest() {
+  join();  // the engine's gradients are the step behind's to read until it is done
   be_.wait_transfer(pending_.front().t);  // before it leaves the queue: a failed wait leaves it there
   Pending p = std::move(pending_.front());
   pending_.pop_front();

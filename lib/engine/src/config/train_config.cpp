@@ -170,6 +170,7 @@ const FlagTable& flag_table() {
       {"--merge-file", {true, [](TrainConfig& c, const std::string& v) { c.merge_file = v; }, "GPT-2 merges.txt"}},
       {"--split", {true, [](TrainConfig& c, const std::string& v) { c.split = v; }, "train,valid,test weights (default 969,30,1)"}},
       {"--mock-data", {false, [](TrainConfig& c, const std::string&) { c.mock_data = true; }, "synthetic tokens in [0, --vocab-size) (both required)"}},
+      {"--no-optimizer-overlap", {false, [](TrainConfig& c, const std::string&) { c.optimizer_overlap = false; }, "ZeRO-Offload on a GPU: the step waits for the host AdamW instead of running the next forward beside it (the same numbers either way)"}},
       {"--optimizer-threads", {true, [](TrainConfig& c, const std::string& v) { c.optimizer_threads = to_int_min("--optimizer-threads", v, 0); }, "threads of the host AdamW step (CPU training, ZeRO-Offload); 0: OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else the CPUs the rank may use"}},
       {"--seed", {true, [](TrainConfig& c, const std::string& v) { c.seed = (unsigned long long)to_int_min("--seed", v, 0); }, "random seed"}},
       {"--log-interval", {true, [](TrainConfig& c, const std::string& v) { c.log_interval = to_i32("--log-interval", v); }, "iterations between log lines"}},
@@ -235,7 +236,7 @@ static const char* help_group(const std::string& f) {
   if (any({"data", "--split", "--vocab-file", "--merge-file", "tokenizer", "--num-workers", "-idx-path", "-key", "--reset-",
            "eod-mask", "pack-examples"}))
     return "data and dataloader";
-  if (any({"batch-size", "--train-", "--exit-", "checkpoint", "recompute", "--optimizer", "onebitadam", "fusion",
+  if (any({"batch-size", "--train-", "--exit-", "checkpoint", "recompute", "--optimizer", "optimizer-overlap", "onebitadam", "fusion",
            "flash-attn", "attention-kernel", "softmax", "persist-layer-norm", "synchronize", "contigious"}))
     return "training";
   return "other";

@@ -178,7 +178,12 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                                               format_bytes(mem.device_params_grads) + " resident, and "
                                         : std::string())
                 << "each block's fp32 working parameters and gradient there while in use; the peak is in the "
-                   "summary); the states above and the optimizer step stay on the host\n";
+                   "summary); the states above and the optimizer step stay on the host\n"
+                << (trainer.optimizer_overlap_off().empty()
+                        ? "> host AdamW beside the next step's forward: each block goes to the GPU as soon as it is "
+                          "updated, the forward waits only for the blocks not yet updated (the same numbers; "
+                          "--no-optimizer-overlap waits for the whole step)\n"
+                        : "> host AdamW before the next step's forward (" + trainer.optimizer_overlap_off() + ")\n");
     if (trainer.zero().offloaded())
       std::cout << "> NVMe offload (rank 0's swap file " << format_bytes(mem.nvme_file) << ", async IO "
                 << io::engine_name(trainer.zero().swap_engine()) << "): parameters "

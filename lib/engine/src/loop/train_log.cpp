@@ -42,8 +42,9 @@ std::vector<Scalar> iteration_scalars(const StepRecord& rec, const RunRecordsCon
 }
 
 const char* phase_name(int p) {
-  static const char* names[kPhases] = {"data",        "forward",     "backward", "grad_reduce", "optimizer",
-                                       "checkpoint",  "gather_wait", "reduce_wait", "nvme",     "iteration"};
+  static const char* names[kPhases] = {"data",        "forward",     "backward",         "grad_reduce",
+                                       "optimizer",   "checkpoint",  "gather_wait",      "reduce_wait",
+                                       "nvme",        "optimizer_behind", "optimizer_wait", "iteration"};
   return names[p];
 }
 

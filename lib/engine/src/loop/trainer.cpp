@@ -111,6 +111,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
     device_store_ = std::make_unique<parallel::DeviceStore>(
         *zero_, model_->layout(), model_->ops(), /*cache_params=*/cfg_.zero.stage <= 2,
         zero_->half() ? compute_precision() : kernels::Precision::fp32);  // 16-bit runs: 2-byte device copies
+  decide_optimizer_overlap();
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
   zero_->init_params([&](int block, float* dst) { model_->init_block(block, dst, cfg_.seed); });
@@ -135,7 +136,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
 }
 
 std::vector<float> Trainer::gather_full_params() {
-  std::vector<float> local = zero_->gather_params();
+  std::vector<float> local = gather_params();  // (after the step behind, if one runs)
   if (grid_.tp().size() == 1) return local;
   const auto& tensors = model_->layout().tensors();
   std::vector<size_t> at;  // each tensor's offset in the full flat buffer
@@ -219,7 +220,10 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     return tr.optimizer_seconds + tr.param_read_seconds;
   };
   const double nvme0 = nvme_seconds();
-  zero_->begin_step();
+  const double behind0 = device_store_ ? device_store_->behind_seconds() : 0;
+  const double behind_wait0 = device_store_ ? device_store_->behind_wait_seconds() : 0;
+  // A step behind the forward clears the gradients once it is done (its `after`), not now.
+  if (!device_store_ || !device_store_->updating()) zero_->begin_step();
   model_->clear_marks();
   detail::StepMarks marks;
   marks.start = model_->ops().mark();  // device time, read once a log interval (train_log.hpp)
@@ -244,6 +248,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     clk.seconds[detail::kGradReduce] += t.seconds();
   }
   t.reset();
+  join_update();  // done at the first gradient handed over already; here for a step that handed none
   update(rec, loss_sum, scale, iteration);  // everything after the last micro-step is the optimizer's
   clk.seconds[detail::kOptimizer] += t.seconds();
   marks.end = model_->ops().mark();
@@ -255,6 +260,10 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   clk.seconds[detail::kGatherWait] += zero_->gather_wait_seconds() - gather0;
   clk.seconds[detail::kReduceWait] += zero_->reduce_wait_seconds() - reduce0;
   clk.seconds[detail::kNvme] += nvme_seconds() - nvme0;
+  if (device_store_) {
+    clk.seconds[detail::kOptimizerBehind] += device_store_->behind_seconds() - behind0;
+    clk.seconds[detail::kOptimizerWait] += device_store_->behind_wait_seconds() - behind_wait0;
+  }
   comm_bytes_ += zero_->bytes_sent() - sent0;
   consumed_tokens_ += GB * T;
   consumed_layer_tokens_ += step_layer_tokens(iteration);
@@ -271,61 +280,6 @@ void Trainer::start_sampler(const io::TokenDataset& data) {
                        "resume with the global batch the run started with");
   sampler_ = open_curriculum_sampler(cfg_.metric_curricula, data.size(), cfg_.model.max_seq_length, cfg_.seed, cfg_.split,
                                      cfg_.global_batch, cfg_.data_path.size() == 1 ? cfg_.data_path[0] : "");
-}
-
-// After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.
-void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long iteration) {
-  grid_.dp().allreduce_sum(&loss_sum, 1);
-  rec.lm_loss = loss_sum / double(rec.targets);
-  if (cfg_.model.moe.enabled(cfg_.model.num_layers)) {
-    MoeStepStats ms = gather_moe_stats(*model_, grid_.dp());
-    rec.moe_loss = ms.moe_loss;
-    rec.moe_layers = std::move(ms.layers);
-  }
-  rec.loss_scale = scale;
-  // Token-based schedules see the tokens through this step (as steps count the one being taken).
-  const double lr_tokens = schedule_tokens(consumed_layer_tokens_ + step_layer_tokens(iteration));
-  // Sample-based schedules count the samples through this step; the n-th optimizer step's count is
-  // the batch schedule's first n batches (Megatron adds each successful step's batch: the same unless
-  // an fp16 step is skipped while the batch ramps).
-  const double lr_samples = double(batches_.consumed_before(adam_step_ + 1));
-
-  double sumsq = zero_->grad_sumsq();
-  bool overflow = !std::isfinite(sumsq);
-  // The sum of squares is the same on every rank (all-reduced), so every rank decides alike.
-  bool ok = scaler_.update(overflow);
-  rec.grad_norm = overflow ? NAN : std::sqrt(sumsq) / scale;
-  if (!ok) {
-    rec.skipped = true;
-    rec.learning_rate = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_, lr_samples);
-    return;
-  }
-  // Collective, decided by the config alone: every rank counts. Before the update, which leaves the
-  // gradients as they are (the count is of the reduced gradient, unscaled or not: zeros stay zeros).
-  if (cfg_.records.log_num_zeros) rec.num_zeros = zero_->grad_zeros();
-  double clip = 1.0;
-  if (cfg_.clip_grad > 0 && rec.grad_norm > cfg_.clip_grad) clip = cfg_.clip_grad / (rec.grad_norm + 1e-6);
-  const double lr = learning_rate(lr_cfg_, adam_step_, lr_tokens, warmup_end_tokens_, lr_samples);
-  rec.learning_rate = lr;
-  ++adam_step_;
-  parallel::AdamParams ap;
-  ap.lr = (float)lr;
-  ap.beta1 = (float)cfg_.beta1;
-  ap.beta2 = (float)cfg_.beta2;
-  ap.eps = (float)cfg_.eps;
-  ap.weight_decay = (float)cfg_.weight_decay;
-  ap.step = (int)(adam_base_ + adam_step_);  // bias correction counts the moments' every step
-  ap.grad_scale = static_cast<float>(clip / scale);
-  ap.state_norms = want_state_norms_;
-  snapshot_fence();  // a background save may still be copying the state this step changes
-  if (device_store_) device_store_->begin_update(ap);  // ZeRO-Offload: blocks go up as they are updated
-  zero_->adam_step(ap);
-  if (want_state_norms_) {  // collective: every rank decides alike (config and iteration only)
-    const std::array<double, 3> n = zero_->state_sumsq();
-    rec.weight_l2 = std::sqrt(n[0]);
-    rec.momentum_l2 = std::sqrt(n[1]);
-    rec.variance_l2 = std::sqrt(n[2]);
-  }
 }
 
 namespace {
@@ -367,7 +321,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
   sum.start_iteration = iteration_;
   long long it = iteration_;
   auto run_evaluation = [&](long long at) {
-    double vl = evaluate(*valid);
+    double vl = evaluate(*valid);  // (it joins the step behind first)
     sum.val_losses.emplace_back(at, vl);
     if (root) {
       char buf[256];
@@ -576,6 +530,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       break;
     }
   }
+  join_update();  // the last step's update is the run's result
   if (async_) {  // the loop ended without a final save (e.g. train_iters reached at an interval save)
     TrainSummary::Save rec;
     std::string file;

@@ -109,6 +109,7 @@ void Trainer::visit_stored(bool load, const std::function<void(const parallel::S
 
 void Trainer::start_async_save() {
   finish_async_save(/*wait=*/true);  // the next save waits for the previous one
+  join_update();                     // the state the last step made
   const bool root = grid_.world_rank() == 0;
   auto a = std::make_unique<AsyncSave>();
   Timer stall;
@@ -197,6 +198,7 @@ bool Trainer::finish_async_save(bool wait, TrainSummary::Save* done, std::string
 
 std::string Trainer::save_checkpoint() {
   finish_async_save(/*wait=*/true);
+  join_update();
   const bool root = grid_.world_rank() == 0;
   TrainingState st = training_state();
   TensorSet t;

@@ -59,6 +59,7 @@ long long Trainer::counted_targets(const io::TokenDataset& data, long long itera
 }
 
 double Trainer::evaluate(const io::TokenDataset& data) {
+  join_update();  // evaluates the weights the last step made
   const int T = cfg_.model.max_seq_length, mb = cfg_.micro_batch, dp = grid_.dp().size(), r = grid_.dp().rank();
   const long long GB = cfg_.global_batch;
   model::ParamStore& store = this->store();  // forward only: parameters gathered as in training

@@ -46,12 +46,21 @@
 // On a host-memory backend (the CPU) every copy is done when it returns and each block is handed
 // over at once, as before. The staged test backend with deferred transfers (tests/model/
 // staged_cpu_ops.hpp) checks the ordering: a copy read before its ticket is done reads stale data.
-// What it is not (yet): the engine's reduction, clipping and AdamW after the backward overlapped
-// with the next step's forward (DeepSpeed's delayed parameter update changes the numbers; not done).
+// The optimizer step behind the next forward (update_behind): where the engine's step makes no
+// collective call, it runs on a worker thread of this store's while the trainer goes on into the
+// next step. The numbers stay the same, unlike DeepSpeed's delayed parameter update (which trains
+// step n + 1 on step n - 1's weights): the forward asks for the blocks in the order the step
+// updates them, and params(b) waits for block b's update before uploading it, so the forward runs
+// a block behind the update instead of after all of it. The first gradient handed to the engine
+// waits for the whole step (the step reads the previous gradients), and so does anything that reads
+// or writes the engine's state (a checkpoint, an evaluation: the trainer's join()). The worker makes
+// no call on the backend: updated(b) only records b there, and this thread issues the uploads.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "hpct/core/param_layout.hpp"
@@ -87,8 +96,32 @@ class DeviceStore final : public model::ParamStore {
   /// a.updated to updated(), for the engine to call during that step (this store must outlive it).
   void begin_update(AdamParams& a);
   /// From the engine's step (AdamParams::updated): block b's parameters are final; a pinned block
-  /// is uploaded now, beside the update of the next ones (others wait for params(b)).
+  /// is uploaded now, beside the update of the next ones (others wait for params(b)). From a step
+  /// behind (update_behind's worker): only recorded; params(b) and join() issue the upload.
   void updated(int block);
+  /// After begin_update(a): runs `step` (the engine's adam_step(a), which must make no MPI call nor
+  /// any call on the backend: ShardedOptimizer::step_is_local) on this store's worker thread and
+  /// returns at once. Until join() the engine is the worker's: the caller may go on with the model
+  /// through this store (params(b) waits for block b's update), not with the engine. `after` runs
+  /// on the calling thread once the step is joined (the trainer clears the engine's gradients there,
+  /// which the step reads). The worker runs OpenMP teams one thread short of optimizer_threads(), so
+  /// that the thread driving the device keeps a core.
+  void update_behind(std::function<void()> step, std::function<void()> after);
+  /// Waits for the step behind (nothing when none runs), rethrows its error, issues the uploads it
+  /// left, then runs its `after`. Called by the store itself before a gradient goes to the engine
+  /// and before settle(), invalidate() and begin_update().
+  void join();
+  /// A step runs behind (update_behind was called, join() not yet).
+  bool updating() const { return running_; }
+  /// Steps run behind since construction, their worker wall time, the time this thread waited for
+  /// them (in params() and join()), and the blocks handed to the model while one still ran.
+  long long steps_behind() const { return steps_behind_; }
+  double behind_seconds() const;
+  double behind_wait_seconds() const { return behind_wait_; }
+  long long uses_behind() const { return uses_behind_; }
+  /// Tests: the worker sleeps this long before each block's record, and 10 times as long after the
+  /// step, so that the forward catches up with it and the backward's first gradient comes before its end.
+  void slow_steps_for_tests(double seconds_per_block) { slow_ = seconds_per_block; }
   /// Before each micro-step: `first` starts a step's gradient accumulation, `last` ends it (the
   /// accumulated gradients go to the engine then). Without calls every micro-step is first and last.
   void begin_micro_step(bool first, bool last);
@@ -143,6 +176,19 @@ class DeviceStore final : public model::ParamStore {
   void finish_oldest();                 // the oldest pending gradient arrives and goes to the engine
   void upload(int b);                   // stages 0-2: block b's parameters towards the device copy
   void upload_ahead(int b);             // the blocks after b in the recorded order, if stale
+
+  void queue_from_step(int b);          // updated()'s upload of a pinned block the step made final
+  void wait_behind(int b);              // params(b) while a step runs behind: until b is updated
+  void take_records();                  // the blocks the step behind updated since the last look: uploads
+  bool updated_behind(int b);           // block b is final in the step behind (or none runs)
+
+  struct Behind;                        // the worker thread and what it shares with this one
+  std::unique_ptr<Behind> behind_;
+  bool running_ = false;                // a step behind was started and not joined
+  std::function<void()> after_;
+  size_t taken_ = 0;                    // records of the step behind acted on
+  long long steps_behind_ = 0, uses_behind_ = 0;
+  double behind_wait_ = 0, slow_ = 0;
 
   const bool pipelined_;  // the backend's copies run beside its ops (a device): keep kSlots in flight
   std::vector<Slot> down_, up_;

@@ -161,13 +161,20 @@ class Trainer {
   const ParamLayout& stored_layout() const { return stored_; }
   /// Collective: this rank's flat parameters in model().layout() (gathered from the shards at ZeRO
   /// stage 3; with tensor parallelism, this rank's parts).
-  std::vector<float> gather_params() { return zero_->gather_params(); }
+  std::vector<float> gather_params() {
+    join_update();
+    return zero_->gather_params();
+  }
   /// Collective over the world: every tensor whole (tensor-parallel parts assembled), in layout
   /// order, each of its full shape's size: what a T = 1 run's gather_params() holds. Tests, export.
   std::vector<float> gather_full_params();
   const parallel::GroupedStore& zero() const { return *zero_; }
   /// ZeRO-Offload's bridge to the GPU model (--device cuda), nullptr on the CPU backend.
   const parallel::DeviceStore* device_store() const { return device_store_.get(); }
+  parallel::DeviceStore* device_store() { return device_store_.get(); }
+  /// ZeRO-Offload on a device: "" where the host AdamW runs beside the next step's forward, else
+  /// why it does not (said on the start line). Meaningless without a DeviceStore.
+  const std::string& optimizer_overlap_off() const { return overlap_off_; }
   parallel::GroupedStore& zero() { return *zero_; }
   /// Bytes this rank holds of parameters, gradients and optimizer states (all on the host here),
   /// the ZeRO working buffers' high-water mark, and activations. frozen: the parameters that do not
@@ -252,6 +259,13 @@ class Trainer {
   void setup_host_threads();    // the host AdamW's threads (--optimizer-threads, the environment)
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
+  /// Before anything but the next step reads or writes the engine's state: the optimizer step
+  /// running behind the forward (DeviceStore::update_behind) is done.
+  void join_update() {
+    if (device_store_) device_store_->join();
+  }
+  std::string overlap_off_;  // optimizer_overlap_off()
+  void decide_optimizer_overlap();  // overlap_off_, once the engines and the DeviceStore exist
   TrainingState training_state() const;
   /// Collective: file's tensors (weights and optimizer states) into the store, checked against meta.
   /// fresh_moments: the file's Adam moments are replaced by zeros as they are loaded (--no-load-optim).

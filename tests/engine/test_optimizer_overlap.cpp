@@ -1,0 +1,175 @@
+// ZeRO-Offload's host optimizer step behind the next step's forward (parallel::DeviceStore::
+// update_behind), under mpirun with N = 1 and 2: the same numbers as the step run before the
+// forward, bit for bit.
+//
+// The device route is StagedCpuOps with deferred transfers, the GEMMs reading the device's 16-bit
+// copies (tests/model/staged_cpu_ops.hpp), and the store's worker slowed by a few milliseconds per
+// block, so the forward reaches every block before the step behind has updated it: a block used
+// before its update, uploaded before it, or a gradient handed to the engine while the step still
+// reads the last one would give other losses (measured, one at a time: not waiting in params(),
+// letting upload_ahead() take blocks not yet updated, and joining only at the end of the step
+// each fail this test). The worker overlaps only where its step makes no MPI call (stage 0, or a
+// data-parallel group of one rank; tests/engine/test_device_store.cpp covers the other cases on
+// the waiting route) and when no optimizer-state norms are logged that step.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "mpi_gtest_main.hpp"
+#include "zero_runs.hpp"
+
+using namespace hpct;
+using namespace hpct::test::zero_runs;
+
+namespace {
+
+using test::world;
+
+const char* prec_name(engine::PrecisionMode p) {
+  return p == engine::PrecisionMode::fp32 ? "fp32" : p == engine::PrecisionMode::bf16 ? "bf16" : "fp16";
+}
+
+std::unique_ptr<kernels::OpsBackend> staged(bool pin) {
+  auto s = std::make_unique<test::StagedCpuOps>();
+  s->defer_transfers(true);
+  s->prefer_half(true);  // the GEMMs read the device's 16-bit copies (params16): awaited, right offsets
+  s->allow_pinning(pin);
+  return s;
+}
+
+constexpr double kDelay = 2e-3;  // seconds per block on the worker: longer than a tiny block's forward
+
+// Whether the step can run behind on this many ranks: no collective inside it.
+bool behind_here(int stage, int ranks) { return stage == 0 || ranks == 1; }
+
+void expect_same(const Result& got, const Result& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i << ", " << what;
+  EXPECT_EQ(max_diff(got.params, want.params), 0.0) << what;
+}
+
+// Stages 0-2, the three precisions, 1 and 4 micro-steps per rank, pinned uploads and uploads
+// through slots: the step behind against the step waited for, on the same backend (an fp16 step
+// skipped for overflow has no update to run behind: `updates` counts the steps taken).
+TEST(OptimizerOverlap, EqualsTheStepRunBeforeTheForward) {
+  const int n = world().size();
+  for (int stage : {0, 1, 2})
+    for (auto prec : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
+      for (int micro : {12 / n, 3 / n > 0 ? 3 / n : 1})
+        for (bool pin : {true, false}) {
+          if (!pin && prec == engine::PrecisionMode::fp32) continue;  // fp32 blocks always go through slots
+          engine::TrainConfig c = tiny(stage, 4);
+          c.micro_batch = micro;
+          c.precision = prec;
+          const std::string what = std::string(prec_name(prec)) + " stage " + std::to_string(stage) + ", " +
+                                   std::to_string(n) + " ranks, micro batch " + std::to_string(micro) +
+                                   (pin ? ", pinned" : ", through slots");
+          c.optimizer_overlap = false;
+          const Result want = train(c, world(), staged(pin));
+          c.optimizer_overlap = true;
+          const Result got = train(c, world(), staged(pin), kDelay);
+          expect_same(got, want, what);
+          EXPECT_EQ(got.steps_behind, want.steps_behind + (behind_here(stage, n) ? want.updates : 0)) << what;
+          EXPECT_EQ(want.steps_behind, 0) << what;
+          if (behind_here(stage, n)) {
+            EXPECT_GT(got.updates, 0) << what << ": no step taken";
+            // The forward ran beside the step: it was handed blocks the step had updated while the
+            // step still updated the rest.
+            EXPECT_GT(got.uses_behind, 0) << what;
+          }
+          EXPECT_EQ(got.uploads_in_step, want.uploads_in_step) << what;
+          EXPECT_EQ(got.to_device, want.to_device) << what;
+          EXPECT_EQ(got.changed_under_upload, 0) << what << ": the step wrote a block while it was uploaded";
+          EXPECT_EQ(got.freed_under_transfer, 0) << what;
+          EXPECT_GT(std::fabs(want.losses.front() - want.losses.back()), 1e-4) << "training moved nothing, " << what;
+        }
+}
+
+// Models with more than one engine or frozen blocks: MoE (the experts' engine updates after every
+// dense block, so the forward waits for an expert block longer) and LoRA (the base is frozen and
+// never uploaded again).
+TEST(OptimizerOverlap, MoeAndLora) {
+  const int n = world().size();
+  for (int kind : {0, 1})
+    for (auto prec : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16}) {
+      engine::TrainConfig c = tiny(0, 3);
+      c.micro_batch = 12 / n;
+      c.precision = prec;
+      if (kind == 0) {
+        c.model.moe.num_experts = {4};
+        c.model.moe.expert_interval = 2;
+      } else {
+        c.model.lora.rank = 4;
+        c.model.lora.alpha = 8;
+        c.model.lora.targets = 0x1F;  // the four linears and the embedding
+      }
+      const std::string what = std::string(kind == 0 ? "MoE " : "LoRA ") + prec_name(prec) + ", " + std::to_string(n) + " ranks";
+      c.optimizer_overlap = false;
+      const Result want = train(c, world(), staged(true));
+      c.optimizer_overlap = true;
+      const Result got = train(c, world(), staged(true), kDelay);
+      expect_same(got, want, what);
+      EXPECT_EQ(got.steps_behind, 3) << what;
+      EXPECT_GT(got.uses_behind, 0) << what;
+      EXPECT_EQ(got.changed_under_upload, 0) << what;
+    }
+}
+
+// Logging the optimizer states' norms needs the step's sums on the log line: that step waits for
+// itself, the others run behind.
+TEST(OptimizerOverlap, AStepWhoseNormsAreLoggedRunsFirst) {
+  engine::TrainConfig c = tiny(0, 4);
+  c.micro_batch = 12 / world().size();
+  c.records.log_params_norm = true;
+  c.log_interval = 2;  // steps 2 and 4 log the parameters' norm
+  c.optimizer_overlap = false;
+  const Result want = train(c, world(), staged(true));
+  c.optimizer_overlap = true;
+  const Result got = train(c, world(), staged(true), kDelay);
+  expect_same(got, want, "params norm logged");
+  EXPECT_EQ(got.steps_behind, 2);
+}
+
+// Checkpoints: 2 steps, save (synchronous or asynchronous), resume for 2 more == 4 straight, with
+// the step behind on both legs, and across the routes (a run that waited resumed behind).
+TEST(OptimizerOverlap, ResumesBitwise) {
+  const std::string dir = test::shared_dir(world(), "optimizer_overlap_ckpt");
+  const int n = world().size();
+  for (int stage : {0, 2})
+    for (auto prec : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16}) {
+      engine::TrainConfig base = tiny(stage, 4);
+      base.micro_batch = 12 / n;
+      base.precision = prec;
+      base.lr_decay_iters = 10;
+      base.optimizer_overlap = true;
+      const Result straight = train(base, world(), staged(true), kDelay);
+      for (auto [first_behind, async] : {std::pair{true, false}, std::pair{true, true}, std::pair{false, false}}) {
+        const std::string what = std::string(prec_name(prec)) + " stage " + std::to_string(stage) +
+                                 (first_behind ? "" : ", first leg waited") + (async ? ", async save" : "");
+        engine::TrainConfig c1 = base;
+        c1.save_dir = dir + "/s" + std::to_string(stage) + prec_name(prec) + (first_behind ? "b" : "w") + (async ? "a" : "");
+        c1.exit_interval = 2;
+        c1.async_save = async;
+        c1.optimizer_overlap = first_behind;
+        train(c1, world(), staged(true), kDelay);
+        engine::TrainConfig c2 = base;
+        c2.load_path = c1.save_dir;
+        const Result resumed = train(c2, world(), staged(true), kDelay);
+        ASSERT_EQ(resumed.losses.size(), 2u) << what;
+        EXPECT_EQ(resumed.losses[0], straight.losses[2]) << what;
+        EXPECT_EQ(resumed.losses[1], straight.losses[3]) << what;
+        EXPECT_EQ(max_diff(resumed.params, straight.params), 0.0) << what;
+        if (behind_here(stage, n)) EXPECT_EQ(resumed.steps_behind, 2) << what;
+      }
+    }
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return test::mpi_gtest_main(argc, argv); }
