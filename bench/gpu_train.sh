@@ -3,12 +3,13 @@
 # cuda` against PyTorch's bf16 on the same GPU, in three modes: GPU-resident ZeRO (every state and
 # AdamW on the GPU; attention through cuDNN's fused kernel where it serves, the start line's
 # "> attention:" says which), the same with --attention-kernel plain (the materialised softmax: what
-# the fused kernel bought) and ZeRO-Offload (AdamW on the host).
+# the fused kernel bought), ZeRO-Offload (AdamW on the host, beside the next step's forward) and
+# ZeRO-Offload with --no-optimizer-overlap (what running the host step beside the forward bought).
 #
 #   bench/gpu_train.sh [BIN]      BIN: a folder holding pretrain_gpt and the test_*_cuda binaries
 #                                 (default: the build tree ./build; bench/gpu_bundle.sh makes one
 #                                 that runs on a node without our Debian packages)
-# Environment: CHECKS=0 skips the checks, TORCH=0 the PyTorch runs, MOE=0 the MoE-vs-dense runs (bench/gpu_moe.sh), SHAPES (default "124m 350m"), MODES (default "resident plain offload"), ITERS timed steps
+# Environment: CHECKS=0 skips the checks, TORCH=0 the PyTorch runs, MOE=0 the MoE-vs-dense runs (bench/gpu_moe.sh), SHAPES (default "124m 350m"), MODES (default "resident plain offload offload-wait"), ITERS timed steps
 # (default 4) after WARM (default 2), ACCUM micro-batches per step (default 8), OUTDIR (default
 # bench/out/gpu). Runs needing mpirun (2 ranks) are left out where there is none (a bundle).
 #
@@ -136,15 +137,16 @@ echo "# bf16 training: pretrain_gpt --device cuda vs PyTorch (same GPU)"
 printf '%-6s %-28s %12s %10s %8s %8s %s\n' shape program tokens/s TFLOP/s MFU MFU/989 "peak device memory"
 for s in ${SHAPES:-124m 350m}; do
   read -r V L H NH T MB <<<"$(shape "$s")"
-  for mode in ${MODES:-resident plain offload}; do
+  for mode in ${MODES:-resident plain offload offload-wait}; do
   cfg="$out/${mode}_$s.json"
-  if [[ $mode == offload ]]; then
+  if [[ $mode == offload* ]]; then
     echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' >"$cfg"
   else
     echo '{"zero_optimization": {"stage": 1}}' >"$cfg"
   fi
   tag=${mode}_$s
   kernel=(); [[ $mode == plain ]] && kernel=(--attention-kernel plain)
+  [[ $mode == offload-wait ]] && kernel=(--no-optimizer-overlap)
   rm -f "$out/hpct_$tag.jsonl" "$out/hpct_$tag.json"
   timeout 300 "$(b pretrain_gpt)" --mock-data --vocab-size "$V" --num-layers "$L" --hidden-size "$H" \
     --num-attention-heads "$NH" --seq-length "$T" --micro-batch-size "$MB" --global-batch-size $((MB * accum)) \
@@ -164,11 +166,12 @@ tf = statistics.median(r["tflops_per_rank"] for r in tr)
 dev = json.load(open(sys.argv[2]))["memory_per_rank"]["device"]
 mem = (dev["parameters_and_gradients"][0] + dev.get("optimizer_states", [0])[0] + dev["activations"][0]) / 2**30
 peak = float(sys.argv[4])
-what = "params+grads+" if sys.argv[6] == "offload" else "states+"
+what = "params+grads+" if sys.argv[6].startswith("offload") else "states+"
 print(f"{sys.argv[5]:<6} {'hpctrain (' + sys.argv[6] + ')':<28} {tps:12.0f} {tf:10.1f} {100*tf/peak if peak else 0:7.1f}% "
       f"{100*tf/989:7.1f}%  {mem:.1f} GiB ({what}activations)")
 PY
     echo "       $(grep -m1 '^> attention:' "$out/hpct_$tag.log")"
+    [[ $mode == offload* ]] && echo "       $(grep -m1 '^> host AdamW be' "$out/hpct_$tag.log")"
   fi
   done
   [[ ${TORCH:-1} == 1 ]] || continue

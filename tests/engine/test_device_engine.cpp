@@ -244,11 +244,14 @@ TEST(DeviceEngine, ResumesBitwise) {
         auto c1 = base;
         c1.save_dir = dir + "/s" + std::to_string(stage) + prec_name(p) + std::to_string(int(from)) +
                       std::to_string(int(to)) + (async ? "a" : "");
-        c1.exit_interval = 2;
+        // The asynchronous save is an interval save (every final save, here the exit at 3, is
+        // synchronous), resumed from its own file.
+        c1.exit_interval = async ? 3 : 2;
+        c1.save_interval = async ? 2 : 0;
         c1.async_save = async;
         train(c1, from);
         auto c2 = base;
-        c2.load_path = c1.save_dir;
+        c2.load_path = async ? c1.save_dir + "/iter_0000002.h5" : c1.save_dir;
         const TrainRun resumed = train(c2, to);
         ASSERT_EQ(resumed.losses.size(), 2u) << what;
         EXPECT_EQ(resumed.losses[0], straight.losses[2]) << what;

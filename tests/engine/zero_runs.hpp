@@ -45,6 +45,8 @@ struct Result {
   long long steps_behind = -1;     // ... optimizer steps it ran behind the next forward
   long long uses_behind = -1;      // ... blocks it handed to the model while such a step still ran
   int updates = 0;                 // optimizer steps taken (not skipped for an fp16 overflow)
+  std::vector<double> weight_l2;   // per step: the weights' norm where logged (NaN elsewhere)
+  std::vector<double> val_losses;  // the evaluations' (c.eval_iters > 0: on the training data)
 };
 
 // 16-bit runs: every block as the model sees it (stage 3: gathered, a collective in block order on
@@ -56,7 +58,8 @@ inline size_t count_stale_copies(engine::Trainer& t, const engine::TrainConfig& 
   std::vector<uint16_t> h;
   std::vector<float> want;
   const auto& blocks = t.model().layout().blocks();
-  for (size_t b = 0; b < blocks.size(); ++b) {
+  for (int bi : t.model().held_blocks()) {  // expert parallelism: this rank's experts only
+    const auto b = static_cast<size_t>(bi);
     const size_t n = blocks[b].numel;
     h.resize(n);
     want.resize(n);
@@ -72,10 +75,14 @@ inline size_t count_stale_copies(engine::Trainer& t, const engine::TrainConfig& 
 /// backend: the model's (nullptr: the CPU's); a device backend (host_memory() false) puts
 /// ZeRO-Offload's DeviceStore in front of the engine, as a GPU does. update_delay: seconds the
 /// store's worker waits per block of an optimizer step run behind the forward (DeviceStore::
-/// slow_steps_for_tests), so that the forward catches up with it.
+/// slow_steps_for_tests), so that the forward catches up with it. tp, ep: tensor- and
+/// expert-parallel sizes (the rest of the ranks data-parallel).
 inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
-                    std::unique_ptr<kernels::OpsBackend> backend = nullptr, double update_delay = 0) {
-  comm::ProcessGrid grid(comm, 1, 1);
+                    std::unique_ptr<kernels::OpsBackend> backend = nullptr, double update_delay = 0, int tp = 1,
+                    int ep = 1) {
+  c.model.tensor_parallel = tp;
+  c.moe_ep = ep;
+  comm::ProcessGrid grid(comm, tp, ep);
   c.finalize(grid.dp().size());
   io::MockGptDataset data(c.model.vocab_size, c.model.max_seq_length, 7);
   auto* staged = dynamic_cast<test::StagedCpuOps*>(backend.get());
@@ -85,9 +92,10 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
   Result r;
   const bool half = c.precision != engine::PrecisionMode::fp32;
   if (half && !c.load_path.empty()) r.stale_after_load = count_stale_copies(t, c);
-  auto s = t.train(data, nullptr);
+  auto s = t.train(data, c.eval_iters > 0 ? &data : nullptr);
+  for (const auto& [at, v] : s.val_losses) r.val_losses.push_back(v);
   r.param_read_seconds = t.zero().swap_traffic().param_read_seconds;  // before gather_params reads slices
-  for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.updates += !st.skipped;
+  for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.updates += !st.skipped, r.weight_l2.push_back(st.weight_l2);
   r.params = t.gather_params();
   r.mem = t.memory_report();
   r.comm_bytes = t.comm_bytes_per_step();

@@ -74,7 +74,7 @@ struct DeviceStore::Behind {
 };
 
 DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
-                         kernels::Precision storage)
+                         kernels::Precision storage, const std::vector<int>& held)
     : host_(host),
       layout_(layout),
       be_(be),
@@ -91,6 +91,9 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
       direct_(layout.blocks().size(), 0),
       pblock_(layout.blocks().size()),
       gblock_(layout.blocks().size()) {
+  finished_.assign(layout.blocks().size(), 0);
+  mine_.assign(layout.blocks().size(), held.empty() ? 1 : 0);
+  for (int b : held) mine_.at(static_cast<size_t>(b)) = 1;
   size_t largest = 0;
   for (const auto& b : layout.blocks()) largest = std::max(largest, b.numel);
   // Gradients travel in the accumulator's width (stages 0-2) or fp32 (stage 3); parameters in the
@@ -100,7 +103,9 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
   down_.resize(pipelined_ ? kSlots : 1);
   for (Slot& s : down_) s.host = kernels::HostBuffer(be_, largest * down_elem);
   if (cache_ && pipelined_ && half16()) pin_runs();
-  if (cache_ && pipelined_ && !std::all_of(direct_.begin(), direct_.end(), [](char d) { return d != 0; })) {
+  bool every_held_direct = true;
+  for (size_t b = 0; b < direct_.size(); ++b) every_held_direct = every_held_direct && (direct_[b] || !mine_[b]);
+  if (cache_ && pipelined_ && !every_held_direct) {
     up_.resize(kSlots);
     for (Slot& s : up_) s.host = kernels::HostBuffer(be_, largest * up_elem);
   }
@@ -127,13 +132,13 @@ void DeviceStore::pin_runs() {
   const auto& blocks = layout_.blocks();
   size_t b = 0;
   while (b < blocks.size()) {
-    const uint16_t* start = host_.params_half(static_cast<int>(b));
+    const uint16_t* start = mine_[b] ? host_.params_half(static_cast<int>(b)) : nullptr;
     if (!start || blocks[b].numel == 0) {
       ++b;
       continue;
     }
     size_t e = b + 1, n = blocks[b].numel;
-    while (e < blocks.size() && blocks[e].numel > 0 && host_.params_half(static_cast<int>(e)) == start + n)
+    while (e < blocks.size() && mine_[e] && blocks[e].numel > 0 && host_.params_half(static_cast<int>(e)) == start + n)
       n += blocks[e++].numel;
     auto* p = const_cast<uint16_t*>(start);  // pinning changes no value
     if (be_.pin_host(p, n * sizeof(uint16_t))) {
@@ -146,11 +151,18 @@ void DeviceStore::pin_runs() {
 }
 
 DeviceStore::~DeviceStore() {
-  // Nothing may still read the engine's pinned copies when they are unpinned (nor update the
-  // engine, which outlives this store only a little).
+  // Nothing may still update the engine (which outlives this store only a little) nor read its
+  // pinned copies when they are unpinned. No re-gather and no `after`: a collective here, on an
+  // error path, could wait for ranks that never come, and the state is being dropped.
+  regather_ = nullptr;
+  after_ = nullptr;
   try {
-    settle();
-  } catch (...) {  // a failed step or device: unpinned all the same
+    join();
+  } catch (...) {  // a failed step: its error was the training thread's to report
+  }
+  try {
+    settle();  // the direct uploads, even after a failed join
+  } catch (...) {  // a failed device: unpinned all the same
   }
   behind_.reset();  // the worker stops (a failed join above has still waited for its step)
   for (void* p : pins_) be_.unpin_host(p);
@@ -315,7 +327,8 @@ void DeviceStore::queue_from_step(int b) {
 
 // ---- the step behind -------------------------------------------------------------------------
 
-void DeviceStore::update_behind(std::function<void()> step, std::function<void()> after) {
+void DeviceStore::update_behind(std::function<void()> step, std::function<void()> after,
+                                std::function<void(int)> regather) {
   join();
   if (!behind_) behind_ = std::make_unique<Behind>(layout_.blocks().size());
   {
@@ -333,15 +346,21 @@ void DeviceStore::update_behind(std::function<void()> step, std::function<void()
     taken_ = 0;
     running_ = true;  // before the worker can call updated()
   }
+  std::fill(finished_.begin(), finished_.end(), 0);
   after_ = std::move(after);
+  regather_ = std::move(regather);
   ++steps_behind_;
   behind_->cv.notify_all();
 }
 
-bool DeviceStore::updated_behind(int b) {
-  if (!running_) return true;
-  std::lock_guard<std::mutex> l(behind_->mu);
-  return behind_->ready[b] != 0;
+bool DeviceStore::updated_behind(int b) { return !running_ || finished_[b]; }
+
+// A record acted on: the block re-gathered (a collective, on this thread), then handed on as
+// updated() would have: a pinned block's upload starts.
+void DeviceStore::finish_record(int c) {
+  if (regather_) regather_(c);
+  finished_[c] = 1;
+  queue_from_step(c);
 }
 
 void DeviceStore::take_records() {
@@ -351,10 +370,36 @@ void DeviceStore::take_records() {
     fresh.assign(behind_->recorded.begin() + static_cast<std::ptrdiff_t>(taken_), behind_->recorded.end());
     taken_ = behind_->recorded.size();
   }
-  for (int c : fresh) queue_from_step(c);
+  for (int c : fresh) finish_record(c);
+}
+
+bool DeviceStore::finish_next() {
+  int c;
+  bool running;
+  {
+    std::unique_lock<std::mutex> l(behind_->mu);
+    if (taken_ == behind_->recorded.size() && !behind_->done) {
+      Timer t;
+      behind_->cv.wait(l, [&] { return taken_ < behind_->recorded.size() || behind_->done; });
+      behind_wait_ += t.seconds();
+    }
+    if (taken_ == behind_->recorded.size()) return false;
+    c = behind_->recorded[taken_++];
+    running = !behind_->done;
+  }
+  finish_record(c);
+  uses_behind_ += running;
+  return true;
 }
 
 void DeviceStore::wait_behind(int b) {
+  if (regather_) {
+    // Every rank must make the same collectives in the same order, whatever the timing: the
+    // records in their order up to b, each waited for, never more (nor an early join).
+    while (!finished_[b])
+      if (!finish_next()) return join();  // the step ended without b (a failure: join rethrows it)
+    return;
+  }
   bool ended;
   {
     std::unique_lock<std::mutex> l(behind_->mu);
@@ -389,8 +434,12 @@ void DeviceStore::join() {
   running_ = false;
   std::function<void()> after = std::move(after_);
   after_ = nullptr;
-  if (err) std::rethrow_exception(err);
-  take_records();  // the blocks no forward asked for yet go up as the step's own uploads did
+  if (err) {
+    regather_ = nullptr;
+    std::rethrow_exception(err);
+  }
+  take_records();  // the blocks no forward asked for yet: re-gathered and uploaded in their order
+  regather_ = nullptr;
   if (after) after();
 }
 

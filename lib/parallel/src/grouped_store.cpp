@@ -145,6 +145,17 @@ bool GroupedStore::step_is_local() const {
   return true;
 }
 
+void GroupedStore::regather(int block) {
+  const Route& r = at(block);
+  if (r.engine != kFrozen) parts_[r.engine].engine->regather(r.local);
+}
+
+bool GroupedStore::regathers() const {
+  for (const auto& p : parts_)
+    if (p.engine->regathers()) return true;
+  return false;
+}
+
 void GroupedStore::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {
   for (auto& p : parts_) {
     const auto& lb = p.layout->blocks();

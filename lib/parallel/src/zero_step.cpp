@@ -54,10 +54,19 @@ void ZeroEngine::adam_step(const AdamParams& a) {
     update_block(b, a);
     // A block replicated at stages 1-2 is whole again once gathered: each block's all-gather right
     // after its update (the same order on every rank), so a.updated can hand it on while the next
-    // blocks are updated. Stage 0: every rank updated everything alike.
-    if (cfg_.stage > 0 && resident_[b]) all_gather_resident(b);
+    // blocks are updated; or, with regather_later, the caller's regather(b) in that order. Stage 0:
+    // every rank updated everything alike.
+    if (!a.regather_later) regather(b);
     if (a.updated) a.updated(b);
   }
+}
+
+void ZeroEngine::regather(int b) {
+  if (cfg_.stage > 0 && resident_[b]) all_gather_resident(b);  // stage 3: the persistent blocks
+}
+
+bool ZeroEngine::regathers() const {
+  return cfg_.stage > 0 && n_ > 1 && std::any_of(resident_.begin(), resident_.end(), [](char r) { return r != 0; });
 }
 
 // This rank's range of the block: everything at stage 0, its slice otherwise. Offsets into the

@@ -478,6 +478,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"communication_aware_checkpointing", c.communication_aware_checkpointing},
           {"device", c.device},
           {"attention_kernel", c.attention_kernel},
+          {"optimizer_overlap", c.optimizer_overlap},
           {"zero_stage", c.zero.stage},
           {"zero_optimization", {{"stage", c.zero.stage},
                                  {"reduce_bucket_size", c.zero.reduce_bucket_size},

@@ -110,7 +110,8 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
   if ((ops_ && !cfg_.states_on_device()) || cfg_.via_device_store)
     device_store_ = std::make_unique<parallel::DeviceStore>(
         *zero_, model_->layout(), model_->ops(), /*cache_params=*/cfg_.zero.stage <= 2,
-        zero_->half() ? compute_precision() : kernels::Precision::fp32);  // 16-bit runs: 2-byte device copies
+        zero_->half() ? compute_precision() : kernels::Precision::fp32,  // 16-bit runs: 2-byte device copies
+        model_->held_blocks());
   decide_optimizer_overlap();
   // Every rank initialises from the same seed, block by block, keeping what it holds: replicas
   // (and shards) are consistent without a broadcast.
@@ -378,6 +379,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
     // (random-LTD: Megatron-DS's effective tokens, layer-tokens / layers; the same count without it)
     const bool tokens_done = cfg_.train_tokens > 0 && consumed_layer_tokens_ >= cfg_.train_tokens * cfg_.model.num_layers;
     const bool final_step = it + 1 == cfg_.train_iters || tokens_done;
+    if (final_step) join_update_timed();  // the last step's update counts in its own log line
     sum.steps.push_back(rec);
     if (records) records->iteration(it + 1, detail::iteration_scalars(rec, rc, rec.global_batch));
     if ((it + 1) % cfg_.log_interval == 0 || final_step) {

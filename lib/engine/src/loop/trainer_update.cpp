@@ -2,25 +2,37 @@
 // gradient norm over the ranks, the loss scaler's verdict, clipping and AdamW, which ZeRO-Offload
 // on a device runs behind the next step's forward where it can (DeviceStore::update_behind).
 #include <cmath>
+#include <functional>
 
+#include "hpct/core/timer.hpp"
 #include "hpct/engine/loop/trainer.hpp"
 #include "hpct/engine/records/moe_stats.hpp"
+#include "train_log.hpp"
 
 namespace hpct::engine {
 
 // Why the host step cannot run beside the next forward here ("" where it can): it must make no
-// collective call (MPI is used from one thread), touch no swap file, and there must be a forward
-// to run beside it (a device whose copies run beside its ops). Every rank decides alike.
+// collective call (MPI is used from one thread: stages 1-2's all-gathers are left to this thread),
+// touch no swap file, and there must be a forward to run beside it (a device whose copies run
+// beside its ops). Every rank decides alike.
 void Trainer::decide_optimizer_overlap() {
   if (!device_store_) overlap_off_ = "no ZeRO-Offload on a device";
   else if (!cfg_.optimizer_overlap) overlap_off_ = "--no-optimizer-overlap";
   else if (model_->ops().host_memory()) overlap_off_ = "the model's backend computes in host memory";
   else if (cfg_.zero.stage == 3) overlap_off_ = "ZeRO stage 3 gathers the parameters the step updates";
   else if (zero_->offloaded()) overlap_off_ = "NVMe offload: the step sweeps the swap file";
-  else if (!zero_->step_is_local())
-    overlap_off_ = "ZeRO stage " + std::to_string(cfg_.zero.stage) + " over " + std::to_string(grid_.dp().size()) +
-                   " data-parallel ranks re-gathers the parameters inside the step (MPI calls)";
+  else if (!zero_->step_is_local()) overlap_off_ = "the optimizer step makes MPI calls";
   else overlap_off_.clear();
+}
+
+void Trainer::join_update_timed() {
+  if (!device_store_ || !device_store_->updating()) return;
+  Timer t;
+  const double behind0 = device_store_->behind_seconds(), wait0 = device_store_->behind_wait_seconds();
+  join_update();
+  clock_->seconds[detail::kOptimizer] += t.seconds();
+  clock_->seconds[detail::kOptimizerBehind] += device_store_->behind_seconds() - behind0;
+  clock_->seconds[detail::kOptimizerWait] += device_store_->behind_wait_seconds() - wait0;
 }
 
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.
@@ -72,7 +84,15 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
   if (device_store_ && overlap_off_.empty() && !want_state_norms_) {
     // Behind the next forward: the store hands the forward each block once the step has updated
     // it, and joins before the first gradient reaches the engine, clearing the gradients then.
-    device_store_->update_behind([this, ap] { zero_->adam_step(ap); }, [this] { zero_->begin_step(); });
+    // Stages 1-2 over several ranks: the step's all-gathers are made here (MPI stays on this
+    // thread), each block's before its upload, in the step's order.
+    std::function<void(int)> regather;
+    if (zero_->regathers()) {
+      ap.regather_later = true;
+      regather = [this](int block) { zero_->regather(block); };
+    }
+    device_store_->update_behind([this, ap] { zero_->adam_step(ap); }, [this] { zero_->begin_step(); },
+                                 std::move(regather));
     return;
   }
   zero_->adam_step(ap);

@@ -74,9 +74,10 @@ class DeviceStore final : public model::ParamStore {
  public:
   /// host: the engine (must outlive this); be: the model's backend. cache_params: stages 0-2 (the
   /// parameters change only in the step); storage: bf16/fp16 to keep the engine's 16-bit copies
-  /// (ParamStore::params_half) on the device with cache_params, fp32 otherwise.
+  /// (ParamStore::params_half) on the device with cache_params, fp32 otherwise. held: the blocks
+  /// this rank holds (expert parallelism: not the other ranks' experts); empty: every block.
   DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
-              kernels::Precision storage = kernels::Precision::fp32);
+              kernels::Precision storage = kernels::Precision::fp32, const std::vector<int>& held = {});
   /// What a store of these arguments keeps in the backend's memory at least: the resident parameters
   /// and gradient sum (cache_params), and one block's fp32 working copy (the largest). The blocks in
   /// use beside it (a gradient, the embedding's) are not counted: the pre-flight memory check's
@@ -104,9 +105,13 @@ class DeviceStore final : public model::ParamStore {
   /// returns at once. Until join() the engine is the worker's: the caller may go on with the model
   /// through this store (params(b) waits for block b's update), not with the engine. `after` runs
   /// on the calling thread once the step is joined (the trainer clears the engine's gradients there,
-  /// which the step reads). The worker runs OpenMP teams one thread short of optimizer_threads(), so
-  /// that the thread driving the device keeps a core.
-  void update_behind(std::function<void()> step, std::function<void()> after);
+  /// which the step reads). `regather` (stages 1-2 over several ranks, the step run with
+  /// AdamParams::regather_later): called here for every block the step reports, in its order, before
+  /// the block is uploaded; then params(b) takes the reports strictly in order up to b, so every
+  /// rank makes the same collectives in the same order whatever the timing. The worker runs OpenMP
+  /// teams one thread short of optimizer_threads(), so the thread driving the device keeps a core.
+  void update_behind(std::function<void()> step, std::function<void()> after,
+                     std::function<void(int block)> regather = {});
   /// Waits for the step behind (nothing when none runs), rethrows its error, issues the uploads it
   /// left, then runs its `after`. Called by the store itself before a gradient goes to the engine
   /// and before settle(), invalidate() and begin_update().
@@ -179,14 +184,18 @@ class DeviceStore final : public model::ParamStore {
 
   void queue_from_step(int b);          // updated()'s upload of a pinned block the step made final
   void wait_behind(int b);              // params(b) while a step runs behind: until b is updated
-  void take_records();                  // the blocks the step behind updated since the last look: uploads
-  bool updated_behind(int b);           // block b is final in the step behind (or none runs)
+  void take_records();                  // every report of the step behind not yet acted on: finish_record
+  bool finish_next();                   // the next report in order (waited for); false: the step ended
+  void finish_record(int b);            // a report acted on: regather_, finished_, the pinned upload
+  bool updated_behind(int b);           // block b is final and re-gathered in the step behind (or none runs)
 
   struct Behind;                        // the worker thread and what it shares with this one
   std::unique_ptr<Behind> behind_;
   bool running_ = false;                // a step behind was started and not joined
   std::function<void()> after_;
   size_t taken_ = 0;                    // records of the step behind acted on
+  std::vector<char> finished_;          // per block: its record acted on (finish_record)
+  std::function<void(int)> regather_;   // update_behind's
   long long steps_behind_ = 0, uses_behind_ = 0;
   double behind_wait_ = 0, slow_ = 0;
 
@@ -208,6 +217,7 @@ class DeviceStore final : public model::ParamStore {
   std::vector<int> order_pos_;  // per block: its index in order_, -1: not in it
   bool order_done_ = false;
   std::vector<char> held_;      // per block: host_.params(b) was taken and not yet released
+  std::vector<char> mine_;      // per block: this rank holds it (the host store serves it)
   std::vector<char> direct_;    // per block: uploaded straight from the engine's pinned 16-bit copy
   std::vector<void*> pins_;     // the runs pinned (unpinned at destruction)
   size_t pinned_bytes_ = 0;

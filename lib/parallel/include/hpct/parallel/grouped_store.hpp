@@ -84,6 +84,10 @@ class GroupedStore final : public model::ParamStore {
   void adam_step(const AdamParams& a);
   /// Every engine's step is local (ShardedOptimizer::step_is_local): another thread may run adam_step.
   bool step_is_local() const;
+  /// The engine's regather of a schema block (after adam_step with regather_later), and whether
+  /// any engine's does anything.
+  void regather(int block);
+  bool regathers() const;
   /// Pieces in the schema's flat indices; all ranks' pieces cover every schema element once.
   void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
   /// Every engine's pieces address its live host state (see ShardedOptimizer::pieces_are_live).

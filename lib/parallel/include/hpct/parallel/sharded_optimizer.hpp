@@ -30,6 +30,10 @@ struct AdamParams {
   /// reads them (ParamStore::params / params_half) are final for this step, in block order, on every
   /// rank between the same collectives: ZeRO-Offload uploads a block while the others are updated.
   std::function<void(int block)> updated;
+  /// The re-replication of each updated block (stages 1-2's all-gather over the group) is left to
+  /// the caller: it calls regather(block) for every block `updated` reports, in that order, on the
+  /// thread that makes the run's MPI calls (the step itself may then run on another thread).
+  bool regather_later = false;
 };
 
 /// One rank's piece of the flat (unpadded) state: elements [begin, begin + count) of the global
@@ -98,10 +102,18 @@ class ShardedOptimizer : public model::ParamStore {
   virtual double grad_zeros() = 0;
   /// Collective: AdamW on this rank's shard, then re-replication of what must be whole.
   virtual void adam_step(const AdamParams& a) = 0;
-  /// adam_step without state_norms makes no MPI call, no call on a backend and no swap-file IO
-  /// (host states, and stage 0 or a group of one rank): another thread may run it while this one
-  /// goes on with the model (parallel::DeviceStore::update_behind).
+  /// adam_step without state_norms and with regather_later makes no MPI call, no call on a backend
+  /// and no swap-file IO (host states at stages 0-2, no swap file): another thread may run it while
+  /// this one goes on with the model (parallel::DeviceStore::update_behind). Meanwhile this thread
+  /// may call begin_micro_step, end_micro_step of a micro-step that handed no gradient, params and
+  /// params_half of blocks the step has reported, regather, and the counters (bytes_sent, the wait
+  /// times, swap_traffic); nothing that reads or writes gradients or optimizer states.
   virtual bool step_is_local() const { return false; }
+  /// After an adam_step with regather_later: block's re-replication (collective over the group where
+  /// regathers() is true; nothing otherwise).
+  virtual void regather(int /*block*/) {}
+  /// Whether regather() does anything: some updated block is all-gathered over more than one rank.
+  virtual bool regathers() const { return false; }
   /// Collective, after an adam_step with state_norms: the sums of squares of the updated fp32
   /// weights, exp_avg and exp_avg_sq over every element the group holds.
   virtual std::array<double, 3> state_sumsq() const = 0;

@@ -154,9 +154,10 @@ class ZeroEngine final : public ShardedOptimizer {
   /// AdamW on this rank's shard (per-tensor weight decay from the layout), then re-replication of
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
   void adam_step(const AdamParams& a) override;
-  /// In host memory without a swap file, at stage 0 or on a group of one rank (whose
-  /// re-replication is no copy at all).
-  bool step_is_local() const override { return !swap_ && (cfg_.stage == 0 || n_ == 1); }
+  /// In host memory without a swap file, at stages 0-2 (the re-gathers left to regather()).
+  bool step_is_local() const override { return !swap_ && cfg_.stage <= 2; }
+  void regather(int block) override;
+  bool regathers() const override;
 
   /// Calls fn on each of this rank's pieces of (params, exp_avg, exp_avg_sq), for checkpoints: its
   /// slice of each block, in block order (stage 0 too: every rank holds everything and writes its

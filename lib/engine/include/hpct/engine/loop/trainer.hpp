@@ -264,6 +264,7 @@ class Trainer {
   void join_update() {
     if (device_store_) device_store_->join();
   }
+  void join_update_timed();  // join_update(), its time in the phase timers (optimizer, and the level-2 ones)
   std::string overlap_off_;  // optimizer_overlap_off()
   void decide_optimizer_overlap();  // overlap_off_, once the engines and the DeviceStore exist
   TrainingState training_state() const;
