@@ -44,6 +44,7 @@ struct Result {
   size_t pinned_bytes = 0;         // ... and the engine's 16-bit bytes it pinned for them
   long long steps_behind = -1;     // ... optimizer steps it ran behind the next forward
   long long uses_behind = -1;      // ... blocks it handed to the model while such a step still ran
+  uint64_t regather_order = 0;     // ... DeviceStore::regather_order()
   int updates = 0;                 // optimizer steps taken (not skipped for an fp16 overflow)
   std::vector<double> weight_l2;   // per step: the weights' norm where logged (NaN elsewhere)
   std::vector<double> val_losses;  // the evaluations' (c.eval_iters > 0: on the training data)
@@ -109,6 +110,7 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
     r.pinned_bytes = t.device_store()->pinned_bytes();
     r.steps_behind = t.device_store()->steps_behind();
     r.uses_behind = t.device_store()->uses_behind();
+    r.regather_order = t.device_store()->regather_order();
   }
   for (const auto& b : t.model().layout().blocks()) r.blocks.push_back(b.numel);
   if (staged) {

@@ -248,6 +248,7 @@ void DeviceStore::upload_ahead(int b) {
 }
 
 const float* DeviceStore::params(int b) {
+  ++params_calls_;
   const auto& blk = layout_.blocks()[b];
   if (!cache_) {
     // Stage 3: the engine's gathered block is held until the model releases it, as the model itself
@@ -347,6 +348,7 @@ void DeviceStore::update_behind(std::function<void()> step, std::function<void()
     running_ = true;  // before the worker can call updated()
   }
   std::fill(finished_.begin(), finished_.end(), 0);
+  regathers_in_step_ = 0;
   after_ = std::move(after);
   regather_ = std::move(regather);
   ++steps_behind_;
@@ -358,7 +360,11 @@ bool DeviceStore::updated_behind(int b) { return !running_ || finished_[b]; }
 // A record acted on: the block re-gathered (a collective, on this thread), then handed on as
 // updated() would have: a pinned block's upload starts.
 void DeviceStore::finish_record(int c) {
-  if (regather_) regather_(c);
+  if (regather_) {
+    for (uint64_t v : {static_cast<uint64_t>(params_calls_), static_cast<uint64_t>(regathers_in_step_++)})
+      for (int byte = 0; byte < 8; ++byte) regather_order_ = (regather_order_ ^ ((v >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+    regather_(c);
+  }
   finished_[c] = 1;
   queue_from_step(c);
 }

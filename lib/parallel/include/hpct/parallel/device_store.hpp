@@ -124,6 +124,10 @@ class DeviceStore final : public model::ParamStore {
   double behind_seconds() const;
   double behind_wait_seconds() const { return behind_wait_; }
   long long uses_behind() const { return uses_behind_; }
+  /// Tests: a hash of when the re-gathers of steps behind were made, as (params() calls before it,
+  /// its index in its step) pairs in order: equal on every rank whatever each worker's speed, or
+  /// the ranks' collectives could interleave differently.
+  uint64_t regather_order() const { return regather_order_; }
   /// Tests: the worker sleeps this long before each block's record, and 10 times as long after the
   /// step, so that the forward catches up with it and the backward's first gradient comes before its end.
   void slow_steps_for_tests(double seconds_per_block) { slow_ = seconds_per_block; }
@@ -197,6 +201,8 @@ class DeviceStore final : public model::ParamStore {
   std::vector<char> finished_;          // per block: its record acted on (finish_record)
   std::function<void(int)> regather_;   // update_behind's
   long long steps_behind_ = 0, uses_behind_ = 0;
+  long long params_calls_ = 0, regathers_in_step_ = 0;
+  uint64_t regather_order_ = 1469598103934665603ull;  // regather_order()'s FNV-1a state
   double behind_wait_ = 0, slow_ = 0;
 
   const bool pipelined_;  // the backend's copies run beside its ops (a device): keep kSlots in flight
