@@ -48,7 +48,7 @@ std::unique_ptr<kernels::OpsBackend> staged(bool pin) {
   return s;
 }
 
-constexpr double kDelay = 2e-3;
+constexpr double kDelay = 2e-3;  // seconds per block on the worker: longer than a tiny block's forward
 constexpr uint64_t test_fnv_basis = 1469598103934665603ull;  // regather_order() before any re-gather  // seconds per block on the worker: longer than a tiny block's forward
 
 void expect_same(const Result& got, const Result& want, const std::string& what) {
@@ -95,13 +95,14 @@ TEST(OptimizerOverlap, EqualsTheStepRunBeforeTheForward) {
 
 // Models with more than one engine or frozen blocks: MoE (the experts' engine updates after every
 // dense block, so the forward waits for an expert block longer) and LoRA (the base is frozen and
-// never uploaded again).
+// never uploaded again), at stage 0 and at stage 2 (re-gathers beside the frozen group on 2 ranks).
 TEST(OptimizerOverlap, MoeAndLora) {
   const int n = world().size();
   if (n > 2) GTEST_SKIP() << "1 and 2 ranks cover it";
+  for (int stage : {0, 2})
   for (int kind : {0, 1})
     for (auto prec : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16}) {
-      engine::TrainConfig c = tiny(0, 3);
+      engine::TrainConfig c = tiny(stage, 3);
       c.micro_batch = 12 / n;
       c.precision = prec;
       if (kind == 0) {
@@ -112,7 +113,8 @@ TEST(OptimizerOverlap, MoeAndLora) {
         c.model.lora.alpha = 8;
         c.model.lora.targets = 0x1F;  // the four linears and the embedding
       }
-      const std::string what = std::string(kind == 0 ? "MoE " : "LoRA ") + prec_name(prec) + ", " + std::to_string(n) + " ranks";
+      const std::string what = std::string(kind == 0 ? "MoE " : "LoRA ") + prec_name(prec) + " stage " +
+                               std::to_string(stage) + ", " + std::to_string(n) + " ranks";
       c.optimizer_overlap = false;
       const Result want = train(c, world(), staged(true));
       c.optimizer_overlap = true;
@@ -225,6 +227,9 @@ TEST(OptimizerOverlap, ParallelLayoutsRegatherInOneOrder) {
         const Result got = train(c, world(), staged(true), kDelay * (1 + world().rank()), tp, ep);
         expect_same(got, want, what);
         EXPECT_EQ(got.steps_behind, 3) << what;
+        // The same traffic per step (a step's re-gathers are made in the next one, the last one's
+        // at the end of training, all counted).
+        EXPECT_EQ(got.comm_bytes, want.comm_bytes) << what;
         // The re-gathers at the same points on every rank (only the dense blocks' groups have more
         // than one rank under EP 2 at 2 ranks; the order is the same structure everywhere).
         const std::vector<double> orders = world().allgather(static_cast<double>(got.regather_order % (1ull << 52)));

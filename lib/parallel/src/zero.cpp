@@ -552,7 +552,7 @@ double ZeroEngine::over_grads(const std::function<double(size_t at, size_t n, bo
 }
 
 void ZeroEngine::all_gather_resident(int b) {
-  if (n_ == 1) return;  // one rank holds the whole block already (and step_is_local says so)
+  if (n_ == 1) return;  // one rank holds the whole block already: no MPI call
   const auto& blk = layout_.blocks()[b];
   const MPI_Datatype type = half_ ? MPI_UINT16_T : MPI_FLOAT;
   void* buf = half_ ? static_cast<void*>(full16_.data() + res_off_[b]) : full_params_.data() + res_off_[b];

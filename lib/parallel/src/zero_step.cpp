@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/timer.hpp"
@@ -32,6 +34,12 @@ std::array<double, 3> ZeroEngine::state_sumsq() const {
 }
 
 void ZeroEngine::adam_step(const AdamParams& a) {
+  // Off the thread that built the engine (the one that makes the run's MPI calls) the step must make
+  // none: a programming error, not a user's.
+  if (std::this_thread::get_id() != mpi_thread_ && (swap_ || cfg_.stage > 2 || a.state_norms || (regathers() && !a.regather_later)))
+    throw Error("ZeRO: adam_step on another thread than the engine's would make MPI calls (stage " +
+                std::to_string(cfg_.stage) + (swap_ ? ", NVMe" : "") + (a.state_norms ? ", state norms" : "") +
+                (a.regather_later ? "" : ", re-gathers in the step") + ")");
   // Gathered copies of the old parameters are stale after the update. (A widened resident block
   // has no request: no MPI call, as step_is_local promises.)
   for (auto& [b, g] : gathered_) {

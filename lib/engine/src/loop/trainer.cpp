@@ -249,7 +249,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     clk.seconds[detail::kGradReduce] += t.seconds();
   }
   t.reset();
-  join_update();  // done at the first gradient handed over already; here for a step that handed none
+  if (device_store_) device_store_->join();  // done at the first gradient handed over already; here for a step that handed none
   update(rec, loss_sum, scale, iteration);  // everything after the last micro-step is the optimizer's
   clk.seconds[detail::kOptimizer] += t.seconds();
   marks.end = model_->ops().mark();
@@ -478,6 +478,7 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
       excluded = 0;
     }
     if (valid && cfg_.eval_iters > 0 && ((it + 1) % cfg_.eval_interval == 0 || final_step)) {
+      join_update_timed();  // the update's time is the optimizer's, not the evaluation's
       Timer ev;
       run_evaluation(it + 1);
       excluded += ev.seconds();  // evaluation time is not training throughput
@@ -489,6 +490,8 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
                              grid_.world().allreduce_max(total.seconds() / 60.0 >= cfg_.exit_duration_mins ? 1.0 : 0.0) > 0;
     bool exit_now = signalled || out_of_time || (cfg_.exit_interval > 0 && (it + 1) % cfg_.exit_interval == 0);
     bool last = final_step;
+    const bool interval_save = cfg_.save_interval > 0 && (it + 1) % cfg_.save_interval == 0;
+    if (exit_now || (saving && interval_save)) join_update_timed();  // the update's time is the optimizer's, not the checkpoint's
     Timer ckpt;  // saving is not training throughput either: its time goes to the checkpoint timer
     if (async_) {  // a background save finished? (one tiny all-reduce per iteration while one runs)
       TrainSummary::Save rec;
@@ -498,7 +501,6 @@ TrainSummary Trainer::train(const io::TokenDataset& train, const io::TokenDatase
         sum.saves.push_back(rec);
       }
     }
-    const bool interval_save = cfg_.save_interval > 0 && (it + 1) % cfg_.save_interval == 0;
     if (saving && (interval_save || exit_now || last)) {
       if (cfg_.async_save && !exit_now && !last) {
         start_async_save();  // the final and the stop-on-signal saves stay synchronous: they must be done at exit

@@ -46,9 +46,10 @@
 // On a host-memory backend (the CPU) every copy is done when it returns and each block is handed
 // over at once, as before. The staged test backend with deferred transfers (tests/model/
 // staged_cpu_ops.hpp) checks the ordering: a copy read before its ticket is done reads stale data.
-// The optimizer step behind the next forward (update_behind): where the engine's step makes no
-// collective call, it runs on a worker thread of this store's while the trainer goes on into the
-// next step. The numbers stay the same, unlike DeepSpeed's delayed parameter update (which trains
+// The optimizer step behind the next forward (update_behind): where the engine's step can be made
+// free of collective calls (stages 0-2 in host memory: ShardedOptimizer::step_is_local, with the
+// all-gathers left to this thread: AdamParams::regather_later), it runs on a worker thread of this
+// store's while the trainer goes on into the next step. The numbers stay the same, unlike DeepSpeed's delayed parameter update (which trains
 // step n + 1 on step n - 1's weights): the forward asks for the blocks in the order the step
 // updates them, and params(b) waits for block b's update before uploading it, so the forward runs
 // a block behind the update instead of after all of it. The first gradient handed to the engine
@@ -101,7 +102,8 @@ class DeviceStore final : public model::ParamStore {
   /// behind (update_behind's worker): only recorded; params(b) and join() issue the upload.
   void updated(int block);
   /// After begin_update(a): runs `step` (the engine's adam_step(a), which must make no MPI call nor
-  /// any call on the backend: ShardedOptimizer::step_is_local) on this store's worker thread and
+  /// any call on the backend: ShardedOptimizer::step_is_local, with a.regather_later where the
+  /// engine regathers()) on this store's worker thread and
   /// returns at once. Until join() the engine is the worker's: the caller may go on with the model
   /// through this store (params(b) waits for block b's update), not with the engine. `after` runs
   /// on the calling thread once the step is joined (the trainer clears the engine's gradients there,

@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hpct/comm/mpi.hpp"
@@ -239,6 +240,7 @@ class ZeroEngine final : public ShardedOptimizer {
   std::string swap_tag_;
   ShardLayout shards_;
   std::vector<char> resident_;                    // block kept whole on every rank
+  std::thread::id mpi_thread_ = std::this_thread::get_id();  // the constructing thread: MPI's
   std::vector<size_t> res_off_;                   // resident block's offset in full_params_ (full16_ in 16-bit runs)
   std::vector<std::vector<int>> counts_, displs_; // per block: MPI counts/displacements (elements)
 

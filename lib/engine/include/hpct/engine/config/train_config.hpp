@@ -162,8 +162,8 @@ struct TrainConfig {
   long long exit_interval = 0; // --exit-interval N: save and stop after iteration N (Megatron)
   int keep_last = 0;           // --keep-last K: keep the newest K checkpoints (0: all)
   int optimizer_threads = 0;   // --optimizer-threads: host AdamW threads (0: kernels::optimizer_threads' default)
-  // ZeRO-Offload on a device: the host AdamW runs beside the next step's forward where its step
-  // makes no collective call (parallel::DeviceStore::update_behind; the same numbers).
+  // ZeRO-Offload on a device: the host AdamW runs beside the next step's forward at stages 0-2
+  // (parallel::DeviceStore::update_behind; the same numbers).
   // --no-optimizer-overlap: the step waits for it.
   bool optimizer_overlap = true;
   bool async_save = false;     // --async-save: interval saves copy the state and write it on a background thread

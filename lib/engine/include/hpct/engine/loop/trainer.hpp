@@ -260,9 +260,13 @@ class Trainer {
   /// Before the state changes (the optimizer step): waits until a background save's copy is done.
   void snapshot_fence();
   /// Before anything but the next step reads or writes the engine's state: the optimizer step
-  /// running behind the forward (DeviceStore::update_behind) is done.
+  /// running behind the forward (DeviceStore::update_behind) is done. Between steps: the
+  /// re-gathers it makes here count in the step's traffic (comm_bytes_per_step).
   void join_update() {
-    if (device_store_) device_store_->join();
+    if (!device_store_ || !device_store_->updating()) return;
+    const double sent0 = zero_->bytes_sent();
+    device_store_->join();
+    comm_bytes_ += zero_->bytes_sent() - sent0;
   }
   void join_update_timed();  // join_update(), its time in the phase timers (optimizer, and the level-2 ones)
   std::string overlap_off_;  // optimizer_overlap_off()
