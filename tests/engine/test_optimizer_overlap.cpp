@@ -4,7 +4,7 @@
 //
 // The device route is StagedCpuOps with deferred transfers, the GEMMs reading the device's 16-bit
 // copies (tests/model/staged_cpu_ops.hpp), and the store's worker slowed (DeviceStore::
-// slow_steps_for_tests: 2 ms before each block's report, 20 ms after the step), so the forward
+// StepBehind::slow_for_tests: 2 ms before each block's report, 20 ms after the step), so the forward
 // reaches every block before the step behind has updated it and the backward's first gradient
 // comes before the step's end: a block used before its update, uploaded before it, or a gradient
 // handed to the engine while the step still reads the last one gives other losses (measured, one
@@ -17,7 +17,7 @@
 // hangs this test at 2 ranks (MoE at EP 2: the experts' all-to-all between the dense all-gathers;
 // tried), and CTest's timeout fails it. Where small collectives complete eagerly and no hang
 // shows, the test still sees it: each rank's worker runs at its own pace and every rank must have
-// made its re-gathers at the same points (DeviceStore::regather_order).
+// made its re-gathers at the same points (StepBehind::regather_order).
 #include <gtest/gtest.h>
 #include <mpi.h>
 

@@ -44,7 +44,7 @@ struct Result {
   size_t pinned_bytes = 0;         // ... and the engine's 16-bit bytes it pinned for them
   long long steps_behind = -1;     // ... optimizer steps it ran behind the next forward
   long long uses_behind = -1;      // ... blocks it handed to the model while such a step still ran
-  uint64_t regather_order = 0;     // ... DeviceStore::regather_order()
+  uint64_t regather_order = 0;     // ... StepBehind::regather_order()
   int updates = 0;                 // optimizer steps taken (not skipped for an fp16 overflow)
   std::vector<double> weight_l2;   // per step: the weights' norm where logged (NaN elsewhere)
   std::vector<double> val_losses;  // the evaluations' (c.eval_iters > 0: on the training data)
@@ -76,7 +76,7 @@ inline size_t count_stale_copies(engine::Trainer& t, const engine::TrainConfig& 
 /// backend: the model's (nullptr: the CPU's); a device backend (host_memory() false) puts
 /// ZeRO-Offload's DeviceStore in front of the engine, as a GPU does. update_delay: seconds the
 /// store's worker waits per block of an optimizer step run behind the forward (DeviceStore::
-/// slow_steps_for_tests), so that the forward catches up with it. tp, ep: tensor- and
+/// StepBehind::slow_for_tests), so that the forward catches up with it. tp, ep: tensor- and
 /// expert-parallel sizes (the rest of the ranks data-parallel).
 inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
                     std::unique_ptr<kernels::OpsBackend> backend = nullptr, double update_delay = 0, int tp = 1,
@@ -88,7 +88,7 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
   io::MockGptDataset data(c.model.vocab_size, c.model.max_seq_length, 7);
   auto* staged = dynamic_cast<test::StagedCpuOps*>(backend.get());
   engine::Trainer t(c, grid, std::move(backend));
-  if (update_delay > 0 && t.device_store()) t.device_store()->slow_steps_for_tests(update_delay);
+  if (update_delay > 0 && t.device_store()) t.device_store()->step_behind().slow_for_tests(update_delay);
   t.load_checkpoint();
   Result r;
   const bool half = c.precision != engine::PrecisionMode::fp32;
@@ -108,9 +108,9 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
     r.to_host = t.device_store()->bytes_to_host();
     r.uploads_in_step = t.device_store()->uploads_in_step();
     r.pinned_bytes = t.device_store()->pinned_bytes();
-    r.steps_behind = t.device_store()->steps_behind();
-    r.uses_behind = t.device_store()->uses_behind();
-    r.regather_order = t.device_store()->regather_order();
+    r.steps_behind = t.device_store()->step_behind().steps();
+    r.uses_behind = t.device_store()->step_behind().uses_behind();
+    r.regather_order = t.device_store()->step_behind().regather_order();
   }
   for (const auto& b : t.model().layout().blocks()) r.blocks.push_back(b.numel);
   if (staged) {

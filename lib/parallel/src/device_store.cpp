@@ -2,82 +2,21 @@
 #include "hpct/parallel/device_store.hpp"
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "hpct/core/error.hpp"
-#include "hpct/core/timer.hpp"
 #include "hpct/kernels/half.hpp"
 #include "hpct/kernels/host_copy.hpp"
-#include "hpct/kernels/optim.hpp"
 
 namespace hpct::parallel {
-
-// The worker thread of update_behind and what it shares with the store's thread (under mu): the
-// job, the blocks it has made final, in order, and how it ended.
-struct DeviceStore::Behind {
-  std::mutex mu;
-  std::condition_variable cv;  // both ways: a job (or stop) for the worker; a record (or the end) for the store
-  std::function<void()> job;
-  bool has_job = false, stop = false, done = true;
-  std::exception_ptr error;
-  std::vector<char> ready;     // per block: final in the running step
-  std::vector<int> recorded;   // the same blocks in the order the step made them final
-  double seconds = 0;          // the jobs' wall time, summed
-  std::thread thread;          // last: started once the rest exists
-
-  explicit Behind(size_t blocks) : ready(blocks, 0) {
-    // One thread short of the host optimizer's team, for the thread that drives the device.
-    const int threads = std::max(1, kernels::optimizer_threads() - 1);
-    thread = std::thread([this, threads] { run(threads); });
-  }
-  ~Behind() {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      stop = true;
-    }
-    cv.notify_all();
-    thread.join();
-  }
-  void run(int threads) {
-    kernels::set_optimizer_threads_here(threads);
-    for (;;) {
-      std::function<void()> f;
-      {
-        std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return has_job || stop; });
-        if (!has_job) return;
-        f = std::move(job);
-        has_job = false;
-      }
-      Timer t;
-      std::exception_ptr err;
-      try {
-        f();
-      } catch (...) {
-        err = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> l(mu);
-        error = err;
-        seconds += t.seconds();
-        done = true;
-      }
-      cv.notify_all();
-    }
-  }
-};
 
 DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
                          kernels::Precision storage, const std::vector<int>& held)
     : host_(host),
       layout_(layout),
       be_(be),
+      behind_(layout.blocks().size()),
       pipelined_(!be.host_memory()),
       active_(layout.blocks().size(), 0),
       summed_(layout.blocks().size(), 0),
@@ -91,7 +30,6 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
       direct_(layout.blocks().size(), 0),
       pblock_(layout.blocks().size()),
       gblock_(layout.blocks().size()) {
-  finished_.assign(layout.blocks().size(), 0);
   mine_.assign(layout.blocks().size(), held.empty() ? 1 : 0);
   for (int b : held) mine_.at(static_cast<size_t>(b)) = 1;
   size_t largest = 0;
@@ -152,19 +90,13 @@ void DeviceStore::pin_runs() {
 
 DeviceStore::~DeviceStore() {
   // Nothing may still update the engine (which outlives this store only a little) nor read its
-  // pinned copies when they are unpinned. No re-gather and no `after`: a collective here, on an
-  // error path, could wait for ranks that never come, and the state is being dropped.
-  regather_ = nullptr;
-  after_ = nullptr;
+  // pinned copies when they are unpinned: the step behind ends first, without its re-gathers, its
+  // `after` or its uploads (StepBehind::abandon), then the direct uploads are waited for.
+  behind_.abandon();
   try {
-    join();
-  } catch (...) {  // a failed step: its error was the training thread's to report
-  }
-  try {
-    settle();  // the direct uploads, even after a failed join
+    settle();  // the direct uploads
   } catch (...) {  // a failed device: unpinned all the same
   }
-  behind_.reset();  // the worker stops (a failed join above has still waited for its step)
   for (void* p : pins_) be_.unpin_host(p);
   // Nothing may still be copying into or out of a slot when it is freed (nor out of a device
   // gradient when it is released).
@@ -243,12 +175,12 @@ void DeviceStore::upload_ahead(int b) {
     const size_t at = static_cast<size_t>(order_pos_[b]) + k;
     if (at >= order_.size()) return;
     const int c = order_[at];
-    if (!fresh_[c] && !queued_[c] && updated_behind(c)) upload(c);
+    if (!fresh_[c] && !queued_[c] && behind_.final(c)) upload(c);
   }
 }
 
 const float* DeviceStore::params(int b) {
-  ++params_calls_;
+  behind_.count_use();
   const auto& blk = layout_.blocks()[b];
   if (!cache_) {
     // Stage 3: the engine's gathered block is held until the model releases it, as the model itself
@@ -261,7 +193,7 @@ const float* DeviceStore::params(int b) {
     return d;
   }
   if (!fresh_[b]) {
-    if (running_) wait_behind(b);
+    behind_.wait_for(b);
     if (!queued_[b]) upload(b);
     upload_ahead(b);
     be_.await_transfer(upload_of_[b]);  // the ops that read it wait for it on the device
@@ -307,14 +239,8 @@ void DeviceStore::begin_update(AdamParams& a) {
 }
 
 void DeviceStore::updated(int b) {
-  if (running_) {  // the worker's call: recorded for this thread, which issues the upload
-    if (slow_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_));
-    {
-      std::lock_guard<std::mutex> l(behind_->mu);
-      behind_->ready[b] = 1;
-      behind_->recorded.push_back(b);
-    }
-    behind_->cv.notify_all();
+  if (behind_.running()) {  // the worker's call: recorded for this thread, which issues the upload
+    behind_.record(b);
     return;
   }
   queue_from_step(b);
@@ -326,133 +252,9 @@ void DeviceStore::queue_from_step(int b) {
   ++uploads_in_step_;
 }
 
-// ---- the step behind -------------------------------------------------------------------------
-
 void DeviceStore::update_behind(std::function<void()> step, std::function<void()> after,
                                 std::function<void(int)> regather) {
-  join();
-  if (!behind_) behind_ = std::make_unique<Behind>(layout_.blocks().size());
-  {
-    std::lock_guard<std::mutex> l(behind_->mu);
-    std::fill(behind_->ready.begin(), behind_->ready.end(), 0);
-    behind_->recorded.clear();
-    behind_->error = nullptr;
-    behind_->done = false;
-    behind_->job = [this, step = std::move(step)] {
-      step();
-      // Tests: a tail after the last block too, so the backward reaches the engine before the end.
-      if (slow_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(10 * slow_));
-    };
-    behind_->has_job = true;
-    taken_ = 0;
-    running_ = true;  // before the worker can call updated()
-  }
-  std::fill(finished_.begin(), finished_.end(), 0);
-  regathers_in_step_ = 0;
-  after_ = std::move(after);
-  regather_ = std::move(regather);
-  ++steps_behind_;
-  behind_->cv.notify_all();
-}
-
-bool DeviceStore::updated_behind(int b) { return !running_ || finished_[b]; }
-
-// A record acted on: the block re-gathered (a collective, on this thread), then handed on as
-// updated() would have: a pinned block's upload starts.
-void DeviceStore::finish_record(int c) {
-  if (regather_) {
-    for (uint64_t v : {static_cast<uint64_t>(params_calls_), static_cast<uint64_t>(regathers_in_step_++)})
-      for (int byte = 0; byte < 8; ++byte) regather_order_ = (regather_order_ ^ ((v >> (8 * byte)) & 0xffu)) * 1099511628211ull;
-    regather_(c);
-  }
-  finished_[c] = 1;
-  queue_from_step(c);
-}
-
-void DeviceStore::take_records() {
-  std::vector<int> fresh;
-  {
-    std::lock_guard<std::mutex> l(behind_->mu);
-    fresh.assign(behind_->recorded.begin() + static_cast<std::ptrdiff_t>(taken_), behind_->recorded.end());
-    taken_ = behind_->recorded.size();
-  }
-  for (int c : fresh) finish_record(c);
-}
-
-bool DeviceStore::finish_next() {
-  int c;
-  bool running;
-  {
-    std::unique_lock<std::mutex> l(behind_->mu);
-    if (taken_ == behind_->recorded.size() && !behind_->done) {
-      Timer t;
-      behind_->cv.wait(l, [&] { return taken_ < behind_->recorded.size() || behind_->done; });
-      behind_wait_ += t.seconds();
-    }
-    if (taken_ == behind_->recorded.size()) return false;
-    c = behind_->recorded[taken_++];
-    running = !behind_->done;
-  }
-  finish_record(c);
-  uses_behind_ += running;
-  return true;
-}
-
-void DeviceStore::wait_behind(int b) {
-  if (regather_) {
-    // Every rank must make the same collectives in the same order, whatever the timing: the
-    // records in their order up to b, each waited for, never more (nor an early join).
-    while (!finished_[b])
-      if (!finish_next()) return join();  // the step ended without b (a failure: join rethrows it)
-    return;
-  }
-  bool ended;
-  {
-    std::unique_lock<std::mutex> l(behind_->mu);
-    if (!behind_->ready[b] && !behind_->done) {
-      Timer t;
-      behind_->cv.wait(l, [&] { return behind_->ready[b] || behind_->done; });
-      behind_wait_ += t.seconds();
-    }
-    ended = behind_->done;
-  }
-  if (ended) {  // finished (or failed): over, as the first gradient would end it
-    join();
-    return;
-  }
-  ++uses_behind_;
-  take_records();  // b and the blocks before it go up now, the forward's next ones as they come
-}
-
-void DeviceStore::join() {
-  if (!running_) return;
-  std::exception_ptr err;
-  {
-    std::unique_lock<std::mutex> l(behind_->mu);
-    if (!behind_->done) {
-      Timer t;
-      behind_->cv.wait(l, [&] { return behind_->done; });
-      behind_wait_ += t.seconds();
-    }
-    err = behind_->error;
-    behind_->error = nullptr;
-  }
-  running_ = false;
-  std::function<void()> after = std::move(after_);
-  after_ = nullptr;
-  if (err) {
-    regather_ = nullptr;
-    std::rethrow_exception(err);
-  }
-  take_records();  // the blocks no forward asked for yet: re-gathered and uploaded in their order
-  regather_ = nullptr;
-  if (after) after();
-}
-
-double DeviceStore::behind_seconds() const {
-  if (!behind_) return 0;
-  std::lock_guard<std::mutex> l(behind_->mu);
-  return behind_->seconds;
+  behind_.start(std::move(step), std::move(after), std::move(regather), [this](int b) { queue_from_step(b); });
 }
 
 void DeviceStore::release(int b) {

@@ -221,8 +221,8 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
     return tr.optimizer_seconds + tr.param_read_seconds;
   };
   const double nvme0 = nvme_seconds();
-  const double behind0 = device_store_ ? device_store_->behind_seconds() : 0;
-  const double behind_wait0 = device_store_ ? device_store_->behind_wait_seconds() : 0;
+  const double behind0 = device_store_ ? device_store_->step_behind().seconds() : 0;
+  const double behind_wait0 = device_store_ ? device_store_->step_behind().wait_seconds() : 0;
   // A step behind the forward clears the gradients once it is done (its `after`), not now.
   if (!device_store_ || !device_store_->updating()) zero_->begin_step();
   model_->clear_marks();
@@ -262,8 +262,8 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   clk.seconds[detail::kReduceWait] += zero_->reduce_wait_seconds() - reduce0;
   clk.seconds[detail::kNvme] += nvme_seconds() - nvme0;
   if (device_store_) {
-    clk.seconds[detail::kOptimizerBehind] += device_store_->behind_seconds() - behind0;
-    clk.seconds[detail::kOptimizerWait] += device_store_->behind_wait_seconds() - behind_wait0;
+    clk.seconds[detail::kOptimizerBehind] += device_store_->step_behind().seconds() - behind0;
+    clk.seconds[detail::kOptimizerWait] += device_store_->step_behind().wait_seconds() - behind_wait0;
   }
   comm_bytes_ += zero_->bytes_sent() - sent0;
   consumed_tokens_ += GB * T;

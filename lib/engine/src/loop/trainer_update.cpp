@@ -28,11 +28,11 @@ void Trainer::decide_optimizer_overlap() {
 void Trainer::join_update_timed() {
   if (!device_store_ || !device_store_->updating()) return;
   Timer t;
-  const double behind0 = device_store_->behind_seconds(), wait0 = device_store_->behind_wait_seconds();
+  const double behind0 = device_store_->step_behind().seconds(), wait0 = device_store_->step_behind().wait_seconds();
   join_update();
   clock_->seconds[detail::kOptimizer] += t.seconds();
-  clock_->seconds[detail::kOptimizerBehind] += device_store_->behind_seconds() - behind0;
-  clock_->seconds[detail::kOptimizerWait] += device_store_->behind_wait_seconds() - wait0;
+  clock_->seconds[detail::kOptimizerBehind] += device_store_->step_behind().seconds() - behind0;
+  clock_->seconds[detail::kOptimizerWait] += device_store_->step_behind().wait_seconds() - wait0;
 }
 
 // After the micro-steps: the loss and grad norm over the ranks, the loss scaler's verdict, AdamW.

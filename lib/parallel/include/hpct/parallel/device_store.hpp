@@ -48,14 +48,13 @@
 // staged_cpu_ops.hpp) checks the ordering: a copy read before its ticket is done reads stale data.
 // The optimizer step behind the next forward (update_behind): where the engine's step can be made
 // free of collective calls (stages 0-2 in host memory: ShardedOptimizer::step_is_local, with the
-// all-gathers left to this thread: AdamParams::regather_later), it runs on a worker thread of this
-// store's while the trainer goes on into the next step. The numbers stay the same, unlike DeepSpeed's delayed parameter update (which trains
-// step n + 1 on step n - 1's weights): the forward asks for the blocks in the order the step
-// updates them, and params(b) waits for block b's update before uploading it, so the forward runs
-// a block behind the update instead of after all of it. The first gradient handed to the engine
-// waits for the whole step (the step reads the previous gradients), and so does anything that reads
-// or writes the engine's state (a checkpoint, an evaluation: the trainer's join()). The worker makes
-// no call on the backend: updated(b) only records b there, and this thread issues the uploads.
+// all-gathers left to this thread: AdamParams::regather_later), it runs on a worker thread
+// (StepBehind, step_behind.hpp) while the trainer goes on into the next step, with the same
+// numbers: params(b) waits for block b's update before uploading it. The first gradient handed to
+// the engine waits for the whole step (the step reads the previous gradients), and so does anything
+// that reads or writes the engine's state (a checkpoint, an evaluation: the trainer's join()). The
+// worker makes no call on the backend: updated(b) only records b there, and this thread issues the
+// uploads.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -68,6 +67,7 @@
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/parallel/sharded_optimizer.hpp"
+#include "hpct/parallel/step_behind.hpp"
 
 namespace hpct::parallel {
 
@@ -103,36 +103,23 @@ class DeviceStore final : public model::ParamStore {
   void updated(int block);
   /// After begin_update(a): runs `step` (the engine's adam_step(a), which must make no MPI call nor
   /// any call on the backend: ShardedOptimizer::step_is_local, with a.regather_later where the
-  /// engine regathers()) on this store's worker thread and
-  /// returns at once. Until join() the engine is the worker's: the caller may go on with the model
-  /// through this store (params(b) waits for block b's update), not with the engine. `after` runs
-  /// on the calling thread once the step is joined (the trainer clears the engine's gradients there,
-  /// which the step reads). `regather` (stages 1-2 over several ranks, the step run with
-  /// AdamParams::regather_later): called here for every block the step reports, in its order, before
-  /// the block is uploaded; then params(b) takes the reports strictly in order up to b, so every
-  /// rank makes the same collectives in the same order whatever the timing. The worker runs OpenMP
-  /// teams one thread short of optimizer_threads(), so the thread driving the device keeps a core.
+  /// engine regathers()) on the worker (StepBehind::start) and returns at once. Until join() the
+  /// engine is the worker's: the caller may go on with the model through this store (params(b) waits
+  /// for block b's update), not with the engine. `after` runs on the calling thread once the step is
+  /// joined (the trainer clears the engine's gradients there, which the step reads). `regather`
+  /// (stages 1-2 over several ranks, the step run with AdamParams::regather_later): called here for
+  /// every block the step reports, strictly in its order, before the block is uploaded.
   void update_behind(std::function<void()> step, std::function<void()> after,
                      std::function<void(int block)> regather = {});
   /// Waits for the step behind (nothing when none runs), rethrows its error, issues the uploads it
   /// left, then runs its `after`. Called by the store itself before a gradient goes to the engine
   /// and before settle(), invalidate() and begin_update().
-  void join();
+  void join() { behind_.join(); }
   /// A step runs behind (update_behind was called, join() not yet).
-  bool updating() const { return running_; }
-  /// Steps run behind since construction, their worker wall time, the time this thread waited for
-  /// them (in params() and join()), and the blocks handed to the model while one still ran.
-  long long steps_behind() const { return steps_behind_; }
-  double behind_seconds() const;
-  double behind_wait_seconds() const { return behind_wait_; }
-  long long uses_behind() const { return uses_behind_; }
-  /// Tests: a hash of when the re-gathers of steps behind were made, as (params() calls before it,
-  /// its index in its step) pairs in order: equal on every rank whatever each worker's speed, or
-  /// the ranks' collectives could interleave differently.
-  uint64_t regather_order() const { return regather_order_; }
-  /// Tests: the worker sleeps this long before each block's record, and 10 times as long after the
-  /// step, so that the forward catches up with it and the backward's first gradient comes before its end.
-  void slow_steps_for_tests(double seconds_per_block) { slow_ = seconds_per_block; }
+  bool updating() const { return behind_.running(); }
+  /// The step behind's counters and its test knobs (StepBehind::steps, seconds, slow_for_tests...).
+  const StepBehind& step_behind() const { return behind_; }
+  StepBehind& step_behind() { return behind_; }
   /// Before each micro-step: `first` starts a step's gradient accumulation, `last` ends it (the
   /// accumulated gradients go to the engine then). Without calls every micro-step is first and last.
   void begin_micro_step(bool first, bool last);
@@ -189,23 +176,7 @@ class DeviceStore final : public model::ParamStore {
   void upload_ahead(int b);             // the blocks after b in the recorded order, if stale
 
   void queue_from_step(int b);          // updated()'s upload of a pinned block the step made final
-  void wait_behind(int b);              // params(b) while a step runs behind: until b is updated
-  void take_records();                  // every report of the step behind not yet acted on: finish_record
-  bool finish_next();                   // the next report in order (waited for); false: the step ended
-  void finish_record(int b);            // a report acted on: regather_, finished_, the pinned upload
-  bool updated_behind(int b);           // block b is final and re-gathered in the step behind (or none runs)
-
-  struct Behind;                        // the worker thread and what it shares with this one
-  std::unique_ptr<Behind> behind_;
-  bool running_ = false;                // a step behind was started and not joined
-  std::function<void()> after_;
-  size_t taken_ = 0;                    // records of the step behind acted on
-  std::vector<char> finished_;          // per block: its record acted on (finish_record)
-  std::function<void(int)> regather_;   // update_behind's
-  long long steps_behind_ = 0, uses_behind_ = 0;
-  long long params_calls_ = 0, regathers_in_step_ = 0;
-  uint64_t regather_order_ = 1469598103934665603ull;  // regather_order()'s FNV-1a state
-  double behind_wait_ = 0, slow_ = 0;
+  StepBehind behind_;                   // the step behind (update_behind)
 
   const bool pipelined_;  // the backend's copies run beside its ops (a device): keep kSlots in flight
   std::vector<Slot> down_, up_;
