@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Curriculum by a data metric as a user runs it (docs/data-efficiency.md): analyze_data on Brown over
-2 ranks writes the vocab_rarity index files; pretrain_gpt on 2 ranks trains 40 steps with
+2 ranks writes the vocab_rarity index files; pretrain_gpt on 2 ranks trains 24 steps with
 Megatron-DeepSpeed's data_sampling block (percentile 10 -> 100, fixed_root 2 over 20 steps) naming
 them. Checked: the analyzer's printed paths exist and its samples match the run's; every logged
 difficulty is DeepSpeed's pacing recomputed here, the allowed samples are N // 100 per point (all N
@@ -46,7 +46,7 @@ assert re.search(r"analyze_data: error: .*--output-prefix .*a_file/sub/x: cannot
 e = run([analyze, "--output-prefix", f"{out}/x", "--json", out, "--metrics", "seqlen"] + flags, rc=1)
 assert re.search(r"analyze_data: error: .*--json .* is a directory", e) and "analyze_data: seqlen" not in e, e
 
-iters = 40
+iters = 24  # the vocab_rarity schedule reaches 100 at step 20; logged at 20 and 24
 o = run(mpi + [analyze, "--metrics", "vocab_rarity,seqlen", "--output-prefix", f"{out}/brown", "--json", f"{out}/an.json",
                "--train-iters", str(iters)] + flags)
 summary = json.load(open(f"{out}/an.json"))
@@ -75,7 +75,7 @@ metrics = f"{out}/voc_metrics.jsonl"
 if os.path.exists(metrics):
     os.remove(metrics)
 o = run(mpi + [gpt] + flags + ["--deepspeed_config", f"{out}/ds_voc.json", "--data-efficiency-curriculum-learning",
-                               "--train-iters", str(iters), "--log-interval", "5", "--eval-interval", str(iters),
+                               "--train-iters", str(iters), "--log-interval", "4", "--eval-interval", str(iters),
                                "--eval-iters", "2", "--lr-warmup-iters", "5", "--metrics-file", metrics])
 assert re.search(r"> curriculum by vocab_rarity .*percentile difficulty 10 -> 100, fixed_root over 20 steps", o), o[-2000:]
 recs = [json.loads(l) for l in open(metrics)]

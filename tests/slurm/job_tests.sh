@@ -124,13 +124,13 @@ module_version() {
 requeue_resume() {  # APP [APP ARGS...]: signalled, saved, requeued, resumed = uninterrupted (below)
   local app=$1 ref id out i n
   shift
-  common=(HPCT_TRAIN_ITERS=60 HPCT_LOG_INTERVAL=1 HPCT_CHECKPOINTING=1 HPCT_SAVE_INTERVAL=1000)
+  common=(HPCT_TRAIN_ITERS=30 HPCT_LOG_INTERVAL=1 HPCT_CHECKPOINTING=1 HPCT_SAVE_INTERVAL=1000)
   ref=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/ref" sbatch --parsable "${SLURM_DIR}/${app}.sbatch" "$@")
   [[ "$(wait_job "${ref}" 300)" == COMPLETED ]] || fail "uninterrupted run ${ref} failed"
   id=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/cut" sbatch --parsable "${SLURM_DIR}/${app}.sbatch" "$@")
   out=${WORK}/${app}-${id}.out
   for ((i = 0; i < 600; i++)); do
-    grep -Eq "iteration +10/" "${out}" 2>/dev/null && break
+    grep -Eq "iteration +5/" "${out}" 2>/dev/null && break
     sleep 0.2
   done
   scancel --signal=USR1 --batch "${id}"
@@ -146,7 +146,7 @@ import json, sys
 ref, cut = (json.load(open(p)) for p in sys.argv[1:])
 print(f"uninterrupted: final lm loss {ref['final_lm_loss']!r} at iteration {ref['iterations']}")
 print(f"signalled, requeued, resumed from iteration {cut.get('start_iteration')}: final lm loss {cut['final_lm_loss']!r}")
-ok = cut["final_lm_loss"] == ref["final_lm_loss"] and cut["iterations"] == ref["iterations"] == 60
+ok = cut["final_lm_loss"] == ref["final_lm_loss"] and cut["iterations"] == ref["iterations"] == 30
 ok = ok and cut.get("start_iteration", 0) > 0
 sys.exit(0 if ok else 1)
 EOF
@@ -158,7 +158,7 @@ recs = [json.loads(line) for line in open(sys.argv[1])]
 its = [r["iteration"] for r in recs if r["type"] == "train"]
 segs = [r["resumed_from_iteration"] for r in recs if r["type"] == "segment"]
 print(f"metrics: {len(its)} train records, segments resumed from {segs}")
-sys.exit(0 if its == list(range(1, 61)) and len(segs) == 2 and segs[0] == 0 and segs[1] > 0 else 1)
+sys.exit(0 if its == list(range(1, 31)) and len(segs) == 2 and segs[0] == 0 and segs[1] > 0 else 1)
 EOF
   n=$(find "${WORK}/cut/tensorboard" -name 'events.out.tfevents.*' | wc -l)
   ((n == 2)) || fail "${WORK}/cut/tensorboard holds ${n} event files, expected one per segment (2)"
@@ -386,7 +386,7 @@ import tfevents
 tags = tfevents.scalars(sys.argv[1])
 steps = sorted(p[0] for p in tags.get("lm-loss-training/moe loss", []))
 print(f"TensorBoard tags: {sorted(tags)}; moe loss at {len(steps)} steps")
-sys.exit(0 if steps == list(range(1, 61)) else 1)
+sys.exit(0 if steps == list(range(1, 31)) else 1)
 EOF
     ;;
 
