@@ -239,6 +239,13 @@ TEST(OptimizerOverlap, ParallelLayoutsRegatherInOneOrder) {
         else EXPECT_EQ(got.regather_order, test_fnv_basis) << what << ": a group of one rank re-gathers nothing";
         EXPECT_GT(got.uses_behind, 0) << what;
         EXPECT_EQ(got.changed_under_upload, 0) << what;
+        if (layout == 0) {
+          // The device keeps the parameters and gradient sum of this rank's blocks only: not the
+          // other rank's experts (it kept the whole layout's once).
+          const size_t elem = prec == engine::PrecisionMode::fp32 ? 4 : 2;
+          ASSERT_LT(got.held_numel, got.numel) << what;
+          EXPECT_EQ(got.resident_bytes, 2 * elem * got.held_numel) << what;
+        }
       }
 }
 

@@ -31,10 +31,12 @@ struct Result {
   double comm_bytes = 0;
   long long gathers = 0;
   size_t numel = 0;
+  size_t held_numel = 0;     // the blocks this rank holds (expert parallelism: not the others' experts)
   size_t stale_copies = -1;  // 16-bit runs: elements the model computes with that are not round(master)
   size_t stale_after_load = -1;  // the same, right after load_checkpoint (16-bit runs that load)
   double param_read_seconds = 0;  // time waiting for parameter slices read from the swap file
   size_t store_bytes = 0;         // via_device_store: DeviceStore's parameter and gradient bytes (peak)
+  size_t resident_bytes = 0;      // ... the part kept between uses (DeviceStore::resident_bytes)
   double to_device = 0, to_host = 0;  // via_device_store: bytes DeviceStore copied each way
   std::vector<size_t> blocks;     // numel of each block
   int transfers = -1;             // a StagedCpuOps backend: asynchronous transfers it deferred
@@ -75,8 +77,8 @@ inline size_t count_stale_copies(engine::Trainer& t, const engine::TrainConfig& 
 
 /// backend: the model's (nullptr: the CPU's); a device backend (host_memory() false) puts
 /// ZeRO-Offload's DeviceStore in front of the engine, as a GPU does. update_delay: seconds the
-/// store's worker waits per block of an optimizer step run behind the forward (DeviceStore::
-/// StepBehind::slow_for_tests), so that the forward catches up with it. tp, ep: tensor- and
+/// store's worker waits per block of an optimizer step run behind the forward
+/// (StepBehind::slow_for_tests), so that the forward catches up with it. tp, ep: tensor- and
 /// expert-parallel sizes (the rest of the ranks data-parallel).
 inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
                     std::unique_ptr<kernels::OpsBackend> backend = nullptr, double update_delay = 0, int tp = 1,
@@ -102,8 +104,10 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
   r.comm_bytes = t.comm_bytes_per_step();
   r.gathers = t.zero().gathers();
   r.numel = t.model().layout().numel();
+  for (int b : t.model().held_blocks()) r.held_numel += t.model().layout().blocks()[static_cast<size_t>(b)].numel;
   if (t.device_store()) {
     r.store_bytes = t.device_store()->device_bytes();
+    r.resident_bytes = t.device_store()->resident_bytes();
     r.to_device = t.device_store()->bytes_to_device();
     r.to_host = t.device_store()->bytes_to_host();
     r.uploads_in_step = t.device_store()->uploads_in_step();

@@ -32,6 +32,14 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
       gblock_(layout.blocks().size()) {
   mine_.assign(layout.blocks().size(), held.empty() ? 1 : 0);
   for (int b : held) mine_.at(static_cast<size_t>(b)) = 1;
+  // The device copies hold the blocks this rank holds, back to back in layout order (under expert
+  // parallelism not the other ranks' experts).
+  dev_off_.assign(layout.blocks().size(), SIZE_MAX);
+  for (size_t b = 0; b < layout.blocks().size(); ++b)
+    if (mine_[b]) {
+      dev_off_[b] = dev_numel_;
+      dev_numel_ += layout.blocks()[b].numel;
+    }
   size_t largest = 0;
   for (const auto& b : layout.blocks()) largest = std::max(largest, b.numel);
   // Gradients travel in the accumulator's width (stages 0-2) or fp32 (stage 3); parameters in the
@@ -49,18 +57,28 @@ DeviceStore::DeviceStore(model::ParamStore& host, const ParamLayout& layout, ker
   }
   if (cache_) {  // the whole model's parameters and gradient sum stay on the device between uses
     const size_t elem = half16() ? sizeof(uint16_t) : sizeof(float);
-    if (half16()) dparams16_ = kernels::BackendBuffer(be, layout.numel() * elem);
-    else dparams_ = kernels::BackendBuffer(be, layout.numel() * elem);
-    dgrads_ = kernels::BackendBuffer(be, layout.numel() * elem);
+    if (half16()) dparams16_ = kernels::BackendBuffer(be, dev_numel_ * elem);
+    else dparams_ = kernels::BackendBuffer(be, dev_numel_ * elem);
+    dgrads_ = kernels::BackendBuffer(be, dev_numel_ * elem);
     live_ = peak_ = dparams16_.bytes() + dparams_.bytes() + dgrads_.bytes();
   }
 }
 
-size_t DeviceStore::device_bytes_needed(const ParamLayout& layout, bool cache_params, kernels::Precision storage) {
-  size_t largest = 0;
+size_t DeviceStore::device_bytes_needed(const ParamLayout& layout, bool cache_params, kernels::Precision storage,
+                                        const std::vector<int>& held) {
+  size_t largest = 0, numel = held.empty() ? layout.numel() : 0;
   for (const auto& b : layout.blocks()) largest = std::max(largest, b.numel);
+  for (int b : held) numel += layout.blocks().at(static_cast<size_t>(b)).numel;
   const size_t elem = storage == kernels::Precision::fp32 ? sizeof(float) : sizeof(uint16_t);
-  return (cache_params ? 2 * layout.numel() * elem : 0) + largest * sizeof(float);
+  return (cache_params ? 2 * numel * elem : 0) + largest * sizeof(float);
+}
+
+size_t DeviceStore::at(int b) const {
+  const size_t o = dev_off_[static_cast<size_t>(b)];
+  if (o == SIZE_MAX)
+    throw Error("ZeRO-Offload: block '" + layout_.blocks()[static_cast<size_t>(b)].name +
+                "' is not one this rank holds (expert parallelism: another rank's expert)");
+  return o;
 }
 
 // Each run of blocks whose 16-bit copies lie back to back in the engine's memory is pinned once
@@ -136,7 +154,7 @@ void DeviceStore::give_back(std::vector<kernels::BackendBuffer>& blocks, int b) 
 void DeviceStore::upload(int b) {
   const auto& blk = layout_.blocks()[b];
   const size_t bytes = blk.numel * (half16() ? sizeof(uint16_t) : sizeof(float));
-  void* dst = half16() ? static_cast<void*>(dparams16_.as<uint16_t>() + blk.offset) : dparams_.as<float>() + blk.offset;
+  void* dst = half16() ? static_cast<void*>(dparams16_.as<uint16_t>() + at(b)) : dparams_.as<float>() + at(b);
   const void* src;
   if (half16()) {
     src = host_.params_half(b);
@@ -205,15 +223,15 @@ const float* DeviceStore::params(int b) {
   }
   if (half16()) {  // 2-byte copies stay on the device; the model gets this block widened to fp32 while it uses it
     float* w = take(pblock_, b);
-    be_.widen_half(w, dparams16_.as<uint16_t>() + blk.offset, blk.numel, storage_);
+    be_.widen_half(w, dparams16_.as<uint16_t>() + at(b), blk.numel, storage_);
     return w;
   }
-  return dparams_.as<float>() + blk.offset;
+  return dparams_.as<float>() + at(b);
 }
 
 const uint16_t* DeviceStore::params16(int b) {
   if (!cache_ || !half16() || !fresh_[b]) return nullptr;
-  return dparams16_.as<uint16_t>() + layout_.blocks()[b].offset;
+  return dparams16_.as<uint16_t>() + at(b);
 }
 
 void DeviceStore::settle() {
@@ -293,11 +311,11 @@ void DeviceStore::fold(int b) {
   const auto& blk = layout_.blocks()[b];
   const float* g = gblock_[b].as<float>();
   if (half16()) {
-    uint16_t* acc = dgrads_.as<uint16_t>() + blk.offset;
+    uint16_t* acc = dgrads_.as<uint16_t>() + at(b);
     if (!summed_[b]) be_.zero(acc, blk.numel * sizeof(uint16_t));  // +0 in bf16 and fp16
     be_.accumulate_half(acc, g, blk.numel, storage_);
   } else {
-    float* acc = dgrads_.as<float>() + blk.offset;
+    float* acc = dgrads_.as<float>() + at(b);
     if (!summed_[b]) be_.zero(acc, blk.numel * sizeof(float));
     be_.residual_forward(acc, acc, g, blk.numel);
   }
@@ -364,7 +382,7 @@ void DeviceStore::grads_ready(int b) {
     }
     if (!last_) return;
     const size_t elem = half16() ? sizeof(uint16_t) : sizeof(float);
-    const char* sum = summed_[b] ? dgrads_.as<char>() + blk.offset * elem : nullptr;
+    const char* sum = summed_[b] ? dgrads_.as<char>() + at(b) * elem : nullptr;
     summed_[b] = 0;
     send(b, sum, blk.numel * elem, {});
     return;

@@ -74,7 +74,7 @@ void Trainer::check_device_fits() {
     if (!cfg_.states_on_device())
       need.offload_states = parallel::DeviceStore::device_bytes_needed(
           model_->layout(), cfg_.zero.stage <= 2,
-          cfg_.precision == PrecisionMode::fp32 ? kernels::Precision::fp32 : compute_precision());
+          cfg_.precision == PrecisionMode::fp32 ? kernels::Precision::fp32 : compute_precision(), model_->held_blocks());
     check_device_memory(cfg_, grid_.world().size(), need);
   }));
 }

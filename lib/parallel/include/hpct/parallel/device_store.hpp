@@ -10,6 +10,7 @@
 // ZeRO-Offload data flow: gradients device -> host, update on the host, parameters host -> device.
 //
 // What stays on the device:
+// (the model: the blocks this rank holds, all but the other ranks' experts under expert parallelism)
 //   stages 0-2, 16-bit runs (storage bf16/fp16): the engine's 16-bit parameters of the whole model
 //     (2 bytes per parameter, copied once per step), each block widened to an fp32 working copy
 //     only while the model uses it, and a 16-bit gradient accumulator of the whole model (2 bytes):
@@ -80,10 +81,11 @@ class DeviceStore final : public model::ParamStore {
   DeviceStore(model::ParamStore& host, const ParamLayout& layout, kernels::OpsBackend& be, bool cache_params,
               kernels::Precision storage = kernels::Precision::fp32, const std::vector<int>& held = {});
   /// What a store of these arguments keeps in the backend's memory at least: the resident parameters
-  /// and gradient sum (cache_params), and one block's fp32 working copy (the largest). The blocks in
-  /// use beside it (a gradient, the embedding's) are not counted: the pre-flight memory check's
-  /// lower bound.
-  static size_t device_bytes_needed(const ParamLayout& layout, bool cache_params, kernels::Precision storage);
+  /// and gradient sum of the held blocks (cache_params), and one block's fp32 working copy (the
+  /// largest). The blocks in use beside it (a gradient, the embedding's) are not counted: the
+  /// pre-flight memory check's lower bound.
+  static size_t device_bytes_needed(const ParamLayout& layout, bool cache_params, kernels::Precision storage,
+                                    const std::vector<int>& held = {});
   /// Waits for its transfers (nothing more is handed to the engine), then frees its host slots.
   ~DeviceStore() override;
   DeviceStore(const DeviceStore&) = delete;
@@ -138,6 +140,8 @@ class DeviceStore final : public model::ParamStore {
   /// High-water mark of the parameter and gradient bytes in the backend's memory (the resident
   /// copy, if any, and the blocks live at once).
   size_t device_bytes() const { return peak_; }
+  /// The part of it kept between uses (cache_params): the held blocks' parameters and gradient sum.
+  size_t resident_bytes() const { return dparams16_.bytes() + dparams_.bytes() + dgrads_.bytes(); }
   /// Bytes copied host -> device (parameters) and device -> host (gradients) since construction.
   double bytes_to_device() const { return to_device_; }
   double bytes_to_host() const { return to_host_; }
@@ -197,6 +201,9 @@ class DeviceStore final : public model::ParamStore {
   bool order_done_ = false;
   std::vector<char> held_;      // per block: host_.params(b) was taken and not yet released
   std::vector<char> mine_;      // per block: this rank holds it (the host store serves it)
+  std::vector<size_t> dev_off_; // per held block: its offset in the device copies (SIZE_MAX: not held)
+  size_t dev_numel_ = 0;        // the held blocks' elements: the device copies' length
+  size_t at(int b) const;       // dev_off_[b], or an error naming a block this rank does not hold
   std::vector<char> direct_;    // per block: uploaded straight from the engine's pinned 16-bit copy
   std::vector<void*> pins_;     // the runs pinned (unpinned at destruction)
   size_t pinned_bytes_ = 0;
