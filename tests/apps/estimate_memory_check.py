@@ -70,7 +70,8 @@ def check_formulas(doc, name):
         (2, "none"): p * psi + (g + k) * part,
         (3, "none"): (p + g + k) * part,
         (1, "optimizer:cpu"): (p + g) * psi,
-        (2, "optimizer:cpu"): p * psi,
+        # On GPUs ZeRO-Offload's device store keeps the step's gradient sum at stage 2 too.
+        (2, "optimizer:cpu"): (p + g) * psi if not c["devices_in_host_memory"] else p * psi,
         (3, "optimizer:cpu"): p * part,
         (3, "optimizer:nvme"): p * part,
         (3, "optimizer+param:cpu"): 0,

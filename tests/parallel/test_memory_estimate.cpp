@@ -216,7 +216,10 @@ TEST(MemoryEstimate, FormulasBothPrecisions) {
     EXPECT_EQ(plan(3, Offload::none).device_states, (b.param + b.grad + b.optimizer) * part);
     // Offloaded optimizer: the CPU step's 16 bytes per partitioned parameter go to the host.
     EXPECT_EQ(plan(1, Offload::optimizer_cpu).device_states, (b.param + b.grad) * psi);
-    EXPECT_EQ(plan(2, Offload::optimizer_cpu).device_states, b.param * psi);
+    // Stage 2 on GPUs: the device store's gradient sum stays beside the parameters (DeviceStore);
+    // ranks in host memory (the CPU engine) reduce it into buckets.
+    EXPECT_EQ(plan(2, Offload::optimizer_cpu).device_states, (b.param + b.grad) * psi);
+    EXPECT_EQ(plan_memory(s, prec, 2, Offload::optimizer_cpu, ClusterShape{}).device_states, b.param * psi);
     EXPECT_EQ(plan(3, Offload::optimizer_cpu).device_states, b.param * part);
     EXPECT_EQ(plan(2, Offload::optimizer_cpu).host_states_per_rank, 16 * part);
     EXPECT_EQ(plan(2, Offload::optimizer_cpu).host_per_node, 4 * 16 * part);

@@ -272,7 +272,9 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
     }
   } else if (o == Offload::optimizer_cpu || o == Offload::optimizer_nvme) {
     // Gradients leave the device as they are reduced (stage 2/3); stage 1 keeps the full gradient.
-    if (stage == 1) {
+    // On GPUs stage 2 keeps it too: ZeRO-Offload's device store sums the step's gradient there and
+    // hands it to the host once per step (parallel::DeviceStore), DeepSpeed's 2Ψ plus 2Ψ.
+    if (stage == 1 || (stage == 2 && !c.devices_in_host_memory())) {
       m.device_states = (sb.param + sb.grad) * psi;
       m.formula = "(" + p + "+" + g + ")P";
     } else if (stage == 2) {
