@@ -150,6 +150,21 @@ void GroupedStore::regather(int block) {
   if (r.engine != kFrozen) parts_[r.engine].engine->regather(r.local);
 }
 
+void GroupedStore::set_before_gather(std::function<void(int)> hook) {
+  for (auto& p : parts_) {
+    if (!hook) {
+      p.engine->set_before_gather(nullptr);
+      continue;
+    }
+    const ParamLayout* layout = p.layout.get();  // the engine's blocks are the schema's, renumbered
+    p.engine->set_before_gather([hook, layout](int local) { hook(static_cast<int>(layout->blocks()[local].origin)); });
+  }
+}
+
+void GroupedStore::release_gathered() {
+  for (auto& p : parts_) p.engine->release_gathered();
+}
+
 bool GroupedStore::regathers() const {
   for (const auto& p : parts_)
     if (p.engine->regathers()) return true;

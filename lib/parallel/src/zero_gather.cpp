@@ -17,6 +17,7 @@ namespace hpct::parallel {
 
 // ---- stage 3: gather / release ----------------------------------------------------------------
 void ZeroEngine::start_gather(int b) {
+  if (before_gather_) before_gather_(b);  // a step behind: this block's update is done first
   const size_t numel = layout_.blocks()[b].numel;
   auto* g = new Gathered;
   g->numel = numel;
@@ -111,6 +112,7 @@ const float* ZeroEngine::params(int b) {
     else trace_pos_ = -1;  // another order (evaluation): no prefetch until the next micro-step
   }
   if (resident_[b]) {
+    if (before_gather_) before_gather_(b);  // a step behind: its update and re-gather first
     if (!half_) return full_params_.data() + res_off_[b];
     // 16-bit runs: the block widened into a working buffer until release (no communication).
     auto it = gathered_.find(b);

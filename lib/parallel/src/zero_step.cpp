@@ -36,17 +36,13 @@ std::array<double, 3> ZeroEngine::state_sumsq() const {
 void ZeroEngine::adam_step(const AdamParams& a) {
   // Off the thread that built the engine (the one that makes the run's MPI calls) the step must make
   // none: a programming error, not a user's.
-  if (std::this_thread::get_id() != mpi_thread_ && (swap_ || cfg_.stage > 2 || a.state_norms || (regathers() && !a.regather_later)))
+  const bool off_thread = std::this_thread::get_id() != mpi_thread_;
+  if (off_thread && (swap_ || a.state_norms || (regathers() && !a.regather_later) || !gathered_.empty()))
     throw Error("ZeRO: adam_step on another thread than the engine's would make MPI calls (stage " +
                 std::to_string(cfg_.stage) + (swap_ ? ", NVMe" : "") + (a.state_norms ? ", state norms" : "") +
-                (a.regather_later ? "" : ", re-gathers in the step") + ")");
-  // Gathered copies of the old parameters are stale after the update. (A widened resident block
-  // has no request: no MPI call, as step_is_local promises.)
-  for (auto& [b, g] : gathered_) {
-    if (g->req != MPI_REQUEST_NULL) MPI_Wait(&g->req, MPI_STATUS_IGNORE);
-    delete g;
-  }
-  gathered_.clear();
+                (regathers() && !a.regather_later ? ", re-gathers in the step" : "") +
+                (gathered_.empty() ? "" : ", gathered blocks not released") + ")");
+  if (!off_thread) release_gathered();
   state_sumsq_ = {};
   const auto& blocks = layout_.blocks();
   if (swap_) {
@@ -67,6 +63,16 @@ void ZeroEngine::adam_step(const AdamParams& a) {
     if (!a.regather_later) regather(b);
     if (a.updated) a.updated(b);
   }
+}
+
+// Gathered copies of the old parameters are stale after the update. (A widened resident block
+// has no request: no MPI call.)
+void ZeroEngine::release_gathered() {
+  for (auto& [b, g] : gathered_) {
+    if (g->req != MPI_REQUEST_NULL) MPI_Wait(&g->req, MPI_STATUS_IGNORE);
+    delete g;
+  }
+  gathered_.clear();
 }
 
 void ZeroEngine::regather(int b) {

@@ -12,17 +12,21 @@
 namespace hpct::engine {
 
 // Why the host step cannot run beside the next forward here ("" where it can): it must make no
-// collective call (MPI is used from one thread: stages 1-2's all-gathers are left to this thread),
+// collective call (MPI is used from one thread: the all-gathers are left to this thread),
 // touch no swap file, and there must be a forward to run beside it (a device whose copies run
 // beside its ops). Every rank decides alike.
 void Trainer::decide_optimizer_overlap() {
   if (!device_store_) overlap_off_ = "no ZeRO-Offload on a device";
   else if (!cfg_.optimizer_overlap) overlap_off_ = "--no-optimizer-overlap";
   else if (model_->ops().host_memory()) overlap_off_ = "the model's backend computes in host memory";
-  else if (cfg_.zero.stage == 3) overlap_off_ = "ZeRO stage 3 gathers the parameters the step updates";
   else if (zero_->offloaded()) overlap_off_ = "NVMe offload: the step sweeps the swap file";
   else if (!zero_->step_is_local()) overlap_off_ = "the optimizer step makes MPI calls";
   else overlap_off_.clear();
+  // Stage 3: the forward's gathers (and prefetches) wait for each block's update on this rank; the
+  // gathers themselves come in the forward's order on every rank, whatever each step's pace (a
+  // re-gather of the persistent blocks makes the hand-over strictly ordered, as at stages 1-2).
+  if (overlap_off_.empty() && cfg_.zero.stage == 3)
+    zero_->set_before_gather([this](int block) { device_store_->step_behind().wait_for(block); });
 }
 
 void Trainer::join_update_timed() {
@@ -86,6 +90,7 @@ void Trainer::update(StepRecord& rec, double loss_sum, double scale, long long i
     // it, and joins before the first gradient reaches the engine, clearing the gradients then.
     // Stages 1-2 over several ranks: the step's all-gathers are made here (MPI stays on this
     // thread), each block's before its upload, in the step's order.
+    zero_->release_gathered();  // stage 3: the forward gathers again, after each block's update
     std::function<void(int)> regather;
     if (zero_->regathers()) {
       ap.regather_later = true;

@@ -88,6 +88,10 @@ class GroupedStore final : public model::ParamStore {
   /// any engine's does anything.
   void regather(int block);
   bool regathers() const;
+  /// Every engine's ShardedOptimizer::set_before_gather, the hook called with schema block ids.
+  void set_before_gather(std::function<void(int block)> hook);
+  /// Every engine's ShardedOptimizer::release_gathered.
+  void release_gathered();
   /// Pieces in the schema's flat indices; all ranks' pieces cover every schema element once.
   void visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn);
   /// Every engine's pieces address its live host state (see ShardedOptimizer::pieces_are_live).

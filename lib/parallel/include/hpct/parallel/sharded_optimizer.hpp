@@ -103,12 +103,22 @@ class ShardedOptimizer : public model::ParamStore {
   /// Collective: AdamW on this rank's shard, then re-replication of what must be whole.
   virtual void adam_step(const AdamParams& a) = 0;
   /// adam_step without state_norms and with regather_later makes no MPI call, no call on a backend
-  /// and no swap-file IO (host states at stages 0-2, no swap file): another thread may run it while
-  /// this one goes on with the model (parallel::DeviceStore::update_behind). Meanwhile this thread
-  /// may call begin_micro_step, end_micro_step of a micro-step that handed no gradient, params and
-  /// params_half of blocks the step has reported, regather, and the counters (bytes_sent, the wait
-  /// times, swap_traffic); nothing that reads or writes gradients or optimizer states.
+  /// and no swap-file IO (host states, no swap file; stage 3 after release_gathered()): another
+  /// thread may run it while this one goes on with the model (parallel::DeviceStore::update_behind).
+  /// Meanwhile this thread may call begin_micro_step, end_micro_step of a micro-step that handed no
+  /// gradient, params and params_half of blocks the step has reported (stage 3: any block, with a
+  /// before_gather hook that waits for the step's report of it), release, regather, and the
+  /// counters (bytes_sent, the wait times, swap_traffic); nothing that reads or writes gradients or
+  /// optimizer states.
   virtual bool step_is_local() const { return false; }
+  /// Stage 3: hook(block) is called on this thread before the engine reads a block's parameters to
+  /// gather or widen them (the block asked for, and each one prefetched), so that a step running on
+  /// another thread can be waited for block by block (empty: none). Engines that gather nothing
+  /// ignore it.
+  virtual void set_before_gather(std::function<void(int block)> /*hook*/) {}
+  /// Stage 3: drops the gathered working copies (waiting for their collectives), which an update
+  /// makes stale; adam_step does it itself on the engine's thread, and must find none elsewhere.
+  virtual void release_gathered() {}
   /// After an adam_step with regather_later: block's re-replication (collective over the group where
   /// regathers() is true; nothing otherwise).
   virtual void regather(int /*block*/) {}

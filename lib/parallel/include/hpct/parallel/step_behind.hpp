@@ -12,7 +12,8 @@
 // since MPI is FUNNELED). With a regather the records are acted on strictly in the step's order up
 // to the block asked for, never more and never by timing, so every rank makes the same collectives
 // in the same order whatever each worker's pace. Without one, whatever has been recorded when a
-// block is waited for is acted on at once.
+// block is waited for is acted on at once (the caller's own collectives, stage 3's gathers, may
+// wait for blocks: each rank only waits, in the order its collectives come).
 #pragma once
 #include <cstddef>
 #include <cstdint>

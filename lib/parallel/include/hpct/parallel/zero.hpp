@@ -156,7 +156,9 @@ class ZeroEngine final : public ShardedOptimizer {
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
   void adam_step(const AdamParams& a) override;
   /// In host memory without a swap file, at stages 0-2 (the re-gathers left to regather()).
-  bool step_is_local() const override { return !swap_ && cfg_.stage <= 2; }
+  bool step_is_local() const override { return !swap_; }
+  void set_before_gather(std::function<void(int block)> hook) override { before_gather_ = std::move(hook); }
+  void release_gathered() override;
   void regather(int block) override;
   bool regathers() const override;
 
@@ -257,6 +259,7 @@ class ZeroEngine final : public ShardedOptimizer {
   // working buffers
   io::BufferPool pool_;
   std::map<int, Gathered*> gathered_;        // stage 3: blocks gathered or being gathered
+  std::function<void(int)> before_gather_;   // set_before_gather's hook
   std::map<int, io::BufferPool::Lease> grad_blocks_;  // stage 2/3: gradient blocks being written
   std::map<int, io::BufferPool::Lease> half_sends_;   // stage 2/3, 16-bit communication: grads_ready_half's values
   std::vector<Reduction*> reductions_;       // in flight, oldest first
