@@ -35,6 +35,8 @@ struct Result {
   size_t stale_copies = -1;  // 16-bit runs: elements the model computes with that are not round(master)
   size_t stale_after_load = -1;  // the same, right after load_checkpoint (16-bit runs that load)
   double param_read_seconds = 0;  // time waiting for parameter slices read from the swap file
+  double nvme_bytes = 0;          // read + written by the optimizer's sweeps of the swap file
+  double sweep_seconds_behind = 0;  // ... of those sweeps' time, run behind the forward
   size_t store_bytes = 0;         // via_device_store: DeviceStore's parameter and gradient bytes (peak)
   size_t resident_bytes = 0;      // ... the part kept between uses (DeviceStore::resident_bytes)
   double to_device = 0, to_host = 0;  // via_device_store: bytes DeviceStore copied each way
@@ -97,7 +99,10 @@ inline Result train(engine::TrainConfig c, const comm::Communicator& comm,
   if (half && !c.load_path.empty()) r.stale_after_load = count_stale_copies(t, c);
   auto s = t.train(data, c.eval_iters > 0 ? &data : nullptr);
   for (const auto& [at, v] : s.val_losses) r.val_losses.push_back(v);
-  r.param_read_seconds = t.zero().swap_traffic().param_read_seconds;  // before gather_params reads slices
+  const parallel::SwapTraffic tr = t.zero().swap_traffic();  // before gather_params reads slices
+  r.param_read_seconds = tr.param_read_seconds;
+  r.nvme_bytes = tr.optimizer_bytes;
+  r.sweep_seconds_behind = tr.optimizer_seconds_behind;
   for (auto& st : s.steps) r.losses.push_back(st.lm_loss), r.updates += !st.skipped, r.weight_l2.push_back(st.weight_l2);
   r.params = t.gather_params();
   r.mem = t.memory_report();

@@ -245,6 +245,7 @@ SwapTraffic GroupedStore::swap_traffic() const {
     t.bytes_read += e.bytes_read, t.bytes_written += e.bytes_written;
     t.optimizer_seconds += e.optimizer_seconds, t.optimizer_io_wait += e.optimizer_io_wait;
     t.optimizer_bytes += e.optimizer_bytes, t.param_read_seconds += e.param_read_seconds;
+    t.optimizer_seconds_behind += e.optimizer_seconds_behind;
   }
   return t;
 }

@@ -2,7 +2,9 @@
 // from NVMe), the state as pieces for checkpoints, re-replication after a load, and the memory report.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -37,20 +39,16 @@ void ZeroEngine::adam_step(const AdamParams& a) {
   // Off the thread that built the engine (the one that makes the run's MPI calls) the step must make
   // none: a programming error, not a user's.
   const bool off_thread = std::this_thread::get_id() != mpi_thread_;
-  if (off_thread && (swap_ || a.state_norms || (regathers() && !a.regather_later) || !gathered_.empty()))
+  if (off_thread && (!step_is_local() || a.state_norms || (regathers() && !a.regather_later) || !gathered_.empty()))
     throw Error("ZeRO: adam_step on another thread than the engine's would make MPI calls (stage " +
-                std::to_string(cfg_.stage) + (swap_ ? ", NVMe" : "") + (a.state_norms ? ", state norms" : "") +
+                std::to_string(cfg_.stage) + (step_is_local() ? "" : ", NVMe") + (a.state_norms ? ", state norms" : "") +
                 (regathers() && !a.regather_later ? ", re-gathers in the step" : "") +
                 (gathered_.empty() ? "" : ", gathered blocks not released") + ")");
   if (!off_thread) release_gathered();
   state_sumsq_ = {};
   const auto& blocks = layout_.blocks();
   if (swap_) {
-    swept_adam(a);
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      if (resident_[b]) all_gather_resident((int)b);
-      if (a.updated) a.updated((int)b);
-    }
+    swept_adam(a, off_thread);
     return;
   }
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
@@ -109,10 +107,25 @@ void ZeroEngine::update_block(int b, const AdamParams& a) {
 
 // The update with states in the swap file: one pipelined pass over this rank's shard (tile i+1
 // read and tile i-1 written while tile i is updated). Element-wise, so tiles change nothing.
-void ZeroEngine::swept_adam(const AdamParams& a) {
+// Each block is final in memory (the 16-bit copy, or the fp32 parameters) once the sweep has
+// passed the end of its slice: it is reported then, in block order (its re-gather first unless
+// the caller makes it), so that its upload, or a forward beside a step run behind it, need not
+// wait for the rest of the sweep. The write-back of its states may still be in flight; nothing
+// but the next sweep reads them.
+void ZeroEngine::swept_adam(const AdamParams& a, bool off_thread) {
   io::ArrayMask mask = 0;
   for (int k : {k_param_, k_m_, k_v_})
     if (k >= 0) mask |= 1u << k;
+  const size_t nb = layout_.blocks().size();
+  size_t reported = 0;  // blocks [0, reported) handed on
+  const auto report_through = [&](size_t local_end) {
+    for (; reported < nb; ++reported) {
+      const int b = static_cast<int>(reported);
+      if (shards_.local_offset(b) + static_cast<size_t>(counts_[b][rank_]) > local_end) break;
+      if (!a.regather_later) regather(b);
+      if (a.updated) a.updated(b);
+    }
+  };
   size_t first = 0;
   auto st = swap_->sweep(mask, mask, [&](const io::SweepChunk& c) {
     const size_t cb = c.begin, ce = c.begin + c.count;
@@ -129,13 +142,19 @@ void ZeroEngine::swept_adam(const AdamParams& a) {
       update(p, half_ ? nullptr : grad_shard_.data() + s0, half_ ? grad_shard16_.data() + s0 : nullptr, m, v, e0 - s0,
              sg.decay ? a.weight_decay : 0.0f, a, pub, sg.primary);
     }
+    report_through(ce);
   });
-  traffic_.bytes_read += double(st.bytes_read);
-  traffic_.bytes_written += double(st.bytes_written);
-  traffic_.optimizer_bytes += double(st.bytes_read + st.bytes_written);
-  traffic_.optimizer_seconds += st.wall_seconds;
-  traffic_.optimizer_io_wait += st.io_wait_seconds;
+  {
+    std::lock_guard<std::mutex> lock(traffic_mu_);
+    traffic_.bytes_read += double(st.bytes_read);
+    traffic_.bytes_written += double(st.bytes_written);
+    traffic_.optimizer_bytes += double(st.bytes_read + st.bytes_written);
+    traffic_.optimizer_seconds += st.wall_seconds;
+    if (off_thread) traffic_.optimizer_seconds_behind += st.wall_seconds;
+    traffic_.optimizer_io_wait += st.io_wait_seconds;
+  }
   note_working();
+  report_through(SIZE_MAX);  // blocks past the last tile (none, or this rank's empty slices)
 }
 
 void ZeroEngine::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {

@@ -307,7 +307,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
   std::vector<double> a2a = world.allgather(trainer.model().alltoall_bytes() / steps);
   const std::vector<double> cac_kept = world.allgather(double(trainer.model().kept_for_replay_bytes()));
   const std::vector<double> moe_tp = world.allgather(trainer.model().moe_tp_bytes() / steps);
-  const auto& tr = trainer.zero().swap_traffic();
+  const parallel::SwapTraffic tr = trainer.zero().swap_traffic();
   // Tensor parallelism: the activations' all-reduces (f and g) per step, against Megatron's count
   // for the layers, 4 all-reduces of B*s*h per layer and micro-batch (docs/tensor-parallel.md).
   const std::vector<double> tp_bytes = world.allgather(trainer.tp_bytes_per_step());
@@ -325,6 +325,7 @@ static int run(int argc, char** argv, bool require_moe, bool finetune_app) {
                             {"optimizer_sweep_bytes_per_step", world.allgather(tr.optimizer_bytes / steps)},
                             {"optimizer_sweep_seconds_per_step", world.allgather(tr.optimizer_seconds / steps)},
                             {"optimizer_io_wait_seconds_per_step", world.allgather(tr.optimizer_io_wait / steps)},
+                            {"optimizer_sweep_behind_seconds_per_step", world.allgather(tr.optimizer_seconds_behind / steps)},
                             {"param_read_seconds_per_step", world.allgather(tr.param_read_seconds / steps)}};
   if (root) {
     if (trainer.zero().offloaded()) {

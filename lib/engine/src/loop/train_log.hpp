@@ -25,7 +25,7 @@ enum Phase : int {
   kCheckpoint,   // saving (the whole save, or an async save's stall)
   kGatherWait,   // level 2: ZeRO-3 parameter gathers waited for (in forward and backward)
   kReduceWait,   // level 2: gradient reductions waited for (in backward and grad_reduce)
-  kNvme,         // level 2: NVMe swap time (parameter reads, optimizer sweeps)
+  kNvme,         // level 2: NVMe swap time (parameter reads, optimizer sweeps; a sweep behind the forward is optimizer_behind's)
   kOptimizerBehind,  // level 2: the host AdamW run behind the forward (its worker's wall time; in no level-1 phase)
   kOptimizerWait,    // level 2: of which the training thread waited for (in forward, backward or optimizer)
   kIteration,    // the rank's own wall time per iteration over the interval

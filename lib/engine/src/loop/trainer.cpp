@@ -218,7 +218,7 @@ double Trainer::step(const io::TokenDataset& data, long long iteration, StepReco
   const double gather0 = zero_->gather_wait_seconds(), reduce0 = zero_->reduce_wait_seconds();
   const auto nvme_seconds = [&] {
     const parallel::SwapTraffic tr = zero_->swap_traffic();
-    return tr.optimizer_seconds + tr.param_read_seconds;
+    return tr.optimizer_seconds - tr.optimizer_seconds_behind + tr.param_read_seconds;  // this thread's
   };
   const double nvme0 = nvme_seconds();
   const double behind0 = device_store_ ? device_store_->step_behind().seconds() : 0;

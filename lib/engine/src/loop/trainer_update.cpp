@@ -12,15 +12,16 @@
 namespace hpct::engine {
 
 // Why the host step cannot run beside the next forward here ("" where it can): it must make no
-// collective call (MPI is used from one thread: the all-gathers are left to this thread),
-// touch no swap file, and there must be a forward to run beside it (a device whose copies run
-// beside its ops). Every rank decides alike.
+// collective call (MPI is used from one thread: the all-gathers are left to this thread), share
+// no swap file with the forward (NVMe at stages 1-2 is the step's alone), and there must be a
+// forward to run beside it (a device whose copies run beside its ops). Every rank decides alike.
 void Trainer::decide_optimizer_overlap() {
   if (!device_store_) overlap_off_ = "no ZeRO-Offload on a device";
   else if (!cfg_.optimizer_overlap) overlap_off_ = "--no-optimizer-overlap";
   else if (model_->ops().host_memory()) overlap_off_ = "the model's backend computes in host memory";
-  else if (zero_->offloaded()) overlap_off_ = "NVMe offload: the step sweeps the swap file";
-  else if (!zero_->step_is_local()) overlap_off_ = "the optimizer step makes MPI calls";
+  else if (!zero_->step_is_local())
+    overlap_off_ = zero_->offloaded() ? "NVMe offload at stage 3: the forward's gathers read the swap file the step sweeps"
+                                      : "the optimizer step makes MPI calls";
   else overlap_off_.clear();
   // Stage 3: the forward's gathers (and prefetches) wait for each block's update on this rank; the
   // gathers themselves come in the forward's order on every rank, whatever each step's pace (a

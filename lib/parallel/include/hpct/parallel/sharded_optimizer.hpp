@@ -67,6 +67,7 @@ struct SwapTraffic {
   double optimizer_io_wait = 0;  // of which the update waited for IO
   double optimizer_bytes = 0;    // read + written by the sweeps
   double param_read_seconds = 0; // time spent waiting for parameter slices
+  double optimizer_seconds_behind = 0;  // of optimizer_seconds: sweeps run off the engine's thread (behind the forward)
 };
 
 /// The step's scalars as the optimizer kernels take them.
@@ -102,9 +103,11 @@ class ShardedOptimizer : public model::ParamStore {
   virtual double grad_zeros() = 0;
   /// Collective: AdamW on this rank's shard, then re-replication of what must be whole.
   virtual void adam_step(const AdamParams& a) = 0;
-  /// adam_step without state_norms and with regather_later makes no MPI call, no call on a backend
-  /// and no swap-file IO (host states, no swap file; stage 3 after release_gathered()): another
-  /// thread may run it while this one goes on with the model (parallel::DeviceStore::update_behind).
+  /// adam_step without state_norms and with regather_later makes no MPI call and no call on a
+  /// backend, and nothing else touches its swap file meanwhile (host states, or NVMe-swapped
+  /// optimizer states at stages 1-2, whose sweep only this step reads; stage 3 after
+  /// release_gathered(), without a swap file): another thread may run it while this one goes on
+  /// with the model (parallel::DeviceStore::update_behind).
   /// Meanwhile this thread may call begin_micro_step, end_micro_step of a micro-step that handed no
   /// gradient, params and params_half of blocks the step has reported (stage 3: any block, with a
   /// before_gather hook that waits for the step's report of it), release, regather, and the

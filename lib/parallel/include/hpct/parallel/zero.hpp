@@ -48,6 +48,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,8 +156,10 @@ class ZeroEngine final : public ShardedOptimizer {
   /// AdamW on this rank's shard (per-tensor weight decay from the layout), then re-replication of
   /// what must be whole (stage 1/2: all parameters; stage 3: persistent blocks). Collective.
   void adam_step(const AdamParams& a) override;
-  /// In host memory without a swap file, at stages 0-2 (the re-gathers left to regather()).
-  bool step_is_local() const override { return !swap_; }
+  /// Stages 0-2 (the re-gathers left to regather()), the states in memory or swept from NVMe (the
+  /// forward reads only the in-memory copies); stage 3 without a swap file, whose gathers would
+  /// read the parameters from it beside the sweep.
+  bool step_is_local() const override { return !swap_ || cfg_.stage < 3; }
   void set_before_gather(std::function<void(int block)> hook) override { before_gather_ = std::move(hook); }
   void release_gathered() override;
   void regather(int block) override;
@@ -184,7 +187,10 @@ class ZeroEngine final : public ShardedOptimizer {
   bool offloaded() const override { return swap_ != nullptr; }
   /// The async IO engine the swap file runs on (what `auto` became here); only when offloaded().
   io::AioEngine swap_engine() const override { return swap_->engine(); }
-  SwapTraffic swap_traffic() const override { return traffic_; }
+  SwapTraffic swap_traffic() const override {
+    std::lock_guard<std::mutex> lock(traffic_mu_);  // a sweep behind the forward adds to it
+    return traffic_;
+  }
   /// Seconds waited since construction: for stage-3 parameter gathers to arrive (with any NVMe
   /// read of the slice), and for gradient reductions to complete (with folding them into the shard).
   double gather_wait_seconds() const override { return gather_wait_; }
@@ -219,7 +225,7 @@ class ZeroEngine final : public ShardedOptimizer {
   void note_working();
   void poll();
   void setup_swap();
-  void swept_adam(const AdamParams& a);
+  void swept_adam(const AdamParams& a, bool off_thread);
   void read_slice(int b, float* dst);  // this rank's slice of block b's parameters, wherever it lives
   struct Segment {                     // a run of this rank's shard inside one tensor
     size_t local = 0, count = 0;       // local shard index, length
@@ -282,6 +288,7 @@ class ZeroEngine final : public ShardedOptimizer {
   std::unique_ptr<io::SwapStore> swap_;
   int k_param_ = -1, k_m_ = -1, k_v_ = -1;
   SwapTraffic traffic_;
+  mutable std::mutex traffic_mu_;  // traffic_: written by a step on another thread, read on this one
 };
 
 }  // namespace hpct::parallel
