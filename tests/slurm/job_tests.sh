@@ -125,8 +125,9 @@ requeue_resume() {  # APP [APP ARGS...]: signalled, saved, requeued, resumed = u
   local app=$1 ref id out i n
   shift
   common=(HPCT_TRAIN_ITERS=30 HPCT_LOG_INTERVAL=1 HPCT_CHECKPOINTING=1 HPCT_SAVE_INTERVAL=1000)
+  # The uninterrupted run and the one to signal at once, on nodes of their own (their start-up,
+  # not their few seconds of training, is most of each job's time).
   ref=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/ref" sbatch --parsable "${SLURM_DIR}/${app}.sbatch" "$@")
-  [[ "$(wait_job "${ref}" 300)" == COMPLETED ]] || fail "uninterrupted run ${ref} failed"
   id=$(as_user env "${common[@]}" HPCT_RUN_DIR="${WORK}/cut" sbatch --parsable "${SLURM_DIR}/${app}.sbatch" "$@")
   out=${WORK}/${app}-${id}.out
   for ((i = 0; i < 600; i++)); do
@@ -136,6 +137,7 @@ requeue_resume() {  # APP [APP ARGS...]: signalled, saved, requeued, resumed = u
   scancel --signal=USR1 --batch "${id}"
   [[ "$(wait_job "${id}" 120 PENDING)" == PENDING ]] || { show_log "${out}"; fail "job ${id} was not requeued"; }
   [[ "$(wait_job "${id}" 300)" == COMPLETED ]] || { show_log "${out}"; fail "job ${id} did not complete after the requeue"; }
+  [[ "$(wait_job "${ref}" 300)" == COMPLETED ]] || { show_log "${WORK}/${app}-${ref}.out"; fail "uninterrupted run ${ref} failed"; }
   show_log "${out}"
   expect_in "${out}" "pretrain_gpt exited with (75|1[0-9][0-9])"  # the template's wording for either app
   expect_in "${out}" "requeueing: start 2 resumes from iter_0*[0-9]+\\.h5; progress \\(no checkpoint -> iteration [0-9]+\\): a free restart"
