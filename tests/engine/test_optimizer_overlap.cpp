@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "mpi_gtest_main.hpp"
 #include "zero_runs.hpp"
@@ -49,6 +50,25 @@ std::unique_ptr<kernels::OpsBackend> staged(bool pin) {
 
 constexpr double kDelay = 2e-3;  // seconds per block on the worker: longer than a tiny block's forward
 constexpr uint64_t test_fnv_basis = 1469598103934665603ull;  // regather_order() before any re-gather
+
+// The tiny MoE these tests train at expert parallelism 2 (4 experts every second layer, top-1):
+// returns the expert-parallel size.
+int moe_at_ep2(engine::TrainConfig& c) {
+  c.model.moe.num_experts = {4};
+  c.model.moe.expert_interval = 2;
+  c.model.moe.second_expert_sampling = false;
+  return 2;
+}
+
+// The same run with the step waited for, and behind the forward with each rank's worker at its
+// own pace (pinned uploads): {want, got}.
+std::pair<Result, Result> waited_and_behind(engine::TrainConfig c, int ep) {
+  c.optimizer_overlap = false;
+  Result want = train(c, world(), staged(true), 0, 1, ep);
+  c.optimizer_overlap = true;
+  Result got = train(c, world(), staged(true), kDelay * (1 + world().rank()), 1, ep);
+  return {std::move(want), std::move(got)};
+}
 
 void expect_same(const Result& got, const Result& want, const std::string& what) {
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
@@ -209,10 +229,7 @@ TEST(OptimizerOverlap, ParallelLayoutsRegatherInOneOrder) {
         c.precision = prec;
         int tp = 1, ep = 1;
         if (layout == 0) {
-          c.model.moe.num_experts = {4};
-          c.model.moe.expert_interval = 2;
-          c.model.moe.second_expert_sampling = false;
-          ep = 2;
+          ep = moe_at_ep2(c);
         } else if (layout == 1) {
           tp = 2;
           c.micro_batch = 12 / (n / 2);
@@ -265,20 +282,11 @@ TEST(OptimizerOverlap, Stage3GathersWaitForEachBlocksUpdate) {
         c.zero.param_persistence_threshold = threshold;
         c.micro_batch = n == 4 ? 3 : 12 / n / 2;  // several micro-steps: the prefetch crosses them
         c.precision = prec;
-        int ep = 1;
-        if (layout == 1) {
-          c.model.moe.num_experts = {4};
-          c.model.moe.expert_interval = 2;
-          c.model.moe.second_expert_sampling = false;
-          ep = 2;
-        }
+        const int ep = layout == 1 ? moe_at_ep2(c) : 1;
         const std::string what = std::string(layout == 1 ? "MoE EP 2 " : "DP ") + prec_name(prec) +
                                  " stage 3, persistence threshold " + std::to_string(int(threshold)) + ", " +
                                  std::to_string(n) + " ranks";
-        c.optimizer_overlap = false;
-        const Result want = train(c, world(), staged(true), 0, 1, ep);
-        c.optimizer_overlap = true;
-        const Result got = train(c, world(), staged(true), kDelay * (1 + world().rank()), 1, ep);
+        const auto [want, got] = waited_and_behind(c, ep);
         expect_same(got, want, what);
         EXPECT_EQ(want.steps_behind, 0) << what;
         EXPECT_EQ(got.steps_behind, 3) << what;
@@ -314,19 +322,10 @@ TEST(OptimizerOverlap, NvmeSweepRunsBehindTheForward) {
         c.zero.offload_optimizer.device = "nvme";
         c.zero.offload_optimizer.nvme_path = dir;
         if (stage == 3) c.zero.offload_param.device = "nvme", c.zero.offload_param.nvme_path = dir;
-        int ep = 1;
-        if (layout == 1) {
-          c.model.moe.num_experts = {4};
-          c.model.moe.expert_interval = 2;
-          c.model.moe.second_expert_sampling = false;
-          ep = 2;
-        }
+        const int ep = layout == 1 ? moe_at_ep2(c) : 1;
         const std::string what = std::string(layout == 1 ? "MoE EP 2 " : "DP ") + prec_name(prec) + " stage " +
                                  std::to_string(stage) + " NVMe, " + std::to_string(n) + " ranks";
-        c.optimizer_overlap = false;
-        const Result want = train(c, world(), staged(true), 0, 1, ep);
-        c.optimizer_overlap = true;
-        const Result got = train(c, world(), staged(true), kDelay * (1 + world().rank()), 1, ep);
+        const auto [want, got] = waited_and_behind(c, ep);
         expect_same(got, want, what);
         EXPECT_EQ(want.steps_behind, 0) << what;
         EXPECT_GT(want.nvme_bytes, 0) << what << ": the states were not swept from the file";
