@@ -334,18 +334,15 @@ void Moe::forward(const Pass& p, ParamStore& store, const LayerTensors& o, int l
   }
   ops_->matmul_forward(m.logits.zeros((size_t)N * E), xr, lp + o.routerw, nullptr, N, C, E, Precision::fp32);
 
-  // Gate, on the backend. Without dropping, the capacity is the largest demand over the
-  // expert-parallel group (read back first); then the summary sizes the rows of every expert.
+  // Gate, on the backend; then its summary, read once, sizes the rows of every expert. Without
+  // dropping, no expert is asked for more than N slots (a token's k choices are distinct experts),
+  // so capacity N keeps every route: the rows move by counts, not padded to an agreed capacity, and
+  // DeepSpeed's largest demand over the group would give the same slots at the cost of a read-back
+  // and an all-reduce per layer.
   const kernels::GateRoutes gr = m.size_routes(N, E, K);
   ops_->moe_gate_select(gr, m.logits.data(), N, gc, seed, training);
   std::vector<int64_t> words(kernels::gate_summary_words(E));
-  int capacity = moe_capacity(N, gc);
-  if (!gc.drop_tokens) {
-    ops_->copy_to_host(words.data(), m.summary.data(), E * sizeof(int64_t));
-    double most = static_cast<double>(*std::max_element(words.begin(), words.begin() + E));
-    if (ep_ && P > 1) most = ep_->allreduce_max(most);
-    capacity = static_cast<int>(most);
-  }
+  const int capacity = gc.drop_tokens ? moe_capacity(N, gc) : N;
   ops_->moe_gate_assign(gr, N, capacity, gc, seed);
   ops_->copy_to_host(words.data(), m.summary.data(), words.size() * sizeof(int64_t));
   m.gate = kernels::GateSummary::read(words.data(), E);

@@ -30,7 +30,7 @@ struct GateConfig {
   int topk = 1;                   // 1 or 2, and <= E
   double capacity_factor = 1.0;   // the caller passes the train or eval factor
   int min_capacity = 4;
-  bool drop_tokens = true;        // false: the caller passes capacity >= max demand (agreed over EP)
+  bool drop_tokens = true;        // false: the caller passes capacity >= max demand (N will do)
   bool use_rts = true;            // Random Token Selection, top-1 only (as DeepSpeed), train and eval
   bool second_expert_sampling = true;  // top-2, training only: 2nd = argmax(logits + Gumbel)
   GateNoise noise = GateNoise::none;
