@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -255,6 +256,30 @@ TEST(Sampling, FollowsTheSoftmaxAndItsCuts) {
   c.temperature = 0.5;  // sharper: p ~ softmax(2 l) = 0.25, 0.69, 0.11 (0.09/0.25/0.04 over 0.38)
   f = freq(c, 7);
   EXPECT_NEAR(f[1], 0.25 / 0.38, 0.015);
+}
+
+// The radix order sample_token draws in is the comparison order on (logit desc, id asc): random
+// rows of a GPT-2-sized vocabulary with many ties (logits on a coarse grid), both zeros, infinities,
+// denormals and odd lengths below and above one radix digit's 2048 buckets.
+TEST(Sampling, MostLikelyFirstIsTheComparisonOrder) {
+  std::mt19937_64 rng(11);
+  for (int V : {1, 2, 7, 2047, 2049, 50257}) {
+    for (int row = 0; row < 3; ++row) {
+      std::vector<float> l(V);
+      for (int i = 0; i < V; ++i) {
+        const uint64_t r = rng();
+        l[i] = row == 0 ? float(int(r % 64) - 32) * 0.25f : std::ldexp(float(int64_t(r >> 40) - (1 << 23)), -int(r % 140));
+      }
+      if (V > 6) {
+        l[1] = 0.0f, l[2] = -0.0f, l[3] = INFINITY, l[4] = -INFINITY, l[5] = 1e-42f, l[6] = -1e-42f;
+      }
+      std::vector<int32_t> want(V);
+      std::iota(want.begin(), want.end(), 0);
+      std::sort(want.begin(), want.end(),
+                [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+      EXPECT_EQ(model::most_likely_first(l.data(), V), want) << "V " << V << " row " << row;
+    }
+  }
 }
 
 TEST(Sampling, BadSettingsNameTheirFlag) {

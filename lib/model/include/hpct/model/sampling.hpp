@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <random>
+#include <vector>
 
 namespace hpct::model {
 
@@ -25,6 +26,10 @@ struct SamplingConfig {
 /// under the model's own distribution (softmax of the raw logits over the V ids: temperature 1,
 /// no cut), as inference servers report it.
 int32_t sample_token(const float* logits, int V, const SamplingConfig& c, std::mt19937_64& rng, double* logprob);
+
+/// The ids 0..V-1 by logit, largest first, ties (+0 and -0 among them) by the smaller id: the order
+/// sample_token draws in. A radix sort, so a step over a 50k vocabulary is not held by a comparison sort.
+std::vector<int32_t> most_likely_first(const float* logits, int V);
 
 /// The log-probability of id under the softmax of logits[0..V) (max-subtracted, summed in double):
 /// the model's own, as sample_token reports it.
