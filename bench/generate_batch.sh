@@ -6,6 +6,7 @@
 # weights from one step of pretrain_gpt --mock-data). Each run: max(batch, 8) samples of a 1-token
 # prompt (--num-samples, each from its own stream, temperature 1: no early end on the mock
 # vocabulary), 127 new tokens each, the key/value cache; one process, the CPU ops.
+# GENERATE=PATH runs another build's generate on the same model (to alternate two builds).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/env.sh
@@ -18,7 +19,7 @@ source "$root/bench/generate_model.sh"
 generate_model "$tmp"
 run() {  # batch -> tokens/s
   local n=$(($1 > 8 ? $1 : 8))
-  "$root/build/apps/generate/generate" --load "$tmp/ckpt" --prompt-ids 1 --num-samples "$n" --max-new-tokens 127 \
+  "${GENERATE:-$root/build/apps/generate/generate}" --load "$tmp/ckpt" --prompt-ids 1 --num-samples "$n" --max-new-tokens 127 \
     --micro-batch-size "$1" --json "$tmp/b$1.json" >/dev/null
   python3 -c "import json; j=json.load(open('$tmp/b$1.json')); assert j['generated_tokens']==127*$n; print(j['tokens_per_second'])"
 }
