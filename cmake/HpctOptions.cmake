@@ -34,6 +34,9 @@ endif()
 option(HPCT_SANITIZE "Build with -fsanitize=address,undefined" OFF)
 option(HPCT_FUZZ "Build the libFuzzer targets (Clang; implies HPCT_SANITIZE)" OFF)
 set(HPCT_FUZZ_SECONDS 30 CACHE STRING "How long each fuzz target runs under ctest -L fuzz")
+# The sanitizer tree runs no test under mpiexec (Open MPI keeps its allocations to exit), so
+# scripts/sanitize.sh turns these off: the test executables only MPI runs use are not built there.
+option(HPCT_MPI_TESTS "Register (and build the executables of) the tests that run under mpiexec" ON)
 if(HPCT_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
     message(FATAL_ERROR "HPCT_FUZZ needs Clang (libFuzzer): configure with CC=clang CXX=clang++")

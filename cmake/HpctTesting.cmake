@@ -2,6 +2,9 @@
 # A GoogleTest executable registered with CTest; RANKS > 0 launches it under mpiexec with n ranks.
 function(hpct_add_test name)
   cmake_parse_arguments(T "OWN_MAIN" "RANKS;TIMEOUT;TARGET" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  if(T_RANKS AND NOT HPCT_MPI_TESTS)  # an executable a one-process test shares is made by that one
+    return()
+  endif()
   if(NOT T_TARGET)  # TARGET: run another test's executable under this name (with other ARGS)
     set(T_TARGET ${name})
   endif()
