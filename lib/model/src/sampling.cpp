@@ -4,9 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <utility>
-#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpct/core/error.hpp"
