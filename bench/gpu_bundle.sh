@@ -32,7 +32,7 @@ if grep -q '^HPCT_NATIVE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
     "for a node of another CPU build with -DHPCT_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3" >&2
 fi
 bins=()
-for name in pretrain_gpt pretrain_moe test_kernels_cuda test_ops_backend_cuda test_transfers_cuda test_fusions_cuda test_linear_cuda test_head_cuda test_moe_gate_cuda test_gpt_cuda test_tensor_parallel_cuda; do
+for name in pretrain_gpt pretrain_moe test_kernels_cuda test_ops_backend_cuda test_transfers_cuda test_fusions_cuda test_linear_cuda test_head_cuda test_moe_gate_cuda test_gpt_cuda test_tensor_parallel_cuda test_nccl_queued; do
   exe=$(find "$build" -name "$name" -type f -perm -u+x | head -1)
   [[ -n "$exe" ]] || { echo "gpu_bundle: $name not found under $build (build with CUDA first)" >&2; exit 1; }
   cp "$exe" "$dir/libexec/"

@@ -35,7 +35,7 @@ echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(npro
 
 if [[ ${CHECKS:-1} == 1 ]]; then  # CHECKS=0: the benchmark alone
 echo "# gpu-labelled tests"
-for t in test_kernels_cuda test_ops_backend_cuda test_transfers_cuda test_fusions_cuda test_linear_cuda test_head_cuda test_moe_gate_cuda test_gpt_cuda; do
+for t in test_kernels_cuda test_ops_backend_cuda test_transfers_cuda test_fusions_cuda test_linear_cuda test_head_cuda test_moe_gate_cuda test_gpt_cuda test_nccl_queued; do
   exe=$(b $t)
   timeout 90 "$exe" --gtest_brief=1 >"$out/$t.log" 2>&1
   rc=$?

@@ -49,6 +49,12 @@ bool NcclComm::wait(double, std::string* why) { return not_built(why); }
 bool NcclComm::allreduce(void*, size_t, Elem, bool, double, std::string* why) { return not_built(why); }
 bool NcclComm::allgather_blocks(void*, size_t, Elem, double, std::string* why) { return not_built(why); }
 bool NcclComm::reduce_scatter_blocks(const void*, void*, size_t, Elem, double, std::string* why) { return not_built(why); }
+bool NcclComm::start_reduce_scatter_blocks(const void*, void*, size_t, Elem, void*, double, Ticket*, std::string* why) {
+  return not_built(why);
+}
+bool NcclComm::start_allreduce(void*, size_t, Elem, void*, double, Ticket*, std::string* why) { return not_built(why); }
+void NcclComm::join(Ticket, void*) {}
+bool NcclComm::finish(double, std::string* why) { return not_built(why); }
 
 #else
 
@@ -85,6 +91,12 @@ struct NcclComm::Impl {
   bool aborted = false;
   double timeout_s = 30;  // for the teardown: the window create() was given
   PollPolicy poll;
+  // Started collectives (start_*): the event after each, by ticket, until finish(); events reused.
+  cudaEvent_t behind = nullptr;  // recorded on the caller's queue, waited for by this stream
+  std::deque<std::pair<DeviceCollectives::Ticket, cudaEvent_t>> started;
+  std::vector<cudaEvent_t> spare;
+  DeviceCollectives::Ticket next_ticket = 1;
+  std::string join_error;  // a failed join, reported by finish()
 
   void yield() const {
     if (poll.yield) sched_yield();  // more ranks than cores: leave room for NCCL's own threads
@@ -103,6 +115,46 @@ struct NcclComm::Impl {
   bool enqueued(ncclResult_t r, const char* what, std::string* why) {
     if (r == ncclSuccess || r == ncclInProgress) return true;  // nonblocking: progress is polled in wait()
     return fail(std::string(what) + ": " + ncclGetErrorString(r), why);
+  }
+  // A nonblocking communicator's call may return before its kernel is on the stream (ncclInProgress):
+  // NCCL puts it there once the asynchronous state is ncclSuccess, so an event recorded after it
+  // waits for this. Polls until then, or `deadline`.
+  bool settled(double deadline, std::string* why) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return fail("ncclCommGetAsyncError failed", why);
+      if (state == ncclSuccess) return true;
+      if (state != ncclInProgress) return fail(std::string("NCCL: ") + ncclGetErrorString(state), why);
+      if (steady_seconds() > deadline) return fail("timeout: NCCL did not queue the operation before the deadline", why);
+      yield();
+    }
+  }
+  // This stream waits for what `queue` holds now (the caller's writes to the collective's input).
+  bool after(void* queue, std::string* why) {
+    if (!queue) return true;
+    if (!behind && !cuda_ok(cudaEventCreateWithFlags(&behind, cudaEventDisableTiming), "cudaEventCreateWithFlags", why))
+      return fail(*why, why);
+    if (!cuda_ok(cudaEventRecord(behind, static_cast<cudaStream_t>(queue)), "cudaEventRecord (the caller's queue)", why) ||
+        !cuda_ok(cudaStreamWaitEvent(stream, behind, 0), "cudaStreamWaitEvent (NCCL's stream)", why))
+      return fail(*why, why);
+    return true;
+  }
+  // The event after a started collective, its ticket in *t.
+  bool mark_started(DeviceCollectives::Ticket* t, std::string* why) {
+    cudaEvent_t ev = nullptr;
+    if (!spare.empty()) {
+      ev = spare.back();
+      spare.pop_back();
+    } else if (!cuda_ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags", why)) {
+      return fail(*why, why);
+    }
+    if (!cuda_ok(cudaEventRecord(ev, stream), "cudaEventRecord (NCCL's stream)", why)) {
+      spare.push_back(ev);
+      return fail(*why, why);
+    }
+    *t = next_ticket++;
+    started.emplace_back(*t, ev);
+    return true;
   }
 };
 
@@ -241,6 +293,9 @@ NcclComm::~NcclComm() {
     }
   }
   cudaSetDevice(m.device);
+  for (auto& [t, ev] : m.started) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : m.spare) cudaEventDestroy(ev);
+  if (m.behind) cudaEventDestroy(m.behind);
   if (m.in) cudaFree(m.in);
   if (m.out) cudaFree(m.out);
   if (m.stream) cudaStreamDestroy(m.stream);
@@ -356,6 +411,48 @@ bool NcclComm::reduce_scatter_blocks(const void* full, void* slice, size_t block
   return m.enqueued(ncclReduceScatter(full, slice, block, nccl_type(e), ncclSum, m.comm, m.stream),
                     "ncclReduceScatter", why) &&
          wait(deadline, why);
+}
+
+bool NcclComm::start_reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, void* queue,
+                                           double deadline, Ticket* t, std::string* why) {
+  Impl& m = *impl_;
+  if (!m.usable(why)) return false;
+  return m.after(queue, why) &&
+         m.enqueued(ncclReduceScatter(full, slice, block, nccl_type(e), ncclSum, m.comm, m.stream), "ncclReduceScatter",
+                    why) &&
+         m.settled(deadline, why) && m.mark_started(t, why);
+}
+
+bool NcclComm::start_allreduce(void* buf, size_t count, Elem e, void* queue, double deadline, Ticket* t,
+                               std::string* why) {
+  Impl& m = *impl_;
+  if (!m.usable(why)) return false;
+  return m.after(queue, why) &&
+         m.enqueued(ncclAllReduce(buf, buf, count, nccl_type(e), ncclSum, m.comm, m.stream), "ncclAllReduce", why) &&
+         m.settled(deadline, why) && m.mark_started(t, why);
+}
+
+void NcclComm::join(Ticket t, void* queue) {
+  Impl& m = *impl_;
+  if (!queue || m.aborted) return;
+  for (const auto& [k, ev] : m.started) {
+    if (k != t) continue;
+    const cudaError_t r = cudaStreamWaitEvent(static_cast<cudaStream_t>(queue), ev, 0);
+    if (r != cudaSuccess && m.join_error.empty()) m.join_error = std::string("cudaStreamWaitEvent: ") + cudaGetErrorString(r);
+    return;
+  }
+  if (m.join_error.empty()) m.join_error = "join of a collective that was never started (ticket " + std::to_string(t) + ")";
+}
+
+bool NcclComm::finish(double deadline, std::string* why) {
+  Impl& m = *impl_;
+  if (!m.usable(why)) return false;
+  if (!m.join_error.empty()) return m.fail(m.join_error, why);
+  if (m.started.empty()) return true;
+  if (!wait(deadline, why)) return false;
+  for (auto& [t, ev] : m.started) m.spare.push_back(ev);  // done: reused by later starts
+  m.started.clear();
+  return true;
 }
 
 #endif

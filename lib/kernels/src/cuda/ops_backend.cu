@@ -119,6 +119,7 @@ class CudaOps final : public OpsBackend {
     check(cudaStreamSynchronize(stream_), "copy to the host (or an earlier kernel)");
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "synchronize (an earlier kernel)"); }
+  void* queue_handle() override { return stream_; }
   // Transfers on copy streams of their own (transfer_queues.hpp), page-locked host memory.
   void* allocate_host(size_t bytes) override { return transfers_->allocate_host(bytes); }
   void release_host(void* p) noexcept override { transfers_->release_host(p); }

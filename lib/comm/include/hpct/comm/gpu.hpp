@@ -56,6 +56,36 @@ class DeviceCollectives {
   /// slice (block elements) = the sum over ranks of block rank() of their full (size() blocks).
   virtual bool reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, double deadline,
                                      std::string* why) = 0;
+
+  // ---- collectives queued behind the caller's device queue, not waited for ----
+  // For reductions that overlap the work queued after them (the resident engine's gradients during
+  // backward). `queue`: the caller's device queue (an OpsBackend's queue_handle(): a cudaStream_t),
+  // or nullptr. Where queues() is false (the defaults) start_* are the calls above, done when they
+  // return, and the caller drains its queue first as for those; join and finish do nothing.
+  using Ticket = uint64_t;
+  /// True where start_* run after everything `queue` holds when called, and return at once.
+  virtual bool queues() const { return false; }
+  /// As reduce_scatter_blocks / allreduce (sums), started. `full` (or `buf`) must not change, and
+  /// the result is read, only by work queued on `queue` after join(*t) or once finish() returned.
+  /// `deadline` bounds only what the call itself waits for (NCCL's enqueue), not the collective.
+  virtual bool start_reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, void* queue,
+                                           double deadline, Ticket* t, std::string* why) {
+    (void)queue;
+    *t = 0;
+    return reduce_scatter_blocks(full, slice, block, e, deadline, why);
+  }
+  virtual bool start_allreduce(void* buf, size_t count, Elem e, void* queue, double deadline, Ticket* t,
+                               std::string* why) {
+    (void)queue;
+    *t = 0;
+    return allreduce(buf, count, e, false, deadline, why);
+  }
+  /// The work `queue` receives from now on runs after started collective t (and every one before
+  /// it); the host does not wait.
+  virtual void join(Ticket /*t*/, void* /*queue*/) {}
+  /// Returns when every started collective has completed, or false (why set) when one failed or
+  /// `deadline` passed (the communicator is then aborted, as for the calls above).
+  virtual bool finish(double /*deadline*/, std::string* /*why*/) { return true; }
 };
 
 /// One NCCL communicator over the ranks of an MPI communicator, one GPU per rank (the node-local
@@ -95,6 +125,15 @@ class NcclComm final : public DeviceCollectives {
                              std::string* why) override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  /// Started collectives: on this communicator's stream behind an event recorded on `queue` (a
+  /// cudaStream_t of the same device), each followed by an event join() makes `queue` wait for.
+  bool queues() const override { return true; }
+  bool start_reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, void* queue, double deadline,
+                                   Ticket* t, std::string* why) override;
+  bool start_allreduce(void* buf, size_t count, Elem e, void* queue, double deadline, Ticket* t,
+                       std::string* why) override;
+  void join(Ticket t, void* queue) override;
+  bool finish(double deadline, std::string* why) override;
 
  private:
   NcclComm() = default;

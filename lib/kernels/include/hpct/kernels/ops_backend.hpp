@@ -83,6 +83,10 @@ class OpsBackend {
   /// Returns when every op queued before has finished (a device backend's stream drained), so
   /// another stream (NCCL's) may read what they wrote. Nothing to wait for on the host.
   virtual void synchronize() {}
+  /// The device queue the ops run on, for another library to order its work against without the
+  /// host waiting (the CUDA backend: its cudaStream_t, as comm::DeviceCollectives' start_* and join
+  /// take it); nullptr where each op is done when it returns.
+  virtual void* queue_handle() { return nullptr; }
 
   // ---- transfers beside the ops (ZeRO-Offload's hand-over) ----
   // A device backend runs these on copy queues of their own (one per direction, each in call order),
