@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -38,13 +39,16 @@ namespace {
 
 // device_collectives: the staged backend with the data-parallel collectives on its memory through
 // a transport (test::HostDeviceCollectives), the path NCCL takes on GPUs of their own.
-enum class Route { host, device_on_cpu, device_staged, device_collectives };
+// device_queued: the same with the transport holding each started reduction until the engine
+// joins it, as NCCL runs it on its own stream behind the backward.
+enum class Route { host, device_on_cpu, device_staged, device_collectives, device_queued };
 const char* route_name(Route r) {
   switch (r) {
     case Route::host: return "host ZeroEngine";
     case Route::device_on_cpu: return "DeviceEngine (CPU backend)";
     case Route::device_staged: return "DeviceEngine (staged)";
-    default: return "DeviceEngine (staged, device collectives)";
+    case Route::device_collectives: return "DeviceEngine (staged, device collectives)";
+    default: return "DeviceEngine (staged, queued device collectives)";
   }
 }
 const char* prec_name(engine::PrecisionMode p) {
@@ -59,6 +63,7 @@ struct TrainRun {
   bool device_store = false;
   double staged_to_host = 0;  // StagedCpuOps: bytes copied to the host
   int collective_calls = 0;   // device_collectives: calls the transports took
+  size_t held_peak = 0;       // device_queued: the most started reductions a transport held at once
   std::vector<double> device_ms;  // the summary's device time per iteration (backends with markers)
   size_t marks_left = 0;          // StagedCpuOps: markers not yet read when training ended
   bool params_in_backend = true;  // StagedCpuOps: every block's parameters, as the model gets them, in its memory
@@ -73,7 +78,8 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   c.finalize(grid.dp().size());
   std::unique_ptr<kernels::OpsBackend> be;
   test::StagedCpuOps* staged = nullptr;
-  if (route == Route::device_staged || route == Route::device_collectives) {
+  const bool collectives = route == Route::device_collectives || route == Route::device_queued;
+  if (route == Route::device_staged || collectives) {
     auto s = std::make_unique<test::StagedCpuOps>();
     s->prefer_half(true);  // the weights' 16-bit copies the engine hands out (params16) are what the GEMMs read
     staged = s.get();
@@ -81,9 +87,9 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   }
   std::vector<test::HostDeviceCollectives*> transports;
   engine::Trainer::DeviceCollectivesFactory dcs;
-  if (route == Route::device_collectives)
+  if (collectives)
     dcs = [&](const comm::Communicator& g) {
-      auto dc = std::make_unique<test::HostDeviceCollectives>(g, fail_at);
+      auto dc = std::make_unique<test::HostDeviceCollectives>(g, fail_at, route == Route::device_queued);
       transports.push_back(dc.get());
       return dc;
     };
@@ -98,7 +104,7 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   r.mem = t.memory_report();
   r.numel = t.model().layout().numel();
   r.device_store = t.device_store() != nullptr;
-  for (const auto* dc : transports) r.collective_calls += dc->calls();
+  for (const auto* dc : transports) r.collective_calls += dc->calls(), r.held_peak = std::max(r.held_peak, dc->held_peak());
   if (staged) {
     r.staged_to_host = staged->bytes_to_host();
     r.half_operands = staged->half_operands();
@@ -300,18 +306,82 @@ TEST(DeviceEngine, DeviceCollectivesKeepTheStepOnTheDevice) {
       }
 }
 
+// overlap_comm: the gradient reductions started as the backward finishes each block and joined
+// later (on a GPU they run on NCCL's stream beside the backward). The transport runs each one only
+// when the engine joins it, so an engine that read a result before its join, or reused or changed
+// a buffer a started reduction still reads, would give other numbers: the same transport's
+// blocking calls are the reference, bitwise, on any number of ranks (the same MPI calls on the
+// same buffers, later). Stages 0-3, the three precisions, 1 and 12/N micro-steps; fp32
+// communication of 16-bit gradients; MoE with expert parallelism. With the default bucket (5e8
+// elements) every reduction of a micro-step is in flight before the first is joined; with a bucket
+// of one layer's gradient at most two; without overlap_comm one.
+TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "collectives need 2 ranks";
+  for (int stage : {0, 1, 2, 3})
+    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
+      for (int micro : {12 / n, 1}) {
+        const auto c = tiny(stage, p, micro);
+        const std::string what = std::string(prec_name(p)) + " stage " + std::to_string(stage) + ", " +
+                                 std::to_string(n) + " ranks, " + std::to_string(12 / (micro * n)) + " micro-steps";
+        const TrainRun blocking = train(c, Route::device_collectives);
+        const TrainRun queued = train(c, Route::device_queued);
+        expect_same(queued, blocking, what);
+        EXPECT_EQ(queued.collective_calls, blocking.collective_calls) << what;
+        // Stage 3's gathers in the backward are blocking calls, which come after every started
+        // reduction on the same stream (the transport runs those first): there a reduction
+        // overlaps only the rest of its own block's backward, so only stages 0-2 count here.
+        if (stage < 3) EXPECT_GE(queued.held_peak, 3u) << what << ": the reductions did not overlap the backward";
+        EXPECT_EQ(blocking.held_peak, 0u) << what;
+      }
+  for (auto p : {engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
+    for (int stage : {0, 2}) {
+      auto c = tiny(stage, p, 1);
+      c.zero.fp32_communication = true;
+      expect_same(train(c, Route::device_queued), train(c, Route::device_collectives),
+                  std::string("fp32 communication, ") + prec_name(p) + " stage " + std::to_string(stage));
+    }
+  {
+    auto c = tiny(2, engine::PrecisionMode::bf16, 1);
+    c.model.moe.num_experts = {4};
+    c.model.moe.expert_interval = 2;
+    c.model.moe.second_expert_sampling = false;
+    expect_same(train(c, Route::device_queued, 1, 2), train(c, Route::device_collectives, 1, 2), "MoE, EP 2, stage 2");
+  }
+  size_t unbounded = 0;
+  for (auto [bucket, overlap] : {std::tuple{5e8, true}, std::tuple{13000.0, true}, std::tuple{5e8, false}}) {
+    auto c = tiny(2, engine::PrecisionMode::bf16, 1);
+    c.zero.reduce_bucket_size = bucket;  // a layer's block is about 12.7k elements
+    c.zero.overlap_comm = overlap;
+    const std::string what = "bucket " + std::to_string(bucket) + (overlap ? "" : ", overlap_comm false");
+    const TrainRun queued = train(c, Route::device_queued);
+    expect_same(queued, train(c, Route::device_collectives), what);
+    if (!overlap) {
+      EXPECT_EQ(queued.held_peak, 1u) << what;
+    } else if (bucket > 1e6) {
+      unbounded = queued.held_peak;
+    } else {  // a layer in flight, the next one started beside it (and a small block before them)
+      EXPECT_GE(queued.held_peak, 2u) << what;
+      EXPECT_LE(queued.held_peak, 3u) << what;
+      EXPECT_LT(queued.held_peak, unbounded) << what << ": the bucket did not bound the reductions in flight";
+    }
+  }
+}
+
 // A collective that fails (a dead peer, a timeout) stops the step on every rank with one line
-// naming the collective and the rank, instead of waiting.
+// naming the collective and the rank, instead of waiting; a started one too.
 TEST(DeviceEngine, AFailedDeviceCollectiveNamesItselfAndTheRank) {
   if (world().size() < 2) GTEST_SKIP() << "collectives need 2 ranks";
-  try {
-    train(tiny(2, engine::PrecisionMode::bf16, 1), Route::device_collectives, 1, 1, /*fail_at=*/3);
-    FAIL() << "the failed collective went unnoticed";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("data-parallel"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("rank " + std::to_string(world().rank())), std::string::npos) << msg;
-    EXPECT_NE(msg.find("a peer did not answer"), std::string::npos) << msg;
+  for (Route r : {Route::device_collectives, Route::device_queued}) {
+    try {
+      train(tiny(2, engine::PrecisionMode::bf16, 1), r, 1, 1, /*fail_at=*/3);
+      FAIL() << route_name(r) << ": the failed collective went unnoticed";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("data-parallel"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rank " + std::to_string(world().rank())), std::string::npos) << msg;
+      EXPECT_NE(msg.find("a peer did not answer"), std::string::npos) << msg;
+    }
   }
 }
 

@@ -4,11 +4,19 @@
 // and reductions each collective gets, bitwise against the CPU backend's run (16-bit sums with
 // NCCL's rule: each pair added in fp32 and rounded). It cannot check NCCL
 // itself or the stream order on a GPU. fail_at: the call (1-based) that fails, as a dead peer would.
+// queued: start_* keep the collective and run it only when join() reaches it or finish() (or a
+// blocking call, which on NCCL's stream would come after it) is called, as NCCL runs it behind the
+// caller's queue: a caller that reads the result before joining it, or changes or reuses the input
+// before, gets other numbers.
 #pragma once
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "hpct/comm/gpu.hpp"
 #include "hpct/comm/mpi.hpp"
@@ -18,12 +26,40 @@ namespace hpct::test {
 
 class HostDeviceCollectives final : public comm::DeviceCollectives {
  public:
-  explicit HostDeviceCollectives(const comm::Communicator& c, int fail_at = 0) : c_(c), fail_at_(fail_at) {}
+  explicit HostDeviceCollectives(const comm::Communicator& c, int fail_at = 0, bool queued = false)
+      : c_(c), fail_at_(fail_at), queued_(queued) {}
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
   int calls() const { return calls_; }
+  /// The most started collectives held at once (queued).
+  size_t held_peak() const { return held_peak_; }
+
+  bool queues() const override { return queued_; }
+  bool start_reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, void* q, double d, Ticket* t,
+                                   std::string* why) override {
+    if (!queued_) return DeviceCollectives::start_reduce_scatter_blocks(full, slice, block, e, q, d, t, why);
+    if (failed(why)) return false;
+    return hold([=, this] { MPI_Reduce_scatter_block(full, slice, static_cast<int>(block), type(e), sum(e), c_.raw()); }, t);
+  }
+  bool start_allreduce(void* buf, size_t n, Elem e, void* q, double d, Ticket* t, std::string* why) override {
+    if (!queued_) return DeviceCollectives::start_allreduce(buf, n, e, q, d, t, why);
+    if (failed(why)) return false;
+    return hold([=, this] {  // the blocking call's sums
+      if (e == Elem::f32) c_.allreduce_sum(static_cast<float*>(buf), n);
+      else if (e == Elem::f64) c_.allreduce_sum(static_cast<double*>(buf), n);
+      else MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_UINT16_T, sum(e), c_.raw());
+    }, t);
+  }
+  void join(Ticket t, void*) override {
+    while (!held_.empty() && held_.front().first <= t) run_front();
+  }
+  bool finish(double, std::string*) override {
+    flush();
+    return true;
+  }
 
   bool allreduce(void* buf, size_t n, Elem e, bool max, double, std::string* why) override {
+    flush();
     if (failed(why)) return false;
     if (e == Elem::bf16 || e == Elem::f16) {
       if (max) return *why = "no 16-bit maximum here", false;
@@ -39,12 +75,14 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
     return true;
   }
   bool allgather_blocks(void* buf, size_t block, Elem e, double, std::string* why) override {
+    flush();
     if (failed(why)) return false;
     const MPI_Datatype t = type(e);
     MPI_Allgather(MPI_IN_PLACE, 0, t, buf, static_cast<int>(block), t, c_.raw());
     return true;
   }
   bool reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, double, std::string* why) override {
+    flush();
     if (failed(why)) return false;
     MPI_Reduce_scatter_block(full, slice, static_cast<int>(block), type(e), sum(e), c_.raw());
     return true;
@@ -70,6 +108,20 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
       MPI_Op_create(e == Elem::bf16 ? &add16<kernels::Precision::bf16> : &add16<kernels::Precision::fp16>, 1, &op);
     return op;
   }
+  bool hold(std::function<void()> op, Ticket* t) {
+    *t = ++tickets_;
+    held_.emplace_back(*t, std::move(op));
+    held_peak_ = std::max(held_peak_, held_.size());
+    return true;
+  }
+  void run_front() {
+    auto op = std::move(held_.front().second);
+    held_.pop_front();
+    op();
+  }
+  void flush() {
+    while (!held_.empty()) run_front();
+  }
   bool failed(std::string* why) {
     if (++calls_ != fail_at_) return false;
     *why = "timeout: a peer did not answer";
@@ -77,6 +129,10 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
   }
   const comm::Communicator& c_;
   int fail_at_ = 0, calls_ = 0;
+  bool queued_ = false;
+  std::deque<std::pair<Ticket, std::function<void()>>> held_;
+  Ticket tickets_ = 0;
+  size_t held_peak_ = 0;
   MPI_Op sum_bf16_ = MPI_OP_NULL, sum_f16_ = MPI_OP_NULL;
 };
 

@@ -89,6 +89,10 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
 }
 
 DeviceEngine::~DeviceEngine() {
+  if (!pending_.empty() || unfinished_) {  // an unwound step: its buffers are freed, so let the collectives end first
+    std::string why;
+    dc_->finish(comm::steady_seconds() + dc_timeout_, &why);  // a failure has aborted the communicator
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (sum16_ != MPI_OP_NULL && !finalized) MPI_Op_free(&sum16_);
@@ -174,62 +178,137 @@ void DeviceEngine::on_device(const char* what, const std::function<bool(double, 
                 std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
 }
 
-// Without device collectives: the nonblocking calls ZeroEngine makes (the same algorithms, so the
-// same sums), waited for at once. With them: the same reductions on device buffers.
-void DeviceEngine::allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op) {
-  if (n_ == 1) return;
-  if (dc_) {
-    on_device("all-reduce", [&](double d, std::string* why) { return dc_->allreduce(buf, count, elem(type), false, d, why); });
+// A gradient reduction on the device collectives, started behind the backend's queue. Where the
+// transport queues (NCCL) it runs while the backend goes on with the backward; `then` (the
+// backend's work on its result) and the return of `hold` to the pool wait until it is joined:
+// when more than reduce_bucket_size elements are in flight (at once without overlap_comm), and at
+// the end of the micro-step. Elsewhere it is done when start returns, and so is `then`.
+void DeviceEngine::start(const char* what, size_t elems, const Start& begin, Held hold, std::function<void()> then) {
+  const bool queued = dc_->queues();
+  if (!queued) be_.synchronize();  // what the backend's queue wrote is in the buffer before the collective reads it
+  std::string why;
+  comm::DeviceCollectives::Ticket t = 0;
+  if (!begin(comm::steady_seconds() + dc_timeout_, queued ? be_.queue_handle() : nullptr, &t, &why))
+    throw Error(std::string("GPU-resident ZeRO: the data-parallel ") + what + " on device buffers failed on rank " +
+                std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
+  if (!queued) {
+    if (then) then();
+    for (auto& h : hold) give(std::move(h));
     return;
   }
-  int esz = 0;
-  MPI_Type_size(type, &esz);
-  void* h = buf;
-  if (!host_) {
-    stage_a_.resize(count * esz);
-    be_.copy_to_host(stage_a_.data(), buf, count * esz);
-    h = stage_a_.data();
-  }
-  MPI_Request req;
-  HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, h, (int)count, type, op, dp_.raw(), &req));
-  HPCT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
-  if (!host_) be_.copy_from_host(buf, h, count * esz);
+  pending_.push_back(Pending{t, elems, std::move(hold), std::move(then)});
+  pending_elems_ += elems;
+  in_flight_peak_ = std::max(in_flight_peak_, pending_.size());
+  retire(cfg_.overlap_comm ? static_cast<size_t>(cfg_.reduce_bucket_size) : 0);
 }
 
-void DeviceEngine::reduce_scatter(const void* send, void* recv, int b, MPI_Datatype type, MPI_Op op) {
+void DeviceEngine::retire(size_t keep_elems) {
+  while (!pending_.empty() && pending_elems_ > keep_elems) {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    pending_elems_ -= p.elems;
+    dc_->join(p.ticket, be_.queue_handle());  // the backend's later work (then, the buffers' next users) after it
+    if (p.then) p.then();
+    for (auto& h : p.hold) give(std::move(h));
+  }
+}
+
+void DeviceEngine::settle() {
+  if (!dc_ || (pending_.empty() && !unfinished_)) return;
+  Timer timer;
+  retire(0);
+  unfinished_ = false;
+  std::string why;
+  if (!dc_->finish(comm::steady_seconds() + dc_timeout_, &why))
+    throw Error("GPU-resident ZeRO: the data-parallel gradient reductions on device buffers failed on rank " +
+                std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
+  reduce_wait_ += timer.seconds();
+}
+
+// Without device collectives: the nonblocking calls ZeroEngine makes (the same algorithms, so the
+// same sums), waited for at once. With them: the same reductions on device buffers, started.
+void DeviceEngine::allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op, Held hold,
+                             std::function<void()> then) {
+  if (dc_ && n_ > 1) {
+    unfinished_ = true;
+    start("all-reduce", count, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+      return dc_->start_allreduce(buf, count, elem(type), q, d, t, why);
+    }, std::move(hold), std::move(then));
+    return;
+  }
+  if (n_ > 1) {
+    int esz = 0;
+    MPI_Type_size(type, &esz);
+    void* h = buf;
+    if (!host_) {
+      stage_a_.resize(count * esz);
+      be_.copy_to_host(stage_a_.data(), buf, count * esz);
+      h = stage_a_.data();
+    }
+    MPI_Request req;
+    HPCT_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, h, (int)count, type, op, dp_.raw(), &req));
+    HPCT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
+    if (!host_) be_.copy_from_host(buf, h, count * esz);
+  }
+  if (then) then();
+  for (auto& x : hold) give(std::move(x));
+}
+
+// send: block b's whole gradient; `padded` where it is a buffer of N slices whose padding is zero
+// (the device collectives then read it as it is). recv: this rank's elements of it; `room` where
+// it has the block's whole slice (the device collectives then write it there, padding included).
+void DeviceEngine::reduce_scatter(const void* send, bool padded, void* recv, bool room, int b, MPI_Datatype type,
+                                  MPI_Op op, Held hold, std::function<void()> then) {
   int esz = 0;
   MPI_Type_size(type, &esz);
   const size_t numel = layout_.blocks()[b].numel, mine = static_cast<size_t>(counts_[b][rank_]);
   if (n_ == 1) {  // one rank: the reduction is a copy
     be_.copy(recv, send, mine * esz);
+  } else if (dc_) {  // N equal slices: the block padded with zeros, this rank's slice copied out
+    const size_t slice = shards_.slice(b), padded_n = slice * static_cast<size_t>(n_);
+    const void* full = send;
+    void* part = recv;
+    if (!padded) {
+      kernels::BackendBuffer f = take(padded_n * esz);
+      be_.copy(f.as<void>(), send, numel * esz);
+      if (padded_n > numel) be_.zero(f.as<char>() + numel * esz, (padded_n - numel) * esz);
+      full = f.as<void>();
+      hold.push_back(std::move(f));
+    }
+    if (!room) {
+      kernels::BackendBuffer r = take(slice * esz);
+      part = r.as<void>();
+      if (mine) {
+        std::function<void()> after = std::move(then);
+        then = [this, recv, part, mine, esz, after] {
+          be_.copy(recv, part, mine * esz);
+          if (after) after();
+        };
+      }
+      hold.push_back(std::move(r));
+    }
+    unfinished_ = true;
+    start("reduce-scatter", numel, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+      return dc_->start_reduce_scatter_blocks(full, part, slice, elem(type), q, d, t, why);
+    }, std::move(hold), std::move(then));
     return;
+  } else {
+    const void* hs = send;
+    void* hr = recv;
+    if (!host_) {
+      stage_a_.resize(numel * esz);
+      stage_b_.resize(std::max<size_t>(mine, 1) * esz);
+      be_.copy_to_host(stage_a_.data(), send, numel * esz);
+      hs = stage_a_.data();
+      hr = stage_b_.data();
+    }
+    MPI_Request req;
+    HPCT_CHECK_MPI(MPI_Ireduce_scatter(hs, hr, counts_[b].data(), type, op, dp_.raw(), &req));
+    HPCT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
+    if (!host_) be_.copy_from_host(recv, hr, mine * esz);
   }
-  if (dc_) {  // N equal slices: the block padded with zeros, this rank's slice copied out
-    const size_t slice = shards_.slice(b), padded = slice * static_cast<size_t>(n_);
-    kernels::BackendBuffer full = take(padded * esz), part = take(slice * esz);
-    be_.copy(full.as<void>(), send, numel * esz);
-    if (padded > numel) be_.zero(full.as<char>() + numel * esz, (padded - numel) * esz);
-    on_device("reduce-scatter", [&](double d, std::string* why) {
-      return dc_->reduce_scatter_blocks(full.as<void>(), part.as<void>(), slice, elem(type), d, why);
-    });
-    if (mine) be_.copy(recv, part.as<void>(), mine * esz);
-    give(std::move(full));
-    give(std::move(part));
-    return;
-  }
-  const void* hs = send;
-  void* hr = recv;
-  if (!host_) {
-    stage_a_.resize(numel * esz);
-    stage_b_.resize(std::max<size_t>(mine, 1) * esz);
-    be_.copy_to_host(stage_a_.data(), send, numel * esz);
-    hs = stage_a_.data();
-    hr = stage_b_.data();
-  }
-  MPI_Request req;
-  HPCT_CHECK_MPI(MPI_Ireduce_scatter(hs, hr, counts_[b].data(), type, op, dp_.raw(), &req));
-  HPCT_CHECK_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE));
-  if (!host_) be_.copy_from_host(recv, hr, mine * esz);
+  if (then) then();
+  for (auto& x : hold) give(std::move(x));
 }
 
 void DeviceEngine::allgather(void* block_buf, int b, MPI_Datatype type) {
@@ -317,8 +396,9 @@ float* DeviceEngine::grads(int b) {
   if (cfg_.stage <= 1 && !half_) return at<float>(grads_, blk.offset);
   auto it = work_.find(b);
   if (it == work_.end()) {
-    kernels::BackendBuffer w = take(blk.numel * sizeof(float));
-    be_.zero(w.as<void>(), blk.numel * sizeof(float));
+    const size_t n = padded_work() ? shards_.slice(b) * static_cast<size_t>(n_) : blk.numel;
+    kernels::BackendBuffer w = take(n * sizeof(float));
+    be_.zero(w.as<void>(), n * sizeof(float));
     it = work_.emplace(b, std::move(w)).first;
   }
   return it->second.as<float>();
@@ -355,6 +435,7 @@ void DeviceEngine::reduce(int b) {
   const MPI_Datatype type = red16_ ? MPI_UINT16_T : MPI_FLOAT;
   const MPI_Op sum = red16_ ? sum16_ : MPI_SUM;
   const double elem = red16_ ? sizeof(uint16_t) : sizeof(float);
+  const bool pad = padded_work();  // the work buffers hold N slices, the padding zero
   auto take_work = [&] {  // the block's fp32 working buffer
     kernels::BackendBuffer w = std::move(work_.at(b));
     work_.erase(b);
@@ -366,43 +447,58 @@ void DeviceEngine::reduce(int b) {
     be_.widen_half(x, h.as<uint16_t>(), numel, prec_);
     give(std::move(h));
   };
+  auto held = [](kernels::BackendBuffer&& a) {
+    Held h;
+    h.push_back(std::move(a));
+    return h;
+  };
   if (cfg_.stage == 0) {
     if (red16_) {
-      allreduce(at<uint16_t>(grads_, blk.offset), numel, type, sum);
+      allreduce(at<uint16_t>(grads_, blk.offset), numel, type, sum, {}, nullptr);
     } else if (half_) {  // reduced in fp32, then rounded into the 16-bit gradient
       kernels::BackendBuffer w = take_work();
-      if (fp16_) round_fp16(w.as<float>());
-      allreduce(w.as<float>(), numel, type, sum);
-      be_.narrow_half(at<uint16_t>(grads_, blk.offset), w.as<float>(), numel, prec_);
-      give(std::move(w));
+      float* wf = w.as<float>();
+      uint16_t* dst = at<uint16_t>(grads_, blk.offset);
+      if (fp16_) round_fp16(wf);
+      allreduce(wf, numel, type, sum, held(std::move(w)), [this, dst, wf, numel] { be_.narrow_half(dst, wf, numel, prec_); });
     } else {
-      allreduce(at<float>(grads_, blk.offset), numel, type, sum);
+      allreduce(at<float>(grads_, blk.offset), numel, type, sum, {}, nullptr);
     }
     bytes_sent_ += 2.0 * (n_ - 1) / n_ * numel * elem;
   } else {
     if (cfg_.stage == 1 && !(half_ && !red16_)) {  // once per step, the full gradient into the shard
       const void* send = red16_ ? static_cast<const void*>(at<uint16_t>(grads_, blk.offset)) : at<float>(grads_, blk.offset);
       void* recv = red16_ ? static_cast<void*>(at<uint16_t>(grad_shard_, loff)) : at<float>(grad_shard_, loff);
-      reduce_scatter(send, recv, b, type, sum);
+      reduce_scatter(send, false, recv, true, b, type, sum, {}, nullptr);  // the shard has the slice's room
     } else if (red16_) {  // stage 2: the block rounded to 16 bits, reduced, added into the shard
       kernels::BackendBuffer w = take_work();
-      kernels::BackendBuffer send = take(numel * sizeof(uint16_t));
+      const size_t sn = pad ? shards_.slice(b) * static_cast<size_t>(n_) : numel;
+      kernels::BackendBuffer send = take(sn * sizeof(uint16_t));
+      if (sn > numel) be_.zero(send.as<uint16_t>() + numel, (sn - numel) * sizeof(uint16_t));
       be_.narrow_half(send.as<uint16_t>(), w.as<float>(), numel, prec_);
       give(std::move(w));
       kernels::BackendBuffer recv = take(shards_.slice(b) * sizeof(uint16_t));
-      reduce_scatter(send.as<uint16_t>(), recv.as<uint16_t>(), b, type, sum);
-      be_.add_half(at<uint16_t>(grad_shard_, loff), recv.as<uint16_t>(), mine, prec_);
-      give(std::move(send));
-      give(std::move(recv));
+      uint16_t* shard = at<uint16_t>(grad_shard_, loff);
+      const uint16_t* got = recv.as<uint16_t>();
+      const void* sp = send.as<void>();
+      void* rp = recv.as<void>();
+      Held h = held(std::move(send));
+      h.push_back(std::move(recv));
+      reduce_scatter(sp, pad, rp, true, b, type, sum, std::move(h),
+                     [this, shard, got, mine] { be_.add_half(shard, got, mine, prec_); });
     } else {  // reduced in fp32 and accumulated into the shard (16-bit shards: one rounding)
       kernels::BackendBuffer w = take_work();
       if (fp16_) round_fp16(w.as<float>());
       kernels::BackendBuffer recv = take(shards_.slice(b) * sizeof(float));
-      reduce_scatter(w.as<float>(), recv.as<float>(), b, type, sum);
-      if (half_) be_.accumulate_half(at<uint16_t>(grad_shard_, loff), recv.as<float>(), mine, prec_);
-      else be_.add_scaled(at<float>(grad_shard_, loff), recv.as<float>(), 1.0f, mine);
-      give(std::move(w));
-      give(std::move(recv));
+      const float* got = recv.as<float>();
+      const void* sp = w.as<void>();
+      void* rp = recv.as<void>();
+      Held h = held(std::move(w));
+      h.push_back(std::move(recv));
+      std::function<void()> add;
+      if (half_) add = [this, dst = at<uint16_t>(grad_shard_, loff), got, mine] { be_.accumulate_half(dst, got, mine, prec_); };
+      else add = [this, dst = at<float>(grad_shard_, loff), got, mine] { be_.add_scaled(dst, got, 1.0f, mine); };
+      reduce_scatter(sp, pad, rp, true, b, type, sum, std::move(h), std::move(add));
     }
     bytes_sent_ += double(n_ - 1) / n_ * numel * elem;
   }
@@ -415,6 +511,7 @@ void DeviceEngine::begin_step() {
 }
 
 void DeviceEngine::end_micro_step() {
+  settle();  // the micro-step's reductions done before anything reads the gradients or the pool's buffers
   if (!work_.empty())
     throw Error("ZeRO: gradients of block '" + layout_.blocks()[work_.begin()->first].name +
                 "' were written but never reported ready (model bug)");

@@ -25,16 +25,23 @@
 // operators, on the buffers themselves where the backend's memory is the host's, else staged
 // through host copies (ranks sharing a GPU). Scalars (norms) go through MPI either way. Checkpoints: pieces staged through host buffers, so a
 // background save copies them at once (pieces_are_live() is false).
-// What it is not (yet): NVMe offload (the host ZeroEngine's), overlap of reductions with backward,
-// stage 3's prefetch (a block is gathered when asked for).
+// Overlap (overlap_comm, on by default): with device collectives that queue (NCCL), each gradient
+// reduction is started behind the backend's stream as backward finishes its block and runs on
+// NCCL's stream while the backward goes on; the work on its result (the add into the shard) and
+// the reuse of its buffers are queued behind it once more than reduce_bucket_size elements are in
+// flight, or at the micro-step's end, where the host waits (bounded) for them all.
+// What it is not (yet): NVMe offload (the host ZeroEngine's), overlap of the MPI route's
+// reductions and of the parameter all-gathers, stage 3's prefetch (a block is gathered when asked for).
 #pragma once
 #include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "hpct/comm/gpu.hpp"
@@ -90,6 +97,9 @@ class DeviceEngine final : public ShardedOptimizer {
   double reduce_wait_seconds() const override { return reduce_wait_; }
   double gather_wait_seconds() const override { return gather_wait_; }
   long long gathers() const override { return gathers_; }
+  /// The most gradient reductions started on the device collectives and not yet joined at once
+  /// (overlap with the backward: more than 1 where the transport queues them).
+  size_t reductions_in_flight_peak() const { return in_flight_peak_; }
 
  private:
   struct Run {  // a run of this rank's state inside one tensor (per-tensor weight decay)
@@ -108,10 +118,22 @@ class DeviceEngine final : public ShardedOptimizer {
   // Working buffers in the backend's memory, reused by size.
   kernels::BackendBuffer take(size_t bytes);
   void give(kernels::BackendBuffer&& buf);
-  // MPI on backend memory (in place where marked): directly where the backend's memory is the
-  // host's, through host copies otherwise.
-  void allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op);
-  void reduce_scatter(const void* send, void* recv, int b, MPI_Datatype type, MPI_Op op);
+  // The gradient reductions: MPI on backend memory (in place where marked), directly where the
+  // backend's memory is the host's, through host copies otherwise; or started on the device
+  // collectives. Either way `then` runs on the result and `hold` goes back to the pool after it.
+  using Held = std::vector<kernels::BackendBuffer>;
+  void allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op, Held hold, std::function<void()> then);
+  void reduce_scatter(const void* send, bool padded, void* recv, bool room, int b, MPI_Datatype type, MPI_Op op,
+                      Held hold, std::function<void()> then);
+  // Started reductions (device collectives): joined in order, bounded by reduce_bucket_size
+  // elements in flight (none without overlap_comm), all of them completed at a micro-step's end.
+  using Start = std::function<bool(double deadline, void* queue, comm::DeviceCollectives::Ticket* t, std::string* why)>;
+  void start(const char* what, size_t elems, const Start& begin, Held hold, std::function<void()> then);
+  void retire(size_t keep_elems);
+  void settle();
+  // The gradient work buffers are N slices long (the padding zero), so the device collectives
+  // reduce them as they are.
+  bool padded_work() const { return dc_ != nullptr && n_ > 1; }
   void allgather(void* block_buf, int b, MPI_Datatype type);  // in place: the block's rank slices
   // The device-collective path: the backend's stream drained, f(deadline, why) run, a failure thrown.
   void on_device(const char* what, const std::function<bool(double deadline, std::string* why)>& f);
@@ -156,6 +178,15 @@ class DeviceEngine final : public ShardedOptimizer {
   size_t working_ = 0, working_peak_ = 0;
   std::vector<char> stage_a_, stage_b_;  // host copies for staged collectives
   bool last_micro_ = true;
+  struct Pending {  // a reduction started on the device collectives, not yet joined
+    comm::DeviceCollectives::Ticket ticket = 0;
+    size_t elems = 0;
+    Held hold;                  // read or written by it: back to the pool once joined
+    std::function<void()> then;  // the backend's work on its result
+  };
+  std::deque<Pending> pending_;
+  size_t pending_elems_ = 0, in_flight_peak_ = 0;
+  bool unfinished_ = false;  // started since the last finish()
 
   double bytes_sent_ = 0, reduce_wait_ = 0, gather_wait_ = 0;
   long long gathers_ = 0;
