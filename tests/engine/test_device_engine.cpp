@@ -64,6 +64,7 @@ struct TrainRun {
   double staged_to_host = 0;  // StagedCpuOps: bytes copied to the host
   int collective_calls = 0;   // device_collectives: calls the transports took
   size_t held_peak = 0;       // device_queued: the most started reductions a transport held at once
+  size_t gather_peak = 0;     // device_queued: the most started all-gathers likewise
   std::vector<double> device_ms;  // the summary's device time per iteration (backends with markers)
   size_t marks_left = 0;          // StagedCpuOps: markers not yet read when training ended
   bool params_in_backend = true;  // StagedCpuOps: every block's parameters, as the model gets them, in its memory
@@ -104,7 +105,8 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   r.mem = t.memory_report();
   r.numel = t.model().layout().numel();
   r.device_store = t.device_store() != nullptr;
-  for (const auto* dc : transports) r.collective_calls += dc->calls(), r.held_peak = std::max(r.held_peak, dc->held_peak());
+  for (const auto* dc : transports) r.collective_calls += dc->calls(), r.held_peak = std::max(r.held_peak, dc->held_peak()),
+                                 r.gather_peak = std::max(r.gather_peak, dc->gather_peak());
   if (staged) {
     r.staged_to_host = staged->bytes_to_host();
     r.half_operands = staged->half_operands();
@@ -307,7 +309,8 @@ TEST(DeviceEngine, DeviceCollectivesKeepTheStepOnTheDevice) {
 }
 
 // overlap_comm: the gradient reductions started as the backward finishes each block and joined
-// later (on a GPU they run on NCCL's stream beside the backward). The transport runs each one only
+// later (on a GPU they run on NCCL's stream beside the backward); the parameter all-gathers after
+// the update started for every whole block and joined when the next forward asks for the block. The transport runs each one only
 // when the engine joins it, so an engine that read a result before its join, or reused or changed
 // a buffer a started reduction still reads, would give other numbers: the same transport's
 // blocking calls are the reference, bitwise, on any number of ranks (the same MPI calls on the
@@ -332,7 +335,10 @@ TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
         // reduction on the same stream (the transport runs those first): there a reduction
         // overlaps only the rest of its own block's backward, so only stages 0-2 count here.
         if (stage < 3) EXPECT_GE(queued.held_peak, 3u) << what << ": the reductions did not overlap the backward";
-        EXPECT_EQ(blocking.held_peak, 0u) << what;
+        // After the update every whole block's all-gather is started before the next forward
+        // joins the first (stages 1-2: every block; stage 3: the embedding and the final norm).
+        if (stage >= 1) EXPECT_GE(queued.gather_peak, 2u) << what << ": the all-gathers were waited for one by one";
+        EXPECT_EQ(blocking.held_peak + blocking.gather_peak, 0u) << what;
       }
   for (auto p : {engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
     for (int stage : {0, 2}) {
@@ -352,6 +358,7 @@ TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
   for (auto [bucket, overlap] : {std::tuple{5e8, true}, std::tuple{13000.0, true}, std::tuple{5e8, false}}) {
     auto c = tiny(2, engine::PrecisionMode::bf16, 1);
     c.zero.reduce_bucket_size = bucket;  // a layer's block is about 12.7k elements
+    c.zero.allgather_bucket_size = bucket;
     c.zero.overlap_comm = overlap;
     const std::string what = "bucket " + std::to_string(bucket) + (overlap ? "" : ", overlap_comm false");
     const TrainRun queued = train(c, Route::device_queued);
@@ -360,10 +367,12 @@ TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
       EXPECT_EQ(queued.held_peak, 1u) << what;
     } else if (bucket > 1e6) {
       unbounded = queued.held_peak;
+      EXPECT_GE(queued.gather_peak, 3u) << what;
     } else {  // a layer in flight, the next one started beside it (and a small block before them)
       EXPECT_GE(queued.held_peak, 2u) << what;
       EXPECT_LE(queued.held_peak, 3u) << what;
       EXPECT_LT(queued.held_peak, unbounded) << what << ": the bucket did not bound the reductions in flight";
+      EXPECT_LE(queued.gather_peak, 3u) << what << ": the all-gather bucket did not bound them";
     }
   }
 }

@@ -134,13 +134,14 @@ TEST(TrainConfig, ZeroStageRange) { EXPECT_NE(error_of(with(base_args(), {"--zer
 TEST(DsConfig, ZeroOptimizationKnobs) {
   auto p = write_tmp("ds_zero.json", R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": 2e6, "overlap_comm": false,
     "stage3_prefetch_bucket_size": 1e6, "stage3_param_persistence_threshold": 1e4, "stage3_max_live_parameters": 3e7,
-    "contiguous_gradients": true, "offload_optimizer": {"device": "none"}}})");
+    "allgather_bucket_size": 4e6, "contiguous_gradients": true, "offload_optimizer": {"device": "none"}}})");
   TrainConfig c;
   engine::parse_args(with(base_args(), {"--deepspeed_config", p}), c);
   c.finalize(1);
   EXPECT_EQ(c.zero.stage, 3);
   EXPECT_DOUBLE_EQ(c.zero.reduce_bucket_size, 2e6);
   EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_DOUBLE_EQ(c.zero.allgather_bucket_size, 4e6);
   EXPECT_DOUBLE_EQ(c.zero.prefetch_bucket_size, 1e6);
   EXPECT_DOUBLE_EQ(c.zero.param_persistence_threshold, 1e4);
   EXPECT_DOUBLE_EQ(c.zero.max_live_parameters, 3e7);

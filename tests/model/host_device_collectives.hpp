@@ -31,8 +31,9 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
   int calls() const { return calls_; }
-  /// The most started collectives held at once (queued).
+  /// The most started reductions, and all-gathers, held at once (queued).
   size_t held_peak() const { return held_peak_; }
+  size_t gather_peak() const { return gather_peak_; }
 
   bool queues() const override { return queued_; }
   bool start_reduce_scatter_blocks(const void* full, void* slice, size_t block, Elem e, void* q, double d, Ticket* t,
@@ -48,6 +49,16 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
       if (e == Elem::f32) c_.allreduce_sum(static_cast<float*>(buf), n);
       else if (e == Elem::f64) c_.allreduce_sum(static_cast<double*>(buf), n);
       else MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_UINT16_T, sum(e), c_.raw());
+    }, t);
+  }
+  bool start_allgather_blocks(void* buf, size_t block, Elem e, void* q, double d, Ticket* t, std::string* why) override {
+    if (!queued_) return DeviceCollectives::start_allgather_blocks(buf, block, e, q, d, t, why);
+    if (failed(why)) return false;
+    ++gathers_;
+    return hold([=, this] {
+      --gathers_;
+      const MPI_Datatype ty = type(e);
+      MPI_Allgather(MPI_IN_PLACE, 0, ty, buf, static_cast<int>(block), ty, c_.raw());
     }, t);
   }
   void join(Ticket t, void*) override {
@@ -111,7 +122,8 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
   bool hold(std::function<void()> op, Ticket* t) {
     *t = ++tickets_;
     held_.emplace_back(*t, std::move(op));
-    held_peak_ = std::max(held_peak_, held_.size());
+    held_peak_ = std::max(held_peak_, held_.size() - gathers_);
+    gather_peak_ = std::max(gather_peak_, gathers_);
     return true;
   }
   void run_front() {
@@ -132,7 +144,7 @@ class HostDeviceCollectives final : public comm::DeviceCollectives {
   bool queued_ = false;
   std::deque<std::pair<Ticket, std::function<void()>>> held_;
   Ticket tickets_ = 0;
-  size_t held_peak_ = 0;
+  size_t held_peak_ = 0, gather_peak_ = 0, gathers_ = 0;
   MPI_Op sum_bf16_ = MPI_OP_NULL, sum_f16_ = MPI_OP_NULL;
 };
 

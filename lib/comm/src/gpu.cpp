@@ -53,6 +53,9 @@ bool NcclComm::start_reduce_scatter_blocks(const void*, void*, size_t, Elem, voi
   return not_built(why);
 }
 bool NcclComm::start_allreduce(void*, size_t, Elem, void*, double, Ticket*, std::string* why) { return not_built(why); }
+bool NcclComm::start_allgather_blocks(void*, size_t, Elem, void*, double, Ticket*, std::string* why) {
+  return not_built(why);
+}
 void NcclComm::join(Ticket, void*) {}
 bool NcclComm::finish(double, std::string* why) { return not_built(why); }
 
@@ -429,6 +432,16 @@ bool NcclComm::start_allreduce(void* buf, size_t count, Elem e, void* queue, dou
   if (!m.usable(why)) return false;
   return m.after(queue, why) &&
          m.enqueued(ncclAllReduce(buf, buf, count, nccl_type(e), ncclSum, m.comm, m.stream), "ncclAllReduce", why) &&
+         m.settled(deadline, why) && m.mark_started(t, why);
+}
+
+bool NcclComm::start_allgather_blocks(void* buf, size_t block, Elem e, void* queue, double deadline, Ticket* t,
+                                      std::string* why) {
+  Impl& m = *impl_;
+  if (!m.usable(why)) return false;
+  const void* mine = static_cast<const char*>(buf) + m.rank * block * bytes(e);  // in place, as allgather_blocks
+  return m.after(queue, why) &&
+         m.enqueued(ncclAllGather(mine, buf, block, nccl_type(e), m.comm, m.stream), "ncclAllGather", why) &&
          m.settled(deadline, why) && m.mark_started(t, why);
 }
 

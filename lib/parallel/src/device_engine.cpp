@@ -41,6 +41,7 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
   counts_.assign(blocks.size(), std::vector<int>(n_));
   displs_.assign(blocks.size(), std::vector<int>(n_));
   resident_.assign(blocks.size(), 1);
+  gathering_.assign(blocks.size(), 0);
   res_off_.assign(blocks.size(), 0);
   size_t full = 0, part = 0;  // elements of the resident blocks; of this rank's partitioned slices
   for (size_t b = 0; b < blocks.size(); ++b) {
@@ -89,7 +90,7 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
 }
 
 DeviceEngine::~DeviceEngine() {
-  if (!pending_.empty() || unfinished_) {  // an unwound step: its buffers are freed, so let the collectives end first
+  if (unfinished_) {  // an unwound step: its buffers are freed, so let the collectives end first
     std::string why;
     dc_->finish(comm::steady_seconds() + dc_timeout_, &why);  // a failure has aborted the communicator
   }
@@ -178,16 +179,18 @@ void DeviceEngine::on_device(const char* what, const std::function<bool(double, 
                 std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
 }
 
-// A gradient reduction on the device collectives, started behind the backend's queue. Where the
-// transport queues (NCCL) it runs while the backend goes on with the backward; `then` (the
-// backend's work on its result) and the return of `hold` to the pool wait until it is joined:
-// when more than reduce_bucket_size elements are in flight (at once without overlap_comm), and at
-// the end of the micro-step. Elsewhere it is done when start returns, and so is `then`.
-void DeviceEngine::start(const char* what, size_t elems, const Start& begin, Held hold, std::function<void()> then) {
+// A collective on the device collectives, started behind the backend's queue. Where the
+// transport queues (NCCL) it runs while the backend goes on; `then` (the backend's work on its
+// result) and the return of `hold` to the pool wait until it is joined: when more than keep_elems
+// elements are in flight in its queue, when its result is needed, and at the end of the
+// micro-step. Elsewhere it is done when start returns, and so is `then`.
+void DeviceEngine::start(Started& q, size_t keep_elems, const char* what, size_t elems, int block, const Start& begin,
+                         Held hold, std::function<void()> then) {
   const bool queued = dc_->queues();
   if (!queued) be_.synchronize();  // what the backend's queue wrote is in the buffer before the collective reads it
   std::string why;
   comm::DeviceCollectives::Ticket t = 0;
+  unfinished_ = true;
   if (!begin(comm::steady_seconds() + dc_timeout_, queued ? be_.queue_handle() : nullptr, &t, &why))
     throw Error(std::string("GPU-resident ZeRO: the data-parallel ") + what + " on device buffers failed on rank " +
                 std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
@@ -196,33 +199,72 @@ void DeviceEngine::start(const char* what, size_t elems, const Start& begin, Hel
     for (auto& h : hold) give(std::move(h));
     return;
   }
-  pending_.push_back(Pending{t, elems, std::move(hold), std::move(then)});
-  pending_elems_ += elems;
-  in_flight_peak_ = std::max(in_flight_peak_, pending_.size());
-  retire(cfg_.overlap_comm ? static_cast<size_t>(cfg_.reduce_bucket_size) : 0);
+  q.items.push_back(Pending{t, elems, block, std::move(hold), std::move(then)});
+  q.elems += elems;
+  if (block >= 0) gathering_[block] = 1;
+  if (&q == &reductions_) in_flight_peak_ = std::max(in_flight_peak_, q.items.size());
+  retire(q, keep_elems);
 }
 
-void DeviceEngine::retire(size_t keep_elems) {
-  while (!pending_.empty() && pending_elems_ > keep_elems) {
-    Pending p = std::move(pending_.front());
-    pending_.pop_front();
-    pending_elems_ -= p.elems;
+void DeviceEngine::retire(Started& q, size_t keep_elems) {
+  while (!q.items.empty() && q.elems > keep_elems) {
+    Pending p = std::move(q.items.front());
+    q.items.pop_front();
+    q.elems -= p.elems;
     dc_->join(p.ticket, be_.queue_handle());  // the backend's later work (then, the buffers' next users) after it
     if (p.then) p.then();
     for (auto& h : p.hold) give(std::move(h));
+    if (p.block >= 0) gathering_[p.block] = 0;
   }
 }
 
-void DeviceEngine::settle() {
-  if (!dc_ || (pending_.empty() && !unfinished_)) return;
+void DeviceEngine::await_gather(int b) {
+  if (!gathering_[b]) return;
   Timer timer;
-  retire(0);
+  while (gathering_[b]) {  // the all-gathers before b's joined too (one queue, in order)
+    const size_t keep = param_gathers_.elems - param_gathers_.items.front().elems;
+    retire(param_gathers_, keep);
+  }
+  gather_wait_ += timer.seconds();
+}
+
+void DeviceEngine::settle() {
+  if (!dc_ || !unfinished_) return;
+  Timer timer;
+  retire(reductions_, 0);
+  retire(param_gathers_, 0);
   unfinished_ = false;
   std::string why;
   if (!dc_->finish(comm::steady_seconds() + dc_timeout_, &why))
-    throw Error("GPU-resident ZeRO: the data-parallel gradient reductions on device buffers failed on rank " +
+    throw Error("GPU-resident ZeRO: the data-parallel collectives on device buffers failed on rank " +
                 std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
   reduce_wait_ += timer.seconds();
+}
+
+// After the update: block b's slices from every rank into the whole block. Through device
+// collectives that queue: this rank's slice copied into a buffer of N slices, the all-gather
+// started there, and the whole block copied out once the model asks for it (await_gather).
+void DeviceEngine::allgather_after_step(int b) {
+  const size_t e = elem_bytes(half_), numel = layout_.blocks()[b].numel;
+  bytes_sent_ += double(n_ - 1) / n_ * numel * e;
+  if (!dc_ || !dc_->queues() || n_ == 1) {
+    allgather(whole(b), b, half_ ? MPI_UINT16_T : MPI_FLOAT);
+    return;
+  }
+  const size_t slice = shards_.slice(b), mine = static_cast<size_t>(counts_[b][rank_]);
+  kernels::BackendBuffer full = take(slice * static_cast<size_t>(n_) * e);
+  char* at_mine = full.as<char>() + static_cast<size_t>(rank_) * slice * e;
+  if (mine) be_.copy(at_mine, home(b), mine * e);
+  if (slice > mine) be_.zero(at_mine + mine * e, (slice - mine) * e);
+  void* buf = full.as<void>();
+  char* dst = whole(b);
+  Held h;
+  h.push_back(std::move(full));
+  start(param_gathers_, static_cast<size_t>(cfg_.allgather_bucket_size), "all-gather", numel, b,
+        [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+          return dc_->start_allgather_blocks(buf, slice, elem(half_ ? MPI_UINT16_T : MPI_FLOAT), q, d, t, why);
+        },
+        std::move(h), [this, dst, buf, numel, e] { be_.copy(dst, buf, numel * e); });
 }
 
 // Without device collectives: the nonblocking calls ZeroEngine makes (the same algorithms, so the
@@ -230,8 +272,7 @@ void DeviceEngine::settle() {
 void DeviceEngine::allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op, Held hold,
                              std::function<void()> then) {
   if (dc_ && n_ > 1) {
-    unfinished_ = true;
-    start("all-reduce", count, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+    start(reductions_, reduce_keep(), "all-reduce", count, -1, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
       return dc_->start_allreduce(buf, count, elem(type), q, d, t, why);
     }, std::move(hold), std::move(then));
     return;
@@ -287,8 +328,7 @@ void DeviceEngine::reduce_scatter(const void* send, bool padded, void* recv, boo
       }
       hold.push_back(std::move(r));
     }
-    unfinished_ = true;
-    start("reduce-scatter", numel, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+    start(reductions_, reduce_keep(), "reduce-scatter", numel, -1, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
       return dc_->start_reduce_scatter_blocks(full, part, slice, elem(type), q, d, t, why);
     }, std::move(hold), std::move(then));
     return;
@@ -341,6 +381,7 @@ void DeviceEngine::allgather(void* block_buf, int b, MPI_Datatype type) {
 
 // ---- parameters and gradients -------------------------------------------------------------------
 const float* DeviceEngine::params(int b) {
+  await_gather(b);
   if (!half_ && resident_[b]) return reinterpret_cast<const float*>(whole(b));
   auto it = widened_.find(b);  // a working buffer until release
   if (it != widened_.end()) return it->second.as<float>();
@@ -374,6 +415,7 @@ const float* DeviceEngine::gather(int b) {
 
 const uint16_t* DeviceEngine::params16(int b) {
   if (!half_) return nullptr;
+  await_gather(b);
   if (resident_[b]) return reinterpret_cast<const uint16_t*>(whole(b));
   params(b);  // gathered (a no-op when it is)
   return gathered16_.at(b).as<uint16_t>();
@@ -554,6 +596,7 @@ double DeviceEngine::over_grads(const std::function<double(const void* buf, size
 }
 
 void DeviceEngine::adam_step(const AdamParams& a) {
+  settle();  // the last step's all-gathers done before the update rewrites their blocks' slices
   for (auto& [b, w] : widened_) give(std::move(w));  // widened copies of the old parameters are stale
   widened_.clear();
   state_sumsq_ = {};
@@ -566,12 +609,8 @@ void DeviceEngine::adam_step(const AdamParams& a) {
   }
   be_.adamw(step_runs_.data(), step_runs_.size(), adamw_args(a, prec_), a.state_norms ? state_sumsq_.data() : nullptr);
   if (cfg_.stage == 0) return;  // every rank updated everything alike
-  const MPI_Datatype type = half_ ? MPI_UINT16_T : MPI_FLOAT;
-  for (size_t b = 0; b < layout_.blocks().size(); ++b) {
-    if (!resident_[b]) continue;  // stage 3: gathered when next used
-    allgather(whole((int)b), (int)b, type);
-    bytes_sent_ += double(n_ - 1) / n_ * layout_.blocks()[b].numel * elem_bytes(half_);
-  }
+  for (size_t b = 0; b < layout_.blocks().size(); ++b)
+    if (resident_[b]) allgather_after_step((int)b);  // stage 3's partitioned blocks: gathered when next used
 }
 
 std::array<double, 3> DeviceEngine::state_sumsq() const {
@@ -606,6 +645,7 @@ void DeviceEngine::init_params(const std::function<void(int, float*)>& init) {
 }
 
 void DeviceEngine::visit_pieces(bool load, const std::function<void(const StatePiece&)>& fn) {
+  settle();
   const auto& blocks = layout_.blocks();
   std::vector<float> pbuf, mbuf, vbuf;  // host copies, where the backend's memory is not the host's
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
@@ -633,6 +673,7 @@ void DeviceEngine::visit_pieces(bool load, const std::function<void(const StateP
 }
 
 void DeviceEngine::after_load() {
+  settle();  // no started all-gather may copy old values over the loaded ones
   for (auto& [b, w] : widened_) give(std::move(w));  // widened before the load: the old values
   widened_.clear();
   const auto& blocks = layout_.blocks();
@@ -657,6 +698,7 @@ void DeviceEngine::after_load() {
 }
 
 std::vector<float> DeviceEngine::gather_params() {
+  settle();
   const auto& blocks = layout_.blocks();
   std::vector<float> out(layout_.numel());
   std::vector<float> mine;

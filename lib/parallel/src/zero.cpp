@@ -48,6 +48,7 @@ void ZeroConfig::validate() const {
     if (!(v > 0)) throw config_error(std::string("zero_optimization.") + key, "must be a positive number of elements");
   };
   pos(reduce_bucket_size, "reduce_bucket_size");
+  pos(allgather_bucket_size, "allgather_bucket_size");
   pos(prefetch_bucket_size, "stage3_prefetch_bucket_size");
   pos(max_live_parameters, "stage3_max_live_parameters");
   if (param_persistence_threshold < 0)

@@ -483,6 +483,7 @@ nlohmann::json config_to_json(const TrainConfig& c) {
           {"zero_optimization", {{"stage", c.zero.stage},
                                  {"reduce_bucket_size", c.zero.reduce_bucket_size},
                                  {"overlap_comm", c.zero.overlap_comm},
+                                 {"allgather_bucket_size", c.zero.allgather_bucket_size},
                                  {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
                                  {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
                                  {"stage3_max_live_parameters", c.zero.max_live_parameters}}},

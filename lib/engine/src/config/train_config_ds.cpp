@@ -207,12 +207,12 @@ void apply_ds_config(const std::string& path, TrainConfig& cfg, const std::vecto
     }
     if (auto v = z.get_number("reduce_bucket_size")) cfg.zero.reduce_bucket_size = *v;
     if (auto v = z.get_bool("overlap_comm")) cfg.zero.overlap_comm = *v;
+    if (auto v = z.get_number("allgather_bucket_size")) cfg.zero.allgather_bucket_size = *v;
     if (auto v = z.get_number("stage3_prefetch_bucket_size")) cfg.zero.prefetch_bucket_size = *v;
     if (auto v = z.get_number("stage3_param_persistence_threshold")) cfg.zero.param_persistence_threshold = *v;
     if (auto v = z.get_number("stage3_max_live_parameters")) cfg.zero.max_live_parameters = *v;
-    // What these choose is how we always work: reduce-scatter and all-gather, contiguous buffers;
-    // allgather buckets are one block each.
-    for (const char* k : {"allgather_bucket_size", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
+    // What these choose is how we always work: reduce-scatter and all-gather, contiguous buffers.
+    for (const char* k : {"contiguous_gradients", "reduce_scatter", "allgather_partitions",
                           "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save"})
       z.ignore(k);
     if (auto v = z.get_bool("round_robin_gradients"); v && *v)

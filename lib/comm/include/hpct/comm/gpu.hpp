@@ -80,6 +80,13 @@ class DeviceCollectives {
     *t = 0;
     return allreduce(buf, count, e, false, deadline, why);
   }
+  /// As allgather_blocks, started: buf's other blocks are written, and read, only as above.
+  virtual bool start_allgather_blocks(void* buf, size_t block, Elem e, void* queue, double deadline, Ticket* t,
+                                      std::string* why) {
+    (void)queue;
+    *t = 0;
+    return allgather_blocks(buf, block, e, deadline, why);
+  }
   /// The work `queue` receives from now on runs after started collective t (and every one before
   /// it); the host does not wait.
   virtual void join(Ticket /*t*/, void* /*queue*/) {}
@@ -132,6 +139,8 @@ class NcclComm final : public DeviceCollectives {
                                    Ticket* t, std::string* why) override;
   bool start_allreduce(void* buf, size_t count, Elem e, void* queue, double deadline, Ticket* t,
                        std::string* why) override;
+  bool start_allgather_blocks(void* buf, size_t block, Elem e, void* queue, double deadline, Ticket* t,
+                              std::string* why) override;
   void join(Ticket t, void* queue) override;
   bool finish(double deadline, std::string* why) override;
 

@@ -29,9 +29,12 @@
 // reduction is started behind the backend's stream as backward finishes its block and runs on
 // NCCL's stream while the backward goes on; the work on its result (the add into the shard) and
 // the reuse of its buffers are queued behind it once more than reduce_bucket_size elements are in
-// flight, or at the micro-step's end, where the host waits (bounded) for them all.
-// What it is not (yet): NVMe offload (the host ZeroEngine's), overlap of the MPI route's
-// reductions and of the parameter all-gathers, stage 3's prefetch (a block is gathered when asked for).
+// flight, or at the micro-step's end, where the host waits (bounded) for them all. The parameter
+// all-gathers after a step (stages 1-2, stage 3's whole blocks) are started likewise, at most
+// allgather_bucket_size elements at once, and the next forward's stream waits for each block's
+// only when the model asks for it.
+// What it is not (yet): NVMe offload (the host ZeroEngine's), overlap on the MPI route, stage 3's
+// prefetch (a partitioned block is gathered when asked for).
 #pragma once
 #include <mpi.h>
 
@@ -125,15 +128,32 @@ class DeviceEngine final : public ShardedOptimizer {
   void allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op, Held hold, std::function<void()> then);
   void reduce_scatter(const void* send, bool padded, void* recv, bool room, int b, MPI_Datatype type, MPI_Op op,
                       Held hold, std::function<void()> then);
-  // Started reductions (device collectives): joined in order, bounded by reduce_bucket_size
-  // elements in flight (none without overlap_comm), all of them completed at a micro-step's end.
+  // Started collectives (device collectives), in two queues each joined in order: the gradient
+  // reductions, bounded by reduce_bucket_size elements in flight (none without overlap_comm), and
+  // the parameter all-gathers after a step, bounded by allgather_bucket_size and joined when the
+  // model asks for their block. settle(): all of them joined and completed (the host waits).
+  struct Pending {
+    comm::DeviceCollectives::Ticket ticket = 0;
+    size_t elems = 0;
+    int block = -1;              // an all-gather's block
+    Held hold;                   // read or written by it: back to the pool once joined
+    std::function<void()> then;  // the backend's work on its result
+  };
+  struct Started {
+    std::deque<Pending> items;
+    size_t elems = 0;
+  };
   using Start = std::function<bool(double deadline, void* queue, comm::DeviceCollectives::Ticket* t, std::string* why)>;
-  void start(const char* what, size_t elems, const Start& begin, Held hold, std::function<void()> then);
-  void retire(size_t keep_elems);
+  void start(Started& q, size_t keep_elems, const char* what, size_t elems, int block, const Start& begin, Held hold,
+             std::function<void()> then);
+  void retire(Started& q, size_t keep_elems);
+  void await_gather(int b);  // block b's started all-gather joined (nothing where none is)
   void settle();
+  void allgather_after_step(int b);  // block b's parameters, started where the collectives queue
   // The gradient work buffers are N slices long (the padding zero), so the device collectives
   // reduce them as they are.
   bool padded_work() const { return dc_ != nullptr && n_ > 1; }
+  size_t reduce_keep() const { return cfg_.overlap_comm ? static_cast<size_t>(cfg_.reduce_bucket_size) : 0; }
   void allgather(void* block_buf, int b, MPI_Datatype type);  // in place: the block's rank slices
   // The device-collective path: the backend's stream drained, f(deadline, why) run, a failure thrown.
   void on_device(const char* what, const std::function<bool(double deadline, std::string* why)>& f);
@@ -178,14 +198,9 @@ class DeviceEngine final : public ShardedOptimizer {
   size_t working_ = 0, working_peak_ = 0;
   std::vector<char> stage_a_, stage_b_;  // host copies for staged collectives
   bool last_micro_ = true;
-  struct Pending {  // a reduction started on the device collectives, not yet joined
-    comm::DeviceCollectives::Ticket ticket = 0;
-    size_t elems = 0;
-    Held hold;                  // read or written by it: back to the pool once joined
-    std::function<void()> then;  // the backend's work on its result
-  };
-  std::deque<Pending> pending_;
-  size_t pending_elems_ = 0, in_flight_peak_ = 0;
+  Started reductions_, param_gathers_;
+  std::vector<char> gathering_;  // a resident block whose all-gather is started, not yet joined
+  size_t in_flight_peak_ = 0;
   bool unfinished_ = false;  // started since the last finish()
 
   double bytes_sent_ = 0, reduce_wait_ = 0, gather_wait_ = 0;

@@ -77,6 +77,7 @@ struct ZeroConfig {
   int stage = 0;
   double reduce_bucket_size = 5e8;             // gradient elements in flight before the oldest reduction is waited for
   bool overlap_comm = true;                    // reduce during backward (false: each reduction completes before backward goes on)
+  double allgather_bucket_size = 5e8;          // GPU-resident through NCCL: parameter elements being all-gathered at once after a step
   double prefetch_bucket_size = 5e7;           // stage3_prefetch_bucket_size: elements gathered ahead of use
   double param_persistence_threshold = 1e5;    // stage3_param_persistence_threshold: smaller blocks are not partitioned
   double max_live_parameters = 1e9;            // stage3_max_live_parameters: cap on gathered elements held
