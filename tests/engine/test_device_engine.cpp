@@ -310,7 +310,8 @@ TEST(DeviceEngine, DeviceCollectivesKeepTheStepOnTheDevice) {
 
 // overlap_comm: the gradient reductions started as the backward finishes each block and joined
 // later (on a GPU they run on NCCL's stream beside the backward); the parameter all-gathers after
-// the update started for every whole block and joined when the next forward asks for the block. The transport runs each one only
+// the update started for every whole block and joined when the next forward asks for the block;
+// stage 3's partitioned blocks gathered ahead of use along the recorded order (the prefetch). The transport runs each one only
 // when the engine joins it, so an engine that read a result before its join, or reused or changed
 // a buffer a started reduction still reads, would give other numbers: the same transport's
 // blocking calls are the reference, bitwise, on any number of ranks (the same MPI calls on the
@@ -330,13 +331,13 @@ TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
         const TrainRun blocking = train(c, Route::device_collectives);
         const TrainRun queued = train(c, Route::device_queued);
         expect_same(queued, blocking, what);
-        EXPECT_EQ(queued.collective_calls, blocking.collective_calls) << what;
-        // Stage 3's gathers in the backward are blocking calls, which come after every started
-        // reduction on the same stream (the transport runs those first): there a reduction
-        // overlaps only the rest of its own block's backward, so only stages 0-2 count here.
-        if (stage < 3) EXPECT_GE(queued.held_peak, 3u) << what << ": the reductions did not overlap the backward";
+        // Stage 3 prefetches, and keeps the forward's last layer for the backward (gathered right
+        // back otherwise): fewer gathers than the blocking route's, which gathers each use.
+        if (stage < 3) EXPECT_EQ(queued.collective_calls, blocking.collective_calls) << what;
+        else EXPECT_LT(queued.collective_calls, blocking.collective_calls) << what << ": no block kept for the backward";
+        EXPECT_GE(queued.held_peak, 3u) << what << ": the reductions did not overlap the backward";
         // After the update every whole block's all-gather is started before the next forward
-        // joins the first (stages 1-2: every block; stage 3: the embedding and the final norm).
+        // joins the first (stages 1-2: every block); stage 3 starts the next layers' ahead of use.
         if (stage >= 1) EXPECT_GE(queued.gather_peak, 2u) << what << ": the all-gathers were waited for one by one";
         EXPECT_EQ(blocking.held_peak + blocking.gather_peak, 0u) << what;
       }
@@ -353,6 +354,18 @@ TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
     c.model.moe.expert_interval = 2;
     c.model.moe.second_expert_sampling = false;
     expect_same(train(c, Route::device_queued, 1, 2), train(c, Route::device_collectives, 1, 2), "MoE, EP 2, stage 2");
+  }
+  // Stage 3 with every block partitioned (nothing gathered after the update): the prefetch alone
+  // starts gathers ahead of use, within stage3_prefetch_bucket_size (one element: none ahead).
+  for (double window : {5e7, 1.0}) {
+    auto c = tiny(3, engine::PrecisionMode::bf16, 1);
+    c.zero.param_persistence_threshold = 0;
+    c.zero.prefetch_bucket_size = window;
+    const std::string what = "stage 3, every block partitioned, prefetch window " + std::to_string(window);
+    const TrainRun queued = train(c, Route::device_queued);
+    expect_same(queued, train(c, Route::device_collectives), what);
+    if (window > 1) EXPECT_GE(queued.gather_peak, 2u) << what << ": nothing gathered ahead of use";
+    else EXPECT_EQ(queued.gather_peak, 1u) << what;
   }
   size_t unbounded = 0;
   for (auto [bucket, overlap] : {std::tuple{5e8, true}, std::tuple{13000.0, true}, std::tuple{5e8, false}}) {

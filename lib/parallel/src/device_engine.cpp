@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "hpct/core/error.hpp"
 #include "hpct/core/timer.hpp"
@@ -381,6 +382,21 @@ void DeviceEngine::allgather(void* block_buf, int b, MPI_Datatype type) {
 
 // ---- parameters and gradients -------------------------------------------------------------------
 const float* DeviceEngine::params(int b) {
+  if (cfg_.stage == 3) {  // the order of use, for the prefetch
+    if (trace_state_ == TraceState::recording) {
+      trace_.push_back(b);
+    } else if (trace_state_ == TraceState::ready && trace_pos_ >= 0) {
+      if (static_cast<size_t>(trace_pos_) < trace_.size() && trace_[trace_pos_] == b) ++trace_pos_;
+      else trace_pos_ = -1;  // another order (evaluation): no prefetch until the next micro-step
+    }
+  }
+  if (!resident_[b] && queued()) {
+    if (!widened_.count(b)) start_gather(b);  // not prefetched
+    await_gather(b);
+    const float* p = widened_.at(b).as<float>();
+    prefetch();
+    return p;
+  }
   await_gather(b);
   if (!half_ && resident_[b]) return reinterpret_cast<const float*>(whole(b));
   auto it = widened_.find(b);  // a working buffer until release
@@ -417,11 +433,83 @@ const uint16_t* DeviceEngine::params16(int b) {
   if (!half_) return nullptr;
   await_gather(b);
   if (resident_[b]) return reinterpret_cast<const uint16_t*>(whole(b));
-  params(b);  // gathered (a no-op when it is)
+  params(b);  // gathered, or joined (and the use recorded for the prefetch, every call alike)
   return gathered16_.at(b).as<uint16_t>();
 }
 
+void DeviceEngine::start_gather(int b) {
+  const size_t n = layout_.blocks()[b].numel, e = elem_bytes(half_), slice = shards_.slice(b);
+  const size_t mine = static_cast<size_t>(counts_[b][rank_]);
+  // N slices, rank r's at r x slice: the block's own layout, so the gathered block is its first n
+  // elements (the padding zeros after them).
+  kernels::BackendBuffer g = take(slice * static_cast<size_t>(n_) * e);
+  char* at_mine = g.as<char>() + static_cast<size_t>(rank_) * slice * e;
+  if (mine) be_.copy(at_mine, home(b), mine * e);
+  if (slice > mine) be_.zero(at_mine + mine * e, (slice - mine) * e);
+  void* gp = g.as<void>();
+  std::function<void()> then;
+  if (half_) {  // widened once gathered; the 16-bit values stay for the GEMMs (params16)
+    kernels::BackendBuffer w = take(n * sizeof(float));
+    float* wp = w.as<float>();
+    then = [this, wp, gp, n] { be_.widen_half(wp, static_cast<const uint16_t*>(gp), n, prec_); };
+    gathered16_[b] = std::move(g);
+    widened_[b] = std::move(w);
+  } else {
+    widened_[b] = std::move(g);
+  }
+  bytes_sent_ += double(n_ - 1) / n_ * n * e;
+  ++gathers_;
+  start(param_gathers_, std::numeric_limits<size_t>::max(), "all-gather", n, b,
+        [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+          return dc_->start_allgather_blocks(gp, slice, elem(half_ ? MPI_UINT16_T : MPI_FLOAT), q, d, t, why);
+        },
+        {}, std::move(then));
+}
+
+void DeviceEngine::prefetch() {
+  if (trace_pos_ < 0) return;
+  size_t ahead = 0, live = 0;
+  for (const auto& [u, w] : widened_)
+    if (!resident_[u]) live += layout_.blocks()[u].numel;
+  for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
+    const int u = trace_[j];
+    if (resident_[u]) continue;
+    const size_t numel = layout_.blocks()[u].numel;
+    if (widened_.count(u)) {  // gathered or under way
+      ahead += numel;
+      continue;
+    }
+    if (double(ahead + numel) > cfg_.prefetch_bucket_size || double(live + numel) > cfg_.max_live_parameters) break;
+    start_gather(u);
+    ahead += numel;
+    live += numel;
+  }
+}
+
+void DeviceEngine::begin_micro_step(bool last) {
+  last_micro_ = last;
+  if (trace_state_ == TraceState::none) {
+    trace_.clear();
+    trace_state_ = TraceState::recording;
+  } else if (trace_state_ == TraceState::ready) {
+    trace_pos_ = 0;
+  }
+}
+
 void DeviceEngine::release(int b) {
+  // Stage 3 with a prefetch: a block needed again within the prefetch window stays (it would be
+  // gathered right back: the last layer of the forward is the first of the backward).
+  if (!resident_[b] && queued() && trace_state_ == TraceState::ready && trace_pos_ >= 0) {
+    size_t ahead = 0;
+    for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
+      const int u = trace_[j];
+      if (u == b) return;
+      if (resident_[u]) continue;
+      ahead += layout_.blocks()[u].numel;
+      if (double(ahead) > cfg_.prefetch_bucket_size) break;
+    }
+  }
+  await_gather(b);  // its buffers go back to the pool: nothing may still write them
   auto g16 = gathered16_.find(b);
   if (g16 != gathered16_.end()) {
     give(std::move(g16->second));
@@ -554,6 +642,8 @@ void DeviceEngine::begin_step() {
 
 void DeviceEngine::end_micro_step() {
   settle();  // the micro-step's reductions done before anything reads the gradients or the pool's buffers
+  if (trace_state_ == TraceState::recording) trace_state_ = TraceState::ready;
+  trace_pos_ = -1;
   if (!work_.empty())
     throw Error("ZeRO: gradients of block '" + layout_.blocks()[work_.begin()->first].name +
                 "' were written but never reported ready (model bug)");
@@ -599,6 +689,8 @@ void DeviceEngine::adam_step(const AdamParams& a) {
   settle();  // the last step's all-gathers done before the update rewrites their blocks' slices
   for (auto& [b, w] : widened_) give(std::move(w));  // widened copies of the old parameters are stale
   widened_.clear();
+  for (auto& [b, g] : gathered16_) give(std::move(g));
+  gathered16_.clear();
   state_sumsq_ = {};
   step_runs_.clear();
   for (const Run& r : runs_) {

@@ -33,8 +33,10 @@
 // all-gathers after a step (stages 1-2, stage 3's whole blocks) are started likewise, at most
 // allgather_bucket_size elements at once, and the next forward's stream waits for each block's
 // only when the model asks for it.
-// What it is not (yet): NVMe offload (the host ZeroEngine's), overlap on the MPI route, stage 3's
-// prefetch (a partitioned block is gathered when asked for).
+// At stage 3 a partitioned block's all-gather is started likewise when the model asks for it, and
+// the next blocks of the order recorded on the first micro-step are started ahead of use (up to
+// stage3_prefetch_bucket_size elements), as ZeroEngine prefetches.
+// What it is not (yet): NVMe offload (the host ZeroEngine's), overlap and prefetch on the MPI route.
 #pragma once
 #include <mpi.h>
 
@@ -83,7 +85,7 @@ class DeviceEngine final : public ShardedOptimizer {
 
   void init_params(const std::function<void(int block, float* dst)>& init) override;
   void begin_step() override;
-  void begin_micro_step(bool last) override { last_micro_ = last; }
+  void begin_micro_step(bool last) override;
   void end_micro_step() override;
   double grad_sumsq() override;
   double grad_zeros() override;
@@ -117,6 +119,12 @@ class DeviceEngine final : public ShardedOptimizer {
   char* home(int b);
   uint16_t* home16(int b) { return reinterpret_cast<uint16_t*>(home(b)); }
   const float* gather(int b);  // stage 3: a partitioned block all-gathered into a working buffer
+  // Stage 3 through device collectives that queue: block b's all-gather started into its working
+  // buffers (joined by await_gather), and the blocks the recorded order asks for next started
+  // ahead of use, up to stage3_prefetch_bucket_size elements (ZeroEngine's prefetch).
+  void start_gather(int b);
+  void prefetch();
+  bool queued() const { return dc_ != nullptr && n_ > 1 && dc_->queues(); }
   void reduce(int b);          // block b's gradient over the group, into the full gradient or the shard
   // Working buffers in the backend's memory, reused by size.
   kernels::BackendBuffer take(size_t bytes);
@@ -199,7 +207,13 @@ class DeviceEngine final : public ShardedOptimizer {
   std::vector<char> stage_a_, stage_b_;  // host copies for staged collectives
   bool last_micro_ = true;
   Started reductions_, param_gathers_;
-  std::vector<char> gathering_;  // a resident block whose all-gather is started, not yet joined
+  std::vector<char> gathering_;  // a block whose all-gather is started, not yet joined
+  // Stage 3's order of params() calls, recorded on the first micro-step (as ZeroEngine's), and
+  // where this micro-step is in it (-1: off it, as in an evaluation: no prefetch).
+  enum class TraceState { none, recording, ready };
+  std::vector<int> trace_;
+  TraceState trace_state_ = TraceState::none;
+  long trace_pos_ = -1;
   size_t in_flight_peak_ = 0;
   bool unfinished_ = false;  // started since the last finish()
 
