@@ -229,7 +229,9 @@ TEST(DeviceEngine, MemoryIsTheDevicesAndFollowsTheFormulas) {
     EXPECT_EQ(dev.mem.device_params_grads, 0u) << "no ZeRO-Offload bridge";
     // On one rank nothing but the step's scalars (the loss, the norm) and the checkpoint-free run's
     // final gather_full_params come back: far less than one copy of the parameters per step.
-    if (N == 1) EXPECT_LT(dev.staged_to_host, 4 * P * 2) << "stage " << stage << ": bytes read back";
+    if (N == 1) {
+      EXPECT_LT(dev.staged_to_host, 4 * P * 2) << "stage " << stage << ": bytes read back";
+    }
   }
 }
 
@@ -273,6 +275,19 @@ TEST(DeviceEngine, ResumesBitwise) {
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// f(stage, precision, config, description) for stages 0-3, the three precisions, and one and
+// 12/N micro-steps per step.
+template <class F>
+void for_each_case(F&& f) {
+  const int n = world().size();
+  for (int stage : {0, 1, 2, 3})
+    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
+      for (int micro : {12 / n, 1})
+        f(stage, p, tiny(stage, p, micro),
+          std::string(prec_name(p)) + " stage " + std::to_string(stage) + ", " + std::to_string(n) + " ranks, " +
+              std::to_string(12 / (micro * n)) + " micro-steps");
+}
+
 // With device collectives (NCCL on GPUs of their own; here a transport on the test backend's
 // memory) the gradients and parameters never leave the device: stages 0-3, the three precisions,
 // one and several micro-steps, blocks padded to equal slices for the collectives. On 2 ranks every
@@ -283,36 +298,31 @@ TEST(DeviceEngine, ResumesBitwise) {
 TEST(DeviceEngine, DeviceCollectivesKeepTheStepOnTheDevice) {
   const int n = world().size();
   if (n < 2) GTEST_SKIP() << "collectives need 2 ranks";
-  for (int stage : {0, 1, 2, 3})
-    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
-      for (int micro : {12 / n, 1}) {
-        const auto c = tiny(stage, p, micro);
-        const std::string what = std::string(prec_name(p)) + " stage " + std::to_string(stage) + ", " +
-                                 std::to_string(n) + " ranks, " + std::to_string(12 / (micro * n)) + " micro-steps";
-        const TrainRun ref = train(c, Route::host);
-        const TrainRun staged = train(c, Route::device_staged);
-        const TrainRun got = train(c, Route::device_collectives);
-        EXPECT_GT(got.collective_calls, 0) << what << ": the transport was never called";
-        // Staged through the host, every step copies its gradients out; on the device only the
-        // scalars and the final gather_full_params come back.
-        EXPECT_LT(got.staged_to_host, staged.staged_to_host / 2) << what;
-        EXPECT_LT(got.staged_to_host, 4.0 * got.numel * 2) << what << ": bytes read back";
-        if (n == 2) {
-          expect_same(got, ref, what);
-          continue;
-        }
-        const double tol = p == engine::PrecisionMode::fp32 ? 1e-6 : 2e-3;
-        ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
-        for (size_t i = 0; i < ref.losses.size(); ++i)
-          EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::fabs(ref.losses[i])) << what << ", step " << i;
-      }
+  for_each_case([&](int, engine::PrecisionMode p, const engine::TrainConfig& c, const std::string& what) {
+    const TrainRun ref = train(c, Route::host);
+    const TrainRun staged = train(c, Route::device_staged);
+    const TrainRun got = train(c, Route::device_collectives);
+    EXPECT_GT(got.collective_calls, 0) << what << ": the transport was never called";
+    // Staged through the host, every step copies its gradients out; on the device only the
+    // scalars and the final gather_full_params come back.
+    EXPECT_LT(got.staged_to_host, staged.staged_to_host / 2) << what;
+    EXPECT_LT(got.staged_to_host, 4.0 * got.numel * 2) << what << ": bytes read back";
+    if (n == 2) {
+      expect_same(got, ref, what);
+      return;
+    }
+    const double tol = p == engine::PrecisionMode::fp32 ? 1e-6 : 2e-3;
+    ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::fabs(ref.losses[i])) << what << ", step " << i;
+  });
 }
 
 // overlap_comm: the gradient reductions started as the backward finishes each block and joined
 // later (on a GPU they run on NCCL's stream beside the backward); the parameter all-gathers after
 // the update started for every whole block and joined when the next forward asks for the block;
-// stage 3's partitioned blocks gathered ahead of use along the recorded order (the prefetch). The transport runs each one only
-// when the engine joins it, so an engine that read a result before its join, or reused or changed
+// stage 3's partitioned blocks gathered ahead of use along the recorded order (the prefetch). The
+// transport runs each one only when the engine joins it, so an engine that read a result before its join, or reused or changed
 // a buffer a started reduction still reads, would give other numbers: the same transport's
 // blocking calls are the reference, bitwise, on any number of ranks (the same MPI calls on the
 // same buffers, later). Stages 0-3, the three precisions, 1 and 12/N micro-steps; fp32
@@ -322,25 +332,25 @@ TEST(DeviceEngine, DeviceCollectivesKeepTheStepOnTheDevice) {
 TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
   const int n = world().size();
   if (n < 2) GTEST_SKIP() << "collectives need 2 ranks";
-  for (int stage : {0, 1, 2, 3})
-    for (auto p : {engine::PrecisionMode::fp32, engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
-      for (int micro : {12 / n, 1}) {
-        const auto c = tiny(stage, p, micro);
-        const std::string what = std::string(prec_name(p)) + " stage " + std::to_string(stage) + ", " +
-                                 std::to_string(n) + " ranks, " + std::to_string(12 / (micro * n)) + " micro-steps";
-        const TrainRun blocking = train(c, Route::device_collectives);
-        const TrainRun queued = train(c, Route::device_queued);
-        expect_same(queued, blocking, what);
-        // Stage 3 prefetches, and keeps the forward's last layer for the backward (gathered right
-        // back otherwise): fewer gathers than the blocking route's, which gathers each use.
-        if (stage < 3) EXPECT_EQ(queued.collective_calls, blocking.collective_calls) << what;
-        else EXPECT_LT(queued.collective_calls, blocking.collective_calls) << what << ": no block kept for the backward";
-        EXPECT_GE(queued.held_peak, 3u) << what << ": the reductions did not overlap the backward";
-        // After the update every whole block's all-gather is started before the next forward
-        // joins the first (stages 1-2: every block); stage 3 starts the next layers' ahead of use.
-        if (stage >= 1) EXPECT_GE(queued.gather_peak, 2u) << what << ": the all-gathers were waited for one by one";
-        EXPECT_EQ(blocking.held_peak + blocking.gather_peak, 0u) << what;
-      }
+  for_each_case([&](int stage, engine::PrecisionMode, const engine::TrainConfig& c, const std::string& what) {
+    const TrainRun blocking = train(c, Route::device_collectives);
+    const TrainRun queued = train(c, Route::device_queued);
+    expect_same(queued, blocking, what);
+    // Stage 3 prefetches, and keeps the forward's last layer for the backward (gathered right
+    // back otherwise): fewer gathers than the blocking route's, which gathers each use.
+    if (stage < 3) {
+      EXPECT_EQ(queued.collective_calls, blocking.collective_calls) << what;
+    } else {
+      EXPECT_LT(queued.collective_calls, blocking.collective_calls) << what << ": no block kept for the backward";
+    }
+    EXPECT_GE(queued.held_peak, 3u) << what << ": the reductions did not overlap the backward";
+    // After the update every whole block's all-gather is started before the next forward
+    // joins the first (stages 1-2: every block); stage 3 starts the next layers' ahead of use.
+    if (stage >= 1) {
+      EXPECT_GE(queued.gather_peak, 2u) << what << ": the all-gathers were waited for one by one";
+    }
+    EXPECT_EQ(blocking.held_peak + blocking.gather_peak, 0u) << what;
+  });
   for (auto p : {engine::PrecisionMode::bf16, engine::PrecisionMode::fp16})
     for (int stage : {0, 2}) {
       auto c = tiny(stage, p, 1);
@@ -364,8 +374,11 @@ TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
     const std::string what = "stage 3, every block partitioned, prefetch window " + std::to_string(window);
     const TrainRun queued = train(c, Route::device_queued);
     expect_same(queued, train(c, Route::device_collectives), what);
-    if (window > 1) EXPECT_GE(queued.gather_peak, 2u) << what << ": nothing gathered ahead of use";
-    else EXPECT_EQ(queued.gather_peak, 1u) << what;
+    if (window > 1) {
+      EXPECT_GE(queued.gather_peak, 2u) << what << ": nothing gathered ahead of use";
+    } else {
+      EXPECT_EQ(queued.gather_peak, 1u) << what;
+    }
   }
   size_t unbounded = 0;
   for (auto [bucket, overlap] : {std::tuple{5e8, true}, std::tuple{13000.0, true}, std::tuple{5e8, false}}) {

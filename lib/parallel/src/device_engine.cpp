@@ -382,14 +382,7 @@ void DeviceEngine::allgather(void* block_buf, int b, MPI_Datatype type) {
 
 // ---- parameters and gradients -------------------------------------------------------------------
 const float* DeviceEngine::params(int b) {
-  if (cfg_.stage == 3) {  // the order of use, for the prefetch
-    if (trace_state_ == TraceState::recording) {
-      trace_.push_back(b);
-    } else if (trace_state_ == TraceState::ready && trace_pos_ >= 0) {
-      if (static_cast<size_t>(trace_pos_) < trace_.size() && trace_[trace_pos_] == b) ++trace_pos_;
-      else trace_pos_ = -1;  // another order (evaluation): no prefetch until the next micro-step
-    }
-  }
+  if (cfg_.stage == 3) trace_.used(b);  // the order of use, for the prefetch
   if (!resident_[b] && queued()) {
     if (!widened_.count(b)) start_gather(b);  // not prefetched
     await_gather(b);
@@ -467,48 +460,24 @@ void DeviceEngine::start_gather(int b) {
 }
 
 void DeviceEngine::prefetch() {
-  if (trace_pos_ < 0) return;
-  size_t ahead = 0, live = 0;
-  for (const auto& [u, w] : widened_)
-    if (!resident_[u]) live += layout_.blocks()[u].numel;
-  for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
-    const int u = trace_[j];
-    if (resident_[u]) continue;
-    const size_t numel = layout_.blocks()[u].numel;
-    if (widened_.count(u)) {  // gathered or under way
-      ahead += numel;
-      continue;
-    }
-    if (double(ahead + numel) > cfg_.prefetch_bucket_size || double(live + numel) > cfg_.max_live_parameters) break;
-    start_gather(u);
-    ahead += numel;
-    live += numel;
-  }
+  size_t live = 0;
+  for (const auto& [u, w] : widened_) live += partitioned_numel(u);
+  trace_.prefetch(cfg_.prefetch_bucket_size, cfg_.max_live_parameters, live, [&](int u) { return partitioned_numel(u); },
+                  [&](int u) { return widened_.count(u) > 0; },  // gathered or under way
+                  [&](int u) { start_gather(u); });
 }
 
 void DeviceEngine::begin_micro_step(bool last) {
   last_micro_ = last;
-  if (trace_state_ == TraceState::none) {
-    trace_.clear();
-    trace_state_ = TraceState::recording;
-  } else if (trace_state_ == TraceState::ready) {
-    trace_pos_ = 0;
-  }
+  trace_.begin_micro_step();
 }
 
 void DeviceEngine::release(int b) {
   // Stage 3 with a prefetch: a block needed again within the prefetch window stays (it would be
   // gathered right back: the last layer of the forward is the first of the backward).
-  if (!resident_[b] && queued() && trace_state_ == TraceState::ready && trace_pos_ >= 0) {
-    size_t ahead = 0;
-    for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
-      const int u = trace_[j];
-      if (u == b) return;
-      if (resident_[u]) continue;
-      ahead += layout_.blocks()[u].numel;
-      if (double(ahead) > cfg_.prefetch_bucket_size) break;
-    }
-  }
+  if (!resident_[b] && queued() &&
+      trace_.needed_within(b, cfg_.prefetch_bucket_size, [&](int u) { return partitioned_numel(u); }))
+    return;
   await_gather(b);  // its buffers go back to the pool: nothing may still write them
   auto g16 = gathered16_.find(b);
   if (g16 != gathered16_.end()) {
@@ -642,8 +611,7 @@ void DeviceEngine::begin_step() {
 
 void DeviceEngine::end_micro_step() {
   settle();  // the micro-step's reductions done before anything reads the gradients or the pool's buffers
-  if (trace_state_ == TraceState::recording) trace_state_ = TraceState::ready;
-  trace_pos_ = -1;
+  trace_.end_micro_step();
   if (!work_.empty())
     throw Error("ZeRO: gradients of block '" + layout_.blocks()[work_.begin()->first].name +
                 "' were written but never reported ready (model bug)");

@@ -501,12 +501,7 @@ void ZeroEngine::begin_step() {
 
 void ZeroEngine::begin_micro_step(bool last) {
   last_micro_ = last;
-  if (trace_state_ == TraceState::none) {
-    trace_.clear();
-    trace_state_ = TraceState::recording;
-  } else if (trace_state_ == TraceState::ready) {
-    trace_pos_ = 0;
-  }
+  trace_.begin_micro_step();
 }
 
 void ZeroEngine::end_micro_step() {
@@ -514,8 +509,7 @@ void ZeroEngine::end_micro_step() {
   if (!grad_blocks_.empty())
     throw Error("ZeRO: gradients of block '" + layout_.blocks()[grad_blocks_.begin()->first].name +
                 "' were written but never reported ready (model bug)");
-  if (trace_state_ == TraceState::recording) trace_state_ = TraceState::ready;
-  trace_pos_ = -1;
+  trace_.end_micro_step();
 }
 
 double ZeroEngine::grad_sumsq() {

@@ -86,31 +86,20 @@ void ZeroEngine::wait_gather(int b) {
 }
 
 void ZeroEngine::prefetch() {
-  if (trace_pos_ < 0) return;
-  size_t ahead = 0, live = 0;
+  size_t live = 0;
   for (auto& [b, g] : gathered_) live += g->numel;
-  for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
-    int u = trace_[j];
-    if (resident_[u]) continue;
-    size_t numel = layout_.blocks()[u].numel;
-    if (gathered_.count(u)) {
-      ahead += numel;
-      continue;
-    }
-    if (double(ahead + numel) > cfg_.prefetch_bucket_size || double(live + numel) > cfg_.max_live_parameters) break;
-    start_gather(u);
-    ahead += numel;
-    live += numel;
-  }
+  trace_.prefetch(cfg_.prefetch_bucket_size, cfg_.max_live_parameters, live, [&](int u) { return partitioned_numel(u); },
+                  [&](int u) { return gathered_.count(u) > 0; }, [&](int u) { start_gather(u); });
+}
+
+size_t ZeroEngine::partitioned_numel(int b) const { return resident_[b] ? 0 : layout_.blocks()[b].numel; }
+
+bool ZeroEngine::needed_soon(int b) const {
+  return trace_.needed_within(b, cfg_.prefetch_bucket_size, [&](int u) { return partitioned_numel(u); });
 }
 
 const float* ZeroEngine::params(int b) {
-  if (trace_state_ == TraceState::recording) {
-    trace_.push_back(b);
-  } else if (trace_state_ == TraceState::ready && trace_pos_ >= 0) {
-    if (static_cast<size_t>(trace_pos_) < trace_.size() && trace_[trace_pos_] == b) ++trace_pos_;
-    else trace_pos_ = -1;  // another order (evaluation): no prefetch until the next micro-step
-  }
+  trace_.used(b);
   if (resident_[b]) {
     if (before_gather_) before_gather_(b);  // a step behind: its update and re-gather first
     if (!half_) return full_params_.data() + res_off_[b];
@@ -144,16 +133,7 @@ void ZeroEngine::release(int b) {
   if (it == gathered_.end()) return;
   // Keep it when it is needed again within the prefetch window (it would be gathered right back);
   // a widened resident block is cheap to widen again.
-  if (!resident_[b] && trace_state_ == TraceState::ready && trace_pos_ >= 0) {
-    size_t ahead = 0;
-    for (size_t j = static_cast<size_t>(trace_pos_); j < trace_.size(); ++j) {
-      int u = trace_[j];
-      if (u == b) return;
-      if (resident_[u]) continue;
-      ahead += layout_.blocks()[u].numel;
-      if (double(ahead) > cfg_.prefetch_bucket_size) break;
-    }
-  }
+  if (!resident_[b] && needed_soon(b)) return;
   MPI_Wait(&it->second->req, MPI_STATUS_IGNORE);
   delete it->second;
   gathered_.erase(it);

@@ -54,6 +54,7 @@
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/parallel/sharded_optimizer.hpp"
+#include "hpct/parallel/use_trace.hpp"
 #include "hpct/parallel/zero.hpp"
 
 namespace hpct::parallel {
@@ -124,6 +125,7 @@ class DeviceEngine final : public ShardedOptimizer {
   // ahead of use, up to stage3_prefetch_bucket_size elements (ZeroEngine's prefetch).
   void start_gather(int b);
   void prefetch();
+  size_t partitioned_numel(int b) const { return resident_[b] ? 0 : layout_.blocks()[b].numel; }
   bool queued() const { return dc_ != nullptr && n_ > 1 && dc_->queues(); }
   void reduce(int b);          // block b's gradient over the group, into the full gradient or the shard
   // Working buffers in the backend's memory, reused by size.
@@ -208,12 +210,7 @@ class DeviceEngine final : public ShardedOptimizer {
   bool last_micro_ = true;
   Started reductions_, param_gathers_;
   std::vector<char> gathering_;  // a block whose all-gather is started, not yet joined
-  // Stage 3's order of params() calls, recorded on the first micro-step (as ZeroEngine's), and
-  // where this micro-step is in it (-1: off it, as in an evaluation: no prefetch).
-  enum class TraceState { none, recording, ready };
-  std::vector<int> trace_;
-  TraceState trace_state_ = TraceState::none;
-  long trace_pos_ = -1;
+  UseTrace trace_;  // stage 3: the order of params() calls on the first micro-step (as ZeroEngine's)
   size_t in_flight_peak_ = 0;
   bool unfinished_ = false;  // started since the last finish()
 

@@ -60,6 +60,7 @@
 #include "hpct/kernels/precision.hpp"
 #include "hpct/model/gpt.hpp"
 #include "hpct/parallel/sharded_optimizer.hpp"
+#include "hpct/parallel/use_trace.hpp"
 
 namespace hpct::parallel {
 
@@ -219,6 +220,8 @@ class ZeroEngine final : public ShardedOptimizer {
   void wait_gather(int b);
   void post_gather(int b);
   void prefetch();
+  bool needed_soon(int b) const;
+  size_t partitioned_numel(int b) const;  // a block's elements where stage 3 partitions it, else 0  // a partitioned block the trace asks for again within the prefetch window
   void start_reduction(int b);
   void finish_reduction(Reduction& r);
   void drain_reductions(size_t keep_elems);
@@ -274,11 +277,7 @@ class ZeroEngine final : public ShardedOptimizer {
   bool last_micro_ = true, first_micro_ = true;
   size_t working_peak_ = 0;
 
-  // stage-3 prefetch trace: the order of params() calls on the first micro-step
-  enum class TraceState { none, recording, ready };
-  std::vector<int> trace_;
-  TraceState trace_state_ = TraceState::none;
-  long trace_pos_ = -1;  // next expected index in trace_, -1 = off track
+  UseTrace trace_;  // stage-3 prefetch: the order of params() calls on the first micro-step
 
   double bytes_sent_ = 0;
   double gather_wait_ = 0, reduce_wait_ = 0;
