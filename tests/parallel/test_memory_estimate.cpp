@@ -152,8 +152,9 @@ TEST(MemoryEstimate, TedPaperShape) {
   // Stage 2: one gradient bucket per engine (dense; experts), each at least its group's largest block.
   const MemoryPlan p2 = plan_memory(s, StatePrecision::mixed, 2, Offload::none, gpus(16, 8, 32));
   const uint64_t bucket = 500000000ull;
-  EXPECT_EQ(p2.device_buffers, 2 * (std::max(s.largest_dense_block, std::min(bucket, s.dense)) +
-                                    std::max(s.expert, std::min(bucket, s.experts))));
+  EXPECT_EQ(p2.device_buffers, 2 * 2 * (std::max(s.largest_dense_block, std::min(bucket, s.dense)) +
+                                        std::max(s.expert, std::min(bucket, s.experts))))
+      << "a 16-bit gradient bucket and a 16-bit all-gather bucket of the same size, per engine";
   EXPECT_LT(p.ds_device, 0);  // DeepSpeed's estimators know no experts: not shown
   EXPECT_THROW(plan_memory(gpt_size(g, 16), StatePrecision::mixed, 1, Offload::none, gpus(1, 8, 32)), Error);  // 2 dp ranks, EP 16
 }
@@ -232,9 +233,14 @@ TEST(MemoryEstimate, FormulasBothPrecisions) {
     EXPECT_EQ(plan(3, Offload::optimizer_param_cpu).host_states_per_rank, (16 + params_too) * part);
     EXPECT_EQ(plan(3, Offload::optimizer_param_nvme).nvme_per_rank, (12 + params_too) * part);
     EXPECT_EQ(plan(3, Offload::optimizer_param_nvme).host_states_per_rank, 4 * part);
-    // Stated working buffers: stage 2 one bucket (Ψ here is under reduce_bucket_size), stage 3
+    // Stated working buffers: stage 2 one bucket (Ψ here is under reduce_bucket_size), and on
+    // these GPUs at stages 1-2 the reduce-scatters and the parameter all-gathers under way beside
+    // the compute (Ψ is under allgather_bucket_size too); stage 3
     // two gathered blocks + a prefetch of min(5e7, Ψ), at most Ψ in all, + one block's gradient.
-    EXPECT_EQ(plan(2, Offload::none).device_buffers, b.grad * psi);
+    EXPECT_EQ(plan(2, Offload::none).device_buffers, b.grad * psi + b.param * psi);
+    EXPECT_EQ(plan(1, Offload::none).device_buffers, b.grad * psi + b.param * psi);
+    EXPECT_EQ(plan_memory(s, prec, 2, Offload::none, gpus(2, 4, 0)).device_buffers, b.grad * psi)
+        << "CPU ranks (device memory 0: the host's): the host engine gathers a block at a time";
     EXPECT_EQ(plan(3, Offload::none).device_buffers, b.param * psi + b.grad * 5000);
     EXPECT_EQ(plan(0, Offload::none).device_buffers, 0u);
   }

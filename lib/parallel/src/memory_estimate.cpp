@@ -231,10 +231,15 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
   const uint64_t opt_arrays = 12, host_grad = 4;
   // Parameter offload moves the 16-bit working partition too; in fp32 the master is that copy.
   const uint64_t host_param = prec == StatePrecision::mixed ? sb.param : 0;
-  uint64_t bucket = 0, gathered = 0, opt_swap = 0, param_swap = 0;
+  uint64_t bucket = 0, regather = 0, gathered = 0, opt_swap = 0, param_swap = 0;
   for (const Group& g : groups) {
     // Stage 2: a gradient bucket of reduce_bucket_size elements, at least one block, at most Ψ.
+    // (GPU-resident stage 1 too: its reduce-scatters through NCCL are under way beside the backward
+    // from padded copies of the 16-bit gradient.)
     bucket += sb.grad * std::max(g.block, std::min(b.reduce_bucket_elems, g.psi));
+    // GPU-resident stages 1-2: the parameter all-gathers after a step, under way beside the next
+    // forward, each into a buffer of its block (parallel::DeviceEngine).
+    regather += sb.param * std::max(g.block, std::min(b.allgather_bucket_elems, g.psi));
     // Stage 3: live_blocks gathered blocks + the prefetch, and one block's gradient before its
     // reduce-scatter (never more than the whole group: a small model is simply gathered whole).
     gathered += sb.param * std::min((uint64_t)b.live_blocks * g.block + std::min(b.prefetch_elems, g.psi), g.psi) +
@@ -258,11 +263,12 @@ MemoryPlan plan_memory(const GptSize& size, StatePrecision prec, int stage, Offl
         // The full gradient, and the reduced partition the optimizer reads in an array of its own
         // (zero.cpp): the ZeRO paper's (2+2)Ψ + KΨ/N leaves that partition out.
         m.device_states = (sb.param + sb.grad) * psi + (sb.grad + sb.optimizer) * part;
+        if (!c.devices_in_host_memory()) m.device_buffers = bucket + regather;
         m.formula = "(" + p + "+" + g + ")P + (" + g + "+" + k + ")P/N";
         break;
       case 2:
         m.device_states = sb.param * psi + (sb.grad + sb.optimizer) * part;
-        m.device_buffers = bucket;
+        m.device_buffers = bucket + (c.devices_in_host_memory() ? 0 : regather);
         m.formula = p + "P + (" + g + "+" + k + ")P/N";
         break;
       default:
@@ -414,7 +420,8 @@ std::string MemoryEstimate::header_text() const {
      << "; CPU memory per node " << gb_text(cluster.host_bytes) << "; NVMe per node " << gb_text(cluster.nvme_bytes)
      << "\n"
      << "# buffers: stage 2 one gradient bucket of max(largest block, min(" << buffers.reduce_bucket_elems
-     << ", Ψ)) elements; stage 3 " << buffers.live_blocks << " gathered blocks + prefetch of min("
+     << ", Ψ)) elements (on GPUs stage 1 too, and at stages 1-2 the parameters of max(largest block, min("
+     << buffers.allgather_bucket_elems << ", Ψ)) elements being all-gathered); stage 3 " << buffers.live_blocks << " gathered blocks + prefetch of min("
      << buffers.prefetch_elems << ", Ψ) elements + one block's gradient; NVMe optimizer swap "
      << buffers.optimizer_swap_buffers << " slots x 3 fp32 tiles of " << buffers.optimizer_tile_elems
      << " elements; NVMe params " << buffers.param_swap_buffers
@@ -492,6 +499,7 @@ nlohmann::json MemoryEstimate::json() const {
                        {"host_bytes_per_node", cluster.host_bytes},
                        {"nvme_bytes_per_node", cluster.nvme_bytes}}},
           {"buffers", {{"reduce_bucket_elems", buffers.reduce_bucket_elems},
+                       {"allgather_bucket_elems", buffers.allgather_bucket_elems},
                        {"prefetch_elems", buffers.prefetch_elems},
                        {"live_blocks", buffers.live_blocks},
                        {"optimizer_tile_elems", buffers.optimizer_tile_elems},

@@ -98,6 +98,7 @@ ClusterShape local_cluster_shape(int ranks, const std::string& nvme_path);
 /// exists). Stated in the report and the JSON.
 struct BufferModel {
   uint64_t reduce_bucket_elems = 500000000;  // reduce_bucket_size: stage-2 gradient bucket (at least one block)
+  uint64_t allgather_bucket_elems = 500000000;  // allgather_bucket_size: GPU-resident stages 1-2, parameters being all-gathered after a step
   uint64_t prefetch_elems = 50000000;        // stage3_prefetch_bucket_size: gathered ahead of use
   int live_blocks = 2;                       // stage 3: gathered blocks live besides the prefetch (in use + releasing)
   uint64_t optimizer_tile_elems = 1 << 20;  // NVMe optimizer: sweep tile (io::SwapStoreConfig::chunk_elems)
