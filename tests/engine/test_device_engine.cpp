@@ -65,6 +65,7 @@ struct TrainRun {
   int collective_calls = 0;   // device_collectives: calls the transports took
   size_t held_peak = 0;       // device_queued: the most started reductions a transport held at once
   size_t gather_peak = 0;     // device_queued: the most started all-gathers likewise
+  std::string dp_collectives;  // the start line's account of them
   std::vector<double> device_ms;  // the summary's device time per iteration (backends with markers)
   size_t marks_left = 0;          // StagedCpuOps: markers not yet read when training ended
   bool params_in_backend = true;  // StagedCpuOps: every block's parameters, as the model gets them, in its memory
@@ -105,6 +106,7 @@ TrainRun train(engine::TrainConfig c, Route route, int tp = 1, int ep = 1, int f
   r.mem = t.memory_report();
   r.numel = t.model().layout().numel();
   r.device_store = t.device_store() != nullptr;
+  r.dp_collectives = t.dp_collectives();
   for (const auto* dc : transports) r.collective_calls += dc->calls(), r.held_peak = std::max(r.held_peak, dc->held_peak()),
                                  r.gather_peak = std::max(r.gather_peak, dc->gather_peak());
   if (staged) {
@@ -389,6 +391,13 @@ TEST(DeviceEngine, QueuedReductionsOverlapTheBackwardAndEqualTheBlockingOnes) {
     const std::string what = "bucket " + std::to_string(bucket) + (overlap ? "" : ", overlap_comm false");
     const TrainRun queued = train(c, Route::device_queued);
     expect_same(queued, train(c, Route::device_collectives), what);
+    // The start line says what runs beside what.
+    EXPECT_NE(queued.dp_collectives.find(overlap ? "the gradient reductions beside the backward"
+                                                 : "each gradient reduction finished before the backward"),
+              std::string::npos)
+        << queued.dp_collectives;
+    EXPECT_NE(queued.dp_collectives.find("the parameter all-gathers beside the next forward"), std::string::npos)
+        << queued.dp_collectives;
     if (!overlap) {
       EXPECT_EQ(queued.held_peak, 1u) << what;
     } else if (bucket > 1e6) {

@@ -96,11 +96,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::ProcessGrid& grid, std::uni
       std::string why = own_why;
       comm::DeviceCollectives* dc = open_dp_collectives(*g.comm, own, &why);
       if (g.comm->size() > 1 && dp_collectives_.empty())
-        dp_collectives_ = !dc ? "MPI through host buffers (" + why + ")"
-                          : !dc->queues() || !cfg_.zero.overlap_comm
-                              ? std::string("NCCL on device buffers, each gradient reduction finished before the backward goes on")
-                              : "NCCL on device buffers, the gradient reductions on their own stream beside the "
-                                "backward (overlap_comm; at most reduce_bucket_size elements in flight)";
+        dp_collectives_ = !dc ? "MPI through host buffers (" + why + ")" : describe_dp_collectives(*dc);
       return std::make_unique<parallel::DeviceEngine>(layout, cfg_.zero, *g.comm, compute_precision(), model_->ops(), dc);
     };
   // A rank whose GPU cannot hold its states fails at its allocations, which are not collective:

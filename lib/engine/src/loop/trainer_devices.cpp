@@ -97,6 +97,17 @@ void Trainer::setup_tp_collectives() {
   tp_collectives_ = tp_nccl_ ? "NCCL on device buffers" : "host buffers through MPI (" + why + ")";
 }
 
+// The start line's account of the GPU-resident engine's data-parallel collectives.
+std::string Trainer::describe_dp_collectives(const comm::DeviceCollectives& dc) const {
+  if (!dc.queues()) return "device buffers, each collective waited for";
+  const auto& z = cfg_.zero;
+  return std::string("NCCL on device buffers, on their own stream: ") +
+         (z.overlap_comm ? "the gradient reductions beside the backward (overlap_comm, reduce_bucket_size)"
+                         : "each gradient reduction finished before the backward goes on (overlap_comm false)") +
+         ", the parameter all-gathers beside the next forward (allgather_bucket_size" +
+         (z.stage == 3 ? "; stage 3 prefetching within stage3_prefetch_bucket_size)" : ")");
+}
+
 // The GPU-resident engine's data-parallel gradients and parameters: NCCL on device buffers where
 // every rank has a GPU of its own (DeepSpeed's layout), as tensor parallelism decides; a group of
 // one rank needs none. A test's transport stands in for NCCL when the Trainer was given one.

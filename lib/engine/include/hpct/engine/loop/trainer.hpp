@@ -254,6 +254,7 @@ class Trainer {
   bool own_gpus(std::string* why) const;
   /// Collective over group: its device collectives for the resident engine (nullptr: MPI, and why).
   comm::DeviceCollectives* open_dp_collectives(const comm::Communicator& group, bool own, std::string* why);
+  std::string describe_dp_collectives(const comm::DeviceCollectives& dc) const;
   void choose_attention_kernel();  // attention_kernel_, and --attention-kernel fused's check
   void check_device_fits();        // a device run: the pre-flight memory check (preflight.hpp), every rank
   void setup_host_threads();    // the host AdamW's threads (--optimizer-threads, the environment)
