@@ -42,7 +42,6 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
   counts_.assign(blocks.size(), std::vector<int>(n_));
   displs_.assign(blocks.size(), std::vector<int>(n_));
   resident_.assign(blocks.size(), 1);
-  gathering_.assign(blocks.size(), 0);
   res_off_.assign(blocks.size(), 0);
   size_t full = 0, part = 0;  // elements of the resident blocks; of this rank's partitioned slices
   for (size_t b = 0; b < blocks.size(); ++b) {
@@ -86,15 +85,15 @@ DeviceEngine::DeviceEngine(const ParamLayout& layout, const ZeroConfig& cfg, con
   if (cfg_.stage <= 1) alloc(grads_, P * e);
   if (cfg_.stage >= 1) alloc(grad_shard_, L * e);
   build_runs();
+  if (dc_)
+    started_ = std::make_unique<StartedCollectives>(
+        *dc_, be_, dc_timeout_, blocks.size(), [this](kernels::BackendBuffer&& b) { give(std::move(b)); },
+        "rank " + std::to_string(rank_) + " of " + std::to_string(n_));
   // Last, so that nothing above can throw after it (the destructor, which frees it, would not run).
   if (red16_ && n_ > 1) sum16_ = make_sum16_op(prec_);
 }
 
 DeviceEngine::~DeviceEngine() {
-  if (unfinished_) {  // an unwound step: its buffers are freed, so let the collectives end first
-    std::string why;
-    dc_->finish(comm::steady_seconds() + dc_timeout_, &why);  // a failure has aborted the communicator
-  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (sum16_ != MPI_OP_NULL && !finalized) MPI_Op_free(&sum16_);
@@ -180,66 +179,15 @@ void DeviceEngine::on_device(const char* what, const std::function<bool(double, 
                 std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
 }
 
-// A collective on the device collectives, started behind the backend's queue. Where the
-// transport queues (NCCL) it runs while the backend goes on; `then` (the backend's work on its
-// result) and the return of `hold` to the pool wait until it is joined: when more than keep_elems
-// elements are in flight in its queue, when its result is needed, and at the end of the
-// micro-step. Elsewhere it is done when start returns, and so is `then`.
-void DeviceEngine::start(Started& q, size_t keep_elems, const char* what, size_t elems, int block, const Start& begin,
-                         Held hold, std::function<void()> then) {
-  const bool queued = dc_->queues();
-  if (!queued) be_.synchronize();  // what the backend's queue wrote is in the buffer before the collective reads it
-  std::string why;
-  comm::DeviceCollectives::Ticket t = 0;
-  unfinished_ = true;
-  if (!begin(comm::steady_seconds() + dc_timeout_, queued ? be_.queue_handle() : nullptr, &t, &why))
-    throw Error(std::string("GPU-resident ZeRO: the data-parallel ") + what + " on device buffers failed on rank " +
-                std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
-  if (!queued) {
-    if (then) then();
-    for (auto& h : hold) give(std::move(h));
-    return;
-  }
-  q.items.push_back(Pending{t, elems, block, std::move(hold), std::move(then)});
-  q.elems += elems;
-  if (block >= 0) gathering_[block] = 1;
-  if (&q == &reductions_) in_flight_peak_ = std::max(in_flight_peak_, q.items.size());
-  retire(q, keep_elems);
-}
-
-void DeviceEngine::retire(Started& q, size_t keep_elems) {
-  while (!q.items.empty() && q.elems > keep_elems) {
-    Pending p = std::move(q.items.front());
-    q.items.pop_front();
-    q.elems -= p.elems;
-    dc_->join(p.ticket, be_.queue_handle());  // the backend's later work (then, the buffers' next users) after it
-    if (p.then) p.then();
-    for (auto& h : p.hold) give(std::move(h));
-    if (p.block >= 0) gathering_[p.block] = 0;
-  }
-}
-
 void DeviceEngine::await_gather(int b) {
-  if (!gathering_[b]) return;
+  if (!started_ || !started_->gathering(b)) return;
   Timer timer;
-  while (gathering_[b]) {  // the all-gathers before b's joined too (one queue, in order)
-    const size_t keep = param_gathers_.elems - param_gathers_.items.front().elems;
-    retire(param_gathers_, keep);
-  }
+  started_->await(b);
   gather_wait_ += timer.seconds();
 }
 
 void DeviceEngine::settle() {
-  if (!dc_ || !unfinished_) return;
-  Timer timer;
-  retire(reductions_, 0);
-  retire(param_gathers_, 0);
-  unfinished_ = false;
-  std::string why;
-  if (!dc_->finish(comm::steady_seconds() + dc_timeout_, &why))
-    throw Error("GPU-resident ZeRO: the data-parallel collectives on device buffers failed on rank " +
-                std::to_string(rank_) + " of " + std::to_string(n_) + ": " + why);
-  reduce_wait_ += timer.seconds();
+  if (started_) reduce_wait_ += started_->settle();
 }
 
 // After the update: block b's slices from every rank into the whole block. Through device
@@ -261,8 +209,8 @@ void DeviceEngine::allgather_after_step(int b) {
   char* dst = whole(b);
   Held h;
   h.push_back(std::move(full));
-  start(param_gathers_, static_cast<size_t>(cfg_.allgather_bucket_size), "all-gather", numel, b,
-        [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+  started_->start(Kind::gather, static_cast<size_t>(cfg_.allgather_bucket_size), "all-gather", numel, b,
+        [&](double d, void* q, StartedCollectives::Ticket* t, std::string* why) {
           return dc_->start_allgather_blocks(buf, slice, elem(half_ ? MPI_UINT16_T : MPI_FLOAT), q, d, t, why);
         },
         std::move(h), [this, dst, buf, numel, e] { be_.copy(dst, buf, numel * e); });
@@ -273,7 +221,7 @@ void DeviceEngine::allgather_after_step(int b) {
 void DeviceEngine::allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op, Held hold,
                              std::function<void()> then) {
   if (dc_ && n_ > 1) {
-    start(reductions_, reduce_keep(), "all-reduce", count, -1, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+    started_->start(Kind::reduction, reduce_keep(), "all-reduce", count, -1, [&](double d, void* q, StartedCollectives::Ticket* t, std::string* why) {
       return dc_->start_allreduce(buf, count, elem(type), q, d, t, why);
     }, std::move(hold), std::move(then));
     return;
@@ -329,7 +277,7 @@ void DeviceEngine::reduce_scatter(const void* send, bool padded, void* recv, boo
       }
       hold.push_back(std::move(r));
     }
-    start(reductions_, reduce_keep(), "reduce-scatter", numel, -1, [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+    started_->start(Kind::reduction, reduce_keep(), "reduce-scatter", numel, -1, [&](double d, void* q, StartedCollectives::Ticket* t, std::string* why) {
       return dc_->start_reduce_scatter_blocks(full, part, slice, elem(type), q, d, t, why);
     }, std::move(hold), std::move(then));
     return;
@@ -452,8 +400,8 @@ void DeviceEngine::start_gather(int b) {
   }
   bytes_sent_ += double(n_ - 1) / n_ * n * e;
   ++gathers_;
-  start(param_gathers_, std::numeric_limits<size_t>::max(), "all-gather", n, b,
-        [&](double d, void* q, comm::DeviceCollectives::Ticket* t, std::string* why) {
+  started_->start(Kind::gather, std::numeric_limits<size_t>::max(), "all-gather", n, b,
+        [&](double d, void* q, StartedCollectives::Ticket* t, std::string* why) {
           return dc_->start_allgather_blocks(gp, slice, elem(half_ ? MPI_UINT16_T : MPI_FLOAT), q, d, t, why);
         },
         {}, std::move(then));

@@ -42,7 +42,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -54,6 +53,7 @@
 #include "hpct/core/param_layout.hpp"
 #include "hpct/kernels/ops_backend.hpp"
 #include "hpct/parallel/sharded_optimizer.hpp"
+#include "hpct/parallel/started_collectives.hpp"
 #include "hpct/parallel/use_trace.hpp"
 #include "hpct/parallel/zero.hpp"
 
@@ -103,9 +103,6 @@ class DeviceEngine final : public ShardedOptimizer {
   double reduce_wait_seconds() const override { return reduce_wait_; }
   double gather_wait_seconds() const override { return gather_wait_; }
   long long gathers() const override { return gathers_; }
-  /// The most gradient reductions started on the device collectives and not yet joined at once
-  /// (overlap with the backward: more than 1 where the transport queues them).
-  size_t reductions_in_flight_peak() const { return in_flight_peak_; }
 
  private:
   struct Run {  // a run of this rank's state inside one tensor (per-tensor weight decay)
@@ -134,29 +131,16 @@ class DeviceEngine final : public ShardedOptimizer {
   // The gradient reductions: MPI on backend memory (in place where marked), directly where the
   // backend's memory is the host's, through host copies otherwise; or started on the device
   // collectives. Either way `then` runs on the result and `hold` goes back to the pool after it.
-  using Held = std::vector<kernels::BackendBuffer>;
+  using Held = StartedCollectives::Held;
   void allreduce(void* buf, size_t count, MPI_Datatype type, MPI_Op op, Held hold, std::function<void()> then);
   void reduce_scatter(const void* send, bool padded, void* recv, bool room, int b, MPI_Datatype type, MPI_Op op,
                       Held hold, std::function<void()> then);
-  // Started collectives (device collectives), in two queues each joined in order: the gradient
-  // reductions, bounded by reduce_bucket_size elements in flight (none without overlap_comm), and
-  // the parameter all-gathers after a step, bounded by allgather_bucket_size and joined when the
+  // Started collectives (device collectives that queue): the gradient reductions, bounded by
+  // reduce_bucket_size elements in flight (none without overlap_comm), and the parameter
+  // all-gathers, bounded by allgather_bucket_size (stage 3's by its prefetch) and joined when the
   // model asks for their block. settle(): all of them joined and completed (the host waits).
-  struct Pending {
-    comm::DeviceCollectives::Ticket ticket = 0;
-    size_t elems = 0;
-    int block = -1;              // an all-gather's block
-    Held hold;                   // read or written by it: back to the pool once joined
-    std::function<void()> then;  // the backend's work on its result
-  };
-  struct Started {
-    std::deque<Pending> items;
-    size_t elems = 0;
-  };
-  using Start = std::function<bool(double deadline, void* queue, comm::DeviceCollectives::Ticket* t, std::string* why)>;
-  void start(Started& q, size_t keep_elems, const char* what, size_t elems, int block, const Start& begin, Held hold,
-             std::function<void()> then);
-  void retire(Started& q, size_t keep_elems);
+  using Kind = StartedCollectives::Kind;
+  using Start = StartedCollectives::Start;
   void await_gather(int b);  // block b's started all-gather joined (nothing where none is)
   void settle();
   void allgather_after_step(int b);  // block b's parameters, started where the collectives queue
@@ -208,15 +192,13 @@ class DeviceEngine final : public ShardedOptimizer {
   size_t working_ = 0, working_peak_ = 0;
   std::vector<char> stage_a_, stage_b_;  // host copies for staged collectives
   bool last_micro_ = true;
-  Started reductions_, param_gathers_;
-  std::vector<char> gathering_;  // a block whose all-gather is started, not yet joined
   UseTrace trace_;  // stage 3: the order of params() calls on the first micro-step (as ZeroEngine's)
-  size_t in_flight_peak_ = 0;
-  bool unfinished_ = false;  // started since the last finish()
 
   double bytes_sent_ = 0, reduce_wait_ = 0, gather_wait_ = 0;
   long long gathers_ = 0;
   std::array<double, 3> state_sumsq_{};
+  // Last: destroyed first, so that a started collective ends before the buffers it uses are freed.
+  std::unique_ptr<StartedCollectives> started_;
 };
 
 }  // namespace hpct::parallel
